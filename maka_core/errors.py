@@ -1,0 +1,53 @@
+"""One shallow error tree for maka_core.
+
+Every error carries a stable machine ``code`` (the reference's vocabulary where it has one) and
+optional typed detail. Callers branch on ``code``, never on message text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MakaError(Exception):
+    """Base of every error maka raises on purpose."""
+
+    default_code = "maka_error"
+
+    def __init__(self, code: str | None = None, message: str = "", **detail: Any) -> None:
+        self.code = code or self.default_code
+        self.message = message or self.code
+        self.detail = {k: v for k, v in detail.items() if v is not None}
+        super().__init__(f"{self.code}: {self.message}" if message else self.code)
+
+    def to_json(self) -> dict[str, Any]:
+        """The error as a JSON object for ``--json`` output and activity failures."""
+        return {"ok": False, "code": self.code, "message": self.message, **self.detail}
+
+
+class CodecError(MakaError):
+    """A value is not a lossless RuntimeEvent or JSON value (decode or encode)."""
+
+    default_code = "runtime_event_invalid"
+
+
+class LedgerRejection(MakaError):
+    """A writer refused a transition; ``code`` is a ledger or bundle rejection code."""
+
+    default_code = "ledger_rejected"
+
+    @property
+    def event_id(self) -> str | None:
+        return self.detail.get("eventId")
+
+
+class StoreError(MakaError):
+    """The store cannot be opened or trusted (newer schema, unreadable, row/payload mismatch)."""
+
+    default_code = "store_error"
+
+
+class ConfigError(MakaError):
+    """Bad configuration or command-line input."""
+
+    default_code = "config_invalid"

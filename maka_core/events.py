@@ -1,0 +1,348 @@
+"""The RuntimeEvent: Maka's only canonical recovery fact, as frozen pydantic models.
+
+The shape is Maka's wire shape exactly (``reference/maka-runtime-facts.md`` §2): camelCase keys,
+exact key sets (unknown keys are refused), ``content`` discriminated by ``kind``, and
+``actions``/``refs`` with their own closed key sets. Optional keys are *absent*, never null:
+a null where the reference writes nothing is refused, and ``to_wire`` leaves unset fields out,
+so an event means the same after a round trip. Free-form payloads (``args``, ``result``,
+``stateDelta``...) are JSON values checked by ``canonical_json.check``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from maka_core.canonical_json import check as check_json
+
+JsonObject = dict[str, Any]
+
+TOOL_BOUNDARY_PROTOCOL: Literal["t1_after_preflight_v1"] = "t1_after_preflight_v1"
+
+Role = Literal["user", "model", "tool", "system"]
+Author = Literal["user", "host", "agent", "tool", "system"]
+Origin = Literal["provider", "code_mode"]
+Visibility = Literal["visible", "hidden"]
+EventStatus = Literal["streaming", "completed", "failed", "aborted", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "aborted", "cancelled"})
+RecoveryMode = Literal[
+    "replay_safe", "idempotent", "reconcile", "reattach", "outcome_unknown", "never_auto_retry"
+]
+Observation = Literal["matches_expected_state", "matches_prior_state", "diverged", "unreadable"]
+ParkReasonCode = Literal[
+    "reconcile_matches_prior_state", "reconcile_diverged", "reconcile_unreadable"
+]
+Sha256Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class WireModel(BaseModel):
+    """Base of every wire model: frozen, strict, camelCase, no unknown keys, no stray nulls."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, populate_by_name=True, serialize_by_alias=True
+    )
+
+    #: Field names (python) whose value is a JSON value that may legitimately be null.
+    _nullable: ClassVar[frozenset[str]] = frozenset()
+    #: Field names (python) holding free-form JSON, checked for losslessness.
+    _json_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            by_alias = {f.alias or n: n for n, f in cls.model_fields.items()}
+            for key, value in data.items():
+                name = by_alias.get(key, key)
+                if value is None and name not in cls._nullable:
+                    raise ValueError(f"{key} may be absent but not null")
+                if name in cls._json_fields:
+                    check_json(value, key)
+        return data
+
+    def to_wire(self) -> JsonObject:
+        """The wire JSON object: set fields only, by alias, nested models expanded."""
+        out: JsonObject = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None and name not in self._nullable:
+                continue
+            if name not in self.model_fields_set and value is None:
+                continue
+            out[field.alias or name] = _wire_value(value)
+        return out
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, WireModel):
+        return value.to_wire()
+    if isinstance(value, list):
+        return [_wire_value(v) for v in value]
+    return value
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+class Wire(WireModel):
+    """Wire model whose python snake_case fields map to camelCase keys."""
+
+    model_config = ConfigDict(alias_generator=_camel)
+
+
+# --- content -------------------------------------------------------------------------------
+
+
+class TextContent(Wire):
+    kind: Literal["text"] = "text"
+    text: str
+    display_text: str | None = None
+    origin: Any = None
+    attachments: list[Any] | None = None
+    quotes: list[Any] | None = None
+    inline_references: list[Any] | None = None
+    steering: Literal[True] | None = None
+    provider_options: JsonObject | None = None
+    _json_fields = frozenset({"origin", "attachments", "quotes", "inline_references", "provider_options"})
+
+
+class ThinkingContent(Wire):
+    kind: Literal["thinking"] = "thinking"
+    text: str
+    signature: str | None = None
+    provider_options: JsonObject | None = None
+    _json_fields = frozenset({"provider_options"})
+
+
+class FunctionCallContent(Wire):
+    kind: Literal["function_call"] = "function_call"
+    id: str
+    name: str
+    args: JsonObject
+    provider_options: JsonObject | None = None
+    provider_executed: bool | None = None
+    _json_fields = frozenset({"args", "provider_options"})
+
+
+class FunctionResponseContent(Wire):
+    kind: Literal["function_response"] = "function_response"
+    id: str
+    name: str
+    result: Any
+    is_error: bool | None = None
+    provider_executed: bool | None = None
+    provider_output: Any = None
+    _nullable = frozenset({"result"})
+    _json_fields = frozenset({"result", "provider_output"})
+
+
+class ErrorContent(Wire):
+    kind: Literal["error"] = "error"
+    message: str
+    code: str | None = None
+    reason: str | None = None
+    details: Any = None
+    _json_fields = frozenset({"details"})
+
+
+Content = Annotated[
+    Union[TextContent, ThinkingContent, FunctionCallContent, FunctionResponseContent, ErrorContent],
+    Field(discriminator="kind"),
+]
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+class ToolDispatch(Wire):
+    """The T1 fact: the runtime passed every pre-execution guard for this operation."""
+
+    protocol: Literal["t1_after_preflight_v1"] = TOOL_BOUNDARY_PROTOCOL
+    operation_id: str
+    provider_tool_call_id: str
+    tool_name: str
+    canonical_args_hash: Sha256Digest
+    recovery_mode: RecoveryMode
+
+
+class ReconcileResult(Wire):
+    protocol: Literal["tool_reconcile_v1"] = "tool_reconcile_v1"
+    operation_id: str
+    observation: Observation
+    observation_schema: Literal["state_identity_v1"] = "state_identity_v1"
+    observation_digest: Sha256Digest
+
+
+class RecoveryDecision(Wire):
+    protocol: Literal["tool_recovery_v1"] = "tool_recovery_v1"
+    operation_id: str
+    disposition: Literal["completed", "parked"]
+    reason_code: Literal["reconcile_matches_expected_state"] | ParkReasonCode
+    outcome_event_id: str | None = None
+    evidence_event_ids: list[str]
+
+
+class ToolRecovery(Wire):
+    """A recovery fact envelope; only the recovery-bundle writer may persist one."""
+
+    kind: Literal["maka.tool.reconcile_result", "maka.tool.recovery_decision"]
+    version: Literal[1] = 1
+    payload: ReconcileResult | RecoveryDecision
+
+    @model_validator(mode="after")
+    def _payload_matches_kind(self) -> ToolRecovery:
+        expected = ReconcileResult if self.kind == "maka.tool.reconcile_result" else RecoveryDecision
+        if not isinstance(self.payload, expected):
+            raise ValueError(f"payload does not match kind {self.kind}")
+        return self
+
+
+class RuntimeProtocol(Wire):
+    # A plain string: an unknown marker must decode so the scanner can report it.
+    tool_boundary: str
+
+
+class PermissionAnswerAccepted(Wire):
+    request_id: str
+
+
+class PermissionClosureAccepted(Wire):
+    request_id: str
+    reason: Literal["timed_out"]
+
+
+class ImmediateSource(Wire):
+    session_id: str
+    invocation_id: str
+    run_id: str
+    turn_id: str
+    high_water: Annotated[int, Field(gt=0)]
+    prefix_digest: Sha256Digest
+
+
+class ContinuationStart(Wire):
+    provenance: Literal["runtime_admission", "claim_repair"]
+    claim_id: str
+    boundary_digest: Sha256Digest
+    immediate_source: ImmediateSource
+    replay_manifest_digest: Sha256Digest
+    provider_projection_version: Literal[1] = 1
+    provider_replay_digest: Sha256Digest
+
+
+class Actions(Wire):
+    state_delta: JsonObject | None = None
+    artifact_delta: JsonObject | None = None
+    permission_request: JsonObject | None = None
+    permission_decision: JsonObject | None = None
+    permission_answer_accepted: PermissionAnswerAccepted | None = None
+    permission_closure_accepted: PermissionClosureAccepted | None = None
+    user_question_request: JsonObject | None = None
+    user_question_answer_accepted: JsonObject | None = None
+    transfer_to_agent: Any = None
+    end_invocation: bool | None = None
+    token_usage: JsonObject | None = None
+    tool_dispatch: ToolDispatch | None = None
+    tool_recovery: ToolRecovery | None = None
+    runtime_protocol: RuntimeProtocol | None = None
+    continuation_start: ContinuationStart | None = None
+    workspace_fact: Any = None
+    _json_fields = frozenset(
+        {
+            "state_delta",
+            "artifact_delta",
+            "permission_request",
+            "permission_decision",
+            "user_question_request",
+            "user_question_answer_accepted",
+            "transfer_to_agent",
+            "token_usage",
+            "workspace_fact",
+        }
+    )
+
+    @model_validator(mode="after")
+    def _closure_alone(self) -> Actions:
+        if self.permission_closure_accepted is not None and self.keys() != {"permissionClosureAccepted"}:
+            raise ValueError("permissionClosureAccepted must be the only action key")
+        return self
+
+    def keys(self) -> set[str]:
+        """The wire keys present on this actions object."""
+        return set(self.to_wire())
+
+
+class Refs(Wire):
+    stored_message_id: str | None = None
+    trace_event_id: str | None = None
+    tool_call_id: str | None = None
+    provider_event_id: str | None = None
+    source_message_digest: str | None = None
+    provider_request_trace_id: str | None = None
+    artifact_id: str | None = None
+    operation_id: str | None = None
+    parent_tool_call_id: str | None = None
+    parent_operation_id: str | None = None
+    step_id: str | None = None
+    source_invocation_id: str | None = None
+    source_run_id: str | None = None
+    source_turn_id: str | None = None
+    source_runtime_event_high_water: Annotated[int, Field(ge=0)] | None = None
+
+    def keys(self) -> set[str]:
+        """The wire keys present on this refs object."""
+        return set(self.to_wire())
+
+
+# --- the envelope --------------------------------------------------------------------------
+
+
+class RuntimeEvent(Wire):
+    """One immutable fact in a session's ledger."""
+
+    id: str
+    invocation_id: str
+    run_id: str
+    session_id: str
+    turn_id: str
+    ts: Annotated[int, Field(ge=0)]
+    partial: bool
+    role: Role
+    author: Author
+    branch: str | None = None
+    origin: Origin | None = None
+    model_visibility: Visibility | None = None
+    status: EventStatus | None = None
+    content: Content | None = None
+    actions: Actions | None = None
+    refs: Refs | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Terminal if its status is terminal or it ends the invocation."""
+        return (self.status in TERMINAL_STATUSES) or bool(
+            self.actions is not None and self.actions.end_invocation
+        )
+
+    @property
+    def event_kind(self) -> str:
+        """The SQLite ``event_kind`` column: the first of the reference's rules that applies."""
+        if self.content is not None:
+            return self.content.kind
+        if self.status is not None:
+            return self.status
+        if self.actions is not None:
+            if self.actions.workspace_fact is not None:
+                return "workspace_fact"
+            if self.actions.tool_dispatch is not None:
+                return "tool_dispatch"
+            if self.actions.end_invocation:
+                return "invocation_end"
+        return "runtime_fact"
+
+    @property
+    def hidden(self) -> bool:
+        return self.model_visibility == "hidden"

@@ -1,0 +1,85 @@
+"""Named crash points: ``MAKA_FAILPOINT=<name>`` makes the process SIGKILL itself there.
+
+The catalog is declared once here so tests can report coverage as "N of N" against it.
+``MAKA_FAILPOINT_TAG`` narrows a point to one tag (for example a tool name), and
+``MAKA_FAILPOINT_SKIP=n`` lets the first n matching hits pass, so a drill can kill the
+third tool call rather than the first. With the variable unset, ``hit`` is one comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Final
+
+#: Phase 0 crash catalog (reference ``RUNTIME_RESUME_FAILPOINTS``): id -> boundary.
+PHASE0: Final[dict[str, str]] = {
+    "P0": "before tool preparation (T1)",
+    "P1": "function_call committed, prepared journal not committed",
+    "P2": "prepared journal committed, implementation not started",
+    "P3": "tool implementation in progress",
+    "P4": "side effect done, T2 outcome transaction not committed",
+    "P5": "function_response committed, outcome journal not committed",
+    "P6": "outcome committed, result not delivered to model",
+    "P7": "result delivered, next provider step not started",
+    "P8": "terminal RuntimeEvent commit",
+    "P9": "terminal run-header commit",
+    "P10": "recovery-decision commit",
+    "P11": "continuation-run creation",
+}
+
+#: The committed-prefix kind each Phase 0 point leaves behind.
+PHASE0_PREFIX: Final[dict[str, str]] = {
+    "P0": "before_function_call",
+    "P1": "after_function_call",
+    "P2": "after_function_call",
+    "P3": "after_function_call",
+    "P4": "after_function_call",
+    "P5": "after_function_response",
+    "P6": "after_function_response",
+    "P7": "after_function_response",
+    "P8": "after_function_response",
+    "P9": "after_terminal_event",
+    "P10": "after_terminal_event",
+    "P11": "after_terminal_event",
+}
+
+#: Points inside the store's transactions (each fires before COMMIT, so the whole
+#: transaction must roll back).
+STORE: Final[tuple[str, ...]] = (
+    "after_runtime_event_insert",
+    "after_journal_event_insert",
+    "after_recovery_reconcile",
+    "after_recovery_outcome",
+    "after_recovery_decision",
+    "after_continuation_claim_insert",
+    "after_continuation_start_insert",
+)
+
+CATALOG: Final[frozenset[str]] = frozenset(PHASE0) | frozenset(STORE)
+
+_name = os.environ.get("MAKA_FAILPOINT") or None
+_tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
+_skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+
+
+def reload() -> None:
+    """Re-read the environment (for processes that set it after import)."""
+    global _name, _tag, _skip
+    _name = os.environ.get("MAKA_FAILPOINT") or None
+    _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
+    _skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+
+
+def hit(name: str, tag: str | None = None) -> None:
+    """SIGKILL this process if ``name`` (and the optional tag) is the armed failpoint."""
+    global _skip
+    if _name is None or name != _name:
+        return
+    if _tag is not None and tag != _tag:
+        return
+    if _skip > 0:
+        _skip -= 1
+        return
+    # SIGKILL, not exit: no finally blocks, no atexit, no buffered flush, exactly like a crash.
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -46,8 +46,13 @@ def _parse_int(text: str) -> int | float:
         raise CodecError("lossy_json_value", "-0 does not survive a JSON round trip")
     if abs(value) <= MAX_SAFE_INTEGER:
         return value
-    as_double = float(value)
-    if math.isinf(as_double) or int(as_double) != value:
+    try:
+        as_double = float(value)
+    except OverflowError:
+        raise CodecError("lossy_json_value", f"integer {text} overflows a double") from None
+    # Past 2**53 a literal is faithful only if it is the double exactly or is that double's own
+    # shortest form (which is what Maka writes); other digits would silently change on re-encode.
+    if int(as_double) != value and format_number(as_double) != text:
         raise CodecError("lossy_json_value", f"integer {text} is not exactly representable")
     return as_double
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from maka_core.canonical_json import check as check_json
+from maka_core.errors import CodecError
 
 JsonObject = dict[str, Any]
 
@@ -58,7 +59,10 @@ class WireModel(BaseModel):
                 if value is None and name not in cls._nullable:
                     raise ValueError(f"{key} may be absent but not null")
                 if name in cls._json_fields:
-                    check_json(value, key)
+                    try:
+                        check_json(value, key)
+                    except CodecError as exc:  # surface as a validation error, like any bad field
+                        raise ValueError(exc.message) from None
         return data
 
     def to_wire(self) -> JsonObject:

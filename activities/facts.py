@@ -1,0 +1,230 @@
+"""RuntimeEvent builders for the activities, in the reference's lane shapes.
+
+Event ids are deterministic wherever a retry could re-commit the same fact (user event, model output,
+dispatch, outcome, recovery bundle, terminal event), so a retried write is an exact, idempotent retry
+rather than a second fact.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from temporalio import activity
+
+from maka_core import codec
+from maka_core.events import (
+    TOOL_BOUNDARY_PROTOCOL,
+    Actions,
+    ErrorContent,
+    FunctionCallContent,
+    FunctionResponseContent,
+    ReconcileResult,
+    RecoveryDecision,
+    Refs,
+    RuntimeEvent,
+    RuntimeProtocol,
+    TextContent,
+    ToolDispatch,
+    ToolRecovery,
+)
+from workflows.contracts import RunIds
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def attempt_record(phase: str) -> dict[str, Any]:
+    """The Temporal identity of this attempt, recorded beside T1/T2/recovery for audit (the store
+    knows the phase from the writer it was given)."""
+    del phase
+    info = activity.info()
+    return {
+        "workflow_id": info.workflow_id,
+        "workflow_run_id": info.workflow_run_id,
+        "activity_id": info.activity_id,
+        "attempt": info.attempt,
+    }
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    # Wire models refuse null for an absent key: leave unset fields out entirely.
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _base(ids: RunIds, event_id: str, ts: int) -> dict[str, Any]:
+    return {
+        "id": event_id,
+        "invocation_id": ids.invocation_id,
+        "run_id": ids.run_id,
+        "session_id": ids.session_id,
+        "turn_id": ids.turn_id,
+        "ts": ts,
+        "partial": False,
+    }
+
+
+def user_event(ids: RunIds, text: str, ts: int) -> RuntimeEvent:
+    """The run's first event: the user's message carrying the tool-boundary protocol marker."""
+    return RuntimeEvent(
+        **_base(ids, f"{ids.run_id}_user", ts),
+        role="user",
+        author="user",
+        content=TextContent(text=text),
+        actions=Actions(runtime_protocol=RuntimeProtocol(tool_boundary=TOOL_BOUNDARY_PROTOCOL)),
+    )
+
+
+def model_text(ids: RunIds, step_id: str, text: str, ts: int) -> RuntimeEvent:
+    return RuntimeEvent(
+        **_base(ids, f"{step_id}:text", ts),
+        role="model",
+        author="agent",
+        content=TextContent(text=text),
+        refs=Refs(step_id=step_id),
+    )
+
+
+def model_call(
+    ids: RunIds, step_id: str, index: int, tool_call_id: str, name: str, args: dict[str, Any], op: str, ts: int
+) -> RuntimeEvent:
+    return RuntimeEvent(
+        **_base(ids, f"{step_id}:call:{index}", ts),
+        role="model",
+        author="agent",
+        content=FunctionCallContent(id=tool_call_id, name=name, args=args),
+        refs=Refs(operation_id=op, tool_call_id=tool_call_id, step_id=step_id),
+    )
+
+
+def dispatch_event(
+    ids: RunIds, op: str, tool_call_id: str, name: str, args: dict[str, Any], mode: str, ts: int
+) -> RuntimeEvent:
+    """T1: model-invisible; refs exactly ``{operationId, toolCallId}``."""
+    return RuntimeEvent(
+        **_base(ids, f"{op}_dispatch", ts),
+        role="system",
+        author="system",
+        actions=Actions(
+            tool_dispatch=ToolDispatch(
+                operation_id=op,
+                provider_tool_call_id=tool_call_id,
+                tool_name=name,
+                canonical_args_hash=codec.canonical_args_hash(name, args),
+                recovery_mode=mode,  # type: ignore[arg-type]
+            )
+        ),
+        refs=Refs(operation_id=op, tool_call_id=tool_call_id),
+    )
+
+
+def response_event(
+    ids: RunIds,
+    event_id: str,
+    tool_call_id: str,
+    name: str,
+    result: Any,
+    is_error: bool,
+    ts: int,
+    op: str | None,
+) -> RuntimeEvent:
+    """A function_response; bound to ``op`` (T2 / recovered outcome) or unbound (pre-T1 refusal)."""
+    return RuntimeEvent(
+        **_base(ids, event_id, ts),
+        role="tool",
+        author="tool",
+        content=FunctionResponseContent(**_present(id=tool_call_id, name=name, result=result, is_error=is_error or None)),
+        refs=Refs(**_present(operation_id=op, tool_call_id=tool_call_id)),
+    )
+
+
+def reconcile_event(
+    ids: RunIds, op: str, tool_call_id: str, observation: str, digest: str, ts: int
+) -> RuntimeEvent:
+    return RuntimeEvent(
+        **_base(ids, f"{op}_reconcile", ts),
+        role="system",
+        author="system",
+        actions=Actions(
+            tool_recovery=ToolRecovery(
+                kind="maka.tool.reconcile_result",
+                payload=ReconcileResult(
+                    operation_id=op,
+                    observation=observation,  # type: ignore[arg-type]
+                    observation_digest=digest,
+                ),
+            )
+        ),
+        refs=Refs(operation_id=op, tool_call_id=tool_call_id),
+    )
+
+
+def decision_event(
+    ids: RunIds,
+    op: str,
+    tool_call_id: str,
+    reason_code: str,
+    evidence_event_ids: list[str],
+    outcome_event_id: str | None,
+    ts: int,
+) -> RuntimeEvent:
+    return RuntimeEvent(
+        **_base(ids, f"{op}_decision", ts),
+        role="system",
+        author="system",
+        actions=Actions(
+            tool_recovery=ToolRecovery(
+                kind="maka.tool.recovery_decision",
+                payload=RecoveryDecision(
+                    **_present(
+                        operation_id=op,
+                        disposition="completed" if outcome_event_id else "parked",
+                        reason_code=reason_code,
+                        outcome_event_id=outcome_event_id,
+                        evidence_event_ids=evidence_event_ids,
+                    )
+                ),
+            )
+        ),
+        refs=Refs(operation_id=op, tool_call_id=tool_call_id),
+    )
+
+
+def terminal_event(
+    ids: RunIds,
+    status: str,
+    ts: int,
+    *,
+    park_reason: str | None = None,
+    operation_id: str | None = None,
+    error: str | None = None,
+) -> RuntimeEvent:
+    """The run's terminal fact (``<runId>_end``): completed, or failed with a reason."""
+    if status == "completed":
+        return RuntimeEvent(
+            **_base(ids, f"{ids.run_id}_end", ts),
+            role="system",
+            author="system",
+            status="completed",
+            actions=Actions(end_invocation=True),
+        )
+    code = park_reason or "run_failed"
+    delta: dict[str, Any] = {"failureClass": "parked" if park_reason else "run_failed"}
+    if park_reason:
+        delta["parkReason"] = park_reason
+    if operation_id:
+        delta["operationId"] = operation_id
+    message = (
+        f"parked on operation {operation_id}: {park_reason}"
+        if park_reason
+        else f"the run failed: {error or 'unknown error'}"
+    )
+    return RuntimeEvent(
+        **_base(ids, f"{ids.run_id}_end", ts),
+        role="system",
+        author="system",
+        status="failed",
+        content=ErrorContent(code=code, message=message, reason=code),
+        actions=Actions(end_invocation=True, state_delta=delta),
+    )

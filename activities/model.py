@@ -1,0 +1,80 @@
+"""``maka.model_step``: one provider step, idempotent through the ledger.
+
+The step's identity is ``<runId>:<k>`` (``refs.stepId`` on every event it commits). A retry — after
+a crash, a timeout, a lost response, or a local activity re-run on replay — finds the committed
+output and returns it without calling the provider again. Provider history comes from the ledger
+(``legal_replay``), never from workflow state; the result carries ids only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from maka_core import failpoints
+from maka_core.events import RuntimeEvent
+from maka_core.resume_plan import legal_replay
+from workflows.contracts import CallRef, ModelStepInput, ModelStepResult
+
+from activities import facts
+
+if TYPE_CHECKING:
+    from activities import MakaActivities
+
+
+def _step_of(event: RuntimeEvent) -> str | None:
+    if event.role != "model" or event.refs is None:
+        return None
+    return event.refs.step_id
+
+
+def _result(host: MakaActivities, step_id: str, committed: list[RuntimeEvent], replayed: bool) -> ModelStepResult:
+    calls = []
+    for event in committed:
+        content = event.content
+        if content is None or content.kind != "function_call" or event.refs is None:
+            continue
+        calls.append(
+            CallRef(
+                tool_call_id=content.id,
+                operation_id=event.refs.operation_id or "",
+                tool_name=content.name,
+                read_only=_read_only(host.tools.get(content.name)),
+            )
+        )
+    return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed)
+
+
+def _read_only(tool: Any) -> bool:
+    return tool is not None and tool.recovery_mode == "replay_safe" and not tool.mutates
+
+
+async def model_step(host: MakaActivities, inp: ModelStepInput) -> ModelStepResult:
+    """Return step ``k``'s committed output, or call the provider once and commit it."""
+    ids = inp.ids
+    step_id = f"{ids.run_id}:{inp.step}"
+    if inp.after_tools:
+        failpoints.hit("P7")
+    events = await host.ledger(host.store.events, session_id=ids.session_id)
+    committed = [e for e in events if _step_of(e) == step_id]
+    if committed:
+        return _result(host, step_id, committed, replayed=True)
+    # Session-wide step index: the script (or any provider) continues where the session is.
+    step_index = len({s for s in (_step_of(e) for e in events) if s is not None})
+    history = legal_replay(events)
+    provider = host.provider(inp.provider)
+    host.record_provider_call(step_id)
+    output = await provider.complete(history, host.tool_specs(), step_index=step_index)
+    ts = facts.now_ms()
+    batch: list[RuntimeEvent] = []
+    if output.text is not None or not output.tool_calls:
+        batch.append(facts.model_text(ids, step_id, output.text or "", ts))
+    for index, call in enumerate(output.tool_calls):
+        op = f"op-{uuid.uuid4()}"
+        batch.append(facts.model_call(ids, step_id, index, call.id, call.name, dict(call.args), op, ts))
+    if output.tool_calls:
+        failpoints.hit("P0")
+    await host.ledger(host.store.append, batch)
+    if output.tool_calls:
+        failpoints.hit("P1")
+    return _result(host, step_id, batch, replayed=False)

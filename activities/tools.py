@@ -1,0 +1,180 @@
+"""``maka.execute_tool``: Resolver guard -> preflight -> evidence + T1 -> run (heartbeating) -> T2.
+
+The guard comes first and is absolute: an operation the ledger already settled returns its committed
+outcome; an operation with a dispatch fact and no outcome is never run again from here (it is
+indeterminate: only ``recover_operation`` may settle it, by evidence or by parking). Only a call the
+Resolver proves ``definitely_not_dispatched`` reaches preflight. No argument and no tool output
+crosses into workflow history: arguments are read from the committed call, results go to the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from maka_core import failpoints
+from maka_core.errors import MakaError
+from maka_core.events import RuntimeEvent
+from maka_core.resolver import OperationResolution, resolve
+from workflows.contracts import DISPATCH_WITHOUT_OUTCOME, RunIds, ToolInput, ToolOutcome
+
+from activities import facts
+
+if TYPE_CHECKING:
+    from activities import MakaActivities
+
+T = TypeVar("T")
+
+#: Test-only switch for the kill matrix's negative control (never set in production).
+GUARD_DISABLED_ENV = "MAKA_TEST_DISABLE_RESOLVER_GUARD"
+
+
+async def resolve_call(host: MakaActivities, ids: RunIds, tool_call_id: str) -> tuple[OperationResolution | None, list[RuntimeEvent]]:
+    """The Resolver's view of one call, from the run's committed events."""
+    events = await host.ledger(host.store.events, run_id=ids.run_id)
+    return resolve(events).for_call(ids.invocation_id, tool_call_id), events
+
+
+def find_event(events: list[RuntimeEvent], event_id: str | None) -> RuntimeEvent | None:
+    return next((e for e in events if e.id == event_id), None) if event_id else None
+
+
+async def run_heartbeating(host: MakaActivities, fn: Callable[..., T], *args: Any, interval: float) -> T:
+    """Run a blocking tool body on the tool pool, heartbeating from the event loop meanwhile.
+
+    The heartbeat proves the worker process is alive; a SIGKILLed worker stops heartbeating and
+    Temporal times the attempt out within ``heartbeat_timeout``, which sends the workflow to recovery.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(host.tool_pool, lambda: fn(*args))
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=interval)
+        if done:
+            return future.result()
+        activity.heartbeat()
+
+
+def _settled(op: OperationResolution, replayed: bool) -> ToolOutcome:
+    return ToolOutcome(
+        operation_id=op.operation_id or "",
+        status="refused" if op.settlement_origin == "pre_t1_synthetic" else "completed",
+        is_error=bool(op.response_is_error),
+        dispatch_event_id=op.dispatch_event_id,
+        response_event_id=op.response_event_id,
+        replayed=replayed,
+    )
+
+
+async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
+    """Run one committed function call at most once."""
+    ids, call = inp.ids, inp.call
+    op, events = await resolve_call(host, ids, call.tool_call_id)
+    if op is None:
+        raise ApplicationError(f"no committed call {call.tool_call_id}", type="CallNotFound", non_retryable=True)
+    if op.status == "completed":
+        return _settled(op, replayed=True)
+    guard_disabled = _guard_disabled()
+    if op.status != "definitely_not_dispatched" and not guard_disabled:
+        raise ApplicationError(
+            f"operation {call.operation_id} is {op.status} ({op.reason}); refusing to run it again",
+            {"operationId": call.operation_id, "status": op.status, "reason": op.reason},
+            type=DISPATCH_WITHOUT_OUTCOME,
+            non_retryable=True,
+        )
+    call_event = find_event(events, op.call_event_id)
+    assert call_event is not None and call_event.content is not None and call_event.content.kind == "function_call"
+    args: dict[str, Any] = dict(call_event.content.args)
+    tool = host.tools.get(call.tool_name)
+
+    refusal = _preflight(host, inp, tool, args)
+    if refusal is not None:
+        response = facts.response_event(
+            ids,
+            f"{call.operation_id}_refused",
+            call.tool_call_id,
+            call.tool_name,
+            refusal.result,
+            True,
+            facts.now_ms(),
+            None,  # pre-T1: unbound; no operation was dispatched
+        )
+        await host.ledger(host.store.append, [response])
+        return ToolOutcome(
+            operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
+        )
+
+    ws = host.workspace(inp.workspace)
+    evidence = await asyncio.get_running_loop().run_in_executor(
+        host.tool_pool, lambda: tool.capture_evidence(args, ws)
+    )
+    dispatch = facts.dispatch_event(
+        ids, call.operation_id, call.tool_call_id, call.tool_name, args, tool.recovery_mode, facts.now_ms()
+    )
+    if guard_disabled and op.dispatch_event_id is not None:
+        dispatch = find_event(events, op.dispatch_event_id) or dispatch
+    else:
+        await host.ledger(
+            host.store.commit_tool_prepared,
+            dispatch,
+            evidence=None if evidence is None else evidence.to_json(), attempt=facts.attempt_record("t1")
+        )
+    failpoints.hit("P2", tag=call.tool_name)
+
+    interval = max(0.2, min(1.0, host.settings.tool_heartbeat_timeout_s / 4))
+    result = await run_heartbeating(host, tool.run, args, ws, lambda: None, interval=interval)
+
+    response = facts.response_event(
+        ids,
+        f"{call.operation_id}_response",
+        call.tool_call_id,
+        call.tool_name,
+        result.result,
+        result.is_error,
+        facts.now_ms(),
+        call.operation_id,
+    )
+    await host.ledger(host.store.commit_tool_outcome, response, attempt=facts.attempt_record("t2"))
+    failpoints.hit("P5", tag=call.tool_name)
+    outcome = ToolOutcome(
+        operation_id=call.operation_id,
+        status="completed",
+        is_error=result.is_error,
+        dispatch_event_id=dispatch.id,
+        response_event_id=response.id,
+    )
+    failpoints.hit("P6", tag=call.tool_name)
+    return outcome
+
+
+def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, Any]) -> Any:
+    """The pre-T1 refusal to commit, or None when admitted (tool exists, workspace, args, policy)."""
+    from maka_core.tools import ToolResult
+
+    if tool is None:
+        return ToolResult.error("tool_not_found", f"no tool named {inp.call.tool_name!r}")
+    try:
+        ws = host.workspace(inp.workspace)
+    except MakaError as exc:
+        return ToolResult.error(exc.code, exc.message)
+    if ws.identity != inp.workspace_identity:
+        return ToolResult.error(
+            "workspace_identity_mismatch",
+            f"the workspace at {inp.workspace} is {ws.identity}, not the session's {inp.workspace_identity}",
+        )
+    refusal = tool.preflight(args, ws)
+    if refusal is not None:
+        return refusal
+    decision = host.policy.evaluate(tool, args)
+    if not decision.allowed:
+        return ToolResult.error("policy_blocked", decision.reason or "denied by policy", policyCode=decision.code)
+    return None
+
+
+def _guard_disabled() -> bool:
+    import os
+
+    return os.environ.get(GUARD_DISABLED_ENV) == "1"

@@ -1,0 +1,158 @@
+"""The engine factory and the one transaction seam every store write goes through.
+
+SQLite is the default backend. pysqlite's own transaction handling is switched off
+(``isolation_level=None`` on every connection) so that the ``begin`` event can emit the BEGIN we
+choose: writers take ``BEGIN IMMEDIATE`` (the write lock is taken up front, so validation inside
+the transaction sees the last committed state and two writers serialize instead of deadlocking on
+lock upgrade); readers take a plain ``BEGIN`` (a WAL snapshot). All pragmas are set in one place,
+on every new connection. Any other SQLAlchemy URL (Postgres) goes through the same Core code; there
+a writer serializes on ``SELECT ... FOR UPDATE`` of the one-row meta table.
+
+Driver errors are translated once, here, into ``StoreError`` with stable codes. SQLITE_BUSY/LOCKED
+is retried only as a whole transaction: a busy BEGIN or COMMIT leaves nothing committed, so
+re-running the transaction body is safe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.pool import StaticPool
+
+from maka_core.errors import MakaError, StoreError
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5000
+#: Whole-transaction retries after SQLITE_BUSY outlasted busy_timeout.
+BUSY_RETRIES = 3
+
+SQLITE_PRAGMAS: tuple[str, ...] = (
+    f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    "PRAGMA foreign_keys=ON",
+)
+
+
+def database_url(target: str | Path) -> str:
+    """A SQLAlchemy URL for a path, ``sqlite://`` (memory) or any URL."""
+    if isinstance(target, Path):
+        return f"sqlite:///{target}"
+    if "://" in target:
+        return target
+    return f"sqlite:///{target}"
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file behind a SQLite URL, or None for memory and other backends."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///") :]
+    if not path or path == ":memory:":
+        return None
+    return Path(path)
+
+
+def make_engine(target: str | Path) -> Engine:
+    """Create the engine for a ledger path or URL with the store's pragmas and BEGIN policy."""
+    url = database_url(target)
+    if url.startswith("sqlite"):
+        file = sqlite_file(url)
+        if file is None:
+            # One connection holds a memory database; StaticPool shares it across uses.
+            engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        else:
+            engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        _install_sqlite_events(engine, wal=file is not None)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Disable pysqlite's implicit BEGIN so ours is the only one.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            for pragma in SQLITE_PRAGMAS:
+                if "journal_mode" in pragma and not wal:
+                    continue
+                cur.execute(pragma)
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        reader = conn.get_execution_options().get("maka_reader", False)
+        conn.exec_driver_sql("BEGIN" if reader else "BEGIN IMMEDIATE")
+
+
+def _is_busy(exc: DBAPIError) -> bool:
+    text_ = str(exc.orig).lower()
+    return "database is locked" in text_ or "database is busy" in text_ or "locked" in text_
+
+
+def translate(exc: DBAPIError) -> StoreError:
+    """One place where driver errors become stable codes."""
+    if isinstance(exc, OperationalError) and _is_busy(exc):
+        return StoreError("store_busy", "the ledger stayed locked past busy_timeout")
+    if isinstance(exc, IntegrityError):
+        return StoreError("store_constraint_violation", str(exc.orig))
+    message = str(exc.orig).lower()
+    if "malformed" in message or "not a database" in message or "corrupt" in message:
+        return StoreError("store_unreadable", str(exc.orig))
+    return StoreError("store_io_failed", str(exc.orig))
+
+
+@contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """A read transaction (a consistent snapshot); driver errors come out as ``StoreError``."""
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(maka_reader=True)
+            with conn.begin():
+                yield conn
+    except DBAPIError as exc:
+        raise translate(exc) from exc
+
+
+def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Callable[[], None]) -> T:
+    """Run ``body`` in one writer transaction (BEGIN IMMEDIATE / row lock) and commit once.
+
+    ``on_abort`` runs whenever the transaction did not commit (so callers can drop in-memory state
+    that may have run ahead of the database). ``MakaError`` from the body passes through unchanged;
+    driver errors are translated; a busy database is retried as a whole transaction.
+    """
+    attempt = 0
+    while True:
+        try:
+            with engine.connect() as conn, conn.begin():
+                if not is_sqlite(engine):
+                    conn.execute(text("SELECT schema_version FROM maka_meta WHERE id = 1 FOR UPDATE"))
+                return body(conn)
+        except MakaError:
+            on_abort()
+            raise
+        except DBAPIError as exc:
+            on_abort()
+            err = translate(exc)
+            if err.code == "store_busy" and attempt < BUSY_RETRIES:
+                attempt += 1
+                time.sleep(0.05 * attempt)
+                continue
+            raise err from exc
+        except BaseException:
+            on_abort()
+            raise

@@ -1,0 +1,55 @@
+"""JSONL import and export of a session's ledger in Maka's wire shape.
+
+One event per line, each line Maka-canonical on export. Reading reports every bad line with the
+codec's stable code instead of stopping at the first, so an operator sees the whole damage; a
+caller that imports refuses the file if any line is bad (nothing is half-imported).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maka_core import codec
+from maka_core.errors import CodecError
+from maka_core.events import RuntimeEvent
+
+if TYPE_CHECKING:
+    from maka_core.store import LedgerStore
+
+
+def parse_jsonl(data: bytes) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:
+    """Decode JSONL bytes into events, and ``{"line": n, "code": ...}`` for each bad line.
+
+    A final newline (or a trailing blank line) is not a line; any other blank line is an error.
+    """
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1].strip() == b"":
+        raw_lines.pop()
+    events: list[RuntimeEvent] = []
+    errors: list[dict[str, Any]] = []
+    for number, raw in enumerate(raw_lines, start=1):
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if not line.strip():
+            errors.append({"line": number, "code": "blank_line", "message": "empty line"})
+            continue
+        try:
+            events.append(codec.decode(line))
+        except CodecError as exc:
+            errors.append({"line": number, "code": exc.code, "message": exc.message})
+    return events, errors
+
+
+def read_jsonl(path: str | Path) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:
+    """Read a JSONL ledger file (see ``parse_jsonl``)."""
+    return parse_jsonl(Path(path).read_bytes())
+
+
+def dumps_jsonl(events: list[RuntimeEvent]) -> str:
+    """Maka-canonical lines, each ending in a newline."""
+    return "".join(codec.encode(e) + "\n" for e in events)
+
+
+def export_jsonl(store: LedgerStore, session_id: str) -> str:
+    """A session's events as Maka-canonical JSONL, in ledger order."""
+    return dumps_jsonl(store.events(session_id=session_id))

@@ -1,0 +1,192 @@
+"""An OpenAI-compatible chat-completions provider on the official ``openai`` SDK.
+
+Any server speaking the chat-completions wire format works (OpenAI, vLLM, Ollama, LiteLLM...).
+The SDK's own retries are off (``max_retries=0``): the model-step activity is retried by Temporal,
+and a hidden SDK retry would both double the latency budget and hide a call from the ledger's
+step accounting. Errors become ``ProviderError`` with a deliberate ``retryable`` flag.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import openai
+
+from maka_core import canonical_json
+from maka_core.errors import CodecError
+from maka_core.events import FunctionCallContent, FunctionResponseContent, TextContent
+from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError
+
+if TYPE_CHECKING:
+    from maka_core.events import RuntimeEvent
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = None) -> list[dict[str, Any]]:
+    """Chat-completions ``messages`` for a legal provider history.
+
+    User text -> ``user``; model text and function calls -> one ``assistant`` message per step
+    (calls that follow a model text join it); function responses -> ``tool`` messages. Partial,
+    hidden, thinking and error events are not shown to the model.
+    """
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    for event in history:
+        content = event.content
+        if content is None or event.partial or event.hidden:
+            continue
+        if isinstance(content, TextContent):
+            if event.role == "user":
+                messages.append({"role": "user", "content": content.text})
+            elif event.role == "model":
+                messages.append({"role": "assistant", "content": content.text})
+        elif isinstance(content, FunctionCallContent):
+            call = {
+                "id": content.id,
+                "type": "function",
+                "function": {"name": content.name, "arguments": canonical_json.dumps(content.args)},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(content, FunctionResponseContent):
+            messages.append({"role": "tool", "tool_call_id": content.id, "content": _result_text(content)})
+    return messages
+
+
+def _result_text(content: FunctionResponseContent) -> str:
+    result = content.result
+    if isinstance(result, dict) and result.get("kind") == "text" and isinstance(result.get("text"), str):
+        text: str = result["text"]
+    elif isinstance(result, dict) and result.get("kind") == "json" and "value" in result:
+        text = canonical_json.dumps(result["value"])
+    else:
+        text = canonical_json.dumps(result)
+    return f"Error: {text}" if content.is_error else text
+
+
+def _parse_args(raw: str | None, name: str) -> dict[str, Any]:
+    try:
+        value = canonical_json.loads(raw or "{}")
+    except CodecError as exc:
+        raise ProviderError(
+            "provider_invalid_tool_args",
+            f"{name}: arguments are not valid JSON ({exc.message})",
+            retryable=True,
+        ) from None
+    if not isinstance(value, dict):
+        raise ProviderError(
+            "provider_invalid_tool_args", f"{name}: arguments are not a JSON object", retryable=True
+        )
+    return value
+
+
+def _classify(exc: Exception) -> ProviderError:
+    """The deliberate retry decision for each SDK failure."""
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError("provider_timeout", str(exc), retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        return ProviderError("provider_connection_failed", str(exc), retryable=True)
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retry_after = exc.response.headers.get("retry-after") if exc.response is not None else None
+        detail: dict[str, Any] = {"status": status, "retryAfter": retry_after}
+        if status == 429:
+            return ProviderError("provider_rate_limited", exc.message, retryable=True, **detail)
+        if status >= 500 or status in (408, 409):
+            return ProviderError("provider_unavailable", exc.message, retryable=True, **detail)
+        if status in (401, 403):
+            return ProviderError("provider_auth_failed", exc.message, retryable=False, **detail)
+        if status == 404:
+            return ProviderError("provider_not_found", exc.message, retryable=False, **detail)
+        return ProviderError("provider_bad_request", exc.message, retryable=False, **detail)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return ProviderError("provider_invalid_response", str(exc), retryable=True)
+    return ProviderError("provider_error", f"{type(exc).__name__}: {exc}", retryable=False)
+
+
+class OpenAICompatibleProvider:
+    """Chat completions with tools; one HTTP request per model step, no SDK retries."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        system: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        self.system = system
+        self.timeout_s = timeout_s
+        self._client: openai.AsyncOpenAI | None = None
+
+    def _get_client(self) -> openai.AsyncOpenAI:
+        if self._client is None:
+            key = self._api_key
+            if key is None:
+                if self.base_url is None:
+                    raise ProviderError(
+                        "provider_not_configured", "OPENAI_API_KEY is not set", retryable=False
+                    )
+                key = "unused"  # local OpenAI-compatible servers often need no key
+            self._client = openai.AsyncOpenAI(
+                api_key=key, base_url=self.base_url, max_retries=0, timeout=self.timeout_s
+            )
+        return self._client
+
+    async def complete(
+        self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]], *, step_index: int
+    ) -> ModelOutput:
+        """One chat-completions request; raises ``ProviderError`` on any failure."""
+        client = self._get_client()
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": history_to_messages(history, self.system),
+        }
+        if tools:
+            request["tools"] = list(tools)
+        try:
+            response = await client.chat.completions.create(**request)
+        except openai.OpenAIError as exc:
+            raise _classify(exc) from None
+        if not response.choices:
+            raise ProviderError("provider_invalid_response", "the response has no choices", retryable=True)
+        message = response.choices[0].message
+        calls: list[ModelToolCall] = []
+        for i, call in enumerate(message.tool_calls or ()):
+            function = getattr(call, "function", None)
+            if function is None:  # custom (non-function) tool calls are not part of our contract
+                raise ProviderError(
+                    "provider_invalid_response", f"unsupported tool call type {call.type!r}", retryable=False
+                )
+            calls.append(
+                ModelToolCall(
+                    id=call.id or f"call-{step_index}-{i}",
+                    name=function.name,
+                    args=_parse_args(function.arguments, function.name),
+                )
+            )
+        usage = None
+        if response.usage is not None:
+            usage = {
+                "promptTokens": response.usage.prompt_tokens,
+                "completionTokens": response.usage.completion_tokens,
+                "totalTokens": response.usage.total_tokens,
+            }
+        return ModelOutput(text=message.content or None, tool_calls=tuple(calls), usage=usage)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (worker shutdown)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

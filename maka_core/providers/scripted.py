@@ -1,0 +1,117 @@
+"""A provider that replays a JSON script: for tests, demos and crash drills.
+
+Script format (a contract shared with the CLI and the drills)::
+
+    {"steps": [ {"text": "..."} | {"toolCalls": [{"name": "write_file", "args": {...}}, ...]} ]}
+
+A step may carry both ``text`` and ``toolCalls``. Step k is returned on the session's k-th model
+step (``step_index``, counted across the whole session, so a continuation resumes at the next
+unused step); tool call ids are ``call-<k>-<i>``, deterministic so that a retried or replayed step
+produces the same calls; past the end the script answers ``(script finished)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maka_core import canonical_json
+from maka_core.errors import CodecError, ConfigError
+from maka_core.providers.base import ModelOutput, ModelToolCall
+
+if TYPE_CHECKING:
+    from maka_core.events import RuntimeEvent
+
+FINISHED_TEXT = "(script finished)"
+
+
+def _invalid(where: str, message: str) -> ConfigError:
+    return ConfigError("script_invalid", f"{where}: {message}", where=where)
+
+
+def _parse_step(k: int, step: Any) -> tuple[str | None, tuple[tuple[str, dict[str, Any]], ...]]:
+    where = f"steps[{k}]"
+    if not isinstance(step, dict) or not step or set(step) - {"text", "toolCalls"}:
+        raise _invalid(where, 'a step is {"text": ...} and/or {"toolCalls": [...]}')
+    text = step.get("text")
+    if "text" in step and not isinstance(text, str):
+        raise _invalid(where, "text must be a string")
+    calls: list[tuple[str, dict[str, Any]]] = []
+    if "toolCalls" in step:
+        raw = step["toolCalls"]
+        if not isinstance(raw, list) or not raw:
+            raise _invalid(where, "toolCalls must be a non-empty list")
+        for i, call in enumerate(raw):
+            at = f"{where}.toolCalls[{i}]"
+            if not isinstance(call, dict) or set(call) != {"name", "args"}:
+                raise _invalid(at, 'a tool call is exactly {"name": ..., "args": {...}}')
+            if not isinstance(call["name"], str) or not call["name"]:
+                raise _invalid(at, "name must be a non-empty string")
+            if not isinstance(call["args"], dict):
+                raise _invalid(at, "args must be a JSON object")
+            try:
+                canonical_json.check(call["args"], "args")
+            except CodecError as exc:
+                raise _invalid(at, exc.message) from None
+            calls.append((call["name"], call["args"]))
+    return text, tuple(calls)
+
+
+class ScriptedProvider:
+    """Replays validated script steps by ``step_index``; counts its calls (``calls``)."""
+
+    def __init__(self, steps: Sequence[Any]) -> None:
+        """Validate ``steps`` (raises ``ConfigError(script_invalid)``)."""
+        if not isinstance(steps, list | tuple):
+            raise _invalid("steps", "must be a list")
+        self._steps = tuple(_parse_step(k, s) for k, s in enumerate(steps))
+        self.calls = 0
+
+    @classmethod
+    def from_json(cls, value: Any) -> ScriptedProvider:
+        """From a parsed script object ``{"steps": [...]}``."""
+        if not isinstance(value, dict) or set(value) != {"steps"}:
+            raise _invalid("script", 'a script is exactly {"steps": [...]}')
+        return cls(value["steps"])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedProvider:
+        """From a script file (UTF-8 JSON)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("script_invalid", f"cannot read script {path}: {exc}", path=str(path)) from None
+        try:
+            value = canonical_json.loads(text)
+        except CodecError as exc:
+            raise ConfigError(
+                "script_invalid", f"{path} is not valid JSON: {exc.message}", path=str(path)
+            ) from None
+        return cls.from_json(value)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def output_for(self, step_index: int) -> ModelOutput:
+        """The output of step ``step_index`` (pure; ``complete`` also counts the call)."""
+        if step_index < 0:
+            raise ValueError("step_index is 0-based and non-negative")
+        if step_index >= len(self._steps):
+            return ModelOutput(text=FINISHED_TEXT)
+        text, calls = self._steps[step_index]
+        return ModelOutput(
+            text=text,
+            tool_calls=tuple(
+                ModelToolCall(id=f"call-{step_index}-{i}", name=name, args=copy.deepcopy(args))
+                for i, (name, args) in enumerate(calls)
+            ),
+        )
+
+    async def complete(
+        self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]], *, step_index: int
+    ) -> ModelOutput:
+        """Step ``step_index`` of the script; history and tools are ignored."""
+        self.calls += 1
+        return self.output_for(step_index)

@@ -1,0 +1,194 @@
+"""Run headers (the operational envelope of one execution attempt) and startup repair.
+
+A header says which Temporal execution hosted a Maka run and how it ended; it is never the
+authority on outcomes. The terminal RuntimeEvent always commits before the terminal header, so a
+crash between the two leaves a header that *lags* the ledger, which repair fixes from the event.
+A run left with no terminal event at all gets one recovered terminal event first, built
+deterministically (id ``<runId>_terminal``, ts of the run's last event) so that two processes
+repairing the same run converge through exact-retry idempotency instead of racing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from maka_core.errors import LedgerRejection, StoreError
+from maka_core.events import Actions, ErrorContent, RuntimeEvent
+
+if TYPE_CHECKING:
+    from maka_core.store import LedgerStore
+
+RunStatus = Literal["running", "completed", "failed", "cancelled", "parked"]
+TERMINAL_RUN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+#: The recovered terminal event's user-visible message per repair reason.
+_REPAIR_MESSAGES: dict[str, str] = {
+    "process_crashed": "runtime process exited before the turn settled",
+}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RunHeader(BaseModel):
+    """One run's header row (``agent_runs``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    run_id: str
+    invocation_id: str
+    turn_id: str
+    status: RunStatus = "running"
+    park_reason: str | None = None
+    workflow_id: str | None = None
+    workflow_run_id: str | None = None
+    task_queue: str | None = None
+    continuation_source: dict[str, Any] | None = None
+    created_at: int = 0
+    updated_at: int = 0
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """What ``repair_run`` did: the terminal event it found or committed, and the header."""
+
+    run_id: str
+    terminal_event_id: str
+    terminal_committed: bool
+    header_status: RunStatus
+    header_updated: bool
+
+
+def header_status_for(event: RuntimeEvent) -> RunStatus:
+    """The header status a terminal event implies."""
+    if event.status == "completed":
+        return "completed"
+    if event.status in ("aborted", "cancelled"):
+        return "cancelled"
+    if event.status == "failed":
+        return "failed"
+    # endInvocation without a status: an error content means failure.
+    if event.content is not None and event.content.kind == "error":
+        return "failed"
+    return "completed"
+
+
+def recovered_terminal_event(last: RuntimeEvent, run_id: str, reason: str) -> RuntimeEvent:
+    """The terminal event repair commits for a run that never settled (example 02's shape)."""
+    return RuntimeEvent(
+        id=f"{run_id}_terminal",
+        invocation_id=last.invocation_id,
+        run_id=run_id,
+        session_id=last.session_id,
+        turn_id=last.turn_id,
+        ts=last.ts,
+        partial=False,
+        role="system",
+        author="system",
+        status="failed",
+        content=ErrorContent(
+            code=reason,
+            message=_REPAIR_MESSAGES.get(reason, f"run repaired after it stopped: {reason}"),
+            reason=reason,
+        ),
+        actions=Actions(
+            end_invocation=True,
+            state_delta={"failureClass": reason, "recovered": True, "recoveryReason": reason},
+        ),
+    )
+
+
+def _header_anchor(header: RunHeader, run_id: str) -> RuntimeEvent:
+    # A run whose header exists but which never committed an event: anchor the terminal event on
+    # the header's identity and creation time.
+    return RuntimeEvent(
+        id=f"{run_id}_anchor",
+        invocation_id=header.invocation_id,
+        run_id=run_id,
+        session_id=header.session_id,
+        turn_id=header.turn_id,
+        ts=header.created_at,
+        partial=False,
+        role="system",
+        author="system",
+    )
+
+
+def repair_run(store: LedgerStore, run_id: str, reason: str = "process_crashed") -> RepairResult:
+    """Settle one run after a crash: terminal RuntimeEvent first, then the header.
+
+    Raises:
+        StoreError: the ledger cannot be read (nothing is written), or the run is unknown.
+    """
+    header = store.get_run(run_id)
+    events = store.events(run_id=run_id)  # a StoreError here leaves everything untouched
+    if header is None and not events:
+        raise StoreError("run_not_found", f"no header and no events for run {run_id}", runId=run_id)
+    terminal = next((e for e in reversed(events) if e.is_terminal), None)
+    committed = False
+    if terminal is None:
+        anchor = events[-1] if events else _header_anchor(header, run_id)  # type: ignore[arg-type]
+        candidate = recovered_terminal_event(anchor, run_id, reason)
+        try:
+            committed = store.commit_terminal(candidate).created
+            terminal = candidate
+        except LedgerRejection as exc:
+            if exc.code != "run_already_terminal":
+                raise
+            # The run itself (or another repairer with a different reason) settled first.
+            terminal = next(e for e in reversed(store.events(run_id=run_id)) if e.is_terminal)
+    status = header_status_for(terminal)
+    updated = False
+    if header is None:
+        header = RunHeader(
+            session_id=terminal.session_id,
+            run_id=run_id,
+            invocation_id=terminal.invocation_id,
+            turn_id=terminal.turn_id,
+            status=status,
+            created_at=terminal.ts,
+            updated_at=now_ms(),
+        )
+        store.put_run(header)
+        updated = True
+    elif header.status != status and not header.is_terminal:
+        store.put_run(header.model_copy(update={"status": status, "updated_at": now_ms()}))
+        updated = True
+    final = store.get_run(run_id)
+    return RepairResult(
+        run_id=run_id,
+        terminal_event_id=terminal.id,
+        terminal_committed=committed,
+        header_status=final.status if final is not None else status,
+        header_updated=updated,
+    )
+
+
+def repair_all(
+    store: LedgerStore,
+    is_open: Callable[[RunHeader], bool] = lambda run: False,
+    reason: str = "process_crashed",
+) -> list[RepairResult]:
+    """Repair every running run whose hosting workflow is not still running (worker startup).
+
+    Parked runs are left alone: a park is an operator's decision point and its reason must
+    survive until someone resolves it (``repair_run`` by id still settles one explicitly).
+    Runs with events but no header are not visible here; they are repaired when found by id.
+    """
+    results: list[RepairResult] = []
+    for run in store.list_runs(nonterminal=True):
+        if run.status != "running" or is_open(run):
+            continue
+        results.append(repair_run(store, run.run_id, reason))
+    return results

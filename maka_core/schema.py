@@ -1,0 +1,275 @@
+"""The ledger schema (SQLAlchemy Core tables) and its migrations.
+
+``runtime_events`` is the only canonical table: each row is one RuntimeEvent in its canonical
+encoding (``payload_json``) plus the identity columns needed for indexed lookups, which every
+read re-checks against the payload. ``tool_operations`` and ``tool_journal_events`` are
+projections derived by the scanner and rebuildable from events alone; ``tool_evidence``,
+``tool_attempts``, ``agent_runs`` and ``continuation_claims`` are operational records.
+
+The version lives in ``PRAGMA user_version`` on SQLite and in the one-row ``maka_meta`` table
+elsewhere. Migrations run in one writer transaction; a database newer than this code fails closed
+before a byte is written.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    select,
+    text,
+)
+
+from maka_core.engine import is_sqlite, run_write
+from maka_core.errors import StoreError
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+maka_meta = Table(
+    "maka_meta",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("schema_version", Integer, nullable=False),
+    CheckConstraint("id = 1", name="maka_meta_singleton"),
+)
+
+runtime_events = Table(
+    "runtime_events",
+    metadata,
+    Column("event_id", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("invocation_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("turn_id", String, nullable=False),
+    Column("event_seq", Integer, nullable=False),
+    Column("ledger_seq", BigInteger, nullable=False, unique=True),
+    Column("event_kind", String, nullable=False),
+    Column("operation_id", String),
+    Column("tool_call_id", String),
+    Column("terminal", Boolean, nullable=False),
+    Column("payload_json", Text, nullable=False),
+    Column("committed_at", BigInteger, nullable=False),
+    UniqueConstraint("invocation_id", "event_seq", name="runtime_events_invocation_seq"),
+    CheckConstraint("event_seq > 0", name="runtime_events_seq_positive"),
+    Index("runtime_events_session_run", "session_id", "run_id", "ledger_seq"),
+    Index("runtime_events_run_terminal", "run_id", "terminal"),
+    Index("runtime_events_operation", "operation_id"),
+)
+
+tool_operations = Table(
+    "tool_operations",
+    metadata,
+    Column("operation_id", String, primary_key=True),
+    Column("invocation_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("turn_id", String, nullable=False),
+    Column("provider_tool_call_id", String, nullable=False),
+    Column("tool_name", String, nullable=False),
+    Column("canonical_args_hash", String, nullable=False),
+    Column("recovery_mode", String, nullable=False),
+    Column("current_state", String, nullable=False),
+    Column("call_event_id", String, ForeignKey("runtime_events.event_id")),
+    Column("dispatch_event_id", String, ForeignKey("runtime_events.event_id")),
+    Column("result_event_id", String, ForeignKey("runtime_events.event_id")),
+    Column("version", Integer, nullable=False),
+    UniqueConstraint("invocation_id", "provider_tool_call_id", name="tool_operations_call"),
+    CheckConstraint("version > 0", name="tool_operations_version_positive"),
+)
+
+tool_journal_events = Table(
+    "tool_journal_events",
+    metadata,
+    Column("journal_seq", Integer, primary_key=True, autoincrement=True),
+    Column("journal_event_id", String, nullable=False, unique=True),
+    Column("operation_id", String, nullable=False),
+    Column("invocation_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("turn_id", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("runtime_event_id", String, ForeignKey("runtime_events.event_id"), nullable=False),
+    Column("canonical_args_hash", String),
+    Column("recovery_mode", String),
+    Column("external_handle", String),
+    Column("metadata_json", Text),
+    Column("committed_at", BigInteger, nullable=False),
+    Index("tool_journal_operation", "operation_id", "journal_seq"),
+)
+
+tool_evidence = Table(
+    "tool_evidence",
+    metadata,
+    Column("operation_id", String, primary_key=True),
+    Column("dispatch_event_id", String, ForeignKey("runtime_events.event_id"), nullable=False),
+    Column("evidence_json", Text, nullable=False),
+)
+
+tool_attempts = Table(
+    "tool_attempts",
+    metadata,
+    Column("attempt_seq", Integer, primary_key=True, autoincrement=True),
+    Column("operation_id", String, nullable=False),
+    Column("phase", String, nullable=False),
+    Column("workflow_id", String),
+    Column("workflow_run_id", String),
+    Column("activity_id", String),
+    Column("attempt", Integer),
+    Column("recorded_at", BigInteger, nullable=False),
+    CheckConstraint("phase IN ('t1', 't2', 'recovery')", name="tool_attempts_phase"),
+    Index("tool_attempts_operation", "operation_id", "attempt_seq"),
+)
+
+agent_runs = Table(
+    "agent_runs",
+    metadata,
+    Column("run_id", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("invocation_id", String, nullable=False),
+    Column("turn_id", String, nullable=False),
+    Column("status", String, nullable=False),
+    Column("park_reason", String),
+    Column("workflow_id", String),
+    Column("workflow_run_id", String),
+    Column("task_queue", String),
+    Column("continuation_source", Text),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint(
+        "status IN ('running', 'completed', 'failed', 'cancelled', 'parked')", name="agent_runs_status"
+    ),
+    Index("agent_runs_session", "session_id", "created_at"),
+)
+
+continuation_claims = Table(
+    "continuation_claims",
+    metadata,
+    Column("claim_id", String, primary_key=True),
+    Column("source_session_id", String, nullable=False),
+    Column("source_invocation_id", String, nullable=False),
+    Column("source_run_id", String, nullable=False),
+    Column("source_turn_id", String, nullable=False),
+    Column("source_event_high_water", Integer, nullable=False),
+    Column("source_prefix_digest", String, nullable=False),
+    Column("boundary_digest", String, nullable=False, unique=True),
+    Column("boundary_json", Text, nullable=False),
+    Column("provider_projection_version", Integer, nullable=False),
+    Column("provider_replay_digest", String, nullable=False),
+    Column("target_session_id", String, nullable=False),
+    Column("target_invocation_id", String, nullable=False, unique=True),
+    Column("target_run_id", String, nullable=False, unique=True),
+    Column("target_turn_id", String, nullable=False),
+    Column("target_run_header_json", Text),
+    Column("claimed_at", BigInteger, nullable=False),
+    Column("start_event_id", String, ForeignKey("runtime_events.event_id"), unique=True),
+    Column("start_kind", String),
+    Column("protocol_version", Integer, nullable=False),
+    UniqueConstraint(
+        "source_session_id",
+        "source_run_id",
+        "source_event_high_water",
+        "source_prefix_digest",
+        name="continuation_claims_source_boundary",
+    ),
+    UniqueConstraint("target_session_id", "target_turn_id", name="continuation_claims_target_turn"),
+    CheckConstraint("source_event_high_water > 0", name="continuation_claims_high_water"),
+    CheckConstraint(
+        "start_kind IS NULL OR start_kind IN ('runtime_admission', 'claim_repair')",
+        name="continuation_claims_start_kind",
+    ),
+)
+
+
+def sqlite_file_version(path: Path) -> int | None:
+    """``user_version`` of an existing SQLite file, read through a read-only handle.
+
+    Read-only on purpose: a database newer than this code must not be touched at all, not even by
+    the journal-mode pragma the engine sets on connect.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        raise StoreError("store_unreadable", str(exc), path=str(path)) from exc
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise StoreError("store_unreadable", str(exc), path=str(path)) from exc
+    finally:
+        conn.close()
+
+
+def refuse_newer(version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            "schema_too_new",
+            f"ledger schema version {version} is newer than this code ({SCHEMA_VERSION})",
+            schemaVersion=version,
+            supportedVersion=SCHEMA_VERSION,
+        )
+
+
+def _current_version(conn: Connection) -> int:
+    if is_sqlite_conn(conn):
+        return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+    exists = conn.execute(
+        text("SELECT 1 FROM information_schema.tables WHERE table_name = 'maka_meta'")
+    ).first()
+    if exists is None:
+        return 0
+    value = conn.execute(select(maka_meta.c.schema_version).where(maka_meta.c.id == 1)).scalar()
+    return int(value or 0)
+
+
+def is_sqlite_conn(conn: Connection) -> bool:
+    return conn.dialect.name == "sqlite"
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the schema to ``SCHEMA_VERSION`` in one writer transaction; return the version.
+
+    Raises:
+        StoreError: ``schema_too_new`` when the database is newer than this code.
+    """
+
+    def body(conn: Connection) -> int:
+        version = _current_version(conn)
+        refuse_newer(version)
+        if version == SCHEMA_VERSION:
+            return version
+        # v0 -> v1: the whole schema. Later versions add steps here, each inside this transaction.
+        metadata.create_all(conn)
+        if is_sqlite_conn(conn):
+            conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        else:
+            conn.execute(maka_meta.delete())
+            conn.execute(maka_meta.insert().values(id=1, schema_version=SCHEMA_VERSION))
+        return SCHEMA_VERSION
+
+    if not is_sqlite(engine):
+        # Postgres: the meta row is the writer lock, so it must exist before the first writer.
+        with engine.begin() as conn:
+            if _current_version(conn) == 0:
+                maka_meta.create(conn, checkfirst=True)
+                conn.execute(
+                    text(
+                        "INSERT INTO maka_meta (id, schema_version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING"
+                    )
+                )
+    return run_write(engine, body, on_abort=lambda: None)

@@ -1,0 +1,210 @@
+"""A session as people and scripts see it: status and transcript, assembled from the ledger.
+
+Views only: everything here is derived from committed RuntimeEvents and run headers, so it can be
+rebuilt at any time and never overrides a fact. The session's live state (``idle``, ``running``,
+``parked``, ``failed``) comes from the workflow when it is reachable; ``derive_state`` gives the
+same answer from the ledger alone (the last run's header), for when it is not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from maka_core.events import RuntimeEvent
+from maka_core.resolver import resolve
+from maka_core.runs import RunHeader
+
+if TYPE_CHECKING:
+    from maka_core.store import LedgerStore
+
+SessionState = Literal["idle", "running", "parked", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class TurnView:
+    turn_id: str
+    run_id: str
+    status: str
+    park_reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"turnId": self.turn_id, "runId": self.run_id, "status": self.status, "parkReason": self.park_reason}
+
+
+@dataclass(frozen=True)
+class OperationView:
+    operation_id: str | None
+    tool_call_id: str
+    tool_name: str | None
+    run_id: str
+    status: str
+    reason: str
+    is_error: bool
+    call_event_id: str | None
+    dispatch_event_id: str | None
+    response_event_id: str | None
+    canonical_args_hash: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operationId": self.operation_id,
+            "toolName": self.tool_name,
+            "toolCallId": self.tool_call_id,
+            "runId": self.run_id,
+            "status": self.status,
+            "reason": self.reason,
+            "isError": self.is_error,
+            "callEventId": self.call_event_id,
+            "dispatchEventId": self.dispatch_event_id,
+            "responseEventId": self.response_event_id,
+            "canonicalArgsHash": self.canonical_args_hash,
+        }
+
+
+@dataclass(frozen=True)
+class SessionView:
+    session_id: str
+    workflow_id: str
+    state: SessionState
+    park_reason: str | None
+    turns: tuple[TurnView, ...]
+    operations: tuple[OperationView, ...]
+    event_count: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``maka session status --json`` contract object."""
+        return {
+            "sessionId": self.session_id,
+            "workflowId": self.workflow_id,
+            "state": self.state,
+            "parkReason": self.park_reason,
+            "turns": [t.to_json() for t in self.turns],
+            "operations": [o.to_json() for o in self.operations],
+            "eventCount": self.event_count,
+        }
+
+
+def derive_state(runs: list[RunHeader]) -> tuple[SessionState, str | None]:
+    """The session state the ledger implies: that of its latest run."""
+    if not runs:
+        return "idle", None
+    last = max(runs, key=lambda r: (r.created_at, r.updated_at))
+    if last.status == "running":
+        return "running", None
+    if last.park_reason or last.status == "parked":
+        return "parked", last.park_reason
+    if last.status in ("failed", "cancelled"):
+        return "failed", None
+    return "idle", None
+
+
+def operations(events: list[RuntimeEvent]) -> list[OperationView]:
+    """Every tool call of these events as the Resolver classifies it, in call order."""
+    by_id = {e.id: e for e in events}
+    views: list[OperationView] = []
+    for op in resolve(events).operations:
+        call = by_id.get(op.call_event_id or "")
+        dispatch = by_id.get(op.dispatch_event_id or "")
+        op_id = op.operation_id or (call.refs.operation_id if call is not None and call.refs else None)
+        run_id = (call or dispatch).run_id if (call or dispatch) is not None else ""  # type: ignore[union-attr]
+        args_hash = None
+        if dispatch is not None and dispatch.actions is not None and dispatch.actions.tool_dispatch is not None:
+            args_hash = dispatch.actions.tool_dispatch.canonical_args_hash
+        views.append(
+            OperationView(
+                operation_id=op_id,
+                tool_call_id=op.tool_call_id,
+                tool_name=op.tool_name,
+                run_id=run_id,
+                status=op.status,
+                reason=op.reason,
+                is_error=bool(op.response_is_error),
+                call_event_id=op.call_event_id,
+                dispatch_event_id=op.dispatch_event_id,
+                response_event_id=op.response_event_id,
+                canonical_args_hash=args_hash,
+            )
+        )
+    return views
+
+
+def session_view(
+    store: LedgerStore,
+    session_id: str,
+    *,
+    workflow_id: str,
+    state: SessionState | None = None,
+    park_reason: str | None = None,
+) -> SessionView:
+    """Status of one session from the ledger; ``state``/``park_reason`` from the workflow win."""
+    events = store.events(session_id=session_id)
+    runs = sorted(store.list_runs(session_id=session_id), key=lambda r: (r.created_at, r.updated_at))
+    derived, derived_reason = derive_state(runs)
+    if state is None:
+        state, park_reason = derived, derived_reason
+    turns = tuple(
+        TurnView(
+            turn_id=r.turn_id,
+            run_id=r.run_id,
+            status="parked" if r.park_reason else r.status,
+            park_reason=r.park_reason,
+        )
+        for r in runs
+    )
+    return SessionView(
+        session_id=session_id,
+        workflow_id=workflow_id,
+        state=state,
+        park_reason=park_reason,
+        turns=turns,
+        operations=tuple(operations(events)),
+        event_count=len(events),
+    )
+
+
+def _brief(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _result_text(result: Any) -> Any:
+    if isinstance(result, dict) and result.get("kind") == "text":
+        return result.get("text", "")
+    if isinstance(result, dict) and result.get("kind") == "json":
+        return result.get("value")
+    return result
+
+
+def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[str]:
+    """A readable transcript: user and model text, tool calls, results, recovery and run ends."""
+    lines: list[str] = []
+    for e in events:
+        if e.partial or e.hidden:
+            continue
+        c = e.content
+        if e.actions is not None and e.actions.tool_dispatch is not None:
+            d = e.actions.tool_dispatch
+            lines.append(f"  [T1] {d.tool_name} dispatched  op={d.operation_id}  event={e.id}")
+        elif e.actions is not None and e.actions.tool_recovery is not None:
+            p = e.actions.tool_recovery.payload
+            detail = getattr(p, "observation", None) or getattr(p, "reason_code", "")
+            lines.append(f"  [recovery] {e.actions.tool_recovery.kind} {detail}  op={p.operation_id}")
+        elif c is not None and c.kind == "text" and e.role == "user":
+            lines.append(f"user: {c.text}")
+        elif c is not None and c.kind == "text":
+            lines.append(f"model: {c.text}")
+        elif c is not None and c.kind == "function_call":
+            lines.append(f"model -> {c.name}({_brief(c.args, width)})")
+        elif c is not None and c.kind == "function_response":
+            tag = "error" if c.is_error else "result"
+            lines.append(f"  {tag} <- {c.name}: {_brief(_result_text(c.result), width)}")
+        elif e.is_terminal:
+            if e.status == "completed":
+                lines.append("-- turn completed --")
+            else:
+                why = c.message if c is not None and c.kind == "error" else e.status
+                lines.append(f"-- turn {e.status or 'ended'}: {why} --")
+    return lines

@@ -1,0 +1,293 @@
+"""The ledger store's read side: events, projections, headers, prefixes, rebuild and verify.
+
+A mixin of ``LedgerStore`` so the writer module stays about writing. Every event read goes
+through ``row_event`` (fail closed on a row that disagrees with its payload).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, RowMapping, func, select
+
+from maka_core import canonical_json
+from maka_core.claims import ContinuationClaim
+from maka_core.engine import read_tx
+from maka_core.errors import LedgerRejection, StoreError
+from maka_core.events import RuntimeEvent
+from maka_core.ledger_rows import Prefix, make_prefix, row_event
+from maka_core.projections import JournalRow, OperationRow, project
+from maka_core.runs import RunHeader, now_ms
+from maka_core.scanner import scan
+from maka_core.schema import (
+    agent_runs,
+    continuation_claims,
+    runtime_events,
+    tool_attempts,
+    tool_evidence,
+    tool_journal_events,
+    tool_operations,
+)
+
+
+class LedgerReads:
+    """Reads, rebuild and verify over ``engine``."""
+
+    engine: Engine
+    _lock: threading.RLock
+
+    def _write(self, body: Callable[[Connection], Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, target: str | Path) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def get_run(self, run_id: str) -> RunHeader | None:
+        with self._lock, read_tx(self.engine) as conn:
+            return _run_row(conn, run_id)
+
+    def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]:
+        query = select(agent_runs).order_by(agent_runs.c.created_at, agent_runs.c.run_id)
+        if session_id is not None:
+            query = query.where(agent_runs.c.session_id == session_id)
+        if nonterminal:
+            query = query.where(agent_runs.c.status.in_(("running", "parked")))
+        with self._lock, read_tx(self.engine) as conn:
+            return [_header(r) for r in conn.execute(query).mappings()]
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def events(
+        self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None
+    ) -> list[RuntimeEvent]:
+        """Events in ledger order, each re-checked against its row (fails closed)."""
+        query = select(runtime_events).order_by(runtime_events.c.ledger_seq)
+        for column, value in (
+            ("session_id", session_id),
+            ("run_id", run_id),
+            ("invocation_id", invocation_id),
+        ):
+            if value is not None:
+                query = query.where(runtime_events.c[column] == value)
+        with self._lock, read_tx(self.engine) as conn:
+            return [row_event(r) for r in conn.execute(query).mappings()]
+
+    def event(self, event_id: str) -> RuntimeEvent | None:
+        with self._lock, read_tx(self.engine) as conn:
+            row = (
+                conn.execute(select(runtime_events).where(runtime_events.c.event_id == event_id))
+                .mappings()
+                .first()
+            )
+            return None if row is None else row_event(row)
+
+    def sessions(self) -> list[str]:
+        """Session ids in order of their first event."""
+        query = (
+            select(runtime_events.c.session_id)
+            .group_by(runtime_events.c.session_id)
+            .order_by(func.min(runtime_events.c.ledger_seq))
+        )
+        with self._lock, read_tx(self.engine) as conn:
+            return list(conn.execute(query).scalars())
+
+    def operation(self, operation_id: str) -> OperationRow | None:
+        return self._operation_where(tool_operations.c.operation_id == operation_id)
+
+    def operation_for_call(self, invocation_id: str, tool_call_id: str) -> OperationRow | None:
+        return self._operation_where(
+            (tool_operations.c.invocation_id == invocation_id)
+            & (tool_operations.c.provider_tool_call_id == tool_call_id)
+        )
+
+    def _operation_where(self, clause: Any) -> OperationRow | None:
+        with self._lock, read_tx(self.engine) as conn:
+            row = conn.execute(select(tool_operations).where(clause)).mappings().first()
+            return None if row is None else OperationRow(**dict(row))
+
+    def operations(self) -> list[OperationRow]:
+        with self._lock, read_tx(self.engine) as conn:
+            rows = conn.execute(select(tool_operations).order_by(tool_operations.c.operation_id)).mappings()
+            return [OperationRow(**dict(r)) for r in rows]
+
+    def journal(self, operation_id: str | None = None) -> list[JournalRow]:
+        """Journal rows in commit order (``journal_seq``)."""
+        query = select(tool_journal_events).order_by(tool_journal_events.c.journal_seq)
+        if operation_id is not None:
+            query = query.where(tool_journal_events.c.operation_id == operation_id)
+        with self._lock, read_tx(self.engine) as conn:
+            return [_journal(r) for r in conn.execute(query).mappings()]
+
+    def evidence(self, operation_id: str) -> dict[str, Any] | None:
+        with self._lock, read_tx(self.engine) as conn:
+            value = conn.execute(
+                select(tool_evidence.c.evidence_json).where(tool_evidence.c.operation_id == operation_id)
+            ).scalar()
+        return None if value is None else dict(canonical_json.loads(value))
+
+    def attempts(self, operation_id: str | None = None) -> list[dict[str, Any]]:
+        query = select(tool_attempts).order_by(tool_attempts.c.attempt_seq)
+        if operation_id is not None:
+            query = query.where(tool_attempts.c.operation_id == operation_id)
+        with self._lock, read_tx(self.engine) as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def prefix(self, session_id: str, run_id: str) -> Prefix:
+        """The committed prefix of one run: events, high-water and ``prefix_digest``."""
+        with self._lock, read_tx(self.engine) as conn:
+            return self._prefix(conn, session_id, run_id)
+
+    @staticmethod
+    def _prefix(conn: Connection, session_id: str, run_id: str) -> Prefix:
+        rows = conn.execute(
+            select(runtime_events)
+            .where(runtime_events.c.session_id == session_id, runtime_events.c.run_id == run_id)
+            .order_by(runtime_events.c.ledger_seq)
+        ).mappings()
+        return make_prefix(session_id, run_id, [row_event(r) for r in rows])
+
+    # --- rebuild and verify ----------------------------------------------------------------
+
+    def rebuild(self) -> tuple[list[OperationRow], list[JournalRow]]:
+        """Projections derived from the events alone.
+
+        Raises:
+            LedgerRejection: the first corruption issue (e.g. ``duplicate_call``,
+                ``event_order_conflict``): a corrupt ledger has no canonical projection.
+        """
+        scanner = scan(self.events())
+        if scanner.has_corruption:
+            issue = scanner.issues[0]
+            raise LedgerRejection(
+                issue.code, "cannot rebuild projections of a corrupt ledger", **_detail(issue)
+            )
+        return project(scanner)
+
+    def rebuild_projections(self, target: str | Path | None = None) -> LedgerReads | None:
+        """Rebuild projections from events: in place (``target=None``) or into a scratch ledger.
+
+        With a target, the events are copied row for row into a fresh ledger there and its
+        projections are written from the rebuild; the new store is returned (the caller closes it).
+        """
+        ops, journal = self.rebuild()
+        dest: LedgerReads = self if target is None else type(self).open(target)
+
+        def body(conn: Connection) -> None:
+            conn.execute(tool_journal_events.delete())
+            conn.execute(tool_operations.delete())
+            if dest is not self:
+                with read_tx(self.engine) as src:
+                    for src_row in src.execute(
+                        select(runtime_events).order_by(runtime_events.c.ledger_seq)
+                    ).mappings():
+                        conn.execute(runtime_events.insert().values(**dict(src_row)))
+            now = now_ms()
+            for row in ops:
+                conn.execute(tool_operations.insert().values(**asdict(row)))
+            for entry in journal:
+                conn.execute(tool_journal_events.insert().values(**asdict(entry), committed_at=now))
+
+        dest._write(body)
+        return None if dest is self else dest
+
+    def verify(self) -> list[str]:
+        """Rebuild projections from events in a scratch ledger and diff them with the online ones.
+
+        Returns the differences (empty when equal); a corrupt ledger is one difference.
+        """
+        try:
+            scratch = self.rebuild_projections("sqlite://")
+        except (LedgerRejection, StoreError) as exc:
+            return [f"ledger: {exc.code} {exc.detail}"]
+        assert scratch is not None
+        try:
+            return _diff(self.operations(), self.journal(), scratch.operations(), scratch.journal())
+        finally:
+            scratch.close()
+
+
+def _diff(
+    online_ops: list[OperationRow],
+    online_j: list[JournalRow],
+    rebuilt_ops: list[OperationRow],
+    rebuilt_j: list[JournalRow],
+) -> list[str]:
+    problems: list[str] = []
+    a_ops = {r.operation_id: r for r in online_ops}
+    b_ops = {r.operation_id: r for r in rebuilt_ops}
+    for op_id in sorted(a_ops.keys() | b_ops.keys()):
+        if a_ops.get(op_id) != b_ops.get(op_id):
+            problems.append(
+                f"tool_operations {op_id}: online={_brief(a_ops.get(op_id))} "
+                f"rebuilt={_brief(b_ops.get(op_id))}"
+            )
+    a_j = {r.journal_event_id: r for r in online_j}
+    b_j = {r.journal_event_id: r for r in rebuilt_j}
+    for jid in sorted(a_j.keys() | b_j.keys()):
+        if a_j.get(jid) != b_j.get(jid):
+            problems.append(
+                f"tool_journal_events {jid}: online={_brief(a_j.get(jid))} rebuilt={_brief(b_j.get(jid))}"
+            )
+    # Per operation, the online journal must also keep the rebuilt order.
+    for op_id in sorted(b_ops):
+        want = [r.journal_event_id for r in rebuilt_j if r.operation_id == op_id]
+        got = [r.journal_event_id for r in online_j if r.operation_id == op_id]
+        if want != got and set(want) == set(got):
+            problems.append(f"tool_journal_events {op_id}: order online={got} rebuilt={want}")
+    return problems
+
+
+def _brief(value: object) -> str:
+    return "missing" if value is None else repr(asdict(value))  # type: ignore[call-overload]
+
+
+def _detail(issue: Any) -> dict[str, str]:
+    detail = issue.to_json()
+    detail.pop("code", None)
+    return dict(detail)
+
+
+def _journal(row: RowMapping) -> JournalRow:
+    values = dict(row)
+    values.pop("journal_seq", None)
+    values.pop("committed_at", None)
+    return JournalRow(**values)
+
+
+def _header(row: RowMapping) -> RunHeader:
+    values = dict(row)
+    if values["continuation_source"] is not None:
+        values["continuation_source"] = canonical_json.loads(values["continuation_source"])
+    return RunHeader(**values)
+
+
+def _run_row(conn: Connection, run_id: str) -> RunHeader | None:
+    row = conn.execute(select(agent_runs).where(agent_runs.c.run_id == run_id)).mappings().first()
+    return None if row is None else _header(row)
+
+
+def _claim_values(claim: ContinuationClaim) -> dict[str, Any]:
+    values = claim.model_dump()
+    values["boundary_json"] = canonical_json.dumps(values["boundary_json"])
+    if values["target_run_header_json"] is not None:
+        values["target_run_header_json"] = canonical_json.dumps(values["target_run_header_json"])
+    return values
+
+
+def _claim_row(conn: Connection, clause: Any) -> ContinuationClaim | None:
+    row = conn.execute(select(continuation_claims).where(clause)).mappings().first()
+    if row is None:
+        return None
+    values = dict(row)
+    values["boundary_json"] = canonical_json.loads(values["boundary_json"])
+    if values["target_run_header_json"] is not None:
+        values["target_run_header_json"] = canonical_json.loads(values["target_run_header_json"])
+    return ContinuationClaim(**values)

@@ -1,0 +1,75 @@
+"""The tool registry: the built-in tools by name and their provider-facing schema.
+
+Tool names and argument shapes are a contract with providers and scripts (``read_file {path}``,
+``list_dir {path}``, ``write_file {path, content}``, ``edit_file {path, old_text, new_text}``,
+``bash {command}``), so they are declared once, on the tool classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from maka_core.tools.base import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_RESULT_BYTE_LIMIT,
+    Effect,
+    FileEvidence,
+    FileIdentity,
+    Reconciliation,
+    Tool,
+    ToolRefusal,
+    ToolResult,
+    enforce_result_limit,
+    tool_effects,
+)
+from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
+
+__all__ = [
+    "BashTool",
+    "EditFileTool",
+    "Effect",
+    "FileEvidence",
+    "FileIdentity",
+    "ListDirTool",
+    "ReadFileTool",
+    "Reconciliation",
+    "Tool",
+    "ToolRefusal",
+    "ToolResult",
+    "WriteFileTool",
+    "default_tools",
+    "enforce_result_limit",
+    "provider_tool_specs",
+    "tool_effects",
+]
+
+
+def default_tools(
+    *,
+    result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    bash_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Tool]:
+    """The five built-in tools by name, each with its own fresh state."""
+    tools: list[Tool] = [
+        ReadFileTool(result_byte_limit, max_file_bytes),
+        ListDirTool(result_byte_limit, max_file_bytes),
+        WriteFileTool(result_byte_limit, max_file_bytes),
+        EditFileTool(result_byte_limit, max_file_bytes),
+        BashTool(result_byte_limit, bash_timeout_s),
+    ]
+    return {tool.name: tool for tool in tools}
+
+
+def provider_tool_specs(tools: Mapping[str, Tool] | Iterable[Tool]) -> list[dict[str, Any]]:
+    """The OpenAI chat-completions ``tools`` array for ``tools``, in a stable (name) order."""
+    items = tools.values() if isinstance(tools, Mapping) else tools
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in sorted(items, key=lambda t: t.name)
+    ]

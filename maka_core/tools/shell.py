@@ -1,0 +1,220 @@
+"""The ``bash`` tool: one ``/bin/bash -c`` command in the workspace root.
+
+A shell command can do anything, so its recovery mode is ``never_auto_retry`` and it has no
+reconciler: after a crash between T1 and T2 nobody can tell what it did, and recovery parks.
+It heartbeats at least once a second while the command runs, kills the whole process group on
+timeout (``tool_timeout``), and keeps at most a bounded amount of output in memory; a result over
+the byte limit is ``tool_result_too_large``, never silently truncated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, ClassVar
+
+from maka_core import failpoints
+from maka_core.events import RecoveryMode
+from maka_core.tools.base import (
+    DEFAULT_RESULT_BYTE_LIMIT,
+    FileEvidence,
+    Heartbeat,
+    Reconciliation,
+    ToolRefusal,
+    ToolResult,
+    check_args,
+    enforce_result_limit,
+)
+
+if TYPE_CHECKING:
+    from maka_core.workspace import Workspace
+
+DEFAULT_TIMEOUT_S = 120.0
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+class _Capture(threading.Thread):
+    """Drain one pipe, keeping at most ``cap`` bytes (the rest is counted, not stored)."""
+
+    def __init__(self, stream: IO[bytes], cap: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.cap = stream, cap
+        self.data = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        with self.stream:
+            while chunk := os.read(self.stream.fileno(), 1 << 16):
+                self.total += len(chunk)
+                room = self.cap - len(self.data)
+                if room > 0:
+                    self.data += chunk[:room]
+
+
+@dataclass(frozen=True)
+class BashTool:
+    """``bash {command}``: exit code, stdout and stderr; non-zero exit is an error result."""
+
+    result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    name: ClassVar[str] = "bash"
+    description: ClassVar[str] = (
+        "Run a command with /bin/bash -c in the workspace root; returns exitCode, stdout and stderr."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "The bash command line."}},
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    recovery_mode: ClassVar[RecoveryMode] = "never_auto_retry"
+    mutates: ClassVar[bool] = True
+    # A command line may read, change or destroy anything the worker can reach.
+    effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
+
+    def _check(self, args: Any) -> str:
+        check_args(args, {"command": str}, tool=self.name)
+        command: str = args["command"]
+        if not command.strip():
+            raise ToolRefusal("invalid_args", "command must not be empty")
+        if "\x00" in command:
+            raise ToolRefusal("invalid_args", "command may not contain NUL")
+        return command
+
+    def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
+        try:
+            self._check(args)
+        except ToolRefusal as refusal:
+            return refusal.to_result()
+        return None
+
+    def capture_evidence(self, args: dict[str, Any], ws: Workspace) -> FileEvidence | None:
+        return None
+
+    def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
+        try:
+            command = self._check(args)
+        except ToolRefusal as refusal:
+            return refusal.to_result()
+        failpoints.hit("P3", tag=self.name)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/bash", "-c", command],
+                cwd=ws.root,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group, so a timeout kills every child
+                env=_child_env(),
+            )
+        except OSError as exc:
+            return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
+        with self._lock:
+            self._running.add(proc)
+        assert proc.stdout is not None and proc.stderr is not None
+        # Keep one byte over the limit per stream: enough to know the result is too large.
+        out, err = (
+            _Capture(proc.stdout, self.result_byte_limit + 1),
+            _Capture(proc.stderr, self.result_byte_limit + 1),
+        )
+        out.start()
+        err.start()
+        deadline = time.monotonic() + self.timeout_s
+        timed_out = False
+        try:
+            while True:
+                heartbeat()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    _kill_group(proc)
+                    proc.wait()
+                    break
+                try:
+                    proc.wait(timeout=min(self.heartbeat_interval_s, remaining))
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:
+            # The heartbeat raised (cancellation, shutdown): never leave the command running
+            # unobserved behind a call that will not report its outcome.
+            _kill_group(proc)
+            proc.wait()
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        # Background children that kept the pipes open must not hold the result hostage.
+        grace = time.monotonic() + 1.0
+        for capture in (out, err):
+            capture.join(timeout=max(0.0, grace - time.monotonic()))
+        if out.is_alive() or err.is_alive():
+            _kill_group(proc)
+            out.join()
+            err.join()
+        failpoints.hit("P4", tag=self.name)
+        if timed_out:
+            return ToolResult.error(
+                "tool_timeout",
+                f"the command did not finish within {self.timeout_s:g} s",
+                timeoutSeconds=self.timeout_s,
+            )
+        if out.total > self.result_byte_limit or err.total > self.result_byte_limit:
+            return ToolResult.error(
+                "tool_result_too_large",
+                f"output is {out.total} bytes of stdout and {err.total} of stderr, over the "
+                f"{self.result_byte_limit}-byte limit; redirect it to a file or ask for less",
+                size=out.total + err.total,
+                limit=self.result_byte_limit,
+                exitCode=proc.returncode,
+            )
+        value = {
+            "exitCode": proc.returncode,
+            "stdout": bytes(out.data).decode("utf-8", errors="replace"),
+            "stderr": bytes(err.data).decode("utf-8", errors="replace"),
+        }
+        result = ToolResult.json(value, is_error=proc.returncode != 0)
+        limited = enforce_result_limit(result, self.result_byte_limit)
+        if limited is not result:
+            limited = ToolResult.error(
+                "tool_result_too_large",
+                f"the result is {result.serialized_size()} bytes, over the "
+                f"{self.result_byte_limit}-byte limit",
+                size=result.serialized_size(),
+                limit=self.result_byte_limit,
+                exitCode=proc.returncode,
+            )
+        return limited
+
+    def reconcile(
+        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
+    ) -> Reconciliation | None:
+        return None  # no way to observe what an arbitrary command did: recovery parks
+
+    def kill_running(self) -> int:
+        """SIGKILL every command this tool is running (worker shutdown); returns how many."""
+        with self._lock:
+            procs = list(self._running)
+        for proc in procs:
+            _kill_group(proc)
+        return len(procs)
+
+
+def _child_env() -> dict[str, str]:
+    # Failpoints arm the worker process, not the commands it runs (a drill would otherwise
+    # kill a `maka` command the model happens to run instead of the worker).
+    return {k: v for k, v in os.environ.items() if not k.startswith("MAKA_FAILPOINT")}
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,168 @@
+"""Crash-harness child: emulate one session's ledger writes and die at the armed failpoint.
+
+Usage: ``python -m tests.children.crash_session DB MODE`` with ``MAKA_FAILPOINT`` (and optionally
+``MAKA_FAILPOINT_TAG``) in the environment. It prints ``STEP <name>`` before each write and
+``FINALLY`` from a ``finally`` block, which a SIGKILL never reaches.
+
+Modes:
+  session        user, call, T1, tool, T2, terminal event, header, continuation claim + start,
+                 with the Phase 0 points P0-P11 between the writes.
+  bundle         user + call + T1, then a completed recovery bundle (internal bundle points).
+  unsafe-bundle  the negative control: the same bundle written WITHOUT a transaction around it
+                 (one autocommitted insert per event), so a kill between inserts tears it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from maka_core import codec, failpoints
+from maka_core.claims import ContinuationClaim
+from maka_core.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
+from maka_core.runs import RunHeader
+from maka_core.store import LedgerStore
+from tests.children.scenario import DIGEST, T0, call, completed_bundle, dispatch, response, terminal, user
+from tests.children.support import raw_insert
+
+HEADER = RunHeader(
+    session_id="sess-1",
+    run_id="run-1",
+    invocation_id="inv-1",
+    turn_id="turn-1",
+    workflow_id="maka-session-sess-1",
+    workflow_run_id="wr-1",
+    task_queue="maka",
+)
+
+
+def step(name: str) -> None:
+    print(f"STEP {name}", flush=True)
+
+
+def claim_for(store: LedgerStore) -> ContinuationClaim:
+    prefix = store.prefix("sess-1", "run-1")
+    return ContinuationClaim(
+        claim_id="claim-1",
+        source_session_id="sess-1",
+        source_invocation_id="inv-1",
+        source_run_id="run-1",
+        source_turn_id="turn-1",
+        source_event_high_water=prefix.high_water,
+        source_prefix_digest=prefix.prefix_digest,
+        boundary_digest=codec.digest("boundary-1"),
+        boundary_json={"highWater": prefix.high_water},
+        provider_replay_digest=DIGEST,
+        target_session_id="sess-1",
+        target_invocation_id="inv-2",
+        target_run_id="run-2",
+        target_turn_id="turn-2",
+        claimed_at=T0 + 20,
+    )
+
+
+def start_event(claim: ContinuationClaim) -> RuntimeEvent:
+    return RuntimeEvent(
+        id="evt-continuation-start",
+        session_id="sess-1",
+        run_id="run-2",
+        invocation_id="inv-2",
+        turn_id="turn-2",
+        ts=T0 + 21,
+        partial=False,
+        role="system",
+        author="system",
+        actions=Actions(
+            continuation_start=ContinuationStart(
+                provenance="runtime_admission",
+                claim_id=claim.claim_id,
+                boundary_digest=claim.boundary_digest,
+                immediate_source=ImmediateSource(
+                    session_id="sess-1",
+                    invocation_id="inv-1",
+                    run_id="run-1",
+                    turn_id="turn-1",
+                    high_water=claim.source_event_high_water,
+                    prefix_digest=claim.source_prefix_digest,
+                ),
+                replay_manifest_digest=DIGEST,
+                provider_replay_digest=DIGEST,
+            )
+        ),
+    )
+
+
+def session(store: LedgerStore) -> None:
+    step("header")
+    store.put_run(HEADER.model_copy(update={"created_at": T0, "updated_at": T0}))
+    step("user")
+    store.append([user()])
+    failpoints.hit("P0")
+    step("call")
+    store.append([call()])  # the model step commits the function_call
+    failpoints.hit("P1")
+    step("t1")
+    store.commit_tool_prepared(
+        dispatch(),
+        call=call(),
+        evidence={"path": "a.txt"},
+        attempt={"workflow_id": "wf", "activity_id": "1", "attempt": 1},
+    )
+    failpoints.hit("P2")
+    step("tool")
+    failpoints.hit("P3")
+    failpoints.hit("P4")
+    step("t2")
+    store.commit_tool_outcome(response())
+    failpoints.hit("P5")
+    failpoints.hit("P6")
+    failpoints.hit("P7")
+    failpoints.hit("P8")
+    step("terminal")
+    store.commit_terminal(terminal())
+    failpoints.hit("P9")
+    step("terminal_header")
+    store.put_run(HEADER.model_copy(update={"status": "completed", "created_at": T0, "updated_at": T0 + 3}))
+    failpoints.hit("P10")
+    step("claim")
+    claim = store.claim_continuation(claim_for(store)).claim
+    failpoints.hit("P11")
+    step("continuation_start")
+    store.commit_continuation_start(start_event(claim))
+
+
+def bundle(store: LedgerStore, *, unsafe: bool) -> None:
+    step("user")
+    store.append([user()])
+    step("t1")
+    store.commit_tool_prepared(dispatch(), call=call())
+    rec, out, dec = completed_bundle()
+    step("bundle")
+    if not unsafe:
+        store.commit_recovery_bundle(rec, dec, out)
+        return
+    # Negative control: no transaction around the bundle, so each fact commits on its own.
+    for event, point in (
+        (rec, "after_recovery_reconcile"),
+        (out, "after_recovery_outcome"),
+        (dec, "after_recovery_decision"),
+    ):
+        raw_insert(store, event)
+        failpoints.hit(point, "recovery_bundle")
+
+
+def main() -> int:
+    db, mode = sys.argv[1], sys.argv[2]
+    store = LedgerStore.open(db)
+    try:
+        if mode == "session":
+            session(store)
+        else:
+            bundle(store, unsafe=mode == "unsafe-bundle")
+        step("done")
+    finally:
+        print("FINALLY", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

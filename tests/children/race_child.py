@@ -1,0 +1,73 @@
+"""Race-test child: open the ledger, print READY, wait for the GO file, do one write, report.
+
+Usage: ``python -m tests.children.race_child DB GO_FILE ACTION``. Prints ``RESULT <word>`` and
+exits 0 on success, or prints ``REFUSED <code>`` and exits 2 on a LedgerRejection.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from maka_core import codec
+from maka_core.claims import ContinuationClaim
+from maka_core.errors import LedgerRejection
+from maka_core.runs import repair_run
+from maka_core.store import LedgerStore
+from tests.children.scenario import DIGEST, call, completed_bundle, dispatch, parked_bundle
+
+
+def claim(store: LedgerStore, n: str) -> ContinuationClaim:
+    prefix = store.prefix("sess-1", "run-1")
+    return ContinuationClaim(
+        claim_id=f"claim-{n}", source_session_id="sess-1", source_invocation_id="inv-1", source_run_id="run-1",
+        source_turn_id="turn-1", source_event_high_water=prefix.high_water,
+        source_prefix_digest=prefix.prefix_digest, boundary_digest=codec.digest(f"boundary-{n}"),
+        boundary_json={"highWater": prefix.high_water}, provider_replay_digest=DIGEST,
+        target_session_id="sess-1", target_invocation_id=f"inv-t{n}", target_run_id=f"run-t{n}",
+        target_turn_id=f"turn-t{n}", claimed_at=1,
+    )
+
+
+def act(store: LedgerStore, action: str) -> str:
+    if action == "open":
+        return "opened"
+    if action == "t1":
+        return "created" if store.commit_tool_prepared(dispatch(), call=call()).created else "existing"
+    if action == "completed":
+        rec, out, dec = completed_bundle()
+        return "created" if store.commit_recovery_bundle(rec, dec, out).created else "existing"
+    if action == "parked":
+        rec, dec = parked_bundle(suffix="-p")
+        return "created" if store.commit_recovery_bundle(rec, dec).created else "existing"
+    if action.startswith("claim-"):
+        return store.claim_continuation(claim(store, action.removeprefix("claim-"))).status
+    if action == "repair":
+        return "committed" if repair_run(store, "run-1").terminal_committed else "converged"
+    raise SystemExit(f"unknown action {action}")
+
+
+def main() -> int:
+    db, go, action = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    store = LedgerStore.open(db)
+    store.events()  # warm the connection before the barrier
+    print("READY", flush=True)
+    deadline = time.monotonic() + 30
+    while not go.exists():
+        if time.monotonic() > deadline:
+            print("TIMEOUT", flush=True)
+            return 3
+        time.sleep(0.001)
+    try:
+        print(f"RESULT {act(store, action)}", flush=True)
+    except LedgerRejection as exc:
+        print(f"REFUSED {exc.code}", flush=True)
+        return 2
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

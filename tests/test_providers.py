@@ -1,0 +1,347 @@
+"""Providers: the scripted provider, and the OpenAI SDK against a real local chat-completions server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.errors import ConfigError
+from maka_core.events import (
+    FunctionCallContent,
+    FunctionResponseContent,
+    RuntimeEvent,
+    TextContent,
+)
+from maka_core.providers import (
+    FINISHED_TEXT,
+    ModelOutput,
+    ModelToolCall,
+    ProviderError,
+    ScriptedProvider,
+    demo_script_path,
+    provider_from_spec,
+)
+from maka_core.providers.openai_compat import OpenAICompatibleProvider, history_to_messages
+from maka_core.tools import default_tools, provider_tool_specs
+
+# --- scripted ------------------------------------------------------------------------------
+
+SCRIPT = {
+    "steps": [
+        {"toolCalls": [{"name": "write_file", "args": {"path": "a.txt", "content": "x"}}]},
+        {"text": "two calls", "toolCalls": [
+            {"name": "read_file", "args": {"path": "a.txt"}},
+            {"name": "bash", "args": {"command": "cat a.txt"}},
+        ]},
+        {"text": "done"},
+    ]
+}  # fmt: skip
+
+
+async def test_scripted_provider_steps_by_session_step_index() -> None:
+    p = ScriptedProvider.from_json(SCRIPT)
+    first = await p.complete([], [], step_index=0)
+    assert first == ModelOutput(
+        None, (ModelToolCall("call-0-0", "write_file", {"path": "a.txt", "content": "x"}),)
+    )
+    second = await p.complete([], [], step_index=1)
+    assert second.text == "two calls" and [c.id for c in second.tool_calls] == ["call-1-0", "call-1-1"]
+    assert [c.name for c in second.tool_calls] == ["read_file", "bash"]
+    third = await p.complete([], [], step_index=2)
+    assert third == ModelOutput("done") and third.final
+    assert (await p.complete([], [], step_index=7)).text == FINISHED_TEXT
+    # The same index gives the same output: a retried or continued step is deterministic.
+    assert await p.complete([], [], step_index=1) == second
+    assert p.calls == 5
+
+
+async def test_scripted_outputs_do_not_share_mutable_args() -> None:
+    p = ScriptedProvider.from_json(SCRIPT)
+    out = await p.complete([], [], step_index=0)
+    out.tool_calls[0].args["path"] = "changed"
+    assert (await p.complete([], [], step_index=0)).tool_calls[0].args["path"] == "a.txt"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        [],
+        {"steps": {}},
+        {"steps": [], "extra": 1},
+        {"steps": [{}]},
+        {"steps": [{"text": 3}]},
+        {"steps": [{"say": "hi"}]},
+        {"steps": [{"toolCalls": []}]},
+        {"steps": [{"toolCalls": [{"name": "bash"}]}]},
+        {"steps": [{"toolCalls": [{"name": "", "args": {}}]}]},
+        {"steps": [{"toolCalls": [{"name": "bash", "args": []}]}]},
+        {"steps": [{"toolCalls": [{"name": "bash", "args": {"x": float("nan")}}]}]},
+    ],
+)
+def test_invalid_scripts_are_refused_on_load(script: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        ScriptedProvider.from_json(script)
+    assert info.value.code == "script_invalid"
+
+
+def test_script_files_and_specs(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(SCRIPT))
+    assert len(provider_from_spec({"kind": "script", "path": str(path)})) == 3  # type: ignore[arg-type]
+    assert len(provider_from_spec({"kind": "script", "steps": SCRIPT["steps"]})) == 3  # type: ignore[arg-type]
+    (tmp_path / "bad.json").write_text('{"steps": [], "steps": []}')
+    for spec, code in [
+        ({"kind": "script", "path": str(tmp_path / "missing.json")}, "script_invalid"),
+        ({"kind": "script", "path": str(tmp_path / "bad.json")}, "script_invalid"),
+        ({"kind": "script"}, "provider_spec_invalid"),
+        ({"kind": "script", "path": "x", "steps": []}, "provider_spec_invalid"),
+        ({"kind": "openai"}, "provider_spec_invalid"),
+        ({"kind": "openai", "model": "m", "apiKey": "secret"}, "provider_spec_invalid"),
+        ({"kind": "llama"}, "provider_spec_invalid"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            provider_from_spec(spec)
+        assert info.value.code == code, spec
+    assert isinstance(provider_from_spec({"kind": "openai", "model": "m"}), OpenAICompatibleProvider)
+
+
+async def test_demo_script_changes_the_port_with_file_tools_then_checks_with_bash() -> None:
+    p = provider_from_spec({"kind": "script", "path": demo_script_path()})
+    names = []
+    for k in range(4):
+        out = await p.complete([], [], step_index=k)
+        names += [c.name for c in out.tool_calls]
+    assert names == ["read_file", "edit_file", "bash"]
+    assert out.final and out.text
+
+
+# --- a real chat-completions server ---------------------------------------------------------
+
+
+class ChatServer:
+    """Speaks /v1/chat/completions; answers from a queue; records every request."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.replies: list[tuple[int, Any, float]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                server.requests.append(
+                    {"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)}
+                )
+                status, payload, delay = (
+                    server.replies.pop(0) if server.replies else (500, {"error": {}}, 0.0)
+                )
+                time.sleep(delay)
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    if status == 429:
+                        self.send_header("Retry-After", "7")
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def reply(self, status: int, payload: Any, delay: float = 0.0) -> None:
+        self.replies.append((status, payload, delay))
+
+
+@pytest.fixture(scope="module")
+def chat_server() -> Iterator[ChatServer]:
+    server = ChatServer()
+    yield server
+    server.httpd.shutdown()
+
+
+@pytest.fixture
+def server(chat_server: ChatServer) -> ChatServer:
+    chat_server.requests.clear()
+    chat_server.replies.clear()
+    return chat_server
+
+
+def completion(message: dict[str, Any], finish: str = "stop") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def error(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": str(status)}}
+
+
+def _event(i: int, role: str, content: Any, **kw: Any) -> RuntimeEvent:
+    author = {"user": "user", "model": "agent", "tool": "tool"}[role]
+    return RuntimeEvent(
+        id=f"e{i}", invocation_id="i", run_id="r", session_id="s", turn_id="t", ts=i,
+        partial=False, role=role, author=author, content=content, **kw,
+    )  # fmt: skip
+
+
+ERR = {"kind": "json", "value": {"code": "x", "message": "y"}}
+HISTORY = [
+    _event(1, "user", TextContent(text="change the port")),
+    _event(2, "model", TextContent(text="reading")),
+    _event(3, "model", FunctionCallContent(id="c1", name="read_file", args={"path": "config.json"})),
+    _event(4, "model", FunctionCallContent(id="c2", name="list_dir", args={"path": "."})),
+    _event(
+        5, "tool", FunctionResponseContent(id="c1", name="read_file", result={"kind": "text", "text": "3"})
+    ),
+    _event(6, "tool", FunctionResponseContent(id="c2", name="list_dir", result=ERR, is_error=True)),
+    _event(7, "model", TextContent(text="half"), status="streaming").model_copy(update={"partial": True}),
+]
+
+
+def _call(id_: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_history_becomes_chat_messages() -> None:
+    assert history_to_messages(HISTORY, system="be brief") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "change the port"},
+        {
+            "role": "assistant",
+            "content": "reading",
+            "tool_calls": [
+                _call("c1", "read_file", '{"path":"config.json"}'),
+                _call("c2", "list_dir", '{"path":"."}'),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        {"role": "tool", "tool_call_id": "c2", "content": 'Error: {"code":"x","message":"y"}'},
+    ]
+
+
+def provider(server: ChatServer, **kw: Any) -> OpenAICompatibleProvider:
+    return OpenAICompatibleProvider(model="test-model", base_url=server.url, api_key="sk-test", **kw)
+
+
+async def test_text_reply(server: ChatServer) -> None:
+    server.reply(200, completion({"content": "Hello there"}))
+    out = await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert out == ModelOutput("Hello there", ())
+    assert out.usage == {"promptTokens": 11, "completionTokens": 7, "totalTokens": 18}
+    [request] = server.requests
+    assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
+    assert request["body"]["model"] == "test-model"
+    assert request["body"]["messages"] == [{"role": "user", "content": "change the port"}]
+    assert "tools" not in request["body"]
+
+
+async def test_tool_call_reply_parses_args(server: ChatServer) -> None:
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": "edit_file",
+            "arguments": '{"path": "config.json", "old_text": "3000", "new_text": "4000"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}},
+    ]  # fmt: skip
+    server.reply(200, completion({"content": None, "tool_calls": calls}, "tool_calls"))
+    specs = provider_tool_specs(default_tools())
+    out = await provider(server).complete(HISTORY, specs, step_index=3)
+    assert out.text is None and not out.final
+    assert out.tool_calls == (
+        ModelToolCall("call_a", "edit_file", {"path": "config.json", "old_text": "3000", "new_text": "4000"}),
+        ModelToolCall("call_b", "bash", {"command": "ls"}),
+    )
+    body = server.requests[0]["body"]
+    assert body["tools"] == specs
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "tool"]
+
+
+async def test_invalid_tool_arguments_are_a_retryable_error(server: ChatServer) -> None:
+    bad = [{"id": "x", "type": "function", "function": {"name": "bash", "arguments": "{not json"}}]
+    server.reply(200, completion({"content": None, "tool_calls": bad}, "tool_calls"))
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert info.value.code == "provider_invalid_tool_args" and info.value.retryable
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "retryable"),
+    [
+        (429, "provider_rate_limited", True),
+        (500, "provider_unavailable", True),
+        (503, "provider_unavailable", True),
+        (400, "provider_bad_request", False),
+        (401, "provider_auth_failed", False),
+        (403, "provider_auth_failed", False),
+        (404, "provider_not_found", False),
+    ],
+)
+async def test_http_errors_are_classified_and_never_retried_by_the_sdk(
+    server: ChatServer, status: int, code: str, retryable: bool
+) -> None:
+    server.reply(status, error(status, "nope"))
+    server.reply(200, completion({"content": "a hidden SDK retry would get this"}))
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert (info.value.code, info.value.retryable, info.value.detail["status"]) == (code, retryable, status)
+    assert info.value.to_json()["retryable"] is retryable
+    assert len(server.requests) == 1  # the SDK did not retry: Temporal owns retries
+    if status == 429:
+        assert info.value.detail["retryAfter"] == "7"
+
+
+async def test_timeout_is_retryable_and_not_retried(server: ChatServer) -> None:
+    server.reply(200, completion({"content": "too late"}), delay=1.5)
+    with pytest.raises(ProviderError) as info:
+        await provider(server, timeout_s=0.3).complete(HISTORY[:1], [], step_index=0)
+    assert (info.value.code, info.value.retryable) == ("provider_timeout", True)
+    assert len(server.requests) == 1
+
+
+async def test_connection_refused_is_retryable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the request: nobody listens there
+    p = OpenAICompatibleProvider(model="m", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    with pytest.raises(ProviderError) as info:
+        await p.complete(HISTORY[:1], [], step_index=0)
+    assert (info.value.code, info.value.retryable) == ("provider_connection_failed", True)
+
+
+async def test_base_url_and_key_from_the_environment(
+    server: ChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    server.reply(200, completion({"content": "ok"}))
+    p = provider_from_spec({"kind": "openai", "model": "env-model"})
+    assert (await p.complete(HISTORY[:1], [], step_index=0)).text == "ok"
+    assert server.requests[0]["auth"] == "Bearer sk-env"
+    assert server.requests[0]["body"]["model"] == "env-model"
+
+
+async def test_missing_key_for_the_default_endpoint_is_not_retryable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ProviderError) as info:
+        await OpenAICompatibleProvider(model="m").complete([], [], step_index=0)
+    assert (info.value.code, info.value.retryable) == ("provider_not_configured", False)

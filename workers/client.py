@@ -1,0 +1,51 @@
+"""Connecting to Temporal with the standard client settings and the pydantic data converter.
+
+Settings come from ``temporalio.envconfig`` (the ``temporal.toml`` profile file and the
+``TEMPORAL_*`` environment variables: ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
+``TEMPORAL_API_KEY``, TLS...), then explicit arguments win. Default: ``localhost:7233``, ``default``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfigProfile
+
+DEFAULT_ADDRESS = "localhost:7233"
+
+
+def connect_config(address: str | None = None, namespace: str | None = None) -> dict[str, Any]:
+    """The keyword arguments for ``Client.connect`` from the environment plus overrides."""
+    profile = ClientConfigProfile.load()
+    config: dict[str, Any] = dict(profile.to_client_connect_config())
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    if address:
+        config["target_host"] = address
+    if namespace:
+        config["namespace"] = namespace
+    return config
+
+
+def target_address(address: str | None = None) -> str:
+    return str(connect_config(address)["target_host"])
+
+
+async def connect(address: str | None = None, namespace: str | None = None, **kwargs: Any) -> Client:
+    """A client using the pydantic data converter (every contract is a pydantic model)."""
+    config = connect_config(address, namespace)
+    target = config.pop("target_host")
+    return await Client.connect(target, data_converter=pydantic_data_converter, **config, **kwargs)
+
+
+async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:
+    """True when a Temporal frontend answers at the configured address within ``timeout``."""
+    import asyncio
+
+    try:
+        client = await asyncio.wait_for(connect(address, namespace), timeout)
+        await asyncio.wait_for(client.service_client.check_health(), timeout)
+        return True
+    except Exception:
+        return False

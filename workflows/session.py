@@ -1,0 +1,375 @@
+"""The session workflow: one per session, holding identifiers and small state only.
+
+A user message arrives as the ``send_message`` Update; its validator refuses it when the session is
+parked or failed, a turn is in flight or pending, or a continue-as-new is pending. The turn itself
+runs in ``run()`` (never in the handler), so continue-as-new can wait for every handler to finish.
+Each turn is a new Maka run: ``begin_run`` -> ``model_step`` -> ``execute_tool`` per call ->
+... -> ``finish_run``. No transcript, argument or tool output ever enters this workflow's history:
+activities read and write the ledger and return ids.
+
+Error classification (who fails what):
+- An activity failure never fails the workflow: a model step that exhausts its retries fails the
+  *run* (terminal fact, session ``failed``); a tool activity that fails or times out goes to
+  ``recover_operation``, which completes, re-dispatches (never ran) or parks.
+- A bug in this file fails the workflow *task* (the SDK default), which Temporal retries after a
+  fix is deployed; the workflow itself has no retry policy, on purpose (a workflow retry would start
+  from an empty history and re-run every activity).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts import (
+        BEGIN_RUN,
+        EXECUTE_TOOL,
+        FINISH_RUN,
+        MODEL_STEP,
+        RECOVER_OPERATION,
+        SA_PARK_REASON,
+        SA_SESSION_ID,
+        SA_STATE,
+        SEND_MESSAGE,
+        SESSION_WORKFLOW,
+        STATUS_QUERY,
+        BeginRunInput,
+        BeginRunResult,
+        CallRef,
+        FinishRunInput,
+        FinishRunResult,
+        InFlightTurn,
+        ModelStepInput,
+        ModelStepResult,
+        RecoverInput,
+        RecoverResult,
+        RunIds,
+        SendMessage,
+        SessionInput,
+        SessionState,
+        SessionStatus,
+        ToolInput,
+        ToolOutcome,
+        ToolSettings,
+        TurnAccepted,
+    )
+
+SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
+STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
+PARK_REASON_KEY = SearchAttributeKey.for_keyword(SA_PARK_REASON)
+
+#: Ledger-only activities (begin/finish run): idempotent by deterministic event ids, so retry freely.
+LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+#: Model steps: bounded; the provider client's own retries are off, so this is the only retry layer.
+MODEL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=5
+)
+#: Side-effect tools run at most once per dispatch; read-only tools may retry a little.
+SIDE_EFFECT_RETRY = RetryPolicy(maximum_attempts=1)
+READ_ONLY_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
+#: Recovery is ledger work plus a read of the target: retryable, bounded, with backoff.
+RECOVERY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=6
+)
+#: A call the Resolver proves never dispatched may be dispatched again, a bounded number of times.
+MAX_DISPATCHES = 3
+
+
+def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
+    """Search attributes a new session workflow starts with."""
+    return TypedSearchAttributes(
+        [SearchAttributePair(SESSION_ID_KEY, session_id), SearchAttributePair(STATE_KEY, "idle")]
+    )
+
+
+class _Park(Exception):
+    """Internal: the turn parks on an operation (never leaves this module)."""
+
+    def __init__(self, reason: str, operation_id: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.operation_id = operation_id
+
+
+@workflow.defn(name=SESSION_WORKFLOW)
+class SessionWorkflow:
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        self._inp = inp
+        self._state: SessionState = inp.state
+        self._park_reason = inp.park_reason
+        self._parked_operation_id = inp.parked_operation_id
+        self._turns = inp.turns
+        self._turns_here = 0
+        self._last_turn = inp.last_turn
+        self._current: RunIds | None = None
+        self._pending: tuple[RunIds, str] | None = None
+        self._continuing = False
+
+    # --- messages --------------------------------------------------------------------------
+
+    @workflow.update(name=SEND_MESSAGE)
+    def send_message(self, msg: SendMessage) -> TurnAccepted:
+        ids = RunIds(
+            session_id=self._inp.session_id,
+            turn_id=f"turn-{workflow.uuid4()}",
+            run_id=f"run-{workflow.uuid4()}",
+            invocation_id=f"inv-{workflow.uuid4()}",
+        )
+        self._pending = (ids, msg.text)
+        return TurnAccepted(turn_id=ids.turn_id, run_id=ids.run_id, invocation_id=ids.invocation_id)
+
+    @send_message.validator
+    def _validate_message(self, msg: SendMessage) -> None:
+        # Rejected updates never enter history; each reason has a stable type for clients.
+        if self._state in ("parked", "failed"):
+            raise ApplicationError(
+                f"session is {self._state}" + (f" ({self._park_reason})" if self._park_reason else ""),
+                type=f"Session{self._state.capitalize()}",
+            )
+        if self._current is not None or self._pending is not None or self._inp.in_flight is not None:
+            raise ApplicationError("a turn is in flight", type="TurnInFlight")
+        if self._continuing:
+            raise ApplicationError("the session is continuing as new; retry shortly", type="ContinuingAsNew")
+        if not msg.text.strip():
+            raise ApplicationError("empty message", type="EmptyMessage")
+
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> SessionStatus:
+        return SessionStatus(
+            session_id=self._inp.session_id,
+            state=self._state,
+            park_reason=self._park_reason,
+            parked_operation_id=self._parked_operation_id,
+            turns=self._turns,
+            current_turn=self._current or (self._pending[0] if self._pending else None),
+            last_turn=self._last_turn,
+            accepting=self._accepting(),
+            continued_runs=self._inp.continued_runs,
+        )
+
+    def _accepting(self) -> bool:
+        return (
+            self._state == "idle"
+            and self._current is None
+            and self._pending is None
+            and not self._continuing
+            and self._inp.in_flight is None
+        )
+
+    # --- the loop --------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionStatus:
+        if inp.in_flight is not None:
+            carried = inp.in_flight
+            await self._run_turn(carried.ids, None, carried.next_step, carried.settings)
+        while True:
+            await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
+            if self._pending is not None:
+                ids, text = self._pending
+                await self._run_turn(ids, text, 0, None)
+                continue
+            await self._continue_as_new(None)
+
+    def _should_continue(self) -> bool:
+        limit = self._inp.continue_as_new_after_turns
+        return (limit is not None and self._turns_here >= limit) or workflow.info().is_continue_as_new_suggested()
+
+    async def _continue_as_new(self, in_flight: InFlightTurn | None) -> None:
+        # From run() only, once every handler has finished: an update accepted now would otherwise
+        # be lost with this execution ("workflow execution already completed").
+        self._continuing = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        carried = self._inp.model_copy(
+            update={
+                "state": self._state,
+                "park_reason": self._park_reason,
+                "parked_operation_id": self._parked_operation_id,
+                "turns": self._turns,
+                "last_turn": self._last_turn,
+                "in_flight": in_flight,
+                "continued_runs": self._inp.continued_runs + 1,
+            }
+        )
+        workflow.continue_as_new(carried)
+
+    async def _run_turn(self, ids: RunIds, text: str | None, step: int, settings: ToolSettings | None) -> None:
+        self._current = ids
+        self._pending = None
+        if text is not None:
+            self._turns += 1
+            self._turns_here += 1
+        self._set_state("running", None, None)
+        try:
+            if settings is None:
+                settings = await self._begin(ids, text or "")
+            await self._loop(ids, step, settings)
+        except _Park as park:
+            await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)
+            self._set_state("parked", park.reason, park.operation_id)
+        except ActivityError as err:
+            await self._finish(ids, "failed", error=_describe(err))
+            self._set_state("failed", None, None)
+        else:
+            await self._finish(ids, "completed")
+            self._set_state("idle", None, None)
+        self._last_turn = ids
+        self._current = None
+
+    async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
+        info = workflow.info()
+        result = await workflow.execute_activity(
+            BEGIN_RUN,
+            BeginRunInput(
+                ids=ids,
+                text=text,
+                ts=_now_ms(),
+                workflow_id=info.workflow_id,
+                workflow_run_id=info.run_id,
+                task_queue=self._inp.task_queue,
+                workspace=self._inp.workspace,
+            ),
+            result_type=BeginRunResult,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=LEDGER_RETRY,
+        )
+        return result.tool_settings
+
+    async def _loop(self, ids: RunIds, step: int, settings: ToolSettings) -> None:
+        after_tools = step > 0
+        while True:
+            if step >= self._inp.max_steps_per_turn:
+                raise _Park("max_steps_exceeded", None)
+            output = await self._model_step(
+                ModelStepInput(
+                    ids=ids,
+                    step=step,
+                    workspace=self._inp.workspace,
+                    provider=self._inp.provider,
+                    after_tools=after_tools,
+                )
+            )
+            if output.final:
+                return
+            for call in output.calls:
+                await self._tool(ids, call, settings)
+            step += 1
+            after_tools = True
+            if workflow.info().is_continue_as_new_suggested():
+                # A very long tool loop: carry the turn into a fresh history at a step boundary.
+                await self._continue_as_new(InFlightTurn(ids=ids, next_step=step, settings=settings))
+
+    async def _model_step(self, inp: ModelStepInput) -> ModelStepResult:
+        if self._inp.model_step_mode == "local":
+            # Local: one server round trip less and no input in history. Safe because the step is
+            # idempotent through the ledger (a re-run returns the committed output).
+            return await workflow.execute_local_activity(
+                MODEL_STEP,
+                inp,
+                result_type=ModelStepResult,
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=MODEL_RETRY,
+            )
+        return await workflow.execute_activity(
+            MODEL_STEP,
+            inp,
+            result_type=ModelStepResult,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=MODEL_RETRY,
+        )
+
+    async def _tool(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> ToolOutcome | RecoverResult:
+        tool_input = ToolInput(
+            ids=ids, call=call, workspace=self._inp.workspace, workspace_identity=self._inp.workspace_identity
+        )
+        for _ in range(MAX_DISPATCHES):
+            try:
+                return await workflow.execute_activity(
+                    EXECUTE_TOOL,
+                    tool_input,
+                    result_type=ToolOutcome,
+                    start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
+                    heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
+                    retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
+                )
+            except ActivityError:
+                # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
+                # Only the ledger can; never re-schedule the tool without asking it.
+                recovered = await self._recover(ids, call)
+                if recovered.status == "completed":
+                    return recovered
+                if recovered.status == "parked":
+                    raise _Park(recovered.reason, call.operation_id) from None
+                # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
+        raise _Park("dispatch_attempts_exhausted", call.operation_id)
+
+    async def _recover(self, ids: RunIds, call: CallRef) -> RecoverResult:
+        try:
+            return await workflow.execute_activity(
+                RECOVER_OPERATION,
+                RecoverInput(
+                    ids=ids,
+                    call=call,
+                    workspace=self._inp.workspace,
+                    workspace_identity=self._inp.workspace_identity,
+                ),
+                result_type=RecoverResult,
+                start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RECOVERY_RETRY,
+            )
+        except ActivityError:
+            raise _Park("recovery_unavailable", call.operation_id) from None
+
+    async def _finish(
+        self,
+        ids: RunIds,
+        status: str,
+        *,
+        park_reason: str | None = None,
+        parked_operation_id: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        await workflow.execute_activity(
+            FINISH_RUN,
+            FinishRunInput(
+                ids=ids,
+                status="completed" if status == "completed" else "failed",
+                ts=_now_ms(),
+                park_reason=park_reason,
+                parked_operation_id=parked_operation_id,
+                error=error,
+            ),
+            result_type=FinishRunResult,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=LEDGER_RETRY,
+        )
+
+    def _set_state(self, state: SessionState, reason: str | None, operation_id: str | None) -> None:
+        changed = state != self._state or reason != self._park_reason
+        self._state = state
+        self._park_reason = reason
+        self._parked_operation_id = operation_id
+        if changed:
+            workflow.upsert_search_attributes(
+                [
+                    STATE_KEY.value_set(state),
+                    PARK_REASON_KEY.value_set(reason) if reason else PARK_REASON_KEY.value_unset(),
+                ]
+            )
+
+
+def _now_ms() -> int:
+    return int(workflow.now().timestamp() * 1000)
+
+
+def _describe(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'ApplicationError'}: {cause.message}"
+    return str(cause or err)

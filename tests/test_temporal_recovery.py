@@ -24,7 +24,15 @@ pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_
 
 
 async def _drill(
-    server: Any, client: Any, tmp_path: Path, ws: Path, queue: str, steps: list[dict[str, Any]], failpoint: str, tag: str
+    server: Any,
+    client: Any,
+    tmp_path: Path,
+    ws: Path,
+    queue: str,
+    steps: list[dict[str, Any]],
+    failpoint: str,
+    tag: str | None,
+    while_alive: Any = None,
 ) -> tuple[str, Any, Path]:
     db = tmp_path / "ledger.sqlite"
     script = write_script(tmp_path / "s.json", steps)
@@ -35,6 +43,8 @@ async def _drill(
     with WorkerProcess(server, db, queue, home=tmp_path) as worker:
         worker.wait_ready()
         status = await wait_turn(client, session_id, accepted.run_id, timeout=60)
+        if while_alive is not None:  # updates need a live worker to run the validator
+            await while_alive(session_id)
     return session_id, status, db
 
 
@@ -50,9 +60,17 @@ async def test_t1_without_t2_file_in_prior_state_parks_and_refuses_messages(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("write_file", {"path": "out.txt", "content": "new\n"})), {"text": "done"}]
+    refusals: list[str] = []
+
+    async def send_more(session_id: str) -> None:
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await asyncio.wait_for(send_message(temporal_client, session_id, "more"), 10)
+        refusals.append(refused.value.cause.type)  # type: ignore[union-attr]
+
     session_id, status, db = await _drill(
-        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P2", "write_file"
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P2", "write_file", send_more
     )
+    assert refusals == ["SessionParked"]
     assert status.state == "parked" and status.park_reason == "reconcile_matches_prior_state"
     assert not (ws_dir / "out.txt").exists()  # never written, never re-run
     op = _one_op(db, session_id)
@@ -67,9 +85,6 @@ async def test_t1_without_t2_file_in_prior_state_parks_and_refuses_messages(
     desc = await temporal_client.get_workflow_handle(workflow_id_for(session_id)).describe()
     attrs = {k.name: v for k, v in ((p.key, p.value) for p in desc.typed_search_attributes)}
     assert attrs["MakaState"] == "parked" and attrs["MakaParkReason"] == "reconcile_matches_prior_state"
-    with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await send_message(temporal_client, session_id, "more")
-    assert refused.value.cause.type == "SessionParked"  # type: ignore[union-attr]
 
 
 async def test_t1_without_t2_file_in_expected_state_is_finalized_without_a_second_write(
@@ -111,7 +126,7 @@ async def test_crash_before_t1_runs_the_tool_once_after_restart(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("bash", {"command": "echo line >> log.txt"})), {"text": "ok"}]
-    session_id, status, db = await _drill(temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P0", None)  # type: ignore[arg-type]
+    session_id, status, db = await _drill(temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P0", None)
     assert status.state == "idle"
     assert (ws_dir / "log.txt").read_text() == "line\n"
     assert _one_op(db, session_id).status == "completed"

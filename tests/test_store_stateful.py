@@ -1,0 +1,185 @@
+"""Hypothesis stateful test: random sequences of appends, T1, T2, recovery bundles, exact retries,
+conflicting retries and reopens. After every step the online projections equal a rebuild from
+events, and the Resolver agrees with a simple model of each operation's state."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from maka_core.errors import LedgerRejection
+from maka_core.resolver import resolve
+from maka_core.store import LedgerStore
+from tests.children.scenario import (
+    call,
+    completed_bundle,
+    dispatch,
+    model_text,
+    parked_bundle,
+    response,
+    user,
+)
+
+# model state -> (Resolver status, settlement origin, projection state)
+EXPECT = {
+    "called": ("definitely_not_dispatched", None, None),
+    "prepared": ("indeterminate", None, "prepared"),
+    "outcome": ("completed", "normal_t2", "outcome_committed"),
+    "recovered": ("completed", "recovery_bundle", "recovery_completed"),
+    "parked": ("parked", None, "recovery_parked"),
+}
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="maka-stateful-"))
+        self.db = self.dir / "ledger.sqlite"
+        self.store = LedgerStore.open(self.db)
+        self.store.append([user()])
+        self.state: dict[int, str] = {}
+        self.is_error: dict[int, bool] = {}
+        self.texts = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def ops(self, *states: str) -> list[int]:
+        return [k for k, s in self.state.items() if s in states]
+
+    @staticmethod
+    def ids(k: int) -> tuple[str, str]:
+        return f"op-{k}", f"call-{k}"
+
+    def refused(self, fn: object, *args: object) -> None:
+        before = len(self.store.events())
+        with pytest.raises(LedgerRejection):
+            fn(*args)  # type: ignore[operator]
+        assert len(self.store.events()) == before
+
+    # --- rules ---------------------------------------------------------------------------------
+
+    @rule()
+    def append_text(self) -> None:
+        self.texts += 1
+        self.store.append([model_text(f"text-{self.texts}")])
+
+    @rule(with_call=st.booleans())
+    def new_operation(self, with_call: bool) -> None:
+        k = len(self.state) + 1
+        op, cid = self.ids(k)
+        if with_call:
+            assert self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid)).created
+            self.state[k] = "prepared"
+        else:
+            self.store.append([call(op, cid)])
+            self.state[k] = "called"
+
+    @precondition(lambda self: self.ops("called"))
+    @rule(data=st.data())
+    def dispatch_called(self, data: st.DataObject) -> None:
+        k = data.draw(st.sampled_from(self.ops("called")))
+        op, cid = self.ids(k)
+        assert self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid)).created_ids == (
+            f"{op}_dispatch",
+        )
+        self.state[k] = "prepared"
+
+    @precondition(lambda self: self.ops("called"))
+    @rule(data=st.data())
+    def outcome_without_dispatch_is_refused(self, data: st.DataObject) -> None:
+        op, cid = self.ids(data.draw(st.sampled_from(self.ops("called"))))
+        self.refused(self.store.commit_tool_outcome, response(op, cid))
+
+    @precondition(lambda self: self.ops("prepared"))
+    @rule(data=st.data(), is_error=st.booleans())
+    def outcome(self, data: st.DataObject, is_error: bool) -> None:
+        k = data.draw(st.sampled_from(self.ops("prepared")))
+        op, cid = self.ids(k)
+        assert self.store.commit_tool_outcome(response(op, cid, is_error=is_error or None)).created
+        self.state[k], self.is_error[k] = "outcome", is_error
+
+    @precondition(lambda self: self.ops("prepared"))
+    @rule(data=st.data(), complete=st.booleans())
+    def recovery_bundle(self, data: st.DataObject, complete: bool) -> None:
+        k = data.draw(st.sampled_from(self.ops("prepared")))
+        op, cid = self.ids(k)
+        if complete:
+            rec, out, dec = completed_bundle(op, cid)
+            assert self.store.commit_recovery_bundle(rec, dec, out).created
+            self.state[k] = "recovered"
+        else:
+            observation = data.draw(st.sampled_from(["matches_prior_state", "diverged", "unreadable"]))
+            assert self.store.commit_recovery_bundle(*parked_bundle(op, cid, observation=observation)).created
+            self.state[k] = "parked"
+
+    @precondition(lambda self: self.ops("prepared", "outcome", "recovered", "parked"))
+    @rule(data=st.data())
+    def exact_retry(self, data: st.DataObject) -> None:
+        k = data.draw(st.sampled_from(self.ops("prepared", "outcome", "recovered", "parked")))
+        op, cid = self.ids(k)
+        s = self.state[k]
+        if s == "prepared":
+            result = self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid))
+        elif s == "outcome":
+            result = self.store.commit_tool_outcome(response(op, cid, is_error=self.is_error[k] or None))
+        elif s == "recovered":
+            rec, out, dec = completed_bundle(op, cid)
+            result = self.store.commit_recovery_bundle(rec, dec, out)
+        else:
+            # The parked observation is not remembered; retrying the T1 is an exact retry too.
+            result = self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid))
+        assert not result.created
+
+    @precondition(lambda self: self.ops("outcome", "recovered", "parked"))
+    @rule(data=st.data(), kind=st.sampled_from(["t2", "bundle", "t1-other-args"]))
+    def conflicting_retry(self, data: st.DataObject, kind: str) -> None:
+        k = data.draw(st.sampled_from(self.ops("outcome", "recovered", "parked")))
+        op, cid = self.ids(k)
+        if kind == "t2":
+            self.refused(self.store.commit_tool_outcome, response(op, cid, id=f"{op}_response_again"))
+        elif kind == "bundle":
+            rec, dec = parked_bundle(op, cid, suffix="-again")
+            self.refused(self.store.commit_recovery_bundle, rec, dec)
+        else:
+            other = dispatch(op, cid, args={"command": "rm -rf /"}, id=f"{op}_dispatch_again")
+            self.refused(self.store.commit_tool_prepared, other)
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.close()
+        self.store = LedgerStore.open(self.db)
+
+    # --- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def projections_equal_rebuild_and_resolver_agrees(self) -> None:
+        assert self.store.verify() == []
+        recovery = resolve(self.store.events())
+        assert not recovery.has_corruption
+        by_call = {o.tool_call_id: o for o in recovery.operations}
+        assert set(by_call) == {self.ids(k)[1] for k in self.state}
+        for k, s in self.state.items():
+            op, cid = self.ids(k)
+            status, origin, projected = EXPECT[s]
+            got = by_call[cid]
+            assert (got.status, got.settlement_origin) == (status, origin), (k, s)
+            row = self.store.operation(op)
+            assert (row.current_state if row else None) == projected
+        assert recovery.requires_reconciliation == bool(self.ops("prepared"))
+
+
+LedgerMachine.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_ledger_state_machine = LedgerMachine.TestCase

@@ -84,7 +84,9 @@ def to_application_error(exc: BaseException) -> BaseException:
     if isinstance(exc, ApplicationError):
         return exc
     if isinstance(exc, ProviderError):
-        return ApplicationError(str(exc), exc.to_json(), type="ProviderError", non_retryable=not exc.retryable)
+        return ApplicationError(
+            str(exc), exc.to_json(), type="ProviderError", non_retryable=not exc.retryable
+        )
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), exc.to_json(), type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):
@@ -109,9 +111,11 @@ class MakaActivities:
         settings: WorkerSettings | None = None,
         tool_threads: int = 8,
     ) -> None:
+        from activities.ledger_cache import LedgerCache
         from maka_core.tools import default_tools
 
         self.store = store
+        self.cache = LedgerCache(store)
         self.tools: dict[str, Any] = tools if tools is not None else default_tools()
         self.settings = settings or WorkerSettings.from_env()
         self.policy = policy if policy is not None else _default_policy()

@@ -87,7 +87,14 @@ def model_text(ids: RunIds, step_id: str, text: str, ts: int) -> RuntimeEvent:
 
 
 def model_call(
-    ids: RunIds, step_id: str, index: int, tool_call_id: str, name: str, args: dict[str, Any], op: str, ts: int
+    ids: RunIds,
+    step_id: str,
+    index: int,
+    tool_call_id: str,
+    name: str,
+    args: dict[str, Any],
+    op: str,
+    ts: int,
 ) -> RuntimeEvent:
     return RuntimeEvent(
         **_base(ids, f"{step_id}:call:{index}", ts),
@@ -134,7 +141,9 @@ def response_event(
         **_base(ids, event_id, ts),
         role="tool",
         author="tool",
-        content=FunctionResponseContent(**_present(id=tool_call_id, name=name, result=result, is_error=is_error or None)),
+        content=FunctionResponseContent(
+            **_present(id=tool_call_id, name=name, result=result, is_error=is_error or None)
+        ),
         refs=Refs(**_present(operation_id=op, tool_call_id=tool_call_id)),
     )
 

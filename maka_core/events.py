@@ -31,9 +31,7 @@ RecoveryMode = Literal[
     "replay_safe", "idempotent", "reconcile", "reattach", "outcome_unknown", "never_auto_retry"
 ]
 Observation = Literal["matches_expected_state", "matches_prior_state", "diverged", "unreadable"]
-ParkReasonCode = Literal[
-    "reconcile_matches_prior_state", "reconcile_diverged", "reconcile_unreadable"
-]
+ParkReasonCode = Literal["reconcile_matches_prior_state", "reconcile_diverged", "reconcile_unreadable"]
 Sha256Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 

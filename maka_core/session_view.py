@@ -30,7 +30,12 @@ class TurnView:
     park_reason: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"turnId": self.turn_id, "runId": self.run_id, "status": self.status, "parkReason": self.park_reason}
+        return {
+            "turnId": self.turn_id,
+            "runId": self.run_id,
+            "status": self.status,
+            "parkReason": self.park_reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,11 @@ def operations(events: list[RuntimeEvent]) -> list[OperationView]:
         op_id = op.operation_id or (call.refs.operation_id if call is not None and call.refs else None)
         run_id = (call or dispatch).run_id if (call or dispatch) is not None else ""  # type: ignore[union-attr]
         args_hash = None
-        if dispatch is not None and dispatch.actions is not None and dispatch.actions.tool_dispatch is not None:
+        if (
+            dispatch is not None
+            and dispatch.actions is not None
+            and dispatch.actions.tool_dispatch is not None
+        ):
             args_hash = dispatch.actions.tool_dispatch.canonical_args_hash
         views.append(
             OperationView(

@@ -115,6 +115,8 @@ class LedgerStore(LedgerReads):
         self.url = url
         self._scanner: LedgerScanner | None = None
         self._cursor = 0
+        #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
+        self._event_seq: dict[str, int] = {}
         self._lock = threading.RLock()
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -155,6 +157,7 @@ class LedgerStore(LedgerReads):
     def _abort(self) -> None:
         self._scanner = None
         self._cursor = 0
+        self._event_seq = {}
 
     def _write(self, body: Callable[[Connection], Any]) -> Any:
         with self._lock:
@@ -163,7 +166,7 @@ class LedgerStore(LedgerReads):
     def _sync(self, conn: Connection) -> LedgerScanner:
         """Fold rows committed since the cursor (all rows, the first time) into the scanner."""
         if self._scanner is None:
-            self._scanner, self._cursor = LedgerScanner(), 0
+            self._scanner, self._cursor, self._event_seq = LedgerScanner(), 0, {}
         rows = conn.execute(
             select(runtime_events)
             .where(runtime_events.c.ledger_seq > self._cursor)
@@ -171,7 +174,9 @@ class LedgerStore(LedgerReads):
         ).mappings()
         for row in rows:
             self._scanner.apply(row_event(row))
-            self._cursor = row["ledger_seq"]
+            self._cursor = int(row["ledger_seq"])
+            inv = row["invocation_id"]
+            self._event_seq[inv] = max(self._event_seq.get(inv, 0), int(row["event_seq"]))
         return self._scanner
 
     def _stored(self, conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
@@ -231,23 +236,23 @@ class LedgerStore(LedgerReads):
     def _insert_events(
         self, conn: Connection, transition: Transition, fresh: list[tuple[RuntimeEvent, str]]
     ) -> int:
-        seq = int(conn.execute(select(func.coalesce(func.max(runtime_events.c.ledger_seq), 0))).scalar_one())
+        # _sync just read every row past the cursor inside this writer transaction, so the cursor
+        # is the ledger's high-water and the per-invocation counters are current.
+        seq = self._cursor
         now = now_ms()
         for event, line in fresh:
             seq += 1
-            event_seq = conn.execute(
-                select(func.coalesce(func.max(runtime_events.c.event_seq), 0)).where(
-                    runtime_events.c.invocation_id == event.invocation_id
-                )
-            ).scalar_one()
+            event_seq = self._event_seq.get(event.invocation_id, 0) + 1
+            self._event_seq[event.invocation_id] = event_seq
             conn.execute(
-                runtime_events.insert().values(
+                runtime_events.insert(),
+                {
                     **event_columns(event),
-                    event_seq=int(event_seq) + 1,
-                    ledger_seq=seq,
-                    payload_json=line,
-                    committed_at=now,
-                )
+                    "event_seq": event_seq,
+                    "ledger_seq": seq,
+                    "payload_json": line,
+                    "committed_at": now,
+                },
             )
             failpoints.hit("after_runtime_event_insert", transition)
             if transition == "recovery_bundle":
@@ -274,19 +279,19 @@ class LedgerStore(LedgerReads):
                 continue
             if evidence is not None and transition == "t1_prepare" and facts.dispatch is not None:
                 conn.execute(
-                    tool_evidence.insert().values(
-                        operation_id=op_id,
-                        dispatch_event_id=facts.dispatch.id,
-                        evidence_json=canonical_json.dumps(dict(evidence)),
-                    )
+                    tool_evidence.insert(),
+                    {
+                        "operation_id": op_id,
+                        "dispatch_event_id": facts.dispatch.id,
+                        "evidence_json": canonical_json.dumps(dict(evidence)),
+                    },
                 )
             self._write_projection(conn, operation_row(facts), journal_rows(facts), now)
             if attempt is not None and transition in BOUNDARY_TRANSITIONS:
                 phase = {"t1_prepare": "t1", "t2_outcome": "t2"}.get(transition, "recovery")
                 conn.execute(
-                    tool_attempts.insert().values(
-                        operation_id=op_id, phase=phase, recorded_at=now, **asdict(attempt)
-                    )
+                    tool_attempts.insert(),
+                    {"operation_id": op_id, "phase": phase, "recorded_at": now, **asdict(attempt)},
                 )
         failpoints.hit("after_journal_event_insert", transition)
 
@@ -303,7 +308,7 @@ class LedgerStore(LedgerReads):
             .first()
         )
         if current is None:
-            conn.execute(tool_operations.insert().values(**values))
+            conn.execute(tool_operations.insert(), values)
         elif dict(current) != values:
             conn.execute(
                 update(tool_operations)
@@ -319,7 +324,7 @@ class LedgerStore(LedgerReads):
         )
         for entry in journal:
             if entry.journal_event_id not in present:
-                conn.execute(tool_journal_events.insert().values(**asdict(entry), committed_at=now))
+                conn.execute(tool_journal_events.insert(), {**asdict(entry), "committed_at": now})
 
     def _commit(
         self,

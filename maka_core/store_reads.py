@@ -188,12 +188,12 @@ class LedgerReads:
                     for src_row in src.execute(
                         select(runtime_events).order_by(runtime_events.c.ledger_seq)
                     ).mappings():
-                        conn.execute(runtime_events.insert().values(**dict(src_row)))
+                        conn.execute(runtime_events.insert(), dict(src_row))
             now = now_ms()
             for row in ops:
-                conn.execute(tool_operations.insert().values(**asdict(row)))
+                conn.execute(tool_operations.insert(), asdict(row))
             for entry in journal:
-                conn.execute(tool_journal_events.insert().values(**asdict(entry), committed_at=now))
+                conn.execute(tool_journal_events.insert(), {**asdict(entry), "committed_at": now})
 
         dest._write(body)
         return None if dest is self else dest

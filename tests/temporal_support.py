@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -47,7 +48,16 @@ async def in_process_worker(
     """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
-        serve(client, db, queue, settings=settings, stop=stop, ready=ready, repair=repair, out=open(os.devnull, "w"))
+        serve(
+            client,
+            db,
+            queue,
+            settings=settings,
+            stop=stop,
+            ready=ready,
+            repair=repair,
+            out=io.StringIO(),
+        )
     )
     waiter = asyncio.create_task(ready.wait())
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,9 +106,22 @@ class WorkerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--db", str(db), "--task-queue", queue,
-             "--tool-heartbeat-timeout", str(heartbeat_timeout)],
-            cwd=REPO, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "worker",
+                "--db",
+                str(db),
+                "--task-queue",
+                queue,
+                "--tool-heartbeat-timeout",
+                str(heartbeat_timeout),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -147,8 +170,12 @@ async def start(
 ) -> tuple[str, Any]:
     kwargs.setdefault("task_timeout", timedelta(seconds=3))
     return await start_session(
-        client, workspace=workspace, provider={"kind": "script", "path": str(script)}, task_queue=queue,
-        message=message, **kwargs,
+        client,
+        workspace=workspace,
+        provider={"kind": "script", "path": str(script)},
+        task_queue=queue,
+        message=message,
+        **kwargs,
     )
 
 

@@ -32,7 +32,7 @@ EXPECT = {
     "prepared": ("indeterminate", None, "prepared"),
     "outcome": ("completed", "normal_t2", "outcome_committed"),
     "recovered": ("completed", "recovery_bundle", "recovery_completed"),
-    "parked": ("parked", None, "recovery_parked"),
+    "parked": ("parked", "recovery_bundle", "recovery_parked"),
 }
 
 
@@ -177,8 +177,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 LedgerMachine.TestCase.settings = settings(
-    max_examples=25,
-    stateful_step_count=20,
+    max_examples=40,
+    stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -91,7 +91,10 @@ async def test_t1_without_t2_file_in_expected_state_is_finalized_without_a_secon
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     (ws_dir / "cfg.txt").write_text("port=3000\n")
-    steps = [tool_step(("edit_file", {"path": "cfg.txt", "old_text": "3000", "new_text": "4000"})), {"text": "ok"}]
+    steps = [
+        tool_step(("edit_file", {"path": "cfg.txt", "old_text": "3000", "new_text": "4000"})),
+        {"text": "ok"},
+    ]
     session_id, status, db = await _drill(
         temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P4", "edit_file"
     )
@@ -105,7 +108,9 @@ async def test_bash_dispatched_without_outcome_parks_and_ran_once(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("bash", {"command": "echo line >> log.txt"})), {"text": "ok"}]
-    session_id, status, db = await _drill(temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P4", "bash")
+    session_id, status, db = await _drill(
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P4", "bash"
+    )
     assert status.state == "parked" and status.park_reason == "dispatch_without_response"
     assert (ws_dir / "log.txt").read_text() == "line\n"
     op = _one_op(db, session_id)
@@ -116,7 +121,9 @@ async def test_crash_after_t2_completes_without_rerun(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("bash", {"command": "echo line >> log.txt"})), {"text": "ok"}]
-    session_id, status, db = await _drill(temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P5", "bash")
+    session_id, status, db = await _drill(
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P5", "bash"
+    )
     assert status.state == "idle"
     assert (ws_dir / "log.txt").read_text() == "line\n"
     assert _one_op(db, session_id).status == "completed"
@@ -126,7 +133,9 @@ async def test_crash_before_t1_runs_the_tool_once_after_restart(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("bash", {"command": "echo line >> log.txt"})), {"text": "ok"}]
-    session_id, status, db = await _drill(temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P0", None)
+    session_id, status, db = await _drill(
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P0", None
+    )
     assert status.state == "idle"
     assert (ws_dir / "log.txt").read_text() == "line\n"
     assert _one_op(db, session_id).status == "completed"
@@ -136,8 +145,12 @@ async def test_startup_repair_leaves_open_workflows_and_repairs_closed_ones(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     db = tmp_path / "ledger.sqlite"
-    script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": "echo x >> log.txt"})), {"text": "ok"}])
-    with WorkerProcess(temporal_server, db, task_queue, home=tmp_path, failpoint="P2", failpoint_tag="bash") as doomed:
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("bash", {"command": "echo x >> log.txt"})), {"text": "ok"}]
+    )
+    with WorkerProcess(
+        temporal_server, db, task_queue, home=tmp_path, failpoint="P2", failpoint_tag="bash"
+    ) as doomed:
         doomed.wait_ready()
         session_id, accepted = await start(temporal_client, ws_dir, script, task_queue)
         assert await doomed.wait_exit() == -9
@@ -145,9 +158,13 @@ async def test_startup_repair_leaves_open_workflows_and_repairs_closed_ones(
         report = await startup_repair(temporal_client, store)
         assert report.left_to_workflow == [accepted.run_id] and report.repaired == []
         assert store.get_run(accepted.run_id).status == "running"  # type: ignore[union-attr]
-        await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("drill: execution lost")
+        await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate(
+            "drill: execution lost"
+        )
         # Two repairers at once converge on one terminal fact.
-        first, second = await asyncio.gather(startup_repair(temporal_client, store), startup_repair(temporal_client, store))
+        first, second = await asyncio.gather(
+            startup_repair(temporal_client, store), startup_repair(temporal_client, store)
+        )
         assert accepted.run_id in first.repaired + second.repaired
         assert session_id in first.sessions_to_resume + second.sessions_to_resume
         events = store.events(run_id=accepted.run_id)

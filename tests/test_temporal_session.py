@@ -37,7 +37,9 @@ def _ops(db: Path, session_id: str) -> list[Any]:
         return operations(store.events(session_id=session_id))
 
 
-async def test_multi_turn_session_uses_every_tool(temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str) -> None:
+async def test_multi_turn_session_uses_every_tool(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
     db = tmp_path / "ledger.sqlite"
     script = write_script(
         tmp_path / "script.json",
@@ -61,7 +63,14 @@ async def test_multi_turn_session_uses_every_tool(temporal_client: Any, tmp_path
     assert (ws_dir / "notes.txt").read_text() == "beta\n"
     assert (ws_dir / "log.txt").read_text() == "beta\n"  # bash ran exactly once
     ops = _ops(db, session_id)
-    assert [o.tool_name for o in ops] == ["write_file", "read_file", "list_dir", "edit_file", "bash", "read_file"]
+    assert [o.tool_name for o in ops] == [
+        "write_file",
+        "read_file",
+        "list_dir",
+        "edit_file",
+        "bash",
+        "read_file",
+    ]
     assert all(o.status == "completed" and o.dispatch_event_id and o.response_event_id for o in ops)
     with LedgerStore.open(db) as store:
         assert store.verify() == []
@@ -78,7 +87,9 @@ async def test_update_validator_refuses_a_second_message_while_a_turn_runs(
     temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     db = tmp_path / "ledger.sqlite"
-    script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": "sleep 1"})), {"text": "done"}])
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("bash", {"command": "sleep 1"})), {"text": "done"}]
+    )
     async with in_process_worker(temporal_client, db, task_queue):
         session_id, first = await start(temporal_client, ws_dir, script, task_queue)
         with pytest.raises(WorkflowUpdateFailedError) as refused:
@@ -104,7 +115,9 @@ async def test_continue_as_new_after_many_turns_keeps_ledger_and_status(
         steps += [tool_step(("bash", {"command": f"echo turn{i} >> turns.txt"})), {"text": f"turn {i} done"}]
     script = write_script(tmp_path / "s.json", steps)
     async with in_process_worker(temporal_client, db, task_queue):
-        session_id, accepted = await start(temporal_client, ws_dir, script, task_queue, continue_as_new_after=2)
+        session_id, accepted = await start(
+            temporal_client, ws_dir, script, task_queue, continue_as_new_after=2
+        )
         run_ids = [accepted.run_id]
         await wait_turn(temporal_client, session_id, accepted.run_id)
         for i in range(1, 5):
@@ -144,7 +157,9 @@ async def test_model_step_retried_after_a_crash_returns_the_committed_output(
         tmp_path / "s.json", [tool_step(("bash", {"command": "echo once >> side.txt"})), {"text": "done"}]
     )
     env = {"MAKA_PROVIDER_CALL_LOG": str(calls_log)}
-    with WorkerProcess(temporal_server, db, task_queue, home=tmp_path, failpoint="P1", extra_env=env) as doomed:
+    with WorkerProcess(
+        temporal_server, db, task_queue, home=tmp_path, failpoint="P1", extra_env=env
+    ) as doomed:
         doomed.wait_ready()
         session_id, accepted = await start(temporal_client, ws_dir, script, task_queue)
         assert await doomed.wait_exit() == -9
@@ -160,8 +175,10 @@ async def test_model_step_retried_after_a_crash_returns_the_committed_output(
     assert len(ops) == 1 and ops[0].status == "completed"
 
 
-async def test_tool_activity_refuses_an_operation_that_already_has_a_dispatch_fact(tmp_path: Path, ws_dir: Path) -> None:
-    """The guard: call + T1 committed, no T2 -> execute_tool raises DispatchWithoutOutcome and runs nothing."""
+async def test_tool_activity_refuses_an_operation_that_already_has_a_dispatch_fact(
+    tmp_path: Path, ws_dir: Path
+) -> None:
+    """The guard: call + T1 committed, no T2 -> DispatchWithoutOutcome; the tool does not run."""
     from activities import facts
 
     ws = Workspace.open(ws_dir)
@@ -179,7 +196,13 @@ async def test_tool_activity_refuses_an_operation_that_already_has_a_dispatch_fa
             evidence=evidence.to_json(),
         )
         env = ActivityEnvironment()
-        inp = ToolInput(ids=ids, call=call, workspace=str(ws.root), workspace_identity=ws.identity)
+        inp = ToolInput(
+            session_id=ids.session_id,
+            run_id=ids.run_id,
+            call=call,
+            workspace=str(ws.root),
+            workspace_identity=ws.identity,
+        )
         with pytest.raises(ApplicationError) as refused:
             await env.run(acts.execute_tool, inp)
         assert refused.value.type == "DispatchWithoutOutcome" and refused.value.non_retryable

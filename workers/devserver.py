@@ -142,7 +142,9 @@ def start(
     if _port_open(port):
         raise ConfigError("dev_server_port_busy", f"port {port} is already in use")
     if ui:
-        ui_port = ui_port or (port + 1000 if port + 1000 < 65536 and not _port_open(port + 1000) else free_port())
+        ui_port = ui_port or (
+            port + 1000 if port + 1000 < 65536 and not _port_open(port + 1000) else free_port()
+        )
     else:
         ui_port = None
     if db_file is not None:

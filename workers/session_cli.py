@@ -26,7 +26,9 @@ from maka_core.errors import MakaError
 
 
 def _common(p: argparse.ArgumentParser, *, queue: bool = True) -> None:
-    p.add_argument("--db", type=Path, default=None, help="ledger database (default: $MAKA_HOME/ledger.sqlite)")
+    p.add_argument(
+        "--db", type=Path, default=None, help="ledger database (default: $MAKA_HOME/ledger.sqlite)"
+    )
     p.add_argument("--address", default=None, help="Temporal frontend host:port (default: TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", default=None, help="Temporal namespace (default: TEMPORAL_NAMESPACE)")
     if queue:
@@ -37,8 +39,13 @@ def register(subparsers: Any) -> None:
     """Add the worker, dev, demo and session commands to the ``maka`` parser."""
     p = subparsers.add_parser("worker", help="run a worker: startup repair, then poll")
     _common(p)
-    p.add_argument("--tool-heartbeat-timeout", type=float, default=None, metavar="SECONDS",
-                   help="tool activities' heartbeat timeout (env MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)")
+    p.add_argument(
+        "--tool-heartbeat-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="tool activities' heartbeat timeout (env MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
+    )
     p.add_argument("--no-repair", action="store_true", help="skip startup repair (tests only)")
     p.set_defaults(func=cmd_worker)
 
@@ -65,8 +72,13 @@ def register(subparsers: Any) -> None:
     src.add_argument("--script", type=Path, help="scripted provider: a JSON script file")
     src.add_argument("--model", help="OpenAI-compatible model name (OPENAI_BASE_URL, OPENAI_API_KEY)")
     p.add_argument("--session-id", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--continue-as-new-after", type=int, default=None, metavar="TURNS",
-                   help="continue-as-new after this many turns (default: when Temporal suggests)")
+    p.add_argument(
+        "--continue-as-new-after",
+        type=int,
+        default=None,
+        metavar="TURNS",
+        help="continue-as-new after this many turns (default: when Temporal suggests)",
+    )
     p.add_argument("--model-step-mode", choices=("local", "activity"), default="local")
     p.add_argument("--wait", action="store_true", help="wait until the turn settles")
     p.add_argument("--json", action="store_true")
@@ -151,7 +163,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     home = paths.maka_home()
     server = devserver.start(
-        port=args.port, ui=True, ui_port=args.ui_port, db_file=home / "temporal.db", log_path=home / "logs" / "temporal.log"
+        port=args.port,
+        ui=True,
+        ui_port=args.ui_port,
+        db_file=home / "temporal.db",
+        log_path=home / "logs" / "temporal.log",
     )
     print(f"Temporal dev server: {server.address}  (database {server.db_file})", flush=True)
     print(f"Temporal UI:         {server.ui_address}", flush=True)
@@ -194,7 +210,7 @@ async def start_session(
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted)."""
     from maka_core.workspace import Workspace
-    from workflows.contracts import SEND_MESSAGE, SessionInput, SendMessage, TurnAccepted, workflow_id_for
+    from workflows.contracts import SEND_MESSAGE, SendMessage, SessionInput, TurnAccepted, workflow_id_for
     from workflows.session import SessionWorkflow, initial_search_attributes
 
     ws = Workspace.open(workspace, create=True)
@@ -237,7 +253,9 @@ async def query_status(client: Any, session_id: str) -> Any:
     return await handle.query(STATUS_QUERY, result_type=SessionStatus)
 
 
-async def wait_settled(client: Any, session_id: str, run_id: str, *, timeout: float = 600.0, progress: bool = True) -> Any:
+async def wait_settled(
+    client: Any, session_id: str, run_id: str, *, timeout: float = 600.0, progress: bool = True
+) -> Any:
     """Poll the status query until the turn ``run_id`` has settled (idle, parked or failed)."""
     start = time.monotonic()
     last_note = ""
@@ -246,7 +264,11 @@ async def wait_settled(client: Any, session_id: str, run_id: str, *, timeout: fl
         done = status.current_turn is None or status.current_turn.run_id != run_id
         if done and status.state != "running":
             if progress:
-                print(f"\r[{time.monotonic() - start:5.1f}s] {status.state}" + " " * 20, file=sys.stderr, flush=True)
+                print(
+                    f"\r[{time.monotonic() - start:5.1f}s] {status.state}" + " " * 20,
+                    file=sys.stderr,
+                    flush=True,
+                )
             return status
         if progress:
             note = f"[{time.monotonic() - start:5.1f}s] {status.state}…"
@@ -274,9 +296,15 @@ def _view(db: Path, session_id: str, status: Any | None) -> Any:
 
 
 def _print_view(view: Any) -> None:
-    print(f"session {view.session_id}  state={view.state}" + (f"  park={view.park_reason}" if view.park_reason else ""))
+    print(
+        f"session {view.session_id}  state={view.state}"
+        + (f"  park={view.park_reason}" if view.park_reason else "")
+    )
     for t in view.turns:
-        print(f"  turn {t.turn_id}  run {t.run_id}  {t.status}" + (f" ({t.park_reason})" if t.park_reason else ""))
+        print(
+            f"  turn {t.turn_id}  run {t.run_id}  {t.status}"
+            + (f" ({t.park_reason})" if t.park_reason else "")
+        )
     for o in view.operations:
         print(f"  op {o.operation_id}  {o.tool_name:<10} {o.status:<26} {o.reason}")
 
@@ -321,8 +349,13 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 async def _after_send(client: Any, args: argparse.Namespace, session_id: str, accepted: Any) -> int:
     if not args.wait:
-        out = {"ok": True, "sessionId": session_id, "turnId": accepted.turn_id, "runId": accepted.run_id,
-               "invocationId": accepted.invocation_id}
+        out = {
+            "ok": True,
+            "sessionId": session_id,
+            "turnId": accepted.turn_id,
+            "runId": accepted.run_id,
+            "invocationId": accepted.invocation_id,
+        }
         if args.json:
             _emit(out)
         else:
@@ -346,6 +379,9 @@ def cmd_send(args: argparse.Namespace) -> int:
             accepted = await send_message(client, args.session, args.message)
         except Exception as exc:
             code, message = await _update_error(exc)
+            # A failed update leaves a core RPC callback in flight for a moment; exiting the
+            # interpreter under it can crash the process at finalization (seen as SIGSEGV/SIGABRT).
+            await asyncio.sleep(0.2)
             return _fail(code, message, args.json, sessionId=args.session)
         return await _after_send(client, args, args.session, accepted)
 
@@ -361,7 +397,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             client = await asyncio.wait_for(connect(args.address, args.namespace), 3)
             status = await asyncio.wait_for(query_status(client, args.session), 5)
         except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
-            print(f"maka: workflow not reachable ({type(exc).__name__}); state from the ledger", file=sys.stderr)
+            print(
+                f"maka: workflow not reachable ({type(exc).__name__}); state from the ledger", file=sys.stderr
+            )
         view = _view(_db(args), args.session, status)
         if status is None and view.event_count == 0 and not view.turns:
             return _fail("session_not_found", f"no session {args.session}", args.json)
@@ -425,8 +463,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             from workers.client import target_address
 
             port = int(target_address(address).rsplit(":", 1)[1])
-            print(f"maka demo: no Temporal server at {target_address(address)}; starting the embedded dev server",
-                  file=sys.stderr, flush=True)
+            print(
+                f"maka demo: no Temporal server at {target_address(address)}; "
+                "starting the embedded dev server",
+                file=sys.stderr,
+                flush=True,
+            )
             server = devserver.start(
                 port=port if not devserver._port_open(port) else None,
                 ui=False,
@@ -464,12 +506,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         config = (workspace / "config.json").read_text()
         ok = status.state == "idle" and '"port": 4000' in config and all(o.status == "completed" for o in ops)
         if args.json:
-            _emit({"ok": ok, "sessionId": session_id, "state": status.state, "seconds": round(time.monotonic() - t0, 2),
-                   "operations": [o.to_json() for o in ops], "config": json.loads(config)})
+            _emit(
+                {
+                    "ok": ok,
+                    "sessionId": session_id,
+                    "state": status.state,
+                    "seconds": round(time.monotonic() - t0, 2),
+                    "operations": [o.to_json() for o in ops],
+                    "config": json.loads(config),
+                }
+            )
             return 0 if ok else 1
         print(f"\nSession {session_id}  ({status.state}, {time.monotonic() - t0:.1f}s)\n")
         print("\n".join(transcript_lines(events)))
-        print("\nTool calls and their ledger facts (T1 = dispatch before the effect, T2 = outcome before the model sees it):")
+        print(
+            "\nTool calls and their ledger facts "
+            "(T1 = dispatch before the effect, T2 = outcome before the model sees it):"
+        )
         for o in ops:
             print(f"  {o.tool_name:<10} op {o.operation_id}")
             print(f"      T1 dispatch  {o.dispatch_event_id}  canonicalArgsHash {o.canonical_args_hash}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 #: Activity type names (persisted in histories; pinned by a test).
 BEGIN_RUN: Final = "maka.begin_run"
@@ -50,6 +50,12 @@ class Contract(BaseModel):
     history must not fail on a field it does not know)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
+
+    @model_serializer(mode="wrap")
+    def _drop_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Absent beats null in history: every byte here is paid once per event, forever.
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class RunIds(Contract):
@@ -161,18 +167,21 @@ class CallRef(Contract):
     operation_id: str
     tool_name: str
     #: A read-only tool (replay_safe, no mutation) may be retried by Temporal; others never.
-    read_only: bool = False
+    read_only: bool | None = None
 
 
 class ModelStepResult(Contract):
     step_id: str
     calls: list[CallRef] = []
     final: bool
-    replayed: bool = False
+    replayed: bool | None = None
 
 
 class ToolInput(Contract):
-    ids: RunIds
+    """The turn and invocation ids come from the ledger (less history per call)."""
+
+    session_id: str
+    run_id: str
     call: CallRef
     workspace: str
     workspace_identity: str
@@ -183,14 +192,15 @@ class ToolOutcome(Contract):
 
     operation_id: str
     status: Literal["completed", "refused"]
-    is_error: bool = False
+    is_error: bool | None = None
     dispatch_event_id: str | None = None
     response_event_id: str | None = None
-    replayed: bool = False
+    replayed: bool | None = None
 
 
 class RecoverInput(Contract):
-    ids: RunIds
+    session_id: str
+    run_id: str
     call: CallRef
     workspace: str
     workspace_identity: str

@@ -63,7 +63,9 @@ STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
 PARK_REASON_KEY = SearchAttributeKey.for_keyword(SA_PARK_REASON)
 
 #: Ledger-only activities (begin/finish run): idempotent by deterministic event ids, so retry freely.
-LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
+)
 #: Model steps: bounded; the provider client's own retries are off, so this is the only retry layer.
 MODEL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=5
@@ -178,7 +180,9 @@ class SessionWorkflow:
 
     def _should_continue(self) -> bool:
         limit = self._inp.continue_as_new_after_turns
-        return (limit is not None and self._turns_here >= limit) or workflow.info().is_continue_as_new_suggested()
+        return (
+            limit is not None and self._turns_here >= limit
+        ) or workflow.info().is_continue_as_new_suggested()
 
     async def _continue_as_new(self, in_flight: InFlightTurn | None) -> None:
         # From run() only, once every handler has finished: an update accepted now would otherwise
@@ -198,7 +202,9 @@ class SessionWorkflow:
         )
         workflow.continue_as_new(carried)
 
-    async def _run_turn(self, ids: RunIds, text: str | None, step: int, settings: ToolSettings | None) -> None:
+    async def _run_turn(
+        self, ids: RunIds, text: str | None, step: int, settings: ToolSettings | None
+    ) -> None:
         self._current = ids
         self._pending = None
         if text is not None:
@@ -285,7 +291,11 @@ class SessionWorkflow:
 
     async def _tool(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> ToolOutcome | RecoverResult:
         tool_input = ToolInput(
-            ids=ids, call=call, workspace=self._inp.workspace, workspace_identity=self._inp.workspace_identity
+            session_id=ids.session_id,
+            run_id=ids.run_id,
+            call=call,
+            workspace=self._inp.workspace,
+            workspace_identity=self._inp.workspace_identity,
         )
         for _ in range(MAX_DISPATCHES):
             try:
@@ -313,7 +323,8 @@ class SessionWorkflow:
             return await workflow.execute_activity(
                 RECOVER_OPERATION,
                 RecoverInput(
-                    ids=ids,
+                    session_id=ids.session_id,
+                    run_id=ids.run_id,
                     call=call,
                     workspace=self._inp.workspace,
                     workspace_identity=self._inp.workspace_identity,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
 from maka_core import failpoints
 from maka_core.codec import canonical_args_hash
 from maka_core.events import RecoveryMode
+from maka_core.tools import effect_journal
 from maka_core.tools.base import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_RESULT_BYTE_LIMIT,
@@ -327,6 +328,7 @@ class _WriteTool(_FileTool):
             atomic_write(plan.path, plan.after)
         except OSError as exc:
             raise ToolRefusal("tool_io_failed", f"cannot write: {exc.strerror}", path=plan.target) from None
+        effect_journal.record(self.name, plan.path, plan.after)  # drills only (MAKA_EFFECT_LOG)
         failpoints.hit("P4", tag=self.name)
         return enforce_result_limit(
             self.result_for(plan.target, FileIdentity.of(plan.after)), self.result_byte_limit

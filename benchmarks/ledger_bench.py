@@ -1,0 +1,133 @@
+"""Ledger benchmarks: T1/T2 commit latency against a bare SQLite insert+commit, and Resolver +
+Phase 0 plan time over 1k, 10k and 100k events.
+
+Run: ``.venv/bin/python benchmarks/ledger_bench.py [--ops 300] [--dir DIR]``. Prints markdown.
+The bare baseline uses the same pragmas (WAL, synchronous=FULL) on the same directory, so the ratio
+is the store's overhead over one durable commit. T1 and T2 are each checked to be ONE commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import event as sa_event
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from maka_core.events import RuntimeEvent  # noqa: E402
+from maka_core.resolver import resolve  # noqa: E402
+from maka_core.resume_plan import plan_resume  # noqa: E402
+from maka_core.store import LedgerStore  # noqa: E402
+from tests.children.scenario import call, dispatch, response, user  # noqa: E402
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def bare_commits(db: Path, n: int) -> list[float]:
+    conn = sqlite3.connect(db, isolation_level=None)
+    for pragma in ("busy_timeout=5000", "journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON"):
+        conn.execute(f"PRAGMA {pragma}")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+    payload = "x" * 600  # about one canonical event
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (payload) VALUES (?)", (payload,))
+        conn.execute("COMMIT")
+        out.append(time.perf_counter() - start)
+    conn.close()
+    return out
+
+
+def store_commits(db: Path, n: int) -> tuple[list[float], list[float], int]:
+    store = LedgerStore.open(db)
+    store.append([user()])
+    commits = [0]
+
+    @sa_event.listens_for(store.engine, "commit")
+    def _count(_conn: object) -> None:
+        commits[0] += 1
+
+    t1, t2 = [], []
+    for k in range(n):
+        op, cid = f"op-{k}", f"call-{k}"
+        start = time.perf_counter()
+        store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid), evidence={"path": "a.txt"})
+        t1.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        store.commit_tool_outcome(response(op, cid))
+        t2.append(time.perf_counter() - start)
+    store.close()
+    return t1, t2, commits[0]
+
+
+def session_events(n: int) -> list[RuntimeEvent]:
+    events = [user()]
+    k = 0
+    while len(events) < n:
+        op, cid = f"op-{k}", f"call-{k}"
+        events += [call(op, cid), dispatch(op, cid), response(op, cid)]
+        k += 1
+    return events[:n]
+
+
+def timed(fn: Callable[[], object], repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=300)
+    parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to measure")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="maka-bench-", dir=args.dir))
+
+    bare = bare_commits(base / "bare.sqlite", args.ops)
+    t1, t2, commits = store_commits(base / "ledger.sqlite", args.ops)
+    b50, b99 = pct(bare, 0.5) * 1000, pct(bare, 0.99) * 1000
+    print(f"## Commit latency ({args.ops} ops, {base})\n")
+    print("| write | p50 ms | p99 ms | p50 ratio vs bare | commits per write |")
+    print("|---|---|---|---|---|")
+    print(f"| bare SQLite insert+commit | {b50:.3f} | {b99:.3f} | 1.00 | 1 |")
+    per_write = commits / (2 * args.ops)
+    for name, samples in (("T1 commit_tool_prepared (call+dispatch)", t1), ("T2 commit_tool_outcome", t2)):
+        p50, p99 = pct(samples, 0.5) * 1000, pct(samples, 0.99) * 1000
+        print(f"| {name} | {p50:.3f} | {p99:.3f} | {p50 / b50:.2f} | {per_write:g} |")
+
+    print("\n## Resolver + Phase 0 plan\n")
+    print("| events | resolve ms | plan_resume ms | total ms | µs per event |")
+    print("|---|---|---|---|---|")
+    per_event = []
+    for n in (1_000, 10_000, 100_000):
+        events = session_events(n)
+        r = timed(lambda events=events: resolve(events)) * 1000
+        p = timed(lambda events=events: plan_resume(events)) * 1000
+        per_event.append((r + p) * 1000 / n)
+        print(f"| {n:,} | {r:.1f} | {p:.1f} | {r + p:.1f} | {per_event[-1]:.2f} |")
+    growth = per_event[-1] / per_event[0]
+    print(f"\nper-event cost 100k vs 1k: {growth:.2f}x (1.0 = linear)")
+    print(
+        f"commits counted: {commits} for {2 * args.ops} writes; median bare {statistics.median(bare) * 1000:.3f} ms"
+    )
+    return 0 if per_write == 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

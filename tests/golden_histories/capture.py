@@ -1,0 +1,130 @@
+"""Regenerate the golden histories from a real dev server: ``python tests/golden_histories/capture.py``.
+
+Each scenario runs the real session workflow and worker (the last one kills a real worker process at
+a failpoint, so the recovery path is in a history too) and writes the workflow's history as JSON.
+``tests/test_replay.py`` replays them with ``temporalio.worker.Replayer`` in CI: a workflow change
+that is not replay-compatible (without ``workflow.patched``) fails a test, not a production worker.
+Regenerate only for a deliberate, versioned change, and keep the old files that still matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from tests.temporal_support import (  # noqa: E402
+    WorkerProcess,
+    in_process_worker,
+    send_message,
+    start,
+    tool_step,
+    wait_turn,
+    write_script,
+)
+from workers import devserver  # noqa: E402
+from workers.client import connect  # noqa: E402
+from workflows.contracts import workflow_id_for  # noqa: E402
+
+
+async def _save(client: Any, session_id: str, name: str, *, all_runs: bool = False) -> list[Path]:
+    handle = client.get_workflow_handle(workflow_id_for(session_id))
+    written = []
+    if all_runs:
+        desc = await handle.describe()
+        run_id: str | None = desc.raw_description.workflow_execution_info.first_run_id
+        index = 0
+        while run_id:
+            history = await client.get_workflow_handle(
+                workflow_id_for(session_id), run_id=run_id
+            ).fetch_history()
+            path = HERE / f"{name}-{index}.json"
+            path.write_text(history.to_json())
+            written.append(path)
+            nxt = None
+            for event in history.events:
+                attrs = event.workflow_execution_continued_as_new_event_attributes
+                if event.HasField("workflow_execution_continued_as_new_event_attributes"):
+                    nxt = attrs.new_execution_run_id
+            run_id, index = nxt, index + 1
+        return written
+    history = await handle.fetch_history()
+    path = HERE / f"{name}.json"
+    path.write_text(history.to_json())
+    return [path]
+
+
+async def main() -> None:
+    server = devserver.start(ui=False)
+    tmp = Path(tempfile.mkdtemp(prefix="maka-golden-"))
+    try:
+        client = await connect(server.address)
+        db = tmp / "ledger.sqlite"
+        ws = tmp / "ws"
+        ws.mkdir()
+        queue = "golden"
+        every_tool = write_script(
+            tmp / "every.json",
+            [
+                tool_step(("write_file", {"path": "a.txt", "content": "alpha\n"}), text="writing"),
+                tool_step(("read_file", {"path": "a.txt"}), ("list_dir", {"path": "."})),
+                tool_step(("edit_file", {"path": "a.txt", "old_text": "alpha", "new_text": "beta"})),
+                tool_step(("bash", {"command": "cat a.txt"})),
+                tool_step(("read_file", {"path": "../outside.txt"})),  # refused before T1
+                {"text": "first turn done"},
+                {"text": "second turn: nothing to do"},
+            ],
+        )
+        async with in_process_worker(client, db, queue):
+            sid, first = await start(client, ws, every_tool, queue, "do it")
+            await wait_turn(client, sid, first.run_id)
+            second = await send_message(client, sid, "anything else?")
+            await wait_turn(client, sid, second.run_id)
+            written = await _save(client, sid, "two_turns_every_tool")
+
+            can_script = write_script(tmp / "can.json", [{"text": f"turn {i}"} for i in range(3)])
+            sid, acc = await start(client, ws, can_script, queue, "t0", continue_as_new_after=1)
+            await wait_turn(client, sid, acc.run_id)
+            for i in (1, 2):
+                while True:
+                    try:
+                        acc = await send_message(client, sid, f"t{i}")
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.05)
+                await wait_turn(client, sid, acc.run_id)
+            written += await _save(client, sid, "continue_as_new", all_runs=True)
+
+            model_activity = write_script(
+                tmp / "ma.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}]
+            )
+            sid, acc = await start(client, ws, model_activity, queue, "go", model_step_mode="activity")
+            await wait_turn(client, sid, acc.run_id)
+            written += await _save(client, sid, "model_step_as_activity")
+
+        park_script = write_script(
+            tmp / "park.json", [tool_step(("bash", {"command": "echo x >> log.txt"})), {"text": "ok"}]
+        )
+        with WorkerProcess(server, db, queue, home=tmp, failpoint="P4", failpoint_tag="bash") as doomed:
+            doomed.wait_ready()
+            sid, acc = await start(client, ws, park_script, queue, "go")
+            await doomed.wait_exit()
+        with WorkerProcess(server, db, queue, home=tmp) as worker:
+            worker.wait_ready()
+            await wait_turn(client, sid, acc.run_id)
+            written += await _save(client, sid, "crash_recover_park")
+        for path in written:
+            print(f"wrote {path.relative_to(HERE.parents[1])} ({path.stat().st_size} bytes)")
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

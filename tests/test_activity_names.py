@@ -1,0 +1,50 @@
+"""Activity, workflow, update and query names are persisted in histories: pin the exact strings.
+
+Renaming one breaks every open session on deploy (and a renamed activity type is not always caught
+by replay), so a change here must be deliberate: add a new name beside the old one, never rename.
+"""
+
+from __future__ import annotations
+
+from temporalio.activity import _Definition as ActivityDefinition
+from temporalio.workflow import _Definition as WorkflowDefinition
+
+from activities import MakaActivities
+from workflows import contracts
+from workflows.session import SessionWorkflow
+
+
+def test_activity_names_are_pinned() -> None:
+    assert contracts.ACTIVITY_NAMES == (
+        "maka.begin_run",
+        "maka.model_step",
+        "maka.execute_tool",
+        "maka.recover_operation",
+        "maka.finish_run",
+    )
+
+
+def test_registered_activities_use_the_pinned_names() -> None:
+    names = []
+    for fn in (
+        MakaActivities.begin_run,
+        MakaActivities.model_step,
+        MakaActivities.execute_tool,
+        MakaActivities.recover_operation,
+        MakaActivities.finish_run,
+    ):
+        definition = ActivityDefinition.from_callable(fn)
+        assert definition is not None
+        names.append(definition.name)
+    assert tuple(names) == contracts.ACTIVITY_NAMES
+
+
+def test_workflow_update_and_query_names_are_pinned() -> None:
+    definition = WorkflowDefinition.from_class(SessionWorkflow)
+    assert definition is not None
+    assert definition.name == "maka.session" == contracts.SESSION_WORKFLOW
+    assert set(definition.updates) == {"send_message"}
+    assert set(definition.queries) == {"status"}
+    assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
+    assert contracts.workflow_id_for("abc") == "maka-session-abc"
+    assert contracts.DISPATCH_WITHOUT_OUTCOME == "DispatchWithoutOutcome"

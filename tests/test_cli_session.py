@@ -1,0 +1,149 @@
+"""The ``maka`` session commands, ``maka dev`` and ``maka demo`` as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
+from workers.devserver import free_port
+
+pytestmark = pytest.mark.temporal
+
+
+def maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _env(home: Path, address: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"MAKA_HOME": str(home), "TEMPORAL_ADDRESS": address, "MAKA_TASK_QUEUE": f"cli-{home.name}"})
+    return env
+
+
+CONTRACT_KEYS = {"sessionId", "workflowId", "state", "parkReason", "turns", "operations"}
+
+
+def test_session_start_send_status_show(temporal_server: Any, tmp_path: Path, ws_dir: Path) -> None:
+    home = tmp_path / "home"
+    env = _env(home, temporal_server.address)
+    script = write_script(
+        tmp_path / "s.json",
+        [tool_step(("write_file", {"path": "f.txt", "content": "hi\n"})), {"text": "one"}, {"text": "two"}],
+    )
+    with WorkerProcess(temporal_server, home / "ledger.sqlite", env["MAKA_TASK_QUEUE"], home=home) as worker:
+        worker.wait_ready()
+        started = maka(
+            "session",
+            "start",
+            "--workspace",
+            str(ws_dir),
+            "--script",
+            str(script),
+            "--wait",
+            "--json",
+            "write it",
+            env=env,
+        )
+        assert started.returncode == 0, started.stderr
+        status = json.loads(started.stdout)
+        assert set(status) >= CONTRACT_KEYS
+        assert status["state"] == "idle" and status["parkReason"] is None
+        assert status["workflowId"] == f"maka-session-{status['sessionId']}"
+        assert [t["status"] for t in status["turns"]] == ["completed"]
+        (op,) = status["operations"]
+        assert (
+            op["toolName"] == "write_file"
+            and op["status"] == "completed"
+            and op["operationId"].startswith("op-")
+        )
+        assert {"turnId", "runId", "status"} <= set(status["turns"][0])
+        session = status["sessionId"]
+
+        sent = maka("session", "send", session, "more", "--wait", "--json", env=env)
+        assert sent.returncode == 0, sent.stderr
+        assert [t["status"] for t in json.loads(sent.stdout)["turns"]] == ["completed", "completed"]
+
+        shown = maka("session", "status", session, "--json", env=env)
+        assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "idle"
+
+        unknown = maka("session", "send", "sess-nope", "hello", "--json", env=env)
+        assert unknown.returncode == 2 and json.loads(unknown.stdout)["ok"] is False
+
+    transcript = maka("session", "show", session, env=env)
+    assert transcript.returncode == 0
+    assert "user: write it" in transcript.stdout and "model -> write_file" in transcript.stdout
+    assert "[T1] write_file dispatched" in transcript.stdout and "model: two" in transcript.stdout
+    # With the server unreachable, status still answers from the ledger.
+    offline = maka("session", "status", session, "--json", env=_env(home, f"127.0.0.1:{free_port()}"))
+    assert offline.returncode == 0 and json.loads(offline.stdout)["state"] == "idle"
+
+
+def test_demo_on_a_fresh_machine_starts_its_own_server(tmp_path: Path) -> None:
+    home = tmp_path / "fresh-home"
+    env = _env(home, f"127.0.0.1:{free_port()}")  # nothing listens there
+    began = time.monotonic()
+    demo = maka("demo", env=env, timeout=120)
+    elapsed = time.monotonic() - began
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "starting the embedded dev server" in demo.stderr
+    for tool in ("read_file", "edit_file", "bash"):
+        assert f"[T1] {tool} dispatched" in demo.stdout
+    assert demo.stdout.count("T1 dispatch") == 3 and demo.stdout.count("canonicalArgsHash sha256:") == 3
+    assert '"port": 4000' in (home / "demo-workspace" / "config.json").read_text()
+    assert elapsed < 60, f"demo took {elapsed:.1f}s"
+
+
+def test_maka_dev_serves_and_runs_a_worker(tmp_path: Path, ws_dir: Path) -> None:
+    home = tmp_path / "dev-home"
+    port = free_port()
+    env = _env(home, f"127.0.0.1:{port}")
+    log = tmp_path / "dev.log"
+    with open(log, "w") as fh:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "dev", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while b"polling task queue" not in log.read_bytes():
+            assert dev.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert "Temporal UI:" in log.read_text()
+        script = write_script(tmp_path / "s.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}])
+        started = maka(
+            "session",
+            "start",
+            "--workspace",
+            str(ws_dir),
+            "--script",
+            str(script),
+            "--wait",
+            "--json",
+            "look",
+            env=env,
+        )
+        assert started.returncode == 0, started.stderr
+        assert json.loads(started.stdout)["state"] == "idle"
+    finally:
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(30) == 0, log.read_text()
+    assert (home / "temporal.db").exists()  # persistent server state under MAKA_HOME

@@ -1,0 +1,252 @@
+"""The kill matrix: every crash boundary of a scripted turn x each tool, on a real dev server.
+
+The turn (``fixtures/drill_script.json``) calls ``write_file``, then ``edit_file``, then ``bash``
+(appending a line to ``effects.log``). Each cell SIGKILLs a real ``maka worker`` at one failpoint
+(``MAKA_FAILPOINT_TAG`` picks the tool; ``MAKA_FAILPOINT_SKIP`` picks the k-th model step or store
+transition for points that carry no tool tag), restarts a clean worker, waits for the session to
+settle and checks the seed's crash table ("Crash position determines the conclusion"):
+
+- before T1 (P0, P1, a T1 transaction torn before COMMIT): the tool runs once after restart;
+- T1 without T2, before the effect (P2, P3): a file tool finds the prior state and parks
+  (``reconcile_matches_prior_state``); ``bash`` parks (``dispatch_without_response``);
+- T1 without T2, after the effect (P4, a T2 transaction torn before COMMIT): a file tool finds the
+  expected state and is finalized by a recovery bundle, with no second write; ``bash`` parks;
+- after T2 (P5, P6, P7) and at the turn's end (P8, P9): completed, nothing re-runs;
+- a second kill inside recovery (P10, a recovery bundle torn before COMMIT): the next worker
+  settles the operation the same way.
+
+Every cell also checks: each side effect happened at most once (effect journal and log lines), one
+terminal fact per run, no corrupt operation, and ``maka ledger verify`` clean through the real CLI.
+The negative control runs the after-effect cells with the Resolver guard disabled
+(``MAKA_TEST_DISABLE_RESOLVER_GUARD=1``: naive Temporal retry) and must see duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core import failpoints
+from maka_core.tools import default_tools
+from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
+from maka_core.workspace import Workspace
+from tests.drills import (
+    NOTES_AFTER_TURN,
+    TOOLS,
+    Cell,
+    CellResult,
+    Expect,
+    Kill,
+    check,
+    file_effects,
+    format_table,
+    run_cells,
+)
+
+drill = pytest.mark.usefixtures()  # placeholder replaced below
+
+W, E, B = TOOLS
+#: Cells run concurrently, each with its own ledger, workspace, task queue and workers.
+PARALLEL = int(os.environ.get("MAKA_DRILL_PARALLEL", "6"))
+#: What notes.txt holds when the turn stops before tool i has written.
+_NOTES_BEFORE = {W: None, E: "status: draft\n", B: NOTES_AFTER_TURN}
+
+
+def _ran_before(tool: str) -> tuple[str, ...]:
+    return TOOLS[: TOOLS.index(tool)]
+
+
+def runs_once() -> Expect:
+    """Before T1, after T2 or at the turn's end: every tool completed, each effect exactly once."""
+    return Expect(
+        state="idle",
+        reason=None,
+        ops={t: ("completed", "matching_response") for t in TOOLS},
+        effects=dict.fromkeys(TOOLS, 1),
+        notes=NOTES_AFTER_TURN,
+    )
+
+
+def t1_before_effect(tool: str) -> Expect:
+    """T1 committed, the effect never happened: park (a file in its prior state, or bash unknown)."""
+    ops: dict[str, tuple[str, str | None]] = {
+        t: ("completed", "matching_response") for t in _ran_before(tool)
+    }
+    if tool == B:
+        reason = "dispatch_without_response"
+        ops[tool] = ("indeterminate", reason)
+    else:
+        reason = "reconcile_matches_prior_state"
+        ops[tool] = ("parked", reason)
+    effects = {t: int(t in _ran_before(tool)) for t in TOOLS}
+    return Expect(state="parked", reason=reason, ops=ops, effects=effects, notes=_NOTES_BEFORE[tool])
+
+
+def t1_after_effect(tool: str) -> Expect:
+    """T1 committed and the effect happened once: a file tool is finalized; bash parks."""
+    ops: dict[str, tuple[str, str | None]] = {
+        t: ("completed", "matching_response") for t in _ran_before(tool)
+    }
+    if tool == B:
+        ops[tool] = ("indeterminate", "dispatch_without_response")
+        return Expect("parked", "dispatch_without_response", ops, dict.fromkeys(TOOLS, 1), NOTES_AFTER_TURN)
+    ops[tool] = ("completed", "recovery_bundle_completed")
+    ops.update({t: ("completed", "matching_response") for t in TOOLS[TOOLS.index(tool) + 1 :]})
+    return Expect("idle", None, ops, dict.fromkeys(TOOLS, 1), NOTES_AFTER_TURN)
+
+
+def matrix() -> list[Cell]:
+    """Every failpoint that occurs in the turn x each tool it can hit. Slow cells first: a kill inside
+    a ledger activity (finish_run, recover_operation) is detected by its start-to-close or heartbeat
+    timeout, not the tool's 2 s heartbeat."""
+    slow: list[Cell] = [
+        Cell("P8 turn end", (Kill("P8"),), runs_once()),
+        Cell("P9 turn end", (Kill("P9"),), runs_once()),
+    ]
+    for tool in (W, E):
+        slow.append(
+            Cell(f"P4>P10 {tool}", (Kill("P4", tool), Kill("P10", tool)), t1_after_effect(tool), tool)
+        )
+        slow.append(
+            Cell(f"P3>P10 {tool}", (Kill("P3", tool), Kill("P10", tool)), t1_before_effect(tool), tool)
+        )
+    bundle = "recovery_bundle"
+    slow.append(
+        Cell(
+            f"P4>bundle torn {W}",
+            (Kill("P4", W), Kill("after_recovery_decision", bundle)),
+            t1_after_effect(W),
+            W,
+        )
+    )
+    slow.append(
+        Cell(
+            f"P3>bundle torn {E}",
+            (Kill("P3", E), Kill("after_recovery_reconcile", bundle)),
+            t1_before_effect(E),
+            E,
+        )
+    )
+    fast: list[Cell] = []
+    for i, tool in enumerate(TOOLS):
+        fast += [
+            Cell(f"P0 {tool}", (Kill("P0", skip=i),), runs_once(), tool),
+            Cell(f"P1 {tool}", (Kill("P1", skip=i),), runs_once(), tool),
+            Cell(
+                f"T1 torn {tool}", (Kill("after_journal_event_insert", "t1_prepare", i),), runs_once(), tool
+            ),
+            Cell(f"P2 {tool}", (Kill("P2", tool),), t1_before_effect(tool), tool),
+            Cell(f"P3 {tool}", (Kill("P3", tool),), t1_before_effect(tool), tool),
+            Cell(f"P4 {tool}", (Kill("P4", tool),), t1_after_effect(tool), tool),
+            Cell(
+                f"T2 torn {tool}",
+                (Kill("after_journal_event_insert", "t2_outcome", i),),
+                t1_after_effect(tool),
+                tool,
+            ),
+            Cell(f"P5 {tool}", (Kill("P5", tool),), runs_once(), tool),
+            Cell(f"P6 {tool}", (Kill("P6", tool),), runs_once(), tool),
+            Cell(f"P7 after {tool}", (Kill("P7", skip=i),), runs_once(), tool),
+        ]
+    return slow + fast
+
+
+#: Points of the Phase 0 catalog that occur inside a session's turn (P11, continuation-run creation,
+#: belongs to ``maka resume``).
+TURN_POINTS = frozenset(failpoints.PHASE0) - {"P11"}
+
+
+def _coverage(cells: list[Cell]) -> str:
+    killed = {k.failpoint for c in cells for k in c.kills}
+    phase0 = sorted(killed & TURN_POINTS, key=lambda p: int(p[1:]))
+    store = sorted(killed & set(failpoints.STORE))
+    return (
+        f"Phase 0 points killed: {len(phase0)} of {len(TURN_POINTS)} that occur in a turn ({', '.join(phase0)}); "
+        f"store points: {len(store)} of {len(failpoints.STORE)} ({', '.join(store)})"
+    )
+
+
+def _selected(cells: list[Cell]) -> list[Cell]:
+    """``MAKA_DRILL_CELLS=P4,P10`` runs only the cells whose name contains one of the words (debugging)."""
+    words = [w for w in os.environ.get("MAKA_DRILL_CELLS", "").split(",") if w]
+    return [c for c in cells if any(w in c.name for w in words)] if words else cells
+
+
+@pytest.mark.timeout(480)
+async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any) -> None:
+    cells = _selected(matrix())
+    results = await run_cells(temporal_server, temporal_client, tmp_path, cells, parallel=PARALLEL)
+    table = format_table(results, title="Kill matrix (W/E/B = real effects of write_file/edit_file/bash)")
+    with capsys.disabled():
+        print("\n" + table + "\n" + _coverage(cells) + "\n")
+    if cells == matrix():
+        assert {k.failpoint for c in cells for k in c.kills} >= TURN_POINTS
+    assert [r.cell.name for r in results if not r.passed] == [], table
+    assert sum(r.duplicates for r in results) == 0
+    assert sum(r.kills for r in results) == sum(len(c.kills) for c in cells)
+
+
+# --- negative control ---------------------------------------------------------------------------------
+
+CONTROL_CELLS = [
+    *(Cell(f"P4 {t} guard off", (Kill("P4", t),), tool=t, guard_disabled=True) for t in TOOLS),
+    *(
+        Cell(
+            f"T2 torn {t} guard off",
+            (Kill("after_journal_event_insert", "t2_outcome", i),),
+            tool=t,
+            guard_disabled=True,
+        )
+        for i, t in enumerate(TOOLS)
+    ),
+]
+
+
+async def test_negative_control_without_the_resolver_guard_the_matrix_sees_duplicates(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    results = await run_cells(temporal_server, temporal_client, tmp_path, CONTROL_CELLS, parallel=PARALLEL)
+    table = format_table(results, title="Negative control: Resolver guard disabled (naive Temporal retry)")
+    with capsys.disabled():
+        print("\n" + table + "\n")
+    assert [r.error for r in results if r.error] == []
+    for result in results:
+        tool = result.cell.tool
+        assert tool is not None
+        _sees_the_duplicate(result, tool)
+
+
+def _sees_the_duplicate(result: CellResult, tool: str) -> None:
+    # The tool at the kill point ran twice, and the matrix's own checker flags exactly that.
+    assert result.effects[tool] == 2, (result.cell.name, result.effects)
+    assert result.duplicates >= 1
+    assert any("duplicate side effect" in p for p in check(t1_after_effect(tool), result)), result.cell.name
+    if tool == E:  # the re-applicable edit shows in the content too
+        assert result.notes == "status: draft, reviewed, reviewed\n"
+
+
+# --- the effect journal itself (no Temporal) --------------------------------------------------------------
+
+
+def test_effect_journal_counts_identical_writes_and_is_off_when_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = Workspace.open(tmp_path / "ws", create=True)
+    tools = default_tools()
+    journal = tmp_path / "effects.jsonl"
+    write = {"path": "a.txt", "content": "same\n"}
+    monkeypatch.delenv(EFFECT_LOG_ENV, raising=False)
+    assert not tools[W].run(write, ws, lambda: None).is_error
+    assert not journal.exists()
+    monkeypatch.setenv(EFFECT_LOG_ENV, str(journal))
+    for _ in range(2):  # identical bytes: invisible in the file, visible in the journal
+        assert not tools[W].run(write, ws, lambda: None).is_error
+    edit = {"path": "a.txt", "old_text": "same", "new_text": "changed"}
+    assert not tools[E].run(edit, ws, lambda: None).is_error
+    refused = tools[E].run(edit, ws, lambda: None)  # no write, no line
+    assert refused.is_error
+    target = str(ws.resolve("a.txt"))
+    assert file_effects(journal) == {(W, target): 2, (E, target): 1}

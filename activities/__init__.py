@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,13 +125,54 @@ class MakaActivities:
         self._workspaces: dict[str, Any] = {}
         self._providers: dict[str, Any] = {}
         self._tool_specs: list[dict[str, Any]] | None = None
+        #: Seconds spent per phase (ledger guard, T1, T2, whole tool activity): benchmark figures.
+        self.timings: dict[str, float] = {
+            "guard": 0.0,
+            "t1": 0.0,
+            "t2": 0.0,
+            "tool_activity": 0.0,
+            "calls": 0.0,
+        }
 
     # --- shared services ------------------------------------------------------------------
 
-    async def ledger(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one ledger call on the ledger thread."""
+    async def ledger(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        _phase: str | None = None,
+        _heartbeat: bool = False,
+        **kwargs: Any,
+    ) -> T:
+        """Run one ledger call on the ledger thread.
+
+        ``_phase`` times it into ``timings``. ``_heartbeat`` keeps a heartbeating activity alive while
+        it waits (a busy ledger must never look like a dead worker: that would send the workflow to
+        recovery while this attempt can still act).
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._ledger_thread, lambda: fn(*args, **kwargs))
+
+        def call() -> T:
+            began = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if _phase is not None:
+                    self.timings[_phase] += time.perf_counter() - began
+
+        future = loop.run_in_executor(self._ledger_thread, call)
+        if not _heartbeat:
+            return await future
+        interval = self.heartbeat_interval()
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=interval)
+            if done:
+                return future.result()
+            activity.heartbeat()
+
+    def heartbeat_interval(self) -> float:
+        """How often heartbeating activities heartbeat: a few times per heartbeat timeout."""
+        return max(0.2, min(1.0, self.settings.tool_heartbeat_timeout_s / 4))
 
     def workspace(self, path: str) -> Any:
         """The opened workspace at ``path`` (cached; ``create=False``: the CLI marks it first)."""
@@ -188,7 +230,12 @@ class MakaActivities:
     async def execute_tool(self, inp: ToolInput) -> ToolOutcome:
         from activities import tools
 
-        return await _guard(tools.execute_tool(self, inp))
+        began = time.perf_counter()
+        try:
+            return await _guard(tools.execute_tool(self, inp))
+        finally:
+            self.timings["tool_activity"] += time.perf_counter() - began
+            self.timings["calls"] += 1
 
     @activity.defn(name=RECOVER_OPERATION)
     async def recover_operation(self, inp: RecoverInput) -> RecoverResult:

@@ -13,7 +13,6 @@ Temporal only knows the attempt ended badly; the ledger knows where it stopped:
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from activities import facts
@@ -75,10 +74,9 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
     if tool.recovery_mode != "reconcile":
         return RecoverResult(operation_id=op_id, status="parked", reason="dispatch_without_response")
 
-    evidence_json = await host.ledger(host.store.evidence, op_id)
+    evidence_json = await host.ledger(host.store.evidence, op_id, _heartbeat=True)
     evidence = _load_evidence(evidence_json)
-    loop = asyncio.get_running_loop()
-    rec = await loop.run_in_executor(host.tool_pool, lambda: tool.reconcile(args, ws, evidence))
+    rec = await run_heartbeating(host, tool.reconcile, args, ws, evidence, interval=host.heartbeat_interval())
     if rec is None:
         return RecoverResult(operation_id=op_id, status="parked", reason="dispatch_without_response")
 
@@ -119,6 +117,7 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
             decision,
             outcome,
             attempt=facts.attempt_record("recovery"),
+            _heartbeat=True,
         )
     except LedgerRejection:
         # Another recoverer settled it first (a different observation is refused: parked is
@@ -151,8 +150,9 @@ async def _reread(
 ) -> RecoverResult:
     """A read-only call with T1 and no T2: reading again is the recovery (no effect to duplicate)."""
     call = inp.call
-    interval = max(0.2, min(1.0, host.settings.tool_heartbeat_timeout_s / 4))
-    result = await run_heartbeating(host, tool.run, args, ws, lambda: None, interval=interval)
+    result = await run_heartbeating(
+        host, tool.run, args, ws, lambda: None, interval=host.heartbeat_interval()
+    )
     response = facts.response_event(
         ids,
         f"{call.operation_id}_response",
@@ -163,7 +163,9 @@ async def _reread(
         facts.now_ms(),
         call.operation_id,
     )
-    await host.ledger(host.store.commit_tool_outcome, response, attempt=facts.attempt_record("t2"))
+    await host.ledger(
+        host.store.commit_tool_outcome, response, attempt=facts.attempt_record("t2"), _heartbeat=True
+    )
     return RecoverResult(
         operation_id=call.operation_id,
         status="completed",

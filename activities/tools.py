@@ -49,7 +49,7 @@ async def resolve_call(
         facts = view.scanner.operation_for_call(ids.invocation_id, tool_call_id)
         return view.decide(ids.invocation_id, tool_call_id), (facts.call if facts else None), ids
 
-    return await host.ledger(lookup)
+    return await host.ledger(lookup, _phase="guard", _heartbeat=True)
 
 
 async def run_heartbeating(host: MakaActivities, fn: Callable[..., T], *args: Any, interval: float) -> T:
@@ -122,8 +122,8 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         )
 
     ws = host.workspace(inp.workspace)
-    evidence = await asyncio.get_running_loop().run_in_executor(
-        host.tool_pool, lambda: tool.capture_evidence(args, ws)
+    evidence = await run_heartbeating(
+        host, tool.capture_evidence, args, ws, interval=host.heartbeat_interval()
     )
     dispatch = facts.dispatch_event(
         ids, call.operation_id, call.tool_call_id, call.tool_name, args, tool.recovery_mode, facts.now_ms()
@@ -136,11 +136,14 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
             dispatch,
             evidence=None if evidence is None else evidence.to_json(),
             attempt=facts.attempt_record("t1"),
+            _phase="t1",
+            _heartbeat=True,
         )
     failpoints.hit("P2", tag=call.tool_name)
 
-    interval = max(0.2, min(1.0, host.settings.tool_heartbeat_timeout_s / 4))
-    result = await run_heartbeating(host, tool.run, args, ws, lambda: None, interval=interval)
+    result = await run_heartbeating(
+        host, tool.run, args, ws, lambda: None, interval=host.heartbeat_interval()
+    )
 
     response = facts.response_event(
         ids,
@@ -152,7 +155,13 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         facts.now_ms(),
         call.operation_id,
     )
-    await host.ledger(host.store.commit_tool_outcome, response, attempt=facts.attempt_record("t2"))
+    await host.ledger(
+        host.store.commit_tool_outcome,
+        response,
+        attempt=facts.attempt_record("t2"),
+        _phase="t2",
+        _heartbeat=True,
+    )
     failpoints.hit("P5", tag=call.tool_name)
     outcome = ToolOutcome(
         operation_id=call.operation_id,

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 def parse_jsonl(data: bytes) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:
     """Decode JSONL bytes into events, and ``{"line": n, "code": ...}`` for each bad line.
 
-    A final newline (or a trailing blank line) is not a line; any other blank line is an error.
+    The final newline and blank lines at the end are not lines; any other blank line is an error.
     """
     raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1].strip() == b"":
+    while raw_lines and raw_lines[-1].strip() == b"":
         raw_lines.pop()
     events: list[RuntimeEvent] = []
     errors: list[dict[str, Any]] = []

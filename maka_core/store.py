@@ -21,20 +21,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, RowMapping, func, select, update
+from sqlalchemy import Connection, Engine, RowMapping, select, update
 
 from maka_core import canonical_json, codec, failpoints
-from maka_core.claims import ClaimResult, ContinuationClaim
-from maka_core.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.continuation_store import ContinuationWrites
+from maka_core.engine import database_url, make_engine, run_write, sqlite_file
 from maka_core.errors import CodecError, LedgerRejection
 from maka_core.events import RuntimeEvent
 from maka_core.ledger_rows import Prefix, event_columns, row_event
 from maka_core.projections import JournalRow, OperationRow, journal_rows, operation_row
-from maka_core.runs import RunHeader, now_ms
+from maka_core.run_store import RunHeaderStore
+from maka_core.runs import now_ms
 from maka_core.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.schema import (
-    agent_runs,
-    continuation_claims,
     migrate,
     refuse_newer,
     runtime_events,
@@ -44,7 +43,7 @@ from maka_core.schema import (
     tool_journal_events,
     tool_operations,
 )
-from maka_core.store_reads import LedgerReads, _claim_row, _claim_values, _detail, _run_row
+from maka_core.store_reads import LedgerReads, _detail
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 
@@ -71,6 +70,8 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class ImportResult:
+    """How many events an import wrote, and how many were already present (exact retries)."""
+
     imported: int
     existing: int
 
@@ -107,7 +108,7 @@ def _operation_ids(event: RuntimeEvent) -> set[str]:
     return ids
 
 
-class LedgerStore(LedgerReads):
+class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
     """One ledger database (SQLite file, SQLite memory or any SQLAlchemy URL)."""
 
     def __init__(self, engine: Engine, url: str) -> None:
@@ -195,8 +196,10 @@ class LedgerStore(LedgerReads):
         *,
         evidence: Mapping[str, Any] | None = None,
         attempt: ToolAttempt | None = None,
+        synced: bool = False,
     ) -> CommitResult:
-        scanner = self._sync(conn)
+        # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
+        scanner = self._scanner if synced and self._scanner is not None else self._sync(conn)
         lines = [_canonical(e) for e in batch]
         if transition in BOUNDARY_TRANSITIONS and scanner.has_corruption:
             # Corruption anywhere stops every tool boundary, exact retries included.
@@ -364,8 +367,8 @@ class LedgerStore(LedgerReads):
         def body(conn: Connection) -> CommitResult:
             created: list[str] = []
             seq = 0
-            for event in events:
-                r = self._admit_group(conn, "generic_append", [event])
+            for i, event in enumerate(events):
+                r = self._admit_group(conn, "generic_append", [event], synced=i > 0)
                 created.extend(r.created_ids)
                 seq = max(seq, r.ledger_seq)
             return CommitResult(bool(created), tuple(e.id for e in events), seq, tuple(created))
@@ -436,159 +439,11 @@ class LedgerStore(LedgerReads):
 
         def body(conn: Connection) -> ImportResult:
             imported = 0
-            for transition, group in group_transitions(events):
-                imported += len(self._admit_group(conn, transition, group).created_ids)
+            for i, (transition, group) in enumerate(group_transitions(events)):
+                imported += len(self._admit_group(conn, transition, group, synced=i > 0).created_ids)
             return ImportResult(imported, len(events) - imported)
 
         result: ImportResult = self._write(body)
-        return result
-
-    # --- continuation ----------------------------------------------------------------------
-
-    def claim_continuation(self, claim: ContinuationClaim) -> ClaimResult:
-        """Claim a source boundary for one continuation (unique per source boundary).
-
-        Raises:
-            LedgerRejection: the source prefix no longer matches the claim (``source_high_water_changed``,
-                ``source_prefix_digest_mismatch``) or the source run has no terminal event
-                (``source_not_terminal``).
-        """
-
-        def body(conn: Connection) -> ClaimResult:
-            same = _claim_row(conn, continuation_claims.c.claim_id == claim.claim_id)
-            if same is not None:
-                status = "existing" if same.identity() == claim.identity() else "conflict"
-                return ClaimResult(status=status, claim=same)
-            c = continuation_claims.c
-            for clause in (
-                (c.source_session_id == claim.source_session_id)
-                & (c.source_run_id == claim.source_run_id)
-                & (c.source_event_high_water == claim.source_event_high_water)
-                & (c.source_prefix_digest == claim.source_prefix_digest),
-                c.boundary_digest == claim.boundary_digest,
-                c.target_run_id == claim.target_run_id,
-                c.target_invocation_id == claim.target_invocation_id,
-                (c.target_session_id == claim.target_session_id) & (c.target_turn_id == claim.target_turn_id),
-            ):
-                other = _claim_row(conn, clause)
-                if other is not None:
-                    return ClaimResult(status="conflict", claim=other)
-            source = self._prefix(conn, claim.source_session_id, claim.source_run_id)
-            if source.high_water != claim.source_event_high_water:
-                raise LedgerRejection(
-                    "source_high_water_changed",
-                    "the source run's high-water differs from the claim",
-                    highWater=source.high_water,
-                    claimHighWater=claim.source_event_high_water,
-                )
-            if source.prefix_digest != claim.source_prefix_digest:
-                raise LedgerRejection("source_prefix_digest_mismatch", "the source prefix changed")
-            if not source.events[-1].is_terminal:
-                raise LedgerRejection("source_not_terminal", "the source run has no terminal event")
-            stored = claim.model_copy(
-                update={
-                    "claimed_at": claim.claimed_at or now_ms(),
-                    "start_event_id": None,
-                    "start_kind": None,
-                }
-            )
-            conn.execute(continuation_claims.insert().values(**_claim_values(stored)))
-            failpoints.hit("after_continuation_claim_insert")
-            return ClaimResult(status="acquired", claim=stored)
-
-        result: ClaimResult = self._write(body)
-        return result
-
-    def continuation_claim(self, claim_id: str) -> ContinuationClaim | None:
-        with read_tx(self.engine) as conn:
-            return _claim_row(conn, continuation_claims.c.claim_id == claim_id)
-
-    def commit_continuation_start(self, event: RuntimeEvent) -> CommitResult:
-        """Commit the target run's continuation-start event and bind it to its claim."""
-        start = event.actions.continuation_start if event.actions is not None else None
-        if start is None:
-            raise LedgerRejection("transition_shape_conflict", "no continuationStart", eventId=event.id)
-
-        def precheck(conn: Connection) -> None:
-            claim = _claim_row(conn, continuation_claims.c.claim_id == start.claim_id)
-            if claim is None:
-                raise LedgerRejection(
-                    "continuation_claim_missing", "no claim for this start", eventId=event.id
-                )
-            target = (
-                claim.target_session_id,
-                claim.target_invocation_id,
-                claim.target_run_id,
-                claim.target_turn_id,
-            )
-            if target != (event.session_id, event.invocation_id, event.run_id, event.turn_id) or (
-                start.boundary_digest != claim.boundary_digest
-            ):
-                raise LedgerRejection(
-                    "continuation_claim_conflict", "start does not match its claim", eventId=event.id
-                )
-            if claim.start_event_id not in (None, event.id):
-                raise LedgerRejection(
-                    "continuation_claim_conflict", "claim already started", eventId=event.id
-                )
-
-        def post(conn: Connection) -> None:
-            conn.execute(
-                update(continuation_claims)
-                .where(continuation_claims.c.claim_id == start.claim_id)
-                .values(start_event_id=event.id, start_kind=start.provenance)
-            )
-            failpoints.hit("after_continuation_start_insert")
-
-        return self._commit("generic_append", [event], precheck=precheck, post=post)
-
-    # --- run headers -----------------------------------------------------------------------
-
-    def put_run(self, header: RunHeader) -> RunHeader:
-        """Insert or update a run header. A terminal header needs the run's terminal event first.
-
-        Raises:
-            LedgerRejection: ``terminal_event_missing`` or ``run_already_terminal``.
-        """
-
-        def body(conn: Connection) -> RunHeader:
-            now = now_ms()
-            current = _run_row(conn, header.run_id)
-            stored = header.model_copy(
-                update={
-                    "created_at": header.created_at or (current.created_at if current else now),
-                    "updated_at": header.updated_at or now,
-                }
-            )
-            if current is not None and current.is_terminal and current.status != header.status:
-                raise LedgerRejection(
-                    "run_already_terminal", "the run header is already terminal", runId=header.run_id
-                )
-            if header.is_terminal:
-                terminal = conn.execute(
-                    select(runtime_events.c.event_id).where(
-                        runtime_events.c.run_id == header.run_id, runtime_events.c.terminal.is_(True)
-                    )
-                ).first()
-                if terminal is None:
-                    raise LedgerRejection(
-                        "terminal_event_missing",
-                        "the terminal RuntimeEvent commits before the terminal header",
-                        runId=header.run_id,
-                    )
-            values = stored.model_dump()
-            values["continuation_source"] = (
-                canonical_json.dumps(values["continuation_source"])
-                if values["continuation_source"] is not None
-                else None
-            )
-            if current is None:
-                conn.execute(agent_runs.insert().values(**values))
-            else:
-                conn.execute(update(agent_runs).where(agent_runs.c.run_id == header.run_id).values(**values))
-            return stored
-
-        result: RunHeader = self._write(body)
         return result
 
 

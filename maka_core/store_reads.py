@@ -14,18 +14,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, func, select
 
-from maka_core import canonical_json
-from maka_core.claims import ContinuationClaim
+from maka_core import canonical_json, codec
 from maka_core.engine import read_tx
 from maka_core.errors import LedgerRejection, StoreError
 from maka_core.events import RuntimeEvent
 from maka_core.ledger_rows import Prefix, make_prefix, row_event
 from maka_core.projections import JournalRow, OperationRow, project
-from maka_core.runs import RunHeader, now_ms
+from maka_core.runs import now_ms
 from maka_core.scanner import scan
 from maka_core.schema import (
-    agent_runs,
-    continuation_claims,
     runtime_events,
     tool_attempts,
     tool_evidence,
@@ -49,19 +46,6 @@ class LedgerReads:
 
     def close(self) -> None:
         raise NotImplementedError
-
-    def get_run(self, run_id: str) -> RunHeader | None:
-        with self._lock, read_tx(self.engine) as conn:
-            return _run_row(conn, run_id)
-
-    def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]:
-        query = select(agent_runs).order_by(agent_runs.c.created_at, agent_runs.c.run_id)
-        if session_id is not None:
-            query = query.where(agent_runs.c.session_id == session_id)
-        if nonterminal:
-            query = query.where(agent_runs.c.status.in_(("running", "parked")))
-        with self._lock, read_tx(self.engine) as conn:
-            return [_header(r) for r in conn.execute(query).mappings()]
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -201,7 +185,8 @@ class LedgerReads:
     def verify(self) -> list[str]:
         """Rebuild projections from events in a scratch ledger and diff them with the online ones.
 
-        Returns the differences (empty when equal); a corrupt ledger is one difference.
+        Returns the differences (empty when equal): a corrupt ledger, a row whose payload is not
+        in canonical form, and every projection row that differs from its rebuild.
         """
         try:
             scratch = self.rebuild_projections("sqlite://")
@@ -209,9 +194,23 @@ class LedgerReads:
             return [f"ledger: {exc.code} {exc.detail}"]
         assert scratch is not None
         try:
-            return _diff(self.operations(), self.journal(), scratch.operations(), scratch.journal())
+            problems = self._non_canonical_rows()
+            return problems + _diff(
+                self.operations(), self.journal(), scratch.operations(), scratch.journal()
+            )
         finally:
             scratch.close()
+
+    def _non_canonical_rows(self) -> list[str]:
+        query = select(runtime_events.c.event_id, runtime_events.c.payload_json).order_by(
+            runtime_events.c.ledger_seq
+        )
+        with self._lock, read_tx(self.engine) as conn:
+            return [
+                f"runtime_events {event_id}: payload is not in canonical form"
+                for event_id, payload in conn.execute(query)
+                if codec.encode(codec.decode(payload)) != payload
+            ]
 
 
 def _diff(
@@ -260,34 +259,3 @@ def _journal(row: RowMapping) -> JournalRow:
     values.pop("journal_seq", None)
     values.pop("committed_at", None)
     return JournalRow(**values)
-
-
-def _header(row: RowMapping) -> RunHeader:
-    values = dict(row)
-    if values["continuation_source"] is not None:
-        values["continuation_source"] = canonical_json.loads(values["continuation_source"])
-    return RunHeader(**values)
-
-
-def _run_row(conn: Connection, run_id: str) -> RunHeader | None:
-    row = conn.execute(select(agent_runs).where(agent_runs.c.run_id == run_id)).mappings().first()
-    return None if row is None else _header(row)
-
-
-def _claim_values(claim: ContinuationClaim) -> dict[str, Any]:
-    values = claim.model_dump()
-    values["boundary_json"] = canonical_json.dumps(values["boundary_json"])
-    if values["target_run_header_json"] is not None:
-        values["target_run_header_json"] = canonical_json.dumps(values["target_run_header_json"])
-    return values
-
-
-def _claim_row(conn: Connection, clause: Any) -> ContinuationClaim | None:
-    row = conn.execute(select(continuation_claims).where(clause)).mappings().first()
-    if row is None:
-        return None
-    values = dict(row)
-    values["boundary_json"] = canonical_json.loads(values["boundary_json"])
-    if values["target_run_header_json"] is not None:
-        values["target_run_header_json"] = canonical_json.loads(values["target_run_header_json"])
-    return ContinuationClaim(**values)

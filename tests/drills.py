@@ -23,15 +23,21 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import WorkflowUpdateFailedError
+
 from maka_core.session_view import operations
 from maka_core.store import LedgerStore
+from maka_core.workspace import Workspace
 from tests.temporal_support import WorkerProcess, start
 from workers.session_cli import query_status
+from workflows.contracts import SEND_MESSAGE, SendMessage, SessionInput, TurnAccepted, workflow_id_for
+from workflows.session import SessionWorkflow, initial_search_attributes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DRILL_SCRIPT = FIXTURES / "drill_script.json"
@@ -209,7 +215,9 @@ async def stop(worker: WorkerProcess) -> None:
     await asyncio.to_thread(worker.stop)
 
 
-async def settle(client: Any, session_id: str, run_id: str | None = None, *, timeout: float = 120.0) -> Any:
+async def settle(
+    client: Any, session_id: str, run_id: str | None = None, *, timeout: float = 120.0, interval: float = 0.05
+) -> Any:
     """The session's status once nothing is running (and turn ``run_id`` is over, when given).
 
     Tolerates a session that is briefly unreachable (no worker to answer the query, a server that is
@@ -229,7 +237,53 @@ async def settle(client: Any, session_id: str, run_id: str | None = None, *, tim
             last = exc
         if time.monotonic() > deadline:
             raise TimeoutError(f"session {session_id} did not settle in {timeout:.0f}s (last: {last!r})")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval)
+
+
+async def open_session(client: Any, ws: Path, script: Path, queue: str, *, session_id: str) -> None:
+    """Start a session's workflow without a message (messages go through ``send``)."""
+    ident = Workspace.open(ws, create=True)
+    inp = SessionInput(
+        session_id=session_id,
+        workspace=str(ident.root),
+        workspace_identity=ident.identity,
+        provider={"kind": "script", "path": str(script)},
+        task_queue=queue,
+    )
+    await client.start_workflow(
+        SessionWorkflow.run,
+        inp,
+        id=workflow_id_for(session_id),
+        task_queue=queue,
+        search_attributes=initial_search_attributes(session_id),
+        # A worker killed inside a workflow task (a local model step) is replaced after this.
+        task_timeout=timedelta(seconds=3),
+    )
+
+
+async def send(client: Any, session_id: str, text: str, *, update_id: str, timeout: float = 180.0) -> Any:
+    """Send one message and return its ``TurnAccepted``, surviving worker and server deaths.
+
+    A retry reuses ``update_id``, which the server deduplicates, so a message whose first attempt
+    was in fact accepted never starts a second turn. A validator refusal
+    (``WorkflowUpdateFailedError``) is raised at once.
+    """
+    handle = client.get_workflow_handle(workflow_id_for(session_id))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await asyncio.wait_for(
+                handle.execute_update(
+                    SEND_MESSAGE, SendMessage(text=text), id=update_id, result_type=TurnAccepted
+                ),
+                30,
+            )
+        except WorkflowUpdateFailedError:
+            raise
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 # --- one cell ------------------------------------------------------------------------------------------
@@ -359,24 +413,26 @@ def _op_text(result: CellResult, tool: str | None) -> str:
     return f"{status} ({note})" if note else status
 
 
-def format_table(results: Sequence[CellResult], *, title: str) -> str:
+def format_table(
+    results: Sequence[CellResult], *, title: str, verdict: Callable[[CellResult], str] | None = None
+) -> str:
     """The matrix as a fixed-width table: one row per cell, then the figures."""
+    verdict = verdict or (lambda r: "ok" if r.passed else "FAIL")
     header = (
-        f"{'cell':<26} {'kills':>5}  {'session':<40} {'op at the kill point':<34} "
-        f"{'W/E/B':>6} {'dup':>3} {'verify':>6} {'death->settled':>14}  result"
+        f"{'cell':<30} {'kills':>5}  {'session':<40} {'op at the kill point':<40} "
+        f"{'W/E/B':>5} {'dup':>3} {'verify':>6} {'death->settled':>14}  result"
     )
     lines = [title, header, "-" * len(header)]
     for r in results:
         session = r.state + (f" ({r.park_reason})" if r.park_reason else "")
         secs = f"{r.recovery_s:.1f}s" if r.recovery_s is not None else "-"
-        verdict = "ok" if r.passed else "FAIL"
         lines.append(
-            f"{r.cell.name:<26} {r.kills:>5}  {session:<40} {_op_text(r, r.cell.tool):<34} "
-            f"{_effects_text(r.effects):>6} {r.duplicates:>3} {'clean' if r.verify_clean else 'DIRTY':>6} "
-            f"{secs:>14}  {verdict}"
+            f"{r.cell.name:<30} {r.kills:>5}  {session:<40} {_op_text(r, r.cell.tool):<40} "
+            f"{_effects_text(r.effects):>5} {r.duplicates:>3} {'clean' if r.verify_clean else 'DIRTY':>6} "
+            f"{secs:>14}  {verdict(r)}"
         )
         for problem in ([r.error] if r.error else []) + r.problems:
-            lines.append(f"{'':<26}   ! {problem}")
+            lines.append(f"{'':<30}   ! {problem}")
     lines.append("-" * len(header))
     lines.append(summary(results))
     return "\n".join(lines)
@@ -384,11 +440,15 @@ def format_table(results: Sequence[CellResult], *, title: str) -> str:
 
 def summary(results: Sequence[CellResult]) -> str:
     times = [r.recovery_s for r in results if r.recovery_s is not None]
-    mean = f"{statistics.mean(times):.1f}s" if times else "-"
-    median = f"{statistics.median(times):.1f}s" if times else "-"
-    longest = f"{max(times):.1f}s" if times else "-"
+    counts = (
+        f"cells passed: {sum(r.passed for r in results)}/{len(results)}; "
+        f"kills: {sum(r.kills for r in results)}; "
+        f"duplicates found: {sum(r.duplicates for r in results)}; "
+        f"corrupt operations: {sum(r.corruption for r in results)}"
+    )
+    if not times:
+        return counts
     return (
-        f"cells passed: {sum(r.passed for r in results)}/{len(results)}; kills: {sum(r.kills for r in results)}; "
-        f"duplicates found: {sum(r.duplicates for r in results)}; corrupt operations: "
-        f"{sum(r.corruption for r in results)}; death->settled mean {mean}, median {median}, max {longest}"
+        f"{counts}; death->settled mean {statistics.mean(times):.1f}s, "
+        f"median {statistics.median(times):.1f}s, max {max(times):.1f}s"
     )

@@ -46,7 +46,15 @@ from tests.drills import (
     run_cells,
 )
 
-drill = pytest.mark.usefixtures()  # placeholder replaced below
+#: Marks of the drills (the effect-journal unit test at the end needs no server).
+DRILL = (pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session"))
+
+
+def drill(fn: Any) -> Any:
+    for mark in DRILL:
+        fn = mark(fn)
+    return fn
+
 
 W, E, B = TOOLS
 #: Cells run concurrently, each with its own ledger, workspace, task queue and workers.
@@ -64,10 +72,14 @@ def runs_once() -> Expect:
     return Expect(
         state="idle",
         reason=None,
-        ops={t: ("completed", "matching_response") for t in TOOLS},
+        ops=_completed(TOOLS),
         effects=dict.fromkeys(TOOLS, 1),
         notes=NOTES_AFTER_TURN,
     )
+
+
+def _completed(tools: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
+    return {t: ("completed", "matching_response") for t in tools}
 
 
 def t1_before_effect(tool: str) -> Expect:
@@ -87,71 +99,53 @@ def t1_before_effect(tool: str) -> Expect:
 
 def t1_after_effect(tool: str) -> Expect:
     """T1 committed and the effect happened once: a file tool is finalized; bash parks."""
-    ops: dict[str, tuple[str, str | None]] = {
-        t: ("completed", "matching_response") for t in _ran_before(tool)
-    }
+    ops = _completed(_ran_before(tool))
     if tool == B:
         ops[tool] = ("indeterminate", "dispatch_without_response")
         return Expect("parked", "dispatch_without_response", ops, dict.fromkeys(TOOLS, 1), NOTES_AFTER_TURN)
     ops[tool] = ("completed", "recovery_bundle_completed")
-    ops.update({t: ("completed", "matching_response") for t in TOOLS[TOOLS.index(tool) + 1 :]})
+    ops.update(_completed(TOOLS[TOOLS.index(tool) + 1 :]))
     return Expect("idle", None, ops, dict.fromkeys(TOOLS, 1), NOTES_AFTER_TURN)
 
 
+#: Store points inside a transaction, before COMMIT (tag = the transition, skip = which one).
+TORN = "after_journal_event_insert"
+BUNDLE = "recovery_bundle"
+
+
 def matrix() -> list[Cell]:
-    """Every failpoint that occurs in the turn x each tool it can hit. Slow cells first: a kill inside
-    a ledger activity (finish_run, recover_operation) is detected by its start-to-close or heartbeat
-    timeout, not the tool's 2 s heartbeat."""
-    slow: list[Cell] = [
+    """Every failpoint that occurs in the turn x each tool it can hit.
+
+    Slow cells first: a kill inside a ledger activity (``finish_run``, ``recover_operation``) is only
+    noticed at that activity's start-to-close or heartbeat timeout (30 s), not the tool's 2 s heartbeat.
+    """
+    cells = [
         Cell("P8 turn end", (Kill("P8"),), runs_once()),
         Cell("P9 turn end", (Kill("P9"),), runs_once()),
     ]
     for tool in (W, E):
-        slow.append(
-            Cell(f"P4>P10 {tool}", (Kill("P4", tool), Kill("P10", tool)), t1_after_effect(tool), tool)
-        )
-        slow.append(
-            Cell(f"P3>P10 {tool}", (Kill("P3", tool), Kill("P10", tool)), t1_before_effect(tool), tool)
-        )
-    bundle = "recovery_bundle"
-    slow.append(
-        Cell(
-            f"P4>bundle torn {W}",
-            (Kill("P4", W), Kill("after_recovery_decision", bundle)),
-            t1_after_effect(W),
-            W,
-        )
-    )
-    slow.append(
-        Cell(
-            f"P3>bundle torn {E}",
-            (Kill("P3", E), Kill("after_recovery_reconcile", bundle)),
-            t1_before_effect(E),
-            E,
-        )
-    )
-    fast: list[Cell] = []
+        after, before = t1_after_effect(tool), t1_before_effect(tool)
+        cells.append(Cell(f"P4>P10 {tool}", (Kill("P4", tool), Kill("P10", tool)), after, tool))
+        cells.append(Cell(f"P3>P10 {tool}", (Kill("P3", tool), Kill("P10", tool)), before, tool))
+    torn_decision = Kill("after_recovery_decision", BUNDLE)
+    torn_reconcile = Kill("after_recovery_reconcile", BUNDLE)
+    cells.append(Cell(f"P4>bundle torn {W}", (Kill("P4", W), torn_decision), t1_after_effect(W), W))
+    cells.append(Cell(f"P3>bundle torn {E}", (Kill("P3", E), torn_reconcile), t1_before_effect(E), E))
     for i, tool in enumerate(TOOLS):
-        fast += [
+        after, before = t1_after_effect(tool), t1_before_effect(tool)
+        cells += [
             Cell(f"P0 {tool}", (Kill("P0", skip=i),), runs_once(), tool),
             Cell(f"P1 {tool}", (Kill("P1", skip=i),), runs_once(), tool),
-            Cell(
-                f"T1 torn {tool}", (Kill("after_journal_event_insert", "t1_prepare", i),), runs_once(), tool
-            ),
-            Cell(f"P2 {tool}", (Kill("P2", tool),), t1_before_effect(tool), tool),
-            Cell(f"P3 {tool}", (Kill("P3", tool),), t1_before_effect(tool), tool),
-            Cell(f"P4 {tool}", (Kill("P4", tool),), t1_after_effect(tool), tool),
-            Cell(
-                f"T2 torn {tool}",
-                (Kill("after_journal_event_insert", "t2_outcome", i),),
-                t1_after_effect(tool),
-                tool,
-            ),
+            Cell(f"T1 torn {tool}", (Kill(TORN, "t1_prepare", i),), runs_once(), tool),
+            Cell(f"P2 {tool}", (Kill("P2", tool),), before, tool),
+            Cell(f"P3 {tool}", (Kill("P3", tool),), before, tool),
+            Cell(f"P4 {tool}", (Kill("P4", tool),), after, tool),
+            Cell(f"T2 torn {tool}", (Kill(TORN, "t2_outcome", i),), after, tool),
             Cell(f"P5 {tool}", (Kill("P5", tool),), runs_once(), tool),
             Cell(f"P6 {tool}", (Kill("P6", tool),), runs_once(), tool),
             Cell(f"P7 after {tool}", (Kill("P7", skip=i),), runs_once(), tool),
         ]
-    return slow + fast
+    return cells
 
 
 #: Points of the Phase 0 catalog that occur inside a session's turn (P11, continuation-run creation,
@@ -164,9 +158,30 @@ def _coverage(cells: list[Cell]) -> str:
     phase0 = sorted(killed & TURN_POINTS, key=lambda p: int(p[1:]))
     store = sorted(killed & set(failpoints.STORE))
     return (
-        f"Phase 0 points killed: {len(phase0)} of {len(TURN_POINTS)} that occur in a turn ({', '.join(phase0)}); "
-        f"store points: {len(store)} of {len(failpoints.STORE)} ({', '.join(store)})"
+        f"Phase 0 points killed: {len(phase0)} of {len(TURN_POINTS)} that occur in a turn "
+        f"({', '.join(phase0)}); store points: {len(store)} of {len(failpoints.STORE)} ({', '.join(store)})"
     )
+
+
+#: Kill points inside a ledger activity (finish_run, recover_operation): no tool heartbeat there.
+LEDGER_ACTIVITY_POINTS = frozenset({"P8", "P9", "P10", "after_recovery_decision", "after_recovery_reconcile"})
+
+
+def _detection(results: list[CellResult]) -> str:
+    """Mean death->settled, split by where the last kill landed (the timeout that notices it differs)."""
+    parts = []
+    for label, in_ledger in (("tool/model-step kills", False), ("ledger-activity kills", True)):
+        times = [
+            r.recovery_s
+            for r in results
+            if r.recovery_s is not None
+            and (r.cell.kills[-1].failpoint in LEDGER_ACTIVITY_POINTS) == in_ledger
+        ]
+        if times:
+            parts.append(
+                f"{label}: {len(times)} cells, mean {sum(times) / len(times):.1f}s, max {max(times):.1f}s"
+            )
+    return "death->settled by kill site: " + "; ".join(parts)
 
 
 def _selected(cells: list[Cell]) -> list[Cell]:
@@ -175,13 +190,14 @@ def _selected(cells: list[Cell]) -> list[Cell]:
     return [c for c in cells if any(w in c.name for w in words)] if words else cells
 
 
+@drill
 @pytest.mark.timeout(480)
 async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any) -> None:
     cells = _selected(matrix())
     results = await run_cells(temporal_server, temporal_client, tmp_path, cells, parallel=PARALLEL)
     table = format_table(results, title="Kill matrix (W/E/B = real effects of write_file/edit_file/bash)")
     with capsys.disabled():
-        print("\n" + table + "\n" + _coverage(cells) + "\n")
+        print("\n" + table + "\n" + _coverage(cells) + "\n" + _detection(results) + "\n")
     if cells == matrix():
         assert {k.failpoint for c in cells for k in c.kills} >= TURN_POINTS
     assert [r.cell.name for r in results if not r.passed] == [], table
@@ -196,7 +212,7 @@ CONTROL_CELLS = [
     *(
         Cell(
             f"T2 torn {t} guard off",
-            (Kill("after_journal_event_insert", "t2_outcome", i),),
+            (Kill(TORN, "t2_outcome", i),),
             tool=t,
             guard_disabled=True,
         )
@@ -205,11 +221,17 @@ CONTROL_CELLS = [
 ]
 
 
+@drill
+@pytest.mark.timeout(300)
 async def test_negative_control_without_the_resolver_guard_the_matrix_sees_duplicates(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
 ) -> None:
     results = await run_cells(temporal_server, temporal_client, tmp_path, CONTROL_CELLS, parallel=PARALLEL)
-    table = format_table(results, title="Negative control: Resolver guard disabled (naive Temporal retry)")
+    table = format_table(
+        results,
+        title="Negative control: Resolver guard disabled (naive Temporal retry)",
+        verdict=lambda r: "duplicate seen" if r.duplicates else "MISSED",
+    )
     with capsys.disabled():
         print("\n" + table + "\n")
     assert [r.error for r in results if r.error] == []
@@ -234,6 +256,7 @@ def _sees_the_duplicate(result: CellResult, tool: str) -> None:
 def test_effect_journal_counts_identical_writes_and_is_off_when_unset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "ws").mkdir()
     ws = Workspace.open(tmp_path / "ws", create=True)
     tools = default_tools()
     journal = tmp_path / "effects.jsonl"

@@ -98,6 +98,12 @@ def test_undecodable_lines_exit_2_with_their_line_and_code(tmp_path: Path, line:
     imp = maka("ledger", "import", "--db", tmp_path / "l.sqlite", bad, home=home)
     assert imp.returncode == 2 and out_json(imp)["code"] == code
     assert not (tmp_path / "l.sqlite").exists()
+    # Into an existing ledger: refused, and nothing already there is lost.
+    db = tmp_path / "kept.sqlite"
+    other = EXAMPLES[1]
+    assert maka("ledger", "import", "--db", db, other, home=home).returncode == 0
+    assert maka("ledger", "import", "--db", db, bad, home=home).returncode == 2
+    assert maka("ledger", "export", "--db", db, "--session", "sess-1", home=home).stdout == other.read_text()
 
 
 @pytest.mark.parametrize("ledger", ADMISSIBLE, ids=lambda p: p.stem[:2])
@@ -177,3 +183,14 @@ def test_newer_schema_is_refused_by_every_command(tmp_path: Path) -> None:
     assert plan.returncode == 2 and out_json(plan)["code"] == "schema_too_new"
     assert maka("ledger", "verify", "--db", db, home=tmp_path).returncode == 2
     assert db.read_bytes() == before
+
+
+def test_parse_jsonl_reports_every_bad_line_and_ignores_one_trailing_newline() -> None:
+    from maka_core.ledger_io import parse_jsonl
+
+    good = EXAMPLES[0].read_bytes().splitlines()
+    events, errors = parse_jsonl(b"\r\n".join(good) + b"\r\n\n")
+    assert len(events) == len(good) and errors == []
+    events, errors = parse_jsonl(good[0] + b"\n\n" + good[1][:-5] + b"\n" + good[2])
+    assert [e.id for e in events] == ["evt-user-1", "op-1_dispatch"]
+    assert [(e["line"], e["code"]) for e in errors] == [(2, "blank_line"), (3, "json_syntax")]

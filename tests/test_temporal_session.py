@@ -210,3 +210,40 @@ async def test_tool_activity_refuses_an_operation_that_already_has_a_dispatch_fa
         op = resolve(store.events(run_id="r1")).for_call("i1", "call-0-0")
         assert op is not None and op.status == "indeterminate" and op.response_event_id is None
         acts.close()
+
+
+async def test_a_long_turn_continues_as_new_mid_turn_without_losing_its_place(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """A turn longer than one execution's budget carries itself into fresh histories at step
+    boundaries (the 10,000-call case), with one Maka run, every call once, and the run's hosting
+    execution (continued as new) still counted open by startup repair."""
+    from workers.worker import startup_repair
+
+    db = tmp_path / "ledger.sqlite"
+    steps = [tool_step(("bash", {"command": f"echo {i} >> calls.txt"})) for i in range(6)]
+    steps += [tool_step(("bash", {"command": "sleep 2; echo 6 >> calls.txt"})), {"text": "ok"}]
+    script = write_script(tmp_path / "s.json", steps)
+    async with in_process_worker(temporal_client, db, task_queue):
+        session_id, accepted = await start(
+            temporal_client, ws_dir, script, task_queue, continue_as_new_after_steps=2
+        )
+        handle = temporal_client.get_workflow_handle(workflow_id_for(session_id))
+        while (await query_status(temporal_client, session_id)).continued_runs < 3:
+            await asyncio.sleep(0.05)
+        with LedgerStore.open(db) as store:  # mid-turn, three executions later
+            report = await startup_repair(temporal_client, store)
+        assert report.left_to_workflow == [accepted.run_id] and report.repaired == []
+        status = await wait_turn(temporal_client, session_id, accepted.run_id)
+        desc = await handle.describe()
+    assert status.state == "idle" and status.turns == 1 and status.continued_runs == 3  # 7 steps, 2 per run
+    assert desc.run_id != desc.raw_description.workflow_execution_info.first_run_id
+    assert (ws_dir / "calls.txt").read_text() == "".join(f"{i}\n" for i in range(7))
+    with LedgerStore.open(db) as store:
+        (run,) = store.list_runs(session_id=session_id)
+        assert run.status == "completed" and run.run_id == accepted.run_id
+        events = store.events(session_id=session_id)
+        assert sum(1 for e in events if e.role == "user") == 1
+        assert sum(1 for e in events if e.is_terminal) == 1
+        assert [o.status for o in operations(events)] == ["completed"] * 7
+        assert store.verify() == []

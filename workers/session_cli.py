@@ -27,7 +27,10 @@ from maka_core.errors import MakaError
 
 def _common(p: argparse.ArgumentParser, *, queue: bool = True) -> None:
     p.add_argument(
-        "--db", type=Path, default=None, help="ledger database (default: $MAKA_HOME/ledger.sqlite)"
+        "--db",
+        default=None,
+        help="ledger: a SQLite file or a SQLAlchemy URL such as postgresql+psycopg://... "
+        "(default: $MAKA_HOME/ledger.sqlite)",
     )
     p.add_argument("--address", default=None, help="Temporal frontend host:port (default: TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", default=None, help="Temporal namespace (default: TEMPORAL_NAMESPACE)")
@@ -109,8 +112,10 @@ def register(subparsers: Any) -> None:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _db(args: argparse.Namespace) -> Path:
-    db: Path = args.db or paths.default_ledger_path()
+def _db(args: argparse.Namespace) -> Any:
+    if args.db and "://" in args.db:
+        return args.db  # a database URL (e.g. a shared Postgres ledger)
+    db = Path(args.db) if args.db else paths.default_ledger_path()
     db.parent.mkdir(parents=True, exist_ok=True)
     return db
 
@@ -129,6 +134,21 @@ def _fail(code: str, message: str, as_json: bool, exit_code: int = 2, **detail: 
     else:
         print(f"maka: {code}: {message}", file=sys.stderr)
     return exit_code
+
+
+def _run(main: Any) -> int:
+    """Run a command's coroutine, then leave the process without interpreter finalization.
+
+    The Temporal core runs Rust threads that may still call back into Python for a moment after the
+    event loop closes; finalizing the interpreter under them can crash the process (SIGSEGV/SIGABRT)
+    after a correct run. Output is flushed and every store is closed before this point.
+    """
+    code = int(asyncio.run(main) or 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.environ.get("MAKA_NO_HARD_EXIT"):
+        return code
+    os._exit(code)
 
 
 def _settled_exit(state: str) -> int:
@@ -153,7 +173,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await serve(client, _db(args), _queue(args), settings=_settings(args), repair=not args.no_repair)
         return 0
 
-    return asyncio.run(main())
+    return _run(main())
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -187,10 +207,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
         await serve(client, _db(args), _queue(args), settings=_settings(args), out=sys.stdout)
         return 0
 
-    try:
-        return asyncio.run(main())
-    finally:
-        server.stop()
+    async def main_then_stop() -> int:
+        try:
+            return await main()
+        finally:
+            server.stop()  # before _run leaves the process: never orphan the server
+
+    return _run(main_then_stop())
 
 
 # --- sessions --------------------------------------------------------------------------------
@@ -205,6 +228,7 @@ async def start_session(
     message: str,
     session_id: str | None = None,
     continue_as_new_after: int | None = None,
+    continue_as_new_after_steps: int | None = None,
     model_step_mode: str = "local",
     task_timeout: Any = None,
 ) -> tuple[str, Any]:
@@ -225,6 +249,7 @@ async def start_session(
         provider=provider,
         task_queue=task_queue,
         continue_as_new_after_turns=continue_as_new_after,
+        continue_as_new_after_steps=continue_as_new_after_steps,
         model_step_mode=model_step_mode,  # type: ignore[arg-type]
     )
     handle = await client.start_workflow(
@@ -280,7 +305,7 @@ async def wait_settled(
         await asyncio.sleep(0.05)
 
 
-def _view(db: Path, session_id: str, status: Any | None) -> Any:
+def _view(db: Any, session_id: str, status: Any | None) -> Any:
     from maka_core.session_view import session_view
     from maka_core.store import LedgerStore
     from workflows.contracts import workflow_id_for
@@ -344,7 +369,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             return _fail(exc.code, exc.message, args.json)
         return await _after_send(client, args, session_id, accepted)
 
-    return asyncio.run(main())
+    return _run(main())
 
 
 async def _after_send(client: Any, args: argparse.Namespace, session_id: str, accepted: Any) -> int:
@@ -385,7 +410,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             return _fail(code, message, args.json, sessionId=args.session)
         return await _after_send(client, args, args.session, accepted)
 
-    return asyncio.run(main())
+    return _run(main())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -409,7 +434,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             _print_view(view)
         return 0
 
-    return asyncio.run(main())
+    return _run(main())
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -531,4 +556,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Ledger: {db}   Inspect: maka session show {session_id}")
         return 0 if ok else 1
 
-    return asyncio.run(main())
+    return _run(main())

@@ -110,7 +110,7 @@ def build_worker(client: Client, acts: MakaActivities, task_queue: str, **option
 
 async def serve(
     client: Client,
-    db: Path,
+    db: Path | str,
     task_queue: str,
     *,
     settings: WorkerSettings | None = None,

@@ -93,6 +93,9 @@ class SessionInput(Contract):
     task_queue: str
     #: Continue-as-new after this many turns in one execution (``None``: only when Temporal suggests).
     continue_as_new_after_turns: int | None = None
+    #: Within a long turn, continue-as-new at a step boundary after this many model steps in one
+    #: execution (``None``: only when Temporal suggests it).
+    continue_as_new_after_steps: int | None = None
     model_step_mode: ModelStepMode = "local"
     max_steps_per_turn: int = 100_000
     # carried state

@@ -77,6 +77,9 @@ READ_ONLY_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maxi
 RECOVERY_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=6
 )
+#: Ledger-only activities take milliseconds; a short start-to-close is how Temporal notices that the
+#: worker running one died (they do not heartbeat), and a retry is an exact, idempotent retry.
+LEDGER_TIMEOUT = timedelta(seconds=10)
 #: A call the Resolver proves never dispatched may be dispatched again, a bounded number of times.
 MAX_DISPATCHES = 3
 
@@ -107,6 +110,7 @@ class SessionWorkflow:
         self._parked_operation_id = inp.parked_operation_id
         self._turns = inp.turns
         self._turns_here = 0
+        self._steps_here = 0
         self._last_turn = inp.last_turn
         self._current: RunIds | None = None
         self._pending: tuple[RunIds, str] | None = None
@@ -241,7 +245,7 @@ class SessionWorkflow:
                 workspace=self._inp.workspace,
             ),
             result_type=BeginRunResult,
-            start_to_close_timeout=timedelta(seconds=30),
+            start_to_close_timeout=LEDGER_TIMEOUT,
             retry_policy=LEDGER_RETRY,
         )
         return result.tool_settings
@@ -266,7 +270,11 @@ class SessionWorkflow:
                 await self._tool(ids, call, settings)
             step += 1
             after_tools = True
-            if workflow.info().is_continue_as_new_suggested():
+            self._steps_here += 1
+            limit = self._inp.continue_as_new_after_steps
+            if workflow.info().is_continue_as_new_suggested() or (
+                limit is not None and self._steps_here >= limit
+            ):
                 # A very long tool loop: carry the turn into a fresh history at a step boundary.
                 await self._continue_as_new(InFlightTurn(ids=ids, next_step=step, settings=settings))
 
@@ -310,7 +318,7 @@ class SessionWorkflow:
             except ActivityError:
                 # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
                 # Only the ledger can; never re-schedule the tool without asking it.
-                recovered = await self._recover(ids, call)
+                recovered = await self._recover(ids, call, settings)
                 if recovered.status == "completed":
                     return recovered
                 if recovered.status == "parked":
@@ -318,7 +326,7 @@ class SessionWorkflow:
                 # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
 
-    async def _recover(self, ids: RunIds, call: CallRef) -> RecoverResult:
+    async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
         try:
             return await workflow.execute_activity(
                 RECOVER_OPERATION,
@@ -330,8 +338,10 @@ class SessionWorkflow:
                     workspace_identity=self._inp.workspace_identity,
                 ),
                 result_type=RecoverResult,
-                start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=timedelta(seconds=30),
+                start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
+                # The recover activity heartbeats while it observes or re-reads: a dead worker is
+                # noticed as fast as in the tool activity itself.
+                heartbeat_timeout=timedelta(seconds=max(settings.heartbeat_timeout_s, 5.0)),
                 retry_policy=RECOVERY_RETRY,
             )
         except ActivityError:
@@ -357,7 +367,7 @@ class SessionWorkflow:
                 error=error,
             ),
             result_type=FinishRunResult,
-            start_to_close_timeout=timedelta(seconds=30),
+            start_to_close_timeout=LEDGER_TIMEOUT,
             retry_policy=LEDGER_RETRY,
         )
 

@@ -101,6 +101,14 @@ async def main() -> None:
                 await wait_turn(client, sid, acc.run_id)
             written += await _save(client, sid, "continue_as_new", all_runs=True)
 
+            long_turn = write_script(
+                tmp / "long.json",
+                [tool_step(("list_dir", {"path": "."})) for _ in range(3)] + [{"text": "long turn done"}],
+            )
+            sid, acc = await start(client, ws, long_turn, queue, "go", continue_as_new_after_steps=1)
+            await wait_turn(client, sid, acc.run_id)
+            written += await _save(client, sid, "mid_turn_continue_as_new", all_runs=True)
+
             model_activity = write_script(
                 tmp / "ma.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}]
             )

@@ -67,9 +67,9 @@ async def run_heartbeating(host: MakaActivities, fn: Callable[..., T], *args: An
         activity.heartbeat()
 
 
-def _settled(op: OperationResolution, replayed: bool) -> ToolOutcome:
+def _settled(op: OperationResolution, operation_id: str, replayed: bool) -> ToolOutcome:
     return ToolOutcome(
-        operation_id=op.operation_id or "",
+        operation_id=op.operation_id or operation_id,
         status="refused" if op.settlement_origin == "pre_t1_synthetic" else "completed",
         is_error=bool(op.response_is_error) or None,
         dispatch_event_id=op.dispatch_event_id,
@@ -87,7 +87,7 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
             f"no committed call {call.tool_call_id}", type="CallNotFound", non_retryable=True
         )
     if op.status == "completed":
-        return _settled(op, replayed=True)
+        return _settled(op, call.operation_id, replayed=True)
     guard_disabled = _guard_disabled()
     if op.status != "definitely_not_dispatched" and not guard_disabled:
         raise ApplicationError(

@@ -236,14 +236,59 @@ async def test_a_long_turn_continues_as_new_mid_turn_without_losing_its_place(
         assert report.left_to_workflow == [accepted.run_id] and report.repaired == []
         status = await wait_turn(temporal_client, session_id, accepted.run_id)
         desc = await handle.describe()
+        # The execution that finished the carried turn takes the next message.
+        nxt = await send_message(temporal_client, session_id, "next")
+        assert (await wait_turn(temporal_client, session_id, nxt.run_id)).state == "idle"
     assert status.state == "idle" and status.turns == 1 and status.continued_runs == 3  # 7 steps, 2 per run
     assert desc.run_id != desc.raw_description.workflow_execution_info.first_run_id
     assert (ws_dir / "calls.txt").read_text() == "".join(f"{i}\n" for i in range(7))
     with LedgerStore.open(db) as store:
-        (run,) = store.list_runs(session_id=session_id)
-        assert run.status == "completed" and run.run_id == accepted.run_id
-        events = store.events(session_id=session_id)
+        run = store.get_run(accepted.run_id)
+        assert run is not None and run.status == "completed"
+        events = store.events(run_id=accepted.run_id)
         assert sum(1 for e in events if e.role == "user") == 1
         assert sum(1 for e in events if e.is_terminal) == 1
         assert [o.status for o in operations(events)] == ["completed"] * 7
         assert store.verify() == []
+
+
+async def test_preflight_refusal_is_a_committed_error_result_without_dispatch(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json",
+        [tool_step(("read_file", {"path": "../outside.txt"}), ("no_such_tool", {})), {"text": "ok"}],
+    )
+    async with in_process_worker(temporal_client, db, task_queue):
+        session_id, accepted = await start(temporal_client, ws_dir, script, task_queue)
+        status = await wait_turn(temporal_client, session_id, accepted.run_id)
+    assert status.state == "idle"
+    ops = _ops(db, session_id)
+    assert [(o.tool_name, o.status, o.is_error, o.dispatch_event_id) for o in ops] == [
+        ("read_file", "completed", True, None),
+        ("no_such_tool", "completed", True, None),
+    ]
+    with LedgerStore.open(db) as store:
+        responses = [e for e in store.events(session_id=session_id) if e.role == "tool"]
+    assert [r.content.result["value"]["code"] for r in responses][1] == "tool_not_found"
+
+
+async def test_a_non_retryable_model_error_fails_the_turn_and_the_session(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """Error classification: an invalid script is a ConfigError, non-retryable: one attempt, the run
+    ends failed with its terminal fact, and the session refuses further messages."""
+    db = tmp_path / "ledger.sqlite"
+    missing = tmp_path / "missing-script.json"
+    async with in_process_worker(temporal_client, db, task_queue):
+        session_id, accepted = await start(temporal_client, ws_dir, missing, task_queue)
+        status = await wait_turn(temporal_client, session_id, accepted.run_id, timeout=30)
+        assert status.state == "failed"
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await send_message(temporal_client, session_id, "again")
+        assert refused.value.cause.type == "SessionFailed"  # type: ignore[union-attr]
+    with LedgerStore.open(db) as store:
+        (run,) = store.list_runs(session_id=session_id)
+        terminal = [e for e in store.events(run_id=run.run_id) if e.is_terminal]
+    assert run.status == "failed" and len(terminal) == 1 and terminal[0].status == "failed"

@@ -1,0 +1,142 @@
+"""The startup-repair race: two ``maka worker`` processes started at once over one ledger.
+
+Setup (real processes, a real server): ``RUNS`` sessions run one turn each on a worker that SIGKILLs
+itself at the last session's bash T1 (``P2`` with ``MAKA_FAILPOINT_SKIP``), so every run is left
+non-terminal with its bash dispatched and no outcome. Then the executions are lost in the ways an
+operator meets: most are terminated, one is deleted outright (gone), and one stays open. Two
+workers start at the same instant; both run startup repair over the same runs.
+
+Must hold: exactly one terminal fact per run (the deterministic repair event for lost executions,
+the workflow's own for the open one), every header terminal, the open run left to its workflow
+(which parks it: bash dispatched without an outcome), ``maka ledger verify`` clean, and nothing
+re-run (at most one bash line per session, none for the call killed before it started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+
+from maka_core.store import LedgerStore
+from tests.drills import Kill, Sandbox, log_lines, open_session, ready, send, settle, stop
+from workflows.contracts import workflow_id_for
+
+pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+
+RUNS = 8
+#: Long enough for both workers to start and list the runs, well under the store's busy timeout.
+LOCK_HOLD_S = 3.0
+_REPAIRED = re.compile(r"repaired (\d+) run")
+
+
+def _script(path: Path) -> Path:
+    # Each bash call logs once as it starts, then sleeps past its worker's death (the last session's
+    # call never starts: its worker dies at P2). A second line anywhere would be a re-run.
+    steps = [{"toolCalls": [{"name": "bash", "args": {"command": "echo ran >> effects.log; sleep 3"}}]}]
+    path.write_text(json.dumps({"steps": [*steps, {"text": "done"}]}))
+    return path
+
+
+@pytest.mark.timeout(240)
+async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "race")
+    script = _script(tmp_path / "script.json")
+    sessions = [f"race-{i}-{box.queue}" for i in range(RUNS)]
+    workspaces = [box.root / f"ws-{i}" for i in range(RUNS)]
+    runs: dict[str, str] = {}
+
+    doomed = box.worker(Kill("P2", "bash", RUNS - 1))
+    try:
+        await ready(doomed)
+        for sid, ws in zip(sessions, workspaces, strict=True):
+            ws.mkdir()
+            await open_session(temporal_client, ws, script, box.queue, session_id=sid)
+        accepted = await asyncio.gather(
+            *(send(temporal_client, sid, "go", update_id=f"{sid}-1") for sid in sessions)
+        )
+        runs = {sid: a.run_id for sid, a in zip(sessions, accepted, strict=True)}
+        assert await doomed.wait_exit(timeout=60) == -9
+    finally:
+        await stop(doomed)
+
+    with LedgerStore.open(box.db) as store:
+        assert {r.run_id for r in store.list_runs(nonterminal=True)} == set(runs.values())
+    kept_open, deleted, terminated = sessions[0], sessions[1], sessions[2:]
+    for sid in terminated:
+        await temporal_client.get_workflow_handle(workflow_id_for(sid)).terminate("drill: execution lost")
+    desc = await temporal_client.get_workflow_handle(workflow_id_for(deleted)).describe()
+    await temporal_client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=temporal_client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id_for(deleted), run_id=desc.run_id),
+        )
+    )
+
+    # The race: two workers, one ledger, started back to back. The test holds the ledger's write lock
+    # while they start, so both list the same non-terminal runs (WAL readers are not blocked) and
+    # both queue on their first repair commit: without the lock the first worker usually finishes
+    # before the second one has even listed, and there is no race to speak of.
+    lock = sqlite3.connect(box.db, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    first, second = box.worker(), box.worker()
+    try:
+        await asyncio.sleep(LOCK_HOLD_S)
+        lock.execute("ROLLBACK")
+        lock.close()
+        await asyncio.gather(ready(first), ready(second))
+        started = time.monotonic()
+        parked = await settle(temporal_client, kept_open, runs[kept_open], timeout=60)
+        settled_open = time.monotonic() - started
+    finally:
+        await asyncio.gather(stop(first), stop(second))
+    clean, verify_output = await box.verify()
+
+    reports = [_REPAIRED.findall(w.log.read_text()) for w in (first, second)]
+    with LedgerStore.open(box.db) as store:
+        left = store.list_runs(nonterminal=True)
+        headers = {sid: store.get_run(runs[sid]) for sid in sessions}
+        terminal: Counter[str] = Counter()
+        terminal_ids: dict[str, list[str]] = {}
+        for sid in sessions:
+            for event in store.events(session_id=sid):
+                if event.is_terminal:
+                    terminal[event.run_id] += 1
+                    terminal_ids.setdefault(event.run_id, []).append(event.id)
+    with capsys.disabled():
+        print(
+            f"\nRepair race: {RUNS} runs left non-terminal "
+            f"({len(terminated)} terminated, 1 deleted, 1 open); "
+            f"worker A reported {reports[0] or ['nothing']} repaired, worker B {reports[1] or ['nothing']}; "
+            f"terminal facts per run {sorted(terminal.values())}; open session {parked.state} "
+            f"({parked.park_reason}) {settled_open:.1f}s after both were up; "
+            f"ledger verify {'clean' if clean else verify_output}\n"
+        )
+
+    assert left == []
+    assert set(terminal) == set(runs.values()) and set(terminal.values()) == {1}, terminal_ids
+    for sid in [deleted, *terminated]:
+        run_id = runs[sid]
+        assert terminal_ids[run_id] == [f"{run_id}_terminal"]  # the deterministic repair event
+        assert headers[sid] is not None and headers[sid].status == "failed"  # type: ignore[union-attr]
+    # The open execution was left to its workflow, which recovered the run and parked it.
+    assert parked.state == "parked" and parked.park_reason == "dispatch_without_response"
+    assert terminal_ids[runs[kept_open]] != [f"{runs[kept_open]}_terminal"]
+    assert headers[kept_open] is not None and headers[kept_open].park_reason == "dispatch_without_response"  # type: ignore[union-attr]
+    # Both workers repaired every lost run, concurrently: the second repair of each run converged on
+    # the first one's terminal fact (an exact retry) instead of adding another.
+    assert reports == [[str(RUNS - 1)], [str(RUNS - 1)]], reports
+    assert clean, verify_output
+    lines = [len(log_lines(ws / "effects.log")) for ws in workspaces]
+    assert max(lines) <= 1 and sum(lines) < RUNS, lines  # nothing ran again

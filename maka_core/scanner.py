@@ -234,8 +234,9 @@ class LedgerScanner:
         the ledger after the batch must have no new issue.
 
         ``strict`` (the store's writers) adds what the reference's dedicated writers do beyond
-        that check: a generic batch of ordinary events only is not a tool boundary and skips it
-        (so a repair can still seal a run on a corrupt ledger); a T2 outcome binds to an
+        that check: a generic batch of ordinary events only is not a tool boundary, so existing
+        corruption does not refuse it (a repair can still seal a run on a corrupt ledger), though
+        it must add no new issue; a T2 outcome binds to an
         operation that crossed T1; and T2 or a bundle must leave that operation's recovery tail
         valid (a valid bundle on a non-terminal operation, no outcome after a parked decision).
         ``strict=False`` is the bare transition check for every batch, which is what the
@@ -245,10 +246,10 @@ class LedgerScanner:
             LedgerRejection: with the first rejection's stable code, ``eventId`` and, where
                 known, ``operationId`` and ``toolCallId``.
         """
-        checked = (
+        boundary = (
             not strict or transition != "generic_append" or any(event_lane(e) != "ordinary" for e in batch)
         )
-        if self._issues and checked:
+        if self._issues and boundary:
             # A corrupt ledger fails every tool boundary closed, even an exact retry; ordinary
             # conversation events (and the repair's terminal event) still land.
             first = self._issues[0]
@@ -260,7 +261,9 @@ class LedgerScanner:
                 candidates.append(event)
             elif prior != event:
                 raise _rejection("duplicate_event_id", event.id)
-        if not candidates or not checked:
+        # Ordinary events skip only the fail-closed gate above: they must still add no new issue
+        # (an invocation id crossing runs would otherwise become corruption at the next scan).
+        if not candidates:
             return
         shape = transition_shape_code(candidates, transition)
         if shape is not None:

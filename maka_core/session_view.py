@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from maka_core.events import RuntimeEvent
 from maka_core.resolver import resolve
 from maka_core.runs import RunHeader
+from maka_core.scanner import scan
 
 if TYPE_CHECKING:
     from maka_core.store import LedgerStore
@@ -109,7 +110,8 @@ def operations(events: list[RuntimeEvent]) -> list[OperationView]:
     """Every tool call of these events as the Resolver classifies it, in call order."""
     by_id = {e.id: e for e in events}
     views: list[OperationView] = []
-    for op in resolve(events).operations:
+    # A session holds many runs: judge each run's protocol marker on its own first event.
+    for op in resolve(scan(events, protocol_scope="run")).operations:
         call = by_id.get(op.call_event_id or "")
         dispatch = by_id.get(op.dispatch_event_id or "")
         op_id = op.operation_id or (call.refs.operation_id if call is not None and call.refs else None)

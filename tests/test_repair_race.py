@@ -33,17 +33,19 @@ from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
-RUNS = 8
+RUNS = 24
 #: Long enough for both workers to start and list the runs, well under the store's busy timeout.
 LOCK_HOLD_S = 3.0
 _REPAIRED = re.compile(r"repaired (\d+) run")
 
 
-def _script(path: Path) -> Path:
-    # Each bash call logs once as it starts, then sleeps past its worker's death (the last session's
-    # call never starts: its worker dies at P2). A second line anywhere would be a re-run.
-    steps = [{"toolCalls": [{"name": "bash", "args": {"command": "echo ran >> effects.log; sleep 3"}}]}]
-    path.write_text(json.dumps({"steps": [*steps, {"text": "done"}]}))
+def _script(path: Path, release: Path) -> Path:
+    # Each bash call logs once as it starts, then waits for the test's release file, so no call can
+    # finish before the worker dies (the last session's call never starts: its worker dies at P2).
+    # A second line anywhere would be a re-run.
+    command = f"echo ran >> effects.log; for i in $(seq 600); do [ -e {release} ] && break; sleep 0.1; done"
+    steps = [{"toolCalls": [{"name": "bash", "args": {"command": command}}]}, {"text": "done"}]
+    path.write_text(json.dumps({"steps": steps}))
     return path
 
 
@@ -52,7 +54,8 @@ async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
 ) -> None:
     box = Sandbox(temporal_server, tmp_path / "race")
-    script = _script(tmp_path / "script.json")
+    release = tmp_path / "release"
+    script = _script(tmp_path / "script.json", release)
     sessions = [f"race-{i}-{box.queue}" for i in range(RUNS)]
     workspaces = [box.root / f"ws-{i}" for i in range(RUNS)]
     runs: dict[str, str] = {}
@@ -70,6 +73,7 @@ async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
         assert await doomed.wait_exit(timeout=60) == -9
     finally:
         await stop(doomed)
+        release.touch()  # the orphaned bash commands end now
 
     with LedgerStore.open(box.db) as store:
         assert {r.run_id for r in store.list_runs(nonterminal=True)} == set(runs.values())

@@ -93,11 +93,6 @@ def test_rejects_one_invocation_identity_crossing_boundaries(
     assert len(store.events()) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scanner.admit skips identity checks for ordinary events, so the writer admits an event "
-    "the scan then flags as corruption (reported to helper A); drop this marker when fixed",
-)
 @pytest.mark.parametrize("drift", [{"run": "run-2"}, {"turn": "turn-2"}, {"session": "sess-2"}])
 def test_rejects_an_ordinary_event_whose_invocation_crosses_boundaries(
     store: LedgerStore, drift: dict[str, str]

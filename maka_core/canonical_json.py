@@ -226,8 +226,20 @@ def _bad_keys(path: str) -> Any:
     raise CodecError("lossy_json_value", f"non-string key at {path}")
 
 
+# Output of the C encoder can differ from JavaScript's only where this matches (conservatively,
+# even inside strings): a non-integral number, an integer-like key, a long integer, or a
+# character at or past U+D800 (surrogates, and where code-point order differs from UTF-16 order).
+_NEEDS_JS_ENCODER = re.compile(r'[:,\[]-?\d+[.eE]|"\d+":|\d{16}|[\ud800-\U0010ffff]')
+
+
 def dumps(value: JsonValue) -> str:
     """Canonical compact JSON text of a value, in JavaScript's key order and number format."""
+    check(value)
+    # Fast path: the C encoder with sorted keys is already JavaScript's output for the common
+    # case; anything it might get wrong goes through the exact encoder below.
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    if _NEEDS_JS_ENCODER.search(text) is None:
+        return text
     out: list[str] = []
     _encode(value, out, "$")
     return "".join(out)

@@ -102,3 +102,11 @@ def test_agrees_with_a_real_javascript_engine() -> None:
     script = "const v=JSON.parse(require('fs').readFileSync(0,'utf8'));process.stdout.write(JSON.stringify(v))"
     theirs = subprocess.run(["node", "-e", script], input=ours, capture_output=True, text=True, check=True).stdout
     assert theirs == ours
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_fast_path_equals_the_exact_encoder(value: object) -> None:
+    exact: list[str] = []
+    cj._encode(value, exact, "$")
+    assert cj.dumps(value) == "".join(exact)

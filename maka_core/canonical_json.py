@@ -229,7 +229,7 @@ def _bad_keys(path: str) -> Any:
 # Output of the C encoder can differ from JavaScript's only where this matches (conservatively,
 # even inside strings): a non-integral number, an integer-like key, a long integer, or a
 # character at or past U+D800 (surrogates, and where code-point order differs from UTF-16 order).
-_NEEDS_JS_ENCODER = re.compile(r'[:,\[]-?\d+[.eE]|"\d+":|\d{16}|[\ud800-\U0010ffff]')
+_NEEDS_JS_ENCODER = re.compile(r'(?:^|[:,\[])-?\d+[.eE]|"\d+":|\d{16}|[\ud800-\U0010ffff]')
 
 
 def dumps(value: JsonValue) -> str:

@@ -21,7 +21,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -269,7 +269,7 @@ def _default_policy() -> Any:
     return Policy()
 
 
-async def _guard(coro: Any) -> Any:
+async def _guard(coro: Awaitable[T]) -> T:
     try:
         return await coro
     except MakaError as exc:

@@ -13,6 +13,7 @@ All access happens on the activity set's single ledger thread.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +21,10 @@ from sqlalchemy import select
 
 from maka_core.events import RuntimeEvent
 from maka_core.resolver import OperationResolution, resolve
-from maka_core.scanner import LedgerScanner
+from maka_core.scanner import LedgerScanner, OperationFacts
 
+_Decide = Callable[[OperationFacts, LedgerScanner], OperationResolution]
+_decide_one: _Decide | None
 try:  # the per-call decision; falls back to resolving the whole session when unavailable
     from maka_core.resolver import _decide as _decide_one
 except ImportError:  # pragma: no cover - depends on the resolver's internals

@@ -107,8 +107,8 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
             ts,
         )
     else:
-        reason = _PARK_REASONS.get(rec.observation, "reconcile_unreadable")
-        decision = facts.decision_event(ids, op_id, call.tool_call_id, reason, evidence_ids, None, ts)
+        park_reason = _PARK_REASONS.get(rec.observation, "reconcile_unreadable")
+        decision = facts.decision_event(ids, op_id, call.tool_call_id, park_reason, evidence_ids, None, ts)
     failpoints.hit("P10", tag=call.tool_name)
     try:
         await host.ledger(
@@ -140,9 +140,7 @@ async def recover_operation(host: MakaActivities, inp: RecoverInput) -> RecoverR
             is_error=outcome.content is not None and bool(getattr(outcome.content, "is_error", False)),
             response_event_id=outcome.id,
         )
-    return RecoverResult(
-        operation_id=op_id, status="parked", reason=decision.actions.tool_recovery.payload.reason_code
-    )  # type: ignore[union-attr]
+    return RecoverResult(operation_id=op_id, status="parked", reason=park_reason)
 
 
 async def _reread(

@@ -121,6 +121,7 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
             operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
         )
 
+    assert tool is not None  # preflight refused unknown tools
     ws = host.workspace(inp.workspace)
     evidence = await run_heartbeating(
         host, tool.capture_evidence, args, ws, interval=host.heartbeat_interval()

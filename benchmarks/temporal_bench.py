@@ -170,6 +170,25 @@ async def concurrent_sessions(
     }
 
 
+async def _peers(server: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """pydantic-ai's Temporal integration and plain Temporal, side by side on this server."""
+    from benchmarks.peer_plain_temporal import run_plain_temporal
+    from benchmarks.peer_pydantic_ai import run_pydantic_ai
+
+    plain_client = await Client.connect(server.address, runtime=quiet_runtime())
+    rows = []
+    for n in args.calls:
+        if n <= args.pydantic_ai_max:
+            rows.append(
+                await run_pydantic_ai(plain_client, "bench-pai", n, args.output_bytes, timeout=args.timeout)
+            )
+        rows.append(
+            await run_plain_temporal(plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout)
+        )
+        print(f"peers N={n} done", file=sys.stderr, flush=True)
+    return rows
+
+
 async def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="maka-temporal-bench-"))
     try:
@@ -205,6 +224,7 @@ async def main(args: argparse.Namespace) -> None:
                 conc = None
                 if args.concurrent:
                     conc = await concurrent_sessions(client, acts, queue, ws_root, tmp, args.concurrent, 10)
+            peer_rows = await _peers(server, args) if args.peers else []
             store.close()
             acts.close()
     finally:
@@ -228,6 +248,11 @@ async def main(args: argparse.Namespace) -> None:
             f"{r['t2_ms']:.2f}) | {100 * r['ledger_share_of_tool_activity']:.0f} % "
             f"| {100 * r['ledger_share_of_turn']:.0f} % |"
         )
+    if peer_rows:
+        from benchmarks.bench_server import markdown_table
+
+        print("\nPeers on the same server, same tool and outputs (bench_server.measure):\n")
+        print(markdown_table(peer_rows))
     if conc:
         print(
             f"\n{conc['sessions']} concurrent sessions x {conc['calls_per_session']} tool calls: "
@@ -244,4 +269,10 @@ if __name__ == "__main__":
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--peers", action="store_true", help="also run pydantic-ai and plain Temporal (bench extra)"
+    )
+    parser.add_argument(
+        "--pydantic-ai-max", type=int, default=150, help="largest N for pydantic-ai (it dies ~125)"
+    )
     asyncio.run(main(parser.parse_args()))

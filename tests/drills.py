@@ -134,7 +134,7 @@ class Sandbox:
         self.guard_disabled = guard_disabled
         self._workers = 0
 
-    def worker(self, kill: Kill | None = None, *, queue: str | None = None) -> WorkerProcess:
+    def worker(self, kill: Kill | None = None) -> WorkerProcess:
         """Start ``maka worker`` (armed with ``kill`` when given) as a child process."""
         self._workers += 1
         env = {"MAKA_EFFECT_LOG": str(self.journal)}
@@ -145,7 +145,7 @@ class Sandbox:
         return WorkerProcess(
             self.server,
             self.db,
-            queue or self.queue,
+            self.queue,
             home=self.root,
             failpoint=kill.failpoint if kill else None,
             failpoint_tag=kill.tag if kill else None,

@@ -1,10 +1,11 @@
 """The startup-repair race: two ``maka worker`` processes started at once over one ledger.
 
-Setup (real processes, a real server): ``RUNS`` sessions run one turn each on a worker that SIGKILLs
-itself at the last session's bash T1 (``P2`` with ``MAKA_FAILPOINT_SKIP``), so every run is left
-non-terminal with its bash dispatched and no outcome. Then the executions are lost in the ways an
-operator meets: most are terminated, one is deleted outright (gone), and one stays open. Two
-workers start at the same instant; both run startup repair over the same runs.
+Setup (real processes, a real server): ``RUNS`` sessions start one turn each on one worker; their
+bash call blocks, and the test SIGKILLs the worker once every run has begun and several bash calls
+are dispatched, so every run is left non-terminal. Then the executions are lost in the ways an
+operator meets: most are terminated, one is deleted outright (gone), and one, whose bash was
+dispatched, stays open. Two workers start at the same instant; both run startup repair over the
+same runs (the test holds the ledger's write lock while they start, so they really overlap).
 
 Must hold: exactly one terminal fact per run (the deterministic repair event for lost executions,
 the workflow's own for the open one), every header terminal, the open run left to its workflow
@@ -27,15 +28,19 @@ import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 
+from maka_core.session_view import operations
 from maka_core.store import LedgerStore
-from tests.drills import Kill, Sandbox, log_lines, open_session, ready, send, settle, stop
+from tests.drills import Sandbox, log_lines, open_session, ready, send, settle, stop
 from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
 RUNS = 24
+#: The tool pool runs 8 bodies at once; the rest wait before T1 (still non-terminal runs).
+MIN_DISPATCHED = 4
 #: Long enough for both workers to start and list the runs, well under the store's busy timeout.
 LOCK_HOLD_S = 3.0
+MAX_ROUNDS = 5
 _REPAIRED = re.compile(r"repaired (\d+) run")
 
 
@@ -49,18 +54,31 @@ def _script(path: Path, release: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(240)
-async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
-    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
-) -> None:
-    box = Sandbox(temporal_server, tmp_path / "race")
+def _progress(db: Path) -> tuple[set[str], set[str]]:
+    """(non-terminal run ids, session ids whose bash call has its dispatch fact)."""
+    with LedgerStore.open(db) as store:
+        begun = {r.run_id for r in store.list_runs(nonterminal=True)}
+        dispatched = {
+            op_session
+            for op_session, op in (
+                (sid, op) for sid in store.sessions() for op in operations(store.events(session_id=sid))
+            )
+            if op.tool_name == "bash" and op.dispatch_event_id
+        }
+    return begun, dispatched
+
+
+async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any) -> int:
+    """One round: leave RUNS runs non-terminal, race two workers, check; return how many runs both
+    workers repaired (the overlap)."""
+    box = Sandbox(temporal_server, tmp_path)
     release = tmp_path / "release"
     script = _script(tmp_path / "script.json", release)
     sessions = [f"race-{i}-{box.queue}" for i in range(RUNS)]
     workspaces = [box.root / f"ws-{i}" for i in range(RUNS)]
     runs: dict[str, str] = {}
 
-    doomed = box.worker(Kill("P2", "bash", RUNS - 1))
+    doomed = box.worker()
     try:
         await ready(doomed)
         for sid, ws in zip(sessions, workspaces, strict=True):
@@ -70,14 +88,25 @@ async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
             *(send(temporal_client, sid, "go", update_id=f"{sid}-1") for sid in sessions)
         )
         runs = {sid: a.run_id for sid, a in zip(sessions, accepted, strict=True)}
-        assert await doomed.wait_exit(timeout=60) == -9
+        deadline = time.monotonic() + 60
+        while True:
+            begun, dispatched = await asyncio.to_thread(_progress, box.db)
+            if len(begun) == RUNS and len(dispatched) >= MIN_DISPATCHED:
+                break
+            assert time.monotonic() < deadline, (len(begun), len(dispatched))
+            await asyncio.sleep(0.1)
+        doomed.proc.kill()  # SIGKILL, by pid, mid-turn for every session
+        assert await doomed.wait_exit(timeout=10) == -9
     finally:
         await stop(doomed)
         release.touch()  # the orphaned bash commands end now
 
-    with LedgerStore.open(box.db) as store:
-        assert {r.run_id for r in store.list_runs(nonterminal=True)} == set(runs.values())
-    kept_open, deleted, terminated = sessions[0], sessions[1], sessions[2:]
+    begun, dispatched = await asyncio.to_thread(_progress, box.db)
+    assert begun == set(runs.values())
+    # Keep open a session whose bash was dispatched: its workflow must recover and park it.
+    kept_open = next(sid for sid in sessions if sid in dispatched)
+    deleted = next(sid for sid in sessions if sid != kept_open)
+    terminated = [sid for sid in sessions if sid not in (kept_open, deleted)]
     for sid in terminated:
         await temporal_client.get_workflow_handle(workflow_id_for(sid)).terminate("drill: execution lost")
     desc = await temporal_client.get_workflow_handle(workflow_id_for(deleted)).describe()
@@ -118,14 +147,15 @@ async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
                 if event.is_terminal:
                     terminal[event.run_id] += 1
                     terminal_ids.setdefault(event.run_id, []).append(event.id)
+    overlap = sum(int(n) for r in reports for n in r) - (RUNS - 1)
     with capsys.disabled():
         print(
-            f"\nRepair race: {RUNS} runs left non-terminal "
+            f"\nRepair race round: {RUNS} runs left non-terminal "
             f"({len(terminated)} terminated, 1 deleted, 1 open); "
             f"worker A reported {reports[0] or ['nothing']} repaired, worker B {reports[1] or ['nothing']}; "
             f"terminal facts per run {sorted(terminal.values())}; open session {parked.state} "
             f"({parked.park_reason}) {settled_open:.1f}s after both were up; "
-            f"ledger verify {'clean' if clean else verify_output}\n"
+            f"ledger verify {'clean' if clean else verify_output}; repaired by both: {overlap}"
         )
 
     assert left == []
@@ -138,9 +168,28 @@ async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
     assert parked.state == "parked" and parked.park_reason == "dispatch_without_response"
     assert terminal_ids[runs[kept_open]] != [f"{runs[kept_open]}_terminal"]
     assert headers[kept_open] is not None and headers[kept_open].park_reason == "dispatch_without_response"  # type: ignore[union-attr]
-    # Both workers repaired every lost run, concurrently: the second repair of each run converged on
-    # the first one's terminal fact (an exact retry) instead of adding another.
-    assert reports == [[str(RUNS - 1)], [str(RUNS - 1)]], reports
+    # Together the two workers repaired every lost run; a run both repaired converged on one
+    # terminal fact (the second commit is an exact retry) instead of adding another.
+    assert sum(int(n) for r in reports for n in r) >= RUNS - 1, reports
     assert clean, verify_output
     lines = [len(log_lines(ws / "effects.log")) for ws in workspaces]
     assert max(lines) <= 1 and sum(lines) < RUNS, lines  # nothing ran again
+    return overlap
+
+
+@pytest.mark.timeout(240)
+async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    # Whether the second worker lists a run before the first has repaired it is up to the
+    # scheduler; rounds continue until one shows both workers repairing the same runs.
+    overlaps: list[int] = []
+    for round_ in range(MAX_ROUNDS):
+        overlaps.append(
+            await _race_round(temporal_server, temporal_client, tmp_path / f"round-{round_}", capsys)
+        )
+        if overlaps[-1] > 0:
+            break
+    with capsys.disabled():
+        print(f"Repair race: rounds {len(overlaps)}, runs repaired by both workers per round {overlaps}\n")
+    assert overlaps[-1] > 0, f"no round raced: {overlaps}"

@@ -250,7 +250,7 @@ async def start_session(
         task_queue=task_queue,
         continue_as_new_after_turns=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,
-        model_step_mode=model_step_mode,  # type: ignore[arg-type]
+        model_step_mode=model_step_mode,
     )
     handle = await client.start_workflow(
         SessionWorkflow.run,

@@ -247,7 +247,7 @@ class SessionWorkflow:
 
     async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
         info = workflow.info()
-        result = await workflow.execute_activity(
+        result: BeginRunResult = await workflow.execute_activity(
             BEGIN_RUN,
             BeginRunInput(
                 ids=ids,
@@ -296,20 +296,22 @@ class SessionWorkflow:
         if self._inp.model_step_mode == "local":
             # Local: one server round trip less and no input in history. Safe because the step is
             # idempotent through the ledger (a re-run returns the committed output).
-            return await workflow.execute_local_activity(
+            local: ModelStepResult = await workflow.execute_local_activity(
                 MODEL_STEP,
                 inp,
                 result_type=ModelStepResult,
                 start_to_close_timeout=timedelta(seconds=120),
                 retry_policy=MODEL_RETRY,
             )
-        return await workflow.execute_activity(
+            return local
+        remote: ModelStepResult = await workflow.execute_activity(
             MODEL_STEP,
             inp,
             result_type=ModelStepResult,
             start_to_close_timeout=timedelta(seconds=120),
             retry_policy=MODEL_RETRY,
         )
+        return remote
 
     async def _tool(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> ToolOutcome | RecoverResult:
         tool_input = ToolInput(
@@ -321,7 +323,7 @@ class SessionWorkflow:
         )
         for _ in range(MAX_DISPATCHES):
             try:
-                return await workflow.execute_activity(
+                outcome: ToolOutcome = await workflow.execute_activity(
                     EXECUTE_TOOL,
                     tool_input,
                     result_type=ToolOutcome,
@@ -329,6 +331,7 @@ class SessionWorkflow:
                     heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
                     retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
                 )
+                return outcome
             except ActivityError:
                 # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
                 # Only the ledger can; never re-schedule the tool without asking it.
@@ -342,7 +345,7 @@ class SessionWorkflow:
 
     async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
         try:
-            return await workflow.execute_activity(
+            recovered: RecoverResult = await workflow.execute_activity(
                 RECOVER_OPERATION,
                 RecoverInput(
                     session_id=ids.session_id,
@@ -360,6 +363,7 @@ class SessionWorkflow:
             )
         except ActivityError:
             raise _Park("recovery_unavailable", call.operation_id) from None
+        return recovered
 
     async def _finish(
         self,

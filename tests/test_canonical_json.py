@@ -41,12 +41,31 @@ def test_keys_order_as_javascript_does() -> None:
     # Integer-like keys ascending first, then UTF-16 code-unit order (astral chars sort by surrogates,
     # so U+1F600 comes before U+FF5E even though its code point is larger).
     value = {"b": 1, "a": 2, "10": 3, "2": 4, "01": 5, "\uff5e": 6, "\U0001f600": 7, "4294967295": 8}
-    assert list(json.loads(cj.dumps(value))) == ["2", "10", "01", "4294967295", "a", "b", "\U0001f600", "\uff5e"]
+    assert list(json.loads(cj.dumps(value))) == [
+        "2",
+        "10",
+        "01",
+        "4294967295",
+        "a",
+        "b",
+        "\U0001f600",
+        "\uff5e",
+    ]
 
 
 @pytest.mark.parametrize(
     "text",
-    ["NaN", "Infinity", "-0", "-0.0", "1e400", "1e-400", '{"a":1,"a":2}', '"\\ud800"', "12345678901234567891"],
+    [
+        "NaN",
+        "Infinity",
+        "-0",
+        "-0.0",
+        "1e400",
+        "1e-400",
+        '{"a":1,"a":2}',
+        '"\\ud800"',
+        "12345678901234567891",
+    ],
 )
 def test_lossy_or_invalid_values_are_refused(text: str) -> None:
     with pytest.raises(CodecError) as err:
@@ -69,7 +88,9 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not (f == 0 and math.copysign(1, f) < 0))
+    | st.floats(allow_nan=False, allow_infinity=False).filter(
+        lambda f: not (f == 0 and math.copysign(1, f) < 0)
+    )
     | st.text(st.characters(exclude_categories=["Cs"])),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=20,
@@ -96,11 +117,20 @@ def test_agrees_with_a_real_javascript_engine() -> None:
         d = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
         if math.isfinite(d) and not (d == 0 and math.copysign(1, d) < 0):
             doubles.append(d)
-    doubles += [rng.uniform(-1e6, 1e6) for _ in range(500)] + [rng.randint(-(10**6), 10**6) / 1000 for _ in range(500)]
-    value = {"numbers": doubles, "keys": {k: i for i, k in enumerate(["z", "1", "b", "\u00e9", "0", "10", "A"])}}
+    doubles += [rng.uniform(-1e6, 1e6) for _ in range(500)] + [
+        rng.randint(-(10**6), 10**6) / 1000 for _ in range(500)
+    ]
+    value = {
+        "numbers": doubles,
+        "keys": {k: i for i, k in enumerate(["z", "1", "b", "\u00e9", "0", "10", "A"])},
+    }
     ours = cj.dumps(value)
-    script = "const v=JSON.parse(require('fs').readFileSync(0,'utf8'));process.stdout.write(JSON.stringify(v))"
-    theirs = subprocess.run(["node", "-e", script], input=ours, capture_output=True, text=True, check=True).stdout
+    script = (
+        "const v=JSON.parse(require('fs').readFileSync(0,'utf8'));process.stdout.write(JSON.stringify(v))"
+    )
+    theirs = subprocess.run(
+        ["node", "-e", script], input=ours, capture_output=True, text=True, check=True
+    ).stdout
     assert theirs == ours
 
 

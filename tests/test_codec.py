@@ -51,7 +51,9 @@ def test_canonical_args_hash_matches_maka() -> None:
         codec.canonical_args_hash("Bash", {"command": "ls"})
         == "sha256:f93c26c33ed90b222b920cfb4fcd11d928eab4498b96b1e093db6a230bc654d1"
     )
-    assert codec.canonical_args_hash("t", {"b": 1, "a": 2.0}) == codec.canonical_args_hash("t", {"a": 2, "b": 1})
+    assert codec.canonical_args_hash("t", {"b": 1, "a": 2.0}) == codec.canonical_args_hash(
+        "t", {"a": 2, "b": 1}
+    )
 
 
 def test_non_canonical_input_decodes_to_the_canonical_form() -> None:
@@ -117,33 +119,64 @@ def test_event_kind_and_terminal() -> None:
     assert [codec.decode(line).is_terminal for line in lines] == [False, False, False, True]
 
 
-ids = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF, exclude_categories=["Cs"]), min_size=1, max_size=8)
+ids = st.text(
+    st.characters(min_codepoint=33, max_codepoint=0x2FFF, exclude_categories=["Cs"]), min_size=1, max_size=8
+)
 json_leaf = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=6)
-args = st.dictionaries(st.text(max_size=5), st.recursive(json_leaf, lambda i: st.lists(i, max_size=3), max_leaves=5))
+args = st.dictionaries(
+    st.text(max_size=5), st.recursive(json_leaf, lambda i: st.lists(i, max_size=3), max_leaves=5)
+)
 
 
 @st.composite
 def events(draw: st.DrawFn) -> RuntimeEvent:
     kind = draw(st.sampled_from(["user", "call", "dispatch", "response"]))
     base = dict(
-        id=draw(ids), invocation_id=draw(ids), run_id=draw(ids), session_id=draw(ids), turn_id=draw(ids),
-        ts=draw(st.integers(0, 2**53 - 1)), partial=False,
+        id=draw(ids),
+        invocation_id=draw(ids),
+        run_id=draw(ids),
+        session_id=draw(ids),
+        turn_id=draw(ids),
+        ts=draw(st.integers(0, 2**53 - 1)),
+        partial=False,
     )
     call_id, op = draw(ids), draw(ids)
     if kind == "user":
         return RuntimeEvent(**base, role="user", author="user", content=TextContent(text=draw(st.text())))
     if kind == "call":
         a = draw(args)
-        return RuntimeEvent(**base, role="model", author="agent", content=FunctionCallContent(id=call_id, name="t", args=a),
-                            refs=Refs(operation_id=op, tool_call_id=call_id))
+        return RuntimeEvent(
+            **base,
+            role="model",
+            author="agent",
+            content=FunctionCallContent(id=call_id, name="t", args=a),
+            refs=Refs(operation_id=op, tool_call_id=call_id),
+        )
     if kind == "dispatch":
-        return RuntimeEvent(**base, role="system", author="system", refs=Refs(operation_id=op, tool_call_id=call_id),
-                            actions=Actions(tool_dispatch=ToolDispatch(
-                                operation_id=op, provider_tool_call_id=call_id, tool_name="t",
-                                canonical_args_hash=codec.canonical_args_hash("t", draw(args)), recovery_mode="reconcile")))
-    return RuntimeEvent(**base, role="tool", author="tool", refs=Refs(operation_id=op, tool_call_id=call_id),
-                        content=FunctionResponseContent(id=call_id, name="t", result=draw(st.one_of(st.none(), args)),
-                                                        is_error=draw(st.booleans())))
+        return RuntimeEvent(
+            **base,
+            role="system",
+            author="system",
+            refs=Refs(operation_id=op, tool_call_id=call_id),
+            actions=Actions(
+                tool_dispatch=ToolDispatch(
+                    operation_id=op,
+                    provider_tool_call_id=call_id,
+                    tool_name="t",
+                    canonical_args_hash=codec.canonical_args_hash("t", draw(args)),
+                    recovery_mode="reconcile",
+                )
+            ),
+        )
+    return RuntimeEvent(
+        **base,
+        role="tool",
+        author="tool",
+        refs=Refs(operation_id=op, tool_call_id=call_id),
+        content=FunctionResponseContent(
+            id=call_id, name="t", result=draw(st.one_of(st.none(), args)), is_error=draw(st.booleans())
+        ),
+    )
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="maka",
-        description="Durable agent sessions on Temporal; the RuntimeEvent ledger is the authority on tool outcomes.",
+        description=(
+            "Durable agent sessions on Temporal; the RuntimeEvent ledger is the authority on tool outcomes."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each group module exposes register(subparsers); the parser it adds sets ``func``.

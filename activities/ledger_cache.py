@@ -13,22 +13,12 @@ All access happens on the activity set's single ledger thread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-
 from maka_core.events import RuntimeEvent
-from maka_core.resolver import OperationResolution, resolve
-from maka_core.scanner import LedgerScanner, OperationFacts
-
-_Decide = Callable[[OperationFacts, LedgerScanner], OperationResolution]
-_decide_one: _Decide | None
-try:  # the per-call decision; falls back to resolving the whole session when unavailable
-    from maka_core.resolver import _decide as _decide_one
-except ImportError:  # pragma: no cover - depends on the resolver's internals
-    _decide_one = None
+from maka_core.resolver import OperationResolution, decide
+from maka_core.scanner import LedgerScanner
 
 
 @dataclass
@@ -54,10 +44,7 @@ class SessionLedger:
         facts = self.scanner.operation_for_call(invocation_id, tool_call_id)
         if facts is None:
             return None
-        if _decide_one is not None:
-            decided: OperationResolution = _decide_one(facts, self.scanner)
-            return decided
-        return resolve(self.scanner).for_call(invocation_id, tool_call_id)
+        return decide(facts, self.scanner)
 
 
 class LedgerCache:
@@ -87,17 +74,5 @@ class LedgerCache:
         self._sessions.pop(session_id, None)
 
     def _fetch(self, session_id: str, after: int) -> list[tuple[int, RuntimeEvent]]:
-        # Reads the store's table directly (an indexed range read past the cursor); every row is
-        # still decoded and checked against its columns by the store's own row decoder.
-        from maka_core.engine import read_tx
-        from maka_core.ledger_rows import row_event
-        from maka_core.schema import runtime_events
-
-        query = (
-            select(runtime_events)
-            .where(runtime_events.c.session_id == session_id)
-            .where(runtime_events.c.ledger_seq > after)
-            .order_by(runtime_events.c.ledger_seq)
-        )
-        with read_tx(self.store.engine) as conn:
-            return [(int(row["ledger_seq"]), row_event(row)) for row in conn.execute(query).mappings()]
+        fetched: list[tuple[int, RuntimeEvent]] = self.store.events_since(session_id, after)
+        return fetched

@@ -113,7 +113,7 @@ def resolve(events: Sequence[RuntimeEvent] | LedgerScanner) -> RecoveryResolutio
     """
     scanner = events if isinstance(events, LedgerScanner) else scan(events, protocol_scope="ledger")
     issues = (*scanner.protocol_issues, *scanner.issues)
-    decisions = tuple(_decide(facts, scanner) for facts in scanner.operations())
+    decisions = tuple(decide(facts, scanner) for facts in scanner.operations())
     has_corruption = bool(issues) or any(d.status == "corruption" for d in decisions)
     return RecoveryResolution(
         tool_boundary_protocol=scanner.ledger_protocol,
@@ -124,7 +124,8 @@ def resolve(events: Sequence[RuntimeEvent] | LedgerScanner) -> RecoveryResolutio
     )
 
 
-def _decide(facts: OperationFacts, scanner: LedgerScanner) -> OperationResolution:
+def decide(facts: OperationFacts, scanner: LedgerScanner) -> OperationResolution:
+    """The Resolver's decision for one tool call, read from a scanner that has folded its ledger."""
     status: Status
     origin: SettlementOrigin | None = None
     if scanner.protocol(facts.run_id) is not None:

@@ -64,6 +64,21 @@ class LedgerReads:
         with self._lock, read_tx(self.engine) as conn:
             return [row_event(r) for r in conn.execute(query).mappings()]
 
+    def events_since(self, session_id: str, after_seq: int) -> list[tuple[int, RuntimeEvent]]:
+        """A session's events committed past ``after_seq``, with their ledger_seq, in ledger order.
+
+        Writers commit one at a time and ``ledger_seq`` grows in commit order, so a reader that
+        keeps its cursor sees exactly the committed ledger, whichever process wrote it.
+        """
+        query = (
+            select(runtime_events)
+            .where(runtime_events.c.session_id == session_id)
+            .where(runtime_events.c.ledger_seq > after_seq)
+            .order_by(runtime_events.c.ledger_seq)
+        )
+        with self._lock, read_tx(self.engine) as conn:
+            return [(int(r["ledger_seq"]), row_event(r)) for r in conn.execute(query).mappings()]
+
     def event(self, event_id: str) -> RuntimeEvent | None:
         with self._lock, read_tx(self.engine) as conn:
             row = (

@@ -209,6 +209,12 @@ class MakaActivities:
 
     def close(self, *, wait: bool = True) -> None:
         """Shutdown order within the activity set: tools first, then the ledger thread."""
+        # A running command would otherwise hold shutdown for up to its timeout; the attempt it
+        # belonged to is recovered (and, for bash, parked) like any other dead attempt.
+        for tool in self.tools.values():
+            kill = getattr(tool, "kill_running", None)
+            if kill is not None:
+                kill()
         self.tool_pool.shutdown(wait=wait, cancel_futures=True)
         self._ledger_thread.shutdown(wait=wait)
 
@@ -254,19 +260,10 @@ class MakaActivities:
         return [self.begin_run, self.model_step, self.execute_tool, self.recover_operation, self.finish_run]
 
 
-class _AllowAll:
-    def evaluate(self, tool: Any, args: Any) -> Any:
-        from types import SimpleNamespace
-
-        return SimpleNamespace(allowed=True, code=None, reason=None)
-
-
 def _default_policy() -> Any:
-    try:
-        from maka_core.policy import Policy
-    except ImportError:  # policy module not present: admit everything preflight admits
-        return _AllowAll()
-    return Policy()
+    from maka_core.policy import Policy
+
+    return Policy.from_env()  # MAKA_POLICY, or the default: built-in tools, nothing forbidden
 
 
 async def _guard(coro: Awaitable[T]) -> T:

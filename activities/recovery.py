@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from activities import facts
-from activities.tools import _guard_disabled, resolve_call, run_heartbeating
+from activities.tools import _guard_disabled, resolve_call, run_and_commit_outcome, run_heartbeating
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
 from workflows.contracts import RecoverInput, RecoverResult, RunIds
@@ -148,22 +148,7 @@ async def _reread(
 ) -> RecoverResult:
     """A read-only call with T1 and no T2: reading again is the recovery (no effect to duplicate)."""
     call = inp.call
-    result = await run_heartbeating(
-        host, tool.run, args, ws, lambda: None, interval=host.heartbeat_interval()
-    )
-    response = facts.response_event(
-        ids,
-        f"{call.operation_id}_response",
-        call.tool_call_id,
-        call.tool_name,
-        result.result,
-        result.is_error,
-        facts.now_ms(),
-        call.operation_id,
-    )
-    await host.ledger(
-        host.store.commit_tool_outcome, response, attempt=facts.attempt_record("t2"), _heartbeat=True
-    )
+    result, response = await run_and_commit_outcome(host, ids, call, tool, args, ws)
     return RecoverResult(
         operation_id=call.operation_id,
         status="completed",

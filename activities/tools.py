@@ -21,6 +21,7 @@ from maka_core import failpoints
 from maka_core.errors import MakaError
 from maka_core.events import RuntimeEvent
 from maka_core.resolver import OperationResolution
+from maka_core.tools.base import ToolRefusal
 from workflows.contracts import DISPATCH_WITHOUT_OUTCOME, RunIds, ToolInput, ToolOutcome
 
 if TYPE_CHECKING:
@@ -106,26 +107,16 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
 
     refusal = _preflight(host, inp, tool, args)
     if refusal is not None:
-        response = facts.response_event(
-            ids,
-            f"{call.operation_id}_refused",
-            call.tool_call_id,
-            call.tool_name,
-            refusal.result,
-            True,
-            facts.now_ms(),
-            None,  # pre-T1: unbound; no operation was dispatched
-        )
-        await host.ledger(host.store.append, [response])
-        return ToolOutcome(
-            operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
-        )
+        return await _commit_refusal(host, ids, call, refusal)
 
     assert tool is not None  # preflight refused unknown tools
     ws = host.workspace(inp.workspace)
-    evidence = await run_heartbeating(
-        host, tool.capture_evidence, args, ws, interval=host.heartbeat_interval()
-    )
+    try:
+        evidence = await run_heartbeating(
+            host, tool.capture_evidence, args, ws, interval=host.heartbeat_interval()
+        )
+    except ToolRefusal as exc:  # the target changed after preflight so the call no longer applies
+        return await _commit_refusal(host, ids, call, exc.to_result())
     dispatch = facts.dispatch_event(
         ids, call.operation_id, call.tool_call_id, call.tool_name, args, tool.recovery_mode, facts.now_ms()
     )
@@ -142,10 +133,26 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         )
     failpoints.hit("P2", tag=call.tool_name)
 
+    result, response = await run_and_commit_outcome(host, ids, call, tool, args, ws)
+    failpoints.hit("P5", tag=call.tool_name)
+    outcome = ToolOutcome(
+        operation_id=call.operation_id,
+        status="completed",
+        is_error=result.is_error or None,
+        dispatch_event_id=dispatch.id,
+        response_event_id=response.id,
+    )
+    failpoints.hit("P6", tag=call.tool_name)
+    return outcome
+
+
+async def run_and_commit_outcome(
+    host: MakaActivities, ids: RunIds, call: Any, tool: Any, args: dict[str, Any], ws: Any
+) -> tuple[Any, RuntimeEvent]:
+    """Run the tool (heartbeating), then T2: its outcome commits before anyone sees the result."""
     result = await run_heartbeating(
         host, tool.run, args, ws, lambda: None, interval=host.heartbeat_interval()
     )
-
     response = facts.response_event(
         ids,
         f"{call.operation_id}_response",
@@ -163,16 +170,25 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         _phase="t2",
         _heartbeat=True,
     )
-    failpoints.hit("P5", tag=call.tool_name)
-    outcome = ToolOutcome(
-        operation_id=call.operation_id,
-        status="completed",
-        is_error=result.is_error or None,
-        dispatch_event_id=dispatch.id,
-        response_event_id=response.id,
+    return result, response
+
+
+async def _commit_refusal(host: MakaActivities, ids: RunIds, call: Any, refusal: Any) -> ToolOutcome:
+    """A pre-T1 refusal is an ordinary committed error result: the tool never ran."""
+    response = facts.response_event(
+        ids,
+        f"{call.operation_id}_refused",
+        call.tool_call_id,
+        call.tool_name,
+        refusal.result,
+        True,
+        facts.now_ms(),
+        None,  # pre-T1: unbound; no operation was dispatched
     )
-    failpoints.hit("P6", tag=call.tool_name)
-    return outcome
+    await host.ledger(host.store.append, [response])
+    return ToolOutcome(
+        operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
+    )
 
 
 def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, Any]) -> Any:
@@ -195,9 +211,7 @@ def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, 
         return refusal
     decision = host.policy.evaluate(tool, args)
     if not decision.allowed:
-        return ToolResult.error(
-            "policy_blocked", decision.reason or "denied by policy", policyCode=decision.code
-        )
+        return decision.to_result()
     return None
 
 

@@ -57,7 +57,58 @@ def digest(text: str | bytes) -> str:
 
 
 def canonical_args_hash(tool_name: str, args: Any) -> str:
-    """Maka's ``t1_after_preflight_v1`` identity of one call: sha256 of canonical
-    ``{"args": args, "toolName": name}``, so the same call hashes the same in both
-    implementations."""
-    return digest(canonical_json.dumps({"args": args, "toolName": tool_name}))
+    """Maka's ``t1_after_preflight_v1`` identity of one call.
+
+    The sha256 of ``{"args": ..., "toolName": ...}`` in the reference's frozen "mainline v1"
+    form (reference ``tool-args-identity.ts``): object keys sorted, ``__proto__`` keys
+    dropped (JavaScript's setter swallowed them), and arrays held under a ``required`` or
+    ``enum`` key sorted by ``localeCompare`` of their items' JSON, so the same call hashes the
+    same in both implementations.
+
+    Raises:
+        ValueError: the tool name is empty (the reference gives such a call no identity).
+        CodecError: ``args`` is not a strict JSON value.
+    """
+    if not tool_name:
+        raise ValueError("tool argument identity requires a tool name")
+    canonical_json.check(args)
+    body = {"args": _mainline_v1(args, "args"), "toolName": tool_name}
+    return digest(canonical_json.dumps(body))
+
+
+_SORTED_ARRAY_KEYS = frozenset({"required", "enum"})
+
+
+def _mainline_v1(value: Any, parent_key: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _mainline_v1(v, k) for k, v in value.items() if k != "__proto__"}
+    if isinstance(value, list):
+        items = [_mainline_v1(item, None) for item in value]
+        if parent_key in _SORTED_ARRAY_KEYS:
+            # Stable, like Array.prototype.sort: items that collate equal keep their order.
+            items.sort(key=lambda item: _collation_key(canonical_json.dumps(item)))
+        return items
+    return value
+
+
+# ICU root collation (what Node's ``localeCompare`` uses) for ASCII: controls are ignorable,
+# whitespace, then punctuation and symbols in this order, then digits, then letters with case
+# a tertiary difference (lower before upper). Other characters follow by code point: an
+# approximation that only matters for non-ASCII members of ``required``/``enum`` arrays.
+_VARIABLE_ORDER = "\t\n\v\f\r _-,;:!?.'\"()[]{}@*/\\&#%`^+<=>|~$0123456789"
+_PRIMARY: dict[str, int] = {ch: i for i, ch in enumerate(_VARIABLE_ORDER)}
+for _i, _letter in enumerate("abcdefghijklmnopqrstuvwxyz"):
+    _PRIMARY[_letter] = _PRIMARY[_letter.upper()] = len(_VARIABLE_ORDER) + _i
+
+
+def _collation_key(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    primary: list[int] = []
+    tertiary: list[int] = []
+    for ch in text:
+        code = ord(ch)
+        if (code < 0x20 and ch not in "\t\n\v\f\r") or code == 0x7F:
+            continue
+        weight = _PRIMARY.get(ch)
+        primary.append(weight if weight is not None else 0x1000 + code)
+        tertiary.append(1 if ch.isascii() and ch.isupper() else 0)
+    return tuple(primary), tuple(tertiary)

@@ -10,6 +10,7 @@ so an event means the same after a round trip. Free-form payloads (``args``, ``r
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,6 +34,8 @@ RecoveryMode = Literal[
 Observation = Literal["matches_expected_state", "matches_prior_state", "diverged", "unreadable"]
 ParkReasonCode = Literal["reconcile_matches_prior_state", "reconcile_diverged", "reconcile_unreadable"]
 Sha256Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+#: The reference refuses an empty string wherever it asks for an identity.
+NonEmpty = Annotated[str, Field(min_length=1)]
 
 
 class WireModel(BaseModel):
@@ -123,9 +126,11 @@ class FunctionCallContent(Wire):
     kind: Literal["function_call"] = "function_call"
     id: str
     name: str
-    args: JsonObject
+    # The reference types ``args`` as unknown: any JSON value, null included, but present.
+    args: Any
     provider_options: JsonObject | None = None
     provider_executed: bool | None = None
+    _nullable = frozenset({"args"})
     _json_fields = frozenset({"args", "provider_options"})
 
 
@@ -137,7 +142,8 @@ class FunctionResponseContent(Wire):
     is_error: bool | None = None
     provider_executed: bool | None = None
     provider_output: Any = None
-    _nullable = frozenset({"result"})
+    # ``providerOutput`` is unchecked by the reference decoder, so an explicit null is data.
+    _nullable = frozenset({"result", "provider_output"})
     _json_fields = frozenset({"result", "provider_output"})
 
 
@@ -146,7 +152,7 @@ class ErrorContent(Wire):
     message: str
     code: str | None = None
     reason: str | None = None
-    details: Any = None
+    details: list[str] | JsonObject | None = None
     _json_fields = frozenset({"details"})
 
 
@@ -166,13 +172,15 @@ class ToolDispatch(Wire):
     operation_id: str
     provider_tool_call_id: str
     tool_name: str
-    canonical_args_hash: Sha256Digest
+    # Only a string to the decoder: a malformed hash must decode so the scanner can report
+    # ``canonical_args_hash_conflict`` against the committed call (reference isRuntimeToolDispatch).
+    canonical_args_hash: str
     recovery_mode: RecoveryMode
 
 
 class ReconcileResult(Wire):
     protocol: Literal["tool_reconcile_v1"] = "tool_reconcile_v1"
-    operation_id: str
+    operation_id: NonEmpty
     observation: Observation
     observation_schema: Literal["state_identity_v1"] = "state_identity_v1"
     observation_digest: Sha256Digest
@@ -180,11 +188,23 @@ class ReconcileResult(Wire):
 
 class RecoveryDecision(Wire):
     protocol: Literal["tool_recovery_v1"] = "tool_recovery_v1"
-    operation_id: str
+    operation_id: NonEmpty
     disposition: Literal["completed", "parked"]
     reason_code: Literal["reconcile_matches_expected_state"] | ParkReasonCode
-    outcome_event_id: str | None = None
-    evidence_event_ids: list[str]
+    outcome_event_id: NonEmpty | None = None
+    evidence_event_ids: list[NonEmpty]
+
+    @model_validator(mode="after")
+    def _shape_matches_disposition(self) -> RecoveryDecision:
+        # The key set depends on the disposition: only a completed decision names an outcome.
+        if len(set(self.evidence_event_ids)) != len(self.evidence_event_ids) or not self.evidence_event_ids:
+            raise ValueError("evidenceEventIds must be a non-empty list of distinct event ids")
+        if self.disposition == "completed":
+            if self.reason_code != "reconcile_matches_expected_state" or self.outcome_event_id is None:
+                raise ValueError("a completed decision needs its reason and outcomeEventId")
+        elif self.reason_code == "reconcile_matches_expected_state" or self.outcome_event_id is not None:
+            raise ValueError("a parked decision has a park reason and no outcomeEventId")
+        return self
 
 
 class ToolRecovery(Wire):
@@ -203,16 +223,19 @@ class ToolRecovery(Wire):
 
 
 class RuntimeProtocol(Wire):
-    # A plain string: an unknown marker must decode so the scanner can report it.
-    tool_boundary: str
+    # The reference decoder refuses any other marker (isRuntimeProtocolMarker); the scanner's
+    # own check still covers markers built in code without validation.
+    tool_boundary: Literal["t1_after_preflight_v1"]
 
 
 class PermissionAnswerAccepted(Wire):
-    request_id: str
+    """An answer-accepted audit fact (permission or user question): ``{requestId}`` only."""
+
+    request_id: NonEmpty
 
 
 class PermissionClosureAccepted(Wire):
-    request_id: str
+    request_id: NonEmpty
     reason: Literal["timed_out"]
 
 
@@ -226,6 +249,8 @@ class ImmediateSource(Wire):
 
 
 class ContinuationStart(Wire):
+    # Optional: the tag's presence is preserved as read, so either spelling round-trips.
+    protocol: Literal["continuation_start_v2"] | None = None
     provenance: Literal["runtime_admission", "claim_repair"]
     claim_id: str
     boundary_digest: Sha256Digest
@@ -243,8 +268,8 @@ class Actions(Wire):
     permission_answer_accepted: PermissionAnswerAccepted | None = None
     permission_closure_accepted: PermissionClosureAccepted | None = None
     user_question_request: JsonObject | None = None
-    user_question_answer_accepted: JsonObject | None = None
-    transfer_to_agent: Any = None
+    user_question_answer_accepted: PermissionAnswerAccepted | None = None
+    transfer_to_agent: str | None = None
     end_invocation: bool | None = None
     token_usage: JsonObject | None = None
     tool_dispatch: ToolDispatch | None = None
@@ -259,8 +284,6 @@ class Actions(Wire):
             "permission_request",
             "permission_decision",
             "user_question_request",
-            "user_question_answer_accepted",
-            "transfer_to_agent",
             "token_usage",
             "workspace_fact",
         }
@@ -268,6 +291,12 @@ class Actions(Wire):
 
     @model_validator(mode="after")
     def _closure_alone(self) -> Actions:
+        for value in (self.artifact_delta or {}).values():
+            # Artifact deltas are primitive counters and labels (reference isRuntimeEventActions).
+            if not isinstance(value, str | bool | int | float) or (
+                isinstance(value, float) and not math.isfinite(value)
+            ):
+                raise ValueError("artifactDelta values are strings, booleans or finite numbers")
         if self.permission_closure_accepted is not None and self.keys() != {"permissionClosureAccepted"}:
             raise ValueError("permissionClosureAccepted must be the only action key")
         return self
@@ -282,7 +311,7 @@ class Refs(Wire):
     trace_event_id: str | None = None
     tool_call_id: str | None = None
     provider_event_id: str | None = None
-    source_message_digest: str | None = None
+    source_message_digest: Sha256Digest | None = None
     provider_request_trace_id: str | None = None
     artifact_id: str | None = None
     operation_id: str | None = None
@@ -305,12 +334,13 @@ class Refs(Wire):
 class RuntimeEvent(Wire):
     """One immutable fact in a session's ledger."""
 
-    id: str
-    invocation_id: str
-    run_id: str
-    session_id: str
-    turn_id: str
-    ts: Annotated[int, Field(ge=0)]
+    id: NonEmpty
+    invocation_id: NonEmpty
+    run_id: NonEmpty
+    session_id: NonEmpty
+    turn_id: NonEmpty
+    # Unix ms; the reference decoder asks only for a finite number (isFiniteNumber).
+    ts: int | float
     partial: bool
     role: Role
     author: Author
@@ -321,6 +351,12 @@ class RuntimeEvent(Wire):
     content: Content | None = None
     actions: Actions | None = None
     refs: Refs | None = None
+
+    @model_validator(mode="after")
+    def _finite_ts(self) -> RuntimeEvent:
+        if isinstance(self.ts, float) and not math.isfinite(self.ts):
+            raise ValueError("ts must be a finite number")
+        return self
 
     @property
     def is_terminal(self) -> bool:

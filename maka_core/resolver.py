@@ -147,7 +147,9 @@ def decide(facts: OperationFacts, scanner: LedgerScanner) -> OperationResolution
             origin = "normal_t2" if facts.dispatch is not None else "pre_t1_synthetic"
         elif facts.dispatch is not None:
             status, reason = "indeterminate", "dispatch_without_response"
-        recovery = interpret_recovery(facts, scanner.positions)
+        # The reference orders facts by each id's last position (its eventOrder map), so a
+        # repeated id can break an otherwise valid bundle's causal order.
+        recovery = interpret_recovery(facts, scanner.last_positions)
         if recovery.kind == "corruption":
             status, reason, origin = "corruption", "recovery_fact_corruption", None
         elif recovery.kind == "valid":
@@ -165,8 +167,9 @@ def decide(facts: OperationFacts, scanner: LedgerScanner) -> OperationResolution
         is_error = bool(content is not None and content.kind == "function_response" and content.is_error)
     return OperationResolution(
         tool_call_id=facts.tool_call_id,
-        tool_name=facts.tool_name,
-        operation_id=facts.operation_id,
+        # The reference reports these only when truthy: an empty name or id reads as absent.
+        tool_name=facts.tool_name or None,
+        operation_id=facts.operation_id or None,
         status=status,
         reason=reason,
         settlement_origin=origin,

@@ -226,11 +226,14 @@ def _project_operations(
 
 
 def _hidden_indeterminate(events: Sequence[RuntimeEvent], recovery: RecoveryResolution) -> list[Any]:
-    hidden_ids = {e.id for e in events if e.hidden}
+    # The last event carrying an id is the one read (the reference's eventsById map).
+    last_by_id = {e.id: e for e in events}
     return [
         d
         for d in recovery.operations
-        if d.status == "indeterminate" and d.call_event_id is not None and d.call_event_id in hidden_ids
+        if d.status == "indeterminate"
+        and d.call_event_id in last_by_id
+        and last_by_id[d.call_event_id].hidden
     ]
 
 

@@ -156,6 +156,7 @@ class LedgerScanner:
         self.event_count = 0
         self._events: dict[str, RuntimeEvent] = {}
         self._order: dict[str, int] = {}
+        self._last_order: dict[str, int] = {}
         self._spines: dict[str, tuple[str, str, str]] = {}
         self._by_call: dict[tuple[str, str], OperationFacts] = {}
         self._by_operation: dict[str, OperationFacts] = {}
@@ -214,6 +215,15 @@ class LedgerScanner:
     def positions(self) -> Mapping[str, int]:
         """Event id -> zero-based ledger position (first occurrence); a read-only view."""
         return MappingProxyType(self._order)
+
+    @property
+    def last_positions(self) -> Mapping[str, int]:
+        """Event id -> zero-based position of its *last* occurrence; a read-only view.
+
+        This is the reference Resolver's ``eventOrder`` (a map built over every event, so a
+        repeated id lands at its last position); the recovery-order check reads it.
+        """
+        return MappingProxyType(self._last_order)
 
     def position(self, event_id: str) -> int | None:
         """Zero-based ledger position of the first event with that id."""
@@ -310,6 +320,7 @@ class LedgerScanner:
         if self._first_event is None:
             self._attr(self, "_first_event", event, undo)
         self._fold_protocol(event, undo)
+        self._set(self._last_order, event.id, self.event_count - 1, undo)
         if event.id in self._events:
             self._issue(None, LedgerIssue("duplicate_event_id", event.id), undo)
             return

@@ -236,12 +236,19 @@ def decision(
     reason = reason_code or (
         "reconcile_matches_expected_state" if disposition == "completed" else "reconcile_matches_prior_state"
     )
+    if disposition == "completed" and outcome_event_id is None:
+        # The decoder refuses a completed decision that names no outcome (tool-recovery-fact.ts).
+        outcome_event_id = f"{op}_recovered"
+    if evidence is None:
+        evidence = [f"evt-{call_id}", f"{op}_dispatch", f"{op}_reconcile"]
+        if disposition == "completed":
+            evidence.append(outcome_event_id or "")
     payload = RecoveryDecision(
         **_given(outcome_event_id=outcome_event_id),
         operation_id=op,
         disposition=disposition,  # type: ignore[arg-type]
         reason_code=reason,  # type: ignore[arg-type]
-        evidence_event_ids=evidence or [],
+        evidence_event_ids=evidence,
     )
     fact = ToolRecovery(kind="maka.tool.recovery_decision", payload=payload)
     return event(

@@ -139,7 +139,11 @@ def test_protocol_marker_after_the_first_event_is_invalid() -> None:
 
 
 def test_unknown_protocol_marker_on_the_first_event_counts_as_legacy() -> None:
-    resolution = resolve([user(protocol="t0_unknown_v9"), call()])
+    # The reference decoder refuses an unknown marker, so (like the reference's own test) the
+    # event is built in code without validation; the Resolver must still judge it.
+    marker = RuntimeProtocol.model_construct(tool_boundary="t0_unknown_v9")
+    first = user(protocol=None).model_copy(update={"actions": Actions(runtime_protocol=marker)})
+    resolution = resolve([first, call()])
     assert resolution.tool_boundary_protocol is None
     assert [(i.code, i.event_id) for i in resolution.issues] == [("protocol_marker_invalid", "evt-user-1")]
     op = resolution.operations[0]

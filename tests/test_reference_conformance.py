@@ -1,0 +1,479 @@
+"""Conformance with the reference implementation's own source (Apache Maka), rule by rule.
+
+Each test names the reference rule it pins (file under ``github.com/apache/maka``). The rules were
+read from the reference source; the cases here are written for this project's API. They cover
+what the facts summary and the six example ledgers left open: decoder strictness, which event a
+duplicate id resolves to, the args-identity bytes, and the Phase 0 plan's lookups.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import pytest
+
+from maka_core import canonical_json
+from maka_core.codec import canonical_args_hash, decode, encode, from_json_object
+from maka_core.errors import CodecError
+from maka_core.events import RuntimeEvent
+from maka_core.resolver import resolve
+from maka_core.resume_plan import plan_resume
+from maka_core.scanner import writer_admission
+from tests.ledger_factory import (
+    call,
+    completed_bundle,
+    dispatch,
+    event,
+    parked_bundle,
+    response,
+    t1,
+    text,
+    user,
+)
+
+DIGEST = "sha256:" + "a" * 64
+RUNTIME_EVENT = "packages/core/src/runtime-event.ts"
+RECOVERY_FACT = "packages/core/src/tool-recovery-fact.ts"
+
+
+def _base(**overrides: Any) -> dict[str, Any]:
+    wire: dict[str, Any] = {
+        "id": "event-1",
+        "invocationId": "invocation-1",
+        "runId": "run-1",
+        "sessionId": "session-1",
+        "turnId": "turn-1",
+        "ts": 1000,
+        "partial": False,
+        "role": "model",
+        "author": "agent",
+    }
+    wire.update(overrides)
+    return wire
+
+
+def _decision_payload(**overrides: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "protocol": "tool_recovery_v1",
+        "operationId": "operation-1",
+        "disposition": "completed",
+        "reasonCode": "reconcile_matches_expected_state",
+        "outcomeEventId": "event-2",
+        "evidenceEventIds": ["event-1"],
+    }
+    payload.update(overrides)
+    return {k: v for k, v in payload.items() if v is not _ABSENT}
+
+
+_ABSENT: Any = object()
+
+
+def _with_decision(payload: dict[str, Any]) -> dict[str, Any]:
+    return _base(
+        actions={"toolRecovery": {"kind": "maka.tool.recovery_decision", "version": 1, "payload": payload}}
+    )
+
+
+def _accepts(wire: dict[str, Any]) -> bool:
+    try:
+        from_json_object(copy.deepcopy(wire))
+    except CodecError:
+        return False
+    return True
+
+
+# --- the RuntimeEvent decoder (runtime-event.ts decodeRuntimeEvent) -----------------------
+
+
+@pytest.mark.parametrize("key", ["id", "invocationId", "runId", "sessionId", "turnId"])
+def test_envelope_identities_must_be_non_empty(key: str) -> None:
+    """runtime-event.ts decodeRuntimeEvent: every envelope identity is a non-empty string."""
+    assert not _accepts(_base(**{key: ""}))
+
+
+@pytest.mark.parametrize("ts", [1000.5, -1, 0])
+def test_ts_is_any_finite_number(ts: float) -> None:
+    """runtime-event.ts decodeRuntimeEvent: ``ts`` need only be a finite number."""
+    event = decode(canonical_json.dumps(_base(ts=ts)))
+    assert decode(encode(event)) == event
+    assert canonical_json.loads(encode(event))["ts"] == ts
+
+
+def test_overflowing_ts_is_refused() -> None:
+    """runtime-event.ts decodeRuntimeEvent: a ``ts`` that overflows a double is not finite."""
+    with pytest.raises(CodecError):
+        decode(
+            '{"id":"e","invocationId":"i","runId":"r","sessionId":"s","turnId":"t","ts":1e400,'
+            '"partial":false,"role":"model","author":"agent"}'
+        )
+
+
+@pytest.mark.parametrize("args", [[1, 2], "raw", None, 7, {}])
+def test_function_call_args_may_be_any_json_value(args: Any) -> None:
+    """runtime-event.ts isRuntimeEventContent: ``function_call.args`` is present, of any JSON type."""
+    wire = _base(content={"kind": "function_call", "id": "c1", "name": "Bash", "args": args})
+    event = from_json_object(wire)
+    assert event.to_wire() == wire
+
+
+def test_function_call_args_must_be_present() -> None:
+    """runtime-event.ts isRuntimeEventContent: ``args`` is a required key."""
+    assert not _accepts(_base(content={"kind": "function_call", "id": "c1", "name": "Bash"}))
+
+
+def test_function_response_provider_output_may_be_null() -> None:
+    """runtime-event.ts isRuntimeEventContent: ``providerOutput`` is unchecked, so null decodes."""
+    wire = _base(
+        role="tool",
+        author="tool",
+        content={
+            "kind": "function_response",
+            "id": "c1",
+            "name": "Bash",
+            "result": None,
+            "providerOutput": None,
+        },
+    )
+    assert from_json_object(wire).to_wire() == wire
+
+
+def test_dispatch_args_hash_is_only_a_string_to_the_decoder() -> None:
+    """runtime-event.ts isRuntimeToolDispatch: ``canonicalArgsHash`` is typed string, not a digest.
+
+    A malformed hash decodes; the scanner then reports ``canonical_args_hash_conflict``
+    (tool-ledger-scanner.ts), which is what the reference plans on.
+    """
+    fact = {
+        "protocol": "t1_after_preflight_v1",
+        "operationId": "operation-1",
+        "providerToolCallId": "provider-call-1",
+        "toolName": "Bash",
+        "canonicalArgsHash": "sha256:args",
+        "recoveryMode": "replay_safe",
+    }
+    assert _accepts(_base(actions={"toolDispatch": fact}))
+    ledger = [user(), call(), dispatch(args_hash="sha256:args")]
+    assert [(i.code, i.event_id) for i in resolve(ledger).issues] == [
+        ("canonical_args_hash_conflict", "op-call-1_dispatch")
+    ]
+
+
+def test_unknown_runtime_protocol_marker_does_not_decode() -> None:
+    """runtime-event.ts isRuntimeProtocolMarker: ``toolBoundary`` must be ``t1_after_preflight_v1``."""
+    assert not _accepts(_base(actions={"runtimeProtocol": {"toolBoundary": "unknown"}}))
+    assert _accepts(_base(actions={"runtimeProtocol": {"toolBoundary": "t1_after_preflight_v1"}}))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _decision_payload(outcomeEventId=_ABSENT),
+        _decision_payload(outcomeEventId=""),
+        _decision_payload(reasonCode="reconcile_diverged"),
+        _decision_payload(disposition="parked", reasonCode="reconcile_diverged"),
+        _decision_payload(
+            disposition="parked", outcomeEventId=_ABSENT, reasonCode="reconcile_matches_expected_state"
+        ),
+        _decision_payload(evidenceEventIds=[]),
+        _decision_payload(evidenceEventIds=["event-1", "event-1"]),
+        _decision_payload(evidenceEventIds=["event-1", ""]),
+        _decision_payload(operationId=""),
+    ],
+    ids=[
+        "completed-without-outcome",
+        "completed-empty-outcome",
+        "completed-with-park-reason",
+        "parked-with-outcome",
+        "parked-with-expected-state-reason",
+        "empty-evidence",
+        "duplicate-evidence",
+        "empty-evidence-id",
+        "empty-operation-id",
+    ],
+)
+def test_recovery_decision_shape_depends_on_disposition(payload: dict[str, Any]) -> None:
+    """tool-recovery-fact.ts isToolRecoveryDecisionFact: exact keys per disposition, distinct evidence."""
+    assert not _accepts(_with_decision(payload))
+
+
+def test_valid_recovery_decisions_decode() -> None:
+    """tool-recovery-fact.ts isToolRecoveryDecisionFact: the two legal shapes."""
+    assert _accepts(_with_decision(_decision_payload()))
+    parked = _decision_payload(
+        disposition="parked", outcomeEventId=_ABSENT, reasonCode="reconcile_unreadable"
+    )
+    assert _accepts(_with_decision(parked))
+
+
+def test_reconcile_operation_id_must_be_non_empty() -> None:
+    """tool-recovery-fact.ts isToolReconcileResultFact: ``operationId`` is a non-empty string."""
+    payload = {
+        "protocol": "tool_reconcile_v1",
+        "operationId": "",
+        "observation": "diverged",
+        "observationSchema": "state_identity_v1",
+        "observationDigest": DIGEST,
+    }
+    fact = {"kind": "maka.tool.reconcile_result", "version": 1, "payload": payload}
+    assert not _accepts(_base(actions={"toolRecovery": fact}))
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        {"transferToAgent": 3},
+        {"artifactDelta": {"nested": {}}},
+        {"artifactDelta": {"list": [1]}},
+        {"stateDelta": []},
+        {"permissionAnswerAccepted": {"requestId": ""}},
+        {"userQuestionAnswerAccepted": {"requestId": ""}},
+        {"permissionClosureAccepted": {"requestId": "", "reason": "timed_out"}},
+    ],
+)
+def test_action_value_types(actions: dict[str, Any]) -> None:
+    """runtime-event.ts isRuntimeEventActions: typed action values and non-empty request ids."""
+    assert not _accepts(_base(actions=actions))
+
+
+def test_valid_action_values_decode() -> None:
+    """runtime-event.ts isRuntimeEventActions: string/boolean/number artifact deltas, string transfer."""
+    actions = {
+        "stateDelta": {"nested": {"value": 1}},
+        "artifactDelta": {"name": "artifact", "ready": True, "bytes": 42},
+        "transferToAgent": "agent-2",
+        "endInvocation": True,
+    }
+    assert _accepts(_base(actions=actions))
+
+
+@pytest.mark.parametrize("details", [["a", "b"], {"k": 1}])
+def test_error_details_are_strings_or_an_object(details: Any) -> None:
+    """runtime-event.ts isRuntimeEventContent: ``error.details`` is a string array or a record."""
+    assert _accepts(_base(content={"kind": "error", "message": "m", "details": details}))
+
+
+@pytest.mark.parametrize("details", [1, "text", [1], True])
+def test_other_error_details_are_refused(details: Any) -> None:
+    """runtime-event.ts isRuntimeEventContent: any other ``error.details`` is refused."""
+    assert not _accepts(_base(content={"kind": "error", "message": "m", "details": details}))
+
+
+def test_source_message_digest_is_a_sha256_digest() -> None:
+    """runtime-event.ts isRuntimeEventRefs: ``sourceMessageDigest`` has the ``sha256:<hex>`` form."""
+    assert _accepts(_base(refs={"sourceMessageDigest": DIGEST}))
+    assert not _accepts(_base(refs={"sourceMessageDigest": "sha256:abc"}))
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0, True), (1.0, True), (1.5, False), (-1, False), (True, False)])
+def test_source_high_water_is_a_non_negative_integer(value: Any, ok: bool) -> None:
+    """runtime-event.ts isRuntimeEventRefs: ``sourceRuntimeEventHighWater`` is a safe integer >= 0."""
+    line = canonical_json.dumps(_base()).replace(
+        "}", f',"refs":{{"sourceRuntimeEventHighWater":{_js(value)}}}}}'
+    )
+    try:
+        decode(line)
+    except CodecError:
+        accepted = False
+    else:
+        accepted = True
+    assert accepted is ok
+
+
+def _js(value: Any) -> str:
+    if value is True:
+        return "true"
+    return repr(value)
+
+
+def test_continuation_start_may_carry_its_protocol_tag() -> None:
+    """runtime-event.ts isRuntimeContinuationStart: the v2 fact is tagged ``continuation_start_v2``."""
+    start = {
+        "protocol": "continuation_start_v2",
+        "provenance": "runtime_admission",
+        "claimId": "claim-1",
+        "boundaryDigest": DIGEST,
+        "immediateSource": {
+            "sessionId": "s",
+            "invocationId": "i",
+            "runId": "r",
+            "turnId": "t",
+            "highWater": 3,
+            "prefixDigest": DIGEST,
+        },
+        "replayManifestDigest": DIGEST,
+        "providerProjectionVersion": 1,
+        "providerReplayDigest": DIGEST,
+    }
+    wire = _base(role="system", author="system", actions={"continuationStart": start})
+    assert from_json_object(wire).to_wire() == wire
+    assert not _accepts(_base(actions={"continuationStart": {**start, "protocol": "continuation_start_v3"}}))
+
+
+# --- canonicalToolArgsHash (tool-args-identity.ts) ------------------------------------------
+
+
+def _sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_args_identity_sorts_required_and_enum_arrays() -> None:
+    """tool-args-identity.ts canonicalizeMainlineV1: arrays under ``required``/``enum`` are sorted."""
+    args = {"enum": ["b", "a"], "items": ["b", "a"], "schema": {"required": ["path", "content"]}}
+    expected = (
+        '{"args":{"enum":["a","b"],"items":["b","a"],"schema":{"required":["content","path"]}},'
+        '"toolName":"T"}'
+    )
+    assert canonical_args_hash("T", args) == _sha(expected)
+
+
+def test_args_identity_sorts_with_locale_order_not_code_units() -> None:
+    """tool-args-identity.ts canonicalizeMainlineV1: the sort is ``localeCompare`` (``a`` before ``B``)."""
+    assert canonical_args_hash("T", {"enum": ["B", "a"]}) == _sha(
+        '{"args":{"enum":["a","B"]},"toolName":"T"}'
+    )
+    assert canonical_args_hash("T", {"enum": ["b", "_x", "1"]}) == _sha(
+        '{"args":{"enum":["_x","1","b"]},"toolName":"T"}'
+    )
+
+
+def test_args_identity_drops_proto_keys() -> None:
+    """tool-args-identity.ts canonicalizeMainlineV1: a ``__proto__`` key never reaches the bytes."""
+    assert canonical_args_hash("T", {"__proto__": 1, "a": 2}) == canonical_args_hash("T", {"a": 2})
+
+
+def test_args_identity_needs_a_tool_name() -> None:
+    """tool-args-identity.ts canonicalToolArgsHash: an empty tool name has no identity, so no T1
+    can authenticate it (the scanner reports ``canonical_args_hash_conflict``)."""
+    with pytest.raises(ValueError):
+        canonical_args_hash("", {"a": 1})
+    forged = _sha('{"args":{"command":"ls"},"toolName":""}')
+    ledger = [user(), call(name=""), dispatch(name="", args_hash=forged)]
+    assert [i.code for i in resolve(ledger).issues] == ["canonical_args_hash_conflict"]
+
+
+# --- Resolver (recovery-resolver.ts) --------------------------------------------------------
+
+
+def test_empty_tool_name_and_operation_id_are_reported_absent() -> None:
+    """recovery-resolver.ts decisionFromOperation: ``toolName``/``operationId`` only when truthy."""
+    op = resolve([user(), call(name="")]).to_json()["operations"][0]
+    assert op["toolName"] is None
+    assert op["status"] == "definitely_not_dispatched"
+
+
+def test_recovery_order_uses_the_last_position_of_a_duplicated_id() -> None:
+    """recovery-resolver.ts resolveRuntimeRecovery: ``eventOrder`` maps an id to its last position.
+
+    A call id repeated after a valid bundle moves the call after its own decision, so the
+    bundle's causal order fails (tool-recovery-bundle.ts interpretScannedToolRecovery).
+    """
+    first_call, first_dispatch = t1(recovery_mode="reconcile")
+    ledger = [user(), first_call, first_dispatch, *completed_bundle(), first_call]
+    resolution = resolve(ledger)
+    op = resolution.operations[0]
+    assert (op.status, op.reason, op.settlement_origin) == ("corruption", "recovery_fact_corruption", None)
+    assert [(i.code, i.event_id) for i in resolution.issues] == [("duplicate_event_id", "evt-call-1")]
+
+
+def test_recovery_order_is_unchanged_without_duplicates() -> None:
+    """Negative control for the rule above: the same bundle with no repeated id completes."""
+    first_call, first_dispatch = t1(recovery_mode="reconcile")
+    op = resolve([user(), first_call, first_dispatch, *completed_bundle()]).operations[0]
+    assert (op.status, op.reason) == ("completed", "recovery_bundle_completed")
+
+
+def test_parked_bundle_with_duplicated_dispatch_id_is_recovery_corruption() -> None:
+    """recovery-resolver.ts: the dispatch's last position follows the decision -> order conflict."""
+    first_call, first_dispatch = t1(recovery_mode="reconcile")
+    ledger = [user(), first_call, first_dispatch, *parked_bundle(), first_dispatch]
+    op = resolve(ledger).operations[0]
+    assert (op.status, op.reason) == ("corruption", "recovery_fact_corruption")
+
+
+# --- Phase 0 plan (runtime-resume.ts) -------------------------------------------------------
+
+
+def test_hidden_check_reads_the_last_event_with_the_call_id() -> None:
+    """runtime-resume.ts hasHiddenIndeterminateOperation: ``eventsById`` keeps the last event per id.
+
+    The hidden call is followed by a visible event reusing its id, so the reference does not see
+    a hidden indeterminate operation: no verification, no hidden-call diagnostic.
+    """
+    hidden_call = call(model_visibility="hidden")
+    reuse = text(id=hidden_call.id)
+    plan = plan_resume([user(), hidden_call, dispatch(), reuse])
+    assert plan.requires_verification is False
+    assert plan.directive is None
+    assert [d["code"] for d in plan.diagnostics] == ["duplicate_event_id"]
+    assert plan.kind == "blocked"
+
+
+def test_hidden_check_with_the_hidden_event_last() -> None:
+    """runtime-resume.ts hasHiddenIndeterminateOperation: the later hidden event is the one read."""
+    visible_call = call()
+    reuse = text(id=visible_call.id, model_visibility="hidden")
+    plan = plan_resume([user(), visible_call, dispatch(), reuse])
+    assert plan.requires_verification is True
+    assert [d["code"] for d in plan.diagnostics] == [
+        "pending_tool_result",
+        "duplicate_event_id",
+        "pending_tool_result",
+    ]
+    assert (
+        plan.diagnostics[2]["message"]
+        == "hidden nested tool call has no matching committed function_response"
+    )
+
+
+def test_orphan_dispatch_diagnostic_omits_an_empty_tool_name() -> None:
+    """runtime-resume.ts collectResumeDiagnostics: an orphan's ``toolName`` appears only when truthy."""
+    plan = plan_resume([user(), dispatch(name="", args_hash=DIGEST)])
+    orphan = [d for d in plan.diagnostics if d["code"] == "tool_recovery_corruption"]
+    assert orphan == [
+        {
+            "code": "tool_recovery_corruption",
+            "message": "tool recovery fact is corrupt: orphan_dispatch",
+            "eventId": "op-call-1_dispatch",
+            "toolCallId": "call-1",
+        }
+    ]
+
+
+def test_replay_pairs_calls_by_call_id_across_invocations() -> None:
+    """runtime-resume.ts collectPairedCallIds: pairing keys on the provider call id alone."""
+    other = {"invocation_id": "inv-2", "run_id": "run-1", "turn_id": "turn-1"}
+    ledger = [user(), *t1(), response(), call(id="evt-call-1b", **other), text()]
+    plan = plan_resume(ledger)
+    # The second invocation's call shares id call-1 with a paired call, so it is replayed too;
+    # a dispatch has no content and is kept like any contentless event.
+    assert plan.replay_event_ids == (
+        "evt-user-1",
+        "evt-call-1",
+        "op-call-1_dispatch",
+        "op-call-1_response",
+        "evt-call-1b",
+        "evt-model-1",
+    )
+
+
+def test_non_object_args_plan_like_any_call() -> None:
+    """runtime-resume.ts projectToolOperations: a call's ``args`` are carried as they were committed."""
+    wire = _base(
+        id="evt-call-1",
+        content={"kind": "function_call", "id": "call-1", "name": "Bash", "args": ["ls"]},
+    )
+    weird = from_json_object(wire)
+    plan = plan_resume([user(), weird])
+    assert plan.operations[0].args == ["ls"]
+    assert plan.operations[0].status == "not_dispatched"
+
+
+def test_event_factory_still_builds_reference_shapes() -> None:
+    """Sanity: the factories used above produce events that pass the tightened decoder."""
+    ledger: list[RuntimeEvent] = [user(), *t1(recovery_mode="reconcile"), *completed_bundle()]
+    for item in ledger:
+        assert decode(encode(item)) == item
+    assert writer_admission(ledger)["admissible"] is True
+    assert event("x", role="user", author="user").id == "x"

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -63,7 +62,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="run a scripted session on a sample workspace")
     _common(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=_cmd_demo)
 
     session = subparsers.add_parser("session", help="start, message and inspect sessions")
     ssub = session.add_subparsers(dest="session_command", required=True, metavar="COMMAND")
@@ -454,106 +453,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- demo ------------------------------------------------------------------------------------
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from workers import demo  # imported late: the demo module builds on this one
 
-DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."
-
-
-def make_demo_workspace(root: Path) -> Path:
-    """A fresh sample workspace: ``config.json`` with ``"port": 3000``."""
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps({"name": "demo-service", "port": 3000}, indent=2) + "\n")
-    (root / "README.md").write_text("A sample service whose port the demo agent changes.\n")
-    return root
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from maka_core.providers import demo_script_path
-    from maka_core.session_view import operations, transcript_lines
-    from maka_core.store import LedgerStore
-    from workers import devserver
-    from workers.client import connect, reachable
-    from workers.worker import serve
-
-    home = paths.maka_home()
-    db = _db(args)
-    t0 = time.monotonic()
-
-    async def main() -> int:
-        server = None
-        address = args.address
-        if not await reachable(address, args.namespace, timeout=1.0):
-            from workers.client import target_address
-
-            port = int(target_address(address).rsplit(":", 1)[1])
-            print(
-                f"maka demo: no Temporal server at {target_address(address)}; "
-                "starting the embedded dev server",
-                file=sys.stderr,
-                flush=True,
-            )
-            server = devserver.start(
-                port=port if not devserver._port_open(port) else None,
-                ui=False,
-                db_file=home / "temporal.db",
-                log_path=home / "logs" / "temporal.log",
-            )
-            address = server.address
-        try:
-            client = await connect(address, args.namespace)
-            # A private task queue: the in-process worker (with THIS ledger) hosts the demo session
-            # even when another worker with another ledger polls the shared queue.
-            queue = f"maka-demo-{uuid.uuid4().hex[:8]}"
-            stop, ready = asyncio.Event(), asyncio.Event()
-            worker_task = asyncio.create_task(serve(client, db, queue, stop=stop, ready=ready, repair=False))
-            await ready.wait()
-            workspace = make_demo_workspace(home / "demo-workspace")
-            try:
-                session_id, accepted = await start_session(
-                    client,
-                    workspace=workspace,
-                    provider={"kind": "script", "path": demo_script_path()},
-                    task_queue=queue,
-                    message=DEMO_MESSAGE,
-                )
-                print(f"maka demo: session {session_id} on {address}", file=sys.stderr, flush=True)
-                status = await wait_settled(client, session_id, accepted.run_id, timeout=120)
-            finally:
-                stop.set()
-                await worker_task
-        finally:
-            devserver.stop_quietly(server)
-        with LedgerStore.open(db) as store:
-            events = store.events(session_id=session_id)
-        ops = operations(events)
-        config = (workspace / "config.json").read_text()
-        ok = status.state == "idle" and '"port": 4000' in config and all(o.status == "completed" for o in ops)
-        if args.json:
-            _emit(
-                {
-                    "ok": ok,
-                    "sessionId": session_id,
-                    "state": status.state,
-                    "seconds": round(time.monotonic() - t0, 2),
-                    "operations": [o.to_json() for o in ops],
-                    "config": json.loads(config),
-                }
-            )
-            return 0 if ok else 1
-        print(f"\nSession {session_id}  ({status.state}, {time.monotonic() - t0:.1f}s)\n")
-        print("\n".join(transcript_lines(events)))
-        print(
-            "\nTool calls and their ledger facts "
-            "(T1 = dispatch before the effect, T2 = outcome before the model sees it):"
-        )
-        for o in ops:
-            print(f"  {o.tool_name:<10} op {o.operation_id}")
-            print(f"      T1 dispatch  {o.dispatch_event_id}  canonicalArgsHash {o.canonical_args_hash}")
-            print(f"      T2 outcome   {o.response_event_id}  ({o.status}{', error' if o.is_error else ''})")
-        print(f"\nconfig.json now: {config.strip()}")
-        print(f"Ledger: {db}   Inspect: maka session show {session_id}")
-        return 0 if ok else 1
-
-    return _run(main())
+    return demo.cmd_demo(args)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from maka_core.canonical_json import check as check_json
 from maka_core.errors import CodecError
+from maka_core.message_content import check_message_extras
 
 JsonObject = dict[str, Any]
 
@@ -102,6 +103,10 @@ class Wire(WireModel):
 
 
 class TextContent(Wire):
+    """User or model text. Decoding normalizes it as the reference's message content does:
+    a ``displayText`` equal to ``text`` and empty ``attachments``/``quotes`` are dropped, so
+    the canonical line omits them (reference ``normalizeMessageContent``)."""
+
     kind: Literal["text"] = "text"
     text: str
     display_text: str | None = None
@@ -112,6 +117,26 @@ class TextContent(Wire):
     steering: Literal[True] | None = None
     provider_options: JsonObject | None = None
     _json_fields = frozenset({"origin", "attachments", "quotes", "inline_references", "provider_options"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalize_message(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for wire, name in (
+            ("displayText", "display_text"),
+            ("attachments", "attachments"),
+            ("quotes", "quotes"),
+        ):
+            key = wire if wire in out else name
+            if key not in out:
+                continue
+            value = out[key]
+            if (wire == "displayText" and value == out.get("text") and isinstance(value, str)) or value == []:
+                del out[key]
+        check_message_extras(out)
+        return out
 
 
 class ThinkingContent(Wire):

@@ -35,7 +35,7 @@ from sqlalchemy import (
     text,
 )
 
-from maka_core.engine import is_sqlite, run_write
+from maka_core.engine import is_sqlite, read_tx, run_write
 from maka_core.errors import StoreError
 
 SCHEMA_VERSION = 1
@@ -272,4 +272,10 @@ def migrate(engine: Engine) -> int:
                         "INSERT INTO maka_meta (id, schema_version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING"
                     )
                 )
+    # A current schema needs no writer: opening must not queue behind a long write transaction.
+    with read_tx(engine) as conn:
+        version = _current_version(conn)
+    refuse_newer(version)
+    if version == SCHEMA_VERSION:
+        return version
     return run_write(engine, body, on_abort=lambda: None)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from maka_core.canonical_json import check as check_json
 from maka_core.errors import CodecError
-from maka_core.message_content import check_message_extras
+from maka_core.event_payloads import check_action_payloads, check_message_extras
 
 JsonObject = dict[str, Any]
 
@@ -313,6 +313,13 @@ class Actions(Wire):
             "workspace_fact",
         }
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_shapes(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_action_payloads(data)
+        return data
 
     @model_validator(mode="after")
     def _closure_alone(self) -> Actions:

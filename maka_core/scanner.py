@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from maka_core.codec import encode
 from maka_core.errors import LedgerRejection
 from maka_core.events import TOOL_BOUNDARY_PROTOCOL, RuntimeEvent
 from maka_core.lanes import (
@@ -269,7 +270,10 @@ class LedgerScanner:
             prior = self._events.get(event.id)
             if prior is None:
                 candidates.append(event)
-            elif prior != event:
+            elif prior != event or encode(prior) != encode(event):
+                # Canonical bytes, not model equality: an explicit null and an absent key, or
+                # ``true`` and ``1`` in free-form JSON, are different facts (the reference
+                # compares decoded values with isDeepStrictEqual).
                 raise _rejection("duplicate_event_id", event.id)
         # Ordinary events skip only the fail-closed gate above: they must still add no new issue
         # (an invocation id crossing runs would otherwise become corruption at the next scan).

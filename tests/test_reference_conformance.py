@@ -477,3 +477,283 @@ def test_event_factory_still_builds_reference_shapes() -> None:
         assert decode(encode(item)) == item
     assert writer_admission(ledger)["admissible"] is True
     assert event("x", role="user", author="user").id == "x"
+
+
+# --- text content (events.ts normalizeMessageContent / isMessageContent) --------------------
+
+
+def _user_text(**content: Any) -> dict[str, Any]:
+    return _base(role="user", author="user", content={"kind": "text", "text": "hello", **content})
+
+
+def test_display_text_equal_to_text_is_dropped_from_the_canonical_line() -> None:
+    """events.ts normalizeMessageContent: ``displayText`` is kept only when it differs from ``text``."""
+    line = canonical_json.dumps(_user_text(displayText="hello"))
+    canonical = encode(decode(line))
+    assert "displayText" not in canonical
+    assert canonical == canonical_json.dumps(_user_text())
+    assert '"displayText":"Hello!"' in encode(decode(canonical_json.dumps(_user_text(displayText="Hello!"))))
+
+
+def test_empty_attachments_and_quotes_are_dropped_but_empty_inline_references_kept() -> None:
+    """events.ts normalizeMessageContent: empty attachments/quotes are omitted; an empty
+    ``inlineReferences`` array is a marker and survives."""
+    event = decode(canonical_json.dumps(_user_text(attachments=[], quotes=[], inlineReferences=[])))
+    assert event.content is not None and event.content.to_wire() == {
+        "kind": "text",
+        "text": "hello",
+        "inlineReferences": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("origin", "ok"),
+    [
+        ({"kind": "automation", "automationId": "automation-1"}, True),
+        ({"kind": "agent_graph", "graphId": "g", "wakeId": "w", "attemptId": "a"}, True),
+        ({"kind": "scheduled_task", "scheduledTaskId": "t"}, True),
+        ({"kind": "automation", "automationId": "automation-1", "extra": True}, False),
+        ({"kind": "agent_graph", "graphId": "g", "wakeId": "w"}, False),
+        ({"kind": "cron"}, False),
+        ("automation", False),
+    ],
+)
+def test_text_origin_is_a_turn_origin(origin: Any, ok: bool) -> None:
+    """turn-origin.ts decodeTurnOrigin: each origin kind has an exact key set of strings."""
+    assert _accepts(_user_text(origin=origin)) is ok
+
+
+@pytest.mark.parametrize(
+    ("attachment", "ok"),
+    [
+        (
+            {
+                "kind": "code",
+                "name": "",
+                "mimeType": "",
+                "bytes": 0,
+                "ref": {"kind": "workspace_file", "relativePath": ""},
+            },
+            True,
+        ),
+        (
+            {
+                "kind": "image",
+                "name": "a.png",
+                "mimeType": "image/png",
+                "bytes": 9007199254740991,
+                "ref": {"kind": "session_file", "sessionId": "s", "relativePath": "a.png"},
+            },
+            True,
+        ),
+        (
+            {
+                "kind": "code",
+                "name": "a",
+                "mimeType": "t",
+                "bytes": 9007199254740992,
+                "ref": {"kind": "workspace_file", "relativePath": "a"},
+            },
+            False,
+        ),
+        (
+            {"kind": "code", "name": "a", "mimeType": "t", "bytes": 1, "ref": {"kind": "web", "url": "x"}},
+            False,
+        ),
+        (
+            {
+                "kind": "movie",
+                "name": "a",
+                "mimeType": "t",
+                "bytes": 1,
+                "ref": {"kind": "external_file", "absolutePath": "/a"},
+            },
+            False,
+        ),
+    ],
+)
+def test_attachments_are_attachment_refs(attachment: dict[str, Any], ok: bool) -> None:
+    """events.ts isAttachmentRef: exact keys, known kind, safe non-negative byte count, storage ref."""
+    assert _accepts(_user_text(attachments=[attachment])) is ok
+
+
+def test_inline_references_must_point_at_their_token() -> None:
+    """events.ts isMessageContent: each inline reference's ``value`` sits at ``start`` in the shown text."""
+    text = "run /skill:deploy on @src/app.py"
+    skill = {"kind": "skill", "value": "/skill:deploy", "label": "deploy", "start": 4}
+    path = {"kind": "workspace_file", "value": "@src/app.py", "label": "app.py", "start": 21}
+    assert _accepts(_user_text(text=text, inlineReferences=[skill, path]))
+    assert not _accepts(_user_text(text=text, inlineReferences=[{**skill, "start": 5}]))
+    assert not _accepts(_user_text(text=text, inlineReferences=[path, skill]))  # out of order
+    bad_path = {**path, "value": "@../etc", "start": 21}
+    assert not _accepts(_user_text(text="run /skill:deploy on @../etc", inlineReferences=[bad_path]))
+
+
+def test_inline_reference_offsets_count_utf16_units() -> None:
+    """events.ts inlineReferencesMatchText: offsets are JavaScript (UTF-16) string offsets."""
+    text = "😀 /skill:x"
+    ref = {"kind": "skill", "value": "/skill:x", "label": "x", "start": 3}
+    assert _accepts(_user_text(text=text, inlineReferences=[ref]))
+    assert not _accepts(_user_text(text=text, inlineReferences=[{**ref, "start": 2}]))
+
+
+def test_quotes_have_text_and_optional_label_and_source() -> None:
+    """events.ts isQuoteRef: ``{text, label?, sourceTurnId?}`` strings only."""
+    assert _accepts(_user_text(quotes=[{"text": "q", "label": "l", "sourceTurnId": "t"}]))
+    assert not _accepts(_user_text(quotes=[{"label": "l"}]))
+    assert not _accepts(_user_text(quotes=[{"text": "q", "page": 1}]))
+
+
+# --- action payloads (usage-record-schema.ts, interaction-record-schema.ts) ----------------
+
+_TOOL_PERMISSION = {
+    "kind": "tool_permission",
+    "requestId": "req-1",
+    "toolUseId": "use-1",
+    "toolName": "Bash",
+    "category": "shell_unsafe",
+    "reason": "shell_dangerous",
+    "args": {"command": "rm -rf build"},
+    "rememberForTurnAllowed": False,
+}
+_ESCALATION = {
+    "kind": "sandbox_escalation",
+    "requestId": "req-2",
+    "toolUseId": "use-2",
+    "toolName": "Bash",
+    "category": "shell_unsafe",
+    "reason": "sandbox_escalation",
+    "command": "make",
+    "cwd": "/w",
+    "justification": "build",
+    "intentHash": "h1",
+    "commandHash": "h2",
+    "trigger": "sandbox_denial",
+    "risk": {
+        "unsandboxedExecution": True,
+        "unrestrictedFileSystem": True,
+        "unrestrictedNetwork": True,
+        "protectedMetadataExposed": True,
+    },
+    "alsoApprovesToolExecution": False,
+    "availableDecisions": ["allow_once", "deny"],
+}
+
+
+@pytest.mark.parametrize(
+    ("usage", "ok"),
+    [
+        ({"input": 3, "output": 1}, True),
+        (
+            {
+                "input": 3,
+                "output": 1.5,
+                "costUsd": 0.1,
+                "rawFinishReason": "stop",
+                "prefixChangeReason": "stable",
+            },
+            True,
+        ),
+        (
+            {
+                "input": 3,
+                "output": 1,
+                "promptSegments": [{"kind": "current_user", "chars": 2, "estimatedTokens": 1}],
+            },
+            True,
+        ),
+        ({"input": 3}, False),
+        ({"input": 3, "output": "1"}, False),
+        ({"input": 3, "output": 1, "surprise": 1}, False),
+        ({"input": 3, "output": 1, "prefixChangeReason": "because"}, False),
+        ({"input": 3, "output": 1, "cacheMissInputSource": "guessed"}, False),
+        (
+            {
+                "input": 3,
+                "output": 1,
+                "promptSegments": [{"kind": "other", "chars": 2, "estimatedTokens": 1}],
+            },
+            False,
+        ),
+        ({"input": 3, "output": 1, "contextBudget": {"enabled": "yes"}}, False),
+    ],
+)
+def test_token_usage_shape(usage: dict[str, Any], ok: bool) -> None:
+    """usage-record-schema.ts isTokenUsageFields: numeric input/output, typed optional fields."""
+    assert _accepts(_base(actions={"tokenUsage": usage})) is ok
+
+
+@pytest.mark.parametrize(
+    ("request_", "ok"),
+    [
+        (_TOOL_PERMISSION, True),
+        ({**_TOOL_PERMISSION, "hint": "careful"}, True),
+        (_ESCALATION, True),
+        ({}, False),
+        ({**_TOOL_PERMISSION, "reason": "whim"}, False),
+        ({**_TOOL_PERMISSION, "rememberForTurnAllowed": "no"}, False),
+        ({k: v for k, v in _TOOL_PERMISSION.items() if k != "args"}, False),
+        ({**_ESCALATION, "risk": {**_ESCALATION["risk"], "unrestrictedNetwork": False}}, False),
+        ({**_ESCALATION, "toolName": "Write"}, False),
+        ({**_ESCALATION, "availableDecisions": ["deny", "allow_once"]}, False),
+    ],
+)
+def test_permission_request_shape(request_: dict[str, Any], ok: bool) -> None:
+    """interaction-record-schema.ts isPermissionRequestPayload: the key set and rules of each kind."""
+    assert _accepts(_base(actions={"permissionRequest": request_})) is ok
+
+
+@pytest.mark.parametrize(
+    ("decision", "ok"),
+    [
+        ({"requestId": "r", "decision": "allow", "rememberForTurn": True, "toolName": "Bash"}, True),
+        ({"requestId": "r", "decision": "maybe"}, False),
+        ({"requestId": "r", "decision": "deny", "toolName": ""}, False),
+        ({"requestId": "r", "decision": "deny", "extra": 1}, False),
+    ],
+)
+def test_permission_decision_shape(decision: dict[str, Any], ok: bool) -> None:
+    """runtime-event.ts isRuntimeEventPermissionDecision: allow/deny, typed optional fields."""
+    assert _accepts(_base(actions={"permissionDecision": decision})) is ok
+
+
+def test_user_question_request_shape() -> None:
+    """interaction-record-schema.ts isUserQuestionRequest: questions of labelled options."""
+    question = {"question": "Go?", "options": [{"label": "Yes", "description": "go"}, {"label": "No"}]}
+    request = {"requestId": "q", "toolUseId": "u", "questions": [question]}
+    assert _accepts(_base(actions={"userQuestionRequest": request}))
+    bad = {**request, "questions": [{**question, "options": [{"label": 1}]}]}
+    assert not _accepts(_base(actions={"userQuestionRequest": bad}))
+
+
+# --- writer admission (tool-ledger-scanner.ts validateToolLedgerTransition) ----------------
+
+
+def _retry_pair(first: dict[str, Any], second: dict[str, Any]) -> str | None:
+    from maka_core.errors import LedgerRejection
+    from maka_core.scanner import LedgerScanner
+
+    scanner = LedgerScanner()
+    scanner.apply(from_json_object(_base(id="evt-c9", content=_CALL_C9)))
+    scanner.apply(from_json_object(first))
+    try:
+        scanner.admit([from_json_object(second)], "generic_append")
+    except LedgerRejection as rejection:
+        return rejection.code
+    return None
+
+
+_CALL_C9 = {"kind": "function_call", "id": "c9", "name": "Bash", "args": {}}
+
+
+def test_exact_retry_compares_values_strictly() -> None:
+    """tool-ledger-scanner.ts validateToolLedgerTransition: a committed id is skipped only when the
+    candidate is deep-strict-equal; ``null`` versus absent and ``true`` versus ``1`` differ."""
+    response_ = {"kind": "function_response", "id": "c9", "name": "Bash", "result": "ok"}
+    plain = _base(role="tool", author="tool", content=response_)
+    with_null = _base(role="tool", author="tool", content={**response_, "providerOutput": None})
+    assert _retry_pair(plain, plain) is None
+    assert _retry_pair(plain, with_null) == "duplicate_event_id"
+    assert _retry_pair(
+        _base(actions={"stateDelta": {"x": True}}), _base(actions={"stateDelta": {"x": 1}})
+    ) == ("duplicate_event_id")

@@ -147,3 +147,39 @@ def test_maka_dev_serves_and_runs_a_worker(tmp_path: Path, ws_dir: Path) -> None
         dev.send_signal(signal.SIGINT)
         assert dev.wait(30) == 0, log.read_text()
     assert (home / "temporal.db").exists()  # persistent server state under MAKA_HOME
+
+
+def test_worker_json_lifecycle_events(temporal_server: Any, tmp_path: Path) -> None:
+    """`maka worker --json`: one JSON object a line on stderr (repaired, ready, stopped) for scripts."""
+    home = tmp_path / "home"
+    env = _env(home, temporal_server.address)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--json"],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        events = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if line.startswith("{"):
+                events.append(json.loads(line))
+                if events[-1]["event"] == "ready":
+                    break
+        assert [e["event"] for e in events] == ["repaired", "ready"]
+        assert events[1]["taskQueue"] == env["MAKA_TASK_QUEUE"]
+        assert events[1]["db"] == str(home / "ledger.sqlite")
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[1]
+        assert proc.returncode == 0
+        assert json.loads(rest.strip().splitlines()[-1]) == {"event": "stopped"}
+    finally:
+        if proc.poll() is None:
+            proc.kill()

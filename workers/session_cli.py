@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
         help="tool activities' heartbeat timeout (env MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
     )
     p.add_argument("--no-repair", action="store_true", help="skip startup repair (tests only)")
+    p.add_argument("--json", action="store_true", help="lifecycle events as JSON lines on stderr")
     p.set_defaults(func=cmd_worker)
 
     p = subparsers.add_parser("dev", help="run the embedded Temporal dev server (+ a worker)")
@@ -57,6 +58,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ui-port", type=int, default=None, help="Web UI port (default: port + 1000)")
     p.add_argument("--no-worker", action="store_true", help="bring up the server alone")
     p.add_argument("--tool-heartbeat-timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--json", action="store_true", help="server and worker lifecycle events as JSON lines")
     p.set_defaults(func=cmd_dev)
 
     p = subparsers.add_parser("demo", help="run a scripted session on a sample workspace")
@@ -123,6 +125,11 @@ def _queue(args: argparse.Namespace) -> str:
     return getattr(args, "task_queue", None) or paths.default_task_queue()
 
 
+def _emit_line(obj: dict[str, Any]) -> None:
+    """One compact JSON object on one line (lifecycle events of long-running commands)."""
+    print(json.dumps(obj), flush=True)
+
+
 def _emit(obj: dict[str, Any]) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
 
@@ -169,7 +176,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         client = await connect(args.address, args.namespace)
-        await serve(client, _db(args), _queue(args), settings=_settings(args), repair=not args.no_repair)
+        await serve(
+            client,
+            _db(args),
+            _queue(args),
+            settings=_settings(args),
+            repair=not args.no_repair,
+            json_events=args.json,
+        )
         return 0
 
     return _run(main())
@@ -188,8 +202,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
         db_file=home / "temporal.db",
         log_path=home / "logs" / "temporal.log",
     )
-    print(f"Temporal dev server: {server.address}  (database {server.db_file})", flush=True)
-    print(f"Temporal UI:         {server.ui_address}", flush=True)
+    if args.json:
+        _emit_line(
+            {
+                "event": "server",
+                "address": server.address,
+                "ui": server.ui_address,
+                "database": str(server.db_file),
+            }
+        )
+    else:
+        print(f"Temporal dev server: {server.address}  (database {server.db_file})", flush=True)
+        print(f"Temporal UI:         {server.ui_address}", flush=True)
 
     async def main() -> int:
         if args.no_worker:
@@ -199,11 +223,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            print("maka dev: server only (--no-worker); Ctrl-C to stop", flush=True)
+            if not args.json:
+                print("maka dev: server only (--no-worker); Ctrl-C to stop", flush=True)
             await stop.wait()
             return 0
         client = await connect(server.address, args.namespace)
-        await serve(client, _db(args), _queue(args), settings=_settings(args), out=sys.stdout)
+        await serve(
+            client, _db(args), _queue(args), settings=_settings(args), out=sys.stdout, json_events=args.json
+        )
         return 0
 
     async def main_then_stop() -> int:

@@ -10,6 +10,7 @@ the deterministic repair event (``maka_core.runs.repair_run``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -118,21 +119,34 @@ async def serve(
     ready: asyncio.Event | None = None,
     repair: bool = True,
     out: Any = None,
+    json_events: bool = False,
 ) -> RepairReport:
-    """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
+    """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
+
+    Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
+    line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
+    """
     out = out or sys.stderr
+
+    def announce(event: str, text: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, **fields}) if json_events else f"maka worker: {text}"
+        print(line, file=out, flush=True)
+
     store = LedgerStore.open(db)
     acts = MakaActivities(store, settings=settings or WorkerSettings.from_env())
     report = RepairReport()
     try:
         if repair:
             report = await startup_repair(client, store)
-            if report.repaired:
-                print(
-                    f"maka worker: repaired {len(report.repaired)} run(s) whose workflow is gone; "
+            if report.repaired or json_events:
+                announce(
+                    "repaired",
+                    f"repaired {len(report.repaired)} run(s) whose workflow is gone; "
                     f"sessions to resume: {', '.join(report.sessions_to_resume)}",
-                    file=out,
-                    flush=True,
+                    checked=report.checked,
+                    repairedRuns=report.repaired,
+                    leftToWorkflow=report.left_to_workflow,
+                    sessionsToResume=report.sessions_to_resume,
                 )
         worker = build_worker(client, acts, task_queue)
         own_stop = stop is None
@@ -142,7 +156,9 @@ async def serve(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
         runner = asyncio.create_task(worker.run())
-        print(f"maka worker: polling task queue {task_queue!r} (ledger {db})", file=out, flush=True)
+        announce(
+            "ready", f"polling task queue {task_queue!r} (ledger {db})", taskQueue=task_queue, db=str(db)
+        )
         if ready is not None:
             ready.set()
         stop_wait = asyncio.create_task(stop.wait())
@@ -161,6 +177,7 @@ async def serve(
     finally:
         acts.close(wait=True)
         store.close()
+    announce("stopped", "stopped")
     return report
 
 

@@ -1,7 +1,7 @@
 """The session workflow: one per session, holding identifiers and small state only.
 
 A user message arrives as the ``send_message`` Update; its validator refuses it when the session is
-parked or failed, a turn is in flight or pending, or a continue-as-new is pending. The turn itself
+parked, a turn is in flight or pending, or a continue-as-new is pending. The turn itself
 runs in ``run()`` (never in the handler), so continue-as-new can wait for every handler to finish.
 Each turn is a new Maka run: ``begin_run`` -> ``model_step`` -> ``execute_tool`` per call ->
 ... -> ``finish_run``. No transcript, argument or tool output ever enters this workflow's history:
@@ -143,11 +143,10 @@ class SessionWorkflow:
     @send_message.validator
     def _validate_message(self, msg: SendMessage) -> None:
         # Rejected updates never enter history; each reason has a stable type for clients.
-        if self._state in ("parked", "failed"):
-            raise ApplicationError(
-                f"session is {self._state}" + (f" ({self._park_reason})" if self._park_reason else ""),
-                type=f"Session{self._state.capitalize()}",
-            )
+        # A parked session waits for an operator. A failed run left no dangling tool state (tool
+        # failures go to recovery and park), so a failed session takes the next message.
+        if self._state == "parked":
+            raise ApplicationError(f"session is parked ({self._park_reason})", type="SessionParked")
         if self._current is not None or self._pending is not None or self._carried is not None:
             raise ApplicationError("a turn is in flight", type="TurnInFlight")
         if self._continuing:
@@ -171,7 +170,7 @@ class SessionWorkflow:
 
     def _accepting(self) -> bool:
         return (
-            self._state == "idle"
+            self._state in ("idle", "failed")
             and self._current is None
             and self._pending is None
             and not self._continuing

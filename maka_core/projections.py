@@ -149,4 +149,8 @@ def project(scanner: LedgerScanner) -> tuple[list[OperationRow], list[JournalRow
             continue
         operations.append(op)
         journal.extend(journal_rows(facts))
+    # Journal order is commit order (the online writer appends each batch's rows as it commits),
+    # which for an admitted ledger is the ledger order of the events the rows follow.
+    positions = scanner.positions
+    journal.sort(key=lambda row: positions.get(row.runtime_event_id, -1))
     return operations, journal

@@ -315,3 +315,17 @@ def test_t1_then_t2_facts_have_the_durable_boundary_shape(store: LedgerStore) ->
     assert {e.refs.operation_id for e in events.values() if e.refs is not None} == {"op-1"}
     assert list(events) == ["evt-user-1", "evt-call-1", "op-1_dispatch", "op-1_response"]
     assert DIGEST not in {d.actions.tool_dispatch.canonical_args_hash}
+
+
+def test_import_admits_what_the_reference_writers_admit_and_rebuilds_equal(store: LedgerStore) -> None:
+    """Import uses the reference's bare transition check: a ledger Maka's writers admit (here an
+    outcome committed after a parked decision) is imported, and its online projection equals the
+    rebuild, journal rows in commit order."""
+    from maka_core.scanner import writer_admission
+    from tests import ledger_factory as f
+
+    ledger = [f.user(), *f.t1(recovery_mode="reconcile"), *f.parked_bundle(), f.response()]
+    assert writer_admission(ledger)["admissible"] is True
+    result = store.import_events(ledger)
+    assert result.imported == len(ledger)
+    assert store.verify() == []

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from activities import facts
 from maka_core import failpoints
+from maka_core.errors import LedgerRejection
 from maka_core.events import RuntimeEvent
 from maka_core.providers import ScriptedProvider
 from maka_core.resume_plan import legal_replay
@@ -76,7 +77,17 @@ async def model_step(host: MakaActivities, inp: ModelStepInput) -> ModelStepResu
         batch.append(facts.model_call(ids, step_id, index, call.id, call.name, dict(call.args), op, ts))
     if output.tool_calls:
         failpoints.hit("P0")
-    await host.ledger(host.store.append, batch)
+    try:
+        await host.ledger(host.store.append, batch)
+    except LedgerRejection as exc:
+        if exc.code != "duplicate_event_id":
+            raise
+        # Another attempt of this step committed first (a worker presumed dead that was still
+        # running): its output is the step's output; ours was never committed or acted on.
+        committed, _, _ = await host.ledger(lookup)
+        if not committed:
+            raise
+        return _result(host, step_id, committed, replayed=True)
     if output.tool_calls:
         failpoints.hit("P1")
     return _result(host, step_id, batch, replayed=False)

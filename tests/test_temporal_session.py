@@ -312,3 +312,39 @@ async def test_a_failed_turn_leaves_the_session_open_for_the_next_message(
         terminals = [e for e in store.events(session_id=session_id) if e.is_terminal]
     assert runs == {first.run_id: "failed", second.run_id: "completed"}
     assert [e.status for e in terminals] == ["failed", "completed"]
+
+
+async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path: Path, ws_dir: Path) -> None:
+    """A step attempt presumed dead may still be running when its retry calls the provider: the
+    first commit wins, and the other attempt returns that committed output instead of failing."""
+    import json
+
+    from activities import facts
+    from maka_core.providers.base import ModelOutput
+    from workflows.contracts import ModelStepInput
+
+    ws = Workspace.open(ws_dir)
+    ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
+    spec = {"kind": "script", "steps": [{"text": "unused"}]}
+    with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
+        acts = MakaActivities(store, settings=WorkerSettings())
+        store.append([facts.user_event(ids, "hi", 1)])
+
+        class RacedProvider:
+            """While this attempt waits on the provider, the other attempt commits the step."""
+
+            calls = 0
+
+            async def complete(self, history: Any, tools: Any, *, step_index: int) -> ModelOutput:
+                RacedProvider.calls += 1
+                store.append([facts.model_text(ids, "r1:0", "the other attempt's answer", 5)])
+                return ModelOutput(text="this attempt's answer", tool_calls=())
+
+        acts._providers[json.dumps(spec, sort_keys=True)] = RacedProvider()
+        step = ModelStepInput(ids=ids, step=0, workspace=str(ws.root), provider=spec)
+        result = await ActivityEnvironment().run(acts.model_step, step)
+        again = await ActivityEnvironment().run(acts.model_step, step)
+        texts = [e.content.text for e in store.events(run_id="r1") if e.role == "model"]  # type: ignore[union-attr]
+        acts.close()
+    assert result.final and result.replayed and again.replayed
+    assert texts == ["the other attempt's answer"] and RacedProvider.calls == 1

@@ -148,9 +148,10 @@ class _FileTool:
 
 
 @dataclass(frozen=True)
-class ReadFileTool(_FileTool):
-    name: ClassVar[str] = "read_file"
-    description: ClassVar[str] = "Read a UTF-8 text file in the workspace and return its content."
+class _ReadTool(_FileTool):
+    """A read-only tool on one workspace path: no evidence, and re-reading is its recovery."""
+
+    name: ClassVar[str]
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {"path": _PATH_SCHEMA},
@@ -171,6 +172,17 @@ class ReadFileTool(_FileTool):
 
     def capture_evidence(self, args: dict[str, Any], ws: Workspace) -> FileEvidence | None:
         return None
+
+    def reconcile(
+        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
+    ) -> Reconciliation | None:
+        return None  # replay_safe: nothing to settle
+
+
+@dataclass(frozen=True)
+class ReadFileTool(_ReadTool):
+    name: ClassVar[str] = "read_file"
+    description: ClassVar[str] = "Read a UTF-8 text file in the workspace and return its content."
 
     @_refused
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
@@ -193,39 +205,14 @@ class ReadFileTool(_FileTool):
         failpoints.hit("P4", tag=self.name)
         return enforce_result_limit(result, self.result_byte_limit)
 
-    def reconcile(
-        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
-    ) -> Reconciliation | None:
-        return None  # replay_safe: nothing to settle
-
 
 @dataclass(frozen=True)
-class ListDirTool(_FileTool):
+class ListDirTool(_ReadTool):
     name: ClassVar[str] = "list_dir"
     description: ClassVar[str] = (
         "List a directory in the workspace: each entry's name, type (file, dir, symlink, other) "
         "and size for files. Use '.' for the workspace root."
     )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"path": _PATH_SCHEMA},
-        "required": ["path"],
-        "additionalProperties": False,
-    }
-    recovery_mode: ClassVar[RecoveryMode] = "replay_safe"
-    mutates: ClassVar[bool] = False
-    effects: ClassVar[frozenset[str]] = frozenset({"read"})
-
-    def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
-        try:
-            check_args(args, {"path": str}, tool=self.name)
-            ws.resolve(args["path"])
-        except ToolRefusal as refusal:
-            return refusal.to_result()
-        return None
-
-    def capture_evidence(self, args: dict[str, Any], ws: Workspace) -> FileEvidence | None:
-        return None
 
     @_refused
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:

@@ -183,3 +183,16 @@ def test_worker_json_lifecycle_events(temporal_server: Any, tmp_path: Path) -> N
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_refusals_carry_stable_codes(temporal_server: Any, tmp_path: Path) -> None:
+    """Scripts branch on codes: an unknown session and an unreachable server are refusals (exit 2)
+    with a JSON object, never a traceback."""
+    env = _env(tmp_path / "home", temporal_server.address)
+    unknown = maka("session", "send", "no-such-session", "hi", "--json", env=env)
+    assert unknown.returncode == 2
+    assert json.loads(unknown.stdout)["code"] == "session_not_found"
+    env["TEMPORAL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    down = maka("session", "send", "no-such-session", "hi", "--json", env=env)
+    assert down.returncode == 2 and "Traceback" not in down.stderr
+    assert json.loads(down.stdout)["code"] == "temporal_unavailable"

@@ -13,6 +13,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
 
+from maka_core.errors import MakaError
+
 DEFAULT_ADDRESS = "localhost:7233"
 
 
@@ -36,7 +38,15 @@ async def connect(address: str | None = None, namespace: str | None = None, **kw
     """A client using the pydantic data converter (every contract is a pydantic model)."""
     config = connect_config(address, namespace)
     target = config.pop("target_host")
-    return await Client.connect(target, data_converter=pydantic_data_converter, **config, **kwargs)
+    try:
+        return await Client.connect(target, data_converter=pydantic_data_converter, **config, **kwargs)
+    except RuntimeError as exc:  # the SDK's bridge reports a refused or failed connection this way
+        raise MakaError(
+            "temporal_unavailable",
+            f"no Temporal server answers at {target} (start one with `maka dev`, or set TEMPORAL_ADDRESS)",
+            address=target,
+            cause=str(exc),
+        ) from None
 
 
 async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:

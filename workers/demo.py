@@ -115,4 +115,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Ledger: {db}   Inspect: maka session show {session_id}")
         return 0 if ok else 1
 
-    return _run(main())
+    return _run(main(), args.json)

@@ -142,14 +142,17 @@ def _fail(code: str, message: str, as_json: bool, exit_code: int = 2, **detail: 
     return exit_code
 
 
-def _run(main: Any) -> int:
+def _run(main: Any, as_json: bool = False) -> int:
     """Run a command's coroutine, then leave the process without interpreter finalization.
 
     The Temporal core runs Rust threads that may still call back into Python for a moment after the
     event loop closes; finalizing the interpreter under them can crash the process (SIGSEGV/SIGABRT)
     after a correct run. Output is flushed and every store is closed before this point.
     """
-    code = int(asyncio.run(main) or 0)
+    try:
+        code = int(asyncio.run(main) or 0)
+    except MakaError as exc:  # a refusal with a stable code, never a traceback
+        code = _fail(exc.code, exc.message, as_json, **exc.detail)
     sys.stdout.flush()
     sys.stderr.flush()
     if os.environ.get("MAKA_NO_HARD_EXIT"):
@@ -186,7 +189,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _run(main())
+    return _run(main(), getattr(args, "json", False))
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -239,7 +242,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         finally:
             server.stop()  # before _run leaves the process: never orphan the server
 
-    return _run(main_then_stop())
+    return _run(main_then_stop(), getattr(args, "json", False))
 
 
 # --- sessions --------------------------------------------------------------------------------
@@ -307,26 +310,29 @@ async def query_status(client: Any, session_id: str) -> Any:
 async def wait_settled(
     client: Any, session_id: str, run_id: str, *, timeout: float = 600.0, progress: bool = True
 ) -> Any:
-    """Poll the status query until the turn ``run_id`` has settled (idle, parked or failed)."""
+    """Poll the status query until the turn ``run_id`` has settled (idle, parked or failed).
+
+    Progress goes to stderr: a self-updating line on a terminal; in a log, one line when the state
+    changes and otherwise every 10 s, so a long wait is visible without flooding the log.
+    """
     start = time.monotonic()
-    last_note = ""
+    live = progress and sys.stderr.isatty()
+    last_state, last_line_at = "", 0.0
     while True:
         status = await query_status(client, session_id)
+        elapsed = time.monotonic() - start
         done = status.current_turn is None or status.current_turn.run_id != run_id
         if done and status.state != "running":
             if progress:
-                print(
-                    f"\r[{time.monotonic() - start:5.1f}s] {status.state}" + " " * 20,
-                    file=sys.stderr,
-                    flush=True,
-                )
+                prefix = "\r" if live else ""
+                print(f"{prefix}[{elapsed:5.1f}s] {status.state}" + " " * 20, file=sys.stderr, flush=True)
             return status
-        if progress:
-            note = f"[{time.monotonic() - start:5.1f}s] {status.state}…"
-            if note != last_note:
-                print("\r" + note, end="", file=sys.stderr, flush=True)
-                last_note = note
-        if time.monotonic() - start > timeout:
+        if live:
+            print(f"\r[{elapsed:5.1f}s] {status.state}…", end="", file=sys.stderr, flush=True)
+        elif progress and (status.state != last_state or elapsed - last_line_at >= 10):
+            print(f"[{elapsed:5.1f}s] {status.state}", file=sys.stderr, flush=True)
+            last_state, last_line_at = status.state, elapsed
+        if elapsed > timeout:
             raise TimeoutError(f"turn {run_id} did not settle in {timeout:.0f}s")
         await asyncio.sleep(0.05)
 
@@ -363,10 +369,21 @@ def _print_view(view: Any) -> None:
 async def _update_error(exc: BaseException) -> tuple[str, str]:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.exceptions import ApplicationError
+    from temporalio.service import RPCError, RPCStatusCode
 
+    # Stable snake_case codes for scripts: the validator's refusal types (SessionParked ->
+    # session_parked, TurnInFlight -> turn_in_flight, ...) and the server's answers.
     if isinstance(exc, WorkflowUpdateFailedError) and isinstance(exc.cause, ApplicationError):
-        return exc.cause.type or "update_rejected", exc.cause.message
-    return type(exc).__name__, str(exc)
+        return _snake(exc.cause.type or "update_rejected"), exc.cause.message
+    if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+        return "session_not_found", str(exc)
+    if isinstance(exc, RPCError):
+        return "temporal_unavailable", str(exc)
+    return _snake(type(exc).__name__), str(exc)
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
 def _provider_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -395,7 +412,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             return _fail(exc.code, exc.message, args.json)
         return await _after_send(client, args, session_id, accepted)
 
-    return _run(main())
+    return _run(main(), getattr(args, "json", False))
 
 
 async def _after_send(client: Any, args: argparse.Namespace, session_id: str, accepted: Any) -> int:
@@ -436,7 +453,7 @@ def cmd_send(args: argparse.Namespace) -> int:
             return _fail(code, message, args.json, sessionId=args.session)
         return await _after_send(client, args, args.session, accepted)
 
-    return _run(main())
+    return _run(main(), getattr(args, "json", False))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -460,7 +477,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             _print_view(view)
         return 0
 
-    return _run(main())
+    return _run(main(), getattr(args, "json", False))
 
 
 def cmd_show(args: argparse.Namespace) -> int:

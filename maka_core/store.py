@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,11 @@ def _attempt(value: AttemptArg) -> ToolAttempt | None:
     if value is None or isinstance(value, ToolAttempt):
         return value
     return ToolAttempt(**dict(value))
+
+
+def _row_values(row: Any) -> dict[str, Any]:
+    """A flat row dataclass as column values (``asdict`` deep-copies; these hold scalars only)."""
+    return {f.name: getattr(row, f.name) for f in fields(row)}
 
 
 def _canonical(event: RuntimeEvent) -> str:
@@ -296,7 +301,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
                 phase = {"t1_prepare": "t1", "t2_outcome": "t2"}.get(transition, "recovery")
                 conn.execute(
                     tool_attempts.insert(),
-                    {"operation_id": op_id, "phase": phase, "recorded_at": now, **asdict(attempt)},
+                    {"operation_id": op_id, "phase": phase, "recorded_at": now, **_row_values(attempt)},
                 )
         failpoints.hit("after_journal_event_insert", transition)
 
@@ -314,7 +319,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         # and the rebuild tests check that this equals a projection rebuilt from the events.
         if row is None:
             return
-        values = asdict(row)
+        values = _row_values(row)
         if row.dispatch_event_id in new_ids:
             conn.execute(tool_operations.insert(), values)
         else:
@@ -325,7 +330,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             )
         for entry in journal:
             if entry.runtime_event_id in new_ids:
-                conn.execute(tool_journal_events.insert(), {**asdict(entry), "committed_at": now})
+                conn.execute(tool_journal_events.insert(), {**_row_values(entry), "committed_at": now})
 
     def _commit(
         self,

@@ -102,6 +102,12 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
         and call_event.content is not None
         and call_event.content.kind == "function_call"
     )
+    if not isinstance(call_event.content.args, dict):
+        # The wire allows any JSON value as args; every tool here takes an object.
+        from maka_core.tools import ToolResult
+
+        refusal = ToolResult.error("invalid_arguments", "tool arguments must be a JSON object")
+        return await _commit_refusal(host, ids, call, refusal)
     args: dict[str, Any] = dict(call_event.content.args)
     tool = host.tools.get(call.tool_name)
 

@@ -348,3 +348,30 @@ async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path:
         acts.close()
     assert result.final and result.replayed and again.replayed
     assert texts == ["the other attempt's answer"] and RacedProvider.calls == 1
+
+
+async def test_non_object_tool_arguments_are_refused_before_t1(tmp_path: Path, ws_dir: Path) -> None:
+    """The wire allows any JSON value as a call's args (a provider may send ``[1]``); the tool
+    activity commits an ordinary pre-T1 error result instead of crashing into recovery."""
+    from activities import facts
+
+    ws = Workspace.open(ws_dir)
+    ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
+    with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
+        acts = MakaActivities(store, settings=WorkerSettings())
+        store.append([facts.user_event(ids, "hi", 1)])
+        store.append([facts.model_call(ids, "r1:0", 0, "call-0-0", "write_file", [1], "op-1", 2)])  # type: ignore[arg-type]
+        call = CallRef(tool_call_id="call-0-0", operation_id="op-1", tool_name="write_file")
+        inp = ToolInput(
+            session_id=ids.session_id,
+            run_id=ids.run_id,
+            call=call,
+            workspace=str(ws.root),
+            workspace_identity=ws.identity,
+        )
+        outcome = await ActivityEnvironment().run(acts.execute_tool, inp)
+        op = resolve(store.events(run_id="r1")).for_call("i1", "call-0-0")
+        acts.close()
+    assert outcome.status == "refused" and outcome.is_error
+    assert op is not None and op.status == "completed" and op.settlement_origin == "pre_t1_synthetic"
+    assert op.dispatch_event_id is None  # never crossed T1

@@ -19,6 +19,7 @@ from activities import facts
 from activities.tools import _guard_disabled, resolve_call, run_and_commit_outcome, run_heartbeating
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
+from maka_core.tools import FileEvidence
 from workflows.contracts import RecoverInput, RecoverResult, RunIds
 
 if TYPE_CHECKING:
@@ -158,11 +159,9 @@ async def _reread(
     )
 
 
-def _load_evidence(value: Any) -> Any:
+def _load_evidence(value: Any) -> FileEvidence | None:
     if value is None:
         return None
-    from maka_core.tools import FileEvidence
-
     if isinstance(value, FileEvidence):
         return value
     return FileEvidence.from_json(value)

@@ -10,6 +10,7 @@ crosses into workflow history: arguments are read from the committed call, resul
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +22,7 @@ from maka_core import failpoints
 from maka_core.errors import MakaError
 from maka_core.events import RuntimeEvent
 from maka_core.resolver import OperationResolution
-from maka_core.tools.base import ToolRefusal
+from maka_core.tools import ToolRefusal, ToolResult
 from workflows.contracts import DISPATCH_WITHOUT_OUTCOME, RunIds, ToolInput, ToolOutcome
 
 if TYPE_CHECKING:
@@ -104,8 +105,6 @@ async def execute_tool(host: MakaActivities, inp: ToolInput) -> ToolOutcome:
     )
     if not isinstance(call_event.content.args, dict):
         # The wire allows any JSON value as args; every tool here takes an object.
-        from maka_core.tools import ToolResult
-
         refusal = ToolResult.error("invalid_arguments", "tool arguments must be a JSON object")
         return await _commit_refusal(host, ids, call, refusal)
     args: dict[str, Any] = dict(call_event.content.args)
@@ -199,8 +198,6 @@ async def _commit_refusal(host: MakaActivities, ids: RunIds, call: Any, refusal:
 
 def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, Any]) -> Any:
     """The pre-T1 refusal to commit, or None when admitted (tool exists, workspace, args, policy)."""
-    from maka_core.tools import ToolResult
-
     if tool is None:
         return ToolResult.error("tool_not_found", f"no tool named {inp.call.tool_name!r}")
     try:
@@ -222,6 +219,4 @@ def _preflight(host: MakaActivities, inp: ToolInput, tool: Any, args: dict[str, 
 
 
 def _guard_disabled() -> bool:
-    import os
-
     return os.environ.get(GUARD_DISABLED_ENV) == "1"

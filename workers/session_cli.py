@@ -366,7 +366,7 @@ def _print_view(view: Any) -> None:
         print(f"  op {o.operation_id}  {o.tool_name:<10} {o.status:<26} {o.reason}")
 
 
-async def _update_error(exc: BaseException) -> tuple[str, str]:
+def _update_error(exc: BaseException) -> tuple[str, str]:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.exceptions import ApplicationError
     from temporalio.service import RPCError, RPCStatusCode
@@ -446,7 +446,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         try:
             accepted = await send_message(client, args.session, args.message)
         except Exception as exc:
-            code, message = await _update_error(exc)
+            code, message = _update_error(exc)
             # A failed update leaves a core RPC callback in flight for a moment; exiting the
             # interpreter under it can crash the process at finalization (seen as SIGSEGV/SIGABRT).
             await asyncio.sleep(0.2)

@@ -12,8 +12,8 @@ from typing import Any
 
 from temporalio import activity
 
-from maka_core import codec
-from maka_core.events import (
+from maka_core.facts import codec
+from maka_core.facts.events import (
     TOOL_BOUNDARY_PROTOCOL,
     Actions,
     ErrorContent,

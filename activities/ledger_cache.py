@@ -16,9 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import OperationResolution, decide
-from maka_core.scanner import LedgerScanner
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import OperationResolution, decide
+from maka_core.ledger.scanner import LedgerScanner
 
 
 @dataclass

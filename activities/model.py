@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from activities import facts
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
-from maka_core.events import RuntimeEvent
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers import ScriptedProvider
-from maka_core.resume_plan import legal_replay
 from workflows.contracts import CallRef, ModelStepInput, ModelStepResult
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from activities import facts
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
-from maka_core.runs import RunHeader
+from maka_core.facts.run_header import RunHeader
 from workflows.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from temporalio.exceptions import ApplicationError
 from activities import facts
 from maka_core import failpoints
 from maka_core.errors import MakaError
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import OperationResolution
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import OperationResolution
 from maka_core.tools import ToolRefusal, ToolResult
 from workflows.contracts import DISPATCH_WITHOUT_OUTCOME, RunIds, ToolInput, ToolOutcome
 

@@ -24,10 +24,10 @@ from sqlalchemy import event as sa_event
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from maka_core.events import RuntimeEvent  # noqa: E402
-from maka_core.resolver import resolve  # noqa: E402
-from maka_core.resume_plan import plan_resume  # noqa: E402
-from maka_core.store import LedgerStore  # noqa: E402
+from maka_core.facts.events import RuntimeEvent  # noqa: E402
+from maka_core.ledger.resolver import resolve  # noqa: E402
+from maka_core.ledger.resume_plan import plan_resume  # noqa: E402
+from maka_core.store.writer import LedgerStore  # noqa: E402
 from tests.children.scenario import call, dispatch, response, user  # noqa: E402
 
 #: Unmeasured writes first (file growth, the store's first full scan, statement caches).

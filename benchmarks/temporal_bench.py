@@ -45,7 +45,7 @@ from benchmarks.bench_server import (  # noqa: E402
     sample_workspace,
     server_settings,
 )
-from maka_core.store import LedgerStore  # noqa: E402
+from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
 from workers.worker import build_worker  # noqa: E402
 from workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402

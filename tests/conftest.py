@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # --- ledger store (helper B) ---------------------------------------------------------------
-from maka_core.store import LedgerStore
+from maka_core.store.writer import LedgerStore
 
 #: Backends the store contract suite runs on. Postgres joins when MAKA_TEST_POSTGRES_URL is set.
 STORE_BACKENDS = ["sqlite-file", "sqlite-memory", "postgres"]

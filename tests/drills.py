@@ -31,8 +31,8 @@ from typing import Any
 
 from temporalio.client import WorkflowUpdateFailedError
 
-from maka_core.session_view import operations
-from maka_core.store import LedgerStore
+from maka_core.runtime.session_view import operations
+from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.temporal_support import WorkerProcess, start
 from workers.session_cli import query_status

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maka_core.codec import canonical_args_hash, digest
-from maka_core.events import (
+from maka_core.facts.codec import canonical_args_hash, digest
+from maka_core.facts.events import (
     TOOL_BOUNDARY_PROTOCOL,
     Actions,
     ErrorContent,

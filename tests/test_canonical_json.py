@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maka_core import canonical_json as cj
 from maka_core.errors import CodecError
+from maka_core.facts import canonical_json as cj
 
 NUMBERS = {
     1.5: "1.5",

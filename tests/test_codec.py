@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maka_core import codec
 from maka_core.errors import CodecError
-from maka_core.events import (
+from maka_core.facts import codec
+from maka_core.facts.events import (
     Actions,
     FunctionCallContent,
     FunctionResponseContent,

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from maka_core import failpoints
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import resolve
-from maka_core.resume_plan import plan_resume
-from maka_core.store import LedgerStore
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resume_plan import plan_resume
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import call, completed_bundle, dispatch, response, terminal, user
 
 pytestmark = pytest.mark.crash

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from maka_core import canonical_json
-from maka_core.codec import canonical_args_hash, digest
 from maka_core.errors import MakaError
+from maka_core.facts import canonical_json
+from maka_core.facts.codec import canonical_args_hash, digest
 from maka_core.tools import FileEvidence, FileIdentity, Tool, default_tools
 from maka_core.workspace import Workspace
 

@@ -47,6 +47,9 @@ async def test_history_growth_per_call_is_bounded_and_independent_of_output_size
         f"\nhistory: 200 B outputs {small} B ({per_call_small:.0f} B/call, {small_events} events); "
         f"20 KB outputs {big} B ({per_call_big:.0f} B/call, {big_events} events)"
     )
-    # 100x larger outputs change history by a few bytes per call at most (ids and timestamps vary).
-    assert abs(per_call_big - per_call_small) < 16
+    # 100x larger outputs change history by a few bytes per event at most (ids and timestamps vary).
+    # Compared per event, not per call: how many workflow tasks the server batches varies from run to
+    # run (371 vs 380 events for the same 50 calls), and a leaked output would add ~400 B per event.
+    per_event_small, per_event_big = small / small_events, big / big_events
+    assert abs(per_event_big - per_event_small) < 16, (per_event_small, per_event_big)
     assert per_call_big < 2048  # the target: 2 KB of history per tool call or less

@@ -186,7 +186,7 @@ def test_newer_schema_is_refused_by_every_command(tmp_path: Path) -> None:
 
 
 def test_parse_jsonl_reports_every_bad_line_and_ignores_one_trailing_newline() -> None:
-    from maka_core.ledger_io import parse_jsonl
+    from maka_core.store.jsonl import parse_jsonl
 
     good = EXAMPLES[0].read_bytes().splitlines()
     events, errors = parse_jsonl(b"\r\n".join(good) + b"\r\n\n")

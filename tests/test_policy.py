@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pytest
 
 from maka_core.errors import ConfigError
-from maka_core.events import RecoveryMode
+from maka_core.facts.events import RecoveryMode
 from maka_core.policy import Policy, PolicyDecision, execution_guarantee
 from maka_core.tools import FileEvidence, Reconciliation, Tool, ToolResult, default_tools
 from maka_core.workspace import Workspace

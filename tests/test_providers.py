@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from maka_core.errors import ConfigError
-from maka_core.events import (
+from maka_core.facts.events import (
     FunctionCallContent,
     FunctionResponseContent,
     RuntimeEvent,

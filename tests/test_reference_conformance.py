@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from maka_core import canonical_json
-from maka_core.codec import canonical_args_hash, decode, encode, from_json_object
 from maka_core.errors import CodecError
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import resolve
-from maka_core.resume_plan import plan_resume
-from maka_core.scanner import writer_admission
+from maka_core.facts import canonical_json
+from maka_core.facts.codec import canonical_args_hash, decode, encode, from_json_object
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resume_plan import plan_resume
+from maka_core.ledger.scanner import writer_admission
 from tests.ledger_factory import (
     call,
     completed_bundle,
@@ -731,7 +731,7 @@ def test_user_question_request_shape() -> None:
 
 def _retry_pair(first: dict[str, Any], second: dict[str, Any]) -> str | None:
     from maka_core.errors import LedgerRejection
-    from maka_core.scanner import LedgerScanner
+    from maka_core.ledger.scanner import LedgerScanner
 
     scanner = LedgerScanner()
     scanner.apply(from_json_object(_base(id="evt-c9", content=_CALL_C9)))

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from maka_core.codec import decode, encode
-from maka_core.resolver import resolve
-from maka_core.resume_plan import plan_resume
-from maka_core.scanner import scan, writer_admission
+from maka_core.facts.codec import decode, encode
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resume_plan import plan_resume
+from maka_core.ledger.scanner import scan, writer_admission
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "maka_examples"
 

@@ -28,8 +28,8 @@ import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 
-from maka_core.session_view import operations
-from maka_core.store import LedgerStore
+from maka_core.runtime.session_view import operations
+from maka_core.store.writer import LedgerStore
 from tests.drills import Sandbox, log_lines, open_session, ready, send, settle, stop
 from workflows.contracts import workflow_id_for
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from maka_core.codec import canonical_args_hash
-from maka_core.events import Actions, RuntimeProtocol
-from maka_core.resolver import OperationResolution, interrupted_code_mode_outcomes, resolve
-from maka_core.scanner import scan
+from maka_core.facts.codec import canonical_args_hash
+from maka_core.facts.events import Actions, RuntimeProtocol
+from maka_core.ledger.resolver import OperationResolution, interrupted_code_mode_outcomes, resolve
+from maka_core.ledger.scanner import scan
 from tests.ledger_factory import (
     DEFAULT_ARGS,
     call,

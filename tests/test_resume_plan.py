@@ -8,8 +8,8 @@ import copy
 import pytest
 
 from maka_core import failpoints
-from maka_core.events import RuntimeEvent, TextContent
-from maka_core.resume_plan import INDETERMINATE_TOOL_RESULT_DIRECTIVE, legal_replay, plan_resume
+from maka_core.facts.events import RuntimeEvent, TextContent
+from maka_core.ledger.resume_plan import INDETERMINATE_TOOL_RESULT_DIRECTIVE, legal_replay, plan_resume
 from tests.ledger_factory import call, dispatch, event, response, t1, terminal, text, user
 
 NESTED = {"origin": "code_mode", "model_visibility": "hidden"}

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from maka_core.errors import LedgerRejection
-from maka_core.events import Actions, Refs, RuntimeEvent
-from maka_core.lanes import event_lane
-from maka_core.projections import journal_rows, operation_row, project
-from maka_core.scanner import LedgerScanner, Transition, group_transitions, scan, writer_admission
+from maka_core.facts.events import Actions, Refs, RuntimeEvent
+from maka_core.ledger.lanes import event_lane
+from maka_core.ledger.projections import journal_rows, operation_row, project
+from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions, scan, writer_admission
 from tests.ledger_factory import (
     call,
     completed_bundle,

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from maka_core.session_view import operations
-from maka_core.store import LedgerStore
+from maka_core.runtime.session_view import operations
+from maka_core.store.writer import LedgerStore
 from tests.drills import (
     DRILL_SCRIPT,
     TOOLS,

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event as sa_event
 
-from maka_core import codec
-from maka_core.claims import ContinuationClaim
 from maka_core.errors import CodecError, LedgerRejection, StoreError
-from maka_core.ledger_io import export_jsonl, parse_jsonl
-from maka_core.ledger_rows import prefix_digest
-from maka_core.runs import RunHeader
-from maka_core.schema import SCHEMA_VERSION
-from maka_core.store import LedgerStore
+from maka_core.facts import codec
+from maka_core.facts.claims import ContinuationClaim
+from maka_core.facts.run_header import RunHeader
+from maka_core.store.jsonl import export_jsonl, parse_jsonl
+from maka_core.store.rows import prefix_digest
+from maka_core.store.schema import SCHEMA_VERSION
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import (
     DIGEST,
     T0,
@@ -250,7 +250,7 @@ def test_continuation_claim_is_unique_per_source_boundary(store: LedgerStore) ->
 
 
 def test_continuation_start_binds_to_its_claim(store: LedgerStore) -> None:
-    from maka_core.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
+    from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
 
     store.append([user()])
     store.commit_terminal(terminal())

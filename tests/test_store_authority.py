@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from maka_core import codec
 from maka_core.errors import CodecError, LedgerRejection, StoreError
-from maka_core.events import Actions
-from maka_core.store import LedgerStore
+from maka_core.facts import codec
+from maka_core.facts.events import Actions
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import (
     DIGEST,
     call,
@@ -321,7 +321,7 @@ def test_import_admits_what_the_reference_writers_admit_and_rebuilds_equal(store
     """Import uses the reference's bare transition check: a ledger Maka's writers admit (here an
     outcome committed after a parked decision) is imported, and its online projection equals the
     rebuild, journal rows in commit order."""
-    from maka_core.scanner import writer_admission
+    from maka_core.ledger.scanner import writer_admission
     from tests import ledger_factory as f
 
     ledger = [f.user(), *f.t1(recovery_mode="reconcile"), *f.parked_bundle(), f.response()]

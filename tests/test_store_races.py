@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from maka_core.resolver import resolve
-from maka_core.runs import RunHeader
-from maka_core.schema import SCHEMA_VERSION
-from maka_core.store import LedgerStore
+from maka_core.facts.run_header import RunHeader
+from maka_core.ledger.resolver import resolve
+from maka_core.store.schema import SCHEMA_VERSION
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import call, dispatch, user
 
 pytestmark = pytest.mark.crash

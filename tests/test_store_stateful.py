@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from maka_core.errors import LedgerRejection
-from maka_core.resolver import resolve
-from maka_core.store import LedgerStore
+from maka_core.ledger.resolver import resolve
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import (
     call,
     completed_bundle,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from maka_core.session_view import operations, session_view
-from maka_core.store import LedgerStore
+from maka_core.runtime.session_view import operations, session_view
+from maka_core.store.writer import LedgerStore
 from tests.temporal_support import WorkerProcess, send_message, start, tool_step, wait_turn, write_script
 from workers.worker import startup_repair
 from workflows.contracts import workflow_id_for

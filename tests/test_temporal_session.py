@@ -13,9 +13,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import MakaActivities, WorkerSettings
-from maka_core.resolver import resolve
-from maka_core.session_view import operations
-from maka_core.store import LedgerStore
+from maka_core.ledger.resolver import resolve
+from maka_core.runtime.session_view import operations
+from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.temporal_support import (
     WorkerProcess,

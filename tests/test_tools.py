@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maka_core import canonical_json
+from maka_core.facts import canonical_json
 from maka_core.tools import (
     BashTool,
     ReadFileTool,

@@ -30,8 +30,8 @@ def make_demo_workspace(root: Path) -> Path:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from maka_core.providers import demo_script_path
-    from maka_core.session_view import operations, transcript_lines
-    from maka_core.store import LedgerStore
+    from maka_core.runtime.session_view import operations, transcript_lines
+    from maka_core.store.writer import LedgerStore
     from workers import devserver
     from workers.client import connect, reachable
     from workers.worker import serve

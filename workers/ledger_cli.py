@@ -14,7 +14,7 @@ from typing import Any
 
 from maka_core import paths
 from maka_core.errors import MakaError
-from maka_core.events import RuntimeEvent
+from maka_core.facts.events import RuntimeEvent
 
 
 def register(subparsers: Any) -> None:
@@ -69,8 +69,8 @@ def _refuse(error: MakaError, *, as_json: bool = True) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from maka_core.ledger_io import read_jsonl
-    from maka_core.store import LedgerStore
+    from maka_core.store.jsonl import read_jsonl
+    from maka_core.store.writer import LedgerStore
 
     try:
         events, errors = read_jsonl(args.file)
@@ -94,8 +94,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from maka_core.ledger_io import export_jsonl
-    from maka_core.store import LedgerStore
+    from maka_core.store.jsonl import export_jsonl
+    from maka_core.store.writer import LedgerStore
 
     db = _db(args)
     if not db.exists():
@@ -109,7 +109,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from maka_core.ledger_io import read_jsonl
+    from maka_core.store.jsonl import read_jsonl
 
     events: list[RuntimeEvent]
     if args.file is not None:
@@ -132,7 +132,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _refuse(
                 MakaError("config_invalid", "--session is required without FILE"), as_json=args.json
             )
-        from maka_core.store import LedgerStore
+        from maka_core.store.writer import LedgerStore
 
         db = _db(args)
         if not db.exists():
@@ -146,8 +146,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _emit_plan(events: list[RuntimeEvent], expected: int | None, as_json: bool) -> int:
-    from maka_core.resolver import resolve
-    from maka_core.resume_plan import plan_resume
+    from maka_core.ledger.resolver import resolve
+    from maka_core.ledger.resume_plan import plan_resume
 
     recovery = resolve(events).to_json()
     plan = plan_resume(events, expected).to_json()
@@ -181,7 +181,7 @@ def _emit_plan(events: list[RuntimeEvent], expected: int | None, as_json: bool) 
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from maka_core.store import LedgerStore
+    from maka_core.store.writer import LedgerStore
 
     db = _db(args)
     if not db.exists():

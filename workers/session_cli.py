@@ -338,8 +338,8 @@ async def wait_settled(
 
 
 def _view(db: Any, session_id: str, status: Any | None) -> Any:
-    from maka_core.session_view import session_view
-    from maka_core.store import LedgerStore
+    from maka_core.runtime.session_view import session_view
+    from maka_core.store.writer import LedgerStore
     from workflows.contracts import workflow_id_for
 
     with LedgerStore.open(db) as store:
@@ -481,9 +481,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from maka_core import codec
-    from maka_core.session_view import transcript_lines
-    from maka_core.store import LedgerStore
+    from maka_core.facts import codec
+    from maka_core.runtime.session_view import transcript_lines
+    from maka_core.store.writer import LedgerStore
 
     with LedgerStore.open(_db(args)) as store:
         events = store.events(session_id=args.session)

@@ -4,7 +4,7 @@ Startup repair respects Temporal ownership: a non-terminal run whose hosting wor
 still open belongs to that workflow (it will finish or recover the run itself); a run whose execution
 is closed or gone is repaired here (terminal RuntimeEvent first, then the header) and its session is
 reported as needing resume. Two workers repairing the same run converge on one terminal fact through
-the deterministic repair event (``maka_core.runs.repair_run``).
+the deterministic repair event (``maka_core.runtime.repair.repair_run``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import MakaActivities, WorkerSettings
-from maka_core.runs import RunHeader, repair_all
-from maka_core.store import LedgerStore
+from maka_core.runtime.repair import RunHeader, repair_all
+from maka_core.store.writer import LedgerStore
 from workflows.session import SessionWorkflow
 
 log = logging.getLogger("maka.worker")

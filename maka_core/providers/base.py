@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from maka_core.errors import ConfigError, MakaError
 
 if TYPE_CHECKING:
-    from maka_core.events import RuntimeEvent
+    from maka_core.facts.events import RuntimeEvent
 
 
 @dataclass(frozen=True)

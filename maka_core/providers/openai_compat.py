@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-from maka_core import canonical_json
 from maka_core.errors import CodecError
-from maka_core.events import FunctionCallContent, FunctionResponseContent, TextContent
+from maka_core.facts import canonical_json
+from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
 from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError
 
 if TYPE_CHECKING:
-    from maka_core.events import RuntimeEvent
+    from maka_core.facts.events import RuntimeEvent
 
 DEFAULT_TIMEOUT_S = 120.0
 

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maka_core import canonical_json
 from maka_core.errors import CodecError, ConfigError
+from maka_core.facts import canonical_json
 from maka_core.providers.base import ModelOutput, ModelToolCall
 
 if TYPE_CHECKING:
-    from maka_core.events import RuntimeEvent
+    from maka_core.facts.events import RuntimeEvent
 
 FINISHED_TEXT = "(script finished)"
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from maka_core import canonical_json
 from maka_core.errors import MakaError
-from maka_core.events import Observation, RecoveryMode
+from maka_core.facts import canonical_json
+from maka_core.facts.events import Observation, RecoveryMode
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -123,7 +123,7 @@ class FileIdentity:
     @classmethod
     def of(cls, data: bytes) -> FileIdentity:
         """The identity of ``data``."""
-        from maka_core.codec import digest
+        from maka_core.facts.codec import digest
 
         return cls(digest(data), len(data))
 

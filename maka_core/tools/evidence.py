@@ -23,10 +23,10 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from maka_core import canonical_json
-from maka_core.codec import canonical_args_hash, digest
 from maka_core.errors import MakaError
-from maka_core.events import Observation
+from maka_core.facts import canonical_json
+from maka_core.facts.codec import canonical_args_hash, digest
+from maka_core.facts.events import Observation
 from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation, ToolResult
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
 
 from maka_core import failpoints
-from maka_core.codec import canonical_args_hash
-from maka_core.events import RecoveryMode
+from maka_core.facts.codec import canonical_args_hash
+from maka_core.facts.events import RecoveryMode
 from maka_core.tools import effect_journal
 from maka_core.tools.base import (
     DEFAULT_MAX_FILE_BYTES,

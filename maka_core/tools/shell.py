@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from maka_core import failpoints
-from maka_core.events import RecoveryMode
+from maka_core.facts.events import RecoveryMode
 from maka_core.tools.base import (
     DEFAULT_RESULT_BYTE_LIMIT,
     FileEvidence,

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import sys
 
-from maka_core import codec, failpoints
-from maka_core.claims import ContinuationClaim
-from maka_core.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
-from maka_core.runs import RunHeader
-from maka_core.store import LedgerStore
+from maka_core import failpoints
+from maka_core.facts import codec
+from maka_core.facts.claims import ContinuationClaim
+from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
+from maka_core.facts.run_header import RunHeader
+from maka_core.store.writer import LedgerStore
 from tests.children.scenario import DIGEST, T0, call, completed_bundle, dispatch, response, terminal, user
 from tests.children.support import raw_insert
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from maka_core.codec import canonical_args_hash
-from maka_core.events import (
+from maka_core.facts.codec import canonical_args_hash
+from maka_core.facts.events import (
     Actions,
     FunctionCallContent,
     FunctionResponseContent,

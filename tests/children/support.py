@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from maka_core import codec
-from maka_core.events import RuntimeEvent
-from maka_core.ledger_rows import event_columns
-from maka_core.schema import runtime_events
-from maka_core.store import LedgerStore
+from maka_core.facts import codec
+from maka_core.facts.events import RuntimeEvent
+from maka_core.store.rows import event_columns
+from maka_core.store.schema import runtime_events
+from maka_core.store.writer import LedgerStore
 
 
 def raw_insert(store: LedgerStore, *events: RuntimeEvent, payload: str | None = None) -> None:

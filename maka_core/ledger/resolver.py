@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from maka_core.events import FunctionResponseContent, Refs, RuntimeEvent
-from maka_core.recovery_bundle import interpret_recovery
-from maka_core.scanner import LedgerIssue, LedgerScanner, OperationFacts, scan
+from maka_core.facts.events import FunctionResponseContent, Refs, RuntimeEvent
+from maka_core.ledger.recovery_bundle import interpret_recovery
+from maka_core.ledger.scanner import LedgerIssue, LedgerScanner, OperationFacts, scan
 
 Status = Literal["completed", "parked", "definitely_not_dispatched", "indeterminate", "corruption"]
 SettlementOrigin = Literal["normal_t2", "pre_t1_synthetic", "recovery_bundle"]

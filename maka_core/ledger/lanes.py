@@ -13,9 +13,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from maka_core.codec import canonical_args_hash
 from maka_core.errors import CodecError
-from maka_core.events import RuntimeEvent
+from maka_core.facts.codec import canonical_args_hash
+from maka_core.facts.events import RuntimeEvent
 
 Transition = Literal["generic_append", "t1_prepare", "t2_outcome", "recovery_bundle"]
 Lane = Literal[

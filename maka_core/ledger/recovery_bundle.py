@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
-from maka_core.events import ReconcileResult, RecoveryDecision, RuntimeEvent
-from maka_core.lanes import args_hash_or_none, event_lane
-from maka_core.scanner import OperationFacts
+from maka_core.facts.events import ReconcileResult, RecoveryDecision, RuntimeEvent
+from maka_core.ledger.lanes import args_hash_or_none, event_lane
+from maka_core.ledger.scanner import OperationFacts
 
 BundleCode = Literal[
     "call_identity_conflict",

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import RecoveryResolution, resolve
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import RecoveryResolution, resolve
 
 PlanKind = Literal["safe_replay", "blocked"]
 OperationStatus = Literal["succeeded", "failed", "indeterminate", "not_dispatched", "parked", "corruption"]

@@ -14,15 +14,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, func, select
 
-from maka_core import canonical_json, codec
-from maka_core.engine import read_tx
 from maka_core.errors import LedgerRejection, StoreError
-from maka_core.events import RuntimeEvent
-from maka_core.ledger_rows import Prefix, make_prefix, row_event
-from maka_core.projections import JournalRow, OperationRow, project
-from maka_core.runs import now_ms
-from maka_core.scanner import scan
-from maka_core.schema import (
+from maka_core.facts import canonical_json, codec
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.projections import JournalRow, OperationRow, project
+from maka_core.ledger.scanner import scan
+from maka_core.store.engine import read_tx
+from maka_core.store.rows import Prefix, make_prefix, row_event
+from maka_core.store.schema import (
     runtime_events,
     tool_attempts,
     tool_evidence,

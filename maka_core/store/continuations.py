@@ -12,17 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select, update
 
-from maka_core import canonical_json, failpoints
-from maka_core.claims import ClaimResult, ContinuationClaim
-from maka_core.engine import read_tx
+from maka_core import failpoints
 from maka_core.errors import LedgerRejection
-from maka_core.events import RuntimeEvent
-from maka_core.runs import now_ms
-from maka_core.schema import continuation_claims
-from maka_core.store_reads import LedgerReads
+from maka_core.facts import canonical_json
+from maka_core.facts.claims import ClaimResult, ContinuationClaim
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import RuntimeEvent
+from maka_core.store.engine import read_tx
+from maka_core.store.reads import LedgerReads
+from maka_core.store.schema import continuation_claims
 
 if TYPE_CHECKING:
-    from maka_core.store import CommitResult
+    from maka_core.store.writer import CommitResult
 
 
 class ContinuationWrites(LedgerReads):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from maka_core.events import Sha256Digest
+from maka_core.facts.events import Sha256Digest
 
 ClaimStatus = Literal["acquired", "existing", "conflict"]
 StartKind = Literal["runtime_admission", "claim_repair"]

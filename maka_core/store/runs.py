@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, RowMapping, select, update
 
-from maka_core import canonical_json
-from maka_core.engine import read_tx
 from maka_core.errors import LedgerRejection
-from maka_core.runs import RunHeader, now_ms
-from maka_core.schema import agent_runs, runtime_events
-from maka_core.store_reads import LedgerReads
+from maka_core.facts import canonical_json
+from maka_core.facts.clock import now_ms
+from maka_core.facts.run_header import RunHeader
+from maka_core.store.engine import read_tx
+from maka_core.store.reads import LedgerReads
+from maka_core.store.schema import agent_runs, runtime_events
 
 
 class RunHeaderStore(LedgerReads):

@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from maka_core import canonical_json
 from maka_core.errors import CodecError
-from maka_core.events import RuntimeEvent
+from maka_core.facts import canonical_json
+from maka_core.facts.events import RuntimeEvent
 
 
 def _shape_error(exc: ValidationError) -> CodecError:

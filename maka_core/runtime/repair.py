@@ -10,53 +10,22 @@ repairing the same run converge through exact-retry idempotency instead of racin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING
 
 from maka_core.errors import LedgerRejection, StoreError
-from maka_core.events import Actions, ErrorContent, RuntimeEvent
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
+from maka_core.facts.run_header import RunHeader, RunStatus, header_status_for
 
 if TYPE_CHECKING:
-    from maka_core.store import LedgerStore
-
-RunStatus = Literal["running", "completed", "failed", "cancelled", "parked"]
-TERMINAL_RUN_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+    from maka_core.store.writer import LedgerStore
 
 #: The recovered terminal event's user-visible message per repair reason.
 _REPAIR_MESSAGES: dict[str, str] = {
     "process_crashed": "runtime process exited before the turn settled",
 }
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class RunHeader(BaseModel):
-    """One run's header row (``agent_runs``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    session_id: str
-    run_id: str
-    invocation_id: str
-    turn_id: str
-    status: RunStatus = "running"
-    park_reason: str | None = None
-    workflow_id: str | None = None
-    workflow_run_id: str | None = None
-    task_queue: str | None = None
-    continuation_source: dict[str, Any] | None = None
-    created_at: int = 0
-    updated_at: int = 0
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_RUN_STATUSES
 
 
 @dataclass(frozen=True)
@@ -68,20 +37,6 @@ class RepairResult:
     terminal_committed: bool
     header_status: RunStatus
     header_updated: bool
-
-
-def header_status_for(event: RuntimeEvent) -> RunStatus:
-    """The header status a terminal event implies."""
-    if event.status == "completed":
-        return "completed"
-    if event.status in ("aborted", "cancelled"):
-        return "cancelled"
-    if event.status == "failed":
-        return "failed"
-    # endInvocation without a status: an error content means failure.
-    if event.content is not None and event.content.kind == "error":
-        return "failed"
-    return "completed"
 
 
 def recovered_terminal_event(last: RuntimeEvent, run_id: str, reason: str) -> RuntimeEvent:

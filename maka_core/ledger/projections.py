@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from maka_core import canonical_json
-from maka_core.events import RecoveryDecision, RuntimeEvent
-from maka_core.scanner import LedgerScanner, OperationFacts, OperationState
+from maka_core.facts import canonical_json
+from maka_core.facts.events import RecoveryDecision, RuntimeEvent
+from maka_core.ledger.scanner import LedgerScanner, OperationFacts, OperationState
 
 JournalState = Literal[
     "prepared", "reconcile_observed", "outcome_committed", "recovery_completed", "recovery_parked"

@@ -12,13 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from maka_core.events import RuntimeEvent
-from maka_core.resolver import resolve
-from maka_core.runs import RunHeader
-from maka_core.scanner import scan
+from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.run_header import RunHeader
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.scanner import scan
 
 if TYPE_CHECKING:
-    from maka_core.store import LedgerStore
+    from maka_core.store.writer import LedgerStore
 
 SessionState = Literal["idle", "running", "parked", "failed", "unknown"]
 

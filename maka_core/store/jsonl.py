@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maka_core import codec
 from maka_core.errors import CodecError
-from maka_core.events import RuntimeEvent
+from maka_core.facts import codec
+from maka_core.facts.events import RuntimeEvent
 
 if TYPE_CHECKING:
-    from maka_core.store import LedgerStore
+    from maka_core.store.writer import LedgerStore
 
 
 def parse_jsonl(data: bytes) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:

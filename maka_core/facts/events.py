@@ -15,9 +15,9 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from maka_core.canonical_json import check as check_json
 from maka_core.errors import CodecError
-from maka_core.event_payloads import check_action_payloads, check_message_extras
+from maka_core.facts.canonical_json import check as check_json
+from maka_core.facts.payloads import check_action_payloads, check_message_extras
 
 JsonObject = dict[str, Any]
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from maka_core.codec import encode
 from maka_core.errors import LedgerRejection
-from maka_core.events import TOOL_BOUNDARY_PROTOCOL, RuntimeEvent
-from maka_core.lanes import (
+from maka_core.facts.codec import encode
+from maka_core.facts.events import TOOL_BOUNDARY_PROTOCOL, RuntimeEvent
+from maka_core.ledger.lanes import (
     Lane,
     Transition,
     args_hash_or_none,
@@ -298,7 +298,7 @@ class LedgerScanner:
 
     def _check_bound_tail(self, candidates: list[RuntimeEvent], transition: Transition) -> None:
         # Imported here: the bundle rules consume scanner facts, so the modules are mutual.
-        from maka_core.recovery_bundle import interpret_recovery
+        from maka_core.ledger.recovery_bundle import interpret_recovery
 
         first = candidates[0]
         if transition == "t2_outcome":

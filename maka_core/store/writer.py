@@ -23,17 +23,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, select, update
 
-from maka_core import canonical_json, codec, failpoints
-from maka_core.continuation_store import ContinuationWrites
-from maka_core.engine import database_url, make_engine, run_write, sqlite_file
+from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection
-from maka_core.events import RuntimeEvent
-from maka_core.ledger_rows import Prefix, event_columns, row_event
-from maka_core.projections import JournalRow, OperationRow, journal_rows, operation_row
-from maka_core.run_store import RunHeaderStore
-from maka_core.runs import now_ms
-from maka_core.scanner import LedgerScanner, Transition, group_transitions
-from maka_core.schema import (
+from maka_core.facts import canonical_json, codec
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
+from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
+from maka_core.store.continuations import ContinuationWrites
+from maka_core.store.engine import database_url, make_engine, run_write, sqlite_file
+from maka_core.store.reads import LedgerReads, _detail
+from maka_core.store.rows import Prefix, event_columns, row_event
+from maka_core.store.runs import RunHeaderStore
+from maka_core.store.schema import (
     migrate,
     refuse_newer,
     runtime_events,
@@ -43,7 +45,6 @@ from maka_core.schema import (
     tool_journal_events,
     tool_operations,
 )
-from maka_core.store_reads import LedgerReads, _detail
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 

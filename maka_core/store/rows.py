@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from maka_core import codec
 from maka_core.errors import CodecError, StoreError
-from maka_core.events import FunctionCallContent, FunctionResponseContent, RuntimeEvent
+from maka_core.facts import codec
+from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, RuntimeEvent
 
 #: Domain separation for the prefix digest, so it can never equal another digest of the same lines.
 PREFIX_DOMAIN = "maka.runtime_prefix.v1\n"

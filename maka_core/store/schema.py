@@ -35,8 +35,8 @@ from sqlalchemy import (
     text,
 )
 
-from maka_core.engine import is_sqlite, read_tx, run_write
 from maka_core.errors import StoreError
+from maka_core.store.engine import is_sqlite, read_tx, run_write
 
 SCHEMA_VERSION = 1
 

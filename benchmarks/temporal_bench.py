@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from activities import MakaActivities, WorkerSettings  # noqa: E402
+from activities import MakaActivities  # noqa: E402
 from benchmarks.bench_server import (  # noqa: E402
     SAMPLE_FILE,
     bench_server,
@@ -45,6 +45,7 @@ from benchmarks.bench_server import (  # noqa: E402
     sample_workspace,
     server_settings,
 )
+from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
 from workers.worker import build_worker  # noqa: E402
@@ -92,7 +93,7 @@ async def one_session(
     mode: str = "local",
 ) -> dict[str, Any]:
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
-    before = dict(acts.timings)
+    before = dict(acts.runtime.timings)
     t0 = time.perf_counter()
     session_id, accepted = await start_session(
         client,
@@ -104,13 +105,13 @@ async def one_session(
     )
     status = await _settle(client, session_id, accepted.run_id, timeout)
     wall = time.perf_counter() - t0
-    after = acts.timings
+    after = acts.runtime.timings
     spent = {k: after[k] - before[k] for k in after}
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     desc = await handle.describe()
     first_run = desc.raw_description.workflow_execution_info.first_run_id or None
     history = await chain_history(client, handle.id, first_run, lambda name: name == EXECUTE_TOOL)
-    turn_ms = _turn_ms(acts.store, accepted.run_id)
+    turn_ms = _turn_ms(acts.runtime.ledger, accepted.run_id)
     ledger_s = spent["guard"] + spent["t1"] + spent["t2"]
     return {
         "calls": n,
@@ -156,7 +157,7 @@ async def concurrent_sessions(
 
     done = await asyncio.gather(*(run(ws) for ws in workspaces))
     wall = time.perf_counter() - t0
-    spans = [_span(acts.store, run_id) for _, run_id in done]
+    spans = [_span(acts.runtime.ledger, run_id) for _, run_id in done]
     latencies = sorted(float(end - begin) for begin, end in spans)
     # Throughput from the ledger: first user message to last terminal fact (no polling slack).
     busy_s = (max(end for _, end in spans) - min(begin for begin, _ in spans)) / 1000
@@ -197,7 +198,7 @@ async def main(args: argparse.Namespace) -> None:
                 server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
             )
             store = LedgerStore.open(tmp / "ledger.sqlite")
-            acts = MakaActivities(store, settings=WorkerSettings())
+            acts = MakaActivities(Runtime(store))
             queue = "maka-bench"
             worker = build_worker(client, acts, queue)
             sample = sample_workspace(args.output_bytes)

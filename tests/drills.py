@@ -44,7 +44,8 @@ DRILL_SCRIPT = FIXTURES / "drill_script.json"
 #: The scripted turn's tools, in call order (step k calls TOOLS[k]).
 TOOLS: tuple[str, ...] = ("write_file", "edit_file", "bash")
 NOTES_AFTER_TURN = "status: draft, reviewed\n"
-GUARD_ENV = "MAKA_TEST_DISABLE_RESOLVER_GUARD"
+#: The negative control's worker: the same worker built with a deliberately broken guard.
+NAIVE_WORKER: tuple[str, ...] = ("-m", "tests.children.naive_worker")
 HEARTBEAT_S = 2.0
 
 
@@ -138,8 +139,6 @@ class Sandbox:
         """Start ``maka worker`` (armed with ``kill`` when given) as a child process."""
         self._workers += 1
         env = {"MAKA_EFFECT_LOG": str(self.journal)}
-        if self.guard_disabled:
-            env[GUARD_ENV] = "1"
         if kill is not None:
             env.update(kill.env())
         return WorkerProcess(
@@ -152,6 +151,7 @@ class Sandbox:
             heartbeat_timeout=HEARTBEAT_S,
             extra_env=env,
             log=self.root / f"worker-{self._workers}.log",
+            **({"entry": NAIVE_WORKER} if self.guard_disabled else {}),
         )
 
     async def verify(self) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from activities import WorkerSettings
+from maka_core.runtime.runtime import RuntimeSettings
 from workers.client import connect
 from workers.devserver import DevServer
 from workers.session_cli import query_status, send_message, start_session
@@ -43,7 +43,7 @@ def tool_step(*calls: tuple[str, dict[str, Any]], text: str | None = None) -> di
 
 @contextlib.asynccontextmanager
 async def in_process_worker(
-    client: Client, db: Path, queue: str, *, settings: WorkerSettings | None = None, repair: bool = False
+    client: Client, db: Path, queue: str, *, settings: RuntimeSettings | None = None, repair: bool = False
 ) -> AsyncIterator[None]:
     """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits."""
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -85,7 +85,10 @@ class WorkerProcess:
         heartbeat_timeout: float = 2.0,
         extra_env: dict[str, str] | None = None,
         log: Path | None = None,
+        entry: tuple[str, ...] = ("-m", "workers.cli", "worker"),
     ) -> None:
+        """``entry``: the worker's command after the interpreter (a test may run its own build of the
+        worker, e.g. ``tests.children.naive_worker``, with the same flags)."""
         env = dict(os.environ)
         env.update(
             {
@@ -108,9 +111,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "workers.cli",
-                "worker",
+                *entry,
                 "--db",
                 str(db),
                 "--task-queue",

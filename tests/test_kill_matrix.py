@@ -18,7 +18,7 @@ settle and checks the seed's crash table ("Crash position determines the conclus
 Every cell also checks: each side effect happened at most once (effect journal and log lines), one
 terminal fact per run, no corrupt operation, and ``maka ledger verify`` clean through the real CLI.
 The negative control runs the after-effect cells with the Resolver guard disabled
-(``MAKA_TEST_DISABLE_RESOLVER_GUARD=1``: naive Temporal retry) and must see duplicates.
+(a worker built by the test with ``NaiveRetryGuard``: naive Temporal retry) and must see duplicates.
 """
 
 from __future__ import annotations

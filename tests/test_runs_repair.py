@@ -9,7 +9,7 @@ import pytest
 
 from maka_core.errors import StoreError
 from maka_core.facts import codec
-from maka_core.runtime.repair import RunHeader, recovered_terminal_event, repair_all, repair_run
+from maka_core.runtime.settle import RunHeader, recovered_terminal_event, repair_all, repair_run
 from maka_core.store.writer import LedgerStore
 from tests.children.scenario import T0, call, dispatch, terminal, user
 from tests.children.support import raw_update

@@ -12,8 +12,10 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import MakaActivities, WorkerSettings
+from activities import MakaActivities
+from maka_core.facts.codec import canonical_args_hash
 from maka_core.ledger.resolver import resolve
+from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
@@ -179,20 +181,28 @@ async def test_tool_activity_refuses_an_operation_that_already_has_a_dispatch_fa
     tmp_path: Path, ws_dir: Path
 ) -> None:
     """The guard: call + T1 committed, no T2 -> DispatchWithoutOutcome; the tool does not run."""
-    from activities import facts
+    from maka_core.runtime import builders as facts
 
     ws = Workspace.open(ws_dir)
     ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
     args = {"path": "target.txt", "content": "written\n"}
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
-        acts = MakaActivities(store, settings=WorkerSettings())
+        acts = MakaActivities(Runtime(store))
         call = CallRef(tool_call_id="call-0-0", operation_id="op-1", tool_name="write_file")
         store.append([facts.user_event(ids, "hi", 1)])
         store.append([facts.model_call(ids, "r1:0", 0, "call-0-0", "write_file", args, "op-1", 2)])
-        tool = acts.tools["write_file"]
+        tool = acts.runtime.tools["write_file"]
         evidence = tool.capture_evidence(args, ws)
         store.commit_tool_prepared(
-            facts.dispatch_event(ids, "op-1", "call-0-0", "write_file", args, tool.recovery_mode, 3),
+            facts.dispatch_event(
+                ids,
+                "op-1",
+                "call-0-0",
+                "write_file",
+                tool.recovery_mode,
+                canonical_args_hash("write_file", args),
+                3,
+            ),
             evidence=evidence.to_json(),
         )
         env = ActivityEnvironment()
@@ -319,15 +329,15 @@ async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path:
     first commit wins, and the other attempt returns that committed output instead of failing."""
     import json
 
-    from activities import facts
     from maka_core.providers.base import ModelOutput
+    from maka_core.runtime import builders as facts
     from workflows.contracts import ModelStepInput
 
     ws = Workspace.open(ws_dir)
     ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
     spec = {"kind": "script", "steps": [{"text": "unused"}]}
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
-        acts = MakaActivities(store, settings=WorkerSettings())
+        acts = MakaActivities(Runtime(store))
         store.append([facts.user_event(ids, "hi", 1)])
 
         class RacedProvider:
@@ -340,7 +350,7 @@ async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path:
                 store.append([facts.model_text(ids, "r1:0", "the other attempt's answer", 5)])
                 return ModelOutput(text="this attempt's answer", tool_calls=())
 
-        acts._providers[json.dumps(spec, sort_keys=True)] = RacedProvider()
+        acts.runtime._providers[json.dumps(spec, sort_keys=True)] = RacedProvider()
         step = ModelStepInput(ids=ids, step=0, workspace=str(ws.root), provider=spec)
         result = await ActivityEnvironment().run(acts.model_step, step)
         again = await ActivityEnvironment().run(acts.model_step, step)
@@ -353,12 +363,12 @@ async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path:
 async def test_non_object_tool_arguments_are_refused_before_t1(tmp_path: Path, ws_dir: Path) -> None:
     """The wire allows any JSON value as a call's args (a provider may send ``[1]``); the tool
     activity commits an ordinary pre-T1 error result instead of crashing into recovery."""
-    from activities import facts
+    from maka_core.runtime import builders as facts
 
     ws = Workspace.open(ws_dir)
     ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
-        acts = MakaActivities(store, settings=WorkerSettings())
+        acts = MakaActivities(Runtime(store))
         store.append([facts.user_event(ids, "hi", 1)])
         store.append([facts.model_call(ids, "r1:0", 0, "call-0-0", "write_file", [1], "op-1", 2)])  # type: ignore[arg-type]
         call = CallRef(tool_call_id="call-0-0", operation_id="op-1", tool_name="write_file")

@@ -168,9 +168,9 @@ def _settled_exit(state: str) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from activities import WorkerSettings
+    from maka_core.runtime.runtime import RuntimeSettings
 
-    return WorkerSettings.from_env(getattr(args, "tool_heartbeat_timeout", None))
+    return RuntimeSettings.from_env(getattr(args, "tool_heartbeat_timeout", None))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ Startup repair respects Temporal ownership: a non-terminal run whose hosting wor
 still open belongs to that workflow (it will finish or recover the run itself); a run whose execution
 is closed or gone is repaired here (terminal RuntimeEvent first, then the header) and its session is
 reported as needing resume. Two workers repairing the same run converge on one terminal fact through
-the deterministic repair event (``maka_core.runtime.repair.repair_run``).
+the deterministic repair event (``maka_core.runtime.settle.repair_run``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -26,8 +26,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities import MakaActivities, WorkerSettings
-from maka_core.runtime.repair import RunHeader, repair_all
+from activities import MakaActivities
+from maka_core.policy import Policy
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
+from maka_core.runtime.settle import RunHeader, repair_all
 from maka_core.store.writer import LedgerStore
 from workflows.session import SessionWorkflow
 
@@ -109,12 +111,18 @@ def build_worker(client: Client, acts: MakaActivities, task_queue: str, **option
     )
 
 
+def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+    """The production runtime: the built-in tools, ``MAKA_POLICY`` (or the default policy)."""
+    return Runtime(store, policy=Policy.from_env(), settings=settings)
+
+
 async def serve(
     client: Client,
     db: Path | str,
     task_queue: str,
     *,
-    settings: WorkerSettings | None = None,
+    settings: RuntimeSettings | None = None,
+    make_runtime: Callable[[LedgerStore, RuntimeSettings], Runtime] | None = None,
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
     repair: bool = True,
@@ -125,6 +133,8 @@ async def serve(
 
     Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
     line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
+    ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
+    ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
     """
     out = out or sys.stderr
 
@@ -133,7 +143,9 @@ async def serve(
         print(line, file=out, flush=True)
 
     store = LedgerStore.open(db)
-    acts = MakaActivities(store, settings=settings or WorkerSettings.from_env())
+    settings = settings or RuntimeSettings.from_env()
+    runtime = (make_runtime or default_runtime)(store, settings)
+    acts = MakaActivities(runtime)
     report = RepairReport()
     try:
         if repair:
@@ -166,7 +178,7 @@ async def serve(
         stop_wait.cancel()
         # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by the
         # worker's graceful timeout), then the worker, then the store.
-        acts.tool_pool.shutdown(wait=False, cancel_futures=True)
+        runtime.stop_tools()
         if not runner.done():
             await worker.shutdown()
         await asyncio.gather(runner, return_exceptions=True)

@@ -9,9 +9,71 @@ pins them). Nothing here carries a transcript or a tool result: activities pass 
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+# The activity contracts live with the runtime that implements them; re-exported here so the
+# workflow imports every model it puts into history from one module.
+from maka_core.runtime.contracts import (
+    BeginRunInput,
+    BeginRunResult,
+    CallRef,
+    Contract,
+    FinishRunInput,
+    FinishRunResult,
+    ModelStepInput,
+    ModelStepMode,
+    ModelStepResult,
+    ParkReason,
+    RecoverInput,
+    RecoverResult,
+    RunIds,
+    SessionState,
+    ToolInput,
+    ToolOutcome,
+    ToolSettings,
+    TurnStatus,
+)
+
+__all__ = [
+    "ACTIVITY_NAMES",
+    "BEGIN_RUN",
+    "BeginRunInput",
+    "BeginRunResult",
+    "CallRef",
+    "Contract",
+    "DISPATCH_WITHOUT_OUTCOME",
+    "EXECUTE_TOOL",
+    "FINISH_RUN",
+    "FinishRunInput",
+    "FinishRunResult",
+    "InFlightTurn",
+    "MODEL_STEP",
+    "ModelStepInput",
+    "ModelStepMode",
+    "ModelStepResult",
+    "ParkReason",
+    "RECOVER_OPERATION",
+    "RecoverInput",
+    "RecoverResult",
+    "RunIds",
+    "SA_PARK_REASON",
+    "SA_SESSION_ID",
+    "SA_STATE",
+    "SEARCH_ATTRIBUTES",
+    "SEND_MESSAGE",
+    "SESSION_WORKFLOW",
+    "STATUS_QUERY",
+    "SendMessage",
+    "SessionInput",
+    "SessionState",
+    "SessionStatus",
+    "ToolInput",
+    "ToolOutcome",
+    "ToolSettings",
+    "TurnAccepted",
+    "TurnStatus",
+    "workflow_id_for",
+]
 
 #: Activity type names (persisted in histories; pinned by a test).
 BEGIN_RUN: Final = "maka.begin_run"
@@ -35,36 +97,10 @@ SEARCH_ATTRIBUTES: Final[tuple[str, ...]] = (SA_SESSION_ID, SA_STATE, SA_PARK_RE
 #: ApplicationError types raised by activities (the workflow branches on them).
 DISPATCH_WITHOUT_OUTCOME: Final = "DispatchWithoutOutcome"
 
-SessionState = Literal["idle", "running", "parked", "failed"]
-RunStatus = Literal["completed", "failed"]
-ModelStepMode = Literal["local", "activity"]
-
 
 def workflow_id_for(session_id: str) -> str:
     """The one workflow id of a session."""
     return f"maka-session-{session_id}"
-
-
-class Contract(BaseModel):
-    """Base of every contract model: frozen, unknown fields ignored (an older worker reading a newer
-    history must not fail on a field it does not know)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    @model_serializer(mode="wrap")
-    def _drop_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Absent beats null in history: every byte here is paid once per event, forever.
-        data = handler(self)
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
-
-
-class RunIds(Contract):
-    """The identities of one Maka run (one user turn)."""
-
-    session_id: str
-    turn_id: str
-    run_id: str
-    invocation_id: str
 
 
 class InFlightTurn(Contract):
@@ -73,14 +109,6 @@ class InFlightTurn(Contract):
     ids: RunIds
     next_step: int
     settings: ToolSettings
-
-
-class ToolSettings(Contract):
-    """Tool activity timeouts chosen by the worker that began the run (recorded in history by
-    ``begin_run``'s result, so replay sees the same values whatever the current worker's flags)."""
-
-    heartbeat_timeout_s: float = 20.0
-    start_to_close_timeout_s: float = 900.0
 
 
 class SessionInput(Contract):
@@ -134,104 +162,6 @@ class SessionStatus(Contract):
     last_turn: RunIds | None = None
     accepting: bool = True
     continued_runs: int = 0
-
-
-# --- activities -------------------------------------------------------------------------------
-
-
-class BeginRunInput(Contract):
-    ids: RunIds
-    text: str
-    ts: int
-    workflow_id: str
-    workflow_run_id: str
-    task_queue: str
-    workspace: str
-
-
-class BeginRunResult(Contract):
-    user_event_id: str
-    tool_settings: ToolSettings
-
-
-class ModelStepInput(Contract):
-    ids: RunIds
-    step: int = Field(ge=0)
-    workspace: str
-    provider: dict[str, Any]
-    #: True when the previous step of this run produced tool results (failpoint P7's place).
-    after_tools: bool = False
-
-
-class CallRef(Contract):
-    """One committed function call: ids only, never arguments."""
-
-    tool_call_id: str
-    operation_id: str
-    tool_name: str
-    #: A read-only tool (replay_safe, no mutation) may be retried by Temporal; others never.
-    read_only: bool | None = None
-
-
-class ModelStepResult(Contract):
-    step_id: str
-    calls: list[CallRef] = []
-    final: bool
-    replayed: bool | None = None
-
-
-class ToolInput(Contract):
-    """The turn and invocation ids come from the ledger (less history per call)."""
-
-    session_id: str
-    run_id: str
-    call: CallRef
-    workspace: str
-    workspace_identity: str
-
-
-class ToolOutcome(Contract):
-    """How one call settled. ``refused``: preflight said no before T1 (an ordinary error result)."""
-
-    operation_id: str
-    status: Literal["completed", "refused"]
-    is_error: bool | None = None
-    dispatch_event_id: str | None = None
-    response_event_id: str | None = None
-    replayed: bool | None = None
-
-
-class RecoverInput(Contract):
-    session_id: str
-    run_id: str
-    call: CallRef
-    workspace: str
-    workspace_identity: str
-
-
-class RecoverResult(Contract):
-    """``completed``: continue with the committed outcome; ``not_dispatched``: the tool never ran and
-    may be dispatched again; ``parked``: the run and session park with ``reason``."""
-
-    operation_id: str
-    status: Literal["completed", "not_dispatched", "parked"]
-    reason: str
-    is_error: bool = False
-    response_event_id: str | None = None
-
-
-class FinishRunInput(Contract):
-    ids: RunIds
-    status: RunStatus
-    ts: int
-    park_reason: str | None = None
-    parked_operation_id: str | None = None
-    error: str | None = None
-
-
-class FinishRunResult(Contract):
-    terminal_event_id: str
-    status: RunStatus
 
 
 InFlightTurn.model_rebuild()

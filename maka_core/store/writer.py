@@ -28,10 +28,11 @@ from maka_core.errors import CodecError, LedgerRejection
 from maka_core.facts import canonical_json, codec
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.store.continuations import ContinuationWrites
-from maka_core.store.engine import database_url, make_engine, run_write, sqlite_file
+from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
 from maka_core.store.runs import RunHeaderStore
@@ -120,7 +121,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
     def __init__(self, engine: Engine, url: str) -> None:
         self.engine = engine
         self.url = url
-        self._scanner: LedgerScanner | None = None
+        #: Every committed event folded once (the scanner and the runtime's indexes); None until
+        #: the first sync, and dropped whenever a transaction does not commit.
+        self._view: CommittedView | None = None
         self._cursor = 0
         #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
         self._event_seq: dict[str, int] = {}
@@ -162,7 +165,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
     # --- the transaction seam --------------------------------------------------------------
 
     def _abort(self) -> None:
-        self._scanner = None
+        self._view = None
         self._cursor = 0
         self._event_seq = {}
 
@@ -171,20 +174,29 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             return run_write(self.engine, body, on_abort=self._abort)
 
     def _sync(self, conn: Connection) -> LedgerScanner:
-        """Fold rows committed since the cursor (all rows, the first time) into the scanner."""
-        if self._scanner is None:
-            self._scanner, self._cursor, self._event_seq = LedgerScanner(), 0, {}
+        """Fold rows committed since the cursor (all rows, the first time) into the view."""
+        if self._view is None:
+            self._view, self._cursor, self._event_seq = CommittedView(), 0, {}
+        view = self._view
         rows = conn.execute(
             select(runtime_events)
             .where(runtime_events.c.ledger_seq > self._cursor)
             .order_by(runtime_events.c.ledger_seq)
         ).mappings()
         for row in rows:
-            self._scanner.apply(row_event(row))
+            view.fold(row_event(row))
             self._cursor = int(row["ledger_seq"])
             inv = row["invocation_id"]
             self._event_seq[inv] = max(self._event_seq.get(inv, 0), int(row["event_seq"]))
-        return self._scanner
+        return view.scanner
+
+    def view(self) -> CommittedView:
+        """The committed ledger, brought up to date with other processes' commits (one read of the
+        rows past the cursor; usually none). Use it on the thread that owns this store."""
+        with self._lock, read_tx(self.engine) as conn:
+            self._sync(conn)
+        assert self._view is not None
+        return self._view
 
     def _stored(self, conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
         rows = conn.execute(select(runtime_events).where(runtime_events.c.event_id.in_(list(ids)))).mappings()
@@ -206,7 +218,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         strict: bool = True,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
-        scanner = self._scanner if synced and self._scanner is not None else self._sync(conn)
+        scanner = self._view.scanner if synced and self._view is not None else self._sync(conn)
         lines = [_canonical(e) for e in batch]
         if transition in BOUNDARY_TRANSITIONS and scanner.has_corruption:
             # Corruption anywhere stops every tool boundary, exact retries included.
@@ -214,7 +226,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             raise LedgerRejection(
                 issue.code, "the ledger is corrupt; tool boundaries are stopped", **_detail(issue)
             )
-        stored = self._stored(conn, [e.id for e in batch])
+        # The scanner has folded every committed row (synced under the write lock), so only an id it
+        # knows can be an exact retry: the common first write reads nothing back.
+        known = [e.id for e in batch if scanner.position(e.id) is not None]
+        stored = self._stored(conn, known) if known else {}
         fresh: list[tuple[RuntimeEvent, str]] = []
         for event, line in zip(batch, lines, strict=True):
             row = stored.get(event.id)
@@ -237,8 +252,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         new_batch = [e for e, _ in fresh]
         scanner.admit(new_batch, transition, strict=strict)
         seq = self._insert_events(conn, transition, fresh)
+        assert self._view is not None
         for event in new_batch:
-            scanner.apply(event)
+            self._view.fold(event)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
@@ -278,14 +294,14 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         evidence: Mapping[str, Any] | None,
         attempt: ToolAttempt | None,
     ) -> None:
-        assert self._scanner is not None
+        assert self._view is not None
         touched: list[str] = []
         new_ids = {event.id for event in batch}
         for event in batch:
             touched.extend(op for op in sorted(_operation_ids(event)) if op not in touched)
         now = now_ms()
         for op_id in touched:
-            facts = self._scanner.operation(op_id)
+            facts = self._view.scanner.operation(op_id)
             if facts is None:
                 continue
             if evidence is not None and transition == "t1_prepare" and facts.dispatch is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from maka_core.errors import LedgerRejection
 from maka_core.facts import codec
 from maka_core.facts.claims import ContinuationClaim
-from maka_core.runtime.repair import repair_run
+from maka_core.runtime.settle import repair_run
 from maka_core.store.writer import LedgerStore
 from tests.children.scenario import DIGEST, call, completed_bundle, dispatch, parked_bundle
 

@@ -1,4 +1,4 @@
-"""RuntimeEvent builders for the activities, in the reference's lane shapes.
+"""RuntimeEvent builders for the turn protocol, in the reference's lane shapes.
 
 Event ids are deterministic wherever a retry could re-commit the same fact (user event, model output,
 dispatch, outcome, recovery bundle, terminal event), so a retried write is an exact, idempotent retry
@@ -7,20 +7,18 @@ rather than a second fact.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from temporalio import activity
-
-from maka_core.facts import codec
 from maka_core.facts.events import (
     TOOL_BOUNDARY_PROTOCOL,
     Actions,
     ErrorContent,
     FunctionCallContent,
     FunctionResponseContent,
+    Observation,
     ReconcileResult,
     RecoveryDecision,
+    RecoveryMode,
     Refs,
     RuntimeEvent,
     RuntimeProtocol,
@@ -28,24 +26,7 @@ from maka_core.facts.events import (
     ToolDispatch,
     ToolRecovery,
 )
-from workflows.contracts import RunIds
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def attempt_record(phase: str) -> dict[str, Any]:
-    """The Temporal identity of this attempt, recorded beside T1/T2/recovery for audit (the store
-    knows the phase from the writer it was given)."""
-    del phase
-    info = activity.info()
-    return {
-        "workflow_id": info.workflow_id,
-        "workflow_run_id": info.workflow_run_id,
-        "activity_id": info.activity_id,
-        "attempt": info.attempt,
-    }
+from maka_core.runtime.contracts import ParkReason, RunIds, TurnStatus
 
 
 def _present(**fields: Any) -> dict[str, Any]:
@@ -106,9 +87,10 @@ def model_call(
 
 
 def dispatch_event(
-    ids: RunIds, op: str, tool_call_id: str, name: str, args: dict[str, Any], mode: str, ts: int
+    ids: RunIds, op: str, tool_call_id: str, name: str, mode: RecoveryMode, args_hash: str, ts: int
 ) -> RuntimeEvent:
-    """T1: model-invisible; refs exactly ``{operationId, toolCallId}``."""
+    """T1: model-invisible; refs exactly ``{operationId, toolCallId}``. ``args_hash`` is the
+    committed call's canonicalArgsHash, computed once per dispatch by the caller."""
     return RuntimeEvent(
         **_base(ids, f"{op}_dispatch", ts),
         role="system",
@@ -118,8 +100,8 @@ def dispatch_event(
                 operation_id=op,
                 provider_tool_call_id=tool_call_id,
                 tool_name=name,
-                canonical_args_hash=codec.canonical_args_hash(name, args),
-                recovery_mode=mode,  # type: ignore[arg-type]
+                canonical_args_hash=args_hash,
+                recovery_mode=mode,
             )
         ),
         refs=Refs(operation_id=op, tool_call_id=tool_call_id),
@@ -149,7 +131,7 @@ def response_event(
 
 
 def reconcile_event(
-    ids: RunIds, op: str, tool_call_id: str, observation: str, digest: str, ts: int
+    ids: RunIds, op: str, tool_call_id: str, observation: Observation, digest: str, ts: int
 ) -> RuntimeEvent:
     return RuntimeEvent(
         **_base(ids, f"{op}_reconcile", ts),
@@ -160,7 +142,7 @@ def reconcile_event(
                 kind="maka.tool.reconcile_result",
                 payload=ReconcileResult(
                     operation_id=op,
-                    observation=observation,  # type: ignore[arg-type]
+                    observation=observation,
                     observation_digest=digest,
                 ),
             )
@@ -202,10 +184,10 @@ def decision_event(
 
 def terminal_event(
     ids: RunIds,
-    status: str,
+    status: TurnStatus,
     ts: int,
     *,
-    park_reason: str | None = None,
+    park_reason: ParkReason | None = None,
     operation_id: str | None = None,
     error: str | None = None,
 ) -> RuntimeEvent:

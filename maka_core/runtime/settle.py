@@ -20,7 +20,7 @@ from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
 from maka_core.facts.run_header import RunHeader, RunStatus, header_status_for
 
 if TYPE_CHECKING:
-    from maka_core.store.writer import LedgerStore
+    from maka_core.store.ledger import Ledger
 
 #: The recovered terminal event's user-visible message per repair reason.
 _REPAIR_MESSAGES: dict[str, str] = {
@@ -80,8 +80,77 @@ def _header_anchor(header: RunHeader, run_id: str) -> RuntimeEvent:
     )
 
 
-def repair_run(store: LedgerStore, run_id: str, reason: str = "process_crashed") -> RepairResult:
-    """Settle one run after a crash: terminal RuntimeEvent first, then the header.
+def park_reason_of(terminal: RuntimeEvent) -> str | None:
+    """The park reason a terminal fact records (``stateDelta.parkReason``), if it is a park."""
+    delta = terminal.actions.state_delta if terminal.actions is not None else None
+    if not isinstance(delta, dict) or delta.get("failureClass") != "parked":
+        return None
+    reason = delta.get("parkReason")
+    return reason if isinstance(reason, str) else None
+
+
+def settle_run(
+    store: Ledger,
+    candidate: RuntimeEvent,
+    *,
+    existing: RuntimeEvent | None = None,
+    between: Callable[[], None] | None = None,
+) -> RepairResult:
+    """Settle a run: its terminal RuntimeEvent first, then a header that follows that fact.
+
+    The one way a run ends, shared by ``finish_run`` (the workflow's own terminal fact) and startup
+    repair (a recovered one). ``candidate`` commits unless the run already has a terminal fact
+    (``existing``, or one another process committed meanwhile: ``run_already_terminal``), in which
+    case that fact stands and only the header follows it. ``between`` runs after the terminal fact
+    and before the header (failpoint P9's place).
+    """
+    run_id = candidate.run_id
+    committed = False
+    terminal = existing
+    if terminal is None:
+        try:
+            committed = store.commit_terminal(candidate).created
+            terminal = candidate
+        except LedgerRejection as exc:
+            if exc.code != "run_already_terminal":
+                raise
+            terminal = next(e for e in reversed(store.events(run_id=run_id)) if e.is_terminal)
+    if between is not None:
+        between()
+    status, park = header_status_for(terminal), park_reason_of(terminal)
+    header = store.get_run(run_id)
+    updated = False
+    if header is None:
+        store.put_run(
+            RunHeader(
+                session_id=terminal.session_id,
+                run_id=run_id,
+                invocation_id=terminal.invocation_id,
+                turn_id=terminal.turn_id,
+                status=status,
+                park_reason=park,
+                created_at=terminal.ts,
+                updated_at=now_ms(),
+            )
+        )
+        updated = True
+    elif (header.status, header.park_reason) != (status, park):
+        # A header lags its terminal fact after a crash between the two; it never leads it.
+        store.put_run(
+            header.model_copy(update={"status": status, "park_reason": park, "updated_at": now_ms()})
+        )
+        updated = True
+    return RepairResult(
+        run_id=run_id,
+        terminal_event_id=terminal.id,
+        terminal_committed=committed,
+        header_status=status,
+        header_updated=updated,
+    )
+
+
+def repair_run(store: Ledger, run_id: str, reason: str = "process_crashed") -> RepairResult:
+    """Settle one run after a crash: a recovered terminal fact unless it has one, then the header.
 
     Raises:
         StoreError: the ledger cannot be read (nothing is written), or the run is unknown.
@@ -90,48 +159,13 @@ def repair_run(store: LedgerStore, run_id: str, reason: str = "process_crashed")
     events = store.events(run_id=run_id)  # a StoreError here leaves everything untouched
     if header is None and not events:
         raise StoreError("run_not_found", f"no header and no events for run {run_id}", runId=run_id)
-    terminal = next((e for e in reversed(events) if e.is_terminal), None)
-    committed = False
-    if terminal is None:
-        anchor = events[-1] if events else _header_anchor(header, run_id)  # type: ignore[arg-type]
-        candidate = recovered_terminal_event(anchor, run_id, reason)
-        try:
-            committed = store.commit_terminal(candidate).created
-            terminal = candidate
-        except LedgerRejection as exc:
-            if exc.code != "run_already_terminal":
-                raise
-            # The run itself (or another repairer with a different reason) settled first.
-            terminal = next(e for e in reversed(store.events(run_id=run_id)) if e.is_terminal)
-    status = header_status_for(terminal)
-    updated = False
-    if header is None:
-        header = RunHeader(
-            session_id=terminal.session_id,
-            run_id=run_id,
-            invocation_id=terminal.invocation_id,
-            turn_id=terminal.turn_id,
-            status=status,
-            created_at=terminal.ts,
-            updated_at=now_ms(),
-        )
-        store.put_run(header)
-        updated = True
-    elif header.status != status and not header.is_terminal:
-        store.put_run(header.model_copy(update={"status": status, "updated_at": now_ms()}))
-        updated = True
-    final = store.get_run(run_id)
-    return RepairResult(
-        run_id=run_id,
-        terminal_event_id=terminal.id,
-        terminal_committed=committed,
-        header_status=final.status if final is not None else status,
-        header_updated=updated,
-    )
+    existing = next((e for e in reversed(events) if e.is_terminal), None)
+    anchor = events[-1] if events else _header_anchor(header, run_id)  # type: ignore[arg-type]
+    return settle_run(store, recovered_terminal_event(anchor, run_id, reason), existing=existing)
 
 
 def repair_all(
-    store: LedgerStore,
+    store: Ledger,
     is_open: Callable[[RunHeader], bool] = lambda run: False,
     reason: str = "process_crashed",
 ) -> list[RepairResult]:

@@ -1,0 +1,176 @@
+"""The runtime's contract models: every value an activity takes or returns, and the closed sets
+the turn protocol speaks in (declared here once; the workflow and the views import them).
+
+These models cross the Temporal boundary and are written into workflow histories, so they are
+persisted compatibility data: a replaying worker must decode what an older worker wrote. Add
+optional fields with defaults; never rename or remove a field (``tests/test_activity_names.py``
+pins the activity names). Nothing here carries a transcript or a tool result: the runtime passes
+ledger identifiers (run, operation and event ids), and the ledger holds the facts. pydantic only:
+``maka_core`` never imports temporalio.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+#: A session as people see it (the workflow's state; the ledger derives the same one).
+SessionState = Literal["idle", "running", "parked", "failed"]
+#: How a run ended, as the workflow reports it to ``finish_run``.
+TurnStatus = Literal["completed", "failed"]
+ModelStepMode = Literal["local", "activity"]
+#: Why a run (and its session) parked. The Resolver's own codes stay on the operation; a park
+#: names the way forward an operator needs.
+ParkReason = Literal[
+    # a reconciler observed the target (the recovery decision's reasonCode)
+    "reconcile_matches_prior_state",
+    "reconcile_diverged",
+    "reconcile_unreadable",
+    # dispatched, no outcome, and no way to settle it from evidence (bash, network...)
+    "dispatch_without_response",
+    # a dispatch written by a writer without the tool-boundary protocol: nobody can tell
+    "legacy_dispatch_unknown",
+    # the workflow names a call the ledger does not hold
+    "call_not_found",
+    "workspace_unavailable",
+    "workspace_identity_mismatch",
+    # recovery itself could not run (its activity failed for good)
+    "recovery_unavailable",
+    # a call that never dispatched kept failing before T1
+    "dispatch_attempts_exhausted",
+    # the ledger holds a contradiction for this operation (the Resolver's code is on the operation)
+    "ledger_corruption",
+    # a parked recovery decision with a reason code this runtime does not write (an imported ledger)
+    "recovery_parked",
+]
+RecoverStatus = Literal["completed", "not_dispatched", "parked"]
+ToolOutcomeStatus = Literal["completed", "refused"]
+
+
+class Contract(BaseModel):
+    """Base of every contract model: frozen, unknown fields ignored (an older worker reading a newer
+    history must not fail on a field it does not know)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    @model_serializer(mode="wrap")
+    def _drop_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Absent beats null in history: every byte here is paid once per event, forever.
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class RunIds(Contract):
+    """The identities of one Maka run (one user turn)."""
+
+    session_id: str
+    turn_id: str
+    run_id: str
+    invocation_id: str
+
+
+class ToolSettings(Contract):
+    """Tool activity timeouts chosen by the worker that began the run (recorded in history by
+    ``begin_run``'s result, so replay sees the same values whatever the current worker's flags)."""
+
+    heartbeat_timeout_s: float = 20.0
+    start_to_close_timeout_s: float = 900.0
+
+
+# --- activities -------------------------------------------------------------------------------
+
+
+class BeginRunInput(Contract):
+    ids: RunIds
+    text: str
+    ts: int
+    workflow_id: str
+    workflow_run_id: str
+    task_queue: str
+    workspace: str
+
+
+class BeginRunResult(Contract):
+    user_event_id: str
+    tool_settings: ToolSettings
+
+
+class ModelStepInput(Contract):
+    ids: RunIds
+    step: int = Field(ge=0)
+    workspace: str
+    provider: dict[str, Any]
+    #: True when the previous step of this run produced tool results (failpoint P7's place).
+    after_tools: bool = False
+
+
+class CallRef(Contract):
+    """One committed function call: ids only, never arguments."""
+
+    tool_call_id: str
+    operation_id: str
+    tool_name: str
+    #: A read-only tool (replay_safe, no mutation) may be retried by Temporal; others never.
+    read_only: bool | None = None
+
+
+class ModelStepResult(Contract):
+    step_id: str
+    calls: list[CallRef] = []
+    final: bool
+    replayed: bool | None = None
+
+
+class ToolInput(Contract):
+    """The turn and invocation ids come from the ledger (less history per call)."""
+
+    session_id: str
+    run_id: str
+    call: CallRef
+    workspace: str
+    workspace_identity: str
+
+
+class ToolOutcome(Contract):
+    """How one call settled. ``refused``: preflight said no before T1 (an ordinary error result)."""
+
+    operation_id: str
+    status: ToolOutcomeStatus
+    is_error: bool | None = None
+    dispatch_event_id: str | None = None
+    response_event_id: str | None = None
+    replayed: bool | None = None
+
+
+class RecoverInput(Contract):
+    session_id: str
+    run_id: str
+    call: CallRef
+    workspace: str
+    workspace_identity: str
+
+
+class RecoverResult(Contract):
+    """``completed``: continue with the committed outcome; ``not_dispatched``: the tool never ran and
+    may be dispatched again; ``parked``: the run and session park with ``reason``."""
+
+    operation_id: str
+    status: RecoverStatus
+    reason: str
+    is_error: bool = False
+    response_event_id: str | None = None
+
+
+class FinishRunInput(Contract):
+    ids: RunIds
+    status: TurnStatus
+    ts: int
+    park_reason: ParkReason | None = None
+    parked_operation_id: str | None = None
+    error: str | None = None
+
+
+class FinishRunResult(Contract):
+    terminal_event_id: str
+    status: TurnStatus

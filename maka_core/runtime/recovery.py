@@ -1,0 +1,189 @@
+"""Settle a tool call whose attempt failed or timed out: from the ledger, never by running it again.
+
+The orchestrator only knows the attempt ended badly; the ledger knows where it stopped:
+
+- completed (T2 or a bundle committed) -> continue with the committed outcome;
+- definitely not dispatched (new protocol, no T1) -> the tool never ran; it may be dispatched again;
+- dispatched without outcome -> what the tool's execution guarantee allows (``policy.
+  execution_guarantee``, the one place that derives it): ``replay-safe`` reads again and commits T2;
+  ``reconciliation-required`` observes the target against the evidence committed with T1 and commits
+  one atomic recovery bundle (finalize-only: completed when it holds the expected state, parked
+  otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
+- parked or corrupt -> park.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from maka_core import failpoints
+from maka_core.errors import LedgerRejection, MakaError
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.resolver import OperationResolution
+from maka_core.policy import execution_guarantee
+from maka_core.runtime import builders
+from maka_core.runtime.contracts import ParkReason, RecoverInput, RecoverResult
+from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.runtime.tool_call import (
+    CallState,
+    Dispatched,
+    call_state,
+    committed_args,
+    run_and_commit_outcome,
+)
+from maka_core.tools import FileEvidence
+
+PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+
+#: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
+_OBSERVATION_PARKS: dict[str, ParkReason] = {
+    "matches_prior_state": "reconcile_matches_prior_state",
+    "diverged": "reconcile_diverged",
+    "unreadable": "reconcile_unreadable",
+}
+
+
+def park_reason_for(op: OperationResolution) -> ParkReason:
+    """The park an unsettleable Resolver decision means (its own code stays on the operation)."""
+    if op.status == "corruption":
+        return "ledger_corruption"
+    if op.status == "parked":
+        return op.reason if op.reason in _OBSERVATION_PARKS.values() else "recovery_parked"  # type: ignore[return-value]
+    if op.reason in PARK_REASONS:
+        return op.reason  # type: ignore[return-value]
+    return "dispatch_without_response"
+
+
+def _parked(inp: RecoverInput, reason: ParkReason) -> RecoverResult:
+    return RecoverResult(operation_id=inp.call.operation_id, status="parked", reason=reason)
+
+
+def _completed(op_id: str, reason: str, response: RuntimeEvent) -> RecoverResult:
+    content = response.content
+    is_error = content is not None and content.kind == "function_response" and bool(content.is_error)
+    return RecoverResult(
+        operation_id=op_id,
+        status="completed",
+        reason=reason,
+        is_error=is_error,
+        response_event_id=response.id,
+    )
+
+
+async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) -> RecoverResult:
+    """Resolve one operation and settle it from evidence, or park it; never re-run a side effect."""
+    call = inp.call
+    op_id = call.operation_id
+    state = await rt.on_ledger(
+        lambda: call_state(rt.ledger.view(), inp.session_id, inp.run_id, call.tool_call_id), attempt=attempt
+    )
+    if state is None:
+        # The call event itself is missing: the model step's commit never happened as the
+        # orchestrator believes. Nothing ran; parking keeps a human in the loop for this anomaly.
+        return _parked(inp, "call_not_found")
+    op = state.op
+    if op.status == "completed":
+        return RecoverResult(
+            operation_id=op_id,
+            status="completed",
+            reason=op.reason,
+            is_error=bool(op.response_is_error),
+            response_event_id=op.response_event_id,
+        )
+    if rt.guard.may_redispatch(op):
+        return RecoverResult(operation_id=op_id, status="not_dispatched", reason=op.reason)
+    if op.status in ("parked", "corruption") or op.reason != "dispatch_without_response":
+        return _parked(inp, park_reason_for(op))
+    tool = rt.tools.get(call.tool_name)
+    args = committed_args(state.facts)
+    if tool is None or not isinstance(args, dict):
+        return _parked(inp, "dispatch_without_response")
+    try:
+        ws = rt.workspace(inp.workspace)
+    except MakaError:
+        return _parked(inp, "workspace_unavailable")
+    if ws.identity != inp.workspace_identity:
+        return _parked(inp, "workspace_identity_mismatch")
+    guarantee = execution_guarantee(tool)
+    if guarantee == "replay-safe":
+        # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
+        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "")
+        _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
+        return _completed(op_id, "replay_safe_reread", response)
+    if guarantee != "reconciliation-required":
+        return _parked(inp, "dispatch_without_response")
+    return await _reconcile(
+        rt, inp, state, Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or ""), attempt
+    )
+
+
+async def _reconcile(
+    rt: Runtime, inp: RecoverInput, state: CallState, call: Dispatched, attempt: Attempt
+) -> RecoverResult:
+    """Observe the target against its T1 evidence and commit one atomic recovery bundle."""
+    ref, op_id, op = inp.call, inp.call.operation_id, state.op
+    evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
+    evidence = None if evidence_json is None else FileEvidence.from_json(evidence_json)
+    rec = await rt.on_tool_pool(lambda: call.tool.reconcile(call.args, call.ws, evidence), attempt=attempt)
+    if rec is None:
+        return _parked(inp, "dispatch_without_response")
+    ts = now_ms()
+    reconcile = builders.reconcile_event(
+        call.ids, op_id, ref.tool_call_id, rec.observation, rec.observation_digest, ts
+    )
+    evidence_ids = [op.call_event_id or "", op.dispatch_event_id or "", reconcile.id]
+    outcome: RuntimeEvent | None = None
+    park: ParkReason | None = None
+    if rec.observation == "matches_expected_state" and rec.recovered is not None:
+        outcome = builders.response_event(
+            call.ids,
+            f"{op_id}_recovered",
+            ref.tool_call_id,
+            ref.tool_name,
+            rec.recovered.result,
+            rec.recovered.is_error,
+            ts,
+            op_id,
+        )
+        decision = builders.decision_event(
+            call.ids,
+            op_id,
+            ref.tool_call_id,
+            "reconcile_matches_expected_state",
+            [*evidence_ids, outcome.id],
+            outcome.id,
+            ts,
+        )
+    else:
+        park = _OBSERVATION_PARKS.get(rec.observation, "reconcile_unreadable")
+        decision = builders.decision_event(call.ids, op_id, ref.tool_call_id, park, evidence_ids, None, ts)
+    failpoints.hit("P10", tag=ref.tool_name)
+
+    def commit() -> RecoverResult | None:
+        try:
+            rt.ledger.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt.record)
+            return None
+        except LedgerRejection:
+            # Another recoverer settled it first (a different observation is refused: parked is
+            # terminal). Report what the ledger now says rather than what we observed.
+            settled = call_state(rt.ledger.view(), inp.session_id, inp.run_id, ref.tool_call_id)
+            if settled is None or settled.op.status not in ("completed", "parked"):
+                raise
+            if settled.op.status == "parked":
+                return _parked(inp, park_reason_for(settled.op))
+            return RecoverResult(
+                operation_id=op_id,
+                status="completed",
+                reason=settled.op.reason,
+                is_error=bool(settled.op.response_is_error),
+                response_event_id=settled.op.response_event_id,
+            )
+
+    raced = await rt.on_ledger(commit, attempt=attempt)
+    if raced is not None:
+        return raced
+    if outcome is not None:
+        return _completed(op_id, "reconcile_matches_expected_state", outcome)
+    assert park is not None
+    return _parked(inp, park)

@@ -1,0 +1,216 @@
+"""The runtime: what one worker process shares across sessions, and where each kind of work runs.
+
+``Runtime`` holds the ledger, the tool registry, the policy, the Resolver guard and the caches
+(workspaces, providers); the turn protocol's steps (``turn``, ``model_step``, ``tool_call``,
+``recovery``) are functions over it. It never imports temporalio: an adapter (the activities)
+passes in a ``Attempt`` that says how to prove liveness and which Temporal attempt to record, and
+tests pass none.
+
+Threads, and why each hand-off exists. All ledger work runs on ONE dedicated thread: SQLite
+serializes writers anyway, the store's committed view is then never touched by two threads, and a
+durable commit never blocks the event loop. Tool bodies run on a separate pool, so a long command
+never holds the ledger. A tool call therefore crosses threads three times, each a round trip from
+the event loop: (1) ledger thread: Resolver guard, preflight, policy, evidence and T1 in one hop
+(evidence is captured in the same hop as T1 so both see one state of the target; it reads at most
+the tool's file-size bound); (2) tool pool: the effect, heartbeating meanwhile; (3) ledger thread:
+T2. Nothing else moves between threads on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from maka_core.ledger.resolver import OperationResolution
+from maka_core.policy import Policy
+from maka_core.providers import Provider, provider_from_spec
+from maka_core.runtime.contracts import ToolSettings
+from maka_core.store.ledger import Ledger
+from maka_core.store.writer import ToolAttempt
+from maka_core.tools import Tool, default_tools, provider_tool_specs
+from maka_core.workspace import Workspace
+
+T = TypeVar("T")
+
+Heartbeat = Callable[[], None]
+
+
+def no_heartbeat() -> None:
+    """Outside an orchestrator (and inside a tool thread, which has no activity context) nobody
+    watches for liveness: the adapter heartbeats from the event loop instead."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Who performs a call: the Temporal attempt recorded beside T1/T2 (audit only, never an
+    identity) and how to prove this process is alive while it waits."""
+
+    record: ToolAttempt | None = None
+    heartbeat: Heartbeat = no_heartbeat
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Per-worker knobs; the tool timeouts reach the workflow through ``begin_run``'s recorded
+    result, so replay sees the values of the worker that began the run."""
+
+    tool_heartbeat_timeout_s: float = 20.0
+    tool_start_to_close_timeout_s: float = 900.0
+    #: Append one line per real provider call to this file (drills count provider calls with it).
+    provider_call_log: str | None = None
+
+    @classmethod
+    def from_env(cls, heartbeat_timeout_s: float | None = None) -> RuntimeSettings:
+        """``MAKA_TOOL_HEARTBEAT_TIMEOUT`` and ``MAKA_PROVIDER_CALL_LOG``; a flag wins over the env."""
+        env_hb = os.environ.get("MAKA_TOOL_HEARTBEAT_TIMEOUT")
+        hb = heartbeat_timeout_s if heartbeat_timeout_s is not None else float(env_hb) if env_hb else 20.0
+        return cls(tool_heartbeat_timeout_s=hb, provider_call_log=os.environ.get("MAKA_PROVIDER_CALL_LOG"))
+
+    def tool_settings(self) -> ToolSettings:
+        return ToolSettings(
+            heartbeat_timeout_s=self.tool_heartbeat_timeout_s,
+            start_to_close_timeout_s=self.tool_start_to_close_timeout_s,
+        )
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """A few heartbeats per heartbeat timeout."""
+        return max(0.2, min(1.0, self.tool_heartbeat_timeout_s / 4))
+
+
+class ResolverGuard:
+    """The Resolver's word is final: only a call it proves ``definitely_not_dispatched`` may run.
+
+    A deliberately broken guard (the kill matrix's negative control) is a subclass that the test
+    hands to its own ``Runtime``; production code has no switch that selects it.
+    """
+
+    def may_dispatch(self, op: OperationResolution) -> bool:
+        """May ``execute_tool`` run this call now?"""
+        return op.status == "definitely_not_dispatched"
+
+    def may_redispatch(self, op: OperationResolution) -> bool:
+        """After a failed attempt, may the workflow schedule the call again?"""
+        return op.status == "definitely_not_dispatched"
+
+
+@dataclass
+class Runtime:
+    """The services of one worker process (see the module docstring)."""
+
+    ledger: Ledger
+    tools: Mapping[str, Tool] = field(default_factory=default_tools)
+    policy: Policy = field(default_factory=Policy)
+    guard: ResolverGuard = field(default_factory=ResolverGuard)
+    settings: RuntimeSettings = field(default_factory=RuntimeSettings)
+    tool_threads: int = 8
+
+    def __post_init__(self) -> None:
+        self._ledger_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maka-ledger")
+        self._tool_pool = ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="maka-tool")
+        self._workspaces: dict[str, Workspace] = {}
+        self._providers: dict[str, Provider] = {}
+        self._tool_specs: list[dict[str, Any]] | None = None
+        #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call) and calls.
+        self.timings: dict[str, float] = {"t1": 0.0, "t2": 0.0, "tool_call": 0.0, "calls": 0.0}
+        #: Ledger seconds per dispatched call (its T1 hop + its T2 hop), latest first out: the
+        #: benchmark's per-call distribution (bounded, so a long-lived worker does not grow).
+        self.call_ledger_s: deque[float] = deque(maxlen=100_000)
+
+    # --- where work runs ---------------------------------------------------------------------
+
+    async def on_ledger(
+        self,
+        fn: Callable[[], T],
+        *,
+        attempt: Attempt | None = None,
+        phase: str | None = None,
+        spent: list[float] | None = None,
+    ) -> T:
+        """Run ``fn`` on the ledger thread; heartbeat meanwhile when ``attempt`` is given (a busy
+        ledger must never look like a dead worker: that would send the call to recovery while this
+        attempt can still act). ``phase`` adds its time to ``timings``, ``spent`` appends it."""
+        return await self._run(self._ledger_thread, fn, attempt, phase, spent)
+
+    async def on_tool_pool(self, fn: Callable[[], T], *, attempt: Attempt | None = None) -> T:
+        """Run a tool body (or a reconciler) on the tool pool, heartbeating meanwhile."""
+        return await self._run(self._tool_pool, fn, attempt, None, None)
+
+    async def _run(
+        self,
+        pool: ThreadPoolExecutor,
+        fn: Callable[[], T],
+        attempt: Attempt | None,
+        phase: str | None,
+        spent: list[float] | None,
+    ) -> T:
+        def timed() -> T:
+            began = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                elapsed = time.perf_counter() - began
+                if phase is not None:
+                    self.timings[phase] += elapsed
+                if spent is not None:
+                    spent.append(elapsed)
+
+        measured = phase is not None or spent is not None
+        future = asyncio.get_running_loop().run_in_executor(pool, timed if measured else fn)
+        if attempt is None:
+            return await future
+        interval = self.settings.heartbeat_interval
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=interval)
+            if done:
+                return future.result()
+            attempt.heartbeat()
+
+    # --- shared caches -------------------------------------------------------------------------
+
+    def workspace(self, path: str) -> Workspace:
+        """The opened workspace at ``path`` (cached; never created here: the CLI marks it first)."""
+        ws = self._workspaces.get(path)
+        if ws is None:
+            ws = Workspace.open(path, create=False)
+            self._workspaces[path] = ws
+        return ws
+
+    def provider(self, spec: Mapping[str, Any]) -> Provider:
+        """The provider for ``spec`` (cached by its canonical JSON)."""
+        key = json.dumps(spec, sort_keys=True)
+        provider = self._providers.get(key)
+        if provider is None:
+            provider = self._providers[key] = provider_from_spec(dict(spec))
+        return provider
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        if self._tool_specs is None:
+            self._tool_specs = provider_tool_specs(self.tools)
+        return self._tool_specs
+
+    def record_provider_call(self, step_id: str) -> None:
+        if self.settings.provider_call_log:
+            with open(self.settings.provider_call_log, "a", encoding="utf-8") as fh:
+                fh.write(step_id + "\n")
+
+    def stop_tools(self) -> None:
+        """No new tool bodies (shutdown's first step); running ones finish or are cancelled."""
+        self._tool_pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self, *, wait: bool = True) -> None:
+        """Tools first (a running command would hold shutdown for up to its timeout; its attempt is
+        recovered like any dead attempt), then the ledger thread."""
+        for tool in self.tools.values():
+            kill = getattr(tool, "kill_running", None)
+            if kill is not None:
+                kill()
+        self._tool_pool.shutdown(wait=wait, cancel_futures=True)
+        self._ledger_thread.shutdown(wait=wait)

@@ -1,0 +1,227 @@
+"""One tool call, at most once: Resolver guard -> preflight -> evidence + T1 -> run -> T2.
+
+The guard comes first and is absolute: an operation the ledger already settled returns its committed
+outcome; an operation with a dispatch fact and no outcome is never run again from here (it is
+indeterminate: only recovery may settle it, by evidence or by parking). Only a call the Resolver
+proves ``definitely_not_dispatched`` reaches preflight. Arguments are read from the committed call
+(never carried by the orchestrator), and the result goes to the ledger before anyone sees it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from maka_core import failpoints
+from maka_core.errors import MakaError
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.committed import CommittedView
+from maka_core.ledger.lanes import args_hash_or_none
+from maka_core.ledger.resolver import OperationResolution
+from maka_core.ledger.scanner import OperationFacts
+from maka_core.runtime import builders
+from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
+from maka_core.runtime.runtime import Attempt, Runtime, no_heartbeat
+from maka_core.tools import Tool, ToolRefusal, ToolResult
+from maka_core.workspace import Workspace
+
+
+class CallNotFound(MakaError):
+    """The orchestrator names a call the ledger does not hold (the model step never committed it)."""
+
+    default_code = "call_not_found"
+
+
+class DispatchWithoutOutcome(MakaError):
+    """The call has a dispatch fact and no outcome: running it again could repeat its effect."""
+
+    default_code = "dispatch_without_outcome"
+
+
+@dataclass(frozen=True)
+class CallState:
+    """A call as the committed ledger knows it: identities, the Resolver's decision, its facts."""
+
+    ids: RunIds
+    op: OperationResolution
+    facts: OperationFacts
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """A call past T1: what the effect needs, and the dispatch fact it runs under."""
+
+    ids: RunIds
+    tool: Tool
+    args: dict[str, Any]
+    ws: Workspace
+    dispatch_event_id: str
+
+
+def call_state(view: CommittedView, session_id: str, run_id: str, tool_call_id: str) -> CallState | None:
+    """Look a call up in the committed view (None: the ledger does not hold it)."""
+    first = view.first_of_run.get(run_id)
+    if first is None:
+        return None
+    ids = RunIds(
+        session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
+    )
+    found = view.call(ids.invocation_id, tool_call_id)
+    if found is None:
+        return None
+    op, facts = found
+    return CallState(ids, op, facts)
+
+
+def settled_outcome(op: OperationResolution, operation_id: str, *, replayed: bool) -> ToolOutcome:
+    return ToolOutcome(
+        operation_id=op.operation_id or operation_id,
+        status="refused" if op.settlement_origin == "pre_t1_synthetic" else "completed",
+        is_error=bool(op.response_is_error) or None,
+        dispatch_event_id=op.dispatch_event_id,
+        response_event_id=op.response_event_id,
+        replayed=replayed or None,
+    )
+
+
+def committed_args(facts: OperationFacts) -> Any:
+    """The arguments of the committed call (any JSON value on the wire)."""
+    call = facts.call
+    assert call is not None and call.content is not None and call.content.kind == "function_call"
+    return call.content.args
+
+
+async def execute_tool(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
+    """Run one committed function call at most once."""
+    began = time.perf_counter()
+    try:
+        return await _execute(rt, inp, attempt)
+    finally:
+        rt.timings["tool_call"] += time.perf_counter() - began
+        rt.timings["calls"] += 1
+
+
+async def _execute(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
+    spent: list[float] = []
+    admitted = await rt.on_ledger(lambda: _admit(rt, inp, attempt), attempt=attempt, phase="t1", spent=spent)
+    if isinstance(admitted, ToolOutcome):
+        return admitted
+    failpoints.hit("P2", tag=inp.call.tool_name)
+    _, response = await run_and_commit_outcome(rt, admitted, inp.call, attempt, spent=spent)
+    rt.call_ledger_s.append(sum(spent))
+    failpoints.hit("P5", tag=inp.call.tool_name)
+    content = response.content
+    is_error = content is not None and content.kind == "function_response" and bool(content.is_error)
+    outcome = ToolOutcome(
+        operation_id=inp.call.operation_id,
+        status="completed",
+        is_error=is_error or None,
+        dispatch_event_id=admitted.dispatch_event_id,
+        response_event_id=response.id,
+    )
+    failpoints.hit("P6", tag=inp.call.tool_name)
+    return outcome
+
+
+def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOutcome:
+    """On the ledger thread: guard, preflight, evidence and T1 (or a committed refusal)."""
+    call = inp.call
+    state = call_state(rt.ledger.view(), inp.session_id, inp.run_id, call.tool_call_id)
+    if state is None:
+        raise CallNotFound(message=f"no committed call {call.tool_call_id}", toolCallId=call.tool_call_id)
+    op, ids = state.op, state.ids
+    if op.status == "completed":
+        return settled_outcome(op, call.operation_id, replayed=True)
+    if not rt.guard.may_dispatch(op):
+        raise DispatchWithoutOutcome(
+            message=f"operation {call.operation_id} is {op.status} ({op.reason}); refusing to run it again",
+            operationId=call.operation_id,
+            status=op.status,
+            reason=op.reason,
+        )
+    args = committed_args(state.facts)
+    if not isinstance(args, dict):
+        # The wire allows any JSON value as args; every tool here takes an object.
+        invalid = ToolResult.error("invalid_arguments", "tool arguments must be a JSON object")
+        return _commit_refusal(rt, ids, call, invalid)
+    tool = rt.tools.get(call.tool_name)
+    if tool is None:
+        return _commit_refusal(
+            rt, ids, call, ToolResult.error("tool_not_found", f"no tool named {call.tool_name!r}")
+        )
+    try:
+        ws = rt.workspace(inp.workspace)
+    except MakaError as exc:
+        return _commit_refusal(rt, ids, call, ToolResult.error(exc.code, exc.message))
+    if ws.identity != inp.workspace_identity:
+        message = (
+            f"the workspace at {inp.workspace} is {ws.identity}, not the session's {inp.workspace_identity}"
+        )
+        return _commit_refusal(rt, ids, call, ToolResult.error("workspace_identity_mismatch", message))
+    refusal = tool.preflight(args, ws)
+    if refusal is None:
+        decision = rt.policy.evaluate(tool, args)
+        refusal = None if decision.allowed else decision.to_result()
+    if refusal is not None:
+        return _commit_refusal(rt, ids, call, refusal)
+    try:
+        evidence = tool.capture_evidence(args, ws)
+    except ToolRefusal as exc:  # the target changed after preflight so the call no longer applies
+        return _commit_refusal(rt, ids, call, exc.to_result())
+    if op.dispatch_event_id is not None:
+        # Only a broken guard admits a call that already has its dispatch fact (a second T1 would be
+        # refused as a conflicting dispatch): it runs the effect again under the first one.
+        return Dispatched(ids, tool, args, ws, op.dispatch_event_id)
+    args_hash = args_hash_or_none(call.tool_name, args)
+    assert args_hash is not None  # the call was admitted by the ledger, so its args are strict JSON
+    dispatch = builders.dispatch_event(
+        ids, call.operation_id, call.tool_call_id, call.tool_name, tool.recovery_mode, args_hash, now_ms()
+    )
+    rt.ledger.commit_tool_prepared(
+        dispatch, evidence=None if evidence is None else evidence.to_json(), attempt=attempt.record
+    )
+    return Dispatched(ids, tool, args, ws, dispatch.id)
+
+
+async def run_and_commit_outcome(
+    rt: Runtime, call: Dispatched, ref: CallRef, attempt: Attempt, *, spent: list[float] | None = None
+) -> tuple[ToolResult, RuntimeEvent]:
+    """Run the effect (heartbeating), then T2: its outcome commits before anyone sees the result."""
+    result = await rt.on_tool_pool(lambda: call.tool.run(call.args, call.ws, no_heartbeat), attempt=attempt)
+    response = builders.response_event(
+        call.ids,
+        f"{ref.operation_id}_response",
+        ref.tool_call_id,
+        ref.tool_name,
+        result.result,
+        result.is_error,
+        now_ms(),
+        ref.operation_id,
+    )
+    await rt.on_ledger(
+        lambda: rt.ledger.commit_tool_outcome(response, attempt=attempt.record),
+        attempt=attempt,
+        phase="t2",
+        spent=spent,
+    )
+    return result, response
+
+
+def _commit_refusal(rt: Runtime, ids: RunIds, call: CallRef, refusal: ToolResult) -> ToolOutcome:
+    """A pre-T1 refusal is an ordinary committed error result: the tool never ran."""
+    response = builders.response_event(
+        ids,
+        f"{call.operation_id}_refused",
+        call.tool_call_id,
+        call.tool_name,
+        refusal.result,
+        True,
+        now_ms(),
+        None,  # pre-T1: unbound; no operation was dispatched
+    )
+    rt.ledger.append([response])
+    return ToolOutcome(
+        operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
+    )

@@ -1,0 +1,65 @@
+"""A turn's first and last facts: ``begin_run`` and ``finish_run``.
+
+Both are pure ledger work with deterministic event ids and timestamps passed in by the workflow, so
+a retry (after a crash, a timeout, a lost response) is an exact retry: the same bytes, a no-op.
+``finish_run`` settles the run the one way startup repair does (``settle.settle_run``).
+"""
+
+from __future__ import annotations
+
+from maka_core import failpoints
+from maka_core.facts.clock import now_ms
+from maka_core.facts.run_header import RunHeader
+from maka_core.runtime import builders
+from maka_core.runtime.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
+from maka_core.runtime.runtime import Runtime
+from maka_core.runtime.settle import settle_run
+
+
+async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
+    """Header first (running, with its hosting execution), then the user event with the marker."""
+    ids = inp.ids
+
+    def write() -> str:
+        store = rt.ledger
+        if store.get_run(ids.run_id) is None:
+            store.put_run(
+                RunHeader(
+                    session_id=ids.session_id,
+                    run_id=ids.run_id,
+                    invocation_id=ids.invocation_id,
+                    turn_id=ids.turn_id,
+                    status="running",
+                    workflow_id=inp.workflow_id,
+                    workflow_run_id=inp.workflow_run_id,
+                    task_queue=inp.task_queue,
+                    created_at=inp.ts,
+                    updated_at=now_ms(),
+                )
+            )
+        user = builders.user_event(ids, inp.text, inp.ts)
+        store.append([user])
+        return user.id
+
+    user_event_id = await rt.on_ledger(write)
+    return BeginRunResult(user_event_id=user_event_id, tool_settings=rt.settings.tool_settings())
+
+
+async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
+    """The terminal RuntimeEvent first, then the header (a crash between leaves a lagging header
+    that startup repair fixes from the event, never the reverse)."""
+    ids = inp.ids
+    failpoints.hit("P8")
+    terminal = builders.terminal_event(
+        ids,
+        inp.status,
+        inp.ts,
+        park_reason=inp.park_reason,
+        operation_id=inp.parked_operation_id,
+        error=inp.error,
+    )
+    settled = await rt.on_ledger(
+        lambda: settle_run(rt.ledger, terminal, between=lambda: failpoints.hit("P9"))
+    )
+    status = "completed" if settled.header_status == "completed" else "failed"
+    return FinishRunResult(terminal_event_id=settled.terminal_event_id, status=status)

@@ -1,0 +1,76 @@
+"""The one interface the runtime speaks to the ledger through.
+
+A narrow recorder in the eventsourcing sense: the committed view (folded once, as events commit),
+the dedicated writers (each one transaction, one durable commit, exact retries idempotent), and
+the few reads a run needs. ``LedgerStore`` (SQLAlchemy Core over SQLite or PostgreSQL) is the
+implementation; the runtime's contract suite runs against it on every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.run_header import RunHeader
+from maka_core.ledger.committed import CommittedView
+from maka_core.store.writer import AttemptArg, CommitResult, LedgerStore
+
+
+class Ledger(Protocol):
+    """What the turn protocol, recovery and repair may ask of a ledger."""
+
+    def view(self) -> CommittedView:
+        """The committed ledger, current with every process's commits."""
+        ...
+
+    def append(self, events: Sequence[RuntimeEvent]) -> CommitResult:
+        """Generic append: user, model and refusal events (never dispatch, outcome or recovery)."""
+        ...
+
+    def commit_tool_prepared(
+        self,
+        dispatch: RuntimeEvent,
+        *,
+        call: RuntimeEvent | None = None,
+        evidence: Mapping[str, Any] | None = None,
+        attempt: AttemptArg = None,
+    ) -> CommitResult:
+        """T1: the dispatch fact (and its evidence) before the effect."""
+        ...
+
+    def commit_tool_outcome(self, response: RuntimeEvent, *, attempt: AttemptArg = None) -> CommitResult:
+        """T2: the outcome bound to its operation, before the model sees it."""
+        ...
+
+    def commit_recovery_bundle(
+        self,
+        reconcile: RuntimeEvent,
+        decision: RuntimeEvent,
+        outcome: RuntimeEvent | None = None,
+        *,
+        attempt: AttemptArg = None,
+    ) -> CommitResult:
+        """Reconcile observation + optional recovered outcome + decision, atomically."""
+        ...
+
+    def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
+        """A run's terminal fact (``run_already_terminal`` when it has another)."""
+        ...
+
+    def events(
+        self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None
+    ) -> list[RuntimeEvent]: ...
+
+    def evidence(self, operation_id: str) -> dict[str, Any] | None: ...
+
+    def get_run(self, run_id: str) -> RunHeader | None: ...
+
+    def put_run(self, header: RunHeader) -> RunHeader: ...
+
+    def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]: ...
+
+
+def _conforms(store: LedgerStore) -> Ledger:
+    """Never called: mypy proves here that ``LedgerStore`` implements ``Ledger``."""
+    return store

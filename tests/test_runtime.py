@@ -1,0 +1,361 @@
+"""The runtime's contract suite, without Temporal: the whole turn protocol on every ledger backend.
+
+Guard, T1/T2, recovery, settlement and the committed view are exercised through the same
+``maka_core.runtime`` functions the activities call, on SQLite (file and memory) and PostgreSQL
+(when ``MAKA_TEST_POSTGRES_URL`` is set). Effects are real: files in a real workspace, real bash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.facts.codec import canonical_args_hash
+from maka_core.ledger.resolver import OperationResolution, resolve
+from maka_core.ledger.scanner import scan
+from maka_core.runtime import builders, model_step, recovery, tool_call, turn
+from maka_core.runtime.contracts import (
+    BeginRunInput,
+    CallRef,
+    FinishRunInput,
+    ModelStepInput,
+    RecoverInput,
+    RunIds,
+    ToolInput,
+)
+from maka_core.runtime.runtime import Attempt, ResolverGuard, Runtime
+from maka_core.runtime.settle import repair_run
+from maka_core.runtime.tool_call import DispatchWithoutOutcome
+from maka_core.store.writer import LedgerStore, ToolAttempt
+from maka_core.workspace import Workspace
+
+IDS = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
+ATTEMPT = Attempt(record=ToolAttempt(workflow_id="wf", workflow_run_id="wr", activity_id="7", attempt=1))
+
+
+class NaiveRetryGuard(ResolverGuard):
+    """The broken variant: runs whatever the ledger has not completed (a plain activity retry)."""
+
+    def may_dispatch(self, op: OperationResolution) -> bool:
+        return op.status != "completed"
+
+    def may_redispatch(self, op: OperationResolution) -> bool:
+        return op.status != "completed"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return Workspace.open(root)
+
+
+@pytest.fixture
+def rt(store: LedgerStore) -> Iterator[Runtime]:
+    runtime = Runtime(store)
+    yield runtime
+    runtime.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def begin(rt: Runtime, ws: Workspace, text: str = "hi") -> None:
+    run(
+        turn.begin_run(
+            rt,
+            BeginRunInput(
+                ids=IDS,
+                text=text,
+                ts=1,
+                workflow_id="wf",
+                workflow_run_id="wr",
+                task_queue="q",
+                workspace=str(ws.root),
+            ),
+        )
+    )
+
+
+def script(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "script", "steps": list(steps)}
+
+
+def step(rt: Runtime, ws: Workspace, k: int, spec: dict[str, Any]) -> Any:
+    return run(
+        model_step.model_step(rt, ModelStepInput(ids=IDS, step=k, workspace=str(ws.root), provider=spec))
+    )
+
+
+def tool_input(ws: Workspace, ref: CallRef) -> ToolInput:
+    return ToolInput(
+        session_id=IDS.session_id,
+        run_id=IDS.run_id,
+        call=ref,
+        workspace=str(ws.root),
+        workspace_identity=ws.identity,
+    )
+
+
+def recover_input(ws: Workspace, ref: CallRef) -> RecoverInput:
+    return RecoverInput(
+        session_id=IDS.session_id,
+        run_id=IDS.run_id,
+        call=ref,
+        workspace=str(ws.root),
+        workspace_identity=ws.identity,
+    )
+
+
+def one_call(rt: Runtime, ws: Workspace, name: str, args: dict[str, Any]) -> CallRef:
+    """Begin the run and commit a model step that asks for one call."""
+    begin(rt, ws)
+    result = step(rt, ws, 0, script({"toolCalls": [{"name": name, "args": args}]}))
+    (ref,) = result.calls
+    return ref
+
+
+def prepare_only(rt: Runtime, ws: Workspace, ref: CallRef, args: dict[str, Any]) -> None:
+    """T1 as the tool call commits it, then a crash before the effect's outcome (no T2)."""
+    tool = rt.tools[ref.tool_name]
+    evidence = tool.capture_evidence(args, ws)
+    rt.ledger.commit_tool_prepared(
+        builders.dispatch_event(
+            IDS,
+            ref.operation_id,
+            ref.tool_call_id,
+            ref.tool_name,
+            tool.recovery_mode,
+            canonical_args_hash(ref.tool_name, args),
+            3,
+        ),
+        evidence=None if evidence is None else evidence.to_json(),
+    )
+
+
+def op_status(rt: Runtime, ref: CallRef) -> tuple[str, str]:
+    op = resolve(scan(rt.ledger.events(session_id="s1"))).for_call("i1", ref.tool_call_id)
+    assert op is not None
+    return op.status, op.reason
+
+
+# --- begin, model step --------------------------------------------------------------------------
+
+
+def test_begin_run_writes_header_then_marked_user_event_and_retries_exactly(
+    rt: Runtime, ws: Workspace
+) -> None:
+    begin(rt, ws)
+    begin(rt, ws)  # an exact retry
+    header = rt.ledger.get_run("r1")
+    events = rt.ledger.events(run_id="r1")
+    assert header is not None and header.status == "running" and header.workflow_run_id == "wr"
+    assert [e.id for e in events] == ["r1_user"]
+    assert events[0].actions is not None and events[0].actions.runtime_protocol is not None
+
+
+def test_model_step_commits_once_and_a_retry_replays_from_the_committed_view(
+    rt: Runtime, ws: Workspace, tmp_path: Path
+) -> None:
+    log = tmp_path / "provider-calls.log"
+    rt.settings = rt.settings.__class__(provider_call_log=str(log))
+    begin(rt, ws)
+    spec = script({"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]})
+    first = step(rt, ws, 0, spec)
+    again = step(rt, ws, 0, spec)
+    assert not first.replayed and again.replayed and first.calls == again.calls
+    assert first.calls[0].read_only  # read_file is replay-safe: Temporal may retry it
+    assert log.read_text().splitlines() == ["r1:0"]  # the provider answered once
+
+
+# --- the tool call --------------------------------------------------------------------------------
+
+
+def test_write_file_runs_once_through_t1_and_t2_and_a_retry_returns_the_committed_outcome(
+    rt: Runtime, ws: Workspace
+) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "out.txt", "content": "one\n"})
+    outcome = run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    (ws.root / "out.txt").write_text("changed by someone else\n")
+    again = run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    assert outcome.status == "completed" and not outcome.replayed
+    assert again.replayed and again.response_event_id == outcome.response_event_id
+    assert (ws.root / "out.txt").read_text() == "changed by someone else\n"  # never written twice
+    assert op_status(rt, ref) == ("completed", "matching_response")
+    assert len(rt.call_ledger_s) == 1 and rt.timings["calls"] == 2
+
+
+def test_t1_records_the_attempt_and_evidence_in_the_same_transaction(rt: Runtime, ws: Workspace) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "out.txt", "content": "one\n"})
+    run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    evidence = rt.ledger.evidence(ref.operation_id)
+    assert evidence is not None and evidence["target"].endswith("out.txt")
+    phases = [a["phase"] for a in rt.ledger.attempts(ref.operation_id)]
+    assert phases == ["t1", "t2"]
+
+
+def test_guard_refuses_a_dispatch_without_outcome_and_the_effect_does_not_run(
+    rt: Runtime, ws: Workspace
+) -> None:
+    ref = one_call(rt, ws, "bash", {"command": "echo ran >> effects.log"})
+    prepare_only(rt, ws, ref, {"command": "echo ran >> effects.log"})
+    with pytest.raises(DispatchWithoutOutcome):
+        run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    assert not (ws.root / "effects.log").exists()
+    assert op_status(rt, ref) == ("indeterminate", "dispatch_without_response")
+
+
+@pytest.mark.parametrize("guard", ["resolver", "naive"])
+def test_a_crash_after_the_effect_never_repeats_it_and_the_naive_negative_control_does(
+    store: LedgerStore, ws: Workspace, guard: str
+) -> None:
+    """T1 committed, the command ran, the worker died before T2; Temporal retries the activity.
+    With the Resolver guard the retry is refused and the effect stays single; the deliberately
+    broken guard (the negative control) runs it a second time, which this test must catch."""
+    rt = Runtime(store, guard=NaiveRetryGuard() if guard == "naive" else ResolverGuard())
+    command = "echo ran >> effects.log"
+    try:
+        ref = one_call(rt, ws, "bash", {"command": command})
+        prepare_only(rt, ws, ref, {"command": command})
+        (ws.root / "effects.log").write_text("ran\n")  # the effect of the attempt that died
+        with contextlib.suppress(DispatchWithoutOutcome):
+            run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    finally:
+        rt.close()
+    runs = (ws.root / "effects.log").read_text().count("ran")
+    assert runs == (2 if guard == "naive" else 1)
+
+
+def test_pre_t1_refusals_are_committed_results_and_nothing_dispatches(rt: Runtime, ws: Workspace) -> None:
+    ref = one_call(rt, ws, "no_such_tool", {"x": 1})
+    outcome = run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    assert outcome.status == "refused" and outcome.is_error and outcome.dispatch_event_id is None
+    status, _ = op_status(rt, ref)
+    assert status == "completed"  # settled as a pre-T1 synthetic outcome
+
+
+def test_a_workspace_identity_mismatch_is_refused_before_t1(rt: Runtime, ws: Workspace) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "x.txt", "content": "x"})
+    inp = tool_input(ws, ref).model_copy(update={"workspace_identity": "ws-someone-else"})
+    outcome = run(tool_call.execute_tool(rt, inp, ATTEMPT))
+    assert outcome.status == "refused" and not (ws.root / "x.txt").exists()
+
+
+# --- recovery -----------------------------------------------------------------------------------
+
+
+def test_recovery_finalizes_a_write_whose_file_holds_the_expected_state(rt: Runtime, ws: Workspace) -> None:
+    args = {"path": "notes.txt", "content": "status: draft\n"}
+    ref = one_call(rt, ws, "write_file", args)
+    prepare_only(rt, ws, ref, args)
+    (ws.root / "notes.txt").write_text("status: draft\n")  # the effect happened, its T2 did not
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (result.status, result.reason) == ("completed", "reconcile_matches_expected_state")
+    assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
+
+
+def test_recovery_parks_a_write_whose_file_still_holds_the_prior_state(rt: Runtime, ws: Workspace) -> None:
+    args = {"path": "notes.txt", "content": "status: draft\n"}
+    ref = one_call(rt, ws, "write_file", args)
+    prepare_only(rt, ws, ref, args)
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (result.status, result.reason) == ("parked", "reconcile_matches_prior_state")
+    assert not (ws.root / "notes.txt").exists()  # finalize-only: recovery never writes
+
+
+def test_recovery_parks_bash_and_rereads_a_read(rt: Runtime, ws: Workspace) -> None:
+    ref = one_call(rt, ws, "bash", {"command": "echo ran >> effects.log"})
+    prepare_only(rt, ws, ref, {"command": "echo ran >> effects.log"})
+    parked = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (parked.status, parked.reason) == ("parked", "dispatch_without_response")
+    assert not (ws.root / "effects.log").exists()
+
+    (ws.root / "a.txt").write_text("hello\n")
+    read = step(
+        rt, ws, 1, script({"text": "x"}, {"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]})
+    )
+    (ref2,) = read.calls
+    prepare_only(rt, ws, ref2, {"path": "a.txt"})
+    reread = run(recovery.recover_operation(rt, recover_input(ws, ref2), ATTEMPT))
+    assert (reread.status, reread.reason) == ("completed", "replay_safe_reread")
+
+
+def test_recovery_of_an_undispatched_call_allows_dispatch(rt: Runtime, ws: Workspace) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "x.txt", "content": "x"})
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (result.status, result.reason) == ("not_dispatched", "new_protocol_before_dispatch")
+
+
+# --- settling a run -----------------------------------------------------------------------------
+
+
+def test_finish_and_repair_settle_a_run_the_same_way(rt: Runtime, ws: Workspace) -> None:
+    begin(rt, ws)
+    done = run(turn.finish_run(rt, FinishRunInput(ids=IDS, status="completed", ts=9)))
+    repaired = repair_run(rt.ledger, "r1")  # a late repairer finds the fact and changes nothing
+    header = rt.ledger.get_run("r1")
+    assert done.status == "completed" and repaired.terminal_event_id == "r1_end"
+    assert not repaired.terminal_committed and not repaired.header_updated
+    assert header is not None and header.status == "completed"
+
+
+def test_finish_after_repair_adopts_the_repaired_fact_and_the_header_follows_it(
+    rt: Runtime, ws: Workspace
+) -> None:
+    begin(rt, ws)
+    repair_run(rt.ledger, "r1")
+    late = run(
+        turn.finish_run(
+            rt,
+            FinishRunInput(
+                ids=IDS,
+                status="failed",
+                ts=9,
+                park_reason="dispatch_without_response",
+                parked_operation_id="op",
+            ),
+        )
+    )
+    header = rt.ledger.get_run("r1")
+    assert late.terminal_event_id == "r1_terminal" and late.status == "failed"
+    assert header is not None and header.status == "failed" and header.park_reason is None
+
+
+def test_a_park_is_recorded_on_the_terminal_fact_and_the_header(rt: Runtime, ws: Workspace) -> None:
+    begin(rt, ws)
+    run(
+        turn.finish_run(
+            rt,
+            FinishRunInput(
+                ids=IDS, status="failed", ts=9, park_reason="reconcile_diverged", parked_operation_id="op"
+            ),
+        )
+    )
+    header = rt.ledger.get_run("r1")
+    assert header is not None and header.park_reason == "reconcile_diverged"
+
+
+# --- the committed view -------------------------------------------------------------------------
+
+
+def test_the_view_is_fed_by_commits_and_sees_other_processes_writes(store_url: str, ws: Workspace) -> None:
+    if store_url == "sqlite://":
+        pytest.skip("a memory database has no second connection")
+    with LedgerStore.open(store_url) as mine, LedgerStore.open(store_url) as theirs:
+        rt = Runtime(mine)
+        try:
+            begin(rt, ws)
+            assert rt.ledger.view().step_count("s1") == 0
+            theirs.append([builders.model_text(IDS, "r1:0", "from another worker", 2)])
+            view = rt.ledger.view()
+            assert view.step_count("s1") == 1 and [e.id for e in view.step_events("r1:0")] == ["r1:0:text"]
+            again = step(rt, ws, 0, script({"text": "never asked"}))
+            assert again.replayed
+        finally:
+            rt.close()

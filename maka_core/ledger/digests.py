@@ -167,7 +167,8 @@ def read_prefix(raw: Any, up_to_event_seq: Any = None) -> Prefix:
     """Read a run's immutable prefix from its ledger (a list of RuntimeEvent JSON objects).
 
     Args:
-        raw: the run's events in event-sequence order (event_seq = index + 1).
+        raw: the run's events in event-sequence order (event_seq = index + 1), as RuntimeEvent
+            JSON objects or already-decoded RuntimeEvents.
         up_to_event_seq: the high-water to cut at; ``None`` reads the whole ledger.
 
     Raises:
@@ -185,16 +186,20 @@ def read_prefix(raw: Any, up_to_event_seq: Any = None) -> Prefix:
             or up_to_event_seq != int(up_to_event_seq)
             or not 0 < up_to_event_seq <= _MAX_SAFE
         ):
-            raise PrefixUnreadable("runtime_prefix_high_water_invalid", "high-water is not a positive integer")
+            raise PrefixUnreadable(
+                "runtime_prefix_high_water_invalid", "high-water is not a positive integer"
+            )
         if int(up_to_event_seq) > len(raw):
             raise PrefixUnreadable("runtime_prefix_high_water_invalid", "high-water lies beyond the ledger")
         items = raw[: int(up_to_event_seq)]
     events: list[RuntimeEvent] = []
     for index, item in enumerate(items):
         try:
-            events.append(from_json_object(item))
+            events.append(item if isinstance(item, RuntimeEvent) else from_json_object(item))
         except CodecError as exc:
-            raise PrefixUnreadable("runtime_prefix_undecodable", f"event {index + 1}: {exc.message}") from None
+            raise PrefixUnreadable(
+                "runtime_prefix_undecodable", f"event {index + 1}: {exc.message}"
+            ) from None
     first = events[0]
     identity = Identity(first.session_id, first.invocation_id, first.run_id, first.turn_id)
     for event in events:

@@ -32,7 +32,9 @@ BlockReason = Literal[
     "provider_replay_non_suffix_gap",
 ]
 
-STEERING_TEMPLATE: Final[str] = "The user sent a message while you were working:\n<user_query>\n{}\n</user_query>"
+STEERING_TEMPLATE: Final[str] = (
+    "The user sent a message while you were working:\n<user_query>\n{}\n</user_query>"
+)
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _SHELL_STATUS_EXIT: Final[dict[str, int]] = {"completed": 0, "timed_out": 124, "cancelled": 130}
 _DIFF_VERBS: Final[dict[str, str]] = {"Write": "Overwrote", "Edit": "Edited", "FormatJson": "Formatted"}
@@ -127,7 +129,11 @@ def replay_segment(prefix: Prefix) -> SegmentReplay:
     if unmatched and any(i > min(unmatched) for i, _ in kept):
         return SegmentReplay(block="provider_replay_non_suffix_gap")
     stable = max(
-        (i for i, item in kept if item["kind"] == "tool_result" or (item["kind"] == "text" and item["role"] == "user")),
+        (
+            i
+            for i, item in kept
+            if item["kind"] == "tool_result" or (item["kind"] == "text" and item["role"] == "user")
+        ),
         default=-1,
     )
     trimmed = {i for i, _ in kept if i > stable} | {i for i in unmatched if i > stable}
@@ -163,7 +169,11 @@ def _item(
         if event.role not in ("user", "model"):
             raise _Unsupported("text role")
         text = _message_text(content.text, content.quotes or [], content.attachments or [])
-        item: dict[str, Any] = {"kind": "text", "role": "user" if event.role == "user" else "assistant", **base}
+        item: dict[str, Any] = {
+            "kind": "text",
+            "role": "user" if event.role == "user" else "assistant",
+            **base,
+        }
         if event.role == "user" and content.steering:
             text = STEERING_TEMPLATE.format(text)
             item["steering"] = {"eventId": event.id}
@@ -188,7 +198,12 @@ def _item(
         return item
     if content.kind == "function_call":
         calls[content.id] = (index, content.name)
-        item = {"kind": "tool_call", "toolCallId": content.id, "toolName": content.name, "input": content.args}
+        item = {
+            "kind": "tool_call",
+            "toolCallId": content.id,
+            "toolName": content.name,
+            "input": content.args,
+        }
         item.update(base)
         if content.provider_options is not None:
             item["providerOptions"] = content.provider_options
@@ -199,7 +214,11 @@ def _item(
         return item
     # function_response
     wire = content.to_wire()
-    output = wire["providerOutput"] if content.provider_executed is True and "providerOutput" in wire else content.result
+    output = (
+        wire["providerOutput"]
+        if content.provider_executed is True and "providerOutput" in wire
+        else content.result
+    )
     result = content.result
     if isinstance(result, dict) and result.get("kind") in ("terminal", "shell_run"):
         if not _shell_result_ok(result):
@@ -237,7 +256,11 @@ def _shell_result_ok(result: dict[str, Any]) -> bool:
     required = {"kind", "cwd", "cmd", "status", "output"}
     if not required <= set(result) <= required | {"exitCode", "failureMessage", "sandboxDenial"}:
         return False
-    if not (isinstance(result["cwd"], str) and isinstance(result["cmd"], str) and isinstance(result["output"], dict)):
+    if not (
+        isinstance(result["cwd"], str)
+        and isinstance(result["cmd"], str)
+        and isinstance(result["output"], dict)
+    ):
         return False
     status, exit_code, message = result["status"], result.get("exitCode"), result.get("failureMessage")
     if status == "failed":
@@ -291,4 +314,10 @@ def _diff_counts(diff: str) -> tuple[int, int]:
     return added, deleted
 
 
-__all__ = ["PROVIDER_PROJECTION_VERSION", "ReplayPlan", "SegmentReplay", "build_replay_plan", "replay_segment"]
+__all__ = [
+    "PROVIDER_PROJECTION_VERSION",
+    "ReplayPlan",
+    "SegmentReplay",
+    "build_replay_plan",
+    "replay_segment",
+]

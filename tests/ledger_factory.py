@@ -315,3 +315,39 @@ def parked_bundle(
         **envelope,
     )
     return [rec, dec]
+
+
+# --- continuation fixtures (headers and ledgers as the planner's JSON) ------------------------
+
+CWD = "/work/app"
+WORKSPACE = "workspace:v1:6f1c2d3e-0000-4000-8000-000000000001"
+
+
+def run_header(
+    run_id: str = RUN,
+    *,
+    invocation_id: str = INVOCATION,
+    turn_id: str = TURN,
+    session_id: str = SESSION,
+    status: str = "completed",
+    **fields: Any,
+) -> dict[str, Any]:
+    """A Maka AgentRunHeader JSON object (only what the planner reads, plus timestamps)."""
+    header: dict[str, Any] = {
+        "runId": run_id,
+        "invocationId": invocation_id,
+        "sessionId": session_id,
+        "turnId": turn_id,
+        "status": status,
+        "cwd": CWD,
+        "workspaceIdentity": WORKSPACE,
+        "createdAt": TS,
+        "updatedAt": TS,
+    }
+    header.update(fields)
+    return header
+
+
+def wire(events: list[RuntimeEvent]) -> list[dict[str, Any]]:
+    """A ledger as the planner's INPUT carries it: RuntimeEvent JSON objects in seq order."""
+    return [e.to_wire() for e in events]

@@ -17,6 +17,7 @@ from maka_core.governance.policy_file import (
     Identity,
     Principal,
     load_policy,
+    parse_policy,
 )
 
 FULL = {
@@ -147,3 +148,9 @@ def test_principals() -> None:
         assert err.value.code == "principal_invalid"
     with pytest.raises(ValueError):
         Identity(principal=LOCAL_IDENTITY.principal, on_behalf_of=(LOCAL_IDENTITY.principal,) * 8)
+
+
+def test_parse_policy_refuses_values_json_cannot_hold() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_policy({"approvalTtlMs": float("nan")})
+    assert err.value.code == "policy_invalid"

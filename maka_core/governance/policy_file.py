@@ -163,8 +163,12 @@ def parse_policy(value: Any, *, source: str = "<policy>") -> GovernancePolicy:
     if not isinstance(value, dict):
         raise ConfigError("policy_invalid", f"{source}: a policy is a JSON object", path=source, field="$")
     try:
+        text = canonical_json.dumps(value)
+    except CodecError as exc:
+        raise ConfigError("policy_invalid", f"{source}: {exc.message}", path=source, field="$") from None
+    try:
         # Strict, through JSON: "true" is not a boolean and "1" is not a number in a policy.
-        return GovernancePolicy.model_validate_json(canonical_json.dumps(value), strict=True, by_alias=True)
+        return GovernancePolicy.model_validate_json(text, strict=True, by_alias=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = _field_path(tuple(first["loc"]))

@@ -1,0 +1,184 @@
+"""Classification of one action before policy: effect, risk, traits, capability and target.
+
+Ported from MELRA's ``classifyOperation`` for the operation kinds we run (``file`` and
+``terminal`` operations of ``melra_plan``) and extended to our own tools. Policy, evidence
+defaults, the execution guarantee and the receipt all read the same classification, so an
+approver and an auditor see exactly what was judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from maka_core.governance.commands import Trait, classify_command, parse_command_line
+from maka_core.tools.base import Effect
+
+Risk = Literal["low", "medium", "high", "critical"]
+
+#: Every effect a shell line might have: what a command line can do when we cannot see it all.
+_ANY_EFFECT: frozenset[Effect] = frozenset({"read", "mutate", "destructive"})
+_FILE_READ_ACTIONS = frozenset({"list", "read", "stat", "hash"})
+_TOOL_CAPABILITY = {
+    "read_file": ("file.read", "read"),
+    "list_dir": ("file.list", "read"),
+    "write_file": ("file.write", "mutate"),
+    "edit_file": ("file.edit", "mutate"),
+}
+
+
+class GovernanceModel(BaseModel):
+    """Frozen, strict about keys, camelCase on the wire."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True
+    )
+
+
+class Classification(GovernanceModel):
+    """What one call would do, as policy judges it.
+
+    ``possible_effects`` is wider than ``effect`` only for a command line we cannot fully see:
+    a forbidden effect is refused when the call *may* have it, not only when it surely will.
+    ``commands`` holds the command names a command allowlist must clear (None: not a command);
+    ``unanalysable`` says why a command line could not be split into its commands.
+    """
+
+    kind: Literal["tool", "file", "terminal"]
+    name: str  # tool name, or "file.<action>" / "terminal.<action>" for an operation
+    effect: Effect
+    possible_effects: frozenset[Effect]
+    risk: Risk
+    traits: tuple[Trait, ...] = ()
+    capability: str
+    target: str
+    commands: tuple[str, ...] | None = None
+    unanalysable: str | None = None
+
+    @property
+    def is_read(self) -> bool:
+        return self.effect == "read"
+
+
+def _sorted_traits(traits: frozenset[Trait]) -> tuple[Trait, ...]:
+    return tuple(sorted(traits))
+
+
+def classify_bash(command: str) -> Classification:
+    """A ``bash`` command line: a read only when every simple command is a known read."""
+    line = parse_command_line(command)
+    names = tuple(c.name for c in line.commands)
+    traits = line.traits
+    if line.read:
+        effect: Effect = "read"
+    elif any(c.destructive for c in line.commands):
+        effect = "destructive"
+    else:
+        effect = "mutate"
+    if "package-install" in traits or effect == "destructive":
+        risk: Risk = "high"
+    else:
+        risk = "low" if effect == "read" else "medium"
+    first = names[0] if names else "unknown"
+    return Classification(
+        kind="tool",
+        name="bash",
+        effect=effect,
+        # A line we cannot fully see may do anything, however harmless its visible part.
+        possible_effects=frozenset({effect}) if line.opaque is None else _ANY_EFFECT,
+        risk=risk,
+        traits=_sorted_traits(traits),
+        capability="terminal.run",
+        target=f"command:{first}",
+        commands=names,
+        unanalysable=line.opaque,
+    )
+
+
+def classify_tool_call(tool_name: str, args: dict[str, Any]) -> Classification:
+    """Classify one call of a built-in tool with already-preflighted ``args``.
+
+    Raises:
+        ValueError: a tool this module does not know (policy must not guess an effect).
+    """
+    if tool_name == "bash":
+        command = args.get("command")
+        return classify_bash(command if isinstance(command, str) else "")
+    known = _TOOL_CAPABILITY.get(tool_name)
+    if known is None:
+        raise ValueError(f"no classification for tool {tool_name!r}")
+    capability, effect = known
+    path = args.get("path")
+    read = effect == "read"
+    return Classification(
+        kind="tool",
+        name=tool_name,
+        effect="read" if read else "mutate",
+        possible_effects=frozenset({"read" if read else "mutate"}),
+        risk="low" if read else "medium",
+        capability=capability,
+        target=path if isinstance(path, str) else "",
+    )
+
+
+def classify_operation(operation: dict[str, Any]) -> Classification:
+    """MELRA's classification of a ``melra_plan`` operation of kind ``file`` or ``terminal``.
+
+    Raises:
+        ValueError: another kind (browser, memory, computer, http, system are not run here).
+    """
+    kind = operation.get("kind")
+    action = str(operation.get("action", ""))
+    if kind == "file":
+        destructive = action == "delete"
+        read = action in _FILE_READ_ACTIONS
+        effect: Effect = "destructive" if destructive else "read" if read else "mutate"
+        return Classification(
+            kind="file",
+            name=f"file.{action}",
+            effect=effect,
+            possible_effects=frozenset({effect}),
+            risk="high" if destructive else "low" if read else "medium",
+            capability=f"file.{action}",
+            target=str(operation.get("path", "")),
+        )
+    if kind == "terminal":
+        job_id = operation.get("jobId")
+        job = f"job:{job_id or 'unknown'}"
+        # A job action is cleared by its job id alone: the allowlist cleared the job at start.
+        no_job = None if job_id else "no jobId given"
+        if action in ("status", "output"):
+            return Classification(
+                kind="terminal", name=f"terminal.{action}", effect="read",
+                possible_effects=frozenset({"read"}), risk="low",
+                capability=f"terminal.{action}", target=job, commands=(), unanalysable=no_job,
+            )  # fmt: skip
+        if action == "send":
+            # Input to an already-approved job: a mutation with no command of its own to judge.
+            return Classification(
+                kind="terminal", name="terminal.send", effect="mutate",
+                possible_effects=frozenset({"mutate"}), risk="medium",
+                capability="terminal.send", target=job, commands=(), unanalysable=no_job,
+            )  # fmt: skip
+        command = operation.get("command")
+        args = operation.get("args") or []
+        cls = classify_command(command if isinstance(command, str) else "", [str(a) for a in args])
+        effect = "read" if cls.read else "mutate"
+        risk: Risk = "high" if "package-install" in cls.traits else "low" if cls.read else "medium"
+        return Classification(
+            kind="terminal",
+            name=f"terminal.{action}",
+            effect=effect,
+            possible_effects=frozenset({effect}),
+            risk=risk,
+            traits=_sorted_traits(cls.traits),
+            capability=f"terminal.{action}",
+            target=job if action == "stop" else f"command:{cls.name}",
+            commands=() if action == "stop" or not isinstance(command, str) else (cls.name,),
+            unanalysable=(
+                no_job if action == "stop" else None if isinstance(command, str) else "no command given"
+            ),
+        )
+    raise ValueError(f"operation kind {kind!r} is not run here")

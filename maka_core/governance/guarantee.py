@@ -1,0 +1,89 @@
+"""What may be done with an action more than once: MELRA's execution guarantee and restart rules.
+
+The guarantee is derived from the classified effect and the tool's own declared reconciliation,
+never from the caller: a caller that could call its own write retry-safe would buy a retry it
+is not entitled to. Only ``read-only`` (and the two values nothing derives yet,
+``at-least-once`` and ``provider-idempotent``) allow a retry.
+
+After a restart: planned and approval-waiting work stays executable; an interrupted read goes
+back to planned and may run again; a mutation interrupted while verifying may still be settled,
+but only when every predicate re-reads the filesystem; any other interrupted mutation is
+``recovery_required`` and never re-run automatically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from maka_core.facts.events import RecoveryMode
+from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
+from maka_core.tools.base import Effect
+
+ExecutionGuarantee = Literal[
+    "read-only",
+    "at-most-once",
+    "at-least-once",
+    "provider-idempotent",
+    "reconciliation-required",
+    "compensatable",
+]
+RestartAction = Literal["keep", "retry", "verify", "recovery_required", "settled"]
+OUTCOME_UNKNOWN_PREFIX = "effect_outcome_unknown:"
+
+_RETRIABLE: frozenset[ExecutionGuarantee] = frozenset({"read-only", "at-least-once", "provider-idempotent"})
+_SETTLED: frozenset[TaskStatus] = frozenset(
+    {
+        "verified_success",
+        "partial",
+        "failed",
+        "cancelled",
+        "policy_blocked",
+        "budget_exhausted",
+        "recovery_required",
+    }
+)
+
+
+def derive_guarantee(effect: Effect, *, declares_reconciliation: bool) -> ExecutionGuarantee:
+    """``read-only`` for a read; ``reconciliation-required`` for a mutation whose tool declares a
+    reconciler (or whose plan declared reconciliation predicates); ``at-most-once`` otherwise."""
+    if effect == "read":
+        return "read-only"
+    return "reconciliation-required" if declares_reconciliation else "at-most-once"
+
+
+def guarantee_for_tool(effect: Effect, recovery_mode: RecoveryMode) -> ExecutionGuarantee:
+    """The guarantee of one classified call of a tool with ``recovery_mode``."""
+    return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
+
+
+def allows_retry(guarantee: ExecutionGuarantee) -> bool:
+    """Whether a second attempt is ever permitted under ``guarantee``."""
+    return guarantee in _RETRIABLE
+
+
+def retry_allowed(guarantee: ExecutionGuarantee, *, retries_used: int, max_retries: int) -> bool:
+    """Whether one more attempt may run: a retriable guarantee with budget left (MELRA's
+    ``budget.maxRetries`` counts for reads only; a mutation's is ignored, not honoured)."""
+    return allows_retry(guarantee) and retries_used < max_retries
+
+
+def is_outcome_unknown(error: str | None) -> bool:
+    """An error saying the request went out and no answer came back: park, never report failed."""
+    return error is not None and error.startswith(OUTCOME_UNKNOWN_PREFIX)
+
+
+def restart_action(
+    guarantee: ExecutionGuarantee, status: TaskStatus, predicates: Sequence[EvidencePredicate]
+) -> RestartAction:
+    """What recovery does with a task found in ``status`` after a restart."""
+    if status in _SETTLED:
+        return "settled"
+    if status in ("planned", "awaiting_approval", "waiting_user"):
+        return "keep"
+    if allows_retry(guarantee):
+        return "retry"  # an interrupted read returns to planned
+    if status == "verifying" and predicates and all(p.type in STATE_PREDICATES for p in predicates):
+        return "verify"  # the effect ran; independent file observations may still prove it
+    return "recovery_required"

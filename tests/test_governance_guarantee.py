@@ -1,0 +1,90 @@
+"""The execution guarantee is derived, never declared, and decides what a restart may do."""
+
+from __future__ import annotations
+
+import pytest
+
+from maka_core.governance.classify import classify_tool_call
+from maka_core.governance.evidence import ExitCode, FileExists, FileHash
+from maka_core.governance.guarantee import (
+    allows_retry,
+    derive_guarantee,
+    guarantee_for_tool,
+    is_outcome_unknown,
+    restart_action,
+    retry_allowed,
+)
+from maka_core.tools import default_tools
+
+ARGS = {
+    "read_file": {"path": "a"},
+    "list_dir": {"path": "."},
+    "write_file": {"path": "a", "content": "x"},
+    "edit_file": {"path": "a", "old_text": "x", "new_text": "y"},
+    "bash": {"command": "rm -rf build"},
+}
+
+
+def test_derived_from_the_classified_effect_and_the_tools_reconciler() -> None:
+    derived = {
+        name: guarantee_for_tool(classify_tool_call(name, ARGS[name]).effect, tool.recovery_mode)
+        for name, tool in default_tools().items()
+    }
+    assert derived == {
+        "read_file": "read-only",
+        "list_dir": "read-only",
+        "write_file": "reconciliation-required",
+        "edit_file": "reconciliation-required",
+        "bash": "at-most-once",
+    }
+    # a read-only bash line is a read, whatever the tool's recovery mode
+    assert guarantee_for_tool(classify_tool_call("bash", {"command": "ls"}).effect, "never_auto_retry") == (
+        "read-only"
+    )
+    # a read never needs reconciliation, even if something claims it does
+    assert derive_guarantee("read", declares_reconciliation=True) == "read-only"
+    assert derive_guarantee("destructive", declares_reconciliation=False) == "at-most-once"
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "retriable"),
+    [
+        ("read-only", True),
+        ("at-least-once", True),
+        ("provider-idempotent", True),
+        ("at-most-once", False),
+        ("reconciliation-required", False),
+        ("compensatable", False),
+    ],
+)
+def test_only_three_guarantees_allow_a_retry(guarantee: str, retriable: bool) -> None:
+    assert allows_retry(guarantee) is retriable  # type: ignore[arg-type]
+
+
+def test_retry_budget_applies_to_reads_only() -> None:
+    assert retry_allowed("read-only", retries_used=1, max_retries=2)
+    assert not retry_allowed("read-only", retries_used=2, max_retries=2)
+    assert not retry_allowed("at-most-once", retries_used=0, max_retries=10)
+
+
+def test_restart_rules() -> None:
+    state_only = [
+        FileExists(type="file_exists", path="a"),
+        FileHash(type="file_hash", path="a", sha256="0" * 64),
+    ]
+    mixed = [*state_only, ExitCode(type="exit_code", value=0)]
+    assert restart_action("at-most-once", "planned", []) == "keep"
+    assert restart_action("at-most-once", "awaiting_approval", []) == "keep"
+    assert restart_action("read-only", "running", []) == "retry"
+    assert restart_action("read-only", "verifying", []) == "retry"
+    assert restart_action("reconciliation-required", "verifying", state_only) == "verify"
+    assert restart_action("reconciliation-required", "verifying", mixed) == "recovery_required"
+    assert restart_action("at-most-once", "verifying", []) == "recovery_required"
+    assert restart_action("at-most-once", "running", state_only) == "recovery_required"
+    assert restart_action("at-most-once", "verified_success", []) == "settled"
+
+
+def test_outcome_unknown_errors_park() -> None:
+    assert is_outcome_unknown("effect_outcome_unknown:timeout")
+    assert not is_outcome_unknown("execution_error")
+    assert not is_outcome_unknown(None)

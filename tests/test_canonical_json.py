@@ -130,7 +130,9 @@ def test_big_integer_literals_agree_with_a_real_javascript_engine() -> None:
     literals += ["-" + x for x in literals[::7]] + ["9007199254740993", "18014398509481985"]
     text = "[" + ",".join(literals) + "]"
     script = "process.stdout.write(JSON.stringify(JSON.parse(require('fs').readFileSync(0,'utf8'))))"
-    theirs = subprocess.run(["node", "-e", script], input=text, capture_output=True, text=True, check=True).stdout
+    theirs = subprocess.run(
+        ["node", "-e", script], input=text, capture_output=True, text=True, check=True
+    ).stdout
     assert cj.dumps(cj.loads(text)) == theirs
 
 

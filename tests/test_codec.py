@@ -206,7 +206,9 @@ def test_a_call_with_integers_past_2_53_decodes_to_the_nearest_doubles() -> None
     assert event.content is not None and event.content.kind == "function_call"
     assert event.content.args["big"] == 2**53 and event.content.args["small"] == 7
     line = codec.encode(event)
-    assert line == BIG_CALL.replace(BIG_CALL[BIG_CALL.index('{"big"') : BIG_CALL.index(',"id"')], BIG_ARGS_AS_JS)
+    assert line == BIG_CALL.replace(
+        BIG_CALL[BIG_CALL.index('{"big"') : BIG_CALL.index(',"id"')], BIG_ARGS_AS_JS
+    )
     assert codec.decode(line) == event and codec.encode(codec.decode(line)) == line
 
 

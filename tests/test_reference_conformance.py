@@ -940,3 +940,14 @@ def test_integer_args_past_2_53_decode_to_doubles_and_plan_normally(store: Ledge
     assert [i.code for i in resolve([user(), big_call, dispatch(args_hash=wrong)]).issues] == [
         "canonical_args_hash_conflict"
     ]
+
+
+def test_a_parked_operation_takes_only_its_exact_bundle_again(store: LedgerStore) -> None:
+    """recovery-persistence-authority.test.ts "makes one parked bundle terminal and only permits
+    its exact retry": the exact bundle again is idempotent, a different one is refused."""
+    store.import_events([*_prepared(), *parked_bundle()])
+    assert store.import_events(parked_bundle()).imported == 0
+    assert _import_refusal(store, parked_bundle(observation="diverged")).code == "duplicate_event_id"
+    # A second, self-consistent bundle under fresh ids is refused too (the operation is settled).
+    _import_refusal(store, parked_bundle(observation="diverged", suffix="-2"))
+    assert store.operation("op-call-1").current_state == "recovery_parked"  # type: ignore[union-attr]

@@ -64,7 +64,7 @@ def test_keys_order_as_javascript_does() -> None:
         "1e-400",
         '{"a":1,"a":2}',
         '"\\ud800"',
-        "12345678901234567891",
+        "1" + "0" * 400,
     ],
 )
 def test_lossy_or_invalid_values_are_refused(text: str) -> None:
@@ -77,6 +77,63 @@ def test_lossy_or_invalid_values_are_refused(text: str) -> None:
 def test_encoder_refuses_non_json_values(value: object) -> None:
     with pytest.raises(CodecError):
         cj.dumps({"v": value})
+
+
+@pytest.mark.parametrize(
+    ("literal", "value", "text"),
+    [
+        ("9007199254740993", 2.0**53, "9007199254740992"),
+        ("-9007199254740993", -(2.0**53), "-9007199254740992"),
+        ("9007199254740995", 2.0**53 + 4, "9007199254740996"),
+        ("9999999999999999", 1e16, "10000000000000000"),
+        ("12345678901234567891", 12345678901234567891.0, "12345678901234567000"),
+        ("1000000000000000000000", 1e21, "1e+21"),
+        ("123456789012345678901234567890", 1.2345678901234568e29, "1.2345678901234568e+29"),
+    ],
+)
+def test_integer_literals_past_2_53_read_as_the_nearest_double(literal: str, value: float, text: str) -> None:
+    """JSON.parse reads every number literal as the nearest double (round half to even)."""
+    parsed = cj.loads(f'{{"n":{literal}}}')["n"]
+    assert isinstance(parsed, float) and parsed == value
+    assert cj.dumps(parsed) == text
+    assert cj.loads(text) == parsed
+
+
+def test_safe_integer_literals_stay_exact_ints() -> None:
+    assert cj.loads("[9007199254740991, -9007199254740991, 999999999999999, 0]") == [
+        2**53 - 1,
+        -(2**53) + 1,
+        999999999999999,
+        0,
+    ]
+    assert all(type(v) is int for v in cj.loads("[9007199254740991, 123456789012345]"))
+
+
+@pytest.mark.parametrize("value", [2**53 + 1, -(2**53) - 1, 12345678901234567891])
+def test_python_ints_a_double_cannot_hold_are_still_refused_on_encode(value: int) -> None:
+    """Writers hold Python values: an int past 2**53 that no double equals is JavaScript's BigInt,
+    which JSON.stringify refuses; rounding it would record another number than the one held."""
+    with pytest.raises(CodecError) as err:
+        cj.dumps({"n": value})
+    assert err.value.code == "lossy_json_value"
+    # Negative control: the same magnitude held exactly by a double is written.
+    assert cj.dumps({"n": 2**53 + 2}) == '{"n":9007199254740994}'
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_big_integer_literals_agree_with_a_real_javascript_engine() -> None:
+    """node's JSON.parse then JSON.stringify gives our bytes for integer literals of every size."""
+    import random
+
+    rng = random.Random(11)
+    literals = [str(rng.randint(2**53, 10**d)) for d in range(16, 40) for _ in range(20)]
+    literals += ["-" + x for x in literals[::7]] + ["9007199254740993", "18014398509481985"]
+    text = "[" + ",".join(literals) + "]"
+    script = "process.stdout.write(JSON.stringify(JSON.parse(require('fs').readFileSync(0,'utf8'))))"
+    theirs = subprocess.run(
+        ["node", "-e", script], input=text, capture_output=True, text=True, check=True
+    ).stdout
+    assert cj.dumps(cj.loads(text)) == theirs
 
 
 def test_integral_doubles_are_one_number() -> None:

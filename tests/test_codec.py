@@ -185,3 +185,71 @@ def test_any_event_round_trips(event: RuntimeEvent) -> None:
     line = codec.encode(event)
     assert codec.decode(line) == event
     assert codec.encode(codec.decode(line)) == line
+
+
+# --- integers past 2**53 in a ledger line ------------------------------------------------------
+
+BIG_CALL = (
+    '{"author":"agent","content":{"args":{"big":9007199254740993,"huge":1000000000000000000000,'
+    '"list":[12345678901234567891,-9007199254740995],"small":7},"id":"call-1","kind":"function_call",'
+    '"name":"Bash"},"id":"evt-call-1","invocationId":"inv-1","partial":false,"role":"model",'
+    '"runId":"run-1","sessionId":"sess-1","ts":1767225600001,"turnId":"turn-1"}'
+)
+BIG_ARGS_AS_JS = (
+    '{"big":9007199254740992,"huge":1e+21,"list":[12345678901234567000,-9007199254740996],"small":7}'
+)
+
+
+def test_a_call_with_integers_past_2_53_decodes_to_the_nearest_doubles() -> None:
+    """Maka's decoder sees what JSON.parse gives: the nearest double of each literal."""
+    event = codec.decode(BIG_CALL)
+    assert event.content is not None and event.content.kind == "function_call"
+    assert event.content.args["big"] == 2**53 and event.content.args["small"] == 7
+    line = codec.encode(event)
+    assert line == BIG_CALL.replace(
+        BIG_CALL[BIG_CALL.index('{"big"') : BIG_CALL.index(',"id"')], BIG_ARGS_AS_JS
+    )
+    assert codec.decode(line) == event and codec.encode(codec.decode(line)) == line
+
+
+def test_args_hash_of_a_big_integer_call_is_the_hash_of_the_decoded_doubles() -> None:
+    event = codec.decode(BIG_CALL)
+    assert event.content is not None and event.content.kind == "function_call"
+    expected = codec.digest('{"args":' + BIG_ARGS_AS_JS + ',"toolName":"Bash"}')
+    assert codec.canonical_args_hash("Bash", event.content.args) == expected
+    # The literal's own digits are not what either side hashes.
+    assert codec.canonical_args_hash("Bash", event.content.args) != codec.digest(
+        '{"args":{"big":9007199254740993},"toolName":"Bash"}'
+    )
+
+
+def test_args_hash_refuses_a_python_int_no_double_equals() -> None:
+    """Our writers hold exact Python ints: one past 2**53 that a double cannot hold is refused
+    (a BigInt to JavaScript, which JSON.stringify refuses), not silently rounded."""
+    with pytest.raises(CodecError) as err:
+        codec.canonical_args_hash("Bash", {"big": 2**53 + 1})
+    assert err.value.code == "lossy_json_value"
+    assert codec.canonical_args_hash("Bash", {"big": float(2**53)}) == codec.canonical_args_hash(
+        "Bash", {"big": 2**53}
+    )
+
+
+@pytest.mark.skipif(__import__("shutil").which("node") is None, reason="node is not installed")
+def test_big_integer_args_hash_agrees_with_node() -> None:
+    """sha256 of node's JSON.stringify of the parsed args (sorted keys, as the mainline v1 form)."""
+    import subprocess
+
+    script = r"""
+const crypto = require('crypto');
+const e = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const sort = (v) => Array.isArray(v) ? v.map(sort) : (v && typeof v === 'object')
+  ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, sort(v[k])])) : v;
+const text = JSON.stringify({ args: sort(e.content.args), toolName: e.content.name });
+process.stdout.write('sha256:' + crypto.createHash('sha256').update(text).digest('hex'));
+"""
+    theirs = subprocess.run(
+        ["node", "-e", script], input=BIG_CALL, capture_output=True, text=True, check=True
+    ).stdout
+    event = codec.decode(BIG_CALL)
+    assert event.content is not None and event.content.kind == "function_call"
+    assert codec.canonical_args_hash("Bash", event.content.args) == theirs

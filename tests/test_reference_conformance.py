@@ -14,21 +14,25 @@ from typing import Any
 
 import pytest
 
-from maka_core.errors import CodecError
+from maka_core.errors import CodecError, LedgerRejection
 from maka_core.facts import canonical_json
-from maka_core.facts.codec import canonical_args_hash, decode, encode, from_json_object
+from maka_core.facts.codec import canonical_args_hash, decode, digest, encode, from_json_object
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import plan_resume
 from maka_core.ledger.scanner import writer_admission
+from maka_core.store.writer import LedgerStore
 from tests.ledger_factory import (
     call,
     completed_bundle,
+    decision,
     dispatch,
     event,
     parked_bundle,
+    reconcile,
     response,
     t1,
+    terminal,
     text,
     user,
 )
@@ -757,3 +761,193 @@ def test_exact_retry_compares_values_strictly() -> None:
     assert _retry_pair(
         _base(actions={"stateDelta": {"x": True}}), _base(actions={"stateDelta": {"x": 1}})
     ) == ("duplicate_event_id")
+
+
+# --- ledger import = Maka's writers, transition by transition (sqlite-runtime-store.ts) -------
+
+BUNDLE = "packages/core/src/tool-recovery-bundle.ts"
+
+
+def _import_refusal(store: LedgerStore, ledger: list[RuntimeEvent]) -> LedgerRejection:
+    before = store.events()
+    with pytest.raises(LedgerRejection) as err:
+        store.import_events(ledger)
+    assert store.events() == before, "a refused import must write nothing"
+    return err.value
+
+
+def _prepared() -> list[RuntimeEvent]:
+    return [user(), *t1(recovery_mode="reconcile")]
+
+
+def _bad_outcome_bundle() -> list[RuntimeEvent]:
+    rec, out, dec = completed_bundle()
+    failed = response(result="boom", id=out.id, is_error=True)
+    return [rec, failed, dec]
+
+
+def _evidence_out_of_order() -> list[RuntimeEvent]:
+    rec, _ = parked_bundle()
+    dec = decision(
+        evidence=["op-call-1_dispatch", "evt-call-1", rec.id],
+        disposition="parked",
+        reason_code="reconcile_matches_prior_state",
+    )
+    return [rec, dec]
+
+
+def _completed_without_expected_state() -> list[RuntimeEvent]:
+    _, out, dec = completed_bundle()
+    return [reconcile(observation="diverged"), out, dec]
+
+
+def _parked_reason_mismatch() -> list[RuntimeEvent]:
+    rec = reconcile(observation="diverged")
+    dec = decision(disposition="parked", reason_code="reconcile_matches_prior_state")
+    return [rec, dec]
+
+
+def _outcome_for_parked() -> list[RuntimeEvent]:
+    rec, dec = parked_bundle()
+    return [rec, response(result="ok", id="op-call-1_recovered"), dec]
+
+
+INVALID_BUNDLES = {
+    "outcome_not_successful": (_prepared, _bad_outcome_bundle),
+    "evidence_order_conflict": (_prepared, _evidence_out_of_order),
+    "reconcile_decision_conflict": (_prepared, _completed_without_expected_state),
+    "reconcile_decision_conflict-parked": (_prepared, _parked_reason_mismatch),
+    "recovery_mode_unsupported": (lambda: [user(), *t1()], parked_bundle),
+    "outcome_for_parked": (_prepared, _outcome_for_parked),
+}
+
+
+@pytest.mark.parametrize("case", INVALID_BUNDLES)
+def test_import_refuses_a_bundle_the_bundle_writer_refuses(store: LedgerStore, case: str) -> None:
+    """tool-recovery-bundle.ts validateToolRecoveryEventBundle, run by commitToolRecoveryBundle
+    before its transition check: the bare transition check admits each of these bundles, the
+    bundle writer (and so import) does not."""
+    prefix, bundle = INVALID_BUNDLES[case]
+    ledger = [*prefix(), *bundle()]
+    assert writer_admission(ledger)["admissible"] is True
+    refusal = _import_refusal(store, ledger)
+    assert refusal.code == case.split("-")[0]
+    assert refusal.detail["eventId"] == "op-call-1_reconcile"
+    assert refusal.detail["operationId"] == "op-call-1"
+
+
+@pytest.mark.parametrize("bundle", [completed_bundle, parked_bundle])
+def test_import_admits_a_valid_bundle(store: LedgerStore, bundle: Any) -> None:
+    """Negative control for the refusals above: the same prefix with a valid bundle imports."""
+    ledger = [*_prepared(), *bundle(), terminal()]
+    assert store.import_events(ledger).imported == len(ledger)
+    assert store.verify() == []
+
+
+def test_bundle_validation_comes_before_the_transition_check(store: LedgerStore) -> None:
+    """sqlite-runtime-store.ts commitToolRecoveryBundle: the bundle is validated before
+    validateToolLedgerTransition, so an invalid bundle whose decision id collides with a
+    committed event reports the bundle code, not ``duplicate_event_id``."""
+    store.import_events(_prepared())
+    rec, out, dec = _bad_outcome_bundle()
+    clash = dec.model_copy(update={"id": "evt-user-1"})
+    assert _import_refusal(store, [rec, out, clash]).code == "outcome_not_successful"
+    # Negative control: with a valid outcome the collision is what refuses it.
+    rec, out, dec = completed_bundle()
+    clash = dec.model_copy(update={"id": "evt-user-1"})
+    assert _import_refusal(store, [rec, out, clash]).code == "duplicate_event_id"
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        [user(), call(), call(), terminal()],
+        [user(), call(), terminal(), terminal()],
+        [user(), user()],
+    ],
+    ids=["call-twice", "terminal-twice-at-the-end", "user-twice"],
+)
+def test_import_refuses_an_event_repeated_byte_for_byte(
+    store: LedgerStore, ledger: list[RuntimeEvent]
+) -> None:
+    """One import is one set of facts: the scan of the imported ledger reports
+    ``duplicate_event_id`` for a repeated id; exact-retry idempotency is for a retried write."""
+    repeated = next(e.id for i, e in enumerate(ledger) if e.id in {x.id for x in ledger[:i]})
+    refusal = _import_refusal(store, ledger)
+    assert (refusal.code, refusal.detail["eventId"]) == ("duplicate_event_id", repeated)
+
+
+def test_reimporting_a_committed_file_is_still_an_exact_retry(store: LedgerStore) -> None:
+    """Negative control: the same file imported twice is idempotent (a retried write)."""
+    ledger = [*_prepared(), *completed_bundle(), terminal()]
+    assert store.import_events(ledger).imported == len(ledger)
+    again = store.import_events(ledger)
+    assert (again.imported, again.existing) == (0, len(ledger))
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        [*_prepared(), *_bad_outcome_bundle(), user(), user()],
+        [user(), response(), call(), dispatch(), user()],
+        [user(), *t1(), *parked_bundle(), terminal(), terminal()],
+        [user(), call(), dispatch(), dispatch(id="op-call-1_dispatch_dup"), user()],
+    ],
+    ids=["invalid-bundle", "orphan-response", "unsupported-mode", "duplicate-dispatch"],
+)
+def test_duplicate_event_id_is_reported_before_any_other_code(
+    store: LedgerStore, ledger: list[RuntimeEvent]
+) -> None:
+    """Where a repeated id and another refusal both apply, import reports ``duplicate_event_id``."""
+    refusal = _import_refusal(store, ledger)
+    assert refusal.code == "duplicate_event_id"
+    # Negative control: without the repeat, the other code is what refuses the file.
+    seen: set[str] = set()
+    deduped = [e for e in ledger if not (e.id in seen or seen.add(e.id))]  # type: ignore[func-returns-value]
+    assert _import_refusal(store, deduped).code != "duplicate_event_id"
+
+
+_BIG_ARGS_LINE = (
+    '{"author":"agent","content":{"args":{"count":9007199254740993,"seed":123456789012345678901234567890},'
+    '"id":"call-1","kind":"function_call","name":"Bash"},"id":"evt-call-1","invocationId":"inv-1",'
+    '"partial":false,"refs":{"operationId":"op-call-1","toolCallId":"call-1"},"role":"model",'
+    '"runId":"run-1","sessionId":"sess-1","ts":1767225600000,"turnId":"turn-1"}'
+)
+#: What Maka hashes: JSON.stringify of the doubles JSON.parse read.
+_BIG_ARGS_HASH = digest('{"args":{"count":9007199254740992,"seed":1.2345678901234568e+29},"toolName":"Bash"}')
+
+
+def test_integer_args_past_2_53_decode_to_doubles_and_plan_normally(store: LedgerStore) -> None:
+    """runtime-event.ts decodeRuntimeEvent reads the line with JSON.parse, so an integer literal
+    past 2**53 is the nearest double; tool-args-identity.ts hashes that double."""
+    big_call = decode(_BIG_ARGS_LINE)
+    assert big_call.content is not None and big_call.content.kind == "function_call"
+    assert canonical_args_hash("Bash", big_call.content.args) == _BIG_ARGS_HASH
+    ledger = [user(), big_call, dispatch(args_hash=_BIG_ARGS_HASH), response(), terminal()]
+    assert writer_admission(ledger)["admissible"] is True
+    assert store.import_events(ledger).imported == len(ledger)
+    stored = store.events()
+    assert encode(stored[1]) == _BIG_ARGS_LINE.replace("9007199254740993", "9007199254740992").replace(
+        "123456789012345678901234567890", "1.2345678901234568e+29"
+    )
+    plan = plan_resume(stored)
+    assert plan.kind == "safe_replay"
+    assert [op.status for op in plan.operations] == ["succeeded"]
+    # Negative control: a dispatch that hashed the literal's own digits does not authenticate T1.
+    wrong = digest(
+        '{"args":{"count":9007199254740993,"seed":123456789012345678901234567890},"toolName":"Bash"}'
+    )
+    assert [i.code for i in resolve([user(), big_call, dispatch(args_hash=wrong)]).issues] == [
+        "canonical_args_hash_conflict"
+    ]
+
+
+def test_a_parked_operation_takes_only_its_exact_bundle_again(store: LedgerStore) -> None:
+    """recovery-persistence-authority.test.ts "makes one parked bundle terminal and only permits
+    its exact retry": the exact bundle again is idempotent, a different one is refused."""
+    store.import_events([*_prepared(), *parked_bundle()])
+    assert store.import_events(parked_bundle()).imported == 0
+    assert _import_refusal(store, parked_bundle(observation="diverged")).code == "duplicate_event_id"
+    # A second, self-consistent bundle under fresh ids is refused too (the operation is settled).
+    _import_refusal(store, parked_bundle(observation="diverged", suffix="-2"))
+    assert store.operation("op-call-1").current_state == "recovery_parked"  # type: ignore[union-attr]

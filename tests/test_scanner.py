@@ -561,3 +561,58 @@ def test_an_exact_duplicate_row_is_a_retry_but_leaves_the_ledger_corrupt() -> No
     assert oracle["firstRejection"]["code"] == "duplicate_event_id"
     # The store's writers still let an ordinary event (a repair's terminal) land.
     assert writer_admission(ledger, strict=True)["admissible"] is True
+
+
+# --- the bundle writer's own validation (check_bundle) ------------------------------------------
+
+
+def test_check_bundle_refuses_an_unsuccessful_completed_outcome_without_touching_the_scanner() -> None:
+    s = scanner_of(user(), *t1(recovery_mode="reconcile"))
+    before = snapshot(s)
+    rec, out, dec = completed_bundle()
+    failed = response(result="boom", id=out.id, is_error=True)
+    with pytest.raises(LedgerRejection) as err:
+        s.check_bundle([rec, failed, dec])
+    assert err.value.code == "outcome_not_successful"
+    assert err.value.detail == {"eventId": rec.id, "operationId": "op-call-1", "toolCallId": "call-1"}
+    assert snapshot(s) == before
+    # Negative control: the bare transition check admits the same batch.
+    s.admit([rec, failed, dec], "recovery_bundle", strict=False)
+
+
+def test_check_bundle_passes_valid_bundles_and_leaves_other_shapes_to_admit() -> None:
+    s = scanner_of(user(), *t1(recovery_mode="reconcile"))
+    s.check_bundle(completed_bundle())
+    s.check_bundle(parked_bundle())
+    rec, dec = parked_bundle()
+    s.check_bundle([rec])  # not bundle-shaped: transition_shape_conflict is admit's to report
+    s.check_bundle([dec, rec])
+    # An operation with no committed T1 is the transition check's (event_order_conflict) too.
+    scanner_of(user()).check_bundle(parked_bundle())
+    with pytest.raises(LedgerRejection) as err:
+        scanner_of(user()).admit(parked_bundle(), "recovery_bundle", strict=False)
+    assert err.value.code == "event_order_conflict"
+
+
+def test_check_bundle_follows_the_reference_rule_order() -> None:
+    """recovery_mode_unsupported is checked before the facts themselves (tool-recovery-bundle.ts)."""
+    s = scanner_of(user(), *t1())
+    rec, _ = parked_bundle()
+    bad_evidence = decision(evidence=["x"], disposition="parked")
+    with pytest.raises(LedgerRejection) as err:
+        s.check_bundle([rec, bad_evidence])
+    assert err.value.code == "recovery_mode_unsupported"
+    s2 = scanner_of(user(), *t1(recovery_mode="reconcile"))
+    with pytest.raises(LedgerRejection) as err:
+        s2.check_bundle([rec, bad_evidence])
+    assert err.value.code == "evidence_order_conflict"
+    # The outcome's success is judged before the decision's outcome reference.
+    rec2, out, _ = completed_bundle()
+    wrong_ref = decision(disposition="completed", outcome_event_id="elsewhere")
+    failed = response(result="boom", id=out.id, is_error=True)
+    with pytest.raises(LedgerRejection) as err:
+        s2.check_bundle([rec2, failed, wrong_ref])
+    assert err.value.code == "outcome_not_successful"
+    with pytest.raises(LedgerRejection) as err:
+        s2.check_bundle([rec2, out, wrong_ref])
+    assert err.value.code == "outcome_reference_conflict"

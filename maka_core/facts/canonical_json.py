@@ -3,9 +3,19 @@
 Maka is JavaScript, so wire compatibility means its JSON model: every number is an IEEE-754
 double printed in JavaScript's shortest form (``Number.prototype.toString``), and object keys
 come out as JavaScript orders them: integer-like keys ascending, then the rest in UTF-16
-code-unit order. Values that would not survive a round trip through that model (NaN,
-infinities, -0, integers a double cannot hold exactly, underflow to zero, lone surrogates,
-non-JSON Python objects) are refused rather than silently changed.
+code-unit order.
+
+Two directions, two rules. Parsing JSON text (``loads``: ledger lines, provider arguments) reads
+numbers as ``JSON.parse`` does: every literal is the nearest double, so an integer literal past
+2**53 becomes that double (``9007199254740993`` reads as ``9007199254740992``) and a ledger line
+Maka could decode is decoded here too, with the same value, the same re-encoded bytes and the
+same ``canonicalArgsHash``. Encoding Python values (``check``/``dumps``: every writer) refuses
+what would not survive the wire: NaN, infinities, -0, lone surrogates, non-JSON objects, and a
+Python ``int`` a double cannot hold. That last one has no JavaScript number counterpart (it is
+JavaScript's BigInt, which ``JSON.stringify`` refuses); writing it would record a value other
+than the one the tool or caller held, so our writers stay as strict as Maka's. Literals that
+overflow a double, -0 and non-zero literals that underflow to 0 are refused on parse as well:
+they would not come back as the number the text spells.
 """
 
 from __future__ import annotations
@@ -41,20 +51,19 @@ def _number_from_literal(text: str) -> int | float:
 
 
 def _parse_int(text: str) -> int | float:
-    value = int(text)
-    if value == 0 and text.startswith("-"):
-        raise CodecError("lossy_json_value", "-0 does not survive a JSON round trip")
-    if abs(value) <= MAX_SAFE_INTEGER:
+    """An integer literal as ``JSON.parse`` reads it: exact within 2**53, else the nearest double."""
+    if len(text.lstrip("-")) <= 15:
+        # Fifteen digits stay below 2**53: the integer is exact.
+        value = int(text)
+        if value == 0 and text.startswith("-"):
+            raise CodecError("lossy_json_value", "-0 does not survive a JSON round trip")
         return value
-    try:
-        as_double = float(value)
-    except OverflowError:
-        raise CodecError("lossy_json_value", f"integer {text} overflows a double") from None
-    # Past 2**53 a literal is faithful only if it is the double exactly or is that double's own
-    # shortest form (which is what Maka writes); other digits would silently change on re-encode.
-    if int(as_double) != value and format_number(as_double) != text:
-        raise CodecError("lossy_json_value", f"integer {text} is not exactly representable")
-    return as_double
+    # float() of the decimal text is correctly rounded (round half to even), as ECMA-262 requires
+    # of JSON.parse; it also avoids int()'s digit limit on very long literals.
+    as_double = float(text)
+    if math.isinf(as_double):
+        raise CodecError("lossy_json_value", f"integer {text[:32]} overflows a double")
+    return _normalize_double(as_double)
 
 
 def _normalize_double(value: float, text: str = "") -> int | float:
@@ -79,7 +88,10 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(text: str | bytes) -> JsonValue:
-    """Parse one JSON text with JavaScript number semantics; refuse anything lossy.
+    """Parse one JSON text as ``JSON.parse`` would, refusing what it would not give back.
+
+    Numbers are doubles (an integer literal past 2**53 is the nearest one); NaN, infinities,
+    overflow, -0, underflow to 0, lone surrogates and repeated keys are refused.
 
     Raises:
         CodecError: ``json_syntax`` for text that is not JSON, ``lossy_json_value`` for a value

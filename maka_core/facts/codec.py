@@ -38,6 +38,10 @@ def from_json_object(value: Any) -> RuntimeEvent:
 def decode(line: str | bytes) -> RuntimeEvent:
     """Decode one JSON line into a RuntimeEvent.
 
+    Numbers read as Maka's ``JSON.parse`` reads them: an integer literal past 2**53 is the
+    nearest double, so a line Maka decodes is decoded here with the same value (and re-encodes,
+    and hashes, as Maka would); see ``canonical_json``.
+
     Raises:
         CodecError: ``json_syntax``, ``lossy_json_value``, ``duplicate_json_key``,
             ``runtime_event_unknown_key`` or ``runtime_event_invalid``.
@@ -64,6 +68,11 @@ def canonical_args_hash(tool_name: str, args: Any) -> str:
     dropped (JavaScript's setter swallowed them), and arrays held under a ``required`` or
     ``enum`` key sorted by ``localeCompare`` of their items' JSON, so the same call hashes the
     same in both implementations.
+
+    Args decoded from a ledger line already hold the doubles ``JSON.parse`` gave, so their hash
+    is Maka's. Args built in Python are held to the encoder's rule: an ``int`` that no double
+    equals is refused, not rounded, because the call would then be identified by a number other
+    than the one the tool receives.
 
     Raises:
         ValueError: the tool name is empty (the reference gives such a call no identity).

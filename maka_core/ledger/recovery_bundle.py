@@ -12,14 +12,15 @@ has no evidence that could prove the side effect's state, so the operation stays
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
+from maka_core.errors import LedgerRejection
 from maka_core.facts.events import ReconcileResult, RecoveryDecision, RuntimeEvent
 from maka_core.ledger.lanes import args_hash_or_none, event_lane
-from maka_core.ledger.scanner import OperationFacts
+from maka_core.ledger.scanner import LedgerScanner, OperationFacts
 
 BundleCode = Literal[
     "call_identity_conflict",
@@ -259,3 +260,42 @@ def interpret_recovery(facts: OperationFacts, order: Mapping[str, int]) -> Recov
         decision_event=decision,
         outcome_event=facts.response,
     )
+
+
+def check_bundle_commit(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -> None:
+    """Refuse a recovery bundle the reference's bundle writer would refuse before its ledger check.
+
+    The reference's ``commitToolRecoveryBundle`` validates the bundle against the operation's
+    committed call and dispatch (``validateToolRecoveryEventBundle``) *before* it runs the
+    transition check, so a bundle that is invalid in itself (``outcome_not_successful``,
+    ``evidence_order_conflict``, ``recovery_mode_unsupported``...) is refused with that code even
+    where the bare transition check would pass, and ahead of any transition code. A batch that
+    is not bundle-shaped, or names an operation with no committed call and dispatch, is left to
+    the transition check (the reference refuses it there or without a stable code).
+
+    Raises:
+        LedgerRejection: the bundle validation code, at the bundle's first event.
+    """
+    lanes = tuple(event_lane(e) for e in batch)
+    if lanes == ("reconcile_result", "recovery_decision"):
+        reconcile, outcome, decision = batch[0], None, batch[1]
+    elif lanes == ("reconcile_result", "function_response", "recovery_decision"):
+        reconcile, outcome, decision = batch
+    else:
+        return
+    recovery = reconcile.actions.tool_recovery if reconcile.actions is not None else None
+    if recovery is None:
+        return
+    op_id = recovery.payload.operation_id
+    facts = scanner.operation(op_id)
+    if facts is None or facts.call is None or facts.dispatch is None:
+        return
+    finding = validate_bundle(facts.call, facts.dispatch, reconcile, outcome, decision)
+    if finding is not None:
+        raise LedgerRejection(
+            finding.code,
+            f"recovery bundle rejected: {finding.message}",
+            eventId=reconcile.id,
+            operationId=op_id,
+            toolCallId=facts.tool_call_id,
+        )

@@ -296,6 +296,17 @@ class LedgerScanner:
             for step in reversed(undo):
                 step()
 
+    def check_bundle(self, batch: Sequence[RuntimeEvent]) -> None:
+        """The recovery-bundle writer's own validation, run before ``admit`` (see
+        ``recovery_bundle.check_bundle_commit``). Never mutates the scanner.
+
+        Raises:
+            LedgerRejection: the reference's bundle validation code.
+        """
+        from maka_core.ledger.recovery_bundle import check_bundle_commit
+
+        check_bundle_commit(self, batch)
+
     def _check_bound_tail(self, candidates: list[RuntimeEvent], transition: Transition) -> None:
         # Imported here: the bundle rules consume scanner facts, so the modules are mutual.
         from maka_core.ledger.recovery_bundle import interpret_recovery

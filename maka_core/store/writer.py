@@ -453,16 +453,34 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
     def import_events(self, events: Sequence[RuntimeEvent]) -> ImportResult:
         """Import a ledger batch-atomically: every writer transition in one transaction, or nothing.
 
+        Each transition is admitted as the reference's own writer for it would admit it, in the
+        reference's order: an id repeated inside the file is ``duplicate_event_id`` before
+        anything else (an exact retry is a write repeated against the ledger, so re-importing a
+        committed file is idempotent, but one file never says the same fact twice); a recovery
+        bundle passes the bundle writer's validation against its committed call and dispatch
+        before the transition check, and must then leave the operation's recovery tail valid;
+        every other transition gets the bare transition check (``strict=False``), not the extra
+        binding rules our own live writers add.
+
         Raises:
             LedgerRejection: the first rejection's code; nothing is written.
         """
+        seen: set[str] = set()
+        for event in events:
+            if event.id in seen:
+                raise LedgerRejection(
+                    "duplicate_event_id", "the import holds this event id more than once", eventId=event.id
+                )
+            seen.add(event.id)
 
         def body(conn: Connection) -> ImportResult:
             imported = 0
-            # Import admits exactly what the reference's writers admit: its bare transition check
-            # (strict=False), not the extra binding rules our own live writers add.
-            for i, (transition, group) in enumerate(group_transitions(events)):
-                result = self._admit_group(conn, transition, group, synced=i > 0, strict=False)
+            scanner = self._sync(conn)
+            for transition, group in group_transitions(events):
+                bundle = transition == "recovery_bundle"
+                if bundle:
+                    scanner.check_bundle(group)
+                result = self._admit_group(conn, transition, group, synced=True, strict=bundle)
                 imported += len(result.created_ids)
             return ImportResult(imported, len(events) - imported)
 

@@ -4,8 +4,7 @@ What a sandboxed command gets: the whole root filesystem read-only, the workspac
 its own path (its ``.git`` and the workspace marker read-only over it), a private ``/tmp``, a
 fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
 namespace (so every process it starts dies with it), and a minimal environment. The ledger and
-``MAKA_HOME`` (``hidden_paths``) are covered: a directory by an empty tmpfs, a file (and its
-SQLite sidecars) by an empty file nobody may read.
+``MAKA_HOME`` (``hidden_paths``) are covered by empty read-only mounts (see ``plan_hiding``).
 
 What it does not get hidden: the rest of the filesystem stays readable (``/etc``, other users'
 homes as far as file permissions allow); only paths the worker names are hidden.
@@ -123,19 +122,62 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def _hide(path: Path, fds: list[int]) -> list[str]:
-    """Mount arguments that make ``path`` (and, for a file, its SQLite sidecars) unreadable."""
-    if path.is_dir():
-        return ["--tmpfs", str(path)]
+# A placeholder in a mount plan: an empty mode-0000 file to bind over the path that follows.
+_UNREADABLE = "--maka-unreadable-file"
+
+
+class HiddenPathError(ValueError):
+    """A hidden path the sandbox cannot hide (it is, or sits directly in, the workspace root)."""
+
+
+def plan_hiding(root: Path, hidden_paths: Iterable[Path]) -> tuple[list[str], list[str]]:
+    """Mount operations hiding ``hidden_paths``: (before the workspace bind, after it).
+
+    Later mounts cover earlier ones. A directory gets an empty read-only tmpfs; one that contains
+    the workspace gets it before the workspace bind (which then shows through) and is made
+    read-only only after it. A file's whole directory is hidden the same way (so SQLite sidecars
+    cannot be read or planted beside it), except where that directory contains the workspace:
+    there, read-only already, the file and its existing sidecars get an unreadable empty file.
+    """
+    root = Path(os.path.realpath(root))
+    before: list[str] = []
+    after: list[str] = []
+    for raw in hidden_paths:
+        path = Path(os.path.realpath(raw))
+        if _inside(path, Path(SANDBOX_TMP)) and not _inside(path, root):
+            continue  # the private /tmp hides it already
+        if path == root:
+            raise HiddenPathError(f"cannot hide {path}: it is the workspace")
+        if not path.is_dir():
+            if path.parent == root:
+                raise HiddenPathError(f"cannot hide {path}: it sits directly in the writable workspace root")
+            if _inside(root, path.parent):
+                for candidate in [path, *(Path(f"{path}{s}") for s in SQLITE_SIDECARS)]:
+                    if candidate.exists():
+                        before += [_UNREADABLE, str(candidate)]
+                continue
+            path = path.parent
+        if _inside(root, path):
+            before += ["--tmpfs", str(path)]
+            after += ["--remount-ro", str(path)]
+        else:
+            ops = ["--tmpfs", str(path), "--remount-ro", str(path)]
+            (after if _inside(path, root) else before).extend(ops)
+    return before, after
+
+
+def _materialize(ops: list[str], fds: list[int]) -> list[str]:
     args: list[str] = []
-    for candidate in [path, *(Path(f"{path}{s}") for s in SQLITE_SIDECARS)]:
-        if candidate.exists():
-            # An empty read-only file with mode 0000 over it: reads and writes fail with EACCES
-            # (no capability overrides that inside the sandbox).
-            read_end, write_end = os.pipe()
-            os.close(write_end)
-            fds.append(read_end)
-            args += ["--perms", "0000", "--ro-bind-data", str(read_end), str(candidate)]
+    it = iter(ops)
+    for op in it:
+        if op != _UNREADABLE:
+            args.append(op)
+            continue
+        # No capability inside the sandbox overrides mode 0000: reads and writes fail (EACCES).
+        read_end, write_end = os.pipe()
+        os.close(write_end)
+        fds.append(read_end)
+        args += ["--perms", "0000", "--ro-bind-data", str(read_end), next(it)]
     return args
 
 
@@ -152,25 +194,18 @@ def bwrap_argv(
     """The ``bwrap`` command line for ``command`` in workspace ``root``, and the fds to pass.
 
     The caller passes the fds to the child (``pass_fds``) and closes them after it started.
-    Order matters: later mounts cover earlier ones, so hidden paths outside the workspace (which
-    may be its ancestors) come before the workspace bind, and those inside it after.
+    Raises ``HiddenPathError`` when a hidden path cannot be hidden (see ``plan_hiding``).
     """
     root = Path(os.path.realpath(root))
-    fds: list[int] = []
-    outside: list[str] = []
-    inside: list[str] = []
-    for raw in hidden_paths:
-        hidden = Path(os.path.realpath(raw))
-        if _inside(hidden, root):
-            inside += _hide(hidden, fds)
-        elif not _inside(hidden, Path(SANDBOX_TMP)):  # the private /tmp already hides those
-            outside += _hide(hidden, fds)
+    before, after = plan_hiding(root, hidden_paths)
     protected: list[str] = []
     for name in (".git", marker_name):
         target = root / name
-        if target.exists() or target.is_symlink():
+        if target.exists():
             protected += ["--ro-bind", str(target), str(target)]
-    argv = [bwrap, *_base_mounts(), *outside, "--bind", str(root), str(root), *protected, *inside]
+    fds: list[int] = []
+    argv = [bwrap, *_base_mounts(), *_materialize(before, fds), "--bind", str(root), str(root)]
+    argv += [*protected, *_materialize(after, fds)]
     argv += _namespace_flags(network)
     argv += ["--clearenv"]
     for key, value in env.items():

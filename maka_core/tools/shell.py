@@ -38,7 +38,15 @@ from maka_core.tools.base import (
     check_args,
     enforce_result_limit,
 )
-from maka_core.tools.sandbox import SANDBOX_TMP, SandboxStatus, bwrap_argv, minimal_env, sandbox_status
+from maka_core.tools.sandbox import (
+    SANDBOX_TMP,
+    HiddenPathError,
+    SandboxStatus,
+    bwrap_argv,
+    minimal_env,
+    plan_hiding,
+    sandbox_status,
+)
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -122,6 +130,14 @@ class BashTool:
             reason=status.reason or "",
         )
 
+    def _check_workspace(self, ws: Workspace) -> None:
+        if not self.sandbox.available:
+            return
+        try:
+            plan_hiding(ws.root, self.hidden_paths)
+        except HiddenPathError as exc:
+            raise ToolRefusal("sandbox_unavailable", str(exc), reason=str(exc)) from None
+
     def _check(self, args: Any) -> str:
         check_args(args, {"command": str}, tool=self.name)
         command: str = args["command"]
@@ -137,6 +153,7 @@ class BashTool:
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
             self._check(args)
+            self._check_workspace(ws)
         except ToolRefusal as refusal:
             return refusal.to_result()
         return None
@@ -147,6 +164,7 @@ class BashTool:
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         try:
             command = self._check(args)
+            self._check_workspace(ws)
         except ToolRefusal as refusal:
             return refusal.to_result()
         failpoints.hit("P3", tag=self.name)

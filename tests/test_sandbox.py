@@ -218,7 +218,7 @@ def test_negative_control_unsandboxed_ledger_is_readable(ws: Workspace, outside:
 @pytest.mark.parametrize("how", ["returns", "times_out"])
 def test_no_process_outlives_the_call(ws: Workspace, how: str) -> None:
     tag = f"30{uuid.uuid4().int % 1000}.{os.getpid()}"
-    tail = "echo started" if how == "returns" else "sleep 60"
+    tail = "sleep 0.3; echo started" if how == "returns" else "sleep 60"
     command = f"setsid sleep {tag} & nohup sleep {tag} >/dev/null 2>&1 & (trap '' HUP; sleep {tag}) & {tail}"
     result = bash(BashTool(timeout_s=2.0), command, ws)
     assert (result.error_code == "tool_timeout") == (how == "times_out")
@@ -227,10 +227,13 @@ def test_no_process_outlives_the_call(ws: Workspace, how: str) -> None:
 
 def test_negative_control_unsandboxed_setsid_child_survives(ws: Workspace) -> None:
     tag = f"30{uuid.uuid4().int % 1000}.{os.getpid()}"
-    result = bash(unsandboxed(), f"setsid sleep {tag} >/dev/null 2>&1 & sleep {tag}1 & echo started", ws)
+    command = f"setsid sleep {tag} >/dev/null 2>&1 & sleep {tag}1 & sleep 0.3; echo started"
+    result = bash(unsandboxed(), command, ws)
     assert not result.is_error
     try:
-        survivors = processes_with(f"sleep {tag}")
+        deadline = time.monotonic() + 3
+        while not (survivors := processes_with(f"sleep {tag}")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert survivors, "setsid escapes a process group: this is what the PID namespace is for"
         assert processes_with(f"sleep {tag}1") == []  # but its own group is killed on return
     finally:
@@ -319,3 +322,30 @@ def test_sandbox_status_probes_bwrap() -> None:
     assert STATUS.available and STATUS.bwrap and (STATUS.version or "").startswith("bubblewrap")
     assert sandbox_status() is STATUS  # probed once per process
     assert BashTool().isolation().startswith("sandboxed")
+
+
+@needs_bwrap
+def test_a_workspace_inside_maka_home_stays_writable_with_the_ledger_hidden(outside: Path) -> None:
+    home = outside / "maka-home"
+    (home / "ws").mkdir(parents=True)
+    ws = Workspace.open(home / "ws")
+    ledger = home / "ledger.sqlite"
+    LedgerStore.open(ledger).close()
+    before = ledger.read_bytes()
+    tool = BashTool(hidden_paths=(home, ledger))
+    listing = bash(tool, f"echo x > made.txt && ls -A {home}", ws)
+    assert not listing.is_error and listing.result["value"]["stdout"] == "ws\n"
+    assert (ws.root / "made.txt").read_text() == "x\n"
+    for attack in (f"cat {ledger}", f"echo x > {home}/planted", f"echo x >> {ledger}"):
+        assert bash(tool, attack, ws).is_error, attack
+    assert ledger.read_bytes() == before and not (home / "planted").exists()
+
+
+@needs_bwrap
+def test_a_ledger_directly_in_the_workspace_root_refuses_bash(ws: Workspace) -> None:
+    ledger = ws.root / "ledger.sqlite"
+    LedgerStore.open(ledger).close()
+    tool = BashTool(hidden_paths=(ledger,))
+    refused = tool.preflight({"command": f"cat {ledger}"}, ws)
+    assert refused is not None and refused.error_code == "sandbox_unavailable"
+    assert tool.run({"command": f"cat {ledger}"}, ws, nop).error_code == "sandbox_unavailable"

@@ -142,10 +142,11 @@ def plan_hiding(root: Path, hidden_paths: Iterable[Path]) -> tuple[list[str], li
     root = Path(os.path.realpath(root))
     before: list[str] = []
     after: list[str] = []
-    for raw in hidden_paths:
-        path = Path(os.path.realpath(raw))
-        if _inside(path, Path(SANDBOX_TMP)) and not _inside(path, root):
-            continue  # the private /tmp hides it already
+    paths = [Path(os.path.realpath(raw)) for raw in hidden_paths]
+    covers = [Path(SANDBOX_TMP), *(p for p in paths if p.is_dir())]
+    for path in paths:
+        if not _inside(path, root) and any(c != path and _inside(path, c) for c in covers):
+            continue  # under the private /tmp or another hidden directory: hidden already
         if path == root:
             raise HiddenPathError(f"cannot hide {path}: it is the workspace")
         if not path.is_dir():

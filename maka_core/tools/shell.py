@@ -84,7 +84,8 @@ class BashTool:
     # nor rewrite the authority on tool outcomes.
     hidden_paths: tuple[Path, ...] = ()
     network: bool = False
-    # The operator's explicit, loud opt-out where no sandbox can run (``--unsafe-no-sandbox``).
+    # The operator's explicit, loud opt-out (``--unsafe-no-sandbox``): where no sandbox can run,
+    # run commands without one instead of refusing them. Where one can run, it is used anyway.
     unsafe_no_sandbox: bool = False
     bwrap: str = "bwrap"
     _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
@@ -104,6 +105,9 @@ class BashTool:
     mutates: ClassVar[bool] = True
     # A command line may read, change or destroy anything the worker can reach.
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
+
+    def __post_init__(self) -> None:
+        sandbox_status(self.bwrap)  # probe at construction (worker start), not at the first call
 
     @property
     def sandbox(self) -> SandboxStatus:

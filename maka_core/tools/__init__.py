@@ -7,7 +7,9 @@ Tool names and argument shapes are a contract with providers and scripts (``read
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from maka_core.tools.base import (
@@ -24,9 +26,11 @@ from maka_core.tools.base import (
     tool_effects,
 )
 from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from maka_core.tools.sandbox import ENV_ALLOWLIST, SandboxStatus, sandbox_status
 from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
 
 __all__ = [
+    "ENV_ALLOWLIST",
     "BashTool",
     "EditFileTool",
     "Effect",
@@ -35,6 +39,7 @@ __all__ = [
     "ListDirTool",
     "ReadFileTool",
     "Reconciliation",
+    "SandboxStatus",
     "Tool",
     "ToolRefusal",
     "ToolResult",
@@ -42,6 +47,7 @@ __all__ = [
     "default_tools",
     "enforce_result_limit",
     "provider_tool_specs",
+    "sandbox_status",
     "tool_effects",
 ]
 
@@ -51,14 +57,27 @@ def default_tools(
     result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     bash_timeout_s: float = DEFAULT_TIMEOUT_S,
+    hidden_paths: Iterable[str | os.PathLike[str]] = (),
+    bash_network: bool = False,
+    unsafe_no_sandbox: bool = False,
 ) -> dict[str, Tool]:
-    """The five built-in tools by name, each with its own fresh state."""
+    """The five built-in tools by name, each with its own fresh state.
+
+    ``hidden_paths`` (the ledger file, ``MAKA_HOME``) are invisible to ``bash``; ``bash_network``
+    grants it the network; ``unsafe_no_sandbox`` lets it run unsandboxed where bwrap cannot.
+    """
     tools: list[Tool] = [
         ReadFileTool(result_byte_limit, max_file_bytes),
         ListDirTool(result_byte_limit, max_file_bytes),
         WriteFileTool(result_byte_limit, max_file_bytes),
         EditFileTool(result_byte_limit, max_file_bytes),
-        BashTool(result_byte_limit, bash_timeout_s),
+        BashTool(
+            result_byte_limit,
+            bash_timeout_s,
+            hidden_paths=tuple(Path(p) for p in hidden_paths),
+            network=bash_network,
+            unsafe_no_sandbox=unsafe_no_sandbox,
+        ),
     ]
     return {tool.name: tool for tool in tools}
 

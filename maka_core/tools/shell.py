@@ -1,10 +1,16 @@
-"""The ``bash`` tool: one ``/bin/bash -c`` command in the workspace root.
+"""The ``bash`` tool: one ``/bin/bash -c`` command in the workspace root, inside a sandbox.
 
 A shell command can do anything, so its recovery mode is ``never_auto_retry`` and it has no
 reconciler: after a crash between T1 and T2 nobody can tell what it did, and recovery parks.
 It heartbeats at least once a second while the command runs, kills the whole process group on
 timeout (``tool_timeout``), and keeps at most a bounded amount of output in memory; a result over
 the byte limit is ``tool_result_too_large``, never silently truncated.
+
+Every command runs in the bubblewrap sandbox of ``maka_core.tools.sandbox`` (workspace the only
+writable place, ledger and ``MAKA_HOME`` hidden, no network unless granted, minimal environment,
+own PID namespace so nothing it starts outlives the call). Where no sandbox can be had, ``bash``
+is refused (``sandbox_unavailable``) unless the operator opted out with ``unsafe_no_sandbox``;
+even then the environment is minimal and the command's process group is killed when it returns.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from maka_core import failpoints
@@ -29,6 +37,15 @@ from maka_core.tools.base import (
     ToolResult,
     check_args,
     enforce_result_limit,
+)
+from maka_core.tools.sandbox import (
+    SANDBOX_TMP,
+    HiddenPathError,
+    SandboxStatus,
+    bwrap_argv,
+    minimal_env,
+    plan_hiding,
+    sandbox_status,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +80,14 @@ class BashTool:
     result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT
     timeout_s: float = DEFAULT_TIMEOUT_S
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    # The ledger file and MAKA_HOME: covered inside the sandbox so a command can neither read
+    # nor rewrite the authority on tool outcomes.
+    hidden_paths: tuple[Path, ...] = ()
+    network: bool = False
+    # The operator's explicit, loud opt-out (``--unsafe-no-sandbox``): where no sandbox can run,
+    # run commands without one instead of refusing them. Where one can run, it is used anyway.
+    unsafe_no_sandbox: bool = False
+    bwrap: str = "bwrap"
     _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -81,6 +106,42 @@ class BashTool:
     # A command line may read, change or destroy anything the worker can reach.
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
 
+    def __post_init__(self) -> None:
+        sandbox_status(self.bwrap)  # probe at construction (worker start), not at the first call
+
+    @property
+    def sandbox(self) -> SandboxStatus:
+        """The (cached, probed once per process) sandbox status for this tool's ``bwrap``."""
+        return sandbox_status(self.bwrap)
+
+    def isolation(self) -> str:
+        """One line for worker status and logs: how commands run, or why ``bash`` is refused."""
+        status = self.sandbox
+        if status.available:
+            net = "network granted" if self.network else "no network"
+            return f"{status.describe()}, {net}"
+        if self.unsafe_no_sandbox:
+            return f"UNSANDBOXED (unsafe_no_sandbox; {status.reason}): commands can reach everything"
+        return f"bash refused: {status.describe()}"
+
+    def _refusal(self) -> ToolRefusal | None:
+        status = self.sandbox
+        if status.available or self.unsafe_no_sandbox:
+            return None
+        return ToolRefusal(
+            "sandbox_unavailable",
+            f"bash runs only in a sandbox and none is available here: {status.reason}",
+            reason=status.reason or "",
+        )
+
+    def _check_workspace(self, ws: Workspace) -> None:
+        if not self.sandbox.available:
+            return
+        try:
+            plan_hiding(ws.root, self.hidden_paths)
+        except HiddenPathError as exc:
+            raise ToolRefusal("sandbox_unavailable", str(exc), reason=str(exc)) from None
+
     def _check(self, args: Any) -> str:
         check_args(args, {"command": str}, tool=self.name)
         command: str = args["command"]
@@ -88,11 +149,15 @@ class BashTool:
             raise ToolRefusal("invalid_args", "command must not be empty")
         if "\x00" in command:
             raise ToolRefusal("invalid_args", "command may not contain NUL")
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
         return command
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
             self._check(args)
+            self._check_workspace(ws)
         except ToolRefusal as refusal:
             return refusal.to_result()
         return None
@@ -103,21 +168,56 @@ class BashTool:
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         try:
             command = self._check(args)
+            self._check_workspace(ws)
         except ToolRefusal as refusal:
             return refusal.to_result()
         failpoints.hit("P3", tag=self.name)
+        sandboxed = self.sandbox.available
+        # HOME is private: the sandbox's own /tmp, or a fresh directory when unsandboxed.
+        home: contextlib.AbstractContextManager[str] = (
+            contextlib.nullcontext(SANDBOX_TMP)
+            if sandboxed
+            else tempfile.TemporaryDirectory(prefix="maka-bash-home-")
+        )
+        with home as home_dir:
+            try:
+                proc = self._start(command, ws, home_dir, sandboxed)
+            except OSError as exc:
+                return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
+            return self._wait(proc, heartbeat)
+
+    def _start(self, command: str, ws: Workspace, home: str, sandboxed: bool) -> subprocess.Popen[bytes]:
+        from maka_core.workspace import MARKER_NAME  # workspace imports tools: not at module level
+
+        env = minimal_env(home)
+        argv = ["/bin/bash", "-c", command]
+        fds: list[int] = []
+        if sandboxed:
+            argv, fds = bwrap_argv(
+                self.sandbox.bwrap or self.bwrap,
+                ws.root,
+                argv,
+                hidden_paths=self.hidden_paths,
+                network=self.network,
+                env=env,
+                marker_name=MARKER_NAME,
+            )
         try:
-            proc = subprocess.Popen(
-                ["/bin/bash", "-c", command],
+            return subprocess.Popen(
+                argv,
                 cwd=ws.root,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, so a timeout kills every child
-                env=_child_env(),
+                env=env,
+                pass_fds=fds,
             )
-        except OSError as exc:
-            return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _wait(self, proc: subprocess.Popen[bytes], heartbeat: Heartbeat) -> ToolResult:
         with self._lock:
             self._running.add(proc)
         assert proc.stdout is not None and proc.stderr is not None
@@ -153,6 +253,9 @@ class BashTool:
         finally:
             with self._lock:
                 self._running.discard(proc)
+        # Nothing the command started may outlive the call: in the sandbox its PID namespace is
+        # gone already; unsandboxed, this reaches background children still in its group.
+        _kill_group(proc)
         # Background children that kept the pipes open must not hold the result hostage.
         grace = time.monotonic() + 1.0
         for capture in (out, err):
@@ -207,12 +310,6 @@ class BashTool:
         for proc in procs:
             _kill_group(proc)
         return len(procs)
-
-
-def _child_env() -> dict[str, str]:
-    # Failpoints arm the worker process, not the commands it runs (a drill would otherwise
-    # kill a `maka` command the model happens to run instead of the worker).
-    return {k: v for k, v in os.environ.items() if not k.startswith("MAKA_FAILPOINT")}
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

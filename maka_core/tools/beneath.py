@@ -188,9 +188,11 @@ def _walk(root: str, parts: list[str], rel: str, *, for_write: bool, create: boo
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 link = _readlink(fd, name)
-                if link is None:
-                    raise ToolRefusal("not_a_directory", f"{name} is not a directory", path=rel) from None
-                return _replan(root, parts[:i], link, parts[i + 1 :], rel)
+                if link is not None:
+                    return _replan(root, parts[:i], link, parts[i + 1 :], rel)
+                if _is_dir_or_link(fd, name):
+                    return parts  # swapped again since: look again
+                raise ToolRefusal("not_a_directory", f"{name} is not a directory", path=rel) from None
             os.close(fd)
             fd = nfd
             i += 1
@@ -212,6 +214,14 @@ def _walk(root: str, parts: list[str], rel: str, *, for_write: bool, create: boo
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _is_dir_or_link(dir_fd: int, name: str) -> bool:
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        return stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+    except FileNotFoundError:
+        return False
 
 
 def _readlink(dir_fd: int, name: str) -> str | None:
@@ -269,7 +279,12 @@ def open_existing(target: Target, *, directory: bool = False) -> tuple[int, os.s
     finally:
         os.close(probe)
     _check_kind(st, rel, directory=directory)
-    fd = os.open(target.name, (_DIR if directory else _READ), dir_fd=target.dir_fd)
+    try:
+        fd = os.open(target.name, (_DIR if directory else _READ), dir_fd=target.dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            raise ToolRefusal("path_changed", "the path changed while it was opened", path=rel) from None
+        raise
     try:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):

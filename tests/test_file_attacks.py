@@ -106,8 +106,11 @@ def test_swapping_a_directory_for_a_symlink_never_reaches_outside(race) -> None:
     )
     codes: dict[str, int] = {}
     calls = 0
-    deadline = time.monotonic() + RACE_SECONDS
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    # At least RACE_SECONDS, and on until the control has won once (the machine may be busy).
+    while (elapsed := time.monotonic() - start) < RACE_SECONDS or (
+        not counts["naive_escapes"] and elapsed < 40
+    ):
         # Negative control, interleaved so it runs under the same scheduling: a check-then-open
         # reader does get redirected outside by this race, so the swapper is really live.
         counts["naive_escapes"] += sum(naive_read(ws.root, "sub/secret.txt") == b"OUTSIDE" for _ in range(5))
@@ -135,11 +138,12 @@ def test_swapping_a_directory_for_a_symlink_never_reaches_outside(race) -> None:
             elif name == "list_dir":
                 names = {e["name"] for e in result.result["value"]["entries"]}
                 counts["outside_lists"] += "only-outside.txt" in names
-    print(calls, counts, codes)
+    outside_names = sorted(p.name for p in outside.iterdir())
+    print(calls, counts, codes, "outside:", len(outside_names), outside_names[:4])
     assert counts["naive_escapes"] > 0, "the swapper never won against a naive reader: this proves nothing"
     assert counts["uncaught"] == 0
     assert counts["outside_reads"] == 0 and counts["outside_lists"] == 0
-    assert sorted(p.name for p in outside.iterdir()) == ["only-outside.txt", "secret.txt"]
+    assert outside_names == ["only-outside.txt", "secret.txt"]
     assert (outside / "secret.txt").read_text() == "OUTSIDE"
     assert counts["inside_reads"] > 0 and counts["writes"] > 0  # the tools still work under the race
     assert leftovers(ws.root, outside) == []

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from maka_core.errors import ConfigError
-from maka_core.tools.base import ToolRefusal
+from maka_core.tools.beneath import MARKER_NAME, locate
 
-MARKER_NAME = ".maka-workspace.json"
+__all__ = ["MARKER_NAME", "Workspace", "check_workspace_location"]
+
 IDENTITY_PREFIX = "workspace:v1:"
 
 
@@ -38,11 +39,22 @@ class Workspace:
         return self.identity.removeprefix(IDENTITY_PREFIX)
 
     @classmethod
-    def open(cls, path: str | Path, *, create: bool = True) -> Workspace:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        create: bool = True,
+        maka_home: str | Path | None = None,
+        ledger_path: str | Path | None = None,
+    ) -> Workspace:
         """Open the workspace at ``path``, creating its marker when missing (and ``create``).
+
+        The folder must be a project folder (``check_workspace_location``); pass ``maka_home``
+        and ``ledger_path`` so a workspace that would contain Maka's own files is refused too.
 
         Raises:
             ConfigError: ``workspace_not_found``, ``invalid_workspace`` (not a directory),
+                ``workspace_too_broad``, ``workspace_contains_ledger``,
                 ``workspace_unmarked`` (no marker and ``create=False``),
                 ``invalid_workspace_marker``, ``workspace_io_failed``.
         """
@@ -52,6 +64,7 @@ class Workspace:
                 raise ConfigError("workspace_not_found", f"no workspace at {path}", path=str(path))
             if not root.is_dir():
                 raise ConfigError("invalid_workspace", f"{path} is not a directory", path=str(path))
+            check_workspace_location(root, maka_home=maka_home, ledger_path=ledger_path)
             marker = root / MARKER_NAME
             workspace_id = _read_marker(marker)
             if workspace_id is None:
@@ -71,45 +84,15 @@ class Workspace:
         Refuses absolute paths and ``..`` (``path_outside_workspace``), NUL and non-strings
         (``path_invalid``), any symlink that leads outside (``path_outside_workspace``), and for
         writes: the root itself (``path_invalid``), a final-component symlink
-        (``path_is_symlink``: an atomic rename would replace the link, not write through it) and
-        the marker file (``path_reserved``).
+        (``path_is_symlink``: an atomic rename would replace the link, not write through it), and
+        ``.git`` or the marker (``protected_path``). The answer is a snapshot: tools that act on
+        the path use ``maka_core.tools.beneath`` so that what they open is what was checked.
 
         Raises:
             ToolRefusal: with one of the codes above.
         """
-        if not isinstance(rel, str):
-            raise ToolRefusal("path_invalid", "a path is a string")
-        if "\x00" in rel:
-            raise ToolRefusal("path_invalid", "a path may not contain NUL", path=rel)
-        if rel.startswith("/") or os.path.isabs(rel):
-            raise ToolRefusal("path_outside_workspace", "paths are relative to the workspace root", path=rel)
-        parts = [p for p in rel.split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise ToolRefusal("path_outside_workspace", "'..' is not allowed in a path", path=rel)
-        root = str(self.root)
-        if not parts:
-            if for_write:
-                raise ToolRefusal("path_invalid", "cannot write the workspace root", path=rel)
-            return self.root
-        lexical = os.path.join(root, *parts)
-        # The parent's real path confines every component but the last; the last is checked on
-        # its own so a write can tell "a symlink sits here" from "the target is outside".
-        parent = os.path.realpath(os.path.dirname(lexical))
-        if not _inside(parent, root):
-            raise ToolRefusal(
-                "path_outside_workspace", "a symlink on the path leads outside the workspace", path=rel
-            )
-        candidate = os.path.join(parent, parts[-1])
-        if os.path.islink(candidate):
-            real = os.path.realpath(candidate)
-            if not _inside(real, root):
-                raise ToolRefusal("path_outside_workspace", "the path is a symlink leading outside", path=rel)
-            if for_write:
-                raise ToolRefusal("path_is_symlink", "refusing to write through a symlink", path=rel)
-            candidate = real
-        if for_write and candidate == os.path.join(root, MARKER_NAME):
-            raise ToolRefusal("path_reserved", f"{MARKER_NAME} is the workspace marker", path=rel)
-        return Path(candidate)
+        with locate(str(self.root), rel, for_write=for_write) as target:
+            return self.root.joinpath(*target.parts)
 
     def relative(self, path: Path | str) -> str:
         """``path`` (inside the root) as the canonical "/"-separated relative path."""
@@ -117,8 +100,59 @@ class Workspace:
         return "." if rel == "." else rel.replace(os.sep, "/")
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+#: Folders that are never a project folder themselves (their subfolders may be: /srv/app, /opt/x).
+_TOO_BROAD = frozenset(
+    {"/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/var/lib", "/usr", "/usr/local", "/opt", "/srv",
+     "/mnt", "/media", "/run", "/snap", "/nix", "/Users", "/private", "/Volumes"}
+)  # fmt: skip
+#: System trees: neither they nor anything under them is a workspace.
+_SYSTEM_TREES = (
+    "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/include",
+    "/usr/share", "/var/log", "/var/lib/dpkg", "/var/cache", "/var/spool", "/run/systemd",
+)  # fmt: skip
+
+
+def _under(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _home_dirs() -> set[str]:
+    homes = {os.path.realpath(os.path.expanduser("~"))}
+    if os.environ.get("HOME"):
+        homes.add(os.path.realpath(os.environ["HOME"]))
+    with contextlib.suppress(ImportError, KeyError):
+        import pwd
+
+        homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
+    return homes
+
+
+def check_workspace_location(
+    path: str | Path, *, maka_home: str | Path | None, ledger_path: str | Path | None
+) -> None:
+    """Refuse a folder that is not a project folder.
+
+    ``workspace_too_broad``: ``/``, a home folder itself or any of its ancestors, the listed
+    top-level folders themselves, and system trees and anything under them.
+    ``workspace_contains_ledger``: the folder is, or contains, ``maka_home`` or ``ledger_path``
+    (file tools there could rewrite the ledger recovery trusts). None skips that check.
+
+    Raises:
+        ConfigError: ``workspace_too_broad``, ``workspace_contains_ledger``.
+    """
+    root = os.path.realpath(path)
+    broad = root in _TOO_BROAD or any(_under(root, tree) for tree in _SYSTEM_TREES)
+    broad = broad or any(_under(home, root) for home in _home_dirs())  # home itself or an ancestor
+    if broad:
+        raise ConfigError(
+            "workspace_too_broad", f"{root} is not a project folder; pick the project's own folder", path=root
+        )
+    for kind, inner in (("MAKA_HOME", maka_home), ("the ledger", ledger_path)):
+        if inner is not None and _under(os.path.realpath(inner), root):
+            raise ConfigError(
+                "workspace_contains_ledger", f"{root} contains {kind} ({inner})", path=root, inner=str(inner)
+            )
 
 
 def _read_marker(marker: Path) -> str | None:

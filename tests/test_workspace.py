@@ -13,7 +13,7 @@ import pytest
 
 from maka_core.errors import ConfigError
 from maka_core.tools import ToolRefusal, default_tools
-from maka_core.workspace import MARKER_NAME, Workspace
+from maka_core.workspace import MARKER_NAME, Workspace, check_workspace_location
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,9 +168,9 @@ CORPUS = [
     ("dangling_out", True, "path_outside_workspace"),
     ("in_link", True, "path_is_symlink"),
     ("marker_alias", True, "path_is_symlink"),
-    (MARKER_NAME, True, "path_reserved"),
-    (f"./{MARKER_NAME}", True, "path_reserved"),
-    (f"self/{MARKER_NAME}", True, "path_reserved"),
+    (MARKER_NAME, True, "protected_path"),
+    (f"./{MARKER_NAME}", True, "protected_path"),
+    (f"self/{MARKER_NAME}", True, "protected_path"),
     ("", True, "path_invalid"),
     (".", True, "path_invalid"),
     ("file.txt", False, None),
@@ -221,3 +221,46 @@ def test_every_tool_turns_escapes_into_error_results(
         assert ran.is_error and ran.error_code == code
     assert (ws.root.parent / "outside" / "secret.txt").read_text() == "secret"
     assert not (ws.root.parent / "outside" / "new.txt").exists()
+
+
+# --- a workspace is a project folder -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/etc", "/etc/nginx", "/usr", "/usr/bin", "/usr/lib/python3", "/var", "/proc/self", "/dev",
+             "/boot", "/root", "/home", "/tmp", "/lib64", "/sys/kernel"]
+)  # fmt: skip
+def test_system_and_top_level_folders_are_too_broad(path: str) -> None:
+    assert _code(check_workspace_location, path, maka_home=None, ledger_path=None) == "workspace_too_broad"
+
+
+def test_opening_root_is_refused_and_writes_no_marker() -> None:
+    marker = Path("/") / MARKER_NAME
+    existed = marker.exists()
+    assert _code(Workspace.open, "/") == "workspace_too_broad"
+    assert _code(Workspace.open, "/etc") == "workspace_too_broad"
+    assert marker.exists() == existed
+
+
+def test_home_and_its_ancestors_are_too_broad(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    home = tmp_path / "home" / "me"
+    (home / "project").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert _code(Workspace.open, home) == "workspace_too_broad"
+    assert _code(Workspace.open, tmp_path / "home") == "workspace_too_broad"
+    assert not (home / MARKER_NAME).exists()
+    assert Workspace.open(home / "project").root == home / "project"  # a project under home is fine
+
+
+def test_a_workspace_may_not_contain_maka_home_or_the_ledger(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    assert _code(Workspace.open, proj, maka_home=proj / ".maka") == "workspace_contains_ledger"
+    assert _code(Workspace.open, proj, maka_home=proj) == "workspace_contains_ledger"
+    ledger = proj / "data" / "ledger.sqlite"
+    assert _code(Workspace.open, proj, ledger_path=ledger) == "workspace_contains_ledger"
+    assert not (proj / MARKER_NAME).exists()
+    # Siblings and subfolders of MAKA_HOME are fine: the tools cannot reach the ledger from there.
+    assert Workspace.open(proj / "data", maka_home=tmp_path / "home", ledger_path=tmp_path / "l.sqlite")
+    check_workspace_location(tmp_path / "home" / "ws", maka_home=tmp_path / "home", ledger_path=None)
+    check_workspace_location("/srv/app", maka_home=None, ledger_path=None)  # under /srv: a project

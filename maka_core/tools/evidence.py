@@ -1,6 +1,7 @@
 """Finalize-only reconciliation of a file operation that has T1 but no T2.
 
-The reconciler only *observes*: it opens the target read-only (never following a final symlink),
+The reconciler only *observes*: it opens the target read-only beneath the root (``beneath``: no
+symlink on the way can redirect it outside, a final symlink is never followed, a FIFO never blocks),
 compares what it finds with the evidence committed with T1, and reports one observation:
 
 - ``matches_expected_state``: the file holds the expected-after bytes; the effect happened, so the
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,8 @@ from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import canonical_args_hash, digest
 from maka_core.facts.events import Observation
-from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation, ToolResult
+from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation, ToolRefusal, ToolResult
+from maka_core.tools.beneath import locate, open_existing
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -47,26 +48,22 @@ def observe_file(ws: Workspace, evidence: FileEvidence) -> dict[str, Any]:
         "target": evidence.target,
     }
     try:
-        path = ws.resolve(evidence.target)
+        target = locate(str(ws.root), evidence.target)
     except MakaError:
         return {**base, "state": "outside_workspace"}
-    lexical = os.path.join(str(ws.root), *evidence.target.split("/"))
-    if str(path) != lexical:  # a symlink somewhere on the way now redirects the target
-        return {**base, "state": "symlink"}
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return {**base, "state": "absent"}
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
+    with target:
+        if target.rel != evidence.target:  # a symlink somewhere on the way now redirects the target
             return {**base, "state": "symlink"}
-        if exc.errno == errno.EISDIR:
-            return {**base, "state": "not_regular"}
-        return {**base, "state": "io_error", "errno": errno.errorcode.get(exc.errno or 0, "EIO")}
+        try:
+            fd, _ = open_existing(target)
+        except FileNotFoundError:
+            return {**base, "state": "absent"}
+        except ToolRefusal as refusal:
+            return {**base, "state": "symlink" if refusal.code == "path_changed" else "not_regular"}
+        except OSError as exc:
+            return {**base, "state": "io_error", "errno": errno.errorcode.get(exc.errno or 0, "EIO")}
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return {**base, "state": "not_regular"}
         if st.st_size > evidence.max_bytes:
             return {**base, "state": "too_large", "size": st.st_size}
         chunks: list[bytes] = []

@@ -9,15 +9,11 @@ Every path goes through ``Workspace.resolve``; a refusal is an ordinary error re
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import functools
 import os
 import stat
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
 
 from maka_core import failpoints
@@ -36,6 +32,14 @@ from maka_core.tools.base import (
     check_args,
     enforce_result_limit,
 )
+from maka_core.tools.beneath import (
+    escape_name,
+    locate,
+    open_beneath,
+    open_existing,
+    read_bytes,
+    write_replace,
+)
 from maka_core.tools.evidence import reconcile_file
 
 if TYPE_CHECKING:
@@ -45,40 +49,60 @@ P = ParamSpec("P")
 _PATH_SCHEMA = {"type": "string", "description": "Path relative to the workspace root."}
 
 
-def read_regular(path: Path, max_bytes: int) -> bytes:
-    """The bytes of a regular file, without following a final symlink, at most ``max_bytes``.
+def read_text_file(ws: Workspace, rel: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file at ``rel`` (inside symlinks followed), race-free."""
+    _, data = read_existing(ws, rel, max_bytes)
+    if data is None:  # only writes see absence as a state
+        raise ToolRefusal("file_not_found", "no such file", path=rel)
+    return data
+
+
+def read_existing(
+    ws: Workspace, rel: str, max_bytes: int, *, for_write: bool = False
+) -> tuple[str, bytes | None]:
+    """The canonical relative path of ``rel`` and its bytes (None when absent), race-free.
+
+    For a write (``for_write``) a final symlink is refused rather than followed, and so is a
+    hard-linked file: its other names may sit outside the workspace, and its before-bytes would
+    describe them too.
 
     Raises:
-        ToolRefusal: ``file_not_found``, ``not_a_file``, ``file_too_large``, ``tool_io_failed``.
+        ToolRefusal: the ``beneath`` refusals, ``not_a_file``, ``not_regular_file``,
+            ``file_too_large``, ``hardlinked_target``, ``tool_io_failed``.
     """
+    root = str(ws.root)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if for_write:
+            target = locate(root, rel, for_write=True)
+            try:
+                fd, st = open_existing(target)
+            except BaseException:
+                target.close()
+                raise
+        else:
+            target, fd, st = open_beneath(root, rel)
     except FileNotFoundError:
-        raise ToolRefusal("file_not_found", "no such file", path=str(path)) from None
+        if for_write:
+            return _canonical(ws, rel), None
+        raise ToolRefusal("file_not_found", "no such file", path=rel) from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ToolRefusal("not_a_file", "the path is a symlink", path=str(path)) from None
-        if exc.errno == errno.EISDIR:
-            raise ToolRefusal("not_a_file", "the path is a directory", path=str(path)) from None
-        raise ToolRefusal("tool_io_failed", f"cannot open: {exc.strerror}", path=str(path)) from None
+        raise ToolRefusal("tool_io_failed", f"cannot open: {exc.strerror}", path=rel) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolRefusal("not_a_file", "not a regular file", path=str(path))
-        if st.st_size > max_bytes:
-            raise ToolRefusal("file_too_large", f"{st.st_size} bytes, over {max_bytes}", path=str(path))
-        chunks: list[bytes] = []
-        total = 0
-        while chunk := os.read(fd, 1 << 20):
-            total += len(chunk)
-            if total > max_bytes:  # grew since fstat
-                raise ToolRefusal("file_too_large", f"over {max_bytes} bytes", path=str(path))
-            chunks.append(chunk)
-        return b"".join(chunks)
+        if for_write and st.st_nlink > 1:
+            raise ToolRefusal(
+                "hardlinked_target", "the file has other hard links; refusing to replace it", path=rel
+            )
+        return target.rel, read_bytes(fd, st.st_size, max_bytes, rel)
     except OSError as exc:
-        raise ToolRefusal("tool_io_failed", f"cannot read: {exc.strerror}", path=str(path)) from None
+        raise ToolRefusal("tool_io_failed", f"cannot read: {exc.strerror}", path=rel) from None
     finally:
         os.close(fd)
+        target.close()
+
+
+def _canonical(ws: Workspace, rel: str) -> str:
+    with locate(str(ws.root), rel, for_write=True) as target:
+        return target.rel
 
 
 def decode_text(data: bytes, path: str) -> str:
@@ -87,40 +111,6 @@ def decode_text(data: bytes, path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolRefusal("file_not_text", "the file is not UTF-8 text", path=path) from None
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file in the same directory, fsync, rename,
-    fsync the directory. A crash leaves the old bytes or the new ones, never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = 0o644
-    with contextlib.suppress(FileNotFoundError):
-        mode = stat.S_IMODE(os.lstat(path).st_mode)
-    tmp = path.with_name(f".{path.name}.maka-{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)  # the umask must not change an existing file's mode
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _refused(fn: Callable[P, ToolResult]) -> Callable[P, ToolResult]:
@@ -188,11 +178,10 @@ class ReadFileTool(_ReadTool):
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         check_args(args, {"path": str}, tool=self.name)
         failpoints.hit("P3", tag=self.name)
-        path = ws.resolve(args["path"])
         # Read one byte past what could fit so an oversized file is refused, not truncated.
         limit = min(self.max_file_bytes, self.result_byte_limit)
         try:
-            data = read_regular(path, limit)
+            data = read_text_file(ws, args["path"], limit)
         except ToolRefusal as refusal:
             if refusal.code != "file_too_large":
                 raise
@@ -218,28 +207,21 @@ class ListDirTool(_ReadTool):
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         check_args(args, {"path": str}, tool=self.name)
         failpoints.hit("P3", tag=self.name)
-        path = ws.resolve(args["path"])
-        entries: list[dict[str, Any]] = []
         try:
-            with os.scandir(path) as it:
-                for entry in it:
-                    if entry.is_symlink():
-                        entries.append({"name": entry.name, "type": "symlink"})
-                    elif entry.is_dir(follow_symlinks=False):
-                        entries.append({"name": entry.name, "type": "dir"})
-                    elif entry.is_file(follow_symlinks=False):
-                        size = entry.stat(follow_symlinks=False).st_size
-                        entries.append({"name": entry.name, "type": "file", "size": size})
-                    else:
-                        entries.append({"name": entry.name, "type": "other"})
+            target, fd, _ = open_beneath(str(ws.root), args["path"], directory=True)
         except FileNotFoundError:
             raise ToolRefusal("file_not_found", "no such directory", path=args["path"]) from None
-        except NotADirectoryError:
-            raise ToolRefusal("not_a_directory", "not a directory", path=args["path"]) from None
         except OSError as exc:
             raise ToolRefusal("tool_io_failed", f"cannot list: {exc.strerror}", path=args["path"]) from None
+        try:
+            entries = _entries(fd)
+        except OSError as exc:
+            raise ToolRefusal("tool_io_failed", f"cannot list: {exc.strerror}", path=args["path"]) from None
+        finally:
+            os.close(fd)
+            target.close()
         entries.sort(key=lambda e: e["name"])
-        result = ToolResult.json({"path": ws.relative(path), "entries": entries})
+        result = ToolResult.json({"path": target.rel, "entries": entries})
         failpoints.hit("P4", tag=self.name)
         return enforce_result_limit(result, self.result_byte_limit)
 
@@ -249,12 +231,36 @@ class ListDirTool(_ReadTool):
         return None
 
 
+def _entries(fd: int) -> list[dict[str, Any]]:
+    """The entries of the open directory ``fd``; a non-UTF-8 name is escaped and flagged, since
+    the ledger refuses the lossy string ``os`` gives for it."""
+    entries: list[dict[str, Any]] = []
+    for raw in os.listdir(fd):
+        name, escaped = escape_name(raw)
+        entry: dict[str, Any] = {"name": name}
+        try:
+            st = os.stat(raw, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while listing
+        if stat.S_ISLNK(st.st_mode):
+            entry["type"] = "symlink"
+        elif stat.S_ISDIR(st.st_mode):
+            entry["type"] = "dir"
+        elif stat.S_ISREG(st.st_mode):
+            entry.update(type="file", size=st.st_size)
+        else:
+            entry["type"] = "other"
+        if escaped:
+            entry["nameEncoding"] = "escaped"
+        entries.append(entry)
+    return entries
+
+
 # --- write tools ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class _Plan:
-    path: Path
     target: str  # canonical relative path
     before: bytes | None
     after: bytes
@@ -272,14 +278,6 @@ class _WriteTool(_FileTool):
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         raise NotImplementedError
-
-    def _read_before(self, path: Path, rel: str) -> bytes | None:
-        try:
-            return read_regular(path, self.max_file_bytes)
-        except ToolRefusal as refusal:
-            if refusal.code == "file_not_found":
-                return None
-            raise ToolRefusal(refusal.code, refusal.message, path=rel) from None
 
     def result_for(self, target: str, after: FileIdentity) -> ToolResult:
         """The result of a successful call; recovery rebuilds the same value from the evidence."""
@@ -312,10 +310,15 @@ class _WriteTool(_FileTool):
         failpoints.hit("P3", tag=self.name)
         plan = self._plan(args, ws)
         try:
-            atomic_write(plan.path, plan.after)
+            with locate(str(ws.root), plan.target, for_write=True, create_parents=True) as target:
+                if target.rel != plan.target or target.dir_fd is None:
+                    raise ToolRefusal(
+                        "path_changed", "the path changed while it was written", path=plan.target
+                    )
+                write_replace(target.dir_fd, target.name, plan.after)
         except OSError as exc:
             raise ToolRefusal("tool_io_failed", f"cannot write: {exc.strerror}", path=plan.target) from None
-        effect_journal.record(self.name, plan.path, plan.after)  # drills only (MAKA_EFFECT_LOG)
+        effect_journal.record(self.name, ws.root / plan.target, plan.after)  # drills only (MAKA_EFFECT_LOG)
         failpoints.hit("P4", tag=self.name)
         return enforce_result_limit(
             self.result_for(plan.target, FileIdentity.of(plan.after)), self.result_byte_limit
@@ -352,15 +355,14 @@ class WriteFileTool(_WriteTool):
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         check_args(args, {"path": str, "content": str}, tool=self.name)
-        path = ws.resolve(args["path"], for_write=True)
-        target = ws.relative(path)
+        target, before = read_existing(ws, args["path"], self.max_file_bytes, for_write=True)
         try:
             after = args["content"].encode("utf-8")
         except UnicodeEncodeError:
             raise ToolRefusal("invalid_args", "content is not valid Unicode text") from None
         if len(after) > self.max_file_bytes:
             raise ToolRefusal("file_too_large", f"content is over {self.max_file_bytes} bytes", path=target)
-        return _Plan(path, target, self._read_before(path, target), after)
+        return _Plan(target, before, after)
 
 
 @dataclass(frozen=True)
@@ -390,9 +392,7 @@ class EditFileTool(_WriteTool):
         if old == new:
             # Expected-after would equal before: a crash could never be told apart from no-op.
             raise ToolRefusal("edit_no_change", "old_text and new_text are identical")
-        path = ws.resolve(args["path"], for_write=True)
-        target = ws.relative(path)
-        before = self._read_before(path, target)
+        target, before = read_existing(ws, args["path"], self.max_file_bytes, for_write=True)
         if before is None:
             raise ToolRefusal("file_not_found", "no such file", path=target)
         text = decode_text(before, target)
@@ -411,4 +411,4 @@ class EditFileTool(_WriteTool):
             raise ToolRefusal(
                 "file_too_large", f"the result is over {self.max_file_bytes} bytes", path=target
             )
-        return _Plan(path, target, before, after)
+        return _Plan(target, before, after)

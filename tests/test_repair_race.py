@@ -44,11 +44,12 @@ MAX_ROUNDS = 5
 _REPAIRED = re.compile(r"repaired (\d+) run")
 
 
-def _script(path: Path, release: Path) -> Path:
-    # Each bash call logs once as it starts, then waits for the test's release file, so no call can
-    # finish before the worker dies (the last session's call never starts: its worker dies at P2).
-    # A second line anywhere would be a re-run.
-    command = f"echo ran >> effects.log; for i in $(seq 600); do [ -e {release} ] && break; sleep 0.1; done"
+def _script(path: Path) -> Path:
+    # Each bash call logs once as it starts, then waits for a release file in its own workspace (the
+    # only place a sandboxed command sees the test's files), so no call can finish before the worker
+    # dies (the last session's call never starts: its worker dies at P2). A second line anywhere
+    # would be a re-run.
+    command = "echo ran >> effects.log; for i in $(seq 600); do [ -e release ] && break; sleep 0.1; done"
     steps = [{"toolCalls": [{"name": "bash", "args": {"command": command}}]}, {"text": "done"}]
     path.write_text(json.dumps({"steps": steps}))
     return path
@@ -72,8 +73,7 @@ async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path
     """One round: leave RUNS runs non-terminal, race two workers, check; return how many runs both
     workers repaired (the overlap)."""
     box = Sandbox(temporal_server, tmp_path)
-    release = tmp_path / "release"
-    script = _script(tmp_path / "script.json", release)
+    script = _script(tmp_path / "script.json")
     sessions = [f"race-{i}-{box.queue}" for i in range(RUNS)]
     workspaces = [box.root / f"ws-{i}" for i in range(RUNS)]
     runs: dict[str, str] = {}
@@ -99,7 +99,9 @@ async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path
         assert await doomed.wait_exit(timeout=10) == -9
     finally:
         await stop(doomed)
-        release.touch()  # the orphaned bash commands end now
+        for ws in workspaces:  # any orphaned bash command ends now
+            if ws.exists():
+                (ws / "release").touch()
 
     begun, dispatched = await asyncio.to_thread(_progress, box.db)
     assert begun == set(runs.values())

@@ -27,10 +27,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import MakaActivities
+from maka_core.paths import maka_home
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import RunHeader, repair_all
+from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
+from maka_core.tools import BashTool, default_tools
 from workflows.session import SessionWorkflow
 
 log = logging.getLogger("maka.worker")
@@ -112,8 +115,10 @@ def build_worker(client: Client, acts: MakaActivities, task_queue: str, **option
 
 
 def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
-    """The production runtime: the built-in tools, ``MAKA_POLICY`` (or the default policy)."""
-    return Runtime(store, policy=Policy.from_env(), settings=settings)
+    """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
+    hidden from it), ``MAKA_POLICY`` (or the default policy)."""
+    tools = default_tools(hidden_paths=settings.protected_paths, unsafe_no_sandbox=settings.unsafe_no_sandbox)
+    return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings)
 
 
 async def serve(
@@ -144,6 +149,10 @@ async def serve(
 
     store = LedgerStore.open(db)
     settings = settings or RuntimeSettings.from_env()
+    ledger_file = sqlite_file(database_url(db))
+    settings = settings.with_protected(maka_home(), ledger_file)
+    if settings.unsafe_no_sandbox:
+        log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
     runtime = (make_runtime or default_runtime)(store, settings)
     acts = MakaActivities(runtime)
     report = RepairReport()
@@ -168,8 +177,15 @@ async def serve(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
         runner = asyncio.create_task(worker.run())
+        bash = runtime.tools.get("bash")
+        isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
         announce(
-            "ready", f"polling task queue {task_queue!r} (ledger {db})", taskQueue=task_queue, db=str(db)
+            "ready",
+            f"polling task queue {task_queue!r} (ledger {db}); bash: {isolation}",
+            taskQueue=task_queue,
+            db=str(db),
+            bash=isolation,
+            unsafeNoSandbox=settings.unsafe_no_sandbox,
         )
         if ready is not None:
             ready.set()

@@ -25,7 +25,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from maka_core.ledger.resolver import OperationResolution
@@ -65,6 +66,18 @@ class RuntimeSettings:
     tool_start_to_close_timeout_s: float = 900.0
     #: Append one line per real provider call to this file (drills count provider calls with it).
     provider_call_log: str | None = None
+    #: Let bash run unsandboxed where bubblewrap cannot run (``maka worker --unsafe-no-sandbox``).
+    unsafe_no_sandbox: bool = False
+    #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.
+    maka_home: Path | None = None
+    ledger_file: Path | None = None
+
+    def with_protected(self, maka_home: Path | None, ledger_file: Path | None) -> RuntimeSettings:
+        return replace(self, maka_home=maka_home, ledger_file=ledger_file)
+
+    @property
+    def protected_paths(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.maka_home, self.ledger_file) if p is not None)
 
     @classmethod
     def from_env(cls, heartbeat_timeout_s: float | None = None) -> RuntimeSettings:
@@ -179,7 +192,9 @@ class Runtime:
         """The opened workspace at ``path`` (cached; never created here: the CLI marks it first)."""
         ws = self._workspaces.get(path)
         if ws is None:
-            ws = Workspace.open(path, create=False)
+            ws = Workspace.open(
+                path, create=False, maka_home=self.settings.maka_home, ledger_path=self.settings.ledger_file
+            )
             self._workspaces[path] = ws
         return ws
 

@@ -30,17 +30,23 @@ class MakaGroup(click.Group):
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.BadParameter as exc:
+            if isinstance(exc, click.MissingParameter):
+                self._usage(ctx, exc)
             # A value the command cannot take (a port out of range, a number that is not one).
             name = exc.param.opts[0] if exc.param is not None and exc.param.opts else "value"
-            err = MakaError("config_invalid", f"{name}: {exc.message}", setting=name)
+            err = MakaError("config_invalid", exc.format_message(), setting=name)
             refusal(err, bool(ctx.meta.get(JSON_META)))
             ctx.exit(2)
         except click.UsageError as exc:
-            as_json = bool(ctx.meta.get(JSON_META))
-            if not as_json and exc.ctx is not None:
-                click.echo(exc.ctx.get_usage(), err=True)
-            refusal(MakaError("usage_invalid", exc.message), as_json)
-            ctx.exit(2)
+            self._usage(ctx, exc)
+
+    @staticmethod
+    def _usage(ctx: click.Context, exc: click.UsageError) -> None:
+        as_json = bool(ctx.meta.get(JSON_META))
+        if not as_json and exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        refusal(MakaError("usage_invalid", exc.format_message()), as_json)
+        ctx.exit(2)
 
 
 @click.group(cls=MakaGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -274,17 +274,20 @@ async def send_message(
     """
     from workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
 
+    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
+
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     update = handle.execute_update(SEND_MESSAGE, SendMessage(text=message), result_type=TurnAccepted)
     try:
         if accept_timeout is None:
             return await update
         return await asyncio.wait_for(update, accept_timeout)
-    except TimeoutError:
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        # Cancelled by our timeout, or the server's own RPC deadline: nobody accepted it in time.
         where = f" on task queue {task_queue!r}" if task_queue else ""
         raise MakaError(
             "wait_timeout",
-            f"no worker accepted the message within {accept_timeout:.0f}s "
+            f"no worker accepted the message within {accept_timeout or 0:.0f}s "
             f"(is `maka worker` running{where}?); the session keeps the message for when one polls",
             sessionId=session_id,
         ) from None

@@ -14,8 +14,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.temporal_support import REPO, in_process_worker, tool_step, write_script
-from workers.session_cli import start_session
-from workers.session_wait import wait_settled
+from workers.session_client import start_session, wait_settled
 from workflows.contracts import workflow_id_for
 
 pytestmark = pytest.mark.temporal
@@ -75,7 +74,7 @@ async def test_wait_without_a_worker_times_out_and_keeps_the_session(
     assert info.value.code == "wait_timeout"
     # The session exists and got the message: a worker that comes later runs it.
     async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue):
-        from workers.session_cli import query_status
+        from workers.session_client import query_status
 
         for _ in range(200):
             status = await query_status(temporal_client, "sess-no-worker")

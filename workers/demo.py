@@ -13,8 +13,7 @@ from pathlib import Path
 
 from maka_core.settings import MakaSettings
 from workers.cli_base import open_ledger, print_json, run_async
-from workers.session_cli import start_session
-from workers.session_wait import wait_settled
+from workers.session_client import start_session, wait_settled
 
 DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."
 

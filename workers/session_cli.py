@@ -1,4 +1,4 @@
-"""``maka worker``, ``maka dev``, ``maka demo`` and ``maka session start|send|status|show``.
+"""``maka session start|send|status|show`` (the Temporal side is ``workers.session_client``).
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig
@@ -11,10 +11,7 @@ script, no server, a wait that timed out).
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
-import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,35 +27,16 @@ from workers.cli_base import (
     json_option,
     open_ledger,
     print_json,
-    print_line,
     run_async,
     settings,
     stdout_is_tty,
     temporal_options,
 )
-from workers.session_wait import wait_settled
+from workers.session_client import query_status, send_message, start_session, update_error, wait_settled
 
-__all__ = ["COMMANDS", "query_status", "send_message", "start_session", "wait_settled"]
-
-
-def worker_settings(s: MakaSettings) -> Any:
-    """The worker's activity settings from the one settings model."""
-    from activities import WorkerSettings
-
-    return WorkerSettings(
-        tool_heartbeat_timeout_s=s.tool_heartbeat_timeout,
-        tool_start_to_close_timeout_s=s.tool_start_to_close_timeout,
-        provider_call_log=s.provider_call_log,
-    )
+__all__ = ["COMMANDS", "query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
 
-heartbeat_option = click.option(
-    "--tool-heartbeat-timeout",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="tool activities' heartbeat timeout (MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
-)
 wait_timeout_option = click.option(
     "--wait-timeout",
     type=float,
@@ -66,267 +44,6 @@ wait_timeout_option = click.option(
     metavar="SECONDS",
     help="give up waiting after this long, keeping the session (MAKA_WAIT_TIMEOUT; default 600)",
 )
-
-
-# --- worker / dev ------------------------------------------------------------------------------
-
-
-@click.command("worker")
-@db_option
-@temporal_options()
-@heartbeat_option
-@click.option("--no-repair", is_flag=True, help="skip startup repair (tests only)")
-@json_option("lifecycle events as JSON lines on stderr")
-def cmd_worker(
-    db: str | None,
-    address: str | None,
-    namespace: str | None,
-    task_queue: str | None,
-    tool_heartbeat_timeout: float | None,
-    no_repair: bool,
-    as_json: bool,
-) -> None:
-    """Run a worker: startup repair, then poll."""
-    from workers.client import connect
-    from workers.worker import serve
-
-    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
-    open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
-
-    async def main() -> int:
-        client = await connect(address, namespace)
-        await serve(
-            client,
-            s.ledger,
-            s.task_queue,
-            settings=worker_settings(s),
-            repair=not no_repair,
-            json_events=as_json,
-        )
-        return 0
-
-    finish(run_async(main()))
-
-
-@click.command("dev")
-@db_option
-@temporal_options()
-@click.option("--port", type=click.IntRange(1, 65535), default=7233, help="frontend gRPC port (default 7233)")
-@click.option(
-    "--ui-port", type=click.IntRange(1, 65535), default=None, help="Web UI port (default: port + 1000)"
-)
-@click.option("--no-worker", is_flag=True, help="bring up the server alone")
-@heartbeat_option
-@json_option("server and worker lifecycle events as JSON lines")
-def cmd_dev(
-    db: str | None,
-    address: str | None,
-    namespace: str | None,
-    task_queue: str | None,
-    port: int,
-    ui_port: int | None,
-    no_worker: bool,
-    tool_heartbeat_timeout: float | None,
-    as_json: bool,
-) -> None:
-    """Run the embedded Temporal dev server (+ a worker)."""
-    from workers import devserver
-    from workers.client import connect
-    from workers.worker import serve
-
-    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
-    if not no_worker:
-        open_ledger(s.ledger, create=True).close()
-    server = devserver.start(
-        port=port,
-        ui=True,
-        ui_port=ui_port,
-        db_file=s.home / "temporal.db",
-        log_path=s.home / "logs" / "temporal.log",
-    )
-    if as_json:
-        print_line(
-            {
-                "event": "server",
-                "address": server.address,
-                "ui": server.ui_address,
-                "database": str(server.db_file),
-            }
-        )
-    else:
-        click.echo(f"Temporal dev server: {server.address}  (database {server.db_file})")
-        click.echo(f"Temporal UI:         {server.ui_address}")
-
-    async def main() -> int:
-        if no_worker:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            if not as_json:
-                click.echo("maka dev: server only (--no-worker); Ctrl-C to stop")
-            await stop.wait()
-            return 0
-        client = await connect(server.address, namespace)
-        await serve(
-            client, s.ledger, s.task_queue, settings=worker_settings(s), out=sys.stdout, json_events=as_json
-        )
-        return 0
-
-    try:
-        code = run_async(main())
-    finally:
-        server.stop()  # before the process leaves: never orphan the server
-    finish(code)
-
-
-@click.command("demo")
-@db_option
-@temporal_options()
-@json_option()
-def cmd_demo(
-    db: str | None, address: str | None, namespace: str | None, task_queue: str | None, as_json: bool
-) -> None:
-    """Run a scripted session on a sample workspace."""
-    from workers import demo  # imported late: the demo module builds on this one
-
-    finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))
-
-
-# --- the Temporal side of a session ------------------------------------------------------------
-
-
-async def start_session(
-    client: Any,
-    *,
-    workspace: Path,
-    provider: dict[str, Any],
-    task_queue: str,
-    message: str,
-    session_id: str | None = None,
-    continue_as_new_after: int | None = None,
-    continue_as_new_after_steps: int | None = None,
-    model_step_mode: str = "local",
-    task_timeout: Any = None,
-    accept_timeout: float | None = None,
-) -> tuple[str, Any]:
-    """Start a session workflow and send its first message; returns (session id, TurnAccepted).
-
-    Raises:
-        MakaError: ``session_exists`` (the id is taken), ``wait_timeout`` (no worker accepted the
-            message within ``accept_timeout``; the session keeps it), workspace codes.
-    """
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from maka_core.workspace import Workspace
-    from workflows.contracts import SessionInput, workflow_id_for
-    from workflows.session import SessionWorkflow, initial_search_attributes
-
-    ws = Workspace.open(workspace, create=True)
-    if task_timeout is None:
-        env_timeout = settings().workflow_task_timeout
-        if env_timeout is not None:
-            # Drills: a killed worker's in-flight workflow task (a local model step) is retried after this.
-            task_timeout = timedelta(seconds=env_timeout)
-    session_id = session_id or f"sess-{uuid.uuid4()}"
-    inp = SessionInput(
-        session_id=session_id,
-        workspace=str(ws.root),
-        workspace_identity=ws.identity,
-        provider=provider,
-        task_queue=task_queue,
-        continue_as_new_after_turns=continue_as_new_after,
-        continue_as_new_after_steps=continue_as_new_after_steps,
-        model_step_mode=model_step_mode,
-    )
-    try:
-        await client.start_workflow(
-            SessionWorkflow.run,
-            inp,
-            id=workflow_id_for(session_id),
-            task_queue=task_queue,
-            search_attributes=initial_search_attributes(session_id),
-            task_timeout=task_timeout,
-        )
-    except WorkflowAlreadyStartedError:
-        raise MakaError(
-            "session_exists", f"session {session_id} already exists", sessionId=session_id
-        ) from None
-    accepted = await send_message(
-        client, session_id, message, accept_timeout=accept_timeout, task_queue=task_queue
-    )
-    return session_id, accepted
-
-
-async def send_message(
-    client: Any,
-    session_id: str,
-    message: str,
-    *,
-    accept_timeout: float | None = None,
-    task_queue: str | None = None,
-) -> Any:
-    """Send one message (the ``send_message`` Update); returns ``TurnAccepted``.
-
-    Raises:
-        MakaError: the validator's refusal (``session_parked``, ``turn_in_flight``...),
-            ``session_not_found``, ``temporal_unavailable``, or ``wait_timeout``.
-    """
-    from workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
-
-    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
-
-    handle = client.get_workflow_handle(workflow_id_for(session_id))
-    update = handle.execute_update(SEND_MESSAGE, SendMessage(text=message), result_type=TurnAccepted)
-    try:
-        if accept_timeout is None:
-            return await update
-        return await asyncio.wait_for(update, accept_timeout)
-    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-        # Cancelled by our timeout, or the server's own RPC deadline: nobody accepted it in time.
-        where = f" on task queue {task_queue!r}" if task_queue else ""
-        raise MakaError(
-            "wait_timeout",
-            f"no worker accepted the message within {accept_timeout or 0:.0f}s "
-            f"(is `maka worker` running{where}?); the session keeps the message for when one polls",
-            sessionId=session_id,
-        ) from None
-    except MakaError:
-        raise
-    except Exception as exc:
-        code, text = update_error(exc)
-        # A failed update leaves a core RPC callback in flight for a moment; leaving the process
-        # under it can crash it at finalization (seen as SIGSEGV/SIGABRT).
-        await asyncio.sleep(0.2)
-        raise MakaError(code, text, sessionId=session_id) from None
-
-
-async def query_status(client: Any, session_id: str) -> Any:
-    from workflows.contracts import STATUS_QUERY, SessionStatus, workflow_id_for
-
-    handle = client.get_workflow_handle(workflow_id_for(session_id))
-    return await handle.query(STATUS_QUERY, result_type=SessionStatus)
-
-
-def update_error(exc: BaseException) -> tuple[str, str]:
-    """A stable snake_case code for an Update or RPC failure."""
-    from temporalio.client import WorkflowUpdateFailedError
-    from temporalio.exceptions import ApplicationError
-    from temporalio.service import RPCError, RPCStatusCode
-
-    # The validator's refusal types (SessionParked -> session_parked, TurnInFlight ->
-    # turn_in_flight, ...) and the server's answers.
-    if isinstance(exc, WorkflowUpdateFailedError) and isinstance(exc.cause, ApplicationError):
-        return _snake(exc.cause.type or "update_rejected"), exc.cause.message
-    if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
-        return "session_not_found", str(exc)
-    if isinstance(exc, RPCError):
-        return "temporal_unavailable", str(exc)
-    return _snake(type(exc).__name__), str(exc)
-
-
-def _snake(name: str) -> str:
-    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
 # --- session commands --------------------------------------------------------------------------
@@ -593,4 +310,4 @@ def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
         click.echo("\n".join(transcript_lines(events)))
 
 
-COMMANDS = (cmd_worker, cmd_dev, cmd_demo, session)
+COMMANDS = (session,)

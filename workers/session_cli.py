@@ -143,6 +143,7 @@ def cmd_start(
             continue_as_new_after=continue_as_new_after,
             model_step_mode=model_step_mode,
             accept_timeout=s.wait_timeout,
+            refusals=True,
         )
         return await _after_send(client, s, sid, accepted, wait=wait, as_json=as_json)
 
@@ -175,7 +176,7 @@ def cmd_send(
 
     async def main() -> int:
         client = await connect(address, namespace)
-        accepted = await send_message(client, session_id, text, accept_timeout=s.wait_timeout)
+        accepted = await send_message(client, session_id, text, accept_timeout=s.wait_timeout, refusals=True)
         return await _after_send(client, s, session_id, accepted, wait=wait, as_json=as_json)
 
     finish(run_async(main()))

@@ -161,12 +161,17 @@ async def start_session(
     model_step_mode: str = "local",
     task_timeout: Any = None,
     accept_timeout: float | None = None,
+    refusals: bool = False,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
+    With ``refusals`` (the CLI) Temporal's errors become ``MakaError`` codes; without, library
+    callers get Temporal's own exceptions, as before.
+
     Raises:
-        MakaError: ``session_exists`` (the id is taken), ``wait_timeout`` (no worker accepted the
-            message within ``accept_timeout``; the session keeps it), workspace codes.
+        MakaError: ``wait_timeout`` (no worker accepted the message within ``accept_timeout``; the
+            session keeps it), workspace codes; with ``refusals`` also ``session_exists`` and the
+            codes of ``send_message``.
     """
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
@@ -201,11 +206,13 @@ async def start_session(
             task_timeout=task_timeout,
         )
     except WorkflowAlreadyStartedError:
+        if not refusals:
+            raise
         raise MakaError(
             "session_exists", f"session {session_id} already exists", sessionId=session_id
         ) from None
     accepted = await send_message(
-        client, session_id, message, accept_timeout=accept_timeout, task_queue=task_queue
+        client, session_id, message, accept_timeout=accept_timeout, task_queue=task_queue, refusals=refusals
     )
     return session_id, accepted
 
@@ -217,12 +224,13 @@ async def send_message(
     *,
     accept_timeout: float | None = None,
     task_queue: str | None = None,
+    refusals: bool = False,
 ) -> Any:
     """Send one message (the ``send_message`` Update); returns ``TurnAccepted``.
 
     Raises:
-        MakaError: the validator's refusal (``session_parked``, ``turn_in_flight``...),
-            ``session_not_found``, ``temporal_unavailable``, or ``wait_timeout``.
+        MakaError: ``wait_timeout``; with ``refusals``, also the validator's refusal
+            (``session_parked``, ``turn_in_flight``...), ``session_not_found``, ``temporal_unavailable``.
     """
     from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
@@ -243,9 +251,9 @@ async def send_message(
             f"(is `maka worker` running{where}?); the session keeps the message for when one polls",
             sessionId=session_id,
         ) from None
-    except MakaError:
-        raise
     except Exception as exc:
+        if not refusals:
+            raise
         code, text = update_error(exc)
         # A failed update leaves a core RPC callback in flight for a moment; leaving the process
         # under it can crash it at finalization (seen as SIGSEGV/SIGABRT).

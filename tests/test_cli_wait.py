@@ -120,3 +120,25 @@ def test_cli_wait_refusals(temporal_server: Any, tmp_path: Path, ws_dir: Path, t
     assert json.loads(again.stdout)["code"] == "session_exists"
     busy = _maka(env, "session", "send", "sess-w", "more", "--json", "--wait-timeout", "2")
     assert busy.returncode == 2 and json.loads(busy.stdout)["code"] in ("wait_timeout", "turn_in_flight")
+
+
+async def test_rounds_reattach_to_one_update(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short rounds (progress lines) re-attach to the same Update: the history gains one Update per
+    wait, not one per round."""
+    from workers import session_client
+
+    monkeypatch.setattr(session_client, "ROUND_S", 0.3)
+    script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": "sleep 2"})), {"text": "ok"}])
+    async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue):
+        session_id, accepted = await start_session(
+            temporal_client,
+            workspace=ws_dir,
+            provider={"kind": "script", "path": str(script)},
+            task_queue=task_queue,
+            message="go",
+        )
+        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+    assert status.state == "idle"
+    assert (await _update_names(temporal_client, session_id)).count("wait_settled") == 1

@@ -2,11 +2,12 @@
 
 Waiting for a turn to settle uses a long-poll Update (``wait_settled``) in bounded rounds.
 
-Each round asks the workflow to answer when the turn has settled or after ``ROUND_S`` seconds,
-whichever is first, so the server does the waiting (no Query every few milliseconds) while the
-CLI still prints progress between rounds. A round that ends in a continue-as-new is re-issued by
-workflow id, i.e. against the new execution. A worker that predates the Update answers with a
-failed Update; the wait then falls back to polling the status Query.
+The workflow answers the Update when the turn has settled (or when it continues as new); the CLI
+waits on it in rounds of ``ROUND_S`` seconds, re-attaching to the same Update by its id, so the
+server does the waiting (no Query every few milliseconds), the history gains one Update per
+execution rather than events per round, and the CLI still prints progress between rounds. An
+answer that comes from a continue-as-new is followed by a new Update on the next execution. A
+worker that predates the Update answers with a failed Update; the wait then polls the status Query.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 from maka_core.errors import MakaError
 from maka_core.settings import load_settings
 
-#: One round of the long poll, in seconds (the workflow holds its handler at most this long).
+#: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
 ROUND_S = 10.0
-#: Extra seconds the client allows a round before it counts as unanswered (no worker polling).
-ROUND_SLACK_S = 5.0
+#: How long the progress line waits for the state between rounds.
+PEEK_S = 2.0
 #: Lines in a log: one per state change, otherwise one every this many seconds.
 LOG_EVERY_S = 10.0
 
@@ -57,6 +58,11 @@ class Progress:
             print(f"[{elapsed:5.1f}s] {state}", file=sys.stderr, flush=True)
             self._last = (state, elapsed)
 
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
     def done(self, state: str) -> None:
         if self._live is not None:
             self._live.stop()
@@ -76,6 +82,9 @@ async def wait_settled(
 ) -> Any:
     """Wait until the turn ``run_id`` has settled (idle, parked or failed); returns SessionStatus.
 
+    One ``wait_settled`` Update per workflow execution, re-attached by its id after each bounded
+    round: a round adds nothing to the workflow's history, only the Update itself does.
+
     Raises:
         MakaError: ``wait_timeout`` (the session keeps running), ``session_not_found``,
             ``temporal_unavailable``.
@@ -91,6 +100,7 @@ async def wait_settled(
     use_query = False
     not_found = 0
     state = "waiting for a worker"
+    update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -106,18 +116,17 @@ async def wait_settled(
             round_s = min(ROUND_S, remaining)
             try:
                 if use_query:
-                    status = await asyncio.wait_for(query_status(client, session_id), round_s + ROUND_SLACK_S)
+                    status = await asyncio.wait_for(query_status(client, session_id), round_s)
                 else:
+                    # The same id re-attaches to the Update a previous round left waiting.
                     status = await asyncio.wait_for(
                         handle.execute_update(
-                            WAIT_SETTLED,
-                            WaitSettled(run_id=run_id, timeout_s=round_s),
-                            result_type=SessionStatus,
+                            WAIT_SETTLED, WaitSettled(run_id=run_id), id=update_id, result_type=SessionStatus
                         ),
-                        round_s + ROUND_SLACK_S,
+                        round_s,
                     )
             except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-                state = "waiting for a worker"  # nobody ran the handler this round
+                state = await _peek_state(client, session_id)
                 shown.show(state)
                 continue
             except WorkflowUpdateFailedError:
@@ -140,9 +149,18 @@ async def wait_settled(
             shown.show(state)
             if use_query:
                 await asyncio.sleep(0.2)
+            else:  # answered unsettled: the execution continued as new; wait on the next one
+                update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
     finally:
-        if shown._live is not None:
-            shown._live.stop()
+        shown.close()
+
+
+async def _peek_state(client: Any, session_id: str) -> str:
+    """The state for the progress line between rounds (a Query adds nothing to history)."""
+    try:
+        return str((await asyncio.wait_for(query_status(client, session_id), PEEK_S)).state)
+    except Exception:
+        return "waiting for a worker"
 
 
 # --- start, send, query --------------------------------------------------------------------------

@@ -98,16 +98,15 @@ MAX_DISPATCHES = 3
 #: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
 #: workflow state, so histories recorded before it existed replay unchanged.
 WAIT_SETTLED = "wait_settled"
-#: The longest one wait may hold a handler (and its timer) open; clients loop on shorter waits.
-MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
 class WaitSettled:
-    """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``) and how long to wait."""
+    """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``); ``timeout_s`` bounds
+    the wait with a workflow timer (None: no timer, so a wait adds no history event but its own)."""
 
     run_id: str
-    timeout_s: float = 10.0
+    timeout_s: float | None = None
 
 
 def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
@@ -187,13 +186,13 @@ class SessionWorkflow:
 
     @workflow.update(name=WAIT_SETTLED)
     async def wait_settled(self, inp: WaitSettled) -> SessionStatus:
-        """Return the status once run ``inp.run_id`` has settled, or when ``inp.timeout_s`` passes,
-        or when this execution is about to continue as new (the client re-issues against the next
-        one; a handler still waiting would hold continue-as-new back until the turn ends)."""
-        timeout = min(max(inp.timeout_s, 0.1), MAX_WAIT_S)
+        """Return the status once run ``inp.run_id`` has settled, when ``inp.timeout_s`` passes, or
+        when this execution is about to continue as new (the client re-issues against the next
+        one; a handler still waiting would hold continue-as-new back until the turn ends). Every
+        turn ends (idle, parked or failed), so a wait with no timeout never outlives its turn."""
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
-                lambda: self._settled(inp.run_id) or self._continuing, timeout=timeout
+                lambda: self._settled(inp.run_id) or self._continuing, timeout=inp.timeout_s
             )
         return self.status()
 

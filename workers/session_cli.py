@@ -271,9 +271,8 @@ def cmd_status(
             client = await asyncio.wait_for(connect(address, namespace), 3)
             status = await asyncio.wait_for(query_status(client, session_id), 5)
         except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
-            print(
-                f"maka: workflow not reachable ({type(exc).__name__}); state from the ledger", file=sys.stderr
-            )
+            why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
+            print(f"maka: workflow not reachable ({why}); state from the ledger", file=sys.stderr)
         try:
             view = _view(s.ledger, session_id, status, create=False)
         except MakaError as exc:

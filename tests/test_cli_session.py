@@ -89,6 +89,21 @@ def test_session_start_send_status_show(temporal_server: Any, tmp_path: Path, ws
     assert transcript.returncode == 0
     assert "user: write it" in transcript.stdout and "model -> write_file" in transcript.stdout
     assert "[T1] write_file dispatched" in transcript.stdout and "model: two" in transcript.stdout
+    # A healthy two-turn session plans clean run by run (each run's protocol marker judged on its own).
+    plan = maka("ledger", "plan", "--session", session, "--json", env=env)
+    assert plan.returncode == 0, plan.stderr
+    body = json.loads(plan.stdout)
+    assert len(body["runs"]) == 2 and body["runId"] == body["runs"][-1]["runId"]
+    for run in body["runs"]:
+        assert run["resumePlan"]["kind"] == "safe_replay", run
+        assert not any(op["status"] == "corruption" for op in run["recovery"]["operations"])
+    # Negative control: the same events judged as one ledger report the second run's marker.
+    from maka_core.ledger.resume_plan import plan_resume
+    from maka_core.store.writer import LedgerStore
+
+    with LedgerStore.open(home / "ledger.sqlite") as store:
+        whole = plan_resume(store.events(session_id=session)).to_json()
+    assert whole["kind"] == "blocked", whole["diagnostics"]
     # With the server unreachable, status still answers from the ledger.
     offline = maka("session", "status", session, "--json", env=_env(home, f"127.0.0.1:{free_port()}"))
     assert offline.returncode == 0 and json.loads(offline.stdout)["state"] == "idle"

@@ -1,42 +1,115 @@
-"""The ``maka`` command: one entry point whose command groups live in their own modules.
+"""The ``maka`` command: one Click group whose command groups live in their own modules.
 
-Exit codes: 0 success, 1 a check found differences or a session failed, 2 refused input
-(with a JSON error object on stdout under ``--json``).
+Exit codes: 0 success, 1 a check found differences or a session failed, 2 refused input (printed
+by ``workers.cli_base.refusal``; a JSON object on stdout under ``--json``).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from maka_core.errors import MakaError
+from workers.cli_base import JSON_META, TEMPORAL_USED, refusal
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="maka",
-        description=(
-            "Durable agent sessions on Temporal; the RuntimeEvent ledger is the authority on tool outcomes."
-        ),
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # Each group module exposes register(subparsers); the parser it adds sets ``func``.
-    from workers import ledger_cli
+class MakaGroup(click.Group):
+    """The root group: every refusal and usage error becomes one printed refusal and exit 2."""
 
-    ledger_cli.register(sub)
-    try:
-        from workers import session_cli
-    except ImportError:  # the session host is optional while it is being built
-        session_cli = None  # type: ignore[assignment]
-    if session_cli is not None:
-        session_cli.register(sub)
-    return parser
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MakaError as exc:
+            refusal(exc, bool(ctx.meta.get(JSON_META)))
+            ctx.exit(2)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.BadParameter as exc:
+            if isinstance(exc, click.MissingParameter):
+                self._usage(ctx, exc)
+            # A value the command cannot take (a port out of range, a number that is not one).
+            name = exc.param.opts[0] if exc.param is not None and exc.param.opts else "value"
+            err = MakaError("config_invalid", exc.format_message(), setting=name)
+            refusal(err, bool(ctx.meta.get(JSON_META)))
+            ctx.exit(2)
+        except click.UsageError as exc:
+            self._usage(ctx, exc)
+
+    @staticmethod
+    def _usage(ctx: click.Context, exc: click.UsageError) -> None:
+        as_json = bool(ctx.meta.get(JSON_META))
+        if not as_json and exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        refusal(MakaError("usage_invalid", exc.format_message()), as_json)
+        ctx.exit(2)
+
+
+@click.group(cls=MakaGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def maka() -> None:
+    """Durable agent sessions on Temporal; the RuntimeEvent ledger is the authority on tool outcomes."""
+
+
+def _register() -> None:
+    from workers import host_cli, ledger_cli, session_cli
+
+    maka.add_command(ledger_cli.ledger)
+    for command in (*host_cli.COMMANDS, *session_cli.COMMANDS):
+        maka.add_command(command)
+
+
+_register()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    code = args.func(args)
-    return int(code or 0)
+    """The console entry point: run ``maka``, then leave with its exit code.
+
+    After a command that talked to Temporal the process leaves without interpreter finalization:
+    the Temporal core runs Rust threads that may still call back into Python for a moment after the
+    event loop closes, and finalizing under them can crash the process after a correct run.
+    """
+    args = list(argv) if argv is not None else sys.argv[1:]
+    meta: dict[str, Any] = {}
+    try:
+        with maka.make_context("maka", args) as ctx:
+            meta = ctx.meta
+            result = maka.invoke(ctx)
+        code = int(result) if isinstance(result, int) else 0
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.message, err=True)
+        code = 2
+    except click.UsageError as exc:  # an unknown command or option on the root group itself
+        as_json = "--json" in args
+        if not as_json and exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        refusal(MakaError("usage_invalid", exc.message), as_json)
+        code = 2
+    except click.Abort:
+        code = 130
+    except BrokenPipeError:
+        code = _broken_pipe()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        code = _broken_pipe()
+    if meta.get(TEMPORAL_USED) and not os.environ.get("MAKA_NO_HARD_EXIT"):
+        os._exit(code)
+    return code
+
+
+def _broken_pipe() -> int:
+    """The reader left (``maka session status | head``): not an error of ours, and no traceback."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ Temporal server is reachable. The README's first command; it must work on a fres
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shutil
@@ -12,8 +11,9 @@ import time
 import uuid
 from pathlib import Path
 
-from maka_core import paths
-from workers.session_cli import _db, _emit, _run, start_session, wait_settled
+from maka_core.settings import MakaSettings
+from workers.cli_base import open_ledger, print_json, run_async
+from workers.session_client import start_session, wait_settled
 
 DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."
 
@@ -28,22 +28,23 @@ def make_demo_workspace(root: Path) -> Path:
     return root
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | None, as_json: bool) -> int:
+    """The demo end to end; returns its exit code (0 when the agent changed the port)."""
     from maka_core.providers import demo_script_path
     from maka_core.runtime.session_view import operations, transcript_lines
-    from maka_core.store.writer import LedgerStore
     from workers import devserver
     from workers.client import connect, reachable
     from workers.worker import serve
 
-    home = paths.maka_home()
-    db = _db(args)
+    home = settings.home
+    db = settings.ledger
+    open_ledger(db, create=True).close()
     t0 = time.monotonic()
 
     async def main() -> int:
         server = None
-        address = args.address
-        if not await reachable(address, args.namespace, timeout=1.0):
+        nonlocal address
+        if not await reachable(address, namespace, timeout=1.0):
             from workers.client import target_address
 
             port = int(target_address(address).rsplit(":", 1)[1])
@@ -61,7 +62,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             address = server.address
         try:
-            client = await connect(address, args.namespace)
+            client = await connect(address, namespace)
             # A private task queue: the in-process worker (with THIS ledger) hosts the demo session
             # even when another worker with another ledger polls the shared queue.
             queue = f"maka-demo-{uuid.uuid4().hex[:8]}"
@@ -84,13 +85,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 await worker_task
         finally:
             devserver.stop_quietly(server)
-        with LedgerStore.open(db) as store:
+        with open_ledger(db, create=False) as store:
             events = store.events(session_id=session_id)
         ops = operations(events)
         config = (workspace / "config.json").read_text()
         ok = status.state == "idle" and '"port": 4000' in config and all(o.status == "completed" for o in ops)
-        if args.json:
-            _emit(
+        if as_json:
+            print_json(
                 {
                     "ok": ok,
                     "sessionId": session_id,
@@ -98,7 +99,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     "seconds": round(time.monotonic() - t0, 2),
                     "operations": [o.to_json() for o in ops],
                     "config": json.loads(config),
-                }
+                },
+                indent=2,
             )
             return 0 if ok else 1
         print(f"\nSession {session_id}  ({status.state}, {time.monotonic() - t0:.1f}s)\n")
@@ -115,4 +117,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"Ledger: {db}   Inspect: maka session show {session_id}")
         return 0 if ok else 1
 
-    return _run(main(), args.json)
+    return run_async(main())

@@ -136,8 +136,12 @@ def start(
         timeout: seconds to wait for the frontend.
 
     Raises:
-        ConfigError: ``temporal_cli_missing``, ``dev_server_port_busy`` or ``dev_server_failed``.
+        ConfigError: ``config_invalid`` (a port outside 1-65535), ``temporal_cli_missing``,
+            ``dev_server_port_busy`` or ``dev_server_failed``.
     """
+    for name, value in (("port", port), ("ui_port", ui_port)):
+        if value is not None and not 0 < value < 65536:
+            raise ConfigError("config_invalid", f"{name} {value} is not a TCP port (1-65535)", setting=name)
     port = port or free_port()
     if _port_open(port):
         raise ConfigError("dev_server_port_busy", f"port {port} is already in use")

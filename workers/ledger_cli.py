@@ -2,200 +2,258 @@
 
 Exit codes: 0 done; 1 ``verify`` found differences; 2 refused input (a JSON object on stdout
 under ``--json``, and always for ``import`` refusals). Shapes are a contract other tools parse.
+``--db`` takes a path or a SQLAlchemy URL; only ``import`` may create the ledger.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from maka_core import paths
-from maka_core.errors import MakaError
+import click
+
+from maka_core.errors import CodecError, MakaError
+from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+
+#: A file of bad lines is reported by its first errors and a count, never all of them.
+MAX_REPORTED_ERRORS = 100
 
 
-def register(subparsers: Any) -> None:
-    ledger = subparsers.add_parser("ledger", help="import, export, plan and verify a RuntimeEvent ledger")
-    sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="LEDGER_COMMAND")
-
-    def db_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", type=Path, default=None, help="ledger database (default: under MAKA_HOME)")
-
-    p = sub.add_parser("import", help="import a JSONL ledger atomically (all or nothing)")
-    db_arg(p)
-    p.add_argument("file", type=Path)
-    p.add_argument("--json", action="store_true", help="print a JSON result")
-    p.set_defaults(func=cmd_import)
-
-    p = sub.add_parser("export", help="print a session's events as Maka-canonical JSONL")
-    db_arg(p)
-    p.add_argument("--session", required=True)
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("plan", help="Resolver + Phase 0 resume plan over a JSONL file or a stored run")
-    db_arg(p)
-    p.add_argument("file", type=Path, nargs="?", help="JSONL ledger (read-only; no database is created)")
-    p.add_argument("--session")
-    p.add_argument("--run")
-    p.add_argument("--expected-high-water", type=int, default=None)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_plan)
-
-    p = sub.add_parser("verify", help="rebuild projections from events and compare with the online ones")
-    db_arg(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_verify)
+@click.group("ledger")
+def ledger() -> None:
+    """Import, export, plan and verify a RuntimeEvent ledger."""
 
 
-def _db(args: argparse.Namespace) -> Path:
-    return Path(args.db) if args.db is not None else paths.default_ledger_path()
+# --- reading JSONL (streamed) ------------------------------------------------------------------
 
 
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines; trailing blank lines are not lines (as ``maka_core.store.jsonl.parse_jsonl``)."""
+    blanks: list[int] = []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            line = line[:-1] if line.endswith(b"\r") else line
+            if not line.strip():
+                blanks.append(number)
+                continue
+            for blank in blanks:
+                yield blank, b""
+            blanks.clear()
+            yield number, line
 
 
-def _refuse(error: MakaError, *, as_json: bool = True) -> int:
-    out: dict[str, Any] = {"ok": False, "code": error.code}
-    out.update({k: v for k, v in error.detail.items() if isinstance(v, (str, int))})
-    if as_json:
-        _print_json(out)
-    else:
-        sys.stderr.write(f"maka ledger: {error.code}: {error.message}\n")
-    return 2
+def read_jsonl_streamed(path: Path) -> tuple[list[RuntimeEvent], list[dict[str, Any]], int]:
+    """Decode a JSONL file line by line: (events, the first errors, how many lines were bad).
 
+    Once a line is bad the file is refused whole, so later good events are no longer kept: a huge
+    file of bad lines costs constant memory.
 
-def cmd_import(args: argparse.Namespace) -> int:
-    from maka_core.store.jsonl import read_jsonl
-    from maka_core.store.writer import LedgerStore
-
+    Raises:
+        MakaError: ``file_unreadable``.
+    """
+    events: list[RuntimeEvent] = []
+    errors: list[dict[str, Any]] = []
+    bad = 0
     try:
-        events, errors = read_jsonl(args.file)
+        for number, line in _lines(path):
+            if not line:
+                error = {"line": number, "code": "blank_line", "message": "empty line"}
+            else:
+                try:
+                    event = codec.decode(line)
+                except CodecError as exc:
+                    error = {"line": number, "code": exc.code, "message": exc.message}
+                else:
+                    if not bad:
+                        events.append(event)
+                    continue
+            bad += 1
+            events.clear()
+            if len(errors) < MAX_REPORTED_ERRORS:
+                errors.append(error)
     except OSError as exc:
-        _print_json({"ok": False, "code": "file_unreadable", "message": str(exc)})
-        return 2
+        raise MakaError("file_unreadable", str(exc), path=str(path)) from None
+    return events, errors, bad
+
+
+def _decoded(path: Path) -> list[RuntimeEvent]:
+    events, errors, bad = read_jsonl_streamed(path)
     if errors:
         first = errors[0]
-        _print_json({"ok": False, "code": first["code"], "line": first["line"], "errors": errors})
-        return 2
-    try:
-        with LedgerStore.open(_db(args)) as store:
-            result = store.import_events(events)
-    except MakaError as exc:
-        return _refuse(exc)
-    if args.json:
-        _print_json({"ok": True, "imported": result.imported, "existing": result.existing})
+        raise MakaError(
+            first["code"],
+            f"{bad} line(s) do not decode; first at line {first['line']}: {first['message']}",
+            line=first["line"],
+            errors=errors,
+            errorCount=bad,
+            errorsTruncated=bad > len(errors),
+        )
+    return events
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+@ledger.command("import")
+@db_option
+@click.argument("file", type=click.Path(path_type=Path))
+@json_option("print a JSON result (refusals are always JSON)")
+def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
+    """Import a JSONL ledger atomically (all or nothing)."""
+    click.get_current_context().meta["maka_json"] = True  # import refusals are JSON, a contract
+    target = settings(db=db).ledger
+    events = _decoded(file)  # before the database is touched: a bad file creates nothing
+    with open_ledger(target, create=True) as store:
+        result = store.import_events(events)
+    if as_json:
+        print_json({"ok": True, "imported": result.imported, "existing": result.existing})
     else:
-        print(f"imported {result.imported} events ({result.existing} already present) into {_db(args)}")
-    return 0
+        click.echo(f"imported {result.imported} events ({result.existing} already present) into {target}")
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from maka_core.store.jsonl import export_jsonl
-    from maka_core.store.writer import LedgerStore
+@ledger.command("export")
+@db_option
+@click.option("--session", required=True, help="the session id")
+@json_option("refusals as JSON (the export itself is always JSONL)")
+def cmd_export(db: str | None, session: str, as_json: bool) -> None:
+    """Print a session's events as Maka-canonical JSONL."""
+    import sys
 
-    db = _db(args)
-    if not db.exists():
-        return _refuse(MakaError("store_missing", f"no ledger at {db}"), as_json=False)
-    try:
-        with LedgerStore.open(db) as store:
-            sys.stdout.write(export_jsonl(store, args.session))
-    except MakaError as exc:
-        return _refuse(exc, as_json=False)
-    return 0
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    from maka_core.store.jsonl import read_jsonl
-
-    events: list[RuntimeEvent]
-    if args.file is not None:
-        if args.session or args.run or args.db:
-            return _refuse(
-                MakaError("config_invalid", "give either FILE or --db/--session"), as_json=args.json
-            )
-        try:
-            events, errors = read_jsonl(args.file)
-        except OSError as exc:
-            _print_json(
-                {"ok": False, "errors": [{"line": 0, "code": "file_unreadable", "message": str(exc)}]}
-            )
-            return 2
-        if errors:
-            _print_json({"ok": False, "errors": errors})
-            return 2
-    else:
-        if not args.session:
-            return _refuse(
-                MakaError("config_invalid", "--session is required without FILE"), as_json=args.json
-            )
-        from maka_core.store.writer import LedgerStore
-
-        db = _db(args)
-        if not db.exists():
-            return _refuse(MakaError("store_missing", f"no ledger at {db}"), as_json=args.json)
-        try:
-            with LedgerStore.open(db) as store:
-                events = store.events(session_id=args.session, run_id=args.run)
-        except MakaError as exc:
-            return _refuse(exc, as_json=args.json)
-    return _emit_plan(events, args.expected_high_water, args.json)
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        events = store.events(session_id=session)
+    if not events:
+        raise MakaError("session_not_found", f"no events for session {session}", sessionId=session)
+    for event in events:
+        sys.stdout.write(codec.encode(event) + "\n")
 
 
-def _emit_plan(events: list[RuntimeEvent], expected: int | None, as_json: bool) -> int:
+@ledger.command("plan")
+@db_option
+@click.argument("file", required=False, type=click.Path(path_type=Path))
+@click.option("--session", default=None, help="plan a stored session (each run on its own)")
+@click.option("--run", default=None, help="plan one stored run")
+@click.option("--expected-high-water", type=int, default=None)
+@json_option()
+def cmd_plan(
+    db: str | None,
+    file: Path | None,
+    session: str | None,
+    run: str | None,
+    expected_high_water: int | None,
+    as_json: bool,
+) -> None:
+    """Resolver + Phase 0 resume plan over a JSONL file (read-only) or a stored run."""
+    if file is not None:
+        if session or run or db:
+            raise MakaError("config_invalid", "give either FILE or --db/--session")
+        click.get_current_context().meta["maka_json"] = True  # a file's decode errors are JSON, a contract
+        _emit_plans([(None, _decoded(file))], expected_high_water, as_json)
+        return
+    if not session:
+        raise MakaError("config_invalid", "--session is required without FILE")
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        events = store.events(session_id=session, run_id=run)
+    if not events:
+        raise MakaError("session_not_found", f"no events for session {session}", sessionId=session)
+    if run is not None:
+        _emit_plans([(None, events)], expected_high_water, as_json)
+        return
+    # A session holds many runs; each run carries its own protocol marker on its first event, so
+    # planning the whole session as one ledger would call every later run's marker corruption.
+    by_run: dict[str, list[RuntimeEvent]] = {}
+    for event in events:
+        by_run.setdefault(event.run_id, []).append(event)
+    _emit_plans(list(by_run.items()), expected_high_water, as_json)
+
+
+def _plan(events: list[RuntimeEvent], expected: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from maka_core.ledger.resolver import resolve
     from maka_core.ledger.resume_plan import plan_resume
 
-    recovery = resolve(events).to_json()
-    plan = plan_resume(events, expected).to_json()
+    return resolve(events).to_json(), plan_resume(events, expected).to_json()
+
+
+def _emit_plans(
+    groups: list[tuple[str | None, list[RuntimeEvent]]], expected: int | None, as_json: bool
+) -> None:
+    planned = [(run_id, *_plan(events, expected)) for run_id, events in groups]
     if as_json:
-        _print_json({"ok": True, "recovery": recovery, "resumePlan": plan})
-        return 0
-    print(
+        # One plan per run under "runs"; the top-level plan is the latest run's (the one a resume
+        # would continue), so a single-run session prints exactly what ``--run`` prints.
+        last_run, recovery, plan = planned[-1]
+        out: dict[str, Any] = {"ok": True, "recovery": recovery, "resumePlan": plan}
+        if last_run is not None:
+            out["runId"] = last_run
+            out["runs"] = [{"runId": r, "recovery": rec, "resumePlan": p} for r, rec, p in planned]
+        print_json(out)
+        return
+    for run_id, recovery, plan in planned:
+        if run_id is not None:
+            click.echo(f"run {run_id}")
+        _print_plan(recovery, plan)
+
+
+def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
+    click.echo(
         f"plan: {plan['kind']}  high-water {plan['highWater']}  protocol {recovery['toolBoundaryProtocol']}"
     )
     if plan["rejectionReasons"]:
-        print("rejection reasons: " + ", ".join(plan["rejectionReasons"]))
-    rows = [("tool call", "operation", "tool", "status", "reason", "settlement")]
-    for op in recovery["operations"]:
-        rows.append(
-            (
-                op["toolCallId"],
-                op["operationId"] or "-",
-                op["toolName"],
-                op["status"],
-                op["reason"],
-                op["settlementOrigin"] or "-",
-            )
+        click.echo("rejection reasons: " + ", ".join(plan["rejectionReasons"]))
+    header = ("tool call", "operation", "tool", "status", "reason", "settlement")
+    rows = [
+        (
+            op["toolCallId"],
+            op["operationId"] or "-",
+            op["toolName"],
+            op["status"],
+            op["reason"],
+            op["settlementOrigin"] or "-",
         )
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        for op in recovery["operations"]
+    ]
+    _table(header, rows)
     for diag in plan["diagnostics"]:
-        print(f"diagnostic {diag['code']}: {diag.get('message', '')} ({diag.get('eventId', '')})")
-    print("replay: " + " ".join(plan["replayEventIds"]))
-    return 0
+        click.echo(f"diagnostic {diag['code']}: {diag.get('message', '')} ({diag.get('eventId', '')})")
+    click.echo("replay: " + " ".join(plan["replayEventIds"]))
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from maka_core.store.writer import LedgerStore
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """A Rich table on a terminal; aligned plain columns in a pipe or a log."""
+    from workers.cli_base import console, stdout_is_tty
 
-    db = _db(args)
-    if not db.exists():
-        return _refuse(MakaError("store_missing", f"no ledger at {db}"), as_json=args.json)
-    try:
-        with LedgerStore.open(db) as store:
-            problems = store.verify()
-    except MakaError as exc:
-        return _refuse(exc, as_json=args.json)
-    if args.json:
-        _print_json({"ok": not problems, "differences": problems})
+    if stdout_is_tty():
+        from rich.table import Table
+
+        table = Table(*header, box=None, pad_edge=False)
+        for row in rows:
+            table.add_row(*(str(v) for v in row))
+        console().print(table)
+        return
+    all_rows = [header, *rows]
+    widths = [max(len(str(r[i])) for r in all_rows) for i in range(len(header))]
+    for row in all_rows:
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+@ledger.command("verify")
+@db_option
+@json_option()
+def cmd_verify(db: str | None, as_json: bool) -> None:
+    """Rebuild projections from events and compare with the online ones (exit 1 on differences)."""
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        problems = store.verify()
+    if as_json:
+        print_json({"ok": not problems, "differences": problems})
     elif problems:
         for line in problems:
-            print(line)
+            click.echo(line)
     else:
-        print("projections equal their rebuild from events")
-    return 1 if problems else 0
+        click.echo("projections equal their rebuild from events")
+    finish(1 if problems else 0)
+
+
+__all__ = ["MAX_REPORTED_ERRORS", "ledger", "read_jsonl_streamed"]

@@ -31,6 +31,7 @@ from maka_core.paths import maka_home
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import RunHeader, repair_all
+from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
@@ -148,7 +149,7 @@ async def serve(
         print(line, file=out, flush=True)
 
     store = LedgerStore.open(db)
-    settings = settings or RuntimeSettings.from_env()
+    settings = settings or load_settings().runtime_settings()
     ledger_file = sqlite_file(database_url(db))
     settings = settings.with_protected(maka_home(), ledger_file)
     if settings.unsafe_no_sandbox:

@@ -26,6 +26,8 @@ Error classification (who fails what):
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
@@ -91,6 +93,20 @@ RECOVERY_RETRY = RetryPolicy(
 LEDGER_TIMEOUT = timedelta(seconds=10)
 #: A call the Resolver proves never dispatched may be dispatched again, a bounded number of times.
 MAX_DISPATCHES = 3
+
+
+#: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
+#: workflow state, so histories recorded before it existed replay unchanged.
+WAIT_SETTLED = "wait_settled"
+
+
+@dataclass(frozen=True)
+class WaitSettled:
+    """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``); ``timeout_s`` bounds
+    the wait with a workflow timer (None: no timer, so a wait adds no history event but its own)."""
+
+    run_id: str
+    timeout_s: float | None = None
 
 
 def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
@@ -167,6 +183,26 @@ class SessionWorkflow:
             accepting=self._accepting(),
             continued_runs=self._inp.continued_runs,
         )
+
+    @workflow.update(name=WAIT_SETTLED)
+    async def wait_settled(self, inp: WaitSettled) -> SessionStatus:
+        """Return the status once run ``inp.run_id`` has settled, when ``inp.timeout_s`` passes, or
+        when this execution is about to continue as new (the client re-issues against the next
+        one; a handler still waiting would hold continue-as-new back until the turn ends). Every
+        turn ends (idle, parked or failed), so a wait with no timeout never outlives its turn."""
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: self._settled(inp.run_id) or self._continuing, timeout=inp.timeout_s
+            )
+        return self.status()
+
+    def _settled(self, run_id: str) -> bool:
+        busy = (
+            self._current,
+            self._pending[0] if self._pending else None,
+            self._carried.ids if self._carried else None,
+        )
+        return self._state != "running" and all(ids is None or ids.run_id != run_id for ids in busy)
 
     def _accepting(self) -> bool:
         return (

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -78,13 +77,6 @@ class RuntimeSettings:
     @property
     def protected_paths(self) -> tuple[Path, ...]:
         return tuple(p for p in (self.maka_home, self.ledger_file) if p is not None)
-
-    @classmethod
-    def from_env(cls, heartbeat_timeout_s: float | None = None) -> RuntimeSettings:
-        """``MAKA_TOOL_HEARTBEAT_TIMEOUT`` and ``MAKA_PROVIDER_CALL_LOG``; a flag wins over the env."""
-        env_hb = os.environ.get("MAKA_TOOL_HEARTBEAT_TIMEOUT")
-        hb = heartbeat_timeout_s if heartbeat_timeout_s is not None else float(env_hb) if env_hb else 20.0
-        return cls(tool_heartbeat_timeout_s=hb, provider_call_log=os.environ.get("MAKA_PROVIDER_CALL_LOG"))
 
     def tool_settings(self) -> ToolSettings:
         return ToolSettings(

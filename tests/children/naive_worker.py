@@ -16,6 +16,7 @@ import sys
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import ResolverGuard, Runtime, RuntimeSettings
+from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from workers.client import connect
 from workers.worker import serve
@@ -37,7 +38,7 @@ def naive_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
 
 async def main(args: argparse.Namespace) -> None:
     client = await connect()
-    settings = RuntimeSettings.from_env(args.tool_heartbeat_timeout)
+    settings = load_settings(tool_heartbeat_timeout=args.tool_heartbeat_timeout).runtime_settings()
     await serve(client, args.db, args.task_queue, settings=settings, make_runtime=naive_runtime)
 
 

@@ -1,0 +1,116 @@
+"""One settings model for every ``maka`` process: environment ``MAKA_*`` first, command-line flags win.
+
+``load_settings(**flags)`` validates everything at once and turns a bad value into one
+``ConfigError("config_invalid")`` that names the setting (``MAKA_TOOL_HEARTBEAT_TIMEOUT`` ...), so a
+command refuses before it starts or writes anything. A flag left unset (``None``) does not override
+the environment. Drill-only switches (``MAKA_FAILPOINT*``, ``MAKA_EFFECT_LOG``) stay with the
+modules that read them at import time: they are not configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, PositiveFloat, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from maka_core.errors import ConfigError
+from maka_core.runtime.runtime import RuntimeSettings
+
+DEFAULT_TASK_QUEUE = "maka"
+ENV_PREFIX = "MAKA_"
+
+
+def _default_home() -> Path:
+    return Path.home() / ".maka"
+
+
+class MakaSettings(BaseSettings):
+    """Every knob a maka process reads from its environment (``MAKA_<FIELD>``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True, case_sensitive=False
+    )
+
+    #: ``MAKA_HOME``: ledger, dev-server database and logs.
+    home: Path = Field(default_factory=_default_home)
+    #: ``MAKA_DB`` / ``--db``: a SQLite path or a SQLAlchemy URL; default ``$MAKA_HOME/ledger.sqlite``.
+    db: str | None = None
+    #: ``MAKA_TASK_QUEUE`` / ``--task-queue``: the queue shared by workers and session commands.
+    task_queue: str = Field(default=DEFAULT_TASK_QUEUE, min_length=1)
+    #: ``MAKA_TOOL_HEARTBEAT_TIMEOUT`` / ``--tool-heartbeat-timeout``: seconds without a heartbeat
+    #: before a tool attempt counts as dead.
+    tool_heartbeat_timeout: PositiveFloat = 20.0
+    #: ``MAKA_TOOL_START_TO_CLOSE_TIMEOUT``: the longest one tool attempt may run.
+    tool_start_to_close_timeout: PositiveFloat = 900.0
+    #: ``MAKA_POLICY``: tool policy JSON (validated here; ``maka_core.policy`` applies it).
+    policy: str | None = None
+    #: ``MAKA_PROVIDER_CALL_LOG``: test instrumentation, one line per real provider call.
+    provider_call_log: str | None = None
+    #: ``MAKA_WORKFLOW_TASK_TIMEOUT``: a new session's workflow task timeout (drills).
+    workflow_task_timeout: PositiveFloat | None = None
+    #: ``MAKA_STICKY_TIMEOUT``: how long a workflow task waits on a dead worker's sticky queue.
+    sticky_timeout: PositiveFloat = 5.0
+    #: ``MAKA_WAIT_TIMEOUT`` / ``--wait-timeout``: how long ``--wait`` waits for a turn to settle.
+    wait_timeout: PositiveFloat = 600.0
+
+    @field_validator("home", mode="after")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("policy", mode="after")
+    @classmethod
+    def _policy_parses(cls, value: str | None) -> str | None:
+        if value:
+            from maka_core.policy import Policy
+
+            try:
+                Policy.from_json(json.loads(value))
+            except (ValueError, ConfigError) as exc:
+                raise ValueError(f"not a valid policy: {exc}") from None
+        return value
+
+    @property
+    def ledger(self) -> str | Path:
+        """The ledger target: a URL string, or a path (default under ``home``)."""
+        if self.db and "://" in self.db:
+            return self.db
+        return Path(self.db).expanduser() if self.db else self.home / "ledger.sqlite"
+
+    def runtime_settings(self, *, unsafe_no_sandbox: bool = False) -> RuntimeSettings:
+        """The worker runtime's knobs from this one model (the protected paths are the worker's)."""
+        return RuntimeSettings(
+            tool_heartbeat_timeout_s=self.tool_heartbeat_timeout,
+            tool_start_to_close_timeout_s=self.tool_start_to_close_timeout,
+            provider_call_log=self.provider_call_log,
+            unsafe_no_sandbox=unsafe_no_sandbox,
+        )
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a settings field (``tool_heartbeat_timeout`` -> ``MAKA_TOOL_...``)."""
+    return ENV_PREFIX + field.upper()
+
+
+def load_settings(**flags: Any) -> MakaSettings:
+    """The environment plus the flags that were given (``None`` means not given).
+
+    Raises:
+        ConfigError: ``config_invalid`` naming the first bad setting (``setting``) and its value.
+    """
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return MakaSettings(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        source = f"--{field.replace('_', '-')}" if field in given else env_name(field)
+        raise ConfigError(
+            "config_invalid",
+            f"{source}: {err['msg']} (got {err.get('input')!r})",
+            setting=env_name(field),
+            source=source,
+        ) from None

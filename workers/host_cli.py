@@ -1,0 +1,164 @@
+"""``maka worker``, ``maka dev`` and ``maka demo``: the commands that host sessions.
+
+They are the only commands that may create the ledger. Lifecycle lines go to stderr (worker) or
+stdout (dev); under ``--json`` one JSON object a line, for supervisors and scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import click
+
+from workers.cli_base import (
+    db_option,
+    finish,
+    json_option,
+    open_ledger,
+    print_line,
+    run_async,
+    settings,
+    temporal_options,
+)
+
+heartbeat_option = click.option(
+    "--tool-heartbeat-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="tool activities' heartbeat timeout (MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
+)
+# --- worker / dev ------------------------------------------------------------------------------
+
+
+@click.command("worker")
+@db_option
+@temporal_options()
+@heartbeat_option
+@click.option("--no-repair", is_flag=True, help="skip startup repair (tests only)")
+@click.option(
+    "--unsafe-no-sandbox",
+    is_flag=True,
+    help="run bash WITHOUT a sandbox where bubblewrap cannot run (loud in the ready line and the log)",
+)
+@json_option("lifecycle events as JSON lines on stderr")
+def cmd_worker(
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    task_queue: str | None,
+    tool_heartbeat_timeout: float | None,
+    no_repair: bool,
+    unsafe_no_sandbox: bool,
+    as_json: bool,
+) -> None:
+    """Run a worker: startup repair, then poll."""
+    from workers.client import connect
+    from workers.worker import serve
+
+    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
+    open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
+
+    async def main() -> int:
+        client = await connect(address, namespace)
+        await serve(
+            client,
+            s.ledger,
+            s.task_queue,
+            settings=s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox),
+            repair=not no_repair,
+            json_events=as_json,
+        )
+        return 0
+
+    finish(run_async(main()))
+
+
+@click.command("dev")
+@db_option
+@temporal_options()
+@click.option("--port", type=click.IntRange(1, 65535), default=7233, help="frontend gRPC port (default 7233)")
+@click.option(
+    "--ui-port", type=click.IntRange(1, 65535), default=None, help="Web UI port (default: port + 1000)"
+)
+@click.option("--no-worker", is_flag=True, help="bring up the server alone")
+@heartbeat_option
+@json_option("server and worker lifecycle events as JSON lines")
+def cmd_dev(
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    task_queue: str | None,
+    port: int,
+    ui_port: int | None,
+    no_worker: bool,
+    tool_heartbeat_timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run the embedded Temporal dev server (+ a worker)."""
+    from workers import devserver
+    from workers.client import connect
+    from workers.worker import serve
+
+    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
+    if not no_worker:
+        open_ledger(s.ledger, create=True).close()
+    server = devserver.start(
+        port=port,
+        ui=True,
+        ui_port=ui_port,
+        db_file=s.home / "temporal.db",
+        log_path=s.home / "logs" / "temporal.log",
+    )
+    if as_json:
+        print_line(
+            {
+                "event": "server",
+                "address": server.address,
+                "ui": server.ui_address,
+                "database": str(server.db_file),
+            }
+        )
+    else:
+        click.echo(f"Temporal dev server: {server.address}  (database {server.db_file})")
+        click.echo(f"Temporal UI:         {server.ui_address}")
+
+    async def main() -> int:
+        if no_worker:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            if not as_json:
+                click.echo("maka dev: server only (--no-worker); Ctrl-C to stop")
+            await stop.wait()
+            return 0
+        client = await connect(server.address, namespace)
+        await serve(
+            client, s.ledger, s.task_queue, settings=s.runtime_settings(), out=sys.stdout, json_events=as_json
+        )
+        return 0
+
+    try:
+        code = run_async(main())
+    finally:
+        server.stop()  # before the process leaves: never orphan the server
+    finish(code)
+
+
+@click.command("demo")
+@db_option
+@temporal_options()
+@json_option()
+def cmd_demo(
+    db: str | None, address: str | None, namespace: str | None, task_queue: str | None, as_json: bool
+) -> None:
+    """Run a scripted session on a sample workspace."""
+    from workers import demo  # imported late: the demo module builds on this one
+
+    finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))
+
+
+COMMANDS = (cmd_worker, cmd_dev, cmd_demo)

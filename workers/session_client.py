@@ -1,0 +1,307 @@
+"""The Temporal side of a session: start it, send a message, query it, wait for a turn.
+
+Waiting for a turn to settle uses a long-poll Update (``wait_settled``) in bounded rounds.
+
+The workflow answers the Update when the turn has settled (or when it continues as new); the CLI
+waits on it in rounds of ``ROUND_S`` seconds, re-attaching to the same Update by its id, so the
+server does the waiting (no Query every few milliseconds), the history gains one Update per
+execution rather than events per round, and the CLI still prints progress between rounds. An
+answer that comes from a continue-as-new is followed by a new Update on the next execution. A
+worker that predates the Update answers with a failed Update; the wait then polls the status Query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from maka_core.errors import MakaError
+from maka_core.settings import load_settings
+
+#: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
+ROUND_S = 10.0
+#: How long the progress line waits for the state between rounds.
+PEEK_S = 2.0
+#: Lines in a log: one per state change, otherwise one every this many seconds.
+LOG_EVERY_S = 10.0
+
+
+class Progress:
+    """A self-updating Rich status line on a terminal; otherwise log lines on stderr."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.start = time.monotonic()
+        self._live: Any = None
+        self._last: tuple[str, float] = ("", -LOG_EVERY_S)
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+
+            self._live = Console(stderr=True).status("waiting for the turn…")
+            self._live.start()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def show(self, state: str) -> None:
+        if not self.enabled:
+            return
+        elapsed = self.elapsed()
+        if self._live is not None:
+            self._live.update(f"[{elapsed:5.1f}s] {state}…")
+        elif state != self._last[0] or elapsed - self._last[1] >= LOG_EVERY_S:
+            print(f"[{elapsed:5.1f}s] {state}", file=sys.stderr, flush=True)
+            self._last = (state, elapsed)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def done(self, state: str) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        if self.enabled:
+            print(f"[{self.elapsed():5.1f}s] {state}", file=sys.stderr, flush=True)
+
+
+def settled(status: Any, run_id: str) -> bool:
+    """The same test the workflow's handler makes, on a status snapshot."""
+    busy = status.current_turn is not None and status.current_turn.run_id == run_id
+    return not busy and status.state != "running"
+
+
+async def wait_settled(
+    client: Any, session_id: str, run_id: str, *, timeout: float = 600.0, progress: bool = True
+) -> Any:
+    """Wait until the turn ``run_id`` has settled (idle, parked or failed); returns SessionStatus.
+
+    One ``wait_settled`` Update per workflow execution, re-attached by its id after each bounded
+    round: a round adds nothing to the workflow's history, only the Update itself does.
+
+    Raises:
+        MakaError: ``wait_timeout`` (the session keeps running), ``session_not_found``,
+            ``temporal_unavailable``.
+    """
+    from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.contracts import SessionStatus, workflow_id_for
+    from workflows.session import WAIT_SETTLED, WaitSettled
+
+    shown = Progress(progress)
+    deadline = time.monotonic() + timeout
+    use_query = False
+    not_found = 0
+    state = "waiting for a worker"
+    update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise MakaError(
+                    "wait_timeout",
+                    f"turn {run_id} did not settle in {timeout:.0f}s ({state}); the session continues",
+                    sessionId=session_id,
+                    runId=run_id,
+                    state=state,
+                )
+            handle = client.get_workflow_handle(workflow_id_for(session_id))
+            round_s = min(ROUND_S, remaining)
+            try:
+                if use_query:
+                    status = await asyncio.wait_for(query_status(client, session_id), round_s)
+                else:
+                    # The same id re-attaches to the Update a previous round left waiting.
+                    status = await asyncio.wait_for(
+                        handle.execute_update(
+                            WAIT_SETTLED, WaitSettled(run_id=run_id), id=update_id, result_type=SessionStatus
+                        ),
+                        round_s,
+                    )
+            except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+                state = await _peek_state(client, session_id)
+                shown.show(state)
+                continue
+            except WorkflowUpdateFailedError:
+                use_query = True  # a worker without the Update: poll its status Query instead
+                continue
+            except RPCError as exc:
+                # NOT_FOUND between two executions of a continue-as-new is brief; for longer, it is gone.
+                if exc.status == RPCStatusCode.NOT_FOUND and not_found < 3:
+                    not_found += 1
+                    await asyncio.sleep(0.2)
+                    continue
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    raise MakaError("session_not_found", str(exc), sessionId=session_id) from None
+                raise MakaError("temporal_unavailable", str(exc), sessionId=session_id) from None
+            not_found = 0
+            state = status.state
+            if settled(status, run_id):
+                shown.done(state)
+                return status
+            shown.show(state)
+            if use_query:
+                await asyncio.sleep(0.2)
+            else:  # answered unsettled: the execution continued as new; wait on the next one
+                update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
+    finally:
+        shown.close()
+
+
+async def _peek_state(client: Any, session_id: str) -> str:
+    """The state for the progress line between rounds (a Query adds nothing to history)."""
+    try:
+        return str((await asyncio.wait_for(query_status(client, session_id), PEEK_S)).state)
+    except Exception:
+        return "waiting for a worker"
+
+
+# --- start, send, query --------------------------------------------------------------------------
+
+
+async def start_session(
+    client: Any,
+    *,
+    workspace: Path,
+    provider: dict[str, Any],
+    task_queue: str,
+    message: str,
+    session_id: str | None = None,
+    continue_as_new_after: int | None = None,
+    continue_as_new_after_steps: int | None = None,
+    model_step_mode: str = "local",
+    task_timeout: Any = None,
+    accept_timeout: float | None = None,
+    refusals: bool = False,
+) -> tuple[str, Any]:
+    """Start a session workflow and send its first message; returns (session id, TurnAccepted).
+
+    With ``refusals`` (the CLI) Temporal's errors become ``MakaError`` codes; without, library
+    callers get Temporal's own exceptions, as before.
+
+    Raises:
+        MakaError: ``wait_timeout`` (no worker accepted the message within ``accept_timeout``; the
+            session keeps it), workspace codes; with ``refusals`` also ``session_exists`` and the
+            codes of ``send_message``.
+    """
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from maka_core.workspace import Workspace
+    from workflows.contracts import SessionInput, workflow_id_for
+    from workflows.session import SessionWorkflow, initial_search_attributes
+
+    ws = Workspace.open(workspace, create=True)
+    if task_timeout is None:
+        env_timeout = load_settings().workflow_task_timeout
+        if env_timeout is not None:
+            # Drills: a killed worker's in-flight workflow task (a local model step) is retried after this.
+            task_timeout = timedelta(seconds=env_timeout)
+    session_id = session_id or f"sess-{uuid.uuid4()}"
+    inp = SessionInput(
+        session_id=session_id,
+        workspace=str(ws.root),
+        workspace_identity=ws.identity,
+        provider=provider,
+        task_queue=task_queue,
+        continue_as_new_after_turns=continue_as_new_after,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+        model_step_mode=model_step_mode,
+    )
+    try:
+        await client.start_workflow(
+            SessionWorkflow.run,
+            inp,
+            id=workflow_id_for(session_id),
+            task_queue=task_queue,
+            search_attributes=initial_search_attributes(session_id),
+            task_timeout=task_timeout,
+        )
+    except WorkflowAlreadyStartedError:
+        if not refusals:
+            raise
+        raise MakaError(
+            "session_exists", f"session {session_id} already exists", sessionId=session_id
+        ) from None
+    accepted = await send_message(
+        client, session_id, message, accept_timeout=accept_timeout, task_queue=task_queue, refusals=refusals
+    )
+    return session_id, accepted
+
+
+async def send_message(
+    client: Any,
+    session_id: str,
+    message: str,
+    *,
+    accept_timeout: float | None = None,
+    task_queue: str | None = None,
+    refusals: bool = False,
+) -> Any:
+    """Send one message (the ``send_message`` Update); returns ``TurnAccepted``.
+
+    Raises:
+        MakaError: ``wait_timeout``; with ``refusals``, also the validator's refusal
+            (``session_parked``, ``turn_in_flight``...), ``session_not_found``, ``temporal_unavailable``.
+    """
+    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
+
+    from workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
+
+    handle = client.get_workflow_handle(workflow_id_for(session_id))
+    update = handle.execute_update(SEND_MESSAGE, SendMessage(text=message), result_type=TurnAccepted)
+    try:
+        if accept_timeout is None:
+            return await update
+        return await asyncio.wait_for(update, accept_timeout)
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        # Cancelled by our timeout, or the server's own RPC deadline: nobody accepted it in time.
+        where = f" on task queue {task_queue!r}" if task_queue else ""
+        raise MakaError(
+            "wait_timeout",
+            f"no worker accepted the message within {accept_timeout or 0:.0f}s "
+            f"(is `maka worker` running{where}?); the session keeps the message for when one polls",
+            sessionId=session_id,
+        ) from None
+    except Exception as exc:
+        if not refusals:
+            raise
+        code, text = update_error(exc)
+        # A failed update leaves a core RPC callback in flight for a moment; leaving the process
+        # under it can crash it at finalization (seen as SIGSEGV/SIGABRT).
+        await asyncio.sleep(0.2)
+        raise MakaError(code, text, sessionId=session_id) from None
+
+
+async def query_status(client: Any, session_id: str) -> Any:
+    from workflows.contracts import STATUS_QUERY, SessionStatus, workflow_id_for
+
+    handle = client.get_workflow_handle(workflow_id_for(session_id))
+    return await handle.query(STATUS_QUERY, result_type=SessionStatus)
+
+
+def update_error(exc: BaseException) -> tuple[str, str]:
+    """A stable snake_case code for an Update or RPC failure."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.exceptions import ApplicationError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    # The validator's refusal types (SessionParked -> session_parked, TurnInFlight ->
+    # turn_in_flight, ...) and the server's answers.
+    if isinstance(exc, WorkflowUpdateFailedError) and isinstance(exc.cause, ApplicationError):
+        return _snake(exc.cause.type or "update_rejected"), exc.cause.message
+    if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+        return "session_not_found", str(exc)
+    if isinstance(exc, RPCError):
+        return "temporal_unavailable", str(exc)
+    return _snake(type(exc).__name__), str(exc)
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))

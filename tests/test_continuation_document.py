@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,3 +194,43 @@ def test_an_undecodable_event_makes_the_ledger_unreadable_not_the_input_invalid(
     doc = worked()
     doc["ledgers"]["r-1"][1]["surprise"] = True
     assert plan_continuation_document(doc)["rejectionReasons"] == ["runtime_ledger_unreadable"]
+
+
+# --- the offline command: `maka ledger plan-continuation INPUT.json --json` -------------------------
+
+
+def _plan_cli(tmp_path: Path, doc: Any, *flags: str) -> Any:
+    from click.testing import CliRunner
+
+    from workers.cli import maka
+
+    path = tmp_path / "input.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
+    return CliRunner().invoke(
+        maka, ["ledger", "plan-continuation", str(path), *flags], catch_exceptions=False
+    )
+
+
+def test_the_command_prints_the_planners_result_and_exits_0_on_continue(tmp_path: Path) -> None:
+    result = _plan_cli(tmp_path, worked(ids=["i-2", "r-2", "t-2", "k-2"]), "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out == plan_continuation_document(worked(ids=["i-2", "r-2", "t-2", "k-2"]))
+    assert out["continuation"]["providerReplayDigest"] == REPLAY
+
+
+def test_the_command_exits_1_on_park_with_the_reasons(tmp_path: Path) -> None:
+    doc = worked()
+    doc["observation"]["currentWorkspaceIdentity"] = "workspace:v1:00000000-0000-4000-8000-000000000000"
+    result = _plan_cli(tmp_path, doc, "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.output)["rejectionReasons"] == ["workspace_identity_mismatch"]
+    human = _plan_cli(tmp_path, doc)
+    assert human.exit_code == 1 and "rejected: workspace_identity_mismatch" in human.output
+
+
+def test_the_command_refuses_bad_input_with_exit_2_and_a_code(tmp_path: Path) -> None:
+    for bad in ('{"sessionId": NaN}', "[1, 2]", '{"sessionId": "s-1"}'):
+        result = _plan_cli(tmp_path, bad, "--json")
+        assert result.exit_code == 2, (bad, result.output)
+        assert json.loads(result.output)["code"] == "continuation_input_invalid", bad

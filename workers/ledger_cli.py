@@ -239,6 +239,43 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         click.echo("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+@ledger.command("plan-continuation")
+@click.argument("input_file", metavar="INPUT.json", type=click.Path(path_type=Path))
+@json_option("print the planner's result object")
+def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
+    """Would a continuation of this source run continue or park, and why? (offline, read-only)
+
+    INPUT is the reference planner's input document (sessionId, sourceRunId, observation, runs,
+    ledgers, ...); the output is its result (disposition, rejectionReasons, diagnostics,
+    continuation). Exit 0 on continue, 1 on park, 2 on refused input.
+    """
+    from maka_core.facts import canonical_json
+    from maka_core.ledger.continuation_document import plan_continuation_document
+
+    try:
+        raw = input_file.read_bytes()
+    except OSError as exc:
+        raise MakaError(
+            "input_unreadable", f"cannot read {input_file}: {exc.strerror}", path=str(input_file)
+        ) from None
+    try:
+        doc = canonical_json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, MakaError, ValueError) as exc:
+        raise MakaError("continuation_input_invalid", f"{input_file} is not strict JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MakaError("continuation_input_invalid", "the input must be a JSON object")
+    result = plan_continuation_document(doc)
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(f"disposition: {result['disposition']}")
+        for reason in result.get("rejectionReasons", []):
+            click.echo(f"  rejected: {reason}")
+        for diag in result.get("diagnostics", []):
+            click.echo(f"  {diag['code']}: {diag['message']}")
+    finish(0 if result["disposition"] == "continue" else 1)
+
+
 @ledger.command("verify")
 @db_option
 @json_option()

@@ -92,8 +92,7 @@ async def wait_settled(
     from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.contracts import SessionStatus, workflow_id_for
-    from workflows.session import WAIT_SETTLED, WaitSettled
+    from workflows.contracts import WAIT_SETTLED, SessionStatus, WaitSettled, workflow_id_for
 
     shown = Progress(progress)
     deadline = time.monotonic() + timeout

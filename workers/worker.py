@@ -27,10 +27,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import MakaActivities
+from maka_core.facts.run_header import RunHeader
 from maka_core.paths import maka_home
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
-from maka_core.runtime.settle import RunHeader, repair_all
+from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore

@@ -71,6 +71,8 @@ __all__ = [
     "ToolOutcome",
     "ToolSettings",
     "TurnAccepted",
+    "WAIT_SETTLED",
+    "WaitSettled",
     "TurnStatus",
     "workflow_id_for",
 ]
@@ -87,6 +89,9 @@ ACTIVITY_NAMES: Final[tuple[str, ...]] = (BEGIN_RUN, MODEL_STEP, EXECUTE_TOOL, R
 SESSION_WORKFLOW: Final = "maka.session"
 SEND_MESSAGE: Final = "send_message"
 STATUS_QUERY: Final = "status"
+#: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
+#: workflow state, so histories recorded before it existed replay unchanged.
+WAIT_SETTLED: Final = "wait_settled"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -140,6 +145,14 @@ class SendMessage(Contract):
     """Update input: one user message starts one turn."""
 
     text: str
+
+
+class WaitSettled(Contract):
+    """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``); ``timeout_s`` bounds
+    the wait with a workflow timer (None: no timer, so a wait adds no history event but its own)."""
+
+    run_id: str
+    timeout_s: float | None = None
 
 
 class TurnAccepted(Contract):

@@ -27,7 +27,6 @@ Error classification (who fails what):
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
@@ -48,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         SEND_MESSAGE,
         SESSION_WORKFLOW,
         STATUS_QUERY,
+        WAIT_SETTLED,
         BeginRunInput,
         BeginRunResult,
         CallRef,
@@ -56,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         InFlightTurn,
         ModelStepInput,
         ModelStepResult,
+        ParkReason,
         RecoverInput,
         RecoverResult,
         RunIds,
@@ -67,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
         ToolSettings,
         TurnAccepted,
+        WaitSettled,
     )
 
 SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
@@ -95,20 +97,6 @@ LEDGER_TIMEOUT = timedelta(seconds=10)
 MAX_DISPATCHES = 3
 
 
-#: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
-#: workflow state, so histories recorded before it existed replay unchanged.
-WAIT_SETTLED = "wait_settled"
-
-
-@dataclass(frozen=True)
-class WaitSettled:
-    """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``); ``timeout_s`` bounds
-    the wait with a workflow timer (None: no timer, so a wait adds no history event but its own)."""
-
-    run_id: str
-    timeout_s: float | None = None
-
-
 def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
     """Search attributes a new session workflow starts with."""
     return TypedSearchAttributes(
@@ -119,7 +107,7 @@ def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
 class _Park(Exception):
     """Internal: the turn parks on an operation (never leaves this module)."""
 
-    def __init__(self, reason: str, operation_id: str | None) -> None:
+    def __init__(self, reason: ParkReason, operation_id: str | None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.operation_id = operation_id
@@ -374,7 +362,7 @@ class SessionWorkflow:
                 if recovered.status == "completed":
                     return recovered
                 if recovered.status == "parked":
-                    raise _Park(recovered.reason, call.operation_id) from None
+                    raise _Park(recovered.park_reason, call.operation_id) from None
                 # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
 

@@ -11,7 +11,7 @@ ledger identifiers (run, operation and event ids), and the ledger holds the fact
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -39,11 +39,14 @@ ParkReason = Literal[
     "recovery_unavailable",
     # a call that never dispatched kept failing before T1
     "dispatch_attempts_exhausted",
+    # the turn asked for more model steps than the session allows (``max_steps_per_turn``)
+    "max_steps_exceeded",
     # the ledger holds a contradiction for this operation (the Resolver's code is on the operation)
     "ledger_corruption",
     # a parked recovery decision with a reason code this runtime does not write (an imported ledger)
     "recovery_parked",
 ]
+PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
 ToolOutcomeStatus = Literal["completed", "refused"]
 
@@ -158,6 +161,13 @@ class RecoverResult(Contract):
     operation_id: str
     status: RecoverStatus
     reason: str
+
+    @property
+    def park_reason(self) -> ParkReason:
+        """The park this result means (recovery writes only park reasons when it parks; a reason
+        from an older worker that is not one reads as ``recovery_parked``)."""
+        return self.reason if self.reason in PARK_REASONS else "recovery_parked"  # type: ignore[return-value]
+
     is_error: bool = False
     response_event_id: str | None = None
 

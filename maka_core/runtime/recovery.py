@@ -14,8 +14,6 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 from __future__ import annotations
 
-from typing import get_args
-
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
@@ -23,7 +21,7 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import execution_guarantee
 from maka_core.runtime import builders
-from maka_core.runtime.contracts import ParkReason, RecoverInput, RecoverResult
+from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.tool_call import (
     CallState,
@@ -33,8 +31,6 @@ from maka_core.runtime.tool_call import (
     run_and_commit_outcome,
 )
 from maka_core.tools import FileEvidence
-
-PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
 _OBSERVATION_PARKS: dict[str, ParkReason] = {

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, RowMapping, select, update
+from sqlalchemy import Connection, Engine, RowMapping, select
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection
@@ -33,6 +33,7 @@ from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows,
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.store.hot_sql import HotSQL
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
 from maka_core.store.runs import RunHeaderStore
@@ -41,10 +42,6 @@ from maka_core.store.schema import (
     refuse_newer,
     runtime_events,
     sqlite_file_version,
-    tool_attempts,
-    tool_evidence,
-    tool_journal_events,
-    tool_operations,
 )
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
@@ -128,6 +125,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
         self._event_seq: dict[str, int] = {}
         self._lock = threading.RLock()
+        self._sql = HotSQL.for_engine(engine)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -178,11 +176,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         if self._view is None:
             self._view, self._cursor, self._event_seq = CommittedView(), 0, {}
         view = self._view
-        rows = conn.execute(
-            select(runtime_events)
-            .where(runtime_events.c.ledger_seq > self._cursor)
-            .order_by(runtime_events.c.ledger_seq)
-        ).mappings()
+        rows = conn.exec_driver_sql(self._sql.events_since, (self._cursor,)).mappings()
         for row in rows:
             view.fold(row_event(row))
             self._cursor = int(row["ledger_seq"])
@@ -270,8 +264,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             seq += 1
             event_seq = self._event_seq.get(event.invocation_id, 0) + 1
             self._event_seq[event.invocation_id] = event_seq
-            conn.execute(
-                runtime_events.insert(),
+            self._sql.event.run(
+                conn,
                 {
                     **event_columns(event),
                     "event_seq": event_seq,
@@ -305,8 +299,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             if facts is None:
                 continue
             if evidence is not None and transition == "t1_prepare" and facts.dispatch is not None:
-                conn.execute(
-                    tool_evidence.insert(),
+                self._sql.evidence.run(
+                    conn,
                     {
                         "operation_id": op_id,
                         "dispatch_event_id": facts.dispatch.id,
@@ -316,14 +310,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             self._write_projection(conn, operation_row(facts), journal_rows(facts), now, new_ids)
             if attempt is not None and transition in BOUNDARY_TRANSITIONS:
                 phase = {"t1_prepare": "t1", "t2_outcome": "t2"}.get(transition, "recovery")
-                conn.execute(
-                    tool_attempts.insert(),
-                    {"operation_id": op_id, "phase": phase, "recorded_at": now, **_row_values(attempt)},
+                self._sql.attempt.run(
+                    conn, {"operation_id": op_id, "phase": phase, "recorded_at": now, **_row_values(attempt)}
                 )
         failpoints.hit("after_journal_event_insert", transition)
 
-    @staticmethod
     def _write_projection(
+        self,
         conn: Connection,
         row: OperationRow | None,
         journal: list[JournalRow],
@@ -338,16 +331,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             return
         values = _row_values(row)
         if row.dispatch_event_id in new_ids:
-            conn.execute(tool_operations.insert(), values)
+            self._sql.operation.run(conn, values)
         else:
-            conn.execute(
-                update(tool_operations)
-                .where(tool_operations.c.operation_id == row.operation_id)
-                .values(**values)
-            )
-        for entry in journal:
-            if entry.runtime_event_id in new_ids:
-                conn.execute(tool_journal_events.insert(), {**_row_values(entry), "committed_at": now})
+            self._sql.operation_update.run(conn, values)
+        self._sql.journal.run_many(
+            conn,
+            [{**_row_values(e), "committed_at": now} for e in journal if e.runtime_event_id in new_ids],
+        )
 
     def _commit(
         self,

@@ -1,0 +1,85 @@
+"""The writers' hot-path statements as the driver's own SQL, built once per store.
+
+Every tool call commits a handful of rows (its event, the operation projection, a journal row, the
+attempt, sometimes evidence). Through SQLAlchemy Core each ``execute`` of an insert construct pays
+for coercion, a compiled-cache lookup and parameter processing: more than the SQLite insert itself
+costs here. These statements are plain INSERT/UPDATE/SELECT over plain column types (no type
+processors), so the same text runs through ``Connection.exec_driver_sql`` on both backends, inside
+the same transaction seam, with only the placeholder differing (``?`` for pysqlite, ``%s`` for
+psycopg). Everything else (schema, migrations, reads) stays in SQLAlchemy Core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table
+
+from maka_core.store.schema import (
+    runtime_events,
+    tool_attempts,
+    tool_evidence,
+    tool_journal_events,
+    tool_operations,
+)
+
+
+@dataclass(frozen=True)
+class Insert:
+    """``INSERT INTO table (columns) VALUES (...)`` with the columns in a fixed order."""
+
+    sql: str
+    columns: tuple[str, ...]
+
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> None:
+        conn.exec_driver_sql(self.sql, tuple(values[c] for c in self.columns))
+
+    def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            conn.exec_driver_sql(self.sql, [tuple(row[c] for c in self.columns) for row in rows])
+
+
+@dataclass(frozen=True)
+class HotSQL:
+    """The statements, for one engine's placeholder style."""
+
+    event: Insert
+    operation: Insert
+    journal: Insert
+    evidence: Insert
+    attempt: Insert
+    #: ``UPDATE tool_operations SET <every column but the key> WHERE operation_id = ?``
+    operation_update: Insert
+    #: every runtime_events row past a ledger_seq, in commit order
+    events_since: str
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> HotSQL:
+        mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+
+        def insert(table: Table, skip: tuple[str, ...] = ()) -> Insert:
+            columns = tuple(c.name for c in table.columns if c.name not in skip)
+            marks = ", ".join(mark for _ in columns)
+            return Insert(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({marks})", columns)
+
+        op_columns = tuple(c.name for c in tool_operations.columns if c.name != "operation_id")
+        sets = ", ".join(f"{c} = {mark}" for c in op_columns)
+        update = Insert(
+            f"UPDATE {tool_operations.name} SET {sets} WHERE operation_id = {mark}",
+            (*op_columns, "operation_id"),
+        )
+        return cls(
+            event=insert(runtime_events),
+            operation=insert(tool_operations),
+            # The autoincrement keys are the database's to assign.
+            journal=insert(tool_journal_events, skip=("journal_seq",)),
+            evidence=insert(tool_evidence),
+            attempt=insert(tool_attempts, skip=("attempt_seq",)),
+            operation_update=update,
+            events_since=(
+                f"SELECT {', '.join(c.name for c in runtime_events.columns)} FROM {runtime_events.name} "
+                f"WHERE ledger_seq > {mark} ORDER BY ledger_seq"
+            ),
+        )

@@ -120,6 +120,51 @@ async def run_plain_temporal(
     return result
 
 
+async def run_plain_concurrent(
+    client: Client, task_queue: str, sessions: int, calls: int, output_bytes: int = 5 * 1024
+) -> dict[str, Any]:
+    """``sessions`` workflows of ``calls`` tool activities each, all at once: the concurrent floor.
+
+    Returns ``{"sessions", "calls_per_session", "calls_per_s", "turn_p50_ms", "turn_p95_ms"}``
+    measured from the first start to the last completion (the same shape as Maka's figure).
+    """
+    import asyncio
+    import statistics
+    import time
+
+    workspace = bench_server.sample_workspace(output_bytes)
+    path = str(workspace / bench_server.SAMPLE_FILE)
+    try:
+        async with Worker(client, task_queue=task_queue, workflows=[PlainToolLoop], activities=[read_file]):
+            warm = f"peer-plain-warm-{uuid.uuid4().hex[:8]}"
+            await client.execute_workflow(
+                PlainToolLoop.run, PlainInput(path=path, n_calls=3), id=warm, task_queue=task_queue
+            )
+            t0 = time.perf_counter()
+
+            async def one(i: int) -> float:
+                began = time.perf_counter()
+                await client.execute_workflow(
+                    PlainToolLoop.run,
+                    PlainInput(path=path, n_calls=calls),
+                    id=f"peer-plain-c{i}-{uuid.uuid4().hex[:8]}",
+                    task_queue=task_queue,
+                )
+                return (time.perf_counter() - began) * 1000
+
+            latencies = sorted(await asyncio.gather(*(one(i) for i in range(sessions))))
+            wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+    return {
+        "sessions": sessions,
+        "calls_per_session": calls,
+        "calls_per_s": sessions * calls / wall,
+        "turn_p50_ms": statistics.median(latencies),
+        "turn_p95_ms": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: run each N in ``--calls`` and print a markdown table."""
     return bench_server.cli(argv, SYSTEM, run_plain_temporal, [20, 100, 1000])

@@ -11,8 +11,11 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   both stamped by the workflow), so client polling does not blur it; wall time is printed beside it.
 - **history bytes/call**: the workflow's history (every run of its continue-as-new chain; protobuf
   and JSON sizes) divided by N.
-- **ledger share**: time in the ledger guard (Resolver on the call), T1 and T2, over the tool
-  activities' wall time, and over the whole turn.
+- **ledger ms/call**: per dispatched call, the time its two ledger hops took on the ledger thread
+  (guard + preflight + evidence + T1, then T2), p50 over the turn's calls; the means of each hop
+  beside it; and the ledger's share of the tool activities' wall time and of the turn.
+- **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
+  on the same server in the same process run, so every ratio compares figures taken side by side.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ async def one_session(
 ) -> dict[str, Any]:
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
     before = dict(acts.runtime.timings)
+    samples_before = len(acts.runtime.call_ledger_s)
     t0 = time.perf_counter()
     session_id, accepted = await start_session(
         client,
@@ -112,7 +116,8 @@ async def one_session(
     first_run = desc.raw_description.workflow_execution_info.first_run_id or None
     history = await chain_history(client, handle.id, first_run, lambda name: name == EXECUTE_TOOL)
     turn_ms = _turn_ms(acts.runtime.ledger, accepted.run_id)
-    ledger_s = spent["guard"] + spent["t1"] + spent["t2"]
+    ledger_s = spent["t1"] + spent["t2"]
+    per_call = list(acts.runtime.call_ledger_s)[samples_before:]
     return {
         "calls": n,
         "mode": mode,
@@ -125,10 +130,10 @@ async def one_session(
         "history_events": history.events,
         "history_runs": history.runs,
         "ledger_ms_per_call": ledger_s * 1000 / n,
-        "guard_ms": spent["guard"] * 1000 / n,
+        "ledger_p50_ms": statistics.median(per_call) * 1000 if per_call else float("nan"),
         "t1_ms": spent["t1"] * 1000 / n,
         "t2_ms": spent["t2"] * 1000 / n,
-        "ledger_share_of_tool_activity": ledger_s / max(spent["tool_activity"], 1e-9),
+        "ledger_share_of_tool_activity": ledger_s / max(spent["tool_call"], 1e-9),
         "ledger_share_of_turn": ledger_s * 1000 / max(turn_ms, 1e-9),
     }
 
@@ -171,23 +176,35 @@ async def concurrent_sessions(
     }
 
 
-async def _peers(server: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """pydantic-ai's Temporal integration and plain Temporal, side by side on this server."""
-    from benchmarks.peer_plain_temporal import run_plain_temporal
-    from benchmarks.peer_pydantic_ai import run_pydantic_ai
+async def _floor(server: Any, args: argparse.Namespace) -> tuple[dict[int, dict[str, Any]], Any, list[Any]]:
+    """Plain Temporal per N and concurrent (always: it is the floor), and pydantic-ai with --peers."""
+    from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_temporal
 
     plain_client = await Client.connect(server.address, runtime=quiet_runtime())
-    rows = []
+    plain: dict[int, dict[str, Any]] = {}
     for n in args.calls:
-        if n <= args.pydantic_ai_max:
-            rows.append(
-                await run_pydantic_ai(plain_client, "bench-pai", n, args.output_bytes, timeout=args.timeout)
-            )
-        rows.append(
-            await run_plain_temporal(plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout)
+        plain[n] = await run_plain_temporal(
+            plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout
         )
-        print(f"peers N={n} done", file=sys.stderr, flush=True)
-    return rows
+        print(f"plain Temporal N={n}: {plain[n]['ms_per_call']:.1f} ms/call", file=sys.stderr, flush=True)
+    conc = None
+    if args.concurrent:
+        conc = await run_plain_concurrent(
+            plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
+        )
+    peers = []
+    if args.peers:
+        from benchmarks.peer_pydantic_ai import run_pydantic_ai
+
+        for n in args.calls:
+            if n <= args.pydantic_ai_max:
+                peers.append(
+                    await run_pydantic_ai(
+                        plain_client, "bench-pai", n, args.output_bytes, timeout=args.timeout
+                    )
+                )
+        peers.extend(plain.values())
+    return plain, conc, peers
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -225,7 +242,7 @@ async def main(args: argparse.Namespace) -> None:
                 conc = None
                 if args.concurrent:
                     conc = await concurrent_sessions(client, acts, queue, ws_root, tmp, args.concurrent, 10)
-            peer_rows = await _peers(server, args) if args.peers else []
+            plain, plain_conc, peer_rows = await _floor(server, args)
             store.close()
             acts.close()
     finally:
@@ -235,18 +252,19 @@ async def main(args: argparse.Namespace) -> None:
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}\n"
     )
     print(
-        "| N | model step | state | ms/call (turn) | ms/call (wall) | history proto B/call "
-        "| history JSON B/call | events | runs | ledger ms/call (guard+T1+T2) "
+        "| N | model step | state | ms/call (turn) | plain Temporal ms/call | ratio | ms/call (wall) "
+        "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        floor = plain[r["calls"]]["ms_per_call"]
         print(
-            f"| {r['calls']} | {r['mode']} | {r['state']} | {r['ms_per_call']:.1f} "
-            f"| {r['wall_ms_per_call']:.1f} | {r['history_proto_per_call']:.0f} "
-            f"| {r['history_json_per_call']:.0f} | {r['history_events']:,} "
-            f"| {r['history_runs']} | {r['ledger_ms_per_call']:.2f} ({r['guard_ms']:.2f}+{r['t1_ms']:.2f}+"
-            f"{r['t2_ms']:.2f}) | {100 * r['ledger_share_of_tool_activity']:.0f} % "
+            f"| {r['calls']} | {r['mode']} | {r['state']} | {r['ms_per_call']:.1f} | {floor:.1f} "
+            f"| {r['ms_per_call'] / floor:.2f}x | {r['wall_ms_per_call']:.1f} "
+            f"| {r['history_proto_per_call']:.0f} "
+            f"| {r['history_events']:,} | {r['history_runs']} | {r['ledger_p50_ms']:.2f} "
+            f"({r['t1_ms']:.2f} + {r['t2_ms']:.2f}) | {100 * r['ledger_share_of_tool_activity']:.0f} % "
             f"| {100 * r['ledger_share_of_turn']:.0f} % |"
         )
     if peer_rows:
@@ -254,12 +272,12 @@ async def main(args: argparse.Namespace) -> None:
 
         print("\nPeers on the same server, same tool and outputs (bench_server.measure):\n")
         print(markdown_table(peer_rows))
-    if conc:
-        print(
-            f"\n{conc['sessions']} concurrent sessions x {conc['calls_per_session']} tool calls: "
-            f"{conc['calls_per_s']:.0f} tool calls/s; turn latency p50 {conc['turn_p50_ms']:.0f} ms, "
-            f"p95 {conc['turn_p95_ms']:.0f} ms (wall {conc['wall_s']:.1f} s)"
-        )
+    if conc and plain_conc:
+        print(f"\n{conc['sessions']} concurrent sessions x {conc['calls_per_session']} tool calls:\n")
+        print("| system | tool calls/s | turn p50 ms | turn p95 ms |")
+        print("|---|---:|---:|---:|")
+        for name, c in (("maka-temporal", conc), ("plain Temporal", plain_conc)):
+            print(f"| {name} | {c['calls_per_s']:.0f} | {c['turn_p50_ms']:.0f} | {c['turn_p95_ms']:.0f} |")
 
 
 if __name__ == "__main__":
@@ -270,9 +288,7 @@ if __name__ == "__main__":
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--peers", action="store_true", help="also run pydantic-ai and plain Temporal (bench extra)"
-    )
+    parser.add_argument("--peers", action="store_true", help="also run pydantic-ai (bench extra)")
     parser.add_argument(
         "--pydantic-ai-max", type=int, default=150, help="largest N for pydantic-ai (it dies ~125)"
     )

@@ -35,6 +35,7 @@ _ARRAY_INDEX_MAX = 2**32 - 2
 _INDEX_RE = re.compile(r"0|[1-9][0-9]*")
 _NONZERO_DIGIT = re.compile(r"[1-9]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_FIFTEEN_DIGITS = 10**15
 
 
 def _number_from_literal(text: str) -> int | float:
@@ -120,6 +121,68 @@ def loads(text: str | bytes) -> JsonValue:
 
 def check(value: JsonValue, path: str = "$") -> JsonValue:
     """Raise unless ``value`` is a JSON value that survives a JavaScript round trip."""
+    _scan_or_raise(value, path)
+    return value
+
+
+class _Lossy(Exception):
+    """Internal: ``_scan`` met a value that is not lossless JSON (``_check_at`` says where)."""
+
+
+def _scan_or_raise(value: JsonValue, path: str) -> bool:
+    try:
+        return _scan(value)
+    except (_Lossy, RecursionError):
+        _check_at(value, path)  # the slow walk that names the offending path
+        raise CodecError("lossy_json_value", f"not lossless JSON at {path}") from None
+
+
+def _scan(value: JsonValue) -> bool:
+    """Validate ``value`` as ``check`` does, without building paths, in one walk; return True when
+    the C encoder's output might differ from JavaScript's (a float, an integer past 15 digits, an
+    integer-like or non-ASCII key, a character at or past U+D800), so ``dumps`` takes the exact
+    encoder only then. This walk is the hot path of every commit: paths are built only on failure."""
+    if value is None or value is True or value is False:
+        return False
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        if _LONE_SURROGATE.search(value):
+            raise _Lossy
+        return max(value) >= "\ud800"
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER and float(value) != value:
+            raise _Lossy
+        return abs(value) >= _FIFTEEN_DIGITS
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value) or (value == 0.0 and math.copysign(1.0, value) < 0):
+            raise _Lossy
+        return True
+    if isinstance(value, dict):
+        needs = False
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Lossy
+            if not key.isascii():
+                if _LONE_SURROGATE.search(key):
+                    raise _Lossy
+                needs = True
+            elif key.isdigit():
+                needs = True  # JavaScript orders array-index keys first
+            if _scan(item):
+                needs = True
+        return needs
+    if isinstance(value, list):
+        needs = False
+        for item in value:
+            if _scan(item):
+                needs = True
+        return needs
+    raise _Lossy
+
+
+def _check_at(value: JsonValue, path: str) -> JsonValue:
+    """``check`` with the offending path in the error (run only once ``_scan`` has failed)."""
     if value is None or value is True or value is False:
         return value
     if isinstance(value, str):
@@ -142,11 +205,11 @@ def check(value: JsonValue, path: str = "$") -> JsonValue:
                 raise CodecError("lossy_json_value", f"non-string key at {path}")
             if _LONE_SURROGATE.search(key):
                 raise CodecError("lossy_json_value", f"lone surrogate in key at {path}")
-            check(item, f"{path}.{key}")
+            _check_at(item, f"{path}.{key}")
         return value
     if isinstance(value, list):
         for index, item in enumerate(value):
-            check(item, f"{path}[{index}]")
+            _check_at(item, f"{path}[{index}]")
         return value
     raise CodecError("lossy_json_value", f"{type(value).__name__} at {path} is not JSON")
 
@@ -238,20 +301,12 @@ def _bad_keys(path: str) -> Any:
     raise CodecError("lossy_json_value", f"non-string key at {path}")
 
 
-# Output of the C encoder can differ from JavaScript's only where this matches (conservatively,
-# even inside strings): a non-integral number, an integer-like key, a long integer, or a
-# character at or past U+D800 (surrogates, and where code-point order differs from UTF-16 order).
-_NEEDS_JS_ENCODER = re.compile(r'(?:^|[:,\[])-?\d+[.eE]|"\d+":|\d{16}|[\ud800-\U0010ffff]')
-
-
 def dumps(value: JsonValue) -> str:
     """Canonical compact JSON text of a value, in JavaScript's key order and number format."""
-    check(value)
-    # Fast path: the C encoder with sorted keys is already JavaScript's output for the common
-    # case; anything it might get wrong goes through the exact encoder below.
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    if _NEEDS_JS_ENCODER.search(text) is None:
-        return text
+    # Fast path: the C encoder with sorted keys is already JavaScript's output unless the value holds
+    # something it might format or order differently (``_scan`` says so while it validates).
+    if not _scan_or_raise(value, "$"):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     out: list[str] = []
     _encode(value, out, "$")
     return "".join(out)

@@ -278,3 +278,17 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path, command: str) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 0, err
     assert "BrokenPipeError" not in err and "Traceback" not in err
+
+
+def test_session_start_refuses_a_workspace_that_holds_the_ledger_before_anything_starts(
+    tmp_path: Path, env: dict[str, str | None]
+) -> None:
+    """`--workspace ~`-style mistakes: a folder containing MAKA_HOME (and so the default ledger) is
+    never a workspace, and nothing is started or written."""
+    script = tmp_path / "script.json"
+    script.write_text('{"steps": [{"text": "hi"}]}')
+    refused(
+        run(env, "session", "start", "--workspace", tmp_path, "--script", script, "--json", "hello"),
+        "workspace_contains_ledger",
+    )
+    assert not (tmp_path / ".maka-workspace.json").exists()

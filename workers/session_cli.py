@@ -19,6 +19,8 @@ import click
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.settings import MakaSettings
+from maka_core.store.engine import sqlite_file
+from maka_core.workspace import check_workspace_location
 from workers.cli_base import (
     console,
     db_option,
@@ -77,12 +79,17 @@ def _provider_spec(script: Path | None, model: str | None) -> dict[str, Any]:
     return {"kind": "openai", "model": model}
 
 
-def _workspace(path: Path) -> Path:
-    # The same codes Workspace.open uses, checked before the marker file is written.
+def _workspace(path: Path, s: MakaSettings) -> Path:
+    # The same codes Workspace.open uses, checked before the marker file is written: a workspace is
+    # a project folder, never /, a home or system folder, nor one holding MAKA_HOME or the ledger.
     if not path.exists():
         raise ConfigError("workspace_not_found", f"no workspace at {path}", path=str(path))
     if not path.is_dir():
         raise ConfigError("invalid_workspace", f"{path} is not a directory", path=str(path))
+    ledger = s.ledger
+    check_workspace_location(
+        path, maka_home=s.home, ledger_path=ledger if isinstance(ledger, Path) else sqlite_file(ledger)
+    )
     return path
 
 
@@ -129,7 +136,7 @@ def cmd_start(
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout)
     text = _message(message)
     provider = _provider_spec(script, model)
-    _workspace(workspace)
+    _workspace(workspace, s)
 
     async def main() -> int:
         client = await connect(address, namespace)

@@ -33,7 +33,7 @@ from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows,
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
-from maka_core.store.hot_sql import HotSQL
+from maka_core.store.hot_sql import HotSQL, rows_since
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
 from maka_core.store.runs import RunHeaderStore
@@ -176,7 +176,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         if self._view is None:
             self._view, self._cursor, self._event_seq = CommittedView(), 0, {}
         view = self._view
-        rows = conn.exec_driver_sql(self._sql.events_since, (self._cursor,)).mappings()
+        rows = rows_since(conn, self._sql.events_since, self._cursor)
         for row in rows:
             view.fold(row_event(row))
             self._cursor = int(row["ledger_seq"])

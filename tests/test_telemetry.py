@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import io
 import re
+import socket
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.observe import NOOP, ObservedLedger, timed_span
 from maka_core.runtime.contracts import FinishRunInput, RecoverResult, RunIds, ToolOutcome
 from maka_core.store.writer import LedgerStore
-from tests.temporal_support import start, tool_step, wait_turn, write_script
+from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 from workers.client import connect
 from workers.telemetry import (
     Metrics,
@@ -249,3 +251,28 @@ def test_observed_ledger_times_commits_and_passes_reads_through(tmp_path: Path) 
     assert _metric(metrics, "maka_continuations_total", {}) == 1
     with timed_span(NOOP, "x", "t1"):  # the default observer records nothing and never fails
         pass
+
+
+@pytest.mark.temporal
+def test_maka_worker_serves_metrics_on_its_port(
+    temporal_server: Any, tmp_path: Path, task_queue: str
+) -> None:
+    """``maka worker`` as a real process, port from ``MAKA_METRICS_PORT`` (= ``--metrics-port``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MAKA_METRICS_PORT": str(port)}
+    with WorkerProcess(temporal_server, tmp_path / "l.sqlite", task_queue, home=tmp_path, extra_env=env) as w:
+        w.wait_ready()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    assert "# TYPE maka_tool_calls_total counter" in text
+    assert "# TYPE maka_ledger_commit_seconds histogram" in text
+    assert "temporal_request" in text  # the SDK's runtime metrics, relayed on the same port

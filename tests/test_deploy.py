@@ -188,3 +188,31 @@ def test_structural_check_refuses_shared_queues_and_dangling_volumes() -> None:
     assert any("own task queue" in p for p in problems)
     assert any("volume workspaces is not defined" in p for p in problems)
     assert any("exactly one replica" in p for p in problems)
+
+
+# --- Temporal Cloud through the standard environment configuration ---------------------------
+
+
+def test_the_documented_cloud_settings_reach_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/README's Temporal Cloud and mTLS settings, read by ``workers.client`` through
+    ``temporalio.envconfig``: API key implies TLS; TLS paths become the client's TLS config."""
+    from workers.client import connect_config
+
+    for name in ("TEMPORAL_CONFIG_FILE", "TEMPORAL_PROFILE", "TEMPORAL_TLS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(DEPLOY / "no-such-temporal.toml"))
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "my-ns.a1b2c.tmprl.cloud:7233")
+    monkeypatch.setenv("TEMPORAL_NAMESPACE", "my-ns.a1b2c")
+    monkeypatch.setenv("TEMPORAL_API_KEY", "key-123")
+    cloud = connect_config()
+    assert cloud["target_host"] == "my-ns.a1b2c.tmprl.cloud:7233"
+    assert cloud["namespace"] == "my-ns.a1b2c" and cloud["api_key"] == "key-123" and cloud["tls"]
+    assert connect_config("other:7233", "ns2")["target_host"] == "other:7233"  # flags win
+
+    monkeypatch.delenv("TEMPORAL_API_KEY")
+    monkeypatch.setenv("TEMPORAL_TLS_SERVER_NAME", "frontend.internal")
+    mtls = connect_config()
+    assert "api_key" not in mtls and mtls["tls"].domain == "frontend.internal"
+    readme = (DEPLOY / "README.md").read_text()
+    for name in ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_TLS_SERVER_NAME"):
+        assert f"`{name}`" in readme

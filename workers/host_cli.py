@@ -43,6 +43,15 @@ heartbeat_option = click.option(
     is_flag=True,
     help="run bash WITHOUT a sandbox where bubblewrap cannot run (loud in the ready line and the log)",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    envvar="MAKA_METRICS_PORT",
+    metavar="PORT",
+    help="serve Prometheus /metrics on PORT: maka's and the Temporal SDK's (MAKA_METRICS_PORT; "
+    "traces go over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+)
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -52,17 +61,23 @@ def cmd_worker(
     tool_heartbeat_timeout: float | None,
     no_repair: bool,
     unsafe_no_sandbox: bool,
+    metrics_port: int | None,
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
     from workers.client import connect
+    from workers.telemetry import Telemetry
     from workers.worker import serve
 
     s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
+    telemetry = Telemetry.from_env(metrics_port)
+
     async def main() -> int:
-        client = await connect(address, namespace)
+        # The Temporal runtime carries the SDK's metrics: it must be the client's.
+        runtime = telemetry.temporal_runtime()
+        client = await connect(address, namespace, **({"runtime": runtime} if runtime else {}))
         await serve(
             client,
             s.ledger,
@@ -70,6 +85,7 @@ def cmd_worker(
             settings=s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox),
             repair=not no_repair,
             json_events=as_json,
+            telemetry=telemetry,
         )
         return 0
 

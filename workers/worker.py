@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client
@@ -37,6 +37,9 @@ from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
 from workflows.session import SessionWorkflow
+
+if TYPE_CHECKING:
+    from workers.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
 
@@ -135,6 +138,7 @@ async def serve(
     repair: bool = True,
     out: Any = None,
     json_events: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> RepairReport:
     """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
 
@@ -142,6 +146,7 @@ async def serve(
     line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
     ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
+    ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
     """
     out = out or sys.stderr
 
@@ -156,6 +161,8 @@ async def serve(
     if settings.unsafe_no_sandbox:
         log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
     runtime = (make_runtime or default_runtime)(store, settings)
+    if telemetry is not None:
+        telemetry.instrument(runtime)
     acts = MakaActivities(runtime)
     report = RepairReport()
     try:
@@ -171,7 +178,9 @@ async def serve(
                     leftToWorkflow=report.left_to_workflow,
                     sessionsToResume=report.sessions_to_resume,
                 )
-        worker = build_worker(client, acts, task_queue)
+        observed = {} if telemetry is None else {"interceptors": telemetry.interceptors()}
+        worker = build_worker(client, acts, task_queue, **observed)
+        metrics_port = telemetry.start() if telemetry is not None else None
         own_stop = stop is None
         if stop is None:
             stop = asyncio.Event()
@@ -188,6 +197,7 @@ async def serve(
             db=str(db),
             bash=isolation,
             unsafeNoSandbox=settings.unsafe_no_sandbox,
+            **({"metricsPort": metrics_port} if metrics_port is not None else {}),
         )
         if ready is not None:
             ready.set()
@@ -205,6 +215,8 @@ async def serve(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
     finally:
+        if telemetry is not None:
+            telemetry.stop()
         acts.close(wait=True)
         store.close()
     announce("stopped", "stopped")

@@ -1,0 +1,168 @@
+"""What the runtime tells an operator: spans, counters and histograms through one small hook.
+
+``maka_core`` never imports temporalio or OpenTelemetry; it speaks to an ``Observer`` and the worker
+plugs in the real one (``workers/telemetry.py``: OpenTelemetry spans, Prometheus metrics). The
+default does nothing, so code that never configured telemetry pays one attribute lookup.
+
+Attributes and labels are ids and codes only (run, session, operation, event ids; tool names; park
+reasons; outcome codes), never arguments, outputs, texts or secrets: an exported trace must be
+safe to hand to anyone who may see the cluster's metadata.
+
+``ObservedLedger`` wraps any ``Ledger`` so every commit (T1, T2, recovery bundle, terminal, append)
+gets a span and a latency observation without the runtime knowing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.run_header import RunHeader
+from maka_core.ledger.committed import CommittedView
+from maka_core.store.ledger import Ledger
+from maka_core.store.writer import AttemptArg, CommitResult
+
+AttrValue = str | int | float | bool
+
+#: The ledger commits that are timed: T1 (dispatch fact), T2 (outcome), recovery bundle, a run's
+#: terminal fact, and the generic append (user, model and refusal events).
+CommitKind = Literal["t1", "t2", "recovery", "terminal", "append"]
+
+#: The histogram of ledger commit latency (seconds), labelled by ``kind`` (a ``CommitKind``).
+LEDGER_COMMIT_SECONDS = "maka_ledger_commit_seconds"
+#: The counter of continuation runs admitted to the ledger (a run header with a continuation source).
+CONTINUATIONS = "maka_continuations_total"
+
+
+class Observer(Protocol):
+    """Where spans and measurements go. Implementations must never raise into the runtime."""
+
+    def span(self, name: str, **attrs: AttrValue | None) -> contextlib.AbstractContextManager[None]:
+        """A span around a block (a child of the current span, when there is one)."""
+        ...
+
+    def count(self, metric: str, amount: float = 1.0, **labels: str) -> None:
+        """Add ``amount`` to the counter ``metric`` with ``labels``."""
+        ...
+
+    def observe(self, histogram: str, value: float, **labels: str) -> None:
+        """Record ``value`` in the histogram ``histogram`` with ``labels``."""
+        ...
+
+
+class NoopObserver:
+    """The default: nothing is recorded."""
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attrs: AttrValue | None) -> Iterator[None]:
+        yield
+
+    def count(self, metric: str, amount: float = 1.0, **labels: str) -> None:
+        return None
+
+    def observe(self, histogram: str, value: float, **labels: str) -> None:
+        return None
+
+
+NOOP: Observer = NoopObserver()
+
+
+@contextlib.contextmanager
+def timed_span(observer: Observer, name: str, kind: CommitKind, **attrs: AttrValue | None) -> Iterator[None]:
+    """A span named ``name`` plus one ``LEDGER_COMMIT_SECONDS{kind}`` observation (failures included:
+    a slow refused commit is still a slow commit)."""
+    began = time.perf_counter()
+    try:
+        with observer.span(name, **attrs):
+            yield
+    finally:
+        observer.observe(LEDGER_COMMIT_SECONDS, time.perf_counter() - began, kind=kind)
+
+
+def _event_attrs(event: RuntimeEvent) -> dict[str, AttrValue | None]:
+    return {"maka.session_id": event.session_id, "maka.run_id": event.run_id, "maka.event_id": event.id}
+
+
+class ObservedLedger:
+    """A ``Ledger`` that times and traces every commit of the ledger it wraps; reads pass through."""
+
+    def __init__(self, inner: Ledger, observer: Observer) -> None:
+        self.inner = inner
+        self.observer = observer
+
+    # --- timed writers -----------------------------------------------------------------------
+
+    def commit_tool_prepared(
+        self,
+        dispatch: RuntimeEvent,
+        *,
+        call: RuntimeEvent | None = None,
+        evidence: Mapping[str, Any] | None = None,
+        attempt: AttemptArg = None,
+    ) -> CommitResult:
+        with timed_span(self.observer, "maka.ledger.t1", "t1", **_event_attrs(dispatch)):
+            return self.inner.commit_tool_prepared(dispatch, call=call, evidence=evidence, attempt=attempt)
+
+    def commit_tool_outcome(self, response: RuntimeEvent, *, attempt: AttemptArg = None) -> CommitResult:
+        with timed_span(self.observer, "maka.ledger.t2", "t2", **_event_attrs(response)):
+            return self.inner.commit_tool_outcome(response, attempt=attempt)
+
+    def commit_recovery_bundle(
+        self,
+        reconcile: RuntimeEvent,
+        decision: RuntimeEvent,
+        outcome: RuntimeEvent | None = None,
+        *,
+        attempt: AttemptArg = None,
+    ) -> CommitResult:
+        with timed_span(self.observer, "maka.ledger.recovery", "recovery", **_event_attrs(decision)):
+            return self.inner.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt)
+
+    def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
+        with timed_span(self.observer, "maka.ledger.terminal", "terminal", **_event_attrs(event)):
+            return self.inner.commit_terminal(event)
+
+    def append(self, events: Sequence[RuntimeEvent]) -> CommitResult:
+        attrs = _event_attrs(events[0]) if events else {}
+        with timed_span(self.observer, "maka.ledger.append", "append", count=len(events), **attrs):
+            return self.inner.append(events)
+
+    # --- reads and headers: untouched ----------------------------------------------------------
+
+    def view(self) -> CommittedView:
+        return self.inner.view()
+
+    def events(
+        self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None
+    ) -> list[RuntimeEvent]:
+        return self.inner.events(session_id, run_id, invocation_id)
+
+    def evidence(self, operation_id: str) -> dict[str, Any] | None:
+        return self.inner.evidence(operation_id)
+
+    def get_run(self, run_id: str) -> RunHeader | None:
+        return self.inner.get_run(run_id)
+
+    def put_run(self, header: RunHeader) -> RunHeader:
+        if header.continuation_source is None:
+            return self.inner.put_run(header)
+        # Counted once: a retried put of the same continuation header finds it already there.
+        new = self.inner.get_run(header.run_id) is None
+        with self.observer.span(
+            "maka.ledger.continuation", run_id=header.run_id, session_id=header.session_id
+        ):
+            stored = self.inner.put_run(header)
+        if new:
+            self.observer.count(CONTINUATIONS)
+        return stored
+
+    def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]:
+        return self.inner.list_runs(session_id, nonterminal)
+
+
+def _conforms(ledger: ObservedLedger) -> Ledger:
+    """Never called: mypy proves here that ``ObservedLedger`` implements ``Ledger``."""
+    return ledger

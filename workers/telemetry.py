@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -325,15 +324,6 @@ class _MakaInterceptor(Interceptor):
         return _TurnContextInterceptor(next, self.telemetry)
 
 
-class _ContextPool(ThreadPoolExecutor):
-    """A pool whose jobs run in the submitter's context, so a ledger commit's span nests under the
-    activity that asked for it (``loop.run_in_executor`` does not carry contextvars)."""
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        ctx = contextvars.copy_context()
-        return super().submit(ctx.run, fn, *args, **kwargs)
-
-
 # --- the whole -----------------------------------------------------------------------------------
 
 
@@ -407,10 +397,6 @@ class Telemetry:
     def instrument(self, runtime: Runtime) -> None:
         """Time and trace the runtime's ledger commits (see ``maka_core.observe.ObservedLedger``)."""
         runtime.ledger = ObservedLedger(runtime.ledger, self.observer)
-        if self.tracing is not None:
-            old = runtime._ledger_thread
-            runtime._ledger_thread = _ContextPool(max_workers=1, thread_name_prefix="maka-ledger")
-            old.shutdown(wait=False)
 
     def emit_turn_root(self, run_id: str, ids: dict[str, str]) -> None:
         if self.provider is None:

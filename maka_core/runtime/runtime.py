@@ -19,6 +19,7 @@ T2. Nothing else moves between threads on the hot path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 from collections import deque
@@ -168,7 +169,10 @@ class Runtime:
                     spent.append(elapsed)
 
         measured = phase is not None or spent is not None
-        future = asyncio.get_running_loop().run_in_executor(pool, timed if measured else fn)
+        # The caller's context travels with the work (a tracing span opened around this hop must be
+        # the parent of what the ledger thread records).
+        context = contextvars.copy_context()
+        future = asyncio.get_running_loop().run_in_executor(pool, context.run, timed if measured else fn)
         if attempt is None:
             return await future
         interval = self.settings.heartbeat_interval

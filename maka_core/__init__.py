@@ -1,18 +1,20 @@
-"""maka_core: the ledger and everything that reasons about it. Never imports temporalio.
+"""maka_core: the ledger, the runtime that speaks through it, and everything that reasons about it.
+Never imports temporalio; every turn can run without an orchestrator (``tests/test_runtime.py``).
 
-Facts and their wire form
-    events (RuntimeEvent models), event_payloads (nested payload shapes), canonical_json
-    (JavaScript-semantics JSON), codec (decode/encode, canonicalArgsHash), errors (one tree).
-Interpretation (one scanner for writers, rebuild and the Resolver)
-    lanes, scanner, recovery_bundle, resolver (RecoveryResolver), resume_plan (Phase 0),
-    projections (tool_operations / tool_journal_events rows).
-The store (SQLAlchemy Core; SQLite by default, Postgres through the same code)
-    engine (pragmas, BEGIN IMMEDIATE, error translation), schema (tables, user_version),
-    store (the writers: append, T1, T2, recovery bundle, terminal, import), store_reads,
-    ledger_rows, run_store + runs (AgentRun headers, startup repair), continuation_store + claims,
-    ledger_io (JSONL import/export).
-Execution
-    workspace (identity marker, confinement), tools (read/list/write/edit/bash with evidence and
-    reconcilers), policy (before the effect), providers (scripted, OpenAI-compatible),
-    session_view (status and transcript from the ledger), failpoints, paths.
+facts/      what is written: RuntimeEvents and payload shapes, canonical JSON (JavaScript
+            semantics), the codec and ``canonicalArgsHash``, run headers, continuation claims, clock.
+ledger/     what it means, pure: the one scanner (lanes, recovery bundles), the Resolver, the Phase 0
+            plan, projections, the committed view the runtime reads, and the Phase 1 continuation
+            planner (continuation, lineage, digests, provider replay, continuation start, the
+            offline document).
+store/      where it lives: the typed ``Ledger`` interface and its SQLAlchemy Core implementation
+            (SQLite by default, PostgreSQL through the same code): engine, schema, writers, the hot
+            path's driver SQL, reads, run headers, claims, JSONL import/export.
+runtime/    the turn protocol: begin/finish a run, a model step, a tool call from guard to T2,
+            recovery, settling a run (shared by finish and repair), the events it writes, its
+            contract models and closed sets, its services and threads, the session view.
+tools/      the built-in tools with their evidence and reconcilers, the bash sandbox, the race-free
+            path resolver.   providers/  scripted and OpenAI-compatible models.
+governance/ MELRA's policy, approval challenge, evidence, guarantees and receipts (pure).
+policy, workspace, settings, observe, failpoints, paths, errors: one module each.
 """

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
 from maka_core import failpoints
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.facts.events import RecoveryMode
-from maka_core.tools import effect_journal
 from maka_core.tools.base import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_RESULT_BYTE_LIMIT,
@@ -40,6 +39,7 @@ from maka_core.tools.beneath import (
     read_bytes,
     write_replace,
 )
+from maka_core.tools.effect_journal import record as record_effect
 from maka_core.tools.evidence import reconcile_file
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ class _WriteTool(_FileTool):
                 write_replace(target.dir_fd, target.name, plan.after)
         except OSError as exc:
             raise ToolRefusal("tool_io_failed", f"cannot write: {exc.strerror}", path=plan.target) from None
-        effect_journal.record(self.name, ws.root / plan.target, plan.after)  # drills only (MAKA_EFFECT_LOG)
+        record_effect(self.name, ws.root / plan.target, plan.after)  # drills only (MAKA_EFFECT_LOG)
         failpoints.hit("P4", tag=self.name)
         return enforce_result_limit(
             self.result_for(plan.target, FileIdentity.of(plan.after)), self.result_byte_limit

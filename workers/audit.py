@@ -10,7 +10,7 @@ converter into the contract models (ids only: no transcript ever enters a histor
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -70,8 +70,11 @@ _CLOSE: dict[int, ExecutionStatus] = {
 }
 
 
-async def session_executions(client: Client, session_id: str) -> list[Execution]:
+async def session_executions(client: Client, session_id: str, named: Sequence[str] = ()) -> list[Execution]:
     """Every execution of the session's workflow id, each with its history read (or marked gone).
+
+    ``named``: execution run ids the ledger names (run headers, attempt rows). One the server no
+    longer knows is an execution whose history is gone, not one that never was.
 
     Raises:
         MakaError: ``temporal_unavailable`` when the server does not answer.
@@ -95,7 +98,7 @@ async def session_executions(client: Client, session_id: str) -> list[Execution]
     except RuntimeError as exc:
         raise MakaError("temporal_unavailable", f"Temporal did not answer: {exc}") from None
     executions: dict[str, Execution] = {}
-    todo = list(listed)
+    todo = list(dict.fromkeys([*listed, *named]))
     while todo:
         run_id = todo.pop(0)
         if run_id in executions:
@@ -295,4 +298,6 @@ async def audit_session(
     ledger = read_ledger(store, session_id, verify_problems=verify_problems)
     if not ledger.events and not ledger.headers:
         raise MakaError("session_not_found", f"no events for session {session_id}", sessionId=session_id)
-    return audit(ledger, await session_executions(client, session_id))
+    named = [h.workflow_run_id for h in ledger.headers if h.workflow_run_id]
+    named += [str(a["workflow_run_id"]) for a in ledger.attempts if a.get("workflow_run_id")]
+    return audit(ledger, await session_executions(client, session_id, named))

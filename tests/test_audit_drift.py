@@ -73,7 +73,7 @@ def _reimport(src: Path, session_id: str, dest: Path, edit: Any) -> None:
 
 
 async def test_an_exported_and_reimported_ledger_audits_clean_and_a_removed_outcome_is_drift(
-    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     db = tmp_path / "ledger.sqlite"
     session_id = await _two_turns(temporal_client, db, ws_dir, tmp_path, task_queue)
@@ -103,6 +103,9 @@ async def test_an_exported_and_reimported_ledger_audits_clean_and_a_removed_outc
     assert "outcome_missing" in _drift(report), [f.to_json() for f in report.findings]
     missing = next(f for f in report.drift if f.check == "outcome_missing")
     assert missing.operation_id and missing.execution_run_id and missing.run_id
+    cli = _cli("audit", session_id, "--db", str(broken), "--address", temporal_server.address, "--json")
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    assert json.loads(cli.stdout)["ok"] is False
 
 
 async def test_an_operation_no_history_shows_is_drift(

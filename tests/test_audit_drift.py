@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from maka_core.audit.html import render_html
 from maka_core.facts import codec
 from maka_core.store.writer import LedgerStore
 from tests.drills import Cell, Kill, maka_cli, run_cells
@@ -174,3 +176,35 @@ async def test_crashes_audit_clean_after_recovery_and_a_disabled_guard_is_drift(
     assert _drift(naive) & {"redispatch_after_dispatch", "duplicate_dispatch"}, [
         f.to_json() for f in naive.findings
     ]
+    # The page marks the drift in place and the park where the bash run parked.
+    for name, report in reports.items():
+        page = render_html(report.to_json())
+        (tmp_path / f"{name.replace(' ', '_')}.html").write_text(page)
+        titles = _Titles()
+        titles.feed(page)
+        drawn = " | ".join(titles.titles)
+        assert ("drift on operation" in drawn) == (name == "P4 write_file guard off"), drawn
+        assert "crash: write_file" in drawn or name == "P4 bash"
+        assert "recovery: " in drawn
+        assert ("parked: dispatch_without_response" in drawn) == (name == "P4 bash"), drawn
+
+
+class _Titles(HTMLParser):
+    """The tooltips of the timeline: what it draws, as text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.titles: list[str] = []
+        self._in = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._in = tag == "title"
+        if self._in:
+            self.titles.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self.titles[-1] += data

@@ -182,11 +182,12 @@ def check_tools(ix: AuditIndex) -> Iterator[Finding]:
                 operation_id=op_id,
             )
         rows = ix.attempts_by_op.get(op_id, [])
-        t1 = {(r["workflow_run_id"], r["activity_id"], r["attempt"]) for r in rows if r["phase"] == "t1"}
+        # An exact T1 retry records no row, so two rows are two dispatches (one attempt or two).
+        t1 = [(r["workflow_run_id"], r["activity_id"], r["attempt"]) for r in rows if r["phase"] == "t1"]
         if len(t1) > 1:
             yield Finding(
                 "duplicate_dispatch",
-                f"operation {op_id} has T1 recorded by {len(t1)} activity attempts",
+                f"operation {op_id} has {len(t1)} T1 rows, by activity attempts {sorted(set(t1))}",
                 run_id=key[0],
                 operation_id=op_id,
             )

@@ -62,7 +62,7 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
         "a history finished the run but the ledger has no terminal fact, "
         "or the ledger's terminal fact has no finish_run in any history",
     ),
-    "run_status_mismatch": ("drift", "finish_run's status or park reason differs from the ledger's"),
+    "run_status_mismatch": ("drift", "finish_run's status differs from the ledger's terminal fact"),
     "run_order_mismatch": ("drift", "histories began the runs in another order than the ledger holds them"),
     "history_run_unknown": ("drift", "a history began a run the ledger does not hold"),
     "tool_activity_unmapped": ("drift", "an execute_tool activity names a call the ledger does not hold"),

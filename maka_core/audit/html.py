@@ -33,7 +33,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}
 .card{background:#fff;border:1px solid #dde2e8;border-radius:8px;padding:12px;overflow-x:auto}
 table{border-collapse:collapse;width:100%;font-size:12.5px}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eef1f4;white-space:nowrap}
-th{position:sticky;top:0;background:#fff;z-index:1}
+th{position:sticky;top:0;background:#fff;z-index:1}td:last-child{white-space:normal;min-width:280px}
 .scroll{max-height:460px;overflow:auto}
 tr.drift td{background:#fde8eb}tr.notice td{background:#fff8e6}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}
@@ -139,33 +139,42 @@ def _timeline(report: dict[str, Any], drift_ops: set[Any], drift_runs: set[Any])
 
 
 def _run_bars(report: dict[str, Any], lanes: dict[str, int], x: Any, drift_runs: set[Any]) -> list[str]:
+    """A run's bar in every lane that hosted its activities (a turn carried across continue-as-new
+    shows in each execution, clipped to that execution's span)."""
     out: list[str] = []
     colours = {"completed": "#3c9d5d", "failed": "#d7263d", "cancelled": "#9aa5b1", "running": "#2f6fb0"}
+    spans = {e["runId"]: (e.get("startTime"), e.get("closeTime")) for e in report["executions"]}
     for turn, run in enumerate(report["runs"], start=1):
-        lane = lanes.get(run.get("workflowRunId") or "", 0)
-        y = 24 + lane * LANE_H + 4
+        hosts = [h for h in run.get("executions") or [] if h in lanes] or [run.get("workflowRunId") or ""]
         colour = "#f4a259" if run.get("parkReason") else colours.get(run["status"], "#9aa5b1")
-        x0, x1 = x(run["startTs"]), x(run["endTs"])
         tip = f"turn {turn}: run {run['runId']} · {run['status']}"
         tip += f" · parked: {run['parkReason']}" if run.get("parkReason") else ""
         tip += f" · {run['operations']} tool call(s)"
-        out.append(
-            f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 3):.1f}" height="14" rx="3" '
-            f'fill="{colour}"><title>{escape(tip)}</title></rect>'
-        )
+        for host in hosts:
+            y = 24 + lanes.get(host, 0) * LANE_H + 4
+            start, close = spans.get(host, (None, None))
+            x0 = x(max(run["startTs"], start or run["startTs"]))
+            x1 = x(min(run["endTs"], close or run["endTs"]))
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 3):.1f}" height="14" rx="3" '
+                f'fill="{colour}"><title>{escape(tip)}</title></rect>'
+            )
+        y = 24 + lanes.get(hosts[-1], 0) * LANE_H + 4
+        x0, x1 = x(run["startTs"]), x(run["endTs"])
         if run.get("parkReason"):
             out.append(
                 f'<path d="M{x1:.1f},{y - 2} l7,4 l-7,4 z" fill="#f4a259" stroke="#a15c17">'
                 f"<title>{escape('parked: ' + run['parkReason'])}</title></path>"
             )
         source = run.get("continuationSource")
+        first_y = 24 + lanes.get(hosts[0], 0) * LANE_H + 4
         if source:
             out.append(
-                f'<circle cx="{x0:.1f}" cy="{y + 7}" r="5" fill="#2f6fb0"><title>'
+                f'<circle cx="{x0:.1f}" cy="{first_y + 7}" r="5" fill="#2f6fb0"><title>'
                 f"{escape('continuation of ' + source['runId'])}</title></circle>"
             )
         if run["runId"] in drift_runs:
-            out.append(_drift_mark(x0, y - 4, f"drift on run {run['runId']}"))
+            out.append(_drift_mark(x0, first_y - 4, f"drift on run {run['runId']}"))
     return out
 
 
@@ -292,6 +301,7 @@ def _runs(report: dict[str, Any], drift_runs: set[Any]) -> str:
 
 
 def _operations(report: dict[str, Any], drift_ops: set[Any]) -> str:
+    t0 = _span(report)[0]
     rows = []
     for op in report["operations"]:
         state = _op_state(op, drift_ops)
@@ -305,6 +315,7 @@ def _operations(report: dict[str, Any], drift_ops: set[Any]) -> str:
                     f'<span id="op-{escape(str(op["operationId"]))}"><code>{escape(str(op["operationId"]))}'
                     "</code></span>",
                     escape(str(op["toolName"])),
+                    f"+{(op['t1'] - t0) / 1000:.2f}s" if op.get("t1") else "-",
                     escape(f"{op['status']} ({op['reason']})"),
                     f"T1 x{t1}, T2 x{t2}",
                     escape(op["recoveryPath"] or "-"),
@@ -313,5 +324,7 @@ def _operations(report: dict[str, Any], drift_ops: set[Any]) -> str:
             )
         )
     return f"<h2>Tool calls ({len(rows)})</h2>" + _table(
-        ["operation", "tool", "ledger status", "attempt rows", "activities", "workers"], rows, scroll=True
+        ["operation", "tool", "T1 at", "ledger status", "attempt rows", "activities", "workers"],
+        rows,
+        scroll=True,
     )

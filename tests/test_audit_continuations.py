@@ -123,6 +123,8 @@ def test_each_broken_continuation_fact_is_drift(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path / "l.sqlite")
     early = [HISTORIES[0], dataclasses.replace(HISTORIES[1], start_ms=T0 + 2)]
     assert _checks(ledger, early) == {"continuation_started_early"}
+    gone = [dataclasses.replace(HISTORIES[0], history_available=False, close_ms=None), HISTORIES[1]]
+    assert _checks(ledger, gone) == set()  # what a lost history cannot show is not drift
     assert _checks(dataclasses.replace(ledger, claims={"claim-1": None}), HISTORIES) == {
         "continuation_claim_missing"
     }

@@ -208,3 +208,23 @@ class _Titles(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._in:
             self.titles[-1] += data
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+async def test_every_kill_matrix_cell_audits_clean_after_recovery(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    from tests.test_kill_matrix import matrix
+
+    cells = matrix()
+    results = await run_cells(temporal_server, temporal_client, tmp_path, cells, parallel=2)
+    dirty = {}
+    for result in results:
+        assert result.error is None, (result.cell.name, result.error)
+        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
+        report = await _audit(temporal_client, db, result.session_id)
+        if not report.ok:
+            dirty[result.cell.name] = [f.to_json() for f in report.drift]
+    print(f"\n{len(results)} kill-matrix cells audited, {len(dirty)} with drift")
+    assert dirty == {}

@@ -82,8 +82,13 @@ async def session_executions(client: Client, session_id: str, named: Sequence[st
     workflow_id = workflow_id_for(session_id)
     listed: dict[str, ExecutionStatus] = {}
     try:
-        async for info in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
-            listed[info.run_id] = _STATUS.get(int(info.status or 0), "unknown")
+        try:
+            async for info in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
+                listed[info.run_id] = _STATUS.get(int(info.status or 0), "unknown")
+        except RPCError as exc:
+            # A server without list queries still answers describe and history: follow the chain.
+            if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
         try:
             desc = await client.get_workflow_handle(workflow_id).describe()
             listed.setdefault(desc.run_id, _STATUS.get(int(desc.status or 0), "unknown"))

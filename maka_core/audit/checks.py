@@ -368,6 +368,8 @@ def _started_after(
     source = executions.get(source_h.workflow_run_id or "")
     if target is None or source is None or target is source:
         return
+    if not (target.history_available and source.history_available):
+        return  # the times are in the history that is gone (its notice says so)
     if source.close_ms is None or (target.start_ms is not None and target.start_ms < source.close_ms):
         yield Finding(
             "continuation_started_early",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from maka_core.audit.model import ActivityFact, Execution, LedgerFacts
@@ -49,7 +50,7 @@ class AuditIndex:
     by_call: dict[tuple[str, str], list[Placed]] = field(default_factory=dict)
     known_attempts: dict[tuple[str, str], ActivityFact] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def execution_ids(self) -> dict[str, Execution]:
         return {e.run_id: e for e in self.executions}
 
@@ -57,7 +58,7 @@ class AuditIndex:
         execution = self.execution_ids.get(run_id or "")
         return execution is not None and execution.history_available
 
-    @property
+    @cached_property
     def all_available(self) -> bool:
         return bool(self.executions) and all(e.history_available for e in self.executions)
 

@@ -55,10 +55,10 @@ def maka() -> None:
 
 
 def _register() -> None:
-    from workers import host_cli, ledger_cli, session_cli
+    from workers import audit_cli, host_cli, ledger_cli, session_cli
 
     maka.add_command(ledger_cli.ledger)
-    for command in (*host_cli.COMMANDS, *session_cli.COMMANDS):
+    for command in (*host_cli.COMMANDS, *session_cli.COMMANDS, *audit_cli.COMMANDS):
         maka.add_command(command)
 
 

@@ -1,0 +1,1 @@
+"""``maka audit``: the ledger's lineage against every Temporal execution that hosted it (pure)."""

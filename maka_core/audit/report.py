@@ -1,0 +1,157 @@
+"""The audit report: per execution, per run, per operation, then the findings (``--json`` shape)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from maka_core.audit.checks import CHECK_FUNCTIONS
+from maka_core.audit.findings import Finding
+from maka_core.audit.index import EXECUTE_TOOL, RECOVER_OPERATION, AuditIndex, build_index
+from maka_core.audit.model import Execution, LedgerFacts
+from maka_core.runtime.settle import park_reason_of
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    session_id: str
+    executions: tuple[dict[str, Any], ...]
+    runs: tuple[dict[str, Any], ...]
+    operations: tuple[dict[str, Any], ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "drift" for f in self.findings)
+
+    @property
+    def drift(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "drift"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "sessionId": self.session_id,
+            "executions": list(self.executions),
+            "runs": list(self.runs),
+            "operations": list(self.operations),
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def audit(ledger: LedgerFacts, executions: Sequence[Execution]) -> AuditReport:
+    """Run every check over one session's ledger facts and the histories of its executions."""
+    ix = build_index(ledger, executions)
+    findings: list[Finding] = []
+    for check in CHECK_FUNCTIONS:
+        findings.extend(check(ix))
+    return AuditReport(
+        session_id=ledger.session_id,
+        executions=tuple(_execution(ix, e) for e in ix.executions),
+        runs=tuple(_run(ix, run_id) for run_id in ix.run_events),
+        operations=tuple(_operations(ix)),
+        findings=tuple(findings),
+    )
+
+
+def _execution(ix: AuditIndex, execution: Execution) -> dict[str, Any]:
+    out = execution.to_json()
+    out["runs"] = sorted(
+        {f.run_id for f in execution.activities if f.run_id and f.activity_type == "maka.begin_run"}
+    )
+    out["toolActivities"] = sum(f.activity_type == EXECUTE_TOOL for f in execution.activities)
+    return out
+
+
+def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
+    events = ix.run_events[run_id]
+    header = ix.headers.get(run_id)
+    terminal = next((e for e in reversed(events) if e.is_terminal), None)
+    continuation = next(
+        (e.actions.continuation_start for e in events if e.actions and e.actions.continuation_start), None
+    )
+    out: dict[str, Any] = {
+        "runId": run_id,
+        "turnId": events[0].turn_id,
+        "invocationId": events[0].invocation_id,
+        "status": header.status if header else ("terminal" if terminal else "running"),
+        "parkReason": park_reason_of(terminal) if terminal else None,
+        "workflowId": header.workflow_id if header else None,
+        "workflowRunId": header.workflow_run_id if header else None,
+        "events": len(events),
+        "startTs": events[0].ts,
+        "endTs": events[-1].ts,
+        "operations": sum(1 for key in ix.ops_by_call if key[0] == run_id),
+        "executions": sorted({p.execution.run_id for p in ix.by_run.get(run_id, ())}),
+    }
+    if continuation is not None:
+        src = continuation.immediate_source
+        out["continuationSource"] = {
+            "runId": src.run_id,
+            "highWater": src.high_water,
+            "claimId": continuation.claim_id,
+        }
+    return out
+
+
+def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for key, facts in ix.ops_by_call.items():
+        decision = ix.decisions.get(key)
+        op_id = facts.operation_id
+        placed = sorted(
+            (p for p in ix.by_call.get(key, ()) if p.fact.activity_type in (EXECUTE_TOOL, RECOVER_OPERATION)),
+            key=lambda p: p.order,
+        )
+        activities = [
+            {
+                "executionRunId": p.execution.run_id,
+                "type": p.fact.activity_type,
+                "activityId": p.fact.activity_id,
+                "attempt": p.fact.attempt,
+                "outcome": p.fact.outcome,
+                "identity": p.fact.identity,
+                "result": p.fact.result.get("status"),
+                "scheduledAt": p.fact.scheduled_at,
+                "closedAt": p.fact.closed_at,
+            }
+            for p in placed
+        ]
+        attempts = [
+            {
+                "phase": r["phase"],
+                "workflowRunId": r["workflow_run_id"],
+                "activityId": r["activity_id"],
+                "attempt": r["attempt"],
+                "identity": _identity(ix, r),
+            }
+            for r in ix.attempts_by_op.get(op_id or "", [])
+        ]
+        path = [
+            f"{'tool' if a['type'] == EXECUTE_TOOL else 'recover'}:{a['result'] or a['outcome']}"
+            for a in activities
+        ]
+        out.append(
+            {
+                "operationId": op_id,
+                "toolCallId": facts.tool_call_id,
+                "toolName": facts.tool_name,
+                "runId": facts.run_id,
+                "status": decision.status if decision else None,
+                "reason": decision.reason if decision else None,
+                "settlementOrigin": decision.settlement_origin if decision else None,
+                "t1": facts.dispatch.ts if facts.dispatch else None,
+                "t2": facts.response.ts if facts.response else None,
+                "recovered": facts.decision is not None,
+                "attempts": attempts,
+                "activities": activities,
+                "recoveryPath": " -> ".join(path),
+            }
+        )
+    return out
+
+
+def _identity(ix: AuditIndex, row: dict[str, Any]) -> str | None:
+    fact = ix.known_attempts.get((row["workflow_run_id"] or "", str(row["activity_id"])))
+    return fact.identity if fact else None

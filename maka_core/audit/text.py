@@ -1,0 +1,76 @@
+"""The audit report for people: executions, runs with their operations, then the findings."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+def report_lines(report: dict[str, Any]) -> list[str]:
+    """The readable report of ``AuditReport.to_json()``."""
+    drift = [f for f in report["findings"] if f["severity"] == "drift"]
+    verdict = "ledger and Temporal agree" if report["ok"] else f"DRIFT ({len(drift)} finding(s))"
+    lines = [f"session {report['sessionId']}: {verdict}", "", "executions"]
+    rows: list[tuple[Any, ...]] = [
+        ("workflow", "run id", "status", "started", "closed", "activities", "history")
+    ]
+    for e in report["executions"]:
+        rows.append(
+            (
+                e["workflowId"],
+                e["runId"],
+                e["status"],
+                _when(e.get("startTime")),
+                _when(e.get("closeTime")),
+                e["activities"],
+                "yes" if e["historyAvailable"] else f"GONE ({e.get('unavailableReason') or 'not found'})",
+            )
+        )
+    lines += _columns(rows) if report["executions"] else ["  (none: the server knows no execution)"]
+    ops_by_run: dict[str, list[dict[str, Any]]] = {}
+    for op in report["operations"]:
+        ops_by_run.setdefault(op["runId"], []).append(op)
+    for turn, run in enumerate(report["runs"], start=1):
+        park = f" parked ({run['parkReason']})" if run.get("parkReason") else ""
+        cont = f" continues {run['continuationSource']['runId']}" if run.get("continuationSource") else ""
+        host = run.get("workflowRunId") or "?"
+        lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  hosted by {host}"]
+        ops = ops_by_run.get(run["runId"], [])
+        if not ops:
+            continue
+        rows = [("operation", "tool", "ledger", "attempts (phase@activity#attempt)", "workers", "path")]
+        for op in ops:
+            attempts = " ".join(f"{a['phase']}@{a['activityId']}#{a['attempt']}" for a in op["attempts"])
+            workers = ",".join(sorted({a["identity"] for a in op["activities"] if a.get("identity")}))
+            rows.append(
+                (
+                    op["operationId"] or op["toolCallId"],
+                    op["toolName"],
+                    f"{op['status']}/{op['reason']}",
+                    attempts or "-",
+                    workers or "-",
+                    op["recoveryPath"] or "-",
+                )
+            )
+        lines += _columns(rows)
+    lines += ["", "findings" if report["findings"] else "findings: none"]
+    for f in report["findings"]:
+        where = " ".join(
+            f"{k}={f[k]}" for k in ("executionRunId", "runId", "operationId") if f.get(k) is not None
+        )
+        lines.append(f"  {f['severity']:<6} {f['check']:<32} {where}")
+        lines.append(f"         {f['message']}")
+    return lines

@@ -1,0 +1,142 @@
+"""Continuation checks (check 5) over a real ledger with a claimed, started continuation.
+
+The histories here are the audit's normalized model, built by the test (what ``workers/audit.py``
+produces from a real history): a resume starts a new execution of the same workflow id, which must
+start after the source's execution closed. Each broken input breaks one fact the check compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from maka_core.audit.model import ActivityFact, Execution, LedgerFacts, read_ledger
+from maka_core.audit.report import audit
+from maka_core.facts import codec
+from maka_core.facts.claims import ContinuationClaim
+from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
+from maka_core.facts.run_header import RunHeader
+from maka_core.store.writer import LedgerStore
+from tests.children.scenario import DIGEST, T0, terminal, user
+
+WF = "maka-session-sess-1"
+
+
+def _ledger(path: Path) -> LedgerFacts:
+    with LedgerStore.open(path) as store:
+        store.append([user()])
+        store.commit_terminal(terminal())
+        prefix = store.prefix("sess-1", "run-1")
+        claim = store.claim_continuation(
+            ContinuationClaim(
+                claim_id="claim-1",
+                source_session_id="sess-1",
+                source_invocation_id="inv-1",
+                source_run_id="run-1",
+                source_turn_id="turn-1",
+                source_event_high_water=prefix.high_water,
+                source_prefix_digest=prefix.prefix_digest,
+                boundary_digest=codec.digest("boundary-1"),
+                boundary_json={"highWater": prefix.high_water},
+                provider_replay_digest=DIGEST,
+                target_session_id="sess-1",
+                target_invocation_id="inv-2",
+                target_run_id="run-2",
+                target_turn_id="turn-2",
+            )
+        ).claim
+        store.commit_continuation_start(_start(claim, prefix.high_water, prefix.prefix_digest))
+        store.commit_terminal(terminal("evt-terminal-2", ts=T0 + 20, run="run-2", inv="inv-2", turn="turn-2"))
+        for n, exec_id in ((1, "exec-a"), (2, "exec-b")):
+            header = RunHeader(
+                session_id="sess-1",
+                run_id=f"run-{n}",
+                invocation_id=f"inv-{n}",
+                turn_id=f"turn-{n}",
+                status="completed",
+                workflow_id=WF,
+                workflow_run_id=exec_id,
+            )
+            store.put_run(header)
+        return read_ledger(store, "sess-1")
+
+
+def _start(claim: ContinuationClaim, high_water: int, digest: str) -> RuntimeEvent:
+    event = RuntimeEvent(
+        id="evt-start",
+        session_id="sess-1",
+        run_id="run-2",
+        invocation_id="inv-2",
+        turn_id="turn-2",
+        ts=T0 + 10,
+        partial=False,
+        role="system",
+        author="system",
+        actions=Actions(
+            continuation_start=ContinuationStart(
+                provenance="runtime_admission",
+                claim_id=claim.claim_id,
+                boundary_digest=claim.boundary_digest,
+                immediate_source=ImmediateSource(
+                    session_id="sess-1",
+                    invocation_id="inv-1",
+                    run_id="run-1",
+                    turn_id="turn-1",
+                    high_water=high_water,
+                    prefix_digest=digest,
+                ),
+                replay_manifest_digest=DIGEST,
+                provider_replay_digest=DIGEST,
+            )
+        ),
+    )
+    return codec.decode(codec.encode(event))
+
+
+def _execution(run_id: str, run: str, start: int, close: int) -> Execution:
+    begin = ActivityFact("maka.begin_run", "1", 5, "completed", run_id=run, scheduled_at=start)
+    finish = ActivityFact(
+        "maka.finish_run", "2", 11, "completed", run_id=run, inputs={"status": "completed"}, closed_at=close
+    )
+    return Execution(WF, run_id, "completed", start_ms=start, close_ms=close, activities=(begin, finish))
+
+
+HISTORIES = [_execution("exec-a", "run-1", T0, T0 + 5), _execution("exec-b", "run-2", T0 + 8, T0 + 25)]
+
+
+def _checks(ledger: LedgerFacts, executions: list[Execution]) -> set[str]:
+    return {f.check for f in audit(ledger, executions).drift}
+
+
+def test_a_resumed_session_audits_clean(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path / "l.sqlite")
+    report = audit(ledger, HISTORIES)
+    assert report.ok, [f.to_json() for f in report.findings]
+    assert report.to_json()["runs"][1]["continuationSource"] == {
+        "runId": "run-1",
+        "highWater": 2,
+        "claimId": "claim-1",
+    }
+
+
+def test_each_broken_continuation_fact_is_drift(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path / "l.sqlite")
+    early = [HISTORIES[0], dataclasses.replace(HISTORIES[1], start_ms=T0 + 2)]
+    assert _checks(ledger, early) == {"continuation_started_early"}
+    gone = [dataclasses.replace(HISTORIES[0], history_available=False, close_ms=None), HISTORIES[1]]
+    assert _checks(ledger, gone) == set()  # what a lost history cannot show is not drift
+    assert _checks(dataclasses.replace(ledger, claims={"claim-1": None}), HISTORIES) == {
+        "continuation_claim_missing"
+    }
+    claim = ledger.claims["claim-1"]
+    assert claim is not None
+    other_digest = {"claim-1": claim.model_copy(update={"source_prefix_digest": DIGEST})}
+    assert _checks(dataclasses.replace(ledger, claims=other_digest), HISTORIES) == {
+        "continuation_digest_mismatch"
+    }
+    other_hw = {"claim-1": claim.model_copy(update={"source_event_high_water": 1})}
+    assert _checks(dataclasses.replace(ledger, claims=other_hw), HISTORIES) == {
+        "continuation_high_water_mismatch"
+    }
+    no_source = tuple(e for e in ledger.events if e.run_id != "run-1")
+    assert "continuation_source_missing" in _checks(dataclasses.replace(ledger, events=no_source), HISTORIES)

@@ -1,0 +1,98 @@
+"""``maka audit SESSION|--all``: the ledger's lineage against every Temporal execution that hosted it.
+
+Exit 0 when the ledger and the histories agree, 1 on drift, 2 refused (``session_not_found``,
+``temporal_unavailable``, ``ledger_not_found``...). Reads only: nothing is written to the ledger
+or to Temporal (``--html`` writes the one file it is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import click
+
+from maka_core.errors import MakaError
+from workers.cli_base import (
+    db_option,
+    finish,
+    json_option,
+    open_ledger,
+    print_json,
+    run_async,
+    settings,
+    temporal_options,
+)
+
+
+@click.command("audit")
+@click.argument("session_id", metavar="SESSION", required=False)
+@click.option("--all", "all_sessions", is_flag=True, help="audit every session in the ledger")
+@db_option
+@temporal_options(queue=False)
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="also write a self-contained timeline page to FILE",
+)
+@json_option()
+def cmd_audit(
+    session_id: str | None,
+    all_sessions: bool,
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    html_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Did Temporal and the ledger tell the same story? (exit 0 agree, 1 drift, 2 refused)"""
+    if bool(session_id) == all_sessions:
+        raise MakaError("usage_invalid", "give one SESSION or --all")
+    if all_sessions and html_file is not None:
+        raise MakaError("usage_invalid", "--html draws one session: give SESSION")
+    target = settings(db=db).ledger
+
+    async def main() -> int:
+        from workers.audit import audit_session
+        from workers.client import connect
+
+        with open_ledger(target, create=False) as store:
+            sessions: list[str] = store.sessions() if all_sessions else [str(session_id)]
+            try:
+                client = await asyncio.wait_for(connect(address, namespace), 10)
+            except TimeoutError:
+                raise MakaError("temporal_unavailable", "Temporal did not answer within 10s") from None
+            problems = store.verify() if all_sessions else None
+            reports = [await audit_session(client, store, s, verify_problems=problems) for s in sessions]
+        _emit([r.to_json() for r in reports], all_sessions, as_json, html_file)
+        return 0 if all(r.ok for r in reports) else 1
+
+    finish(run_async(main()))
+
+
+def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: Path | None) -> None:
+    if html_file is not None:
+        from maka_core.audit.html import render_html
+
+        try:
+            html_file.write_text(render_html(reports[0]), encoding="utf-8")
+        except OSError as exc:
+            raise MakaError("output_unwritable", f"cannot write {html_file}: {exc.strerror}") from None
+    if as_json:
+        print_json({"ok": all(r["ok"] for r in reports), "sessions": reports} if many else reports[0])
+        return
+    from maka_core.audit.text import report_lines
+
+    for i, report in enumerate(reports):
+        if i:
+            click.echo("")
+        click.echo("\n".join(report_lines(report)))
+    if many:
+        bad = sum(not r["ok"] for r in reports)
+        click.echo(f"\n{len(reports)} session(s) audited, {bad} with drift")
+
+
+COMMANDS = (cmd_audit,)

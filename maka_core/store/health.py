@@ -106,3 +106,13 @@ def create_private(file: Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
+
+
+def unwritable(file: Path) -> StoreError | None:
+    """``ledger_unwritable`` when the ledger or its directory cannot be written (a read-only file,
+    directory or file system), so a failed open says why instead of ``store_unreadable``."""
+    target = file if file.exists() else file.parent
+    for path in (target, file.parent):
+        if path.exists() and not os.access(path, os.W_OK):
+            return StoreError("ledger_unwritable", f"{path} is not writable", path=str(path))
+    return None

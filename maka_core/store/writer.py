@@ -34,7 +34,7 @@ from maka_core.ledger.scanner import LedgerScanner, Transition, group_transition
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
-from maka_core.store.health import LedgerHealth, create_private
+from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
@@ -143,22 +143,30 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         """Open (creating and migrating if needed) the ledger at a path or URL.
 
         Raises:
-            StoreError: ``schema_too_new`` (nothing written) or ``store_unreadable``.
+            StoreError: ``schema_too_new`` (nothing written), ``store_unreadable``, or
+                ``ledger_unwritable`` when the open failed on a read-only file, directory or
+                file system.
         """
         url = database_url(target)
         file = sqlite_file(url)
-        if file is not None:
-            version = sqlite_file_version(file)
-            if version is not None:
-                refuse_newer(version)
-            create_private(file)
-        engine = make_engine(url)
         try:
-            migrate(engine)
-        except BaseException:
-            engine.dispose()
-            raise
-        return cls(engine, url)
+            if file is not None:
+                version = sqlite_file_version(file)
+                if version is not None:
+                    refuse_newer(version)
+                create_private(file)
+            engine = make_engine(url)
+            try:
+                migrate(engine)
+                return cls(engine, url)
+            except BaseException:
+                engine.dispose()
+                raise
+        except (StoreError, OSError) as exc:
+            cause = unwritable(file) if file is not None else None
+            if cause is None or (isinstance(exc, StoreError) and exc.code == "schema_too_new"):
+                raise
+            raise cause from exc
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,75 @@
+"""Run in a private mount namespace (``unshare -m``): put a ledger on a real tmpfs that fills up or
+turns read-only, and print what the store says as one JSON object.
+
+Usage: ``unshare -m python -m tests.children.health_child MODE DIR`` with MODE ``full``,
+``readonly_fs`` or ``readonly_file``. ``control`` as a third argument runs the same steps on an
+ordinary (large, writable) tmpfs, the negative control.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from maka_core.errors import MakaError
+from maka_core.store.writer import LedgerStore
+from tests.children.scenario import model_text, user
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def attempt(fn: Any) -> str:
+    try:
+        fn()
+    except MakaError as exc:
+        return exc.code
+    return "ok"
+
+
+def main(mode: str, root: Path, control: bool) -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
+    mount("-t", "tmpfs", "-o", "size=64m" if control else "size=1m", "tmpfs", str(root))
+    ledger = root / "ledger.sqlite"
+    out: dict[str, Any] = {"mode": mode}
+    if mode == "full":
+        store = LedgerStore.open(ledger)
+        store.append([user()])
+        codes = [
+            attempt(lambda i=i: store.append([model_text(f"evt-fill-{i}", "x" * 20000)])) for i in range(80)
+        ]
+        out["firstFailure"] = next((c for c in codes if c != "ok"), "ok")
+        out["writesBeforeFailure"] = codes.index(out["firstFailure"]) if out["firstFailure"] != "ok" else 80
+        out["health"] = store.health.to_json()
+        # Sticky: freeing room does not make this store trust the file again.
+        subprocess.run(["sh", "-c", f"rm -f {root}/filler"], check=False)
+        out["after"] = attempt(lambda: store.append([model_text("evt-after", "y")]))
+        store.close()
+        return out
+    with LedgerStore.open(ledger) as store:
+        store.append([user()])
+    if mode == "readonly_fs":
+        if not control:
+            mount("-o", "remount,ro", str(root))
+        out["open"] = attempt(lambda: LedgerStore.open(ledger).close())
+        return out
+    # readonly_file: the file alone is mounted read-only over itself; its directory stays writable.
+    if not control:
+        mount("--bind", str(ledger), str(ledger))
+        mount("-o", "remount,bind,ro", str(ledger))
+    store = LedgerStore.open(ledger)
+    out["read"] = [e.id for e in store.events()]
+    out["check"] = attempt(store.check_health)
+    out["write"] = attempt(lambda: store.append([model_text("evt-model-1")]))
+    out["health"] = store.health.to_json()
+    store.close()
+    return out
+
+
+if __name__ == "__main__":
+    result = main(sys.argv[1], Path(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "control")
+    print(json.dumps(result))

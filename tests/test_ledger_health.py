@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from maka_core.errors import StoreError
-from maka_core.store.health import HEALTH_CODES
 from maka_core.store.writer import LedgerStore
 from tests.children.scenario import model_text, user
 
@@ -134,6 +133,3 @@ def test_read_only_file_reads_but_refuses_writes_with_ledger_unwritable(tmp_path
     control = _namespace_child("readonly_file", tmp_path / "control", control=True)
     assert (control["check"], control["write"]) == ("ok", "ok")
 
-
-def test_health_codes_are_the_documented_set() -> None:
-    assert HEALTH_CODES == {"ledger_replaced", "ledger_unwritable", "ledger_full"}

@@ -116,3 +116,20 @@ def unwritable(file: Path) -> StoreError | None:
         if path.exists() and not os.access(path, os.W_OK):
             return StoreError("ledger_unwritable", f"{path} is not writable", path=str(path))
     return None
+
+
+#: Less free space than this on the ledger's file system is reported as ``ledger_full``.
+LOW_SPACE_BYTES = 1 << 20
+
+
+def probe_path(file: Path) -> dict[str, Any]:
+    """The ledger's health as a reader can see it without writing (``maka session status``):
+    ``{"ok": true}`` or ``{"ok": false, "code": ..., "message": ...}``."""
+    cause = unwritable(file)
+    if cause is None and file.exists():
+        st = os.statvfs(file)
+        if st.f_bavail * st.f_frsize < LOW_SPACE_BYTES:
+            cause = StoreError("ledger_full", f"less than 1 MiB free where {file} lives", path=str(file))
+    if cause is None:
+        return {"ok": True}
+    return {"ok": False, "code": cause.code, "message": cause.message}

@@ -133,3 +133,11 @@ def test_read_only_file_reads_but_refuses_writes_with_ledger_unwritable(tmp_path
     control = _namespace_child("readonly_file", tmp_path / "control", control=True)
     assert (control["check"], control["write"]) == ("ok", "ok")
 
+
+def test_session_status_says_when_the_ledger_is_unusable(tmp_path: Path) -> None:
+    out = _namespace_child("status", tmp_path)
+    assert out["full"]["exit"] == 0 and out["full"]["ledger"]["code"] == "ledger_full"
+    # A read-only file system cannot even be opened: status refuses with the code instead.
+    assert out["readonly"]["exit"] == 2 and out["readonly"]["code"] == "ledger_unwritable"
+    control = _namespace_child("status", tmp_path / "control", control=True)
+    assert control["full"]["ledger"] == {"ok": True} and control["readonly"]["ledger"] == {"ok": True}

@@ -2,13 +2,14 @@
 turns read-only, and print what the store says as one JSON object.
 
 Usage: ``unshare -m python -m tests.children.health_child MODE DIR`` with MODE ``full``,
-``readonly_fs`` or ``readonly_file``. ``control`` as a third argument runs the same steps on an
+``readonly_fs``, ``readonly_file`` or ``status``. ``control`` as a third argument runs the same steps on an
 ordinary (large, writable) tmpfs, the negative control.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,12 @@ def attempt(fn: Any) -> str:
 
 def main(mode: str, root: Path, control: bool) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
-    mount("-t", "tmpfs", "-o", "size=64m" if control else "size=1m", "tmpfs", str(root))
+    size = "64m" if control else "4m" if mode == "status" else "1m"
+    mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(root))
     ledger = root / "ledger.sqlite"
     out: dict[str, Any] = {"mode": mode}
+    if mode == "status":
+        return status(root, ledger, control)
     if mode == "full":
         store = LedgerStore.open(ledger)
         store.append([user()])
@@ -67,6 +71,35 @@ def main(mode: str, root: Path, control: bool) -> dict[str, Any]:
     out["write"] = attempt(lambda: store.append([model_text("evt-model-1")]))
     out["health"] = store.health.to_json()
     store.close()
+    return out
+
+
+def status(root: Path, ledger: Path, control: bool) -> dict[str, Any]:
+    """``maka session status --json`` (no Temporal reachable: the ledger answers) on a ledger whose
+    disk is nearly full, then on a read-only file system."""
+    from click.testing import CliRunner
+
+    from workers.cli import maka
+
+    with LedgerStore.open(ledger) as store:
+        store.append([user()])
+    if not control:
+        # Leave less than the 1 MiB status asks for, but room for the reader's WAL index.
+        st = os.statvfs(root)
+        (root / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (256 << 10)))
+    env = {"MAKA_HOME": str(root), "TEMPORAL_ADDRESS": "127.0.0.1:1", "MAKA_DB": None}
+
+    def run() -> dict[str, Any]:
+        result = CliRunner().invoke(
+            maka, ["session", "status", "--db", str(ledger), "--json", "sess-1"], env=env
+        )
+        body = json.loads(result.stdout)
+        return {"exit": result.exit_code, "ledger": body.get("ledger"), "code": body.get("code")}
+
+    out = {"full": run()}
+    if not control:
+        mount("-o", "remount,ro", str(root))
+    out["readonly"] = run()
     return out
 
 

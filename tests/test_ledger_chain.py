@@ -163,3 +163,26 @@ def test_files_are_private(tmp_path: Path) -> None:
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in home.iterdir()}
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
     assert modes == {"ledger.sqlite": 0o600, "ledger.sqlite-wal": 0o600, "ledger.sqlite-shm": 0o600}
+
+
+def test_maka_ledger_verify_reports_the_forgery(db: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from workers.cli import maka
+
+    def verify() -> tuple[int, dict[str, object]]:
+        result = CliRunner().invoke(
+            maka, ["ledger", "verify", "--db", str(db), "--json"], env={"MAKA_DB": None}
+        )
+        return result.exit_code, json.loads(result.stdout)
+
+    assert verify() == (0, {"ok": True, "differences": []})
+    shell(db, "update runtime_events set payload_json=replace(payload_json,'list the files','rm -rf');")
+    code, body = verify()
+    assert code == 1 and body["ok"] is False
+    assert body["differences"] == [
+        "ledger_chain_broken: runtime_events evt-user-1 (session sess-1, ledger_seq 1): "
+        "its chain digest does not match its payload and predecessor"
+    ]

@@ -44,7 +44,8 @@ class LedgerHealth:
     """One store's view of its ledger's health; ``failure`` is sticky once set."""
 
     def __init__(self, file: Path | None, ledger_id: str | None) -> None:
-        self.file = file
+        # Absolute: the check must name the same file whatever the process's directory later is.
+        self.file = None if file is None else Path(os.path.abspath(file))
         self.ledger_id = ledger_id
         self.identity = FileIdentity.of(file) if file is not None else None
         self.failure: StoreError | None = None

@@ -32,7 +32,10 @@ def maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
 
 def _env(home: Path, address: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"MAKA_HOME": str(home), "TEMPORAL_ADDRESS": address, "MAKA_TASK_QUEUE": f"cli-{home.name}"})
+    # One queue per test: a queue still polled (for about a minute) by the previous test's worker on
+    # another ledger is refused with ledger_mismatch.
+    queue = f"cli-{home.parent.name}-{home.name}"
+    env.update({"MAKA_HOME": str(home), "TEMPORAL_ADDRESS": address, "MAKA_TASK_QUEUE": queue})
     return env
 
 

@@ -11,12 +11,16 @@ downloaded: it ships in the virtual environment beside the Python executable.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +115,32 @@ class DevServer:
         self.stop()
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int, die_with_parent: bool) -> Callable[[], None]:
+    """Runs in the server's process between fork and exec: its files private (umask 077: the
+    database, its -wal/-shm, anything it writes), and, when the launching thread is the main one,
+    SIGKILL when its parent dies (a SIGKILLed ``maka dev`` cannot stop the server in order, and an
+    orphan would hold the port and the database)."""
+
+    prctl = None
+    if die_with_parent:
+        # Resolved here, in the parent: the child of a threaded process should not dlopen.
+        with contextlib.suppress(OSError, AttributeError):
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def setup() -> None:
+        os.umask(0o077)
+        if prctl is None:  # not Linux, or not asked for
+            return
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
 def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
@@ -144,7 +174,12 @@ def start(
             raise ConfigError("config_invalid", f"{name} {value} is not a TCP port (1-65535)", setting=name)
     port = port or free_port()
     if _port_open(port):
-        raise ConfigError("dev_server_port_busy", f"port {port} is already in use")
+        raise ConfigError(
+            "dev_server_port_busy",
+            f"port {port} is already in use (another maka dev or Temporal server?); stop it, use it "
+            "with --address, or pick another --port",
+            port=port,
+        )
     if ui:
         ui_port = ui_port or (
             port + 1000 if port + 1000 < 65536 and not _port_open(port + 1000) else free_port()
@@ -152,13 +187,14 @@ def start(
     else:
         ui_port = None
     if db_file is not None:
-        db_file.parent.mkdir(parents=True, exist_ok=True)
+        db_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     args = server_args(port=port, ui_port=ui_port, db_file=db_file)
     out: int | object = subprocess.DEVNULL
     log_fh = None
     if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_fh = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+        log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Private from its first byte; handed to the child process.
+        log_fh = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         out = log_fh
     process = subprocess.Popen(
         [str(temporal_binary()), *args],
@@ -166,6 +202,9 @@ def start(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # Ctrl-C in a terminal goes to maka, which stops the server in order
+        # A parent-death signal is tied to the thread that forked: only the main thread lives as
+        # long as the process (a test fixture may start the server from a short-lived thread).
+        preexec_fn=_child_setup(os.getpid(), threading.current_thread() is threading.main_thread()),
     )
     if log_fh is not None:
         log_fh.close()

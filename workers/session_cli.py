@@ -11,6 +11,7 @@ script, no server, a wait that timed out).
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -288,13 +289,34 @@ def cmd_status(
             view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+        health = _ledger_health(s.ledger)
         if as_json:
-            print_json(view.to_json(), indent=2)
+            print_json({**view.to_json(), "ledger": health}, indent=2)
         else:
             _print_view(view)
+            if not health["ok"]:
+                click.echo(f"ledger unusable ({health['code']}): {health['message']}")
         return 0
 
     finish(run_async(main()))
+
+
+def _ledger_health(db: Any) -> dict[str, Any]:
+    """Whether the ledger can take the next write (read-only, full), without writing to it."""
+    from maka_core.store.engine import database_url, sqlite_file
+    from maka_core.store.health import probe_path
+
+    file = sqlite_file(database_url(db))
+    return {"ok": True} if file is None else probe_path(file)
+
+
+#: C0/C1 controls (but newline and tab), DEL, and the bidi overrides/isolates that reorder text.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    """A transcript line safe for a terminal: escape sequences and controls shown, not obeyed."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 @session.command("show")
@@ -314,7 +336,7 @@ def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
         for event in events:
             sys.stdout.write(codec.encode(event) + "\n")
     else:
-        click.echo("\n".join(transcript_lines(events)))
+        click.echo("\n".join(_printable(line) for line in transcript_lines(events)))
 
 
 COMMANDS = (session,)

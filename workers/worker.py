@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import MakaActivities
+from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.paths import maka_home
 from maka_core.policy import Policy
@@ -36,6 +37,7 @@ from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
+from workers.ledger_guard import open_checked, watch, worker_identity
 from workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
@@ -154,7 +156,11 @@ async def serve(
         line = json.dumps({"event": event, **fields}) if json_events else f"maka worker: {text}"
         print(line, file=out, flush=True)
 
-    store = LedgerStore.open(db)
+    try:
+        store = await open_checked(client, db, task_queue)
+    except MakaError as exc:
+        announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
+        raise
     settings = settings or load_settings().runtime_settings()
     ledger_file = sqlite_file(database_url(db))
     settings = settings.with_protected(maka_home(), ledger_file)
@@ -179,7 +185,9 @@ async def serve(
                     sessionsToResume=report.sessions_to_resume,
                 )
         observed = {} if telemetry is None else {"interceptors": telemetry.interceptors()}
-        worker = build_worker(client, acts, task_queue, **observed)
+        worker = build_worker(
+            client, acts, task_queue, identity=worker_identity(store.health.ledger_id), **observed
+        )
         metrics_port = telemetry.start() if telemetry is not None else None
         own_stop = stop is None
         if stop is None:
@@ -197,13 +205,20 @@ async def serve(
             db=str(db),
             bash=isolation,
             unsafeNoSandbox=settings.unsafe_no_sandbox,
+            ledgerId=store.health.ledger_id,
             **({"metricsPort": metrics_port} if metrics_port is not None else {}),
         )
         if ready is not None:
             ready.set()
         stop_wait = asyncio.create_task(stop.wait())
+        watchdog = asyncio.create_task(watch(store, stop))
         await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
+        watchdog.cancel()
+        if watchdog.done() and not watchdog.cancelled():
+            fault = watchdog.result()
+            log.error("the ledger is unusable (%s): stopping: %s", fault.code, fault.message)
+            announce("ledger_unusable", f"stopping: {fault}", **fault.to_json())
         # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by the
         # worker's graceful timeout), then the worker, then the store.
         runtime.stop_tools()
@@ -220,6 +235,9 @@ async def serve(
         acts.close(wait=True)
         store.close()
     announce("stopped", "stopped")
+    if store.health.failure is not None:
+        # The process leaves with the code (exit 2 through the CLI), never keeps serving.
+        raise store.health.failure
     return report
 
 

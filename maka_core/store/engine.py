@@ -110,10 +110,35 @@ def translate(exc: DBAPIError) -> StoreError:
         return StoreError("store_busy", "the ledger stayed locked past busy_timeout")
     if isinstance(exc, IntegrityError):
         return StoreError("store_constraint_violation", str(exc.orig))
+    health = _health_fault(exc.orig)
+    if health is not None:
+        return StoreError(health, str(exc.orig))
     message = str(exc.orig).lower()
     if "malformed" in message or "not a database" in message or "corrupt" in message:
         return StoreError("store_unreadable", str(exc.orig))
     return StoreError("store_io_failed", str(exc.orig))
+
+
+#: SQLITE_READONLY and SQLITE_FULL (primary codes; extended codes keep them in the low byte).
+_SQLITE_HEALTH = {8: "ledger_unwritable", 13: "ledger_full"}
+#: PostgreSQL: read_only_sql_transaction, disk_full, insufficient_privilege.
+_PG_HEALTH = {"25006": "ledger_unwritable", "53100": "ledger_full", "42501": "ledger_unwritable"}
+
+
+def _health_fault(orig: BaseException | None) -> str | None:
+    """``ledger_unwritable`` / ``ledger_full`` when the database says so (see ``store.health``)."""
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return _SQLITE_HEALTH.get(code & 0xFF)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(state, str):
+        return _PG_HEALTH.get(state)
+    message = str(orig).lower()
+    if "readonly database" in message or "read-only" in message:
+        return "ledger_unwritable"
+    if "disk is full" in message:
+        return "ledger_full"
+    return None
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.projections import JournalRow, OperationRow, project
 from maka_core.ledger.scanner import scan
+from maka_core.store.chain import ChainBreak, chain_breaks
 from maka_core.store.engine import read_tx
 from maka_core.store.rows import Prefix, make_prefix, row_event
 from maka_core.store.schema import (
@@ -197,19 +198,34 @@ class LedgerReads:
         dest._write(body)
         return None if dest is self else dest
 
-    def verify(self) -> list[str]:
-        """Rebuild projections from events in a scratch ledger and diff them with the online ones.
+    def verify_chain(self) -> list[ChainBreak]:
+        """Recompute every session's digest chain; the first row of each session that differs."""
+        query = select(
+            runtime_events.c.event_id,
+            runtime_events.c.session_id,
+            runtime_events.c.ledger_seq,
+            runtime_events.c.payload_json,
+            runtime_events.c.chain_digest,
+        ).order_by(runtime_events.c.ledger_seq)
+        with self._lock, read_tx(self.engine) as conn:
+            return chain_breaks((a, b, int(c), d, e) for a, b, c, d, e in conn.execute(query))
 
-        Returns the differences (empty when equal): a corrupt ledger, a row whose payload is not
+    def verify(self) -> list[str]:
+        """Recompute the digest chains, then rebuild projections from events in a scratch ledger and
+        diff them with the online ones.
+
+        Returns the differences (empty when equal): the first ``ledger_chain_broken`` row of each
+        session (an edited, deleted or reordered row), a corrupt ledger, a row whose payload is not
         in canonical form, and every projection row that differs from its rebuild.
         """
+        chain = [b.line() for b in self.verify_chain()]
         try:
             scratch = self.rebuild_projections("sqlite://")
         except (LedgerRejection, StoreError) as exc:
-            return [f"ledger: {exc.code} {exc.detail}"]
+            return [*chain, f"ledger: {exc.code} {exc.detail}"]
         assert scratch is not None
         try:
-            problems = self._non_canonical_rows()
+            problems = chain + self._non_canonical_rows()
             return problems + _diff(
                 self.operations(), self.journal(), scratch.operations(), scratch.journal()
             )

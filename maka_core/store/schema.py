@@ -8,12 +8,17 @@ projections derived by the scanner and rebuildable from events alone; ``tool_evi
 
 The version lives in ``PRAGMA user_version`` on SQLite and in the one-row ``maka_meta`` table
 elsewhere. Migrations run in one writer transaction; a database newer than this code fails closed
-before a byte is written.
+before a byte is written. ``maka_meta`` also holds the ledger's identity (``ledger_id``, written once
+at creation), which the health check and the workers on one task queue compare.
+
+Versions: 1, the schema; 2, ``runtime_events.chain_digest`` (``maka_core.store.chain``, computed for
+existing rows by the migration) and ``maka_meta.ledger_id``.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 
 from sqlalchemy import (
@@ -36,9 +41,10 @@ from sqlalchemy import (
 )
 
 from maka_core.errors import StoreError
+from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -47,6 +53,8 @@ maka_meta = Table(
     metadata,
     Column("id", Integer, primary_key=True),
     Column("schema_version", Integer, nullable=False),
+    # Nullable only because PostgreSQL's writer-lock row exists before the migration that fills it.
+    Column("ledger_id", String),
     CheckConstraint("id = 1", name="maka_meta_singleton"),
 )
 
@@ -66,6 +74,8 @@ runtime_events = Table(
     Column("terminal", Boolean, nullable=False),
     Column("payload_json", Text, nullable=False),
     Column("committed_at", BigInteger, nullable=False),
+    # Nullable so a v1 ledger can gain the column; every writer fills it, verify flags a NULL.
+    Column("chain_digest", String),
     UniqueConstraint("invocation_id", "event_seq", name="runtime_events_invocation_seq"),
     CheckConstraint("event_seq > 0", name="runtime_events_seq_positive"),
     Index("runtime_events_session_run", "session_id", "run_id", "ledger_seq"),
@@ -241,6 +251,43 @@ def is_sqlite_conn(conn: Connection) -> bool:
     return conn.dialect.name == "sqlite"
 
 
+def _add_chain_and_identity(conn: Connection) -> None:
+    """v1 -> v2: the chain column, computed for every existing row in ledger order, and the id column."""
+    conn.exec_driver_sql("ALTER TABLE runtime_events ADD COLUMN chain_digest VARCHAR")
+    if is_sqlite_conn(conn):
+        conn.exec_driver_sql("ALTER TABLE maka_meta ADD COLUMN ledger_id VARCHAR")
+    else:
+        conn.exec_driver_sql("ALTER TABLE maka_meta ADD COLUMN IF NOT EXISTS ledger_id VARCHAR")
+    rows = conn.execute(
+        select(
+            runtime_events.c.event_id, runtime_events.c.session_id, runtime_events.c.payload_json
+        ).order_by(runtime_events.c.ledger_seq)
+    ).all()
+    digests = chain_all((str(a), str(b), str(c)) for a, b, c in rows)
+    if digests:
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        conn.exec_driver_sql(
+            f"UPDATE runtime_events SET chain_digest = {mark} WHERE event_id = {mark}",
+            [(digest, event_id) for event_id, digest in digests],
+        )
+
+
+def _ensure_ledger_id(conn: Connection) -> None:
+    """Give the ledger its identity once (SQLite has no meta row before v2; PostgreSQL has one)."""
+    row = conn.execute(select(maka_meta.c.ledger_id).where(maka_meta.c.id == 1)).first()
+    new_id = f"ledger-{uuid.uuid4().hex}"
+    if row is None:
+        conn.execute(maka_meta.insert().values(id=1, schema_version=SCHEMA_VERSION, ledger_id=new_id))
+    elif row[0] is None:
+        conn.execute(maka_meta.update().where(maka_meta.c.id == 1).values(ledger_id=new_id))
+
+
+def ledger_id(conn: Connection) -> str | None:
+    """The ledger's identity (None before the migration that writes it)."""
+    value = conn.execute(select(maka_meta.c.ledger_id).where(maka_meta.c.id == 1)).scalar()
+    return None if value is None else str(value)
+
+
 def migrate(engine: Engine) -> int:
     """Bring the schema to ``SCHEMA_VERSION`` in one writer transaction; return the version.
 
@@ -253,13 +300,15 @@ def migrate(engine: Engine) -> int:
         refuse_newer(version)
         if version == SCHEMA_VERSION:
             return version
-        # v0 -> v1: the whole schema. Later versions add steps here, each inside this transaction.
-        metadata.create_all(conn)
+        if version == 0:
+            metadata.create_all(conn)
+        if version == 1:
+            _add_chain_and_identity(conn)
+        # Later versions add steps here, each inside this transaction.
+        _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):
             conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        else:
-            conn.execute(maka_meta.delete())
-            conn.execute(maka_meta.insert().values(id=1, schema_version=SCHEMA_VERSION))
+        conn.execute(maka_meta.update().where(maka_meta.c.id == 1).values(schema_version=SCHEMA_VERSION))
         return SCHEMA_VERSION
 
     if not is_sqlite(engine):

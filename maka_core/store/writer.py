@@ -24,20 +24,24 @@ from typing import Any
 from sqlalchemy import Connection, Engine, RowMapping, select
 
 from maka_core import failpoints
-from maka_core.errors import CodecError, LedgerRejection
+from maka_core.errors import CodecError, LedgerRejection, StoreError
 from maka_core.facts import canonical_json, codec
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
+from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL, rows_since
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
 from maka_core.store.runs import RunHeaderStore
 from maka_core.store.schema import (
+    ledger_id,
+    maka_meta,
     migrate,
     refuse_newer,
     runtime_events,
@@ -124,8 +128,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         self._cursor = 0
         #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
         self._event_seq: dict[str, int] = {}
+        #: session id -> its last committed chain digest, kept in step with the scanner.
+        self._chain: dict[str, str] = {}
         self._lock = threading.RLock()
         self._sql = HotSQL.for_engine(engine)
+        with read_tx(engine) as conn:
+            #: The file and identity opened; checked before every writer transaction.
+            self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -134,22 +143,30 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         """Open (creating and migrating if needed) the ledger at a path or URL.
 
         Raises:
-            StoreError: ``schema_too_new`` (nothing written) or ``store_unreadable``.
+            StoreError: ``schema_too_new`` (nothing written), ``store_unreadable``, or
+                ``ledger_unwritable`` when the open failed on a read-only file, directory or
+                file system.
         """
         url = database_url(target)
         file = sqlite_file(url)
-        if file is not None:
-            version = sqlite_file_version(file)
-            if version is not None:
-                refuse_newer(version)
-            file.parent.mkdir(parents=True, exist_ok=True)
-        engine = make_engine(url)
         try:
-            migrate(engine)
-        except BaseException:
-            engine.dispose()
-            raise
-        return cls(engine, url)
+            if file is not None:
+                version = sqlite_file_version(file)
+                if version is not None:
+                    refuse_newer(version)
+                create_private(file)
+            engine = make_engine(url)
+            try:
+                migrate(engine)
+                return cls(engine, url)
+            except BaseException:
+                engine.dispose()
+                raise
+        except (StoreError, OSError) as exc:
+            cause = unwritable(file) if file is not None else None
+            if cause is None or (isinstance(exc, StoreError) and exc.code == "schema_too_new"):
+                raise
+            raise cause from exc
 
     def close(self) -> None:
         self.engine.dispose()
@@ -166,15 +183,40 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         self._view = None
         self._cursor = 0
         self._event_seq = {}
+        self._chain = {}
 
     def _write(self, body: Callable[[Connection], Any]) -> Any:
         with self._lock:
-            return run_write(self.engine, body, on_abort=self._abort)
+            self.health.check()
+            try:
+                return run_write(self.engine, body, on_abort=self._abort)
+            except StoreError as exc:
+                self.health.note(exc)
+                raise
+
+    def check_health(self) -> None:
+        """A real (empty) write transaction, for a worker before it serves: a ledger that is
+        replaced, read-only or out of space refuses here instead of mid-turn.
+
+        Raises:
+            StoreError: ``ledger_replaced``, ``ledger_unwritable``, ``ledger_full`` (or another
+                store code).
+        """
+
+        def probe(conn: Connection) -> None:
+            self.health.check_id(ledger_id(conn))
+            conn.execute(
+                maka_meta.update().where(maka_meta.c.id == 1).values(ledger_id=maka_meta.c.ledger_id)
+            )
+
+        self._write(probe)
 
     def _sync(self, conn: Connection) -> LedgerScanner:
         """Fold rows committed since the cursor (all rows, the first time) into the view."""
         if self._view is None:
-            self._view, self._cursor, self._event_seq = CommittedView(), 0, {}
+            # A full resync (first use, or after an abort) re-reads the identity as well.
+            self.health.check_id(ledger_id(conn))
+            self._view, self._cursor, self._event_seq, self._chain = CommittedView(), 0, {}, {}
         view = self._view
         rows = rows_since(conn, self._sql.events_since, self._cursor)
         for row in rows:
@@ -182,6 +224,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             self._cursor = int(row["ledger_seq"])
             inv = row["invocation_id"]
             self._event_seq[inv] = max(self._event_seq.get(inv, 0), int(row["event_seq"]))
+            # A NULL digest (a row planted below the writers) chains on as verify would recompute it.
+            self._chain[row["session_id"]] = row["chain_digest"] or chain_digest(
+                self._chain.get(row["session_id"], CHAIN_START), row["payload_json"]
+            )
         return view.scanner
 
     def view(self) -> CommittedView:
@@ -264,6 +310,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
             seq += 1
             event_seq = self._event_seq.get(event.invocation_id, 0) + 1
             self._event_seq[event.invocation_id] = event_seq
+            digest = chain_digest(self._chain.get(event.session_id, CHAIN_START), line)
+            self._chain[event.session_id] = digest
             self._sql.event.run(
                 conn,
                 {
@@ -272,6 +320,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
                     "ledger_seq": seq,
                     "payload_json": line,
                     "committed_at": now,
+                    "chain_digest": digest,
                 },
             )
             failpoints.hit("after_runtime_event_insert", transition)

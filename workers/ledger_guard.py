@@ -1,0 +1,120 @@
+"""A worker's guard over its ledger: announce it, refuse a queue served against another one, and
+stop loudly when it becomes unusable.
+
+Every worker polls with an identity that names its ledger (``<pid>@<host> ledger=<ledger id>``).
+Before polling, a worker asks Temporal who else polls its task queue; a live poller announcing a
+different ledger means sessions would split between two ledgers (each worker's recovery blind to
+the other's facts), so the newcomer refuses with ``ledger_mismatch``. A poller counts as live while
+its last poll is recent: a long poll lasts about a minute, so a worker stopped a moment ago still
+counts until ``LIVE_POLLER_S`` passes.
+
+While serving, the watchdog stats the ledger every ``WATCH_INTERVAL_S`` (a ledger deleted while the
+worker is idle is found before the next turn, not by it) and reads the store's ``health`` flag,
+which the store sets on any writer fault (``ledger_replaced``, ``ledger_unwritable``,
+``ledger_full``, ``maka_core.store.health``). Either one stops the worker with the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from maka_core.errors import MakaError, StoreError
+from maka_core.store.writer import LedgerStore
+
+LEDGER_MARK = " ledger="
+LIVE_POLLER_S = 75.0
+WATCH_INTERVAL_S = 0.5
+
+
+def worker_identity(ledger_id: str | None) -> str:
+    """The identity this worker polls with: Temporal's usual ``pid@host`` plus its ledger."""
+    return f"{os.getpid()}@{socket.gethostname()}{LEDGER_MARK}{ledger_id or 'unknown'}"
+
+
+def ledger_of(identity: str) -> str | None:
+    """The ledger id a poller announced, or None for a worker that announces none."""
+    _, mark, rest = identity.partition(LEDGER_MARK)
+    return rest.split()[0] if mark and rest else None
+
+
+async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = None) -> dict[str, str]:
+    """identity -> ledger id of the live pollers on ``task_queue`` (workflow and activity pollers)."""
+    now = time.time() if now is None else now
+    found: dict[str, str] = {}
+    for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+        response = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
+            )
+        )
+        for poller in response.pollers:
+            ledger = ledger_of(poller.identity)
+            seen = (
+                poller.last_access_time.ToMicroseconds() / 1e6 if poller.HasField("last_access_time") else 0
+            )
+            if ledger is not None and now - seen < LIVE_POLLER_S:
+                found[poller.identity] = ledger
+    return found
+
+
+def refuse_mismatch(ledger_id: str | None, task_queue: str, peers: dict[str, str]) -> None:
+    """Raises ``ledger_mismatch`` when a live peer on the queue serves another ledger."""
+    others = {identity: ledger for identity, ledger in peers.items() if ledger != ledger_id}
+    if others:
+        identity, ledger = next(iter(others.items()))
+        raise MakaError(
+            "ledger_mismatch",
+            f"task queue {task_queue!r} is served by {identity} against another ledger ({ledger}); "
+            "sessions would split between ledgers. Point this worker at the same ledger or another "
+            f"task queue (a worker stopped less than {LIVE_POLLER_S:.0f} s ago still counts)",
+            taskQueue=task_queue,
+            ledgerId=ledger_id,
+            peerIdentity=identity,
+            peerLedgerId=ledger,
+        )
+
+
+async def check_queue(client: Client, task_queue: str, ledger_id: str | None) -> None:
+    refuse_mismatch(ledger_id, task_queue, await queue_ledgers(client, task_queue))
+
+
+async def open_checked(client: Client, db: Path | str, task_queue: str) -> LedgerStore:
+    """Open the ledger for serving: refuse one that cannot take a write (a real, empty write
+    transaction) or that another live worker's ledger contradicts on this queue.
+
+    Raises:
+        MakaError: ``ledger_unwritable``, ``ledger_full``, ``ledger_replaced``, ``ledger_mismatch``
+            or another store code.
+    """
+    store = LedgerStore.open(db)
+    try:
+        store.check_health()
+        await check_queue(client, task_queue, store.health.ledger_id)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+async def watch(store: LedgerStore, stop: asyncio.Event, interval: float = WATCH_INTERVAL_S) -> StoreError:
+    """Return the ledger's fault as soon as one is known; runs until cancelled otherwise."""
+    while True:
+        failure = store.health.failure
+        if failure is None:
+            try:
+                store.health.check()
+            except StoreError:
+                failure = store.health.failure
+        if failure is not None:
+            stop.set()
+            return failure
+        await asyncio.sleep(interval)

@@ -27,7 +27,7 @@ from maka_core.store.writer import LedgerStore
 from tests.temporal_support import REPO, in_process_worker
 from workers.client import connect
 from workers.devserver import DevServer
-from workers.ledger_guard import ledger_of, queue_ledgers, worker_identity
+from workers.ledger_guard import fingerprint, ledger_of, queue_ledgers, worker_identity
 from workers.worker import serve
 
 WORKER = (sys.executable, "-m", "workers.cli", "worker", "--json", "--no-repair")
@@ -97,7 +97,7 @@ async def test_worker_stops_with_ledger_replaced_when_its_ledger_is_deleted(
 async def _wait_announced(client: Client, queue: str, ledger_id: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if ledger_id in (await queue_ledgers(client, queue)).values():
+        if fingerprint(ledger_id) in (await queue_ledgers(client, queue)).values():
             return
         await asyncio.sleep(0.2)
     raise TimeoutError("the first worker never showed up as a poller")
@@ -115,7 +115,9 @@ async def test_a_worker_on_another_ledger_is_refused_on_a_served_queue(
         out = io.StringIO()
         with pytest.raises(MakaError) as err:
             await serve(temporal_client, other, task_queue, repair=False, out=out, json_events=True)
-        assert err.value.code == "ledger_mismatch" and err.value.detail["peerLedgerId"] == first_id
+        assert err.value.code == "ledger_mismatch" and err.value.detail["peerLedgerId"] == fingerprint(
+            first_id
+        )
         events = _events(out.getvalue())
         assert [e["event"] for e in events] == ["ledger_unusable"] and events[0]["code"] == "ledger_mismatch"
         # Negative controls: the same ledger joins the queue (a second worker is a second client, as
@@ -128,5 +130,5 @@ async def test_a_worker_on_another_ledger_is_refused_on_a_served_queue(
 
 
 async def test_identity_round_trip() -> None:
-    assert ledger_of(worker_identity("ledger-abc")) == "ledger-abc"
+    assert ledger_of(worker_identity("0b9e7c1a-1111-4222-8333-944455556666")) == "0b9e7c1a"
     assert ledger_of("1234@host") is None

@@ -1,7 +1,9 @@
 """A worker's guard over its ledger: announce it, refuse a queue served against another one, and
 stop loudly when it becomes unusable.
 
-Every worker polls with an identity that names its ledger (``<pid>@<host> ledger=<ledger id>``).
+Every worker polls with an identity that names its ledger (``<pid>@<host>#<ledger fingerprint>``:
+the first 8 hex digits of the ledger id, because the identity is written into history on every
+workflow and activity task, several times per tool call, so every byte of it is paid per call).
 Before polling, a worker asks Temporal who else polls its task queue; a live poller announcing a
 different ledger means sessions would split between two ledgers (each worker's recovery blind to
 the other's facts), so the newcomer refuses with ``ledger_mismatch``. A poller counts as live while
@@ -30,20 +32,26 @@ from temporalio.client import Client
 from maka_core.errors import MakaError, StoreError
 from maka_core.store.writer import LedgerStore
 
-LEDGER_MARK = " ledger="
+LEDGER_MARK = "#"
+FINGERPRINT_HEX = 8
 LIVE_POLLER_S = 75.0
 WATCH_INTERVAL_S = 0.5
 
 
+def fingerprint(ledger_id: str | None) -> str:
+    """The short form of a ledger id a worker announces (a mismatch detector, not an identity)."""
+    return (ledger_id or "unknown").replace("-", "")[:FINGERPRINT_HEX]
+
+
 def worker_identity(ledger_id: str | None) -> str:
     """The identity this worker polls with: Temporal's usual ``pid@host`` plus its ledger."""
-    return f"{os.getpid()}@{socket.gethostname()}{LEDGER_MARK}{ledger_id or 'unknown'}"
+    return f"{os.getpid()}@{socket.gethostname()}{LEDGER_MARK}{fingerprint(ledger_id)}"
 
 
 def ledger_of(identity: str) -> str | None:
-    """The ledger id a poller announced, or None for a worker that announces none."""
-    _, mark, rest = identity.partition(LEDGER_MARK)
-    return rest.split()[0] if mark and rest else None
+    """The ledger fingerprint a poller announced, or None for a worker that announces none."""
+    _, mark, rest = identity.rpartition(LEDGER_MARK)
+    return rest if mark and rest else None
 
 
 async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = None) -> dict[str, str]:
@@ -68,7 +76,7 @@ async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = 
 
 def refuse_mismatch(ledger_id: str | None, task_queue: str, peers: dict[str, str]) -> None:
     """Raises ``ledger_mismatch`` when a live peer on the queue serves another ledger."""
-    others = {identity: ledger for identity, ledger in peers.items() if ledger != ledger_id}
+    others = {identity: ledger for identity, ledger in peers.items() if ledger != fingerprint(ledger_id)}
     if others:
         identity, ledger = next(iter(others.items()))
         raise MakaError(

@@ -15,6 +15,7 @@ re-running the transaction body is safe.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,7 +88,9 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
         cur = dbapi_conn.cursor()
         try:
             for pragma in SQLITE_PRAGMAS:
-                if "journal_mode" in pragma and not wal:
+                if "journal_mode" in pragma:
+                    if wal:
+                        _ensure_wal(cur)
                     continue
                 cur.execute(pragma)
         finally:
@@ -97,6 +100,26 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
     def _on_begin(conn: Connection) -> None:
         reader = conn.get_execution_options().get("maka_reader", False)
         conn.exec_driver_sql("BEGIN" if reader else "BEGIN IMMEDIATE")
+
+
+def _ensure_wal(cur: Any) -> None:
+    """Put the file in WAL mode once (it is a property of the file, kept across connections).
+
+    Two processes opening a fresh file at once race for the switch, and the loser gets SQLITE_BUSY
+    straight away (the busy handler does not cover a journal-mode change), so it waits a moment and
+    reads the mode again: by then the winner has usually made it WAL and there is nothing to do.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc).lower() or "busy" in str(exc).lower()
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _is_busy(exc: DBAPIError) -> bool:

@@ -26,6 +26,9 @@ from tests.ledger_factory import (
     user,
 )
 
+# 40 examples x 25 steps on a real SQLite file take ~15 s: it runs with the drills, not the quick set.
+pytestmark = pytest.mark.slow
+
 # model state -> (Resolver status, settlement origin, projection state)
 EXPECT = {
     "called": ("definitely_not_dispatched", None, None),

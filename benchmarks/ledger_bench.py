@@ -28,7 +28,7 @@ from maka_core.facts.events import RuntimeEvent  # noqa: E402
 from maka_core.ledger.resolver import resolve  # noqa: E402
 from maka_core.ledger.resume_plan import plan_resume  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
-from tests.children.scenario import call, dispatch, response, user  # noqa: E402
+from tests import ledger_factory as f  # noqa: E402
 
 #: Unmeasured writes first (file growth, the store's first full scan, statement caches).
 WARMUP = 20
@@ -59,7 +59,7 @@ def bare_commits(db: Path, n: int) -> list[float]:
 
 def store_commits(db: Path, n: int) -> tuple[list[float], list[float], int]:
     store = LedgerStore.open(db)
-    store.append([user()])
+    store.append([f.user()])
     commits = [0]
 
     @sa_event.listens_for(store.engine, "commit")
@@ -68,13 +68,14 @@ def store_commits(db: Path, n: int) -> tuple[list[float], list[float], int]:
 
     t1, t2 = [], []
     for k in range(-WARMUP, n):
-        op, cid = f"op-{k}", f"call-{k}"
+        cid = f"call-{k}"
         start = time.perf_counter()
-        store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid), evidence={"path": "a.txt"})
+        call, dispatch = f.t1(cid, recovery_mode="reconcile")
+        store.commit_tool_prepared(dispatch, call=call, evidence={"path": "a.txt"})
         if k >= 0:
             t1.append(time.perf_counter() - start)
         start = time.perf_counter()
-        store.commit_tool_outcome(response(op, cid))
+        store.commit_tool_outcome(f.response(cid))
         if k >= 0:
             t2.append(time.perf_counter() - start)
     store.close()
@@ -82,11 +83,11 @@ def store_commits(db: Path, n: int) -> tuple[list[float], list[float], int]:
 
 
 def session_events(n: int) -> list[RuntimeEvent]:
-    events = [user()]
+    events = [f.user()]
     k = 0
     while len(events) < n:
-        op, cid = f"op-{k}", f"call-{k}"
-        events += [call(op, cid), dispatch(op, cid), response(op, cid)]
+        cid = f"call-{k}"
+        events += [*f.t1(cid, recovery_mode="reconcile"), f.response(cid)]
         k += 1
     return events[:n]
 

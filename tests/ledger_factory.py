@@ -1,9 +1,16 @@
-"""Small factories for RuntimeEvents in Maka's exact shape, with sensible defaults.
+"""The one set of RuntimeEvent builders for every test, child process and benchmark.
 
-Every factory takes the envelope identity as keywords (``session_id``, ``invocation_id``,
-``run_id``, ``turn_id``, ``ts``) and extra envelope fields (``model_visibility``, ``origin``,
-``partial``...) through ``**envelope``. Ids default from the tool call id so a test reads like
-the ledger it builds: ``call("c1")`` is event ``evt-c1``, its dispatch ``op-c1_dispatch``.
+Events come in Maka's exact shape with sensible defaults. Every builder takes the envelope
+identity as keywords (``session_id``, ``invocation_id``, ``run_id``, ``turn_id``, ``ts``; ``ids``
+spells the four ids briefly) and extra envelope fields (``model_visibility``, ``origin``,
+``partial``...) through ``**envelope``. Ids default from the tool call id so a test reads like the
+ledger it builds: ``call("c1")`` is event ``evt-c1``, its dispatch ``op-c1_dispatch``. A call
+carries operation refs only when given ``operation_id`` (a T1 call; ``t1`` builds the pair);
+without it, it is a pre-T1 (legacy) call. Every event defaults to the same ``ts``.
+
+The child processes in ``tests/children`` import this module as ``tests.ledger_factory`` (they
+run as ``python -m tests.children.X`` from the repository root), so it imports nothing from the
+test modules.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ RUN = "run-1"
 TURN = "turn-1"
 TS = 1767225600000
 DEFAULT_ARGS: dict[str, Any] = {"command": "ls"}
+DIGEST = "sha256:" + "ab" * 32  # a well-formed digest for fields whose value no check recomputes
 
 _PARK_REASONS = {
     "matches_prior_state": "reconcile_matches_prior_state",
@@ -56,6 +64,11 @@ def event(event_id: str, *, role: str, author: str, **fields: Any) -> RuntimeEve
     }
     envelope.update({k: v for k, v in fields.items() if v is not None})
     return RuntimeEvent(**envelope)
+
+
+def ids(session: str = SESSION, run: str = RUN, inv: str = INVOCATION, turn: str = TURN) -> dict[str, str]:
+    """The envelope identity keywords, for ``**ids(run="run-2")`` on any builder."""
+    return {"session_id": session, "run_id": run, "invocation_id": inv, "turn_id": turn}
 
 
 def _given(**fields: Any) -> dict[str, Any]:
@@ -267,13 +280,14 @@ def t1(
     args: dict[str, Any] | None = None,
     *,
     recovery_mode: str = "never_auto_retry",
+    operation_id: str | None = None,
     **envelope: Any,
 ) -> list[RuntimeEvent]:
     """A T1 pair: the call (with operation refs) and its dispatch."""
-    op = op_id(call_id)
+    op = operation_id or op_id(call_id)
     return [
         call(call_id, name, args, operation_id=op, **envelope),
-        dispatch(call_id, name, args, recovery_mode=recovery_mode, **envelope),
+        dispatch(call_id, name, args, operation_id=op, recovery_mode=recovery_mode, **envelope),
     ]
 
 
@@ -283,17 +297,21 @@ def completed_bundle(
     result: Any = "recovered",
     *,
     suffix: str = "",
+    operation_id: str | None = None,
     **envelope: Any,
 ) -> list[RuntimeEvent]:
     """reconcile(matches_expected_state) + recovered outcome + completed decision."""
-    op = op_id(call_id)
-    rec = reconcile(call_id, "matches_expected_state", id=f"{op}_reconcile{suffix}", **envelope)
-    out = response(call_id, name, result, id=f"{op}_recovered{suffix}", **envelope)
+    op = operation_id or op_id(call_id)
+    rec = reconcile(
+        call_id, "matches_expected_state", operation_id=op, id=f"{op}_reconcile{suffix}", **envelope
+    )
+    out = response(call_id, name, result, operation_id=op, id=f"{op}_recovered{suffix}", **envelope)
     dec = decision(
         call_id,
         [f"evt-{call_id}", f"{op}_dispatch", rec.id, out.id],
         disposition="completed",
         outcome_event_id=out.id,
+        operation_id=op,
         id=f"{op}_decision{suffix}",
         **envelope,
     )
@@ -301,16 +319,22 @@ def completed_bundle(
 
 
 def parked_bundle(
-    call_id: str = "call-1", observation: str = "matches_prior_state", *, suffix: str = "", **envelope: Any
+    call_id: str = "call-1",
+    observation: str = "matches_prior_state",
+    *,
+    suffix: str = "",
+    operation_id: str | None = None,
+    **envelope: Any,
 ) -> list[RuntimeEvent]:
     """reconcile(observation) + parked decision with the matching reason."""
-    op = op_id(call_id)
-    rec = reconcile(call_id, observation, id=f"{op}_reconcile{suffix}", **envelope)
+    op = operation_id or op_id(call_id)
+    rec = reconcile(call_id, observation, operation_id=op, id=f"{op}_reconcile{suffix}", **envelope)
     dec = decision(
         call_id,
         [f"evt-{call_id}", f"{op}_dispatch", rec.id],
         disposition="parked",
         reason_code=_PARK_REASONS[observation],
+        operation_id=op,
         id=f"{op}_decision{suffix}",
         **envelope,
     )

@@ -22,14 +22,13 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import plan_resume
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import call, completed_bundle, dispatch, response, terminal, user
+from tests.children.crash_session import BUNDLE, SESSION
 
 pytestmark = pytest.mark.crash
 
 REPO = Path(__file__).resolve().parents[1]
 
-SESSION = [user(), call(), dispatch(), response(), terminal()]
-REC, OUT, DEC = completed_bundle()
+REC, OUT, DEC = BUNDLE
 
 
 @dataclass(frozen=True)

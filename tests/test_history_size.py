@@ -10,7 +10,7 @@ import pytest
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 from workflows.contracts import workflow_id_for
 
-pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 
 CALLS = 50
 

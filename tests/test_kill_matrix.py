@@ -47,7 +47,12 @@ from tests.drills import (
 )
 
 #: Marks of the drills (the effect-journal unit test at the end needs no server).
-DRILL = (pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session"))
+DRILL = (
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.crash,
+    pytest.mark.asyncio(loop_scope="session"),
+)
 
 
 def drill(fn: Any) -> Any:

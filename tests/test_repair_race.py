@@ -33,7 +33,12 @@ from maka_core.store.writer import LedgerStore
 from tests.drills import Sandbox, log_lines, open_session, ready, send, settle, stop
 from workflows.contracts import workflow_id_for
 
-pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.crash,
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 RUNS = 24
 #: The tool pool runs 8 bodies at once; the rest wait before T1 (still non-terminal runs).

@@ -11,8 +11,8 @@ from maka_core.errors import StoreError
 from maka_core.facts import codec
 from maka_core.runtime.settle import RunHeader, recovered_terminal_event, repair_all, repair_run
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import T0, call, dispatch, terminal, user
 from tests.children.support import raw_update
+from tests.ledger_factory import TS, ids, t1, terminal, user
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "maka_examples"
 
@@ -46,12 +46,14 @@ def test_recovered_terminal_event_has_example_02s_shape() -> None:
 def test_repair_commits_the_terminal_event_before_the_header(store: LedgerStore) -> None:
     store.put_run(header())
     store.append([user()])
-    store.commit_tool_prepared(dispatch(), call=call())
+    t1_ts = TS + 1  # the T1 pair is the run's last event, and the repair takes its ts
+    call, dispatch = t1(recovery_mode="reconcile", ts=t1_ts)
+    store.commit_tool_prepared(dispatch, call=call)
     result = repair_run(store, "run-1")
     assert result.terminal_committed and result.terminal_event_id == "run-1_terminal"
     assert result.header_status == "failed" and result.header_updated
     events = store.events(run_id="run-1")
-    assert events[-1].id == "run-1_terminal" and events[-1].ts == T0 + 1 and events[-1].is_terminal
+    assert events[-1].id == "run-1_terminal" and events[-1].ts == t1_ts and events[-1].is_terminal
     got = store.get_run("run-1")
     assert got is not None and got.status == "failed"
     again = repair_run(store, "run-1")
@@ -79,11 +81,11 @@ def test_two_repairers_converge_on_one_terminal_fact(store: LedgerStore) -> None
 
 
 def test_repair_of_a_run_with_a_header_but_no_events(store: LedgerStore) -> None:
-    store.put_run(header(created_at=T0))  # type: ignore[arg-type]
+    store.put_run(header(created_at=TS))  # type: ignore[arg-type]
     result = repair_run(store, "run-1")
     assert result.terminal_committed
     (event,) = store.events(run_id="run-1")
-    assert event.id == "run-1_terminal" and event.ts == T0 and event.invocation_id == "inv-1"
+    assert event.id == "run-1_terminal" and event.ts == TS and event.invocation_id == "inv-1"
 
 
 def test_repair_of_events_without_a_header_creates_the_header(store: LedgerStore) -> None:
@@ -113,10 +115,10 @@ def test_unreadable_ledger_fails_closed_and_writes_nothing(store: LedgerStore) -
 
 def test_repair_all_skips_open_workflows_and_parked_runs(store: LedgerStore) -> None:
     for n in (1, 2, 3, 4):
-        store.append([user(f"u{n}", run=f"run-{n}", inv=f"inv-{n}", turn=f"turn-{n}")])
+        store.append([user(id=f"u{n}", **ids(run=f"run-{n}", inv=f"inv-{n}", turn=f"turn-{n}"))])
         store.put_run(header(f"run-{n}", workflow_run_id=f"wr-{n}"))
     store.put_run(store.get_run("run-3").model_copy(update={"status": "parked", "park_reason": "x"}))  # type: ignore[union-attr]
-    store.commit_terminal(terminal("t4", run="run-4", inv="inv-4", turn="turn-4"))
+    store.commit_terminal(terminal(id="t4", **ids(run="run-4", inv="inv-4", turn="turn-4")))
     store.put_run(store.get_run("run-4").model_copy(update={"status": "completed"}))  # type: ignore[union-attr]
     results = repair_all(store, is_open=lambda run: run.workflow_run_id == "wr-2")
     assert [r.run_id for r in results] == ["run-1"]

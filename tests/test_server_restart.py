@@ -37,7 +37,12 @@ from workers import devserver
 from workers.client import connect
 from workflows.contracts import EXECUTE_TOOL, RECOVER_OPERATION, workflow_id_for
 
-pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.crash,
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 OUTAGE_S = 3.0
 

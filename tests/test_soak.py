@@ -48,7 +48,12 @@ from tests.drills import (
     stop,
 )
 
-pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.temporal,
+    pytest.mark.crash,
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 SEED = int(os.environ.get("MAKA_SOAK_SEED", "20261130"))
 SESSIONS = int(os.environ.get("MAKA_SOAK_SESSIONS", "4"))

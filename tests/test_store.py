@@ -18,24 +18,27 @@ from maka_core.store.jsonl import export_jsonl, parse_jsonl
 from maka_core.store.rows import prefix_digest
 from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import (
+from tests.children.support import raw_update, reopen
+from tests.ledger_factory import (
     DIGEST,
-    T0,
+    TS,
     call,
     completed_bundle,
     dispatch,
-    model_text,
+    ids,
     parked_bundle,
     response,
     terminal,
+    text,
     user,
 )
-from tests.children.support import raw_update, reopen
 
 
 def seed_prepared(store: LedgerStore, op: str = "op-1", call_id: str = "call-1") -> None:
     store.append([user()]) if store.event("evt-user-1") is None else None
-    store.commit_tool_prepared(dispatch(op, call_id), call=call(op, call_id))
+    store.commit_tool_prepared(
+        dispatch(call_id, operation_id=op, recovery_mode="reconcile"), call=call(call_id, operation_id=op)
+    )
 
 
 def count_commits(store: LedgerStore) -> list[int]:
@@ -52,7 +55,7 @@ def count_commits(store: LedgerStore) -> list[int]:
 
 
 def test_append_and_read_back_in_ledger_order(store: LedgerStore) -> None:
-    events = [user(), model_text("evt-model-1"), terminal()]
+    events = [user(), text(id="evt-model-1"), terminal()]
     result = store.append(events)
     assert result.created and result.created_ids == tuple(e.id for e in events)
     assert result.ledger_seq == 3
@@ -75,9 +78,9 @@ def test_exact_retry_is_a_noop_and_different_bytes_are_refused(store: LedgerStor
 
 
 def test_filters_and_sessions_keep_first_appearance_order(store: LedgerStore) -> None:
-    store.append([user("a1", session="s-b", run="r-b", inv="i-b", turn="t-b")])
-    store.append([user("a2", session="s-a", run="r-a", inv="i-a", turn="t-a")])
-    store.append([model_text("a3", session="s-b", run="r-b", inv="i-b", turn="t-b")])
+    store.append([user(id="a1", **ids(session="s-b", run="r-b", inv="i-b", turn="t-b"))])
+    store.append([user(id="a2", **ids(session="s-a", run="r-a", inv="i-a", turn="t-a"))])
+    store.append([text(id="a3", **ids(session="s-b", run="r-b", inv="i-b", turn="t-b"))])
     assert store.sessions() == ["s-b", "s-a"]
     assert [e.id for e in store.events(session_id="s-b")] == ["a1", "a3"]
     assert [e.id for e in store.events(run_id="r-a")] == ["a2"]
@@ -89,9 +92,11 @@ def test_filters_and_sessions_keep_first_appearance_order(store: LedgerStore) ->
 def test_t1_and_t2_each_cost_exactly_one_commit(store: LedgerStore) -> None:
     store.append([user()])
     commits = count_commits(store)
-    t1 = store.commit_tool_prepared(dispatch(), call=call())
+    t1 = store.commit_tool_prepared(
+        dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+    )
     assert t1.created and commits[0] == 1
-    t2 = store.commit_tool_outcome(response())
+    t2 = store.commit_tool_outcome(response(operation_id="op-1"))
     assert t2.created and commits[0] == 2
     row = store.operation("op-1")
     assert row is not None and row.current_state == "outcome_committed"
@@ -101,14 +106,18 @@ def test_t1_and_t2_each_cost_exactly_one_commit(store: LedgerStore) -> None:
 
 def test_t1_exact_retry_returns_created_false(store: LedgerStore) -> None:
     seed_prepared(store)
-    retry = store.commit_tool_prepared(dispatch(), call=call())
+    retry = store.commit_tool_prepared(
+        dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+    )
     assert not retry.created and retry.created_ids == ()
     assert len(store.events()) == 3 and len(store.journal()) == 1
 
 
 def test_t1_over_an_already_committed_call(store: LedgerStore) -> None:
-    store.append([user(), call()])
-    result = store.commit_tool_prepared(dispatch(), call=call())
+    store.append([user(), call(operation_id="op-1")])
+    result = store.commit_tool_prepared(
+        dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+    )
     assert result.created_ids == ("op-1_dispatch",)
     assert store.operation_for_call("inv-1", "call-1") == store.operation("op-1")
 
@@ -117,8 +126,13 @@ def test_t1_writes_evidence_and_attempt_in_the_same_transaction(store: LedgerSto
     store.append([user()])
     evidence = {"path": "a.txt", "priorDigest": DIGEST}
     attempt = {"workflow_id": "wf", "workflow_run_id": "r", "activity_id": "3", "attempt": 1}
-    store.commit_tool_prepared(dispatch(), call=call(), evidence=evidence, attempt=attempt)
-    store.commit_tool_outcome(response(), attempt={**attempt, "activity_id": "3"})
+    store.commit_tool_prepared(
+        dispatch(operation_id="op-1", recovery_mode="reconcile"),
+        call=call(operation_id="op-1"),
+        evidence=evidence,
+        attempt=attempt,
+    )
+    store.commit_tool_outcome(response(operation_id="op-1"), attempt={**attempt, "activity_id": "3"})
     assert store.evidence("op-1") == evidence
     assert store.evidence("op-2") is None
     rows = store.attempts("op-1")
@@ -128,24 +142,30 @@ def test_t1_writes_evidence_and_attempt_in_the_same_transaction(store: LedgerSto
 def test_failed_t1_writes_nothing(store: LedgerStore) -> None:
     store.append([user()])
     with pytest.raises(LedgerRejection) as err:
-        store.commit_tool_prepared(dispatch(args_hash=DIGEST), call=call(), evidence={"x": 1})
+        store.commit_tool_prepared(
+            dispatch(args_hash=DIGEST, operation_id="op-1", recovery_mode="reconcile"),
+            call=call(operation_id="op-1"),
+            evidence={"x": 1},
+        )
     assert err.value.code == "canonical_args_hash_conflict"
     assert [e.id for e in store.events()] == ["evt-user-1"]
     assert store.operation("op-1") is None and store.evidence("op-1") is None and store.journal() == []
     # The scanner did not run ahead of the database: the honest T1 still commits.
-    assert store.commit_tool_prepared(dispatch(), call=call()).created
+    assert store.commit_tool_prepared(
+        dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+    ).created
 
 
 def test_lossy_values_are_refused_before_any_write(store: LedgerStore) -> None:
     store.append([user()])
-    bad = call().model_copy(
-        update={"content": call().content.model_copy(update={"args": {"x": float("nan")}})}
+    bad = call(operation_id="op-1").model_copy(
+        update={"content": call(operation_id="op-1").content.model_copy(update={"args": {"x": float("nan")}})}
     )
     with pytest.raises(CodecError) as err:
-        store.commit_tool_prepared(dispatch(), call=bad)
+        store.commit_tool_prepared(dispatch(operation_id="op-1", recovery_mode="reconcile"), call=bad)
     assert err.value.code == "lossy_json_value"
     with pytest.raises(CodecError):
-        store.append([model_text("m").model_copy(update={"ts": 2**53 + 1})])
+        store.append([text(id="m").model_copy(update={"ts": 2**53 + 1})])
     assert [e.id for e in store.events()] == ["evt-user-1"]
 
 
@@ -157,10 +177,10 @@ def test_commit_terminal_allows_exact_retry_only(store: LedgerStore) -> None:
     assert store.commit_terminal(terminal()).created
     assert not store.commit_terminal(terminal()).created
     with pytest.raises(LedgerRejection) as err:
-        store.commit_terminal(terminal("evt-terminal-2", status="failed"))
+        store.commit_terminal(terminal("failed", id="evt-terminal-2"))
     assert err.value.code == "run_already_terminal"
     with pytest.raises(LedgerRejection) as err:
-        store.commit_terminal(model_text("not-terminal"))
+        store.commit_terminal(text(id="not-terminal"))
     assert err.value.code == "transition_shape_conflict"
 
 
@@ -261,7 +281,7 @@ def test_continuation_start_binds_to_its_claim(store: LedgerStore) -> None:
         run_id="run-2",
         invocation_id="inv-2",
         turn_id="turn-2",
-        ts=T0 + 10,
+        ts=TS + 10,
         partial=False,
         role="system",
         author="system",
@@ -299,7 +319,13 @@ def test_continuation_start_binds_to_its_claim(store: LedgerStore) -> None:
 
 
 def test_import_is_atomic_and_idempotent_and_export_is_canonical(store: LedgerStore) -> None:
-    events = [user(), call(), dispatch(), response(), terminal()]
+    events = [
+        user(),
+        call(operation_id="op-1"),
+        dispatch(operation_id="op-1", recovery_mode="reconcile"),
+        response(operation_id="op-1"),
+        terminal(),
+    ]
     first = store.import_events(events)
     assert (first.imported, first.existing) == (5, 0)
     again = store.import_events(events)
@@ -312,12 +338,27 @@ def test_import_is_atomic_and_idempotent_and_export_is_canonical(store: LedgerSt
 
 def test_out_of_order_import_writes_nothing(store: LedgerStore) -> None:
     with pytest.raises(LedgerRejection) as err:
-        store.import_events([user(), response(), call(), dispatch()])
+        store.import_events(
+            [
+                user(),
+                response(operation_id="op-1"),
+                call(operation_id="op-1"),
+                dispatch(operation_id="op-1", recovery_mode="reconcile"),
+            ]
+        )
     assert err.value.code == "orphan_response"
     assert store.events() == [] and store.operations() == [] and store.journal() == []
     # A rejection mid-batch (after earlier groups were staged) rolls those back as well.
     with pytest.raises(LedgerRejection):
-        store.import_events([user(), call(), dispatch(), response(), call("op-2", "call-1", id="dup")])
+        store.import_events(
+            [
+                user(),
+                call(operation_id="op-1"),
+                dispatch(operation_id="op-1", recovery_mode="reconcile"),
+                response(operation_id="op-1"),
+                call("call-1", operation_id="op-2", id="dup"),
+            ]
+        )
     assert store.events() == [] and store.operations() == []
 
 
@@ -332,10 +373,10 @@ def test_row_payload_mismatch_fails_closed(store: LedgerStore) -> None:
         fresh.events()
     assert err.value.code == "row_payload_identity_mismatch" and err.value.detail["eventId"] == "evt-call-1"
     with pytest.raises(StoreError) as err:
-        fresh.commit_tool_outcome(response())
+        fresh.commit_tool_outcome(response(operation_id="op-1"))
     assert err.value.code == "row_payload_identity_mismatch"
     raw_update(fresh, "evt-call-1", session_id="sess-1")
-    assert fresh.commit_tool_outcome(response()).created
+    assert fresh.commit_tool_outcome(response(operation_id="op-1")).created
 
 
 def test_non_canonical_payload_row_is_reported_and_refuses_exact_retries(store: LedgerStore) -> None:
@@ -398,10 +439,10 @@ def test_garbage_file_is_unreadable_not_overwritten(ledger_path: Path) -> None:
 def test_reopen_keeps_everything(ledger_path: Path) -> None:
     with LedgerStore.open(ledger_path) as store:
         seed_prepared(store)
-        store.commit_recovery_bundle(*parked_bundle())
+        store.commit_recovery_bundle(*parked_bundle(operation_id="op-1"))
         ops, journal = store.operations(), store.journal()
     with LedgerStore.open(ledger_path) as again:
         assert again.operations() == ops and again.journal() == journal and again.verify() == []
-        rec, out, dec = completed_bundle()
+        rec, out, dec = completed_bundle(operation_id="op-1")
         with pytest.raises(LedgerRejection):
             again.commit_recovery_bundle(rec, dec, out)

@@ -13,26 +13,30 @@ from maka_core.errors import CodecError, LedgerRejection, StoreError
 from maka_core.facts import codec
 from maka_core.facts.events import Actions
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import (
+from tests.children.support import raw_insert, raw_update, reopen
+from tests.ledger_factory import (
     DIGEST,
     call,
     completed_bundle,
     dispatch,
-    model_text,
+    ids,
     parked_bundle,
     response,
+    t1,
+    text,
     user,
 )
-from tests.children.support import raw_insert, raw_update, reopen
 
 
 def prepared(store: LedgerStore, op: str = "op-1", call_id: str = "call-1", **kw: str) -> None:
-    if store.event(kw.get("user_id", "evt-user-1")) is None:
-        store.append(
-            [user(kw.get("user_id", "evt-user-1"), **{k: v for k, v in kw.items() if k != "user_id"})]
-        )
-    ids = {k: v for k, v in kw.items() if k != "user_id"}
-    store.commit_tool_prepared(dispatch(op, call_id, **ids), call=call(op, call_id, **ids))
+    user_id = kw.pop("user_id", "evt-user-1")
+    who = ids(**kw)
+    if store.event(user_id) is None:
+        store.append([user(id=user_id, **who)])
+    store.commit_tool_prepared(
+        dispatch(call_id, operation_id=op, recovery_mode="reconcile", **who),
+        call=call(call_id, operation_id=op, **who),
+    )
 
 
 def rejected(fn: object, *args: object, **kw: object) -> LedgerRejection:
@@ -43,13 +47,16 @@ def rejected(fn: object, *args: object, **kw: object) -> LedgerRejection:
 
 def test_rejects_reserved_recovery_and_boundary_facts_through_generic_append(store: LedgerStore) -> None:
     prepared(store)
-    rec, dec = parked_bundle()
+    rec, dec = parked_bundle(operation_id="op-1")
     before = store.events()
     assert rejected(store.append, [rec]).code == "reserved_recovery_fact"
     assert rejected(store.append, [dec]).code == "reserved_recovery_fact"
-    assert rejected(store.append, [dispatch("op-2", "call-2")]).code == "reserved_tool_boundary_fact"
-    assert rejected(store.append, [response()]).code == "reserved_tool_boundary_fact"
-    assert rejected(store.import_events, [model_text("m1"), rec]).code in {
+    assert (
+        rejected(store.append, [dispatch("call-2", operation_id="op-2", recovery_mode="reconcile")]).code
+        == "reserved_tool_boundary_fact"
+    )
+    assert rejected(store.append, [response(operation_id="op-1")]).code == "reserved_tool_boundary_fact"
+    assert rejected(store.import_events, [text(id="m1"), rec]).code in {
         "transition_shape_conflict",
         "reserved_recovery_fact",
     }
@@ -57,8 +64,10 @@ def test_rejects_reserved_recovery_and_boundary_facts_through_generic_append(sto
 
 
 def test_recomputes_t1_identity_from_the_persisted_call(store: LedgerStore) -> None:
-    store.append([user(), call(args={"command": "ls -la"})])
-    wrong = dispatch(args={"command": "ls"})  # hash of other args than the committed call's
+    store.append([user(), call(args={"command": "ls -la"}, operation_id="op-1")])
+    wrong = dispatch(
+        args={"command": "ls"}, operation_id="op-1", recovery_mode="reconcile"
+    )  # hash of other args than the committed call's
     err = rejected(store.commit_tool_prepared, wrong)
     assert err.code == "canonical_args_hash_conflict" and err.event_id == "op-1_dispatch"
     assert [e.id for e in store.events()] == ["evt-user-1", "evt-call-1"] and store.journal() == []
@@ -66,7 +75,7 @@ def test_recomputes_t1_identity_from_the_persisted_call(store: LedgerStore) -> N
 
 def test_derives_projection_local_journal_identities(store: LedgerStore) -> None:
     prepared(store)
-    store.commit_tool_outcome(response())
+    store.commit_tool_outcome(response(operation_id="op-1"))
     journal = store.journal("op-1")
     assert [(j.journal_event_id, j.state, j.runtime_event_id) for j in journal] == [
         ("op-1_prepared", "prepared", "op-1_dispatch"),
@@ -75,8 +84,8 @@ def test_derives_projection_local_journal_identities(store: LedgerStore) -> None
 
 
 def test_rejects_duplicate_call_identities_through_the_generic_writer(store: LedgerStore) -> None:
-    store.append([user(), call()])
-    err = rejected(store.append, [call(id="evt-call-again")])
+    store.append([user(), call(operation_id="op-1")])
+    err = rejected(store.append, [call(id="evt-call-again", operation_id="op-1")])
     assert err.code == "duplicate_call" and err.event_id == "evt-call-again"
 
 
@@ -85,9 +94,14 @@ def test_rejects_one_invocation_identity_crossing_boundaries(
     store: LedgerStore, drift: dict[str, str]
 ) -> None:
     prepared(store)
-    assert rejected(store.append, [call("op-2", "call-2", **drift)]).code == "invocation_identity_conflict"
+    assert (
+        rejected(store.append, [call("call-2", operation_id="op-2", **ids(**drift))]).code
+        == "invocation_identity_conflict"
+    )
     err = rejected(
-        store.commit_tool_prepared, dispatch("op-3", "call-3", **drift), call=call("op-3", "call-3", **drift)
+        store.commit_tool_prepared,
+        dispatch("call-3", operation_id="op-3", recovery_mode="reconcile", **ids(**drift)),
+        call=call("call-3", operation_id="op-3", **ids(**drift)),
     )
     assert err.code == "invocation_identity_conflict"
     assert len(store.events()) == 3
@@ -98,34 +112,40 @@ def test_rejects_an_ordinary_event_whose_invocation_crosses_boundaries(
     store: LedgerStore, drift: dict[str, str]
 ) -> None:
     prepared(store)
-    assert rejected(store.append, [model_text("m-drift", **drift)]).code == "invocation_identity_conflict"
+    assert rejected(store.append, [text(id="m-drift", **ids(**drift))]).code == "invocation_identity_conflict"
     assert len(store.events()) == 3
 
 
 def test_rejects_an_unbound_generic_response_after_t1(store: LedgerStore) -> None:
     prepared(store)
-    err = rejected(store.append, [response(None)])
+    err = rejected(store.append, [response(bound=False)])
     assert err.code == "identity_conflict"
     assert store.operation("op-1").current_state == "prepared"  # type: ignore[union-attr]
 
 
 def test_rejects_a_dispatch_after_a_pre_t1_synthetic_response(store: LedgerStore) -> None:
-    store.append([user(), call(), response(None, result={"kind": "text", "text": "denied"}, is_error=True)])
-    err = rejected(store.commit_tool_prepared, dispatch())
+    denied = response(bound=False, result={"kind": "text", "text": "denied"}, is_error=True)
+    store.append([user(), call(operation_id="op-1"), denied])
+    err = rejected(store.commit_tool_prepared, dispatch(operation_id="op-1", recovery_mode="reconcile"))
     assert err.code == "event_order_conflict"
     assert store.operation("op-1") is None
 
 
 def test_rejects_an_out_of_order_tool_batch_import_atomically(store: LedgerStore) -> None:
-    err = rejected(store.import_events, [user(), response(), call(), dispatch()])
+    op1 = {"operation_id": "op-1"}
+    err = rejected(store.import_events, [user(), response(**op1), call(**op1), dispatch(**op1)])
     assert err.code == "orphan_response" and err.event_id == "op-1_response"
     assert store.events() == [] and store.sessions() == []
 
 
 def test_rejects_a_t2_row_that_also_claims_another_lane(store: LedgerStore) -> None:
     prepared(store)
-    smuggled = response().model_copy(
-        update={"actions": Actions(tool_dispatch=dispatch().actions.tool_dispatch)}
+    smuggled = response(operation_id="op-1").model_copy(
+        update={
+            "actions": Actions(
+                tool_dispatch=dispatch(operation_id="op-1", recovery_mode="reconcile").actions.tool_dispatch
+            )
+        }
     )  # type: ignore[union-attr]
     smuggled = codec.decode(codec.encode(smuggled))
     assert rejected(store.commit_tool_outcome, smuggled).code == "semantic_lane_conflict"
@@ -134,7 +154,7 @@ def test_rejects_a_t2_row_that_also_claims_another_lane(store: LedgerStore) -> N
 
 def test_settles_completed_recovery_atomically_and_rebuilds_after_reopen(store: LedgerStore) -> None:
     prepared(store)
-    rec, out, dec = completed_bundle()
+    rec, out, dec = completed_bundle(operation_id="op-1")
     store.commit_recovery_bundle(rec, dec, out)
     row = store.operation("op-1")
     assert row is not None and row.current_state == "recovery_completed" and row.result_event_id == out.id
@@ -157,10 +177,10 @@ def test_settles_completed_recovery_atomically_and_rebuilds_after_reopen(store: 
 def test_rebuilds_interleaved_operations_to_the_same_projections(store: LedgerStore) -> None:
     prepared(store, "op-1", "call-1")
     prepared(store, "op-2", "call-2")
-    store.commit_tool_outcome(response("op-2", "call-2"))
+    store.commit_tool_outcome(response("call-2", operation_id="op-2"))
     prepared(store, "op-3", "call-3")
-    store.commit_tool_outcome(response("op-1", "call-1", is_error=True))
-    store.commit_recovery_bundle(*parked_bundle("op-3", "call-3", observation="unreadable"))
+    store.commit_tool_outcome(response("call-1", operation_id="op-1", is_error=True))
+    store.commit_recovery_bundle(*parked_bundle("call-3", "unreadable", operation_id="op-3"))
     assert store.verify() == []
     scratch = store.rebuild_projections("sqlite://")
     assert scratch is not None
@@ -177,15 +197,15 @@ def test_rebuilds_interleaved_operations_to_the_same_projections(store: LedgerSt
 
 def test_makes_a_parked_bundle_terminal_and_only_permits_its_exact_retry(store: LedgerStore) -> None:
     prepared(store)
-    rec, dec = parked_bundle()
+    rec, dec = parked_bundle(operation_id="op-1")
     assert store.commit_recovery_bundle(rec, dec).created
     assert not store.commit_recovery_bundle(rec, dec).created
     assert store.operation("op-1").current_state == "recovery_parked"  # type: ignore[union-attr]
-    other_rec, other_out, other_dec = completed_bundle()  # same ids, different bytes
+    other_rec, other_out, other_dec = completed_bundle(operation_id="op-1")  # same ids, different bytes
     assert (
         rejected(store.commit_recovery_bundle, other_rec, other_dec, other_out).code == "duplicate_event_id"
     )
-    fresh_rec, fresh_out, fresh_dec = completed_bundle(suffix="-2")
+    fresh_rec, fresh_out, fresh_dec = completed_bundle(suffix="-2", operation_id="op-1")
     assert rejected(store.commit_recovery_bundle, fresh_rec, fresh_dec, fresh_out).code
     assert store.operation("op-1").current_state == "recovery_parked"  # type: ignore[union-attr]
     assert len(store.events()) == 5
@@ -194,7 +214,7 @@ def test_makes_a_parked_bundle_terminal_and_only_permits_its_exact_retry(store: 
 def test_rejects_row_payload_identity_corruption_through_the_bundle_writer(store: LedgerStore) -> None:
     prepared(store)
     raw_update(store, "op-1_dispatch", operation_id="op-forged")
-    rec, dec = parked_bundle()
+    rec, dec = parked_bundle(operation_id="op-1")
     with pytest.raises(StoreError) as err:
         reopen(store).commit_recovery_bundle(rec, dec)
     assert err.value.code == "row_payload_identity_mismatch"
@@ -226,12 +246,12 @@ def test_rejects_events_that_lose_values_during_serialization(
     store: LedgerStore, bad: dict[str, object]
 ) -> None:
     prepared(store)
-    resp = response()
+    resp = response(operation_id="op-1")
     lossy = resp.model_copy(update={"content": resp.content.model_copy(update={"result": bad})})  # type: ignore[union-attr]
     with pytest.raises(CodecError) as err:
         store.commit_tool_outcome(lossy)
     assert err.value.code == "lossy_json_value"
-    rec, dec = parked_bundle()
+    rec, dec = parked_bundle(operation_id="op-1")
     payload = dec.actions.tool_recovery.payload  # type: ignore[union-attr]
     forged = dec.model_copy(
         update={
@@ -255,20 +275,23 @@ def test_rejects_events_that_lose_values_during_serialization(
 
 
 def plant_duplicate_call(store: LedgerStore, **kw: str) -> None:
-    raw_insert(store, call("op-x", "call-1", id="evt-call-dup", **kw))
+    raw_insert(store, call("call-1", operation_id="op-x", id="evt-call-dup", **kw))
 
 
 def test_exact_t1_t2_and_recovery_retries_fail_closed_on_a_corrupt_ledger(store: LedgerStore) -> None:
     prepared(store, "op-1", "call-1")
-    store.commit_tool_outcome(response("op-1", "call-1"))
+    store.commit_tool_outcome(response("call-1", operation_id="op-1"))
     prepared(store, "op-2", "call-2")
-    rec, dec = parked_bundle("op-2", "call-2")
+    rec, dec = parked_bundle("call-2", operation_id="op-2")
     store.commit_recovery_bundle(rec, dec)
     plant_duplicate_call(store)
     store = reopen(store)
     for retry in (
-        lambda: store.commit_tool_prepared(dispatch("op-1", "call-1"), call=call("op-1", "call-1")),
-        lambda: store.commit_tool_outcome(response("op-1", "call-1")),
+        lambda: store.commit_tool_prepared(
+            dispatch("call-1", operation_id="op-1", recovery_mode="reconcile"),
+            call=call("call-1", operation_id="op-1"),
+        ),
+        lambda: store.commit_tool_outcome(response("call-1", operation_id="op-1")),
         lambda: store.commit_recovery_bundle(rec, dec),
     ):
         err = rejected(retry)
@@ -276,13 +299,20 @@ def test_exact_t1_t2_and_recovery_retries_fail_closed_on_a_corrupt_ledger(store:
 
 
 def test_corruption_in_another_session_stops_a_new_tool_boundary(store: LedgerStore) -> None:
-    other = {"session": "sess-b", "run": "run-b", "inv": "inv-b", "turn": "turn-b"}
-    store.append([user("evt-user-b", **other)])
-    store.commit_tool_prepared(dispatch("op-b", "call-b", **other), call=call("op-b", "call-b", **other))
-    raw_insert(store, call("op-x", "call-b", id="evt-call-dup", **other))
+    other = ids(session="sess-b", run="run-b", inv="inv-b", turn="turn-b")
+    store.append([user(id="evt-user-b", **other)])
+    store.commit_tool_prepared(
+        dispatch("call-b", operation_id="op-b", recovery_mode="reconcile", **other),
+        call=call("call-b", operation_id="op-b", **other),
+    )
+    raw_insert(store, call("call-b", operation_id="op-x", id="evt-call-dup", **other))
     store = reopen(store)
     store.append([user()])  # ordinary conversation still lands
-    err = rejected(store.commit_tool_prepared, dispatch(), call=call())
+    err = rejected(
+        store.commit_tool_prepared,
+        dispatch(operation_id="op-1", recovery_mode="reconcile"),
+        call=call(operation_id="op-1"),
+    )
     assert err.code == "duplicate_call" and err.event_id == "evt-call-dup"
     assert store.operation("op-1") is None
 
@@ -297,16 +327,18 @@ def test_rebuild_rejects_duplicate_call_identity(store: LedgerStore) -> None:
 
 def test_rebuild_rejects_dispatch_before_call_physical_order(store: LedgerStore) -> None:
     store.append([user()])
-    raw_insert(store, dispatch(), call())
+    raw_insert(store, dispatch(operation_id="op-1", recovery_mode="reconcile"), call(operation_id="op-1"))
     assert rejected(store.rebuild_projections).code == "event_order_conflict"
     assert rejected(
-        reopen(store).commit_tool_prepared, dispatch("op-2", "call-2"), call=call("op-2", "call-2")
+        reopen(store).commit_tool_prepared,
+        dispatch("call-2", operation_id="op-2", recovery_mode="reconcile"),
+        call=call("call-2", operation_id="op-2"),
     ).code
 
 
 def test_t1_then_t2_facts_have_the_durable_boundary_shape(store: LedgerStore) -> None:
     prepared(store)
-    store.commit_tool_outcome(response())
+    store.commit_tool_outcome(response(operation_id="op-1"))
     events = {e.id: e for e in store.events()}
     d = events["op-1_dispatch"]
     assert d.content is None and d.actions is not None and d.actions.tool_dispatch is not None
@@ -322,9 +354,8 @@ def test_import_admits_what_the_reference_writers_admit_and_rebuilds_equal(store
     outcome committed after a parked decision) is imported, and its online projection equals the
     rebuild, journal rows in commit order."""
     from maka_core.ledger.scanner import writer_admission
-    from tests import ledger_factory as f
 
-    ledger = [f.user(), *f.t1(recovery_mode="reconcile"), *f.parked_bundle(), f.response()]
+    ledger = [user(), *t1(recovery_mode="reconcile"), *parked_bundle(), response()]
     assert writer_admission(ledger)["admissible"] is True
     result = store.import_events(ledger)
     assert result.imported == len(ledger)

@@ -17,7 +17,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import call, dispatch, user
+from tests.ledger_factory import call, dispatch, terminal, user
 
 pytestmark = pytest.mark.crash
 
@@ -58,7 +58,9 @@ def prepared_ledger(tmp_path: Path, n: int) -> Path:
     db = tmp_path / f"ledger-{n}.sqlite"
     with LedgerStore.open(db) as store:
         store.append([user()])
-        store.commit_tool_prepared(dispatch(), call=call())
+        store.commit_tool_prepared(
+            dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+        )
     return db
 
 
@@ -107,8 +109,6 @@ def test_two_processes_dispatching_one_operation_create_it_once(tmp_path: Path, 
 
 
 def terminal_ledger(tmp_path: Path, n: int) -> Path:
-    from tests.children.scenario import terminal
-
     db = tmp_path / f"ledger-{n}.sqlite"
     with LedgerStore.open(db) as store:
         store.append([user()])

@@ -16,15 +16,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from maka_core.errors import LedgerRejection
 from maka_core.ledger.resolver import resolve
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import (
+from tests.ledger_factory import (
     call,
     completed_bundle,
     dispatch,
-    model_text,
     parked_bundle,
     response,
+    text,
     user,
 )
+
+# 40 examples x 25 steps on a real SQLite file take ~15 s: it runs with the drills, not the quick set.
+pytestmark = pytest.mark.slow
 
 # model state -> (Resolver status, settlement origin, projection state)
 EXPECT = {
@@ -69,17 +72,19 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def append_text(self) -> None:
         self.texts += 1
-        self.store.append([model_text(f"text-{self.texts}")])
+        self.store.append([text(id=f"text-{self.texts}")])
 
     @rule(with_call=st.booleans())
     def new_operation(self, with_call: bool) -> None:
         k = len(self.state) + 1
         op, cid = self.ids(k)
         if with_call:
-            assert self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid)).created
+            assert self.store.commit_tool_prepared(
+                dispatch(cid, operation_id=op, recovery_mode="reconcile"), call=call(cid, operation_id=op)
+            ).created
             self.state[k] = "prepared"
         else:
-            self.store.append([call(op, cid)])
+            self.store.append([call(cid, operation_id=op)])
             self.state[k] = "called"
 
     @precondition(lambda self: self.ops("called"))
@@ -87,23 +92,25 @@ class LedgerMachine(RuleBasedStateMachine):
     def dispatch_called(self, data: st.DataObject) -> None:
         k = data.draw(st.sampled_from(self.ops("called")))
         op, cid = self.ids(k)
-        assert self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid)).created_ids == (
-            f"{op}_dispatch",
-        )
+        assert self.store.commit_tool_prepared(
+            dispatch(cid, operation_id=op, recovery_mode="reconcile"), call=call(cid, operation_id=op)
+        ).created_ids == (f"{op}_dispatch",)
         self.state[k] = "prepared"
 
     @precondition(lambda self: self.ops("called"))
     @rule(data=st.data())
     def outcome_without_dispatch_is_refused(self, data: st.DataObject) -> None:
         op, cid = self.ids(data.draw(st.sampled_from(self.ops("called"))))
-        self.refused(self.store.commit_tool_outcome, response(op, cid))
+        self.refused(self.store.commit_tool_outcome, response(cid, operation_id=op))
 
     @precondition(lambda self: self.ops("prepared"))
     @rule(data=st.data(), is_error=st.booleans())
     def outcome(self, data: st.DataObject, is_error: bool) -> None:
         k = data.draw(st.sampled_from(self.ops("prepared")))
         op, cid = self.ids(k)
-        assert self.store.commit_tool_outcome(response(op, cid, is_error=is_error or None)).created
+        assert self.store.commit_tool_outcome(
+            response(cid, operation_id=op, is_error=is_error or None)
+        ).created
         self.state[k], self.is_error[k] = "outcome", is_error
 
     @precondition(lambda self: self.ops("prepared"))
@@ -112,12 +119,14 @@ class LedgerMachine(RuleBasedStateMachine):
         k = data.draw(st.sampled_from(self.ops("prepared")))
         op, cid = self.ids(k)
         if complete:
-            rec, out, dec = completed_bundle(op, cid)
+            rec, out, dec = completed_bundle(cid, operation_id=op)
             assert self.store.commit_recovery_bundle(rec, dec, out).created
             self.state[k] = "recovered"
         else:
             observation = data.draw(st.sampled_from(["matches_prior_state", "diverged", "unreadable"]))
-            assert self.store.commit_recovery_bundle(*parked_bundle(op, cid, observation=observation)).created
+            assert self.store.commit_recovery_bundle(
+                *parked_bundle(cid, observation, operation_id=op)
+            ).created
             self.state[k] = "parked"
 
     @precondition(lambda self: self.ops("prepared", "outcome", "recovered", "parked"))
@@ -127,15 +136,21 @@ class LedgerMachine(RuleBasedStateMachine):
         op, cid = self.ids(k)
         s = self.state[k]
         if s == "prepared":
-            result = self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid))
+            result = self.store.commit_tool_prepared(
+                dispatch(cid, operation_id=op, recovery_mode="reconcile"), call=call(cid, operation_id=op)
+            )
         elif s == "outcome":
-            result = self.store.commit_tool_outcome(response(op, cid, is_error=self.is_error[k] or None))
+            result = self.store.commit_tool_outcome(
+                response(cid, operation_id=op, is_error=self.is_error[k] or None)
+            )
         elif s == "recovered":
-            rec, out, dec = completed_bundle(op, cid)
+            rec, out, dec = completed_bundle(cid, operation_id=op)
             result = self.store.commit_recovery_bundle(rec, dec, out)
         else:
             # The parked observation is not remembered; retrying the T1 is an exact retry too.
-            result = self.store.commit_tool_prepared(dispatch(op, cid), call=call(op, cid))
+            result = self.store.commit_tool_prepared(
+                dispatch(cid, operation_id=op, recovery_mode="reconcile"), call=call(cid, operation_id=op)
+            )
         assert not result.created
 
     @precondition(lambda self: self.ops("outcome", "recovered", "parked"))
@@ -144,12 +159,20 @@ class LedgerMachine(RuleBasedStateMachine):
         k = data.draw(st.sampled_from(self.ops("outcome", "recovered", "parked")))
         op, cid = self.ids(k)
         if kind == "t2":
-            self.refused(self.store.commit_tool_outcome, response(op, cid, id=f"{op}_response_again"))
+            self.refused(
+                self.store.commit_tool_outcome, response(cid, operation_id=op, id=f"{op}_response_again")
+            )
         elif kind == "bundle":
-            rec, dec = parked_bundle(op, cid, suffix="-again")
+            rec, dec = parked_bundle(cid, operation_id=op, suffix="-again")
             self.refused(self.store.commit_recovery_bundle, rec, dec)
         else:
-            other = dispatch(op, cid, args={"command": "rm -rf /"}, id=f"{op}_dispatch_again")
+            other = dispatch(
+                cid,
+                operation_id=op,
+                recovery_mode="reconcile",
+                args={"command": "rm -rf /"},
+                id=f"{op}_dispatch_again",
+            )
             self.refused(self.store.commit_tool_prepared, other)
 
     @rule()

@@ -22,8 +22,8 @@ from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import DIGEST, T0, call, completed_bundle, dispatch, response, terminal, user
 from tests.children.support import raw_insert
+from tests.ledger_factory import DIGEST, TS, call, completed_bundle, dispatch, response, terminal, user
 
 HEADER = RunHeader(
     session_id="sess-1",
@@ -34,6 +34,17 @@ HEADER = RunHeader(
     workflow_run_id="wr-1",
     task_queue="maka",
 )
+# What the session mode writes to run-1 (user, call, dispatch, response, terminal) and the bundle
+# the bundle modes add; the parent test reads them from here to check what survives a kill.
+SESSION = [
+    user(),
+    call(operation_id="op-1"),
+    dispatch(operation_id="op-1", recovery_mode="reconcile"),
+    response(operation_id="op-1"),
+    terminal(),
+]
+USER, CALL, DISPATCH, RESPONSE, TERMINAL = SESSION
+BUNDLE = completed_bundle(operation_id="op-1")
 
 
 def step(name: str) -> None:
@@ -57,7 +68,7 @@ def claim_for(store: LedgerStore) -> ContinuationClaim:
         target_invocation_id="inv-2",
         target_run_id="run-2",
         target_turn_id="turn-2",
-        claimed_at=T0 + 20,
+        claimed_at=TS + 20,
     )
 
 
@@ -68,7 +79,7 @@ def start_event(claim: ContinuationClaim) -> RuntimeEvent:
         run_id="run-2",
         invocation_id="inv-2",
         turn_id="turn-2",
-        ts=T0 + 21,
+        ts=TS + 21,
         partial=False,
         role="system",
         author="system",
@@ -94,17 +105,17 @@ def start_event(claim: ContinuationClaim) -> RuntimeEvent:
 
 def session(store: LedgerStore) -> None:
     step("header")
-    store.put_run(HEADER.model_copy(update={"created_at": T0, "updated_at": T0}))
+    store.put_run(HEADER.model_copy(update={"created_at": TS, "updated_at": TS}))
     step("user")
-    store.append([user()])
+    store.append([USER])
     failpoints.hit("P0")
     step("call")
-    store.append([call()])  # the model step commits the function_call
+    store.append([CALL])  # the model step commits the function_call
     failpoints.hit("P1")
     step("t1")
     store.commit_tool_prepared(
-        dispatch(),
-        call=call(),
+        DISPATCH,
+        call=CALL,
         evidence={"path": "a.txt"},
         attempt={"workflow_id": "wf", "activity_id": "1", "attempt": 1},
     )
@@ -113,16 +124,16 @@ def session(store: LedgerStore) -> None:
     failpoints.hit("P3")
     failpoints.hit("P4")
     step("t2")
-    store.commit_tool_outcome(response())
+    store.commit_tool_outcome(RESPONSE)
     failpoints.hit("P5")
     failpoints.hit("P6")
     failpoints.hit("P7")
     failpoints.hit("P8")
     step("terminal")
-    store.commit_terminal(terminal())
+    store.commit_terminal(TERMINAL)
     failpoints.hit("P9")
     step("terminal_header")
-    store.put_run(HEADER.model_copy(update={"status": "completed", "created_at": T0, "updated_at": T0 + 3}))
+    store.put_run(HEADER.model_copy(update={"status": "completed", "created_at": TS, "updated_at": TS + 3}))
     failpoints.hit("P10")
     step("claim")
     claim = store.claim_continuation(claim_for(store)).claim
@@ -133,10 +144,10 @@ def session(store: LedgerStore) -> None:
 
 def bundle(store: LedgerStore, *, unsafe: bool) -> None:
     step("user")
-    store.append([user()])
+    store.append([USER])
     step("t1")
-    store.commit_tool_prepared(dispatch(), call=call())
-    rec, out, dec = completed_bundle()
+    store.commit_tool_prepared(DISPATCH, call=CALL)
+    rec, out, dec = BUNDLE
     step("bundle")
     if not unsafe:
         store.commit_recovery_bundle(rec, dec, out)

@@ -15,7 +15,7 @@ from maka_core.facts import codec
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.runtime.settle import repair_run
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import DIGEST, call, completed_bundle, dispatch, parked_bundle
+from tests.ledger_factory import DIGEST, call, completed_bundle, dispatch, parked_bundle
 
 
 def claim(store: LedgerStore, n: str) -> ContinuationClaim:
@@ -43,12 +43,15 @@ def act(store: LedgerStore, action: str) -> str:
     if action == "open":
         return "opened"
     if action == "t1":
-        return "created" if store.commit_tool_prepared(dispatch(), call=call()).created else "existing"
+        t1 = store.commit_tool_prepared(
+            dispatch(operation_id="op-1", recovery_mode="reconcile"), call=call(operation_id="op-1")
+        )
+        return "created" if t1.created else "existing"
     if action == "completed":
-        rec, out, dec = completed_bundle()
+        rec, out, dec = completed_bundle(operation_id="op-1")
         return "created" if store.commit_recovery_bundle(rec, dec, out).created else "existing"
     if action == "parked":
-        rec, dec = parked_bundle(suffix="-p")
+        rec, dec = parked_bundle(suffix="-p", operation_id="op-1")
         return "created" if store.commit_recovery_bundle(rec, dec).created else "existing"
     if action.startswith("claim-"):
         return store.claim_continuation(claim(store, action.removeprefix("claim-"))).status

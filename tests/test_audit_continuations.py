@@ -17,7 +17,8 @@ from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import DIGEST, T0, terminal, user
+from tests.ledger_factory import DIGEST, ids, terminal, user
+from tests.ledger_factory import TS as T0
 
 WF = "maka-session-sess-1"
 
@@ -25,7 +26,7 @@ WF = "maka-session-sess-1"
 def _ledger(path: Path) -> LedgerFacts:
     with LedgerStore.open(path) as store:
         store.append([user()])
-        store.commit_terminal(terminal())
+        store.commit_terminal(terminal(ts=T0 + 3))
         prefix = store.prefix("sess-1", "run-1")
         claim = store.claim_continuation(
             ContinuationClaim(
@@ -46,7 +47,9 @@ def _ledger(path: Path) -> LedgerFacts:
             )
         ).claim
         store.commit_continuation_start(_start(claim, prefix.high_water, prefix.prefix_digest))
-        store.commit_terminal(terminal("evt-terminal-2", ts=T0 + 20, run="run-2", inv="inv-2", turn="turn-2"))
+        store.commit_terminal(
+            terminal(id="evt-terminal-2", ts=T0 + 20, **ids(run="run-2", inv="inv-2", turn="turn-2"))
+        )
         for n, exec_id in ((1, "exec-a"), (2, "exec-b")):
             header = RunHeader(
                 session_id="sess-1",

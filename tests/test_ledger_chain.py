@@ -19,17 +19,17 @@ import pytest
 from maka_core.store.chain import CHAIN_START, chain_breaks, chain_digest
 from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import call, dispatch, model_text, response, terminal, user
+from tests.ledger_factory import call, dispatch, ids, response, terminal, text, user
 
 
 def seed(store: LedgerStore) -> None:
     """Two sessions, one with a tool call, interleaved in the ledger."""
     store.append([user()])
-    store.append([user("evt-user-b", "other session", session="sess-2", run="run-2", inv="inv-2")])
-    store.commit_tool_prepared(dispatch(), call=call())
-    store.commit_tool_outcome(response())
-    store.append([model_text("evt-model-1", "the files are a, b and c")])
-    store.append([model_text("evt-model-b", "ok", session="sess-2", run="run-2", inv="inv-2")])
+    store.append([user("other session", id="evt-user-b", **ids(session="sess-2", run="run-2", inv="inv-2"))])
+    store.commit_tool_prepared(dispatch(operation_id="op-1"), call=call(operation_id="op-1"))
+    store.commit_tool_outcome(response(operation_id="op-1"))
+    store.append([text("the files are a, b and c", id="evt-model-1")])
+    store.append([text("ok", id="evt-model-b", **ids(session="sess-2", run="run-2", inv="inv-2"))])
     store.commit_terminal(terminal())
 
 
@@ -107,8 +107,8 @@ def test_chain_is_continued_across_stores_sharing_one_file(tmp_path: Path) -> No
     path = tmp_path / "ledger.sqlite"
     with LedgerStore.open(path) as a, LedgerStore.open(path) as b:
         a.append([user()])
-        b.append([model_text("evt-model-1")])  # b learns a's head on its sync
-        a.append([model_text("evt-model-2")])  # and a learns b's
+        b.append([text(id="evt-model-1")])  # b learns a's head on its sync
+        a.append([text(id="evt-model-2")])  # and a learns b's
         b.commit_terminal(terminal())
         assert a.verify() == [] and b.verify() == []
     conn = sqlite3.connect(path)
@@ -145,7 +145,7 @@ def test_a_v1_ledger_migrates_in_one_step_with_its_chain_and_an_identity(db: Pat
     with LedgerStore.open(db) as store:
         assert store.verify() == []
         assert store.health.ledger_id is not None and store.health.ledger_id != old_id
-        store.append([user("evt-user-3", "again", session="sess-3", run="run-3", inv="inv-3")])
+        store.append([user("again", id="evt-user-3", **ids(session="sess-3", run="run-3", inv="inv-3"))])
         assert store.verify() == []
     conn = sqlite3.connect(db)
     assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION

@@ -22,7 +22,7 @@ import pytest
 
 from maka_core.errors import StoreError
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import model_text, user
+from tests.ledger_factory import text, user
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def test_deleted_ledger_stops_writes_with_ledger_replaced(tmp_path: Path) -> Non
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     with pytest.raises(StoreError) as err:
-        store.append([model_text("evt-model-1")])
+        store.append([text(id="evt-model-1")])
     assert err.value.code == "ledger_replaced" and store.health.failure is not None
     # Sticky: even a restored file is not trusted by this store again.
     LedgerStore.open(path).close()
@@ -52,7 +52,7 @@ def test_negative_control_without_the_check_the_write_is_silently_lost(tmp_path:
     store.health.file = None  # this store no longer stats its file: today's behaviour
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    result = store.append([model_text("evt-model-1")])
+    result = store.append([text(id="evt-model-1")])
     assert result.created  # "committed"...
     store.close()
     with LedgerStore.open(path) as fresh:
@@ -68,7 +68,7 @@ def test_ledger_renamed_over_stops_writes(tmp_path: Path) -> None:
         second_id = second.health.ledger_id
     os.replace(other, path)
     with pytest.raises(StoreError) as err:
-        store.append([model_text("evt-model-1")])
+        store.append([text(id="evt-model-1")])
     assert err.value.code == "ledger_replaced" and err.value.detail["ledgerId"] != second_id
     store.close()
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from maka_core.runtime.session_view import transcript_lines
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import model_text, user
+from tests.ledger_factory import text, user
 from workers.cli import maka
 
 HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\rfake line\u202etxt.exe\x9b31m"
@@ -18,7 +18,7 @@ HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\rfake line\u202etxt.exe\x9b31m"
 def test_show_escapes_terminal_controls(tmp_path: Path) -> None:
     db = tmp_path / "ledger.sqlite"
     with LedgerStore.open(db) as store:
-        store.append([user(text="multi\nline\ttext"), model_text("evt-model-1", HOSTILE)])
+        store.append([user("multi\nline\ttext"), text(HOSTILE, id="evt-model-1")])
         events = store.events()
     result = CliRunner().invoke(
         maka, ["session", "show", "--db", str(db), "sess-1"], env={"MAKA_HOME": str(tmp_path)}

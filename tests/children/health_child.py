@@ -17,7 +17,7 @@ from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.store.writer import LedgerStore
-from tests.children.scenario import model_text, user
+from tests.ledger_factory import text, user
 
 
 def mount(*args: str) -> None:
@@ -44,14 +44,14 @@ def main(mode: str, root: Path, control: bool) -> dict[str, Any]:
         store = LedgerStore.open(ledger)
         store.append([user()])
         codes = [
-            attempt(lambda i=i: store.append([model_text(f"evt-fill-{i}", "x" * 20000)])) for i in range(80)
+            attempt(lambda i=i: store.append([text("x" * 20000, id=f"evt-fill-{i}")])) for i in range(80)
         ]
         out["firstFailure"] = next((c for c in codes if c != "ok"), "ok")
         out["writesBeforeFailure"] = codes.index(out["firstFailure"]) if out["firstFailure"] != "ok" else 80
         out["health"] = store.health.to_json()
         # Sticky: freeing room does not make this store trust the file again.
         subprocess.run(["sh", "-c", f"rm -f {root}/filler"], check=False)
-        out["after"] = attempt(lambda: store.append([model_text("evt-after", "y")]))
+        out["after"] = attempt(lambda: store.append([text("y", id="evt-after")]))
         store.close()
         return out
     with LedgerStore.open(ledger) as store:
@@ -68,7 +68,7 @@ def main(mode: str, root: Path, control: bool) -> dict[str, Any]:
     store = LedgerStore.open(ledger)
     out["read"] = [e.id for e in store.events()]
     out["check"] = attempt(store.check_health)
-    out["write"] = attempt(lambda: store.append([model_text("evt-model-1")]))
+    out["write"] = attempt(lambda: store.append([text(id="evt-model-1")]))
     out["health"] = store.health.to_json()
     store.close()
     return out

@@ -280,6 +280,8 @@ class SessionWorkflow:
                 workflow_run_id=info.run_id,
                 task_queue=self._inp.task_queue,
                 workspace=self._inp.workspace,
+                workspace_identity=self._inp.workspace_identity,
+                provider=self._inp.provider,
             ),
             result_type=BeginRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,

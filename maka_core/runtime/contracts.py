@@ -47,6 +47,21 @@ ParkReason = Literal[
     "recovery_parked",
 ]
 PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+#: Why a resume parked (the host's wire union, ``maka-runtime-facts.md`` §3e in its post-#3506
+#: form); the planner's own codes travel beside it as ``rejectionReasons``.
+HostParkReason = Literal[
+    "resume_feature_disabled",
+    "continuation_authority_unavailable",
+    "safety_observation_unavailable",
+    "resume_candidate_missing",
+    "source_run_unreadable",
+    "safety_check_failed",
+    "continuation_already_exists",
+    "continuation_repair_required",
+    "continuation_started_indeterminate",
+    "session_busy",
+]
+HOST_PARK_REASONS: frozenset[str] = frozenset(get_args(HostParkReason))
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
 ToolOutcomeStatus = Literal["completed", "refused"]
 
@@ -92,6 +107,10 @@ class BeginRunInput(Contract):
     workflow_run_id: str
     task_queue: str
     workspace: str
+    #: The session's settings, recorded on the user event (``lost_run.session_record``) so the
+    #: ledger alone can carry the session when its Temporal history is gone.
+    workspace_identity: str | None = None
+    provider: dict[str, Any] | None = None
 
 
 class BeginRunResult(Contract):
@@ -179,6 +198,8 @@ class FinishRunInput(Contract):
     park_reason: ParkReason | None = None
     parked_operation_id: str | None = None
     error: str | None = None
+    #: The run is a continuation (its crash points carry the failpoint tag ``continuation``).
+    continuation: bool | None = None
 
 
 class FinishRunResult(Contract):

@@ -12,6 +12,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import builders
 from maka_core.runtime.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
+from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import settle_run
 
@@ -38,6 +39,10 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
                 )
             )
         user = builders.user_event(ids, inp.text, inp.ts)
+        if inp.provider is not None and inp.workspace_identity is not None and user.actions is not None:
+            record = SessionRecord(inp.workspace, inp.workspace_identity, dict(inp.provider), inp.task_queue)
+            delta = {SESSION_KEY: record.to_json()}
+            user = user.model_copy(update={"actions": user.actions.model_copy(update={"state_delta": delta})})
         store.append([user])
         return user.id
 
@@ -58,8 +63,13 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
         operation_id=inp.parked_operation_id,
         error=inp.error,
     )
-    settled = await rt.on_ledger(
-        lambda: settle_run(rt.ledger, terminal, between=lambda: failpoints.hit("P9"))
-    )
+    tag = "continuation" if inp.continuation else "turn"
+
+    def between() -> None:
+        failpoints.hit("P9")
+        failpoints.hit("after_terminal_event_committed", tag=tag)
+
+    settled = await rt.on_ledger(lambda: settle_run(rt.ledger, terminal, between=between))
+    failpoints.hit("after_terminal_header_committed", tag=tag)
     status = "completed" if settled.header_status == "completed" else "failed"
     return FinishRunResult(terminal_event_id=settled.terminal_event_id, status=status)

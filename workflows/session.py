@@ -36,6 +36,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
+        BEGIN_CONTINUATION,
         BEGIN_RUN,
         EXECUTE_TOOL,
         FINISH_RUN,
@@ -48,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         SESSION_WORKFLOW,
         STATUS_QUERY,
         WAIT_SETTLED,
+        BeginContinuationInput,
         BeginRunInput,
         BeginRunResult,
         CallRef,
@@ -205,6 +207,9 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
+        if inp.continuation is not None and self._carried is None:
+            # A new execution made by ``maka resume``: its first turn is the claimed continuation.
+            await self._run_turn(inp.continuation, None, 0, None)
         if self._carried is not None:
             carried = self._carried
             await self._run_turn(carried.ids, None, carried.next_step, carried.settings)
@@ -237,6 +242,7 @@ class SessionWorkflow:
                 "last_turn": self._last_turn,
                 "in_flight": in_flight,
                 "continued_runs": self._inp.continued_runs + 1,
+                "continuation": None,
             }
         )
         workflow.continue_as_new(carried)
@@ -251,7 +257,9 @@ class SessionWorkflow:
             self._turns_here += 1
         self._set_state("running", None, None)
         try:
-            if settings is None:
+            if settings is None and self._is_continuation(ids):
+                settings = await self._begin_continuation(ids)
+            elif settings is None:
                 settings = await self._begin(ids, text or "")
             await self._loop(ids, step, settings)
         except _Park as park:
@@ -267,6 +275,25 @@ class SessionWorkflow:
             self._set_state("idle", None, None)
         self._last_turn = ids
         self._current = None
+
+    def _is_continuation(self, ids: RunIds) -> bool:
+        return self._inp.continuation is not None and self._inp.continuation.run_id == ids.run_id
+
+    async def _begin_continuation(self, ids: RunIds) -> ToolSettings:
+        info = workflow.info()
+        result: BeginRunResult = await workflow.execute_activity(
+            BEGIN_CONTINUATION,
+            BeginContinuationInput(
+                ids=ids,
+                workflow_id=info.workflow_id,
+                workflow_run_id=info.run_id,
+                task_queue=self._inp.task_queue,
+            ),
+            result_type=BeginRunResult,
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
+        return result.tool_settings
 
     async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
         info = workflow.info()
@@ -408,6 +435,7 @@ class SessionWorkflow:
                 park_reason=park_reason,
                 parked_operation_id=parked_operation_id,
                 error=error,
+                continuation=self._is_continuation(ids) or None,
             ),
             result_type=FinishRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,

@@ -113,6 +113,16 @@ class BeginRunInput(Contract):
     provider: dict[str, Any] | None = None
 
 
+class BeginContinuationInput(Contract):
+    """The continuation turn's first activity: its run was claimed and started by ``maka resume``
+    (header and ``continuationStart`` fact committed); this records the hosting execution."""
+
+    ids: RunIds
+    workflow_id: str
+    workflow_run_id: str
+    task_queue: str
+
+
 class BeginRunResult(Contract):
     user_event_id: str
     tool_settings: ToolSettings

@@ -8,10 +8,17 @@ a retry (after a crash, a timeout, a lost response) is an exact retry: the same 
 from __future__ import annotations
 
 from maka_core import failpoints
+from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import builders
-from maka_core.runtime.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
+from maka_core.runtime.contracts import (
+    BeginContinuationInput,
+    BeginRunInput,
+    BeginRunResult,
+    FinishRunInput,
+    FinishRunResult,
+)
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import settle_run
@@ -48,6 +55,48 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
 
     user_event_id = await rt.on_ledger(write)
     return BeginRunResult(user_event_id=user_event_id, tool_settings=rt.settings.tool_settings())
+
+
+async def begin_continuation(rt: Runtime, inp: BeginContinuationInput) -> BeginRunResult:
+    """Bind a started continuation run to the execution that runs it; no event is written (its
+    first event, the ``continuationStart`` fact, is already committed, and the model sees the
+    replayed history: no user message is duplicated).
+
+    Raises:
+        LedgerRejection: ``continuation_not_started`` (no header or no start fact) or
+            ``run_already_terminal`` (the run was settled meanwhile; the turn must not run).
+    """
+    ids = inp.ids
+
+    def bind() -> str:
+        store = rt.ledger
+        header = store.get_run(ids.run_id)
+        events = store.events(run_id=ids.run_id)
+        first = events[0] if events else None
+        if (
+            header is None
+            or first is None
+            or first.actions is None
+            or first.actions.continuation_start is None
+        ):
+            raise LedgerRejection("continuation_not_started", "no started continuation", runId=ids.run_id)
+        if header.is_terminal or any(e.is_terminal for e in events):
+            raise LedgerRejection("run_already_terminal", "the continuation already ended", runId=ids.run_id)
+        if (header.workflow_id, header.workflow_run_id) != (inp.workflow_id, inp.workflow_run_id):
+            store.put_run(
+                header.model_copy(
+                    update={
+                        "workflow_id": inp.workflow_id,
+                        "workflow_run_id": inp.workflow_run_id,
+                        "task_queue": inp.task_queue,
+                        "updated_at": now_ms(),
+                    }
+                )
+            )
+        return first.id
+
+    await rt.on_ledger(bind)
+    return BeginRunResult(user_event_id="", tool_settings=rt.settings.tool_settings())
 
 
 async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:

@@ -97,8 +97,17 @@ async def test_a_turn_lost_at_a_safe_boundary_continues_and_finishes_with_one_ef
         code, status, _ = await cli(box, "session", "status", session_id)
         assert code == 0 and status["state"] != "running"  # the closed execution's Query is not asked
         assert status["executionStatus"] == "terminated"
-        code, out, err = await cli(box, "resume", session_id, "--wait")
+        resumed_at = time.monotonic()
+        resuming = asyncio.create_task(cli(box, "resume", session_id, "--wait"))
+        while not _provider_calls(calls) and not resuming.done():
+            await asyncio.sleep(0.005)
+        first_call_at = time.monotonic()
+        code, out, err = await resuming
         first_call = next(iter(_provider_calls(calls)), None)
+        print(
+            f"resume latency: lost execution -> first new provider call {first_call_at - lost_at:.2f}s "
+            f"(of which `maka resume` -> first call {first_call_at - resumed_at:.2f}s)"
+        )
         assert code == 0, (out, err)
         assert out["decision"] == "continue" and out["state"] == "idle" and out["parkReason"] is None
         assert set(out) == {
@@ -247,5 +256,151 @@ async def test_worker_auto_resume_follows_the_setting(
                 box, "resume", session_id, env={"MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": "0"}
             )
             assert code == 1 and out["parkReason"] == "resume_feature_disabled"
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.slow
+async def test_a_continuation_lost_again_resumes_as_a_second_generation_replaying_both_segments(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "gen2")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    # The first continuation runs bash, then its worker dies before the next provider step.
+    armed = box.worker(Kill("P7"))
+    await ready(armed)
+    code, first, err = await cli(box, "resume", session_id, "--task-queue", box.queue)
+    assert code == 0, (first, err)
+    assert await armed.wait_exit(90) != 0
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("lost again")
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, second, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and second["state"] == "idle", (second, err)
+        assert second["sourceRunId"] == first["continuationRunId"]
+        with LedgerStore.open(box.db) as store:
+            claims = store.session_claims(session_id)
+        segments = [
+            c.boundary_json["segments"] for c in claims if c.target_run_id == second["continuationRunId"]
+        ]
+        assert [s["identity"]["runId"] for s in segments[0]] == [
+            first["sourceRunId"],
+            first["continuationRunId"],
+        ]
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1  # one dispatch per tool, two generations
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.slow
+async def test_a_workflow_stuck_on_an_incompatible_deploy_is_reported_then_terminated_and_resumed(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    from tests.temporal_support import WorkerProcess
+
+    box = Sandbox(temporal_server, tmp_path / "nondet")
+    script = _script(tmp_path / "script.json")
+    worker = box.worker(Kill("P7"))
+    await ready(worker)
+    session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"nondet-{box.queue}")
+    assert await worker.wait_exit(90) != 0
+    bad = WorkerProcess(
+        box.server, box.db, box.queue, home=box.root, entry=("-m", "tests.children.incompatible_worker"),
+        log=box.root / "incompatible.log",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            code, status, err = await cli(box, "session", "status", session_id)
+            if status.get("workflowTaskFailing"):
+                break
+            await asyncio.sleep(1)
+        assert status.get("workflowTaskFailing") is True, status
+        assert "keeps failing" in err
+        code, busy, _ = await cli(box, "resume", session_id)
+        assert code == 2 and busy["code"] == "session_busy"  # open, though stuck: the operator terminates
+    finally:
+        bad.stop()
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("bad deploy")
+    good = box.worker()
+    await ready(good)
+    try:
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+    finally:
+        await stop(good)
+
+
+@pytest.mark.slow
+async def test_the_ledger_alone_carries_a_session_whose_server_database_was_deleted(tmp_path: Path) -> None:
+    from workers import devserver
+    from workers.client import connect
+
+    db_file = tmp_path / "temporal.db"
+    server = devserver.start(ui=False, db_file=db_file, log_path=tmp_path / "temporal.log")
+    try:
+        client = await connect(server.address)
+        box = Sandbox(server, tmp_path / "dbloss")
+        script = _script(tmp_path / "script.json")
+        worker = box.worker(Kill("P7"))
+        await ready(worker)
+        session_id, _ = await start(client, box.ws, script, box.queue, session_id=f"dbloss-{box.queue}")
+        assert await worker.wait_exit(90) != 0
+        server.stop()
+        db_file.unlink()  # every execution, history and search attribute is gone
+        server = devserver.start(
+            port=server.port, ui=False, db_file=db_file, log_path=tmp_path / "temporal.log"
+        )
+        box.server = server
+        fresh = box.worker()
+        await ready(fresh)
+        try:
+            code, status, _ = await cli(box, "session", "status", session_id)
+            assert status["executionStatus"] == "not_found" and status["state"] != "running"
+            code, out, err = await cli(box, "resume", session_id, "--wait")
+            assert code == 0 and out["state"] == "idle", (out, err)
+            assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+        finally:
+            await stop(fresh)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_terminal_event_committed", "after_terminal_header_committed"])
+async def test_a_worker_killed_at_a_continuation_terminal_point_leaves_the_reference_code(
+    point: str, temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    from maka_core import failpoints
+    from maka_core.ledger.continuation import id_source
+    from maka_core.runtime.continuation import plan_for
+    from maka_core.runtime.inspect import inspect_host
+    from maka_core.tools import default_tools
+
+    box = Sandbox(temporal_server, tmp_path / point)
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    armed = box.worker(Kill(point, tag="continuation"))
+    await ready(armed)
+    code, out, err = await cli(box, "resume", session_id, "--task-queue", box.queue)
+    assert code == 0, (out, err)
+    assert await armed.wait_exit(90) != 0
+    observed = inspect_host(str(box.ws), default_tools().keys())
+    with LedgerStore.open(box.db) as store:
+        plan = plan_for(store, session_id, out["sourceRunId"], observed, id_source())  # type: ignore[arg-type]
+    assert plan.rejection_reasons == (failpoints.CONTINUATION[point],)
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("crash drill")
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, after, err = await cli(box, "resume", session_id)
+        # The continuation finished its turn: nothing to resume, never a second continuation.
+        assert code == 2 and after["code"] == "resume_not_needed", (after, err)
+        assert len(_continuations(box, session_id)) == 1
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
     finally:
         await stop(worker)

@@ -315,7 +315,7 @@ def _snake(name: str) -> str:
 # --- executions: describe, start over a ledger ---------------------------------------------------
 
 #: A workflow task that failed this many times in a row is reported as failing (a bad deploy).
-TASK_FAILING_ATTEMPTS = 3
+TASK_FAILING_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)

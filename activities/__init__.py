@@ -37,6 +37,7 @@ from workflows.contracts import (
     FINISH_RUN,
     MODEL_STEP,
     RECOVER_OPERATION,
+    RESUME_REQUIRED,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
@@ -66,6 +67,8 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(exc.message, detail, type=DISPATCH_WITHOUT_OUTCOME, non_retryable=True)
     if isinstance(exc, CallNotFound):
         return ApplicationError(exc.message, detail, type="CallNotFound", non_retryable=True)
+    if isinstance(exc, LedgerRejection) and exc.code == "resume_required":
+        return ApplicationError(str(exc), detail, type=RESUME_REQUIRED, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):

@@ -404,3 +404,55 @@ async def test_a_worker_killed_at_a_continuation_terminal_point_leaves_the_refer
         assert box.log_lines()["ran"] == 1 and _writes(box) == 1
     finally:
         await stop(worker)
+
+
+@pytest.mark.slow
+async def test_after_a_workflow_reset_the_replayed_turn_hands_off_and_resume_finishes_it_once(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    import uuid
+
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+
+    box = Sandbox(temporal_server, tmp_path / "reset")
+    script = _script(tmp_path / "script.json")
+    worker = box.worker(Kill("P7"))
+    await ready(worker)
+    session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"reset-{box.queue}")
+    assert await worker.wait_exit(90) != 0
+    handle = temporal_client.get_workflow_handle(workflow_id_for(session_id))
+    history = [e async for e in handle.fetch_history_events()]
+    first_task = next(
+        e.event_id for e in history if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    desc = await handle.describe()
+    # `temporal workflow reset` to the first workflow task: the message is reapplied and the
+    # turn replays in a NEW execution over a ledger that already holds it.
+    await temporal_client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=temporal_client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=desc.run_id),
+            reason="operator reset",
+            workflow_task_finish_event_id=first_task,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    fresh = box.worker()
+    await ready(fresh)
+    try:
+        deadline = time.monotonic() + 60
+        while (await handle.describe()).status is not None and time.monotonic() < deadline:
+            if (await handle.describe()).status.name != "RUNNING":
+                break
+            await asyncio.sleep(0.2)
+        assert (await handle.describe()).status.name == "COMPLETED"  # handed off, nothing re-run
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+        with LedgerStore.open(box.db) as store:
+            users = [e for e in store.events(session_id=session_id) if e.role == "user"]
+        assert len(users) == 1  # the user message is never duplicated
+    finally:
+        await stop(fresh)

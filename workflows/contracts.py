@@ -56,6 +56,7 @@ __all__ = [
     "ModelStepResult",
     "ParkReason",
     "RECOVER_OPERATION",
+    "RESUME_REQUIRED",
     "RecoverInput",
     "RecoverResult",
     "RunIds",
@@ -113,6 +114,9 @@ SEARCH_ATTRIBUTES: Final[tuple[str, ...]] = (SA_SESSION_ID, SA_STATE, SA_PARK_RE
 
 #: ApplicationError types raised by activities (the workflow branches on them).
 DISPATCH_WITHOUT_OUTCOME: Final = "DispatchWithoutOutcome"
+#: ``begin_run`` found its run begun by another execution (a reset replayed the turn): this
+#: execution hands the session over to ``maka resume`` and closes.
+RESUME_REQUIRED: Final = "ResumeRequired"
 
 
 def workflow_id_for(session_id: str) -> str:

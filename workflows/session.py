@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         FINISH_RUN,
         MODEL_STEP,
         RECOVER_OPERATION,
+        RESUME_REQUIRED,
         SA_PARK_REASON,
         SA_SESSION_ID,
         SA_STATE,
@@ -106,6 +107,10 @@ def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
     )
 
 
+class _HandOff(Exception):
+    """Internal: the turn's run belongs to another execution; close and leave it to a resume."""
+
+
 class _Park(Exception):
     """Internal: the turn parks on an operation (never leaves this module)."""
 
@@ -130,6 +135,8 @@ class SessionWorkflow:
         self._current: RunIds | None = None
         self._pending: tuple[RunIds, str] | None = None
         self._continuing = False
+        #: Set when this execution found its turn begun by another one (a reset) and closes.
+        self._handed_off = False
         #: A turn carried in by a mid-turn continue-as-new, until it has finished here.
         self._carried: InFlightTurn | None = inp.in_flight
 
@@ -192,6 +199,8 @@ class SessionWorkflow:
             self._pending[0] if self._pending else None,
             self._carried.ids if self._carried else None,
         )
+        if self._handed_off:
+            return True
         return self._state != "running" and all(ids is None or ids.run_id != run_id for ids in busy)
 
     def _accepting(self) -> bool:
@@ -209,7 +218,10 @@ class SessionWorkflow:
     async def run(self, inp: SessionInput) -> SessionStatus:
         if inp.continuation is not None and self._carried is None:
             # A new execution made by ``maka resume``: its first turn is the claimed continuation.
-            await self._run_turn(inp.continuation, None, 0, None)
+            try:
+                await self._run_turn(inp.continuation, None, 0, None)
+            except _HandOff:
+                return await self._hand_off()
         if self._carried is not None:
             carried = self._carried
             await self._run_turn(carried.ids, None, carried.next_step, carried.settings)
@@ -218,9 +230,21 @@ class SessionWorkflow:
             await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
             if self._pending is not None:
                 ids, text = self._pending
-                await self._run_turn(ids, text, 0, None)
+                try:
+                    await self._run_turn(ids, text, 0, None)
+                except _HandOff:
+                    return await self._hand_off()
                 continue
             await self._continue_as_new(None)
+
+    async def _hand_off(self) -> SessionStatus:
+        # Closing lets ``maka resume`` continue the session from the ledger; running on would
+        # re-run a turn another (lost) execution began.
+        self._handed_off = True
+        self._current = None
+        self._set_state("failed", None, None)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
 
     def _should_continue(self) -> bool:
         limit = self._inp.continue_as_new_after_turns
@@ -265,7 +289,12 @@ class SessionWorkflow:
         except _Park as park:
             await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)
             self._set_state("parked", park.reason, park.operation_id)
-        except (ActivityError, ApplicationError, TemporalTimeoutError) as err:
+        except ActivityError as err:
+            if isinstance(err.cause, ApplicationError) and err.cause.type == RESUME_REQUIRED:
+                raise _HandOff() from None
+            await self._finish(ids, "failed", error=_describe(err))
+            self._set_state("failed", None, None)
+        except (ApplicationError, TemporalTimeoutError) as err:
             # A local activity's failure arrives unwrapped (its ApplicationError or TimeoutError),
             # a regular activity's as ActivityError: either way the run fails, not the workflow.
             await self._finish(ids, "failed", error=_describe(err))

@@ -30,7 +30,19 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
 
     def write() -> str:
         store = rt.ledger
-        if store.get_run(ids.run_id) is None:
+        header = store.get_run(ids.run_id)
+        if header is not None and (
+            header.is_terminal or header.workflow_run_id not in (None, inp.workflow_run_id)
+        ):
+            # This run belongs to another execution (a ``temporal workflow reset`` replays the
+            # turn in a new one): its outcome is the ledger's, and only a resume continues it.
+            raise LedgerRejection(
+                "resume_required",
+                "the run was begun by another workflow execution; resume the session instead",
+                runId=ids.run_id,
+                workflowRunId=header.workflow_run_id,
+            )
+        if header is None:
             store.put_run(
                 RunHeader(
                     session_id=ids.session_id,
@@ -82,6 +94,10 @@ async def begin_continuation(rt: Runtime, inp: BeginContinuationInput) -> BeginR
             raise LedgerRejection("continuation_not_started", "no started continuation", runId=ids.run_id)
         if header.is_terminal or any(e.is_terminal for e in events):
             raise LedgerRejection("run_already_terminal", "the continuation already ended", runId=ids.run_id)
+        if header.workflow_run_id not in (None, inp.workflow_run_id):
+            raise LedgerRejection(
+                "resume_required", "another execution runs this continuation", runId=ids.run_id
+            )
         if (header.workflow_id, header.workflow_run_id) != (inp.workflow_id, inp.workflow_run_id):
             store.put_run(
                 header.model_copy(

@@ -141,11 +141,13 @@ def resume(rt: Runtime, **kw: Any) -> ResumeDecision:
     return resume_session(rt.ledger, SID, workflow_id=WF, inspect=kw.pop("inspect", inspector(rt)), **kw)  # type: ignore[arg-type]
 
 
-def run_continuation(rt: Runtime, ws: Workspace, decision: ResumeDecision, first_step: int = 0) -> None:
+def run_continuation(
+    rt: Runtime, ws: Workspace, decision: ResumeDecision, first_step: int = 0, spec: dict[str, Any] = SCRIPT
+) -> None:
     ids = decision.execute
     assert ids is not None
     k = first_step
-    while not step_and_tools(rt, ws, ids, k).final:
+    while not step_and_tools(rt, ws, ids, k, spec).final:
         k += 1
     run(turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=99, continuation=True)))
 

@@ -392,6 +392,45 @@ def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
         click.echo("\n".join(transcript_lines(events)))
 
 
+@session.command("resolve")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.option("--operation", "operation_id", required=True, metavar="OP", help="the parked operation id")
+@click.option(
+    "--decision",
+    required=True,
+    type=click.Choice(["applied", "not_applied", "abandon"]),
+    help="applied: it took effect (counts as done); not_applied: it did not (the model may ask again); "
+    "abandon: leave it",
+)
+@click.option("--by", "resolved_by", required=True, metavar="NAME", help="who decides (recorded)")
+@click.option("--reason", required=True, metavar="TEXT", help="why (recorded)")
+@json_option()
+def cmd_resolve(
+    db: str | None,
+    session_id: str,
+    operation_id: str,
+    decision: str,
+    resolved_by: str,
+    reason: str,
+    as_json: bool,
+) -> None:
+    """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
+    from maka_core.runtime.resolution import resolve_operation
+
+    ensure_utf8(resolved_by, "--by")
+    ensure_utf8(reason, "--reason")
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
+    if as_json:
+        print_json({"ok": True, **recorded}, indent=2)
+    else:
+        click.echo(
+            f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
+            f"(answers {recorded['parkedEventId']}); now `maka resume {session_id}`"
+        )
+
+
 def _resume_command() -> Any:
     from workers.resume_cli import cmd_resume
 

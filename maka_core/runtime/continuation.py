@@ -50,6 +50,7 @@ from maka_core.ledger.scanner import scan
 from maka_core.runtime.contracts import HostParkReason, RunIds
 from maka_core.runtime.inspect import HostObservation, InspectionFailed
 from maka_core.runtime.lost_run import SessionRecord, session_record
+from maka_core.runtime.resolution import is_resolution_run, resolutions_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore as Ledger
@@ -137,6 +138,8 @@ class SessionLedger:
     events: dict[str, list[RuntimeEvent]]
     claims: tuple[ContinuationClaim, ...]
     record: SessionRecord | None
+    #: Operator resolutions recorded in the session (operation id -> replay view).
+    resolutions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def latest(self) -> RunHeader | None:
@@ -152,10 +155,11 @@ def read_session(store: Ledger, session_id: str) -> SessionLedger:
     for event in events:
         by_run.setdefault(event.run_id, []).append(event)
     return SessionLedger(
-        runs=tuple(store.list_runs(session_id=session_id)),
-        events=by_run,
+        runs=tuple(r for r in store.list_runs(session_id=session_id) if not is_resolution_run(r.run_id)),
+        events={k: v for k, v in by_run.items() if not is_resolution_run(k)},
         claims=tuple(store.session_claims(session_id)),
         record=session_record(events),
+        resolutions=resolutions_of(events),
     )
 
 
@@ -199,7 +203,13 @@ def sources_of(session: SessionLedger) -> ContinuationSources:
     """Everything the planner may read; the claim authority and the lookup always configured."""
     runs = {r.run_id: header_json(r, session) for r in session.runs}
     claims = {c.boundary_digest: claim_state_from_row(c) for c in session.claims}
-    return ContinuationSources(runs=runs, ledgers=session.events, claims=claims, existing="from_runs")
+    return ContinuationSources(
+        runs=runs,
+        ledgers=session.events,
+        claims=claims,
+        existing="from_runs",
+        resolutions=session.resolutions or None,
+    )
 
 
 def observation_for(
@@ -225,12 +235,15 @@ def plan_for(
     return plan_continuation(session_id, source_run_id, observation_for(header, observed), sources, new_id)
 
 
-def unsettled_diagnostics(events: list[RuntimeEvent]) -> list[dict[str, Any]]:
-    """One diagnostic per operation the Resolver does not call settled (names what blocks)."""
+def unsettled_diagnostics(
+    events: list[RuntimeEvent], resolved: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One diagnostic per operation the Resolver does not call settled and no operator resolved
+    (names what blocks)."""
     out = []
     for op in resolve(scan(events)).operations:
         code = _UNSETTLED_DIAGNOSTIC.get(op.status)
-        if code is not None:
+        if code is not None and op.operation_id not in (resolved or {}):
             out.append(
                 diagnostic(
                     code,
@@ -381,7 +394,7 @@ def resume_session(
     ids = new_id or fresh_ids()
     plan = plan_continuation(session_id, latest.run_id, observation, sources, ids)
     if plan.disposition == "park" or plan.continuation is None:
-        extra = unsettled_diagnostics(session.events.get(latest.run_id, []))
+        extra = unsettled_diagnostics(session.events.get(latest.run_id, []), session.resolutions)
         return ResumeDecision(
             "park",
             host_park_reason(plan.rejection_reasons),

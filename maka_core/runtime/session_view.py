@@ -17,6 +17,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.contracts import PARK_REASONS
+from maka_core.runtime.resolution import is_resolution_run, resolutions_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -79,6 +80,8 @@ class SessionView:
     turns: tuple[TurnView, ...]
     operations: tuple[OperationView, ...]
     event_count: int
+    #: Operator resolutions, beside the parks they answer (operation id -> what was recorded).
+    resolutions: dict[str, dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``maka session status --json`` contract object."""
@@ -90,6 +93,7 @@ class SessionView:
             "turns": [t.to_json() for t in self.turns],
             "operations": [o.to_json() for o in self.operations],
             "eventCount": self.event_count,
+            **({"resolutions": self.resolutions} if self.resolutions else {}),
         }
 
 
@@ -102,6 +106,7 @@ def derive_state(
     recover it, an imported ledger) parks the session: the way forward is an operator's, and
     ``failed`` would invite a blind retry.
     """
+    runs = [r for r in runs if not is_resolution_run(r.run_id)]
     if not runs:
         return "idle", None
     last = max(runs, key=lambda r: (r.created_at, r.updated_at))
@@ -189,6 +194,7 @@ def session_view(
             park_reason=r.park_reason,
         )
         for r in runs
+        if not is_resolution_run(r.run_id)
     )
     return SessionView(
         session_id=session_id,
@@ -198,6 +204,7 @@ def session_view(
         turns=turns,
         operations=tuple(ops),
         event_count=len(events),
+        resolutions=resolutions_of(events) or None,
     )
 
 

@@ -456,3 +456,31 @@ async def test_after_a_workflow_reset_the_replayed_turn_hands_off_and_resume_fin
         assert len(users) == 1  # the user message is never duplicated
     finally:
         await stop(fresh)
+
+
+async def test_an_operator_resolution_then_resume_finishes_the_turn_without_re_running_the_bash(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "resolve")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P4", tag="bash"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, parked, _ = await cli(box, "resume", session_id)
+        assert code == 1
+        (blocking,) = [d for d in parked["diagnostics"] if d["code"] == "pending_tool_result"]
+        op = blocking["detail"]["operationId"]
+        code, resolved, err = await cli(
+            box, "session", "resolve", session_id, "--operation", op, "--decision", "applied",
+            "--by", "alice", "--reason", "effects.log has the line",
+        )  # fmt: skip
+        assert code == 0 and resolved["decision"] == "applied", (resolved, err)
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert [d["code"] for d in out["diagnostics"]] == ["operation_resolved"]
+        assert box.log_lines()["ran"] == 1  # applied once, before the loss; never again
+        code, status, _ = await cli(box, "session", "status", session_id)
+        assert status["state"] == "idle" and status["resolutions"][op]["resolvedBy"] == "alice"
+    finally:
+        await stop(worker)

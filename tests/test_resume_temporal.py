@@ -235,6 +235,10 @@ async def test_worker_auto_resume_follows_the_setting(
     box = Sandbox(temporal_server, tmp_path / f"auto-{setting}")
     script = _script(tmp_path / "script.json")
     session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    plain = box.worker()  # repairs the lost run but does not resume it (the setting is unset)
+    await ready(plain)
+    await stop(plain)
+    assert _continuations(box, session_id) == []
     worker = _worker_with_env(box, {"MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": setting})
     await ready(worker)
     try:

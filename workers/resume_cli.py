@@ -54,7 +54,6 @@ _SESSION_PARKS = frozenset(
         "continuation_authority_unavailable",
         "source_run_unreadable",
         "safety_check_failed",
-        "continuation_repair_required",
     }
 )
 
@@ -77,6 +76,33 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
         await settle_lost_run(rt, run.run_id, session.record)
         settled.append(run.run_id)
     return settled
+
+
+def lost_sessions(store: Any) -> list[str]:
+    """Sessions whose latest run was closed by a repair (its execution was lost mid-turn) or is
+    a claimed continuation that never ran: the candidates of an auto-resume. Headers first; one
+    event read per candidate."""
+    from maka_core.runtime.resolution import is_resolution_run
+
+    latest: dict[str, Any] = {}
+    for run in store.list_runs():
+        if is_resolution_run(run.run_id):
+            continue
+        current = latest.get(run.session_id)
+        if current is None or (run.created_at, run.updated_at) >= (current.created_at, current.updated_at):
+            latest[run.session_id] = run
+    out = []
+    for session_id, run in latest.items():
+        if run.status == "completed":
+            continue
+        events = store.events(run_id=run.run_id)
+        terminal = next((e for e in reversed(events) if e.is_terminal), None)
+        delta = (
+            terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
+        )
+        if terminal is None or (isinstance(delta, dict) and delta.get("recovered")):
+            out.append(session_id)
+    return out
 
 
 def _record_park(rt: Runtime, decision: ResumeDecision) -> None:
@@ -250,9 +276,7 @@ def cmd_resume(
         store = open_ledger(s.ledger, create=False)
         rt = default_runtime(store, s.runtime_settings())
         try:
-            out = await resume_lost_session(
-                client, rt, session_id, task_queue=queue, feature_enabled=feature
-            )
+            out = await resume_lost_session(client, rt, session_id, task_queue=queue, feature_enabled=feature)
             if wait and out["decision"] == "continue":
                 out = await wait_continued(client, rt, out)
         finally:
@@ -284,4 +308,4 @@ def _print(out: dict[str, Any]) -> None:
         click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
 
 
-__all__ = ["cmd_resume", "resume_lost_session", "settle_lost_runs", "wait_continued"]
+__all__ = ["cmd_resume", "lost_sessions", "resume_lost_session", "settle_lost_runs", "wait_continued"]

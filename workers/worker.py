@@ -37,7 +37,7 @@ from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
-from workers.resume_cli import resume_lost_session, settle_lost_runs, wait_continued
+from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
 from workflows.session import SessionWorkflow
 
 log = logging.getLogger("maka.worker")
@@ -236,10 +236,15 @@ async def serve(
             ready.set()
         resuming = None
         resume_setting = load_settings().runtime_safe_boundary_resume
-        if repair and resume_setting and report.sessions_to_resume:
-            resuming = asyncio.create_task(
-                auto_resume(client, runtime, report.sessions_to_resume, task_queue, lifecycle)
-            )
+        if repair and resume_setting:
+            candidates = list(report.sessions_to_resume)
+            for session_id in await asyncio.to_thread(lost_sessions, store):
+                if session_id not in candidates:
+                    candidates.append(session_id)
+            if candidates:
+                resuming = asyncio.create_task(
+                    auto_resume(client, runtime, candidates, task_queue, lifecycle)
+                )
         stop_wait = asyncio.create_task(stop.wait())
         await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()

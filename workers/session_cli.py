@@ -363,6 +363,12 @@ def cmd_status(
             view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+        if execution is not None and not execution.open and view.state == "running":
+            print(
+                f"maka: session {session_id} lost its execution before its run settled; a worker's "
+                f"startup repair or `maka resume {session_id}` settles it from the ledger",
+                file=sys.stderr,
+            )
         if as_json:
             print_json({**view.to_json(), **(execution.to_json() if execution else {})}, indent=2)
         else:

@@ -449,3 +449,18 @@ def test_store_crash_points_roll_the_claim_and_the_start_back(db: Path, rt: Runt
     assert claim.start_event_id is None and len(rt.ledger.events(run_id=claim.target_run_id)) == 0
     clean = _child(db, ws, "resume", None)  # negative control: unarmed, the repair completes
     assert clean.returncode == 0 and "DECISION continue" in clean.stdout
+
+
+def test_every_continuation_crash_point_has_a_live_site() -> None:
+    """Crash points N of N: each continuation point (and the store's two claim points) is hit by
+    production code, so the drills above kill a real boundary, not a name."""
+    sources = "\n".join(p.read_text() for p in (ROOT / "maka_core").rglob("*.py"))
+    points = [
+        *failpoints.CONTINUATION,
+        "after_continuation_claim_insert",
+        "after_continuation_start_insert",
+        "P11",
+    ]
+    live = [p for p in points if f'failpoints.hit("{p}"' in sources]
+    print(f"continuation crash points live: {len(live)} of {len(points)}")
+    assert live == points

@@ -464,3 +464,30 @@ def test_every_continuation_crash_point_has_a_live_site() -> None:
     live = [p for p in points if f'failpoints.hit("{p}"' in sources]
     print(f"continuation crash points live: {len(live)} of {len(points)}")
     assert live == points
+
+
+def test_no_new_turn_starts_over_a_run_another_execution_lost(rt: Runtime, ws: Workspace) -> None:
+    """The one path around the planner (a reset, a hand-started workflow) is closed at begin_run."""
+    from maka_core.errors import LedgerRejection
+
+    begin(rt, ws)  # r1, begun by execution "wr", never settled
+    other = RunIds(session_id=SID, turn_id="t2", run_id="r2", invocation_id="i2")
+
+    def begin_in(execution: str, ids: RunIds) -> None:
+        run(
+            turn.begin_run(
+                rt,
+                BeginRunInput(
+                    ids=ids, text="next", ts=5, workflow_id=WF, workflow_run_id=execution, task_queue="q",
+                    workspace=str(ws.root),
+                ),
+            )
+        )  # fmt: skip
+
+    with pytest.raises(LedgerRejection) as err:
+        begin_in("wr-reset", other)
+    assert err.value.code == "resume_required" and rt.ledger.get_run("r2") is None
+    with pytest.raises(LedgerRejection) as err:
+        begin_in("wr-reset", IDS)  # the reset replays r1 itself
+    assert err.value.code == "resume_required"
+    begin(rt, ws)  # negative control: the hosting execution's exact retry is fine

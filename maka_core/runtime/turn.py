@@ -42,6 +42,24 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
                 runId=ids.run_id,
                 workflowRunId=header.workflow_run_id,
             )
+        lost = next(
+            (
+                r
+                for r in store.list_runs(session_id=ids.session_id)
+                if r.run_id != ids.run_id
+                and r.status == "running"
+                and r.workflow_run_id not in (None, inp.workflow_run_id)
+            ),
+            None,
+        )
+        if header is None and lost is not None:
+            # Another execution's run never settled (it was lost): a new turn over it would
+            # trust Temporal instead of the ledger. Only the planner may continue this session.
+            raise LedgerRejection(
+                "resume_required",
+                "an earlier run of this session was lost before it settled; resume the session",
+                runId=lost.run_id,
+            )
         if header is None:
             store.put_run(
                 RunHeader(

@@ -30,12 +30,15 @@ from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import CallNotFound, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
 from workflows.contracts import (
+    BEGIN_CONTINUATION,
     BEGIN_RUN,
     DISPATCH_WITHOUT_OUTCOME,
     EXECUTE_TOOL,
     FINISH_RUN,
     MODEL_STEP,
     RECOVER_OPERATION,
+    RESUME_REQUIRED,
+    BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
     FinishRunInput,
@@ -64,6 +67,8 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(exc.message, detail, type=DISPATCH_WITHOUT_OUTCOME, non_retryable=True)
     if isinstance(exc, CallNotFound):
         return ApplicationError(exc.message, detail, type="CallNotFound", non_retryable=True)
+    if isinstance(exc, LedgerRejection) and exc.code == "resume_required":
+        return ApplicationError(str(exc), detail, type=RESUME_REQUIRED, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):
@@ -101,6 +106,10 @@ class MakaActivities:
     async def begin_run(self, inp: BeginRunInput) -> BeginRunResult:
         return await _mapped(turn.begin_run(self.runtime, inp))
 
+    @activity.defn(name=BEGIN_CONTINUATION)
+    async def begin_continuation(self, inp: BeginContinuationInput) -> BeginRunResult:
+        return await _mapped(turn.begin_continuation(self.runtime, inp))
+
     @activity.defn(name=MODEL_STEP)
     async def model_step(self, inp: ModelStepInput) -> ModelStepResult:
         return await _mapped(model_step.model_step(self.runtime, inp))
@@ -119,7 +128,14 @@ class MakaActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """The bound activities to register on a worker."""
-        return [self.begin_run, self.model_step, self.execute_tool, self.recover_operation, self.finish_run]
+        return [
+            self.begin_run,
+            self.model_step,
+            self.execute_tool,
+            self.recover_operation,
+            self.finish_run,
+            self.begin_continuation,
+        ]
 
     def close(self, *, wait: bool = True) -> None:
         self.runtime.close(wait=wait)

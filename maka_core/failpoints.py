@@ -56,7 +56,17 @@ STORE: Final[tuple[str, ...]] = (
     "after_continuation_start_insert",
 )
 
-CATALOG: Final[frozenset[str]] = frozenset(PHASE0) | frozenset(STORE)
+#: The reference's continuation crash harness (``runtime-continuation-crash.test.ts``): the
+#: kill point and the rejection reason the next plan of the same source must give.
+CONTINUATION: Final[dict[str, str]] = {
+    "after_continuation_claim_committed": "continuation_claim_repair_required",
+    "after_run_created": "continuation_claim_repair_required",
+    "after_continuation_start_committed": "continuation_started_indeterminate",
+    "after_terminal_event_committed": "continuation_claim_repair_required",
+    "after_terminal_header_committed": "continuation_already_exists",
+}
+
+CATALOG: Final[frozenset[str]] = frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION)
 
 _name = os.environ.get("MAKA_FAILPOINT") or None
 _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None

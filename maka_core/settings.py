@@ -55,6 +55,10 @@ class MakaSettings(BaseSettings):
     sticky_timeout: PositiveFloat = 5.0
     #: ``MAKA_WAIT_TIMEOUT`` / ``--wait-timeout``: how long ``--wait`` waits for a turn to settle.
     wait_timeout: PositiveFloat = 600.0
+    #: ``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME``: ``1`` makes ``maka worker`` resume every eligible lost
+    #: session after its startup repair; ``0`` disables resume altogether (``resume_feature_disabled``);
+    #: unset, ``maka resume`` works and workers do not resume on their own.
+    runtime_safe_boundary_resume: bool | None = None
 
     @field_validator("home", mode="after")
     @classmethod

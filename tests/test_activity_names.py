@@ -21,6 +21,7 @@ def test_activity_names_are_pinned() -> None:
         "maka.execute_tool",
         "maka.recover_operation",
         "maka.finish_run",
+        "maka.begin_continuation",
     )
 
 
@@ -32,6 +33,7 @@ def test_registered_activities_use_the_pinned_names() -> None:
         MakaActivities.execute_tool,
         MakaActivities.recover_operation,
         MakaActivities.finish_run,
+        MakaActivities.begin_continuation,
     ):
         definition = ActivityDefinition.from_callable(fn)
         assert definition is not None

@@ -35,7 +35,15 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from workers.session_client import query_status, send_message, start_session, update_error, wait_settled
+from workers.session_client import (
+    describe_execution,
+    query_status,
+    send_message,
+    start_execution,
+    start_session,
+    update_error,
+    wait_settled,
+)
 
 __all__ = ["COMMANDS", "query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -184,10 +192,67 @@ def cmd_send(
 
     async def main() -> int:
         client = await connect(address, namespace)
+        if not (await describe_execution(client, session_id)).open:
+            await _reopen(client, s, session_id)
         accepted = await send_message(client, session_id, text, accept_timeout=s.wait_timeout, refusals=True)
         return await _after_send(client, s, session_id, accepted, wait=wait, as_json=as_json)
 
     finish(run_async(main()))
+
+
+async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
+    """A new execution for a session whose execution is gone, only when its last run ended cleanly.
+
+    A run that a repair closed (its execution was lost mid-turn), a parked run, an unresolved
+    operation or a claimed continuation that never ran all need ``maka resume`` (the planner).
+
+    Raises:
+        MakaError: ``session_not_found``, ``resume_required``, ``session_busy``.
+    """
+    from maka_core.runtime.continuation import read_session
+    from maka_core.runtime.session_view import session_view
+    from workflows.contracts import workflow_id_for
+
+    try:
+        store = open_ledger(s.ledger, create=False)
+    except MakaError as exc:
+        if exc.code != "ledger_not_found":
+            raise
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id) from None
+    with store:
+        session = read_session(store, session_id)
+        view = session_view(store, session_id, workflow_id=workflow_id_for(session_id))
+    latest = session.latest
+    if latest is None:
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    events = session.events.get(latest.run_id, [])
+    terminal = next((e for e in reversed(events) if e.is_terminal), None)
+    delta = terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
+    recovered = isinstance(delta, dict) and bool(delta.get("recovered"))
+    pending_claim = any(
+        not any(e.is_terminal for e in session.events.get(c.target_run_id, [])) for c in session.claims
+    )
+    if view.state not in ("idle", "failed") or terminal is None or recovered or pending_claim:
+        raise MakaError(
+            "resume_required",
+            f"session {session_id} lost its execution before its last run settled; "
+            f"run `maka resume {session_id}`",
+            sessionId=session_id,
+            state=view.state,
+        )
+    record = session.record
+    if record is None:
+        raise MakaError(
+            "resume_required", "the ledger holds no session record to restart from", sessionId=session_id
+        )
+    await start_execution(
+        client,
+        session_id,
+        workspace=record.workspace,
+        workspace_identity=record.workspace_identity,
+        provider=record.provider,
+        task_queue=record.task_queue or s.task_queue,
+    )
 
 
 async def _after_send(
@@ -275,12 +340,29 @@ def cmd_status(
 
     async def main() -> int:
         status = None
+        execution = None
         try:
             client = await asyncio.wait_for(connect(address, namespace), 3)
-            status = await asyncio.wait_for(query_status(client, session_id), 5)
+            execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
+            if execution.open:
+                status = await asyncio.wait_for(query_status(client, session_id), 5)
+            else:
+                # A closed execution's Query replays its last in-memory state ("running" for one
+                # terminated mid-turn): only the ledger knows what became of it.
+                print(
+                    f"maka: execution {execution.status or 'not found'}; state from the ledger",
+                    file=sys.stderr,
+                )
         except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
             why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
             print(f"maka: workflow not reachable ({why}); state from the ledger", file=sys.stderr)
+        if execution is not None and execution.task_failing:
+            print(
+                f"maka: the workflow task of session {session_id} keeps failing "
+                f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
+                f"then `maka resume {session_id}`",
+                file=sys.stderr,
+            )
         try:
             view = _view(s.ledger, session_id, status, create=False)
         except MakaError as exc:
@@ -290,8 +372,16 @@ def cmd_status(
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         health = _ledger_health(s.ledger)
+        if execution is not None and not execution.open and view.state == "running":
+            print(
+                f"maka: session {session_id} lost its execution before its run settled; a worker's "
+                f"startup repair or `maka resume {session_id}` settles it from the ledger",
+                file=sys.stderr,
+            )
         if as_json:
-            print_json({**view.to_json(), "ledger": health}, indent=2)
+            print_json(
+                {**view.to_json(), **(execution.to_json() if execution else {}), "ledger": health}, indent=2
+            )
         else:
             _print_view(view)
             if not health["ok"]:
@@ -339,4 +429,49 @@ def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
         click.echo("\n".join(_printable(line) for line in transcript_lines(events)))
 
 
-COMMANDS = (session,)
+@session.command("resolve")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.option("--operation", "operation_id", required=True, metavar="OP", help="the parked operation id")
+@click.option(
+    "--decision",
+    required=True,
+    type=click.Choice(["applied", "not_applied", "abandon"]),
+    help="applied: it took effect (counts as done); not_applied: it did not (the model may ask again); "
+    "abandon: leave it",
+)
+@click.option("--by", "resolved_by", required=True, metavar="NAME", help="who decides (recorded)")
+@click.option("--reason", required=True, metavar="TEXT", help="why (recorded)")
+@json_option()
+def cmd_resolve(
+    db: str | None,
+    session_id: str,
+    operation_id: str,
+    decision: str,
+    resolved_by: str,
+    reason: str,
+    as_json: bool,
+) -> None:
+    """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
+    from maka_core.runtime.resolution import resolve_operation
+
+    ensure_utf8(resolved_by, "--by")
+    ensure_utf8(reason, "--reason")
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
+    if as_json:
+        print_json({"ok": True, **recorded}, indent=2)
+    else:
+        click.echo(
+            f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
+            f"(answers {recorded['parkedEventId']}); now `maka resume {session_id}`"
+        )
+
+
+def _resume_command() -> Any:
+    from workers.resume_cli import cmd_resume
+
+    return cmd_resume
+
+
+COMMANDS = (session, _resume_command())

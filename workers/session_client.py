@@ -16,6 +16,7 @@ import asyncio
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,7 @@ async def start_session(
             session keeps it), workspace codes; with ``refusals`` also ``session_exists`` and the
             codes of ``send_message``.
     """
+    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from maka_core.workspace import Workspace
@@ -221,6 +223,10 @@ async def start_session(
             task_queue=task_queue,
             search_attributes=initial_search_attributes(session_id),
             task_timeout=task_timeout,
+            # A new session never reuses an id: a session whose execution is gone is resumed
+            # (through the planner) or messaged (``send`` checks the ledger), never started again.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )
     except WorkflowAlreadyStartedError:
         if not refusals:
@@ -304,3 +310,117 @@ def update_error(exc: BaseException) -> tuple[str, str]:
 
 def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+# --- executions: describe, start over a ledger ---------------------------------------------------
+
+#: A workflow task that failed this many times in a row is reported as failing (a bad deploy).
+TASK_FAILING_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The latest Temporal execution of a session's workflow id, as the server describes it."""
+
+    exists: bool
+    open: bool
+    status: str | None = None
+    run_id: str | None = None
+    task_attempt: int = 0
+
+    @property
+    def task_failing(self) -> bool:
+        """The execution is open but its workflow task keeps failing (terminate, then resume)."""
+        return self.open and self.task_attempt >= TASK_FAILING_ATTEMPTS
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "executionStatus": self.status if self.exists else "not_found",
+            "workflowTaskFailing": self.task_failing,
+            "workflowTaskAttempt": self.task_attempt,
+        }
+
+
+async def describe_execution(client: Any, session_id: str) -> Execution:
+    """Describe the session's latest execution.
+
+    Raises:
+        MakaError: ``temporal_unavailable``.
+    """
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.contracts import workflow_id_for
+
+    try:
+        desc = await client.get_workflow_handle(workflow_id_for(session_id)).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return Execution(exists=False, open=False)
+        raise MakaError("temporal_unavailable", str(exc), sessionId=session_id) from None
+    status = desc.status
+    pending = desc.raw_description.pending_workflow_task
+    attempt = pending.attempt if desc.raw_description.HasField("pending_workflow_task") else 0
+    return Execution(
+        exists=True,
+        open=status == WorkflowExecutionStatus.RUNNING,
+        status=status.name.lower() if status is not None else None,
+        run_id=desc.run_id,
+        task_attempt=attempt,
+    )
+
+
+async def start_execution(
+    client: Any,
+    session_id: str,
+    *,
+    workspace: str,
+    workspace_identity: str,
+    provider: dict[str, Any],
+    task_queue: str,
+    continuation: Any = None,
+) -> str:
+    """Start a NEW execution of a session whose previous one is closed or gone (same workflow id).
+
+    Only two callers: ``maka resume`` after the planner approved and claimed a continuation
+    (``continuation`` = its run ids), and ``maka session send`` after the ledger shows the last
+    run ended cleanly. The reuse policy allows a closed id, the conflict policy refuses an open
+    one: a running execution is never replaced. Returns the new execution's run id.
+
+    Raises:
+        MakaError: ``session_busy`` (an execution is open), ``temporal_unavailable``.
+    """
+    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.service import RPCError
+
+    from workflows.contracts import SessionInput, workflow_id_for
+    from workflows.session import SessionWorkflow, initial_search_attributes
+
+    inp = SessionInput(
+        session_id=session_id,
+        workspace=workspace,
+        workspace_identity=workspace_identity,
+        provider=provider,
+        task_queue=task_queue,
+        continuation=continuation,
+    )
+    env_timeout = load_settings().workflow_task_timeout
+    try:
+        handle = await client.start_workflow(
+            SessionWorkflow.run,
+            inp,
+            id=workflow_id_for(session_id),
+            task_queue=task_queue,
+            search_attributes=initial_search_attributes(session_id),
+            task_timeout=timedelta(seconds=env_timeout) if env_timeout is not None else None,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    except WorkflowAlreadyStartedError:
+        raise MakaError(
+            "session_busy", f"session {session_id} has an open execution", sessionId=session_id
+        ) from None
+    except RPCError as exc:
+        raise MakaError("temporal_unavailable", str(exc), sessionId=session_id) from None
+    return str(handle.result_run_id or handle.first_execution_run_id or "")

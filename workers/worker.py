@@ -38,6 +38,7 @@ from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
 from workers.ledger_guard import open_checked, watch, worker_identity
+from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
 from workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
@@ -83,8 +84,13 @@ async def _execution_open(client: Client, run: RunHeader) -> bool:
         raise
 
 
-async def startup_repair(client: Client, store: LedgerStore) -> RepairReport:
-    """Repair every non-terminal run whose hosting execution is closed or gone."""
+async def startup_repair(client: Client, store: LedgerStore, runtime: Runtime | None = None) -> RepairReport:
+    """Repair every non-terminal run whose hosting execution is closed or gone.
+
+    With ``runtime`` (the worker's), a lost run is settled through recovery first
+    (``lost_run.settle_lost_run``: re-read, reconcile or park each unsettled operation), and a
+    claimed continuation that never ran is left for resume to execute.
+    """
     report = RepairReport()
     runs = await asyncio.to_thread(store.list_runs, nonterminal=True)
     open_runs: set[str] = set()
@@ -93,14 +99,45 @@ async def startup_repair(client: Client, store: LedgerStore) -> RepairReport:
         if await _execution_open(client, run):
             open_runs.add(run.run_id)
             report.left_to_workflow.append(run.run_id)
-    results = await asyncio.to_thread(repair_all, store, lambda run: run.run_id in open_runs)
-    by_id = {run.run_id: run for run in runs}
-    for result in results:
-        report.repaired.append(result.run_id)
-        header = by_id.get(result.run_id)
-        if header is not None and header.session_id not in report.sessions_to_resume:
-            report.sessions_to_resume.append(header.session_id)
+    if runtime is None:
+        results = await asyncio.to_thread(repair_all, store, lambda run: run.run_id in open_runs)
+        repaired = [(r.run_id, next(h.session_id for h in runs if h.run_id == r.run_id)) for r in results]
+    else:
+        repaired = []
+        for run in runs:
+            if run.status != "running" or run.run_id in open_runs:
+                continue
+            settled = await settle_lost_runs(runtime, run.session_id)
+            repaired.extend((run_id, run.session_id) for run_id in settled)
+            if not settled and run.session_id not in report.sessions_to_resume:
+                report.sessions_to_resume.append(run.session_id)  # a claimed continuation to execute
+    for run_id, session_id in repaired:
+        if run_id not in report.repaired:
+            report.repaired.append(run_id)
+        if session_id not in report.sessions_to_resume:
+            report.sessions_to_resume.append(session_id)
     return report
+
+
+async def auto_resume(
+    client: Client, runtime: Runtime, sessions: list[str], task_queue: str, announce: Callable[..., None]
+) -> None:
+    """``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME=1``: resume every eligible lost session, then report
+    how each continued turn settled (identities and codes only)."""
+    waits = []
+    for session_id in sessions:
+        try:
+            out = await resume_lost_session(
+                client, runtime, session_id, task_queue=task_queue, announce=announce
+            )
+        except MakaError as exc:
+            announce("resume_refused", sessionId=session_id, code=exc.code)
+            continue
+        if out["decision"] == "continue":
+            waits.append(wait_continued(client, runtime, out, announce))
+    for result in await asyncio.gather(*waits, return_exceptions=True):
+        if isinstance(result, BaseException):
+            log.warning("waiting for a continued turn failed: %s", result)
 
 
 def build_worker(client: Client, acts: MakaActivities, task_queue: str, **options: Any) -> Worker:
@@ -156,6 +193,11 @@ async def serve(
         line = json.dumps({"event": event, **fields}) if json_events else f"maka worker: {text}"
         print(line, file=out, flush=True)
 
+    def lifecycle(event: str, **fields: Any) -> None:
+        # Continuation lifecycle: ids and codes only, never prompts, arguments or results.
+        log.info("continuation %s %s", event, fields)
+        announce(event, f"continuation {event}: " + " ".join(f"{k}={v}" for k, v in fields.items()), **fields)
+
     try:
         store = await open_checked(client, db, task_queue)
     except MakaError as exc:
@@ -173,7 +215,7 @@ async def serve(
     report = RepairReport()
     try:
         if repair:
-            report = await startup_repair(client, store)
+            report = await startup_repair(client, store, runtime)
             if report.repaired or json_events:
                 announce(
                     "repaired",
@@ -210,6 +252,17 @@ async def serve(
         )
         if ready is not None:
             ready.set()
+        resuming = None
+        resume_setting = load_settings().runtime_safe_boundary_resume
+        if repair and resume_setting:
+            candidates = list(report.sessions_to_resume)
+            for session_id in await asyncio.to_thread(lost_sessions, store):
+                if session_id not in candidates:
+                    candidates.append(session_id)
+            if candidates:
+                resuming = asyncio.create_task(
+                    auto_resume(client, runtime, candidates, task_queue, lifecycle)
+                )
         stop_wait = asyncio.create_task(stop.wait())
         watchdog = asyncio.create_task(watch(store, stop))
         await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -219,6 +272,8 @@ async def serve(
             fault = watchdog.result()
             log.error("the ledger is unusable (%s): stopping: %s", fault.code, fault.message)
             announce("ledger_unusable", f"stopping: {fault}", **fault.to_json())
+        if resuming is not None and not resuming.done():
+            resuming.cancel()
         # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by the
         # worker's graceful timeout), then the worker, then the store.
         runtime.stop_tools()

@@ -14,6 +14,7 @@ from typing import Any, Final
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
 from maka_core.runtime.contracts import (
+    BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
     CallRef,
@@ -36,7 +37,9 @@ from maka_core.runtime.contracts import (
 
 __all__ = [
     "ACTIVITY_NAMES",
+    "BEGIN_CONTINUATION",
     "BEGIN_RUN",
+    "BeginContinuationInput",
     "BeginRunInput",
     "BeginRunResult",
     "CallRef",
@@ -53,6 +56,7 @@ __all__ = [
     "ModelStepResult",
     "ParkReason",
     "RECOVER_OPERATION",
+    "RESUME_REQUIRED",
     "RecoverInput",
     "RecoverResult",
     "RunIds",
@@ -83,7 +87,16 @@ MODEL_STEP: Final = "maka.model_step"
 EXECUTE_TOOL: Final = "maka.execute_tool"
 RECOVER_OPERATION: Final = "maka.recover_operation"
 FINISH_RUN: Final = "maka.finish_run"
-ACTIVITY_NAMES: Final[tuple[str, ...]] = (BEGIN_RUN, MODEL_STEP, EXECUTE_TOOL, RECOVER_OPERATION, FINISH_RUN)
+#: The first activity of a continuation turn (``maka resume``): binds the claimed run.
+BEGIN_CONTINUATION: Final = "maka.begin_continuation"
+ACTIVITY_NAMES: Final[tuple[str, ...]] = (
+    BEGIN_RUN,
+    MODEL_STEP,
+    EXECUTE_TOOL,
+    RECOVER_OPERATION,
+    FINISH_RUN,
+    BEGIN_CONTINUATION,
+)
 
 #: Workflow type, update and query names.
 SESSION_WORKFLOW: Final = "maka.session"
@@ -101,6 +114,9 @@ SEARCH_ATTRIBUTES: Final[tuple[str, ...]] = (SA_SESSION_ID, SA_STATE, SA_PARK_RE
 
 #: ApplicationError types raised by activities (the workflow branches on them).
 DISPATCH_WITHOUT_OUTCOME: Final = "DispatchWithoutOutcome"
+#: ``begin_run`` found its run begun by another execution (a reset replayed the turn): this
+#: execution hands the session over to ``maka resume`` and closes.
+RESUME_REQUIRED: Final = "ResumeRequired"
 
 
 def workflow_id_for(session_id: str) -> str:
@@ -139,6 +155,9 @@ class SessionInput(Contract):
     last_turn: RunIds | None = None
     in_flight: InFlightTurn | None = None
     continued_runs: int = 0
+    #: A new execution started by ``maka resume``: its first turn is this claimed and started
+    #: continuation run (never set by continue-as-new).
+    continuation: RunIds | None = None
 
 
 class SendMessage(Contract):

@@ -36,11 +36,13 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
+        BEGIN_CONTINUATION,
         BEGIN_RUN,
         EXECUTE_TOOL,
         FINISH_RUN,
         MODEL_STEP,
         RECOVER_OPERATION,
+        RESUME_REQUIRED,
         SA_PARK_REASON,
         SA_SESSION_ID,
         SA_STATE,
@@ -48,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         SESSION_WORKFLOW,
         STATUS_QUERY,
         WAIT_SETTLED,
+        BeginContinuationInput,
         BeginRunInput,
         BeginRunResult,
         CallRef,
@@ -104,6 +107,10 @@ def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
     )
 
 
+class _HandOff(Exception):
+    """Internal: the turn's run belongs to another execution; close and leave it to a resume."""
+
+
 class _Park(Exception):
     """Internal: the turn parks on an operation (never leaves this module)."""
 
@@ -128,6 +135,8 @@ class SessionWorkflow:
         self._current: RunIds | None = None
         self._pending: tuple[RunIds, str] | None = None
         self._continuing = False
+        #: Set when this execution found its turn begun by another one (a reset) and closes.
+        self._handed_off = False
         #: A turn carried in by a mid-turn continue-as-new, until it has finished here.
         self._carried: InFlightTurn | None = inp.in_flight
 
@@ -190,6 +199,8 @@ class SessionWorkflow:
             self._pending[0] if self._pending else None,
             self._carried.ids if self._carried else None,
         )
+        if self._handed_off:
+            return True
         return self._state != "running" and all(ids is None or ids.run_id != run_id for ids in busy)
 
     def _accepting(self) -> bool:
@@ -205,6 +216,12 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
+        if inp.continuation is not None and self._carried is None:
+            # A new execution made by ``maka resume``: its first turn is the claimed continuation.
+            try:
+                await self._run_turn(inp.continuation, None, 0, None)
+            except _HandOff:
+                return await self._hand_off()
         if self._carried is not None:
             carried = self._carried
             await self._run_turn(carried.ids, None, carried.next_step, carried.settings)
@@ -213,9 +230,21 @@ class SessionWorkflow:
             await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
             if self._pending is not None:
                 ids, text = self._pending
-                await self._run_turn(ids, text, 0, None)
+                try:
+                    await self._run_turn(ids, text, 0, None)
+                except _HandOff:
+                    return await self._hand_off()
                 continue
             await self._continue_as_new(None)
+
+    async def _hand_off(self) -> SessionStatus:
+        # Closing lets ``maka resume`` continue the session from the ledger; running on would
+        # re-run a turn another (lost) execution began.
+        self._handed_off = True
+        self._current = None
+        self._set_state("failed", None, None)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
 
     def _should_continue(self) -> bool:
         limit = self._inp.continue_as_new_after_turns
@@ -237,6 +266,7 @@ class SessionWorkflow:
                 "last_turn": self._last_turn,
                 "in_flight": in_flight,
                 "continued_runs": self._inp.continued_runs + 1,
+                "continuation": None,
             }
         )
         workflow.continue_as_new(carried)
@@ -251,13 +281,20 @@ class SessionWorkflow:
             self._turns_here += 1
         self._set_state("running", None, None)
         try:
-            if settings is None:
+            if settings is None and self._is_continuation(ids):
+                settings = await self._begin_continuation(ids)
+            elif settings is None:
                 settings = await self._begin(ids, text or "")
             await self._loop(ids, step, settings)
         except _Park as park:
             await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)
             self._set_state("parked", park.reason, park.operation_id)
-        except (ActivityError, ApplicationError, TemporalTimeoutError) as err:
+        except ActivityError as err:
+            if isinstance(err.cause, ApplicationError) and err.cause.type == RESUME_REQUIRED:
+                raise _HandOff() from None
+            await self._finish(ids, "failed", error=_describe(err))
+            self._set_state("failed", None, None)
+        except (ApplicationError, TemporalTimeoutError) as err:
             # A local activity's failure arrives unwrapped (its ApplicationError or TimeoutError),
             # a regular activity's as ActivityError: either way the run fails, not the workflow.
             await self._finish(ids, "failed", error=_describe(err))
@@ -267,6 +304,25 @@ class SessionWorkflow:
             self._set_state("idle", None, None)
         self._last_turn = ids
         self._current = None
+
+    def _is_continuation(self, ids: RunIds) -> bool:
+        return self._inp.continuation is not None and self._inp.continuation.run_id == ids.run_id
+
+    async def _begin_continuation(self, ids: RunIds) -> ToolSettings:
+        info = workflow.info()
+        result: BeginRunResult = await workflow.execute_activity(
+            BEGIN_CONTINUATION,
+            BeginContinuationInput(
+                ids=ids,
+                workflow_id=info.workflow_id,
+                workflow_run_id=info.run_id,
+                task_queue=self._inp.task_queue,
+            ),
+            result_type=BeginRunResult,
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
+        return result.tool_settings
 
     async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
         info = workflow.info()
@@ -280,6 +336,8 @@ class SessionWorkflow:
                 workflow_run_id=info.run_id,
                 task_queue=self._inp.task_queue,
                 workspace=self._inp.workspace,
+                workspace_identity=self._inp.workspace_identity,
+                provider=self._inp.provider,
             ),
             result_type=BeginRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,
@@ -406,6 +464,7 @@ class SessionWorkflow:
                 park_reason=park_reason,
                 parked_operation_id=parked_operation_id,
                 error=error,
+                continuation=self._is_continuation(ids) or None,
             ),
             result_type=FinishRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,

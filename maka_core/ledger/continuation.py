@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from maka_core.ledger.claim_checks import boundary_consistent, classify_existing_claim, json_equal
@@ -53,6 +53,7 @@ _MESSAGES = {
     "tool_catalog_mismatch": "a historical tool is unavailable in the current catalog",
     "provider_resume_head_unsupported": "provider history does not start at a user boundary",
     "provider_resume_boundary_unsupported": "provider history does not end at a user or tool boundary",
+    "operation_resolved": "an operator resolved this operation; the model sees the decision",
 }
 
 
@@ -153,7 +154,7 @@ def plan_continuation(
     if source.identity.session_id != session_id or source.identity.run_id != source_run_id:
         return park("runtime_identity_mismatch")
     try:
-        replay = build_replay_plan(lineage.prefixes)
+        replay = build_replay_plan(lineage.prefixes, sources.resolutions)
     except PrefixUnreadable:
         return park("runtime_ledger_unreadable")
     if replay.block is not None:
@@ -167,7 +168,32 @@ def plan_continuation(
         if found is not None:
             return park("continuation_already_exists", {"continuationRunId": found})
     ids = [new_id(), new_id(), new_id(), new_id()]
-    return _collected(header, lineage, replay, observation, ids)
+    plan = _collected(header, lineage, replay, observation, ids)
+    if sources.resolutions:
+        plan = _with_resolved(plan, replay, sources.resolutions)
+    return plan
+
+
+def _with_resolved(
+    plan: ContinuationPlan, replay: ReplayPlan, resolutions: Mapping[str, Mapping[str, Any]]
+) -> ContinuationPlan:
+    """Each operator-resolved operation the replay settled, as a diagnostic (never a rejection)."""
+    by_event = {r.get("eventId"): (op_id, r) for op_id, r in resolutions.items()}
+    extra = tuple(
+        diagnostic(
+            "operation_resolved",
+            eventId=item["eventId"],
+            toolCallId=item["toolCallId"],
+            toolName=item["toolName"],
+            detail={"operationId": by_event[item["eventId"]][0], "decision": item["output"]["decision"]},
+        )
+        for item in replay.items
+        if item.get("kind") == "tool_result"
+        and isinstance(item.get("output"), Mapping)
+        and item["output"].get("kind") == "operator_resolution"
+        and item.get("eventId") in by_event
+    )
+    return replace(plan, diagnostics=(*plan.diagnostics, *extra)) if extra else plan
 
 
 def _existing_claim(replay: ReplayPlan, sources: ContinuationSources) -> ContinuationPlan | None:

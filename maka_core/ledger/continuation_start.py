@@ -227,7 +227,7 @@ def read_boundary_inputs(
         source = lineage.source
         high_water = source.last_event_seq
         ledger_identity = (*source.identity.to_json().values(), source.digest)
-        plan = build_replay_plan(lineage.prefixes)
+        plan = build_replay_plan(lineage.prefixes, sources.resolutions)
         if plan.block is None:
             replay = (plan.manifest_digest, plan.provider_replay_digest)
     except (LineageError, PrefixUnreadable):

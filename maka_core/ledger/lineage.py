@@ -51,6 +51,8 @@ class ContinuationSources:
     ledgers: Mapping[str, Any]
     claims: Mapping[str, Mapping[str, Any]] | str | None = None
     existing: str | list[Mapping[str, Any]] | None = None
+    #: Operator resolutions (operation id -> replay view); None = the reference's behaviour.
+    resolutions: Mapping[str, Mapping[str, Any]] | None = None
 
     def read_claim(self, boundary_digest: str) -> Mapping[str, Any] | None:
         """The stored claim state for a boundary, or None.
@@ -220,7 +222,7 @@ def _check_edge(edge: Edge, prefixes: list[Prefix], sources: ContinuationSources
     if index <= 0:
         raise LineageError("runtime_lineage_missing", "a continuation's own segment is missing")
     try:
-        replay = build_replay_plan(prefixes[:index])
+        replay = build_replay_plan(prefixes[:index], sources.resolutions)
     except PrefixUnreadable as exc:
         raise LineageError("runtime_ledger_unreadable", exc.message) from None
     if (

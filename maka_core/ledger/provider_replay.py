@@ -11,7 +11,7 @@ and never re-sends a user message.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -69,7 +69,12 @@ class ReplayPlan:
         return str(self.boundary.get("manifestDigest", ""))
 
 
-def build_replay_plan(prefixes: Sequence[Prefix]) -> ReplayPlan:
+#: Operator resolutions the replay honours: operation id -> the resolution's replay view
+#: ``{decision, resolvedBy, reason, eventId, ts}`` (``maka_core.runtime.resolution``).
+Resolutions = Mapping[str, Mapping[str, Any]]
+
+
+def build_replay_plan(prefixes: Sequence[Prefix], resolutions: Resolutions | None = None) -> ReplayPlan:
     """The composite replay plan of a lineage (oldest first), stopping at the first blocked
     segment.
 
@@ -80,7 +85,7 @@ def build_replay_plan(prefixes: Sequence[Prefix]) -> ReplayPlan:
     context: list[dict[str, Any]] = []
     per_segment: list[tuple[dict[str, Any], ...]] = []
     for prefix in prefixes:
-        segment = replay_segment(prefix)
+        segment = replay_segment(prefix, resolutions)
         if segment.block is not None:
             return ReplayPlan(block=segment.block)
         items.extend(segment.items)
@@ -96,12 +101,26 @@ def build_replay_plan(prefixes: Sequence[Prefix]) -> ReplayPlan:
     )
 
 
-def replay_segment(prefix: Prefix) -> SegmentReplay:
-    """Project one immutable prefix to provider items (§5.5) and its replay events (§5.6)."""
+def replay_segment(prefix: Prefix, resolutions: Resolutions | None = None) -> SegmentReplay:
+    """Project one immutable prefix to provider items (§5.5) and its replay events (§5.6).
+
+    ``resolutions`` (not in the reference; absent = the reference's behaviour) settles an
+    unsettled operation an operator resolved: its call stays, followed by a result that says
+    what the operator decided, so the model sees the decision and nothing is re-run.
+    """
     recovery = resolve(prefix.events)
     if recovery.issues or any(d.status == "corruption" for d in recovery.operations):
         return SegmentReplay(block="tool_recovery_corruption")
-    if any(d.status in ("indeterminate", "parked") for d in recovery.operations):
+    given = resolutions or {}
+    resolved = {
+        d.call_event_id: (d, given[d.operation_id])
+        for d in recovery.operations
+        if d.status in ("indeterminate", "parked") and d.operation_id is not None and d.operation_id in given
+    }
+    if any(
+        d.status in ("indeterminate", "parked") and d.call_event_id not in resolved
+        for d in recovery.operations
+    ):
         return SegmentReplay(block="tool_recovery_unsettled")
 
     events = prefix.events
@@ -113,7 +132,7 @@ def replay_segment(prefix: Prefix) -> SegmentReplay:
         and e.content.kind == "function_call"
         and (e.refs is None or e.refs.step_id is None)
     }
-    items: list[tuple[int, dict[str, Any]]] = []
+    items: list[tuple[float, dict[str, Any]]] = []
     calls: dict[str, tuple[int, str]] = {}
     settled: set[str] = set()
     try:
@@ -121,6 +140,10 @@ def replay_segment(prefix: Prefix) -> SegmentReplay:
             item = _item(event, unsigned_call_turns, calls, settled, index)
             if item is not None:
                 items.append((index, item))
+            if event.id in resolved and item is not None:
+                op, resolution = resolved[event.id]
+                settled.add(op.tool_call_id)
+                items.append((index + 0.5, resolution_item(op.tool_call_id, op.tool_name or "", resolution)))
     except _Unsupported:
         return SegmentReplay(block="provider_replay_unsupported")
 
@@ -237,6 +260,25 @@ def _item(
         item["providerExecuted"] = content.provider_executed
     item.update(base)
     return item
+
+
+def resolution_item(tool_call_id: str, tool_name: str, resolution: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool result an operator's resolution stands for (an applied effect counts as done)."""
+    decision = resolution.get("decision")
+    return {
+        "kind": "tool_result",
+        "toolCallId": tool_call_id,
+        "toolName": tool_name,
+        "output": {
+            "kind": "operator_resolution",
+            "decision": decision,
+            "resolvedBy": resolution.get("resolvedBy"),
+            "reason": resolution.get("reason"),
+        },
+        "isError": decision != "applied",
+        "eventId": resolution.get("eventId"),
+        "ts": resolution.get("ts"),
+    }
 
 
 def _message_text(text: str, quotes: list[Any], attachments: list[Any]) -> str:

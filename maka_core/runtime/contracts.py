@@ -20,6 +20,21 @@ SessionState = Literal["idle", "running", "parked", "failed"]
 #: How a run ended, as the workflow reports it to ``finish_run``.
 TurnStatus = Literal["completed", "failed"]
 ModelStepMode = Literal["local", "activity"]
+#: Why a resume parked (the host's wire union, ``maka-runtime-facts.md`` §3e in its post-#3506
+#: form); the planner's own codes travel beside it as ``rejectionReasons``.
+HostParkReason = Literal[
+    "resume_feature_disabled",
+    "continuation_authority_unavailable",
+    "safety_observation_unavailable",
+    "resume_candidate_missing",
+    "source_run_unreadable",
+    "safety_check_failed",
+    "continuation_already_exists",
+    "continuation_repair_required",
+    "continuation_started_indeterminate",
+    "session_busy",
+]
+HOST_PARK_REASONS: frozenset[str] = frozenset(get_args(HostParkReason))
 #: Why a run (and its session) parked. The Resolver's own codes stay on the operation; a park
 #: names the way forward an operator needs.
 ParkReason = Literal[
@@ -45,8 +60,11 @@ ParkReason = Literal[
     "ledger_corruption",
     # a parked recovery decision with a reason code this runtime does not write (an imported ledger)
     "recovery_parked",
+    # a session whose execution was lost and whose resume parked (the host's union, above)
+    HostParkReason,
 ]
 PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
 ToolOutcomeStatus = Literal["completed", "refused"]
 
@@ -92,6 +110,20 @@ class BeginRunInput(Contract):
     workflow_run_id: str
     task_queue: str
     workspace: str
+    #: The session's settings, recorded on the user event (``lost_run.session_record``) so the
+    #: ledger alone can carry the session when its Temporal history is gone.
+    workspace_identity: str | None = None
+    provider: dict[str, Any] | None = None
+
+
+class BeginContinuationInput(Contract):
+    """The continuation turn's first activity: its run was claimed and started by ``maka resume``
+    (header and ``continuationStart`` fact committed); this records the hosting execution."""
+
+    ids: RunIds
+    workflow_id: str
+    workflow_run_id: str
+    task_queue: str
 
 
 class BeginRunResult(Contract):
@@ -179,6 +211,8 @@ class FinishRunInput(Contract):
     park_reason: ParkReason | None = None
     parked_operation_id: str | None = None
     error: str | None = None
+    #: The run is a continuation (its crash points carry the failpoint tag ``continuation``).
+    continuation: bool | None = None
 
 
 class FinishRunResult(Contract):

@@ -19,6 +19,7 @@ from maka_core.policy import execution_guarantee
 from maka_core.providers import ScriptedProvider
 from maka_core.runtime import builders
 from maka_core.runtime.contracts import CallRef, ModelStepInput, ModelStepResult
+from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime
 
 
@@ -58,7 +59,9 @@ async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
         committed = view.step_events(step_id)
         history: list[RuntimeEvent] = []
         if needs_history and not committed:
-            history = legal_replay(rt.ledger.events(session_id=ids.session_id))
+            events = rt.ledger.events(session_id=ids.session_id)
+            # An operator-resolved call is shown with a result stating the decision (never re-run).
+            history = resolved_history(legal_replay(events), events)
         # Session-wide step index: the script (or any provider) continues where the session is.
         return committed, view.step_count(ids.session_id), history
 

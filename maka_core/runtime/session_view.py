@@ -16,6 +16,8 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
+from maka_core.runtime.contracts import PARK_REASONS
+from maka_core.runtime.resolution import is_resolution_run, resolutions_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -78,6 +80,8 @@ class SessionView:
     turns: tuple[TurnView, ...]
     operations: tuple[OperationView, ...]
     event_count: int
+    #: Operator resolutions, beside the parks they answer (operation id -> what was recorded).
+    resolutions: dict[str, dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``maka session status --json`` contract object."""
@@ -89,11 +93,20 @@ class SessionView:
             "turns": [t.to_json() for t in self.turns],
             "operations": [o.to_json() for o in self.operations],
             "eventCount": self.event_count,
+            **({"resolutions": self.resolutions} if self.resolutions else {}),
         }
 
 
-def derive_state(runs: list[RunHeader]) -> tuple[SessionState, str | None]:
-    """The session state the ledger implies: that of its latest run."""
+def derive_state(
+    runs: list[RunHeader], ops: list[OperationView] | None = None
+) -> tuple[SessionState, str | None]:
+    """The session state the ledger implies: that of its latest run.
+
+    A run that ended while one of its operations is still unresolved (an old repair that did not
+    recover it, an imported ledger) parks the session: the way forward is an operator's, and
+    ``failed`` would invite a blind retry.
+    """
+    runs = [r for r in runs if not is_resolution_run(r.run_id)]
     if not runs:
         return "idle", None
     last = max(runs, key=lambda r: (r.created_at, r.updated_at))
@@ -101,9 +114,26 @@ def derive_state(runs: list[RunHeader]) -> tuple[SessionState, str | None]:
         return "running", None
     if last.park_reason or last.status == "parked":
         return "parked", last.park_reason
+    unresolved = next(
+        (o for o in ops or () if o.run_id == last.run_id and o.status not in _SETTLED_OPS), None
+    )
+    if unresolved is not None:
+        return "parked", unresolved_park_reason(unresolved.status, unresolved.reason)
     if last.status in ("failed", "cancelled"):
         return "failed", None
     return "idle", None
+
+
+_SETTLED_OPS = frozenset({"completed", "definitely_not_dispatched"})
+
+
+def unresolved_park_reason(status: str, reason: str) -> str:
+    """The park an unresolved operation means (as ``recovery.park_reason_for`` names it)."""
+    if status == "corruption":
+        return "ledger_corruption"
+    if status == "parked":
+        return reason if reason.startswith("reconcile_") else "recovery_parked"
+    return reason if reason in PARK_REASONS else "dispatch_without_response"
 
 
 def operations(events: list[RuntimeEvent]) -> list[OperationView]:
@@ -152,7 +182,8 @@ def session_view(
     """Status of one session from the ledger; ``state``/``park_reason`` from the workflow win."""
     events = store.events(session_id=session_id)
     runs = sorted(store.list_runs(session_id=session_id), key=lambda r: (r.created_at, r.updated_at))
-    derived, derived_reason = derive_state(runs)
+    ops = operations(events)
+    derived, derived_reason = derive_state(runs, ops)
     if state is None:
         state, park_reason = derived, derived_reason
     turns = tuple(
@@ -163,6 +194,7 @@ def session_view(
             park_reason=r.park_reason,
         )
         for r in runs
+        if not is_resolution_run(r.run_id)
     )
     return SessionView(
         session_id=session_id,
@@ -170,8 +202,9 @@ def session_view(
         state=state,
         park_reason=park_reason,
         turns=turns,
-        operations=tuple(operations(events)),
+        operations=tuple(ops),
         event_count=len(events),
+        resolutions=resolutions_of(events) or None,
     )
 
 

@@ -8,10 +8,18 @@ a retry (after a crash, a timeout, a lost response) is an exact retry: the same 
 from __future__ import annotations
 
 from maka_core import failpoints
+from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import builders
-from maka_core.runtime.contracts import BeginRunInput, BeginRunResult, FinishRunInput, FinishRunResult
+from maka_core.runtime.contracts import (
+    BeginContinuationInput,
+    BeginRunInput,
+    BeginRunResult,
+    FinishRunInput,
+    FinishRunResult,
+)
+from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import settle_run
 
@@ -22,7 +30,37 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
 
     def write() -> str:
         store = rt.ledger
-        if store.get_run(ids.run_id) is None:
+        header = store.get_run(ids.run_id)
+        if header is not None and (
+            header.is_terminal or header.workflow_run_id not in (None, inp.workflow_run_id)
+        ):
+            # This run belongs to another execution (a ``temporal workflow reset`` replays the
+            # turn in a new one): its outcome is the ledger's, and only a resume continues it.
+            raise LedgerRejection(
+                "resume_required",
+                "the run was begun by another workflow execution; resume the session instead",
+                runId=ids.run_id,
+                workflowRunId=header.workflow_run_id,
+            )
+        lost = next(
+            (
+                r
+                for r in store.list_runs(session_id=ids.session_id)
+                if r.run_id != ids.run_id
+                and r.status == "running"
+                and r.workflow_run_id not in (None, inp.workflow_run_id)
+            ),
+            None,
+        )
+        if header is None and lost is not None:
+            # Another execution's run never settled (it was lost): a new turn over it would
+            # trust Temporal instead of the ledger. Only the planner may continue this session.
+            raise LedgerRejection(
+                "resume_required",
+                "an earlier run of this session was lost before it settled; resume the session",
+                runId=lost.run_id,
+            )
+        if header is None:
             store.put_run(
                 RunHeader(
                     session_id=ids.session_id,
@@ -38,11 +76,61 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
                 )
             )
         user = builders.user_event(ids, inp.text, inp.ts)
+        if inp.provider is not None and inp.workspace_identity is not None and user.actions is not None:
+            record = SessionRecord(inp.workspace, inp.workspace_identity, dict(inp.provider), inp.task_queue)
+            delta = {SESSION_KEY: record.to_json()}
+            user = user.model_copy(update={"actions": user.actions.model_copy(update={"state_delta": delta})})
         store.append([user])
         return user.id
 
     user_event_id = await rt.on_ledger(write)
     return BeginRunResult(user_event_id=user_event_id, tool_settings=rt.settings.tool_settings())
+
+
+async def begin_continuation(rt: Runtime, inp: BeginContinuationInput) -> BeginRunResult:
+    """Bind a started continuation run to the execution that runs it; no event is written (its
+    first event, the ``continuationStart`` fact, is already committed, and the model sees the
+    replayed history: no user message is duplicated).
+
+    Raises:
+        LedgerRejection: ``continuation_not_started`` (no header or no start fact) or
+            ``run_already_terminal`` (the run was settled meanwhile; the turn must not run).
+    """
+    ids = inp.ids
+
+    def bind() -> str:
+        store = rt.ledger
+        header = store.get_run(ids.run_id)
+        events = store.events(run_id=ids.run_id)
+        first = events[0] if events else None
+        if (
+            header is None
+            or first is None
+            or first.actions is None
+            or first.actions.continuation_start is None
+        ):
+            raise LedgerRejection("continuation_not_started", "no started continuation", runId=ids.run_id)
+        if header.is_terminal or any(e.is_terminal for e in events):
+            raise LedgerRejection("run_already_terminal", "the continuation already ended", runId=ids.run_id)
+        if header.workflow_run_id not in (None, inp.workflow_run_id):
+            raise LedgerRejection(
+                "resume_required", "another execution runs this continuation", runId=ids.run_id
+            )
+        if (header.workflow_id, header.workflow_run_id) != (inp.workflow_id, inp.workflow_run_id):
+            store.put_run(
+                header.model_copy(
+                    update={
+                        "workflow_id": inp.workflow_id,
+                        "workflow_run_id": inp.workflow_run_id,
+                        "task_queue": inp.task_queue,
+                        "updated_at": now_ms(),
+                    }
+                )
+            )
+        return first.id
+
+    await rt.on_ledger(bind)
+    return BeginRunResult(user_event_id="", tool_settings=rt.settings.tool_settings())
 
 
 async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
@@ -58,8 +146,13 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
         operation_id=inp.parked_operation_id,
         error=inp.error,
     )
-    settled = await rt.on_ledger(
-        lambda: settle_run(rt.ledger, terminal, between=lambda: failpoints.hit("P9"))
-    )
+    tag = "continuation" if inp.continuation else "turn"
+
+    def between() -> None:
+        failpoints.hit("P9")
+        failpoints.hit("after_terminal_event_committed", tag=tag)
+
+    settled = await rt.on_ledger(lambda: settle_run(rt.ledger, terminal, between=between))
+    failpoints.hit("after_terminal_header_committed", tag=tag)
     status = "completed" if settled.header_status == "completed" else "failed"
     return FinishRunResult(terminal_event_id=settled.terminal_event_id, status=status)

@@ -89,6 +89,13 @@ class ContinuationWrites(LedgerReads):
         result: ClaimResult = self._write(body)
         return result
 
+    def session_claims(self, session_id: str) -> list[ContinuationClaim]:
+        """Every claim whose source is in this session, oldest first (the resume's claim reads)."""
+        c = continuation_claims.c
+        query = select(continuation_claims).where(c.source_session_id == session_id).order_by(c.claimed_at)
+        with read_tx(self.engine) as conn:
+            return [_claim_from(dict(r)) for r in conn.execute(query).mappings()]
+
     def continuation_claim(self, claim_id: str) -> ContinuationClaim | None:
         with read_tx(self.engine) as conn:
             return _claim_row(conn, continuation_claims.c.claim_id == claim_id)
@@ -143,9 +150,10 @@ def _claim_values(claim: ContinuationClaim) -> dict[str, Any]:
 
 def _claim_row(conn: Connection, clause: Any) -> ContinuationClaim | None:
     row = conn.execute(select(continuation_claims).where(clause)).mappings().first()
-    if row is None:
-        return None
-    values = dict(row)
+    return None if row is None else _claim_from(dict(row))
+
+
+def _claim_from(values: dict[str, Any]) -> ContinuationClaim:
     values["boundary_json"] = canonical_json.loads(values["boundary_json"])
     if values["target_run_header_json"] is not None:
         values["target_run_header_json"] = canonical_json.loads(values["target_run_header_json"])

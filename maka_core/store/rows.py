@@ -106,8 +106,15 @@ class Prefix:
 
 
 def prefix_digest(events: Sequence[RuntimeEvent]) -> str:
-    """A domain-separated sha256 over the events' canonical lines."""
-    return codec.digest(PREFIX_DOMAIN + "".join(codec.encode(e) + "\n" for e in events))
+    """The run prefix's digest as the planner computes it (``maka.runtime-prefix.v1``: identity,
+    then each event framed with its seq), so a claim made from a plan matches the store's check.
+    A prefix the planner cannot read (empty, mixed identities) gets a digest no plan produces."""
+    from maka_core.ledger.digests import PrefixUnreadable, read_prefix
+
+    try:
+        return read_prefix(list(events)).digest
+    except PrefixUnreadable:
+        return codec.digest(PREFIX_DOMAIN + "".join(codec.encode(e) + "\n" for e in events))
 
 
 def make_prefix(session_id: str, run_id: str, events: Sequence[RuntimeEvent]) -> Prefix:

@@ -1,0 +1,175 @@
+"""A run whose workflow execution is lost is settled, not abandoned.
+
+Startup repair and ``maka resume`` close a run whose hosting execution is closed or gone. Before
+its terminal fact, every operation of the run goes through the same recovery as the live path
+(``recovery.recover_operation``): a read-only call with T1 and no T2 is read again, a file tool is
+reconciled from its committed evidence (one atomic bundle), and a tool without a reconciler
+parks. The terminal fact then records the first park (``failureClass: parked``), so the session
+shows ``parked`` with a stable reason, never ``failed``.
+
+The session's own settings (workspace, its identity, the provider) ride on each run's user event
+as ``stateDelta.makaSession`` (``session_record``), so the ledger alone can carry a session whose
+Temporal history is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from maka_core.errors import LedgerRejection, StoreError
+from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.scanner import scan
+from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput
+from maka_core.runtime.recovery import park_reason_for, recover_operation
+from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.runtime.settle import RepairResult, _header_anchor, recovered_terminal_event, settle_run
+
+#: ``stateDelta`` key of the session record on a run's user event.
+SESSION_KEY: Final[str] = "makaSession"
+#: Operation statuses that need no recovery (the Resolver settled them, or they never ran).
+_SETTLED: Final[frozenset[str]] = frozenset({"completed", "definitely_not_dispatched"})
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """What a new execution of a session needs, as the ledger recorded it."""
+
+    workspace: str
+    workspace_identity: str
+    provider: dict[str, Any]
+    task_queue: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "workspace": self.workspace,
+            "workspaceIdentity": self.workspace_identity,
+            "provider": self.provider,
+        }
+        if self.task_queue:
+            out["taskQueue"] = self.task_queue
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SessionRecord | None:
+        if not isinstance(raw, Mapping):
+            return None
+        ws, ident, provider = raw.get("workspace"), raw.get("workspaceIdentity"), raw.get("provider")
+        if not isinstance(ws, str) or not isinstance(ident, str) or not isinstance(provider, Mapping):
+            return None
+        queue = raw.get("taskQueue")
+        return cls(ws, ident, dict(provider), queue if isinstance(queue, str) else None)
+
+
+def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:
+    """The latest session record among these events (a session's events, ledger order)."""
+    for event in reversed(events):
+        delta = event.actions.state_delta if event.actions is not None else None
+        if isinstance(delta, Mapping) and SESSION_KEY in delta:
+            record = SessionRecord.from_json(delta[SESSION_KEY])
+            if record is not None:
+                return record
+    return None
+
+
+@dataclass(frozen=True)
+class LostRunResult:
+    """What settling a lost run did: the repair, and the park it recorded (if any)."""
+
+    repair: RepairResult
+    park_reason: ParkReason | None
+    parked_operation_id: str | None
+    recovered: tuple[str, ...]
+
+
+def parked_terminal_event(
+    last: RuntimeEvent, run_id: str, reason: ParkReason, operation_id: str | None
+) -> RuntimeEvent:
+    """The recovered terminal fact of a lost run that parks (deterministic id, like repair's)."""
+    base = recovered_terminal_event(last, run_id, "process_crashed")
+    delta: dict[str, Any] = {
+        "failureClass": "parked",
+        "parkReason": reason,
+        "recovered": True,
+        "recoveryReason": "execution_lost",
+    }
+    if operation_id:
+        delta["operationId"] = operation_id
+    return base.model_copy(
+        update={
+            "content": ErrorContent(
+                code=reason, message=f"parked on operation {operation_id}: {reason}", reason=reason
+            ),
+            "actions": Actions(end_invocation=True, state_delta=delta),
+        }
+    )
+
+
+async def settle_lost_run(rt: Runtime, run_id: str, record: SessionRecord | None) -> LostRunResult:
+    """Recover every unsettled operation of ``run_id``, then commit its terminal fact and header.
+
+    A run that already has a terminal fact only gets its header brought in line. Recovery never
+    re-runs a side effect; without a session record (no workspace to observe) an unsettled
+    operation parks with ``workspace_unavailable``.
+
+    Raises:
+        StoreError: ``run_not_found`` (no header and no events), or the ledger cannot be read.
+    """
+    store = rt.ledger
+    header, events = await rt.on_ledger(lambda: (store.get_run(run_id), store.events(run_id=run_id)))
+    if header is None and not events:
+        raise StoreError("run_not_found", f"no header and no events for run {run_id}", runId=run_id)
+    existing = next((e for e in reversed(events) if e.is_terminal), None)
+    park: ParkReason | None = None
+    parked_op: str | None = None
+    recovered: list[str] = []
+    if existing is None and events:
+        session_id = events[0].session_id
+        for op in resolve(scan(events)).operations:
+            if op.status in _SETTLED:
+                continue
+            if op.status in ("parked", "corruption") or record is None or op.operation_id is None:
+                reason: ParkReason = park_reason_for(op) if record is not None else "workspace_unavailable"
+                park, parked_op = park or reason, parked_op or op.operation_id
+                continue
+            result = await recover_operation(
+                rt,
+                RecoverInput(
+                    session_id=session_id,
+                    run_id=run_id,
+                    call=CallRef(
+                        tool_call_id=op.tool_call_id,
+                        operation_id=op.operation_id,
+                        tool_name=op.tool_name or "",
+                    ),
+                    workspace=record.workspace,
+                    workspace_identity=record.workspace_identity,
+                ),
+                Attempt(),
+            )
+            if result.status == "completed":
+                recovered.append(op.operation_id)
+            elif result.status == "parked" and park is None:
+                park, parked_op = result.park_reason, op.operation_id
+        events = await rt.on_ledger(lambda: store.events(run_id=run_id))
+        existing = next((e for e in reversed(events) if e.is_terminal), None)
+    anchor = events[-1] if events else _header_anchor(header, run_id)  # type: ignore[arg-type]
+    candidate = (
+        parked_terminal_event(anchor, run_id, park, parked_op)
+        if park is not None
+        else recovered_terminal_event(anchor, run_id, "process_crashed")
+    )
+
+    def settle() -> RepairResult:
+        try:
+            return settle_run(store, candidate, existing=existing)
+        except LedgerRejection as exc:  # another repairer settled it differently: its fact stands
+            if exc.code not in ("duplicate_event_id", "run_already_terminal"):
+                raise
+            stood = next(e for e in reversed(store.events(run_id=run_id)) if e.is_terminal)
+            return settle_run(store, candidate, existing=stood)
+
+    repair = await rt.on_ledger(settle)
+    return LostRunResult(repair, park, parked_op, tuple(recovered))

@@ -1,0 +1,168 @@
+"""Operator resolution of a parked operation, then resume: append-only, attested, never a re-run.
+
+Real SQLite files, a real workspace, the runtime functions the activities call, and the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.errors import MakaError
+from maka_core.ledger.continuation import id_source, plan_continuation
+from maka_core.ledger.resume_plan import legal_replay
+from maka_core.runtime import model_step
+from maka_core.runtime.continuation import observation_for, read_session, resume_session, sources_of
+from maka_core.runtime.contracts import ModelStepInput
+from maka_core.runtime.lost_run import session_record, settle_lost_run
+from maka_core.runtime.resolution import resolve_operation, resolved_history
+from maka_core.runtime.runtime import Runtime
+from maka_core.runtime.session_view import session_view
+from maka_core.store.writer import LedgerStore
+from maka_core.workspace import Workspace
+from tests.test_continuation_runtime import (
+    IDS,
+    SID,
+    WF,
+    begin,
+    inspector,
+    observed,
+    provider,
+    run,
+    run_continuation,
+)
+from tests.test_runtime import prepare_only
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.sqlite"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return Workspace.open(root)
+
+
+@pytest.fixture
+def rt(db: Path) -> Iterator[Runtime]:
+    runtime = Runtime(LedgerStore.open(db))
+    yield runtime
+    runtime.close()
+    runtime.ledger.close()  # type: ignore[attr-defined]
+
+
+BASH = {"command": "echo ran >> effects.log"}
+SPEC = provider({"toolCalls": [{"name": "bash", "args": BASH}]}, {"text": "done"})
+
+
+def parked_bash(rt: Runtime, ws: Workspace) -> str:
+    """A lost turn whose bash has T1 and no T2, settled (parked); returns its operation id."""
+    begin(rt, ws, spec=SPEC)
+    out = run(
+        model_step.model_step(rt, ModelStepInput(ids=IDS, step=0, workspace=str(ws.root), provider=SPEC))
+    )
+    prepare_only(rt, ws, out.calls[0], BASH)
+    run(settle_lost_run(rt, "r1", session_record(rt.ledger.events(session_id=SID))))
+    return out.calls[0].operation_id
+
+
+def resume(rt: Runtime) -> Any:
+    return resume_session(rt.ledger, SID, workflow_id=WF, inspect=inspector(rt))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("decision", ["applied", "not_applied", "abandon"])
+def test_a_resolved_park_resumes_and_the_model_sees_the_decision(
+    decision: str, rt: Runtime, ws: Workspace
+) -> None:
+    op = parked_bash(rt, ws)
+    assert resume(rt).rejection_reasons == ("runtime_ledger_unreadable",)  # negative control
+    before = [e.model_dump() for e in rt.ledger.events(run_id="r1")]
+    recorded = resolve_operation(rt.ledger, SID, op, decision, "alice", "checked the host")
+    assert recorded["parkedEventId"] == "r1_terminal" and recorded["attestedPrefix"]["highWater"] == 4
+    assert [e.model_dump() for e in rt.ledger.events(run_id="r1")] == before  # no fact rewritten
+    view = session_view(rt.ledger, SID, workflow_id=WF)  # type: ignore[arg-type]
+    assert (
+        view.state == "parked"
+        and view.resolutions is not None
+        and view.resolutions[op]["decision"] == decision
+    )
+    decision_out = resume(rt)
+    assert decision_out.decision == "continue", decision_out
+    resolved = [d for d in decision_out.diagnostics if d["code"] == "operation_resolved"]
+    assert resolved and resolved[0]["detail"] == {"operationId": op, "decision": decision}
+    assert decision_out.rejection_reasons == ()
+    events = rt.ledger.events(session_id=SID)
+    history = resolved_history(legal_replay(events), events)
+    results = [e for e in history if e.content is not None and e.content.kind == "function_response"]
+    assert len(results) == 1 and results[0].content.is_error is (decision != "applied")  # type: ignore[union-attr]
+    assert not (ws.root / "effects.log").exists()  # the runtime never re-ran it
+    run_continuation(rt, ws, decision_out, first_step=1, spec=SPEC)
+    assert not (ws.root / "effects.log").exists()
+
+
+def test_the_reference_planner_without_resolutions_still_parks_the_same_ledger(
+    rt: Runtime, ws: Workspace
+) -> None:
+    op = parked_bash(rt, ws)
+    resolve_operation(rt.ledger, SID, op, "applied", "alice", "checked")
+    session = read_session(rt.ledger, SID)  # type: ignore[arg-type]
+    sources = sources_of(session)
+    from dataclasses import replace
+
+    plain = replace(sources, resolutions=None)
+    header = sources.runs["r1"]
+    obs = observation_for(header, observed(ws, rt))
+    assert plan_continuation(SID, "r1", obs, plain, id_source()).rejection_reasons == (
+        "runtime_ledger_unreadable",
+    )
+    assert plan_continuation(SID, "r1", obs, sources, id_source()).disposition == "continue"
+
+
+def test_refusals_write_nothing(rt: Runtime, ws: Workspace) -> None:
+    op = parked_bash(rt, ws)
+    count = len(rt.ledger.events(session_id=SID))
+    for args, code in (
+        (("nope", "applied"), "operation_not_parked"),
+        ((op, "maybe"), "config_invalid"),
+    ):
+        with pytest.raises(MakaError) as err:
+            resolve_operation(rt.ledger, SID, args[0], args[1], "alice", "x")
+        assert err.value.code == code
+    with pytest.raises(MakaError) as err:
+        resolve_operation(rt.ledger, "nobody", op, "applied", "alice", "x")
+    assert err.value.code == "session_not_found"
+    assert len(rt.ledger.events(session_id=SID)) == count
+    resolve_operation(rt.ledger, SID, op, "applied", "alice", "x")
+    with pytest.raises(MakaError) as err:
+        resolve_operation(rt.ledger, SID, op, "not_applied", "bob", "y")
+    assert err.value.code == "already_resolved"
+
+
+def _maka(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_cli_records_a_resolution_and_refuses_a_second(db: Path, rt: Runtime, ws: Workspace) -> None:
+    op = parked_bash(rt, ws)
+    base = ["session", "resolve", SID, "--db", str(db), "--operation", op, "--by", "alice", "--json"]
+    done = _maka(*base, "--decision", "not_applied", "--reason", "the command never started")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ok"] and out["decision"] == "not_applied" and out["resolvedBy"] == "alice"
+    again = _maka(*base, "--decision", "applied", "--reason", "changed my mind")
+    assert again.returncode == 2 and json.loads(again.stdout)["code"] == "already_resolved"
+    status = _maka("session", "status", SID, "--db", str(db), "--json", "--address", "127.0.0.1:1")
+    assert json.loads(status.stdout)["resolutions"][op]["decision"] == "not_applied"

@@ -1,0 +1,490 @@
+"""``maka resume`` on Temporal: real dev server, real ``maka worker`` processes, real SIGKILL.
+
+Each drill loses a session's execution the way an operator meets it (the worker SIGKILLed at a
+crash point, then the execution terminated while no worker runs), starts a fresh worker (its
+startup repair settles the lost run through recovery), and resumes through the real CLI. Must
+hold: a safe boundary continues and finishes the turn with exactly one real effect per tool; a
+bash with T1 and no T2 parks and never runs again; concurrent resumes make one continuation; the
+worker resumes by itself with ``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME=1`` and never with ``=0``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.store.writer import LedgerStore
+from tests.drills import Kill, Sandbox, maka_cli, ready, stop
+from tests.temporal_support import start, write_script
+from workflows.contracts import workflow_id_for
+
+pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+
+BASH = "echo ran >> effects.log"
+
+
+def _script(path: Path) -> Path:
+    return write_script(
+        path,
+        [
+            {"toolCalls": [{"name": "write_file", "args": {"path": "a.txt", "content": "A\n"}}]},
+            {"toolCalls": [{"name": "bash", "args": {"command": BASH}}]},
+            {"text": "done"},
+        ],
+    )
+
+
+async def cli(box: Sandbox, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    """Run ``maka ARGS --db <ledger> --json`` for real; (exit code, JSON output, stderr)."""
+    full = {**os.environ, "MAKA_HOME": str(box.root), "TEMPORAL_ADDRESS": box.server.address, **(env or {})}
+    for key in ("MAKA_FAILPOINT", "MAKA_FAILPOINT_TAG", "MAKA_FAILPOINT_SKIP"):
+        full.pop(key, None)
+    proc = await asyncio.create_subprocess_exec(
+        *maka_cli(), *args, "--db", str(box.db), "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=full,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    text = out.decode()
+    try:
+        doc = json.loads(text) if text.strip() else {}
+    except ValueError:
+        doc = {"raw": text}
+    return proc.returncode or 0, doc, err.decode()
+
+
+async def lose_execution(client: Any, box: Sandbox, kill: Kill, script: Path) -> str:
+    """Start a session on a worker armed with ``kill``; once it died, terminate the execution."""
+    worker = box.worker(kill)
+    await ready(worker)
+    session_id, _ = await start(client, box.ws, script, box.queue, session_id=f"resume-{box.queue}")
+    assert await worker.wait_exit(90) != 0
+    await client.get_workflow_handle(workflow_id_for(session_id)).terminate("operator: execution lost")
+    return session_id
+
+
+def _writes(box: Sandbox) -> int:
+    return box.file_effects()[("write_file", str((box.ws / "a.txt").resolve()))]
+
+
+def _continuations(box: Sandbox, session_id: str) -> list[str]:
+    with LedgerStore.open(box.db) as store:
+        return [r.run_id for r in store.list_runs(session_id=session_id) if r.continuation_source]
+
+
+def _provider_calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+async def test_a_turn_lost_at_a_safe_boundary_continues_and_finishes_with_one_effect_per_tool(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "safe")
+    script = _script(tmp_path / "script.json")
+    # P7: the write_file result is committed and delivered; the next provider step never started.
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    lost_at = time.monotonic()
+    calls = tmp_path / "provider-calls.log"
+    # A fresh worker: its startup repair settles the lost run through recovery.
+    worker = _worker_with_env(box, {"MAKA_PROVIDER_CALL_LOG": str(calls)})
+    await ready(worker)
+    try:
+        code, status, _ = await cli(box, "session", "status", session_id)
+        assert code == 0 and status["state"] != "running"  # the closed execution's Query is not asked
+        assert status["executionStatus"] == "terminated"
+        resumed_at = time.monotonic()
+        resuming = asyncio.create_task(cli(box, "resume", session_id, "--wait"))
+        while not _provider_calls(calls) and not resuming.done():
+            await asyncio.sleep(0.005)
+        first_call_at = time.monotonic()
+        code, out, err = await resuming
+        first_call = next(iter(_provider_calls(calls)), None)
+        print(
+            f"resume latency: lost execution -> first new provider call {first_call_at - lost_at:.2f}s "
+            f"(of which `maka resume` -> first call {first_call_at - resumed_at:.2f}s)"
+        )
+        assert code == 0, (out, err)
+        assert out["decision"] == "continue" and out["state"] == "idle" and out["parkReason"] is None
+        assert set(out) == {
+            "ok", "sessionId", "workflowId", "decision", "parkReason", "rejectionReasons", "diagnostics",
+            "sourceRunId", "continuationRunId", "highWater", "state",
+        }  # fmt: skip
+        assert first_call is not None and first_call.startswith(out["continuationRunId"])
+        latency = time.monotonic() - lost_at
+        print(f"resume latency (lost execution -> continued turn settled): {latency:.2f}s")
+        assert _writes(box) == 1
+        assert box.log_lines()["ran"] == 1
+        assert len(_continuations(box, session_id)) == 1
+        # The session lives on in its new execution: a second resume is refused, nothing written.
+        code, again, _ = await cli(box, "resume", session_id)
+        assert code == 2 and again["code"] == "session_busy"
+        assert len(_continuations(box, session_id)) == 1
+        clean, report = await box.verify()
+        assert clean, report
+    finally:
+        await stop(worker)
+
+
+def _worker_with_env(box: Sandbox, env: dict[str, str]) -> Any:
+    from tests.temporal_support import WorkerProcess
+
+    return WorkerProcess(
+        box.server, box.db, box.queue, home=box.root, heartbeat_timeout=2.0,
+        extra_env={"MAKA_EFFECT_LOG": str(box.journal), **env},
+        log=box.root / f"worker-env-{time.time_ns()}.log",
+    )  # fmt: skip
+
+
+async def test_resume_refuses_an_open_execution_and_an_unknown_session(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "busy")
+    script = write_script(tmp_path / "script.json", [{"text": "hello"}])
+    worker = box.worker()
+    await ready(worker)
+    try:
+        session_id, _ = await start(
+            temporal_client, box.ws, script, box.queue, session_id=f"busy-{box.queue}"
+        )
+        code, out, _ = await cli(box, "session", "status", session_id)
+        before = out["eventCount"]
+        code, out, _ = await cli(box, "resume", session_id)
+        assert code == 2 and out["code"] == "session_busy"
+        code, out, _ = await cli(box, "resume", "no-such-session")
+        assert code == 2 and out["code"] == "session_not_found"
+        code, out, _ = await cli(box, "session", "status", session_id)
+        assert out["eventCount"] == before  # nothing written
+    finally:
+        await stop(worker)
+
+
+async def test_a_lost_bash_with_t1_and_no_t2_parks_and_never_runs_again(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "bash")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P4", tag="bash"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, out, err = await cli(box, "resume", session_id)
+        assert code == 1, (out, err)
+        assert out["decision"] == "park" and out["parkReason"] == "source_run_unreadable"
+        assert out["rejectionReasons"] == ["runtime_ledger_unreadable"]
+        blocking = [d for d in out["diagnostics"] if d["code"] == "pending_tool_result"]
+        assert blocking and blocking[0]["toolName"] == "bash"
+        assert blocking[0]["detail"]["status"] == "indeterminate"
+        assert out["state"] == "parked"
+        code, status, _ = await cli(box, "session", "status", session_id)
+        assert status["state"] == "parked" and status["parkReason"] == "dispatch_without_response"
+        assert box.log_lines()["ran"] == 1  # P4: the effect happened once, and never again
+        assert _continuations(box, session_id) == []
+        code, sent, _ = await cli(box, "session", "send", session_id, "again")
+        assert code == 2 and sent["code"] == "resume_required"
+    finally:
+        await stop(worker)
+
+
+async def test_four_concurrent_resumes_make_exactly_one_continuation(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "race")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        results = await asyncio.gather(*(cli(box, "resume", session_id) for _ in range(4)))
+        decisions = [
+            (code, out.get("decision"), out.get("parkReason") or out.get("code")) for code, out, _ in results
+        ]
+        print(f"race result: {decisions}")
+        assert len(_continuations(box, session_id)) == 1
+        assert any(code == 0 for code, _, _ in decisions)
+        allowed = {
+            "continuation_already_exists",
+            "continuation_started_indeterminate",
+            "continuation_repair_required",
+            "session_busy",
+        }
+        for code, _decision, reason in decisions:
+            assert code == 0 or reason in allowed, decisions
+        continuation = _continuations(box, session_id)[0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with LedgerStore.open(box.db) as store:
+                header = store.get_run(continuation)
+            if header is not None and header.is_terminal:
+                break
+            await asyncio.sleep(0.2)
+        assert header is not None and header.status == "completed"
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+async def test_worker_auto_resume_follows_the_setting(
+    setting: str, temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / f"auto-{setting}")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    plain = box.worker()  # repairs the lost run but does not resume it (the setting is unset)
+    await ready(plain)
+    await stop(plain)
+    assert _continuations(box, session_id) == []
+    worker = _worker_with_env(box, {"MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": setting})
+    await ready(worker)
+    try:
+        deadline = time.monotonic() + (60 if setting == "1" else 5)
+        state = None
+        while time.monotonic() < deadline:
+            code, status, _ = await cli(box, "session", "status", session_id)
+            state = status.get("state")
+            if setting == "1" and state == "idle":
+                break
+            await asyncio.sleep(0.5)
+        if setting == "1":
+            assert state == "idle" and len(_continuations(box, session_id)) == 1
+            assert box.log_lines()["ran"] == 1
+            assert "execution_started" in worker.log.read_text()
+        else:  # negative control: no continuation, and resume is disabled altogether
+            assert _continuations(box, session_id) == []
+            code, out, _ = await cli(
+                box, "resume", session_id, env={"MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": "0"}
+            )
+            assert code == 1 and out["parkReason"] == "resume_feature_disabled"
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.slow
+async def test_a_continuation_lost_again_resumes_as_a_second_generation_replaying_both_segments(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "gen2")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    # The first continuation runs bash, then its worker dies before the next provider step.
+    armed = box.worker(Kill("P7"))
+    await ready(armed)
+    code, first, err = await cli(box, "resume", session_id, "--task-queue", box.queue)
+    assert code == 0, (first, err)
+    assert await armed.wait_exit(90) != 0
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("lost again")
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, second, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and second["state"] == "idle", (second, err)
+        assert second["sourceRunId"] == first["continuationRunId"]
+        with LedgerStore.open(box.db) as store:
+            claims = store.session_claims(session_id)
+        segments = [
+            c.boundary_json["segments"] for c in claims if c.target_run_id == second["continuationRunId"]
+        ]
+        assert [s["identity"]["runId"] for s in segments[0]] == [
+            first["sourceRunId"],
+            first["continuationRunId"],
+        ]
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1  # one dispatch per tool, two generations
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.slow
+async def test_a_workflow_stuck_on_an_incompatible_deploy_is_reported_then_terminated_and_resumed(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    from tests.temporal_support import WorkerProcess
+
+    box = Sandbox(temporal_server, tmp_path / "nondet")
+    script = _script(tmp_path / "script.json")
+    worker = box.worker(Kill("P7"))
+    await ready(worker)
+    session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"nondet-{box.queue}")
+    assert await worker.wait_exit(90) != 0
+    bad = WorkerProcess(
+        box.server, box.db, box.queue, home=box.root, entry=("-m", "tests.children.incompatible_worker"),
+        log=box.root / "incompatible.log",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            code, status, err = await cli(box, "session", "status", session_id)
+            if status.get("workflowTaskFailing"):
+                break
+            await asyncio.sleep(1)
+        assert status.get("workflowTaskFailing") is True, status
+        assert "keeps failing" in err
+        code, busy, _ = await cli(box, "resume", session_id)
+        assert code == 2 and busy["code"] == "session_busy"  # open, though stuck: the operator terminates
+    finally:
+        bad.stop()
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("bad deploy")
+    good = box.worker()
+    await ready(good)
+    try:
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+    finally:
+        await stop(good)
+
+
+@pytest.mark.slow
+async def test_the_ledger_alone_carries_a_session_whose_server_database_was_deleted(tmp_path: Path) -> None:
+    from workers import devserver
+    from workers.client import connect
+
+    db_file = tmp_path / "temporal.db"
+    server = devserver.start(ui=False, db_file=db_file, log_path=tmp_path / "temporal.log")
+    try:
+        client = await connect(server.address)
+        box = Sandbox(server, tmp_path / "dbloss")
+        script = _script(tmp_path / "script.json")
+        worker = box.worker(Kill("P7"))
+        await ready(worker)
+        session_id, _ = await start(client, box.ws, script, box.queue, session_id=f"dbloss-{box.queue}")
+        assert await worker.wait_exit(90) != 0
+        server.stop()
+        db_file.unlink()  # every execution, history and search attribute is gone
+        server = devserver.start(
+            port=server.port, ui=False, db_file=db_file, log_path=tmp_path / "temporal.log"
+        )
+        box.server = server
+        fresh = box.worker()
+        await ready(fresh)
+        try:
+            code, status, _ = await cli(box, "session", "status", session_id)
+            assert status["executionStatus"] == "not_found" and status["state"] != "running"
+            code, out, err = await cli(box, "resume", session_id, "--wait")
+            assert code == 0 and out["state"] == "idle", (out, err)
+            assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+        finally:
+            await stop(fresh)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_terminal_event_committed", "after_terminal_header_committed"])
+async def test_a_worker_killed_at_a_continuation_terminal_point_leaves_the_reference_code(
+    point: str, temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    from maka_core import failpoints
+    from maka_core.ledger.continuation import id_source
+    from maka_core.runtime.continuation import plan_for
+    from maka_core.runtime.inspect import inspect_host
+    from maka_core.tools import default_tools
+
+    box = Sandbox(temporal_server, tmp_path / point)
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    armed = box.worker(Kill(point, tag="continuation"))
+    await ready(armed)
+    code, out, err = await cli(box, "resume", session_id, "--task-queue", box.queue)
+    assert code == 0, (out, err)
+    assert await armed.wait_exit(90) != 0
+    observed = inspect_host(str(box.ws), default_tools().keys())
+    with LedgerStore.open(box.db) as store:
+        plan = plan_for(store, session_id, out["sourceRunId"], observed, id_source())  # type: ignore[arg-type]
+    assert plan.rejection_reasons == (failpoints.CONTINUATION[point],)
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("crash drill")
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, after, err = await cli(box, "resume", session_id)
+        # The continuation finished its turn: nothing to resume, never a second continuation.
+        assert code == 2 and after["code"] == "resume_not_needed", (after, err)
+        assert len(_continuations(box, session_id)) == 1
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.slow
+async def test_after_a_workflow_reset_the_replayed_turn_hands_off_and_resume_finishes_it_once(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    import uuid
+
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+
+    box = Sandbox(temporal_server, tmp_path / "reset")
+    script = _script(tmp_path / "script.json")
+    worker = box.worker(Kill("P7"))
+    await ready(worker)
+    session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"reset-{box.queue}")
+    assert await worker.wait_exit(90) != 0
+    handle = temporal_client.get_workflow_handle(workflow_id_for(session_id))
+    history = [e async for e in handle.fetch_history_events()]
+    first_task = next(
+        e.event_id for e in history if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    desc = await handle.describe()
+    # `temporal workflow reset` to the first workflow task: the message is reapplied and the
+    # turn replays in a NEW execution over a ledger that already holds it.
+    await temporal_client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=temporal_client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=desc.run_id),
+            reason="operator reset",
+            workflow_task_finish_event_id=first_task,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    fresh = box.worker()
+    await ready(fresh)
+    try:
+        deadline = time.monotonic() + 60
+        while (await handle.describe()).status is not None and time.monotonic() < deadline:
+            if (await handle.describe()).status.name != "RUNNING":
+                break
+            await asyncio.sleep(0.2)
+        assert (await handle.describe()).status.name == "COMPLETED"  # handed off, nothing re-run
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert box.log_lines()["ran"] == 1 and _writes(box) == 1
+        with LedgerStore.open(box.db) as store:
+            users = [e for e in store.events(session_id=session_id) if e.role == "user"]
+        assert len(users) == 1  # the user message is never duplicated
+    finally:
+        await stop(fresh)
+
+
+async def test_an_operator_resolution_then_resume_finishes_the_turn_without_re_running_the_bash(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "resolve")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P4", tag="bash"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, parked, _ = await cli(box, "resume", session_id)
+        assert code == 1
+        (blocking,) = [d for d in parked["diagnostics"] if d["code"] == "pending_tool_result"]
+        op = blocking["detail"]["operationId"]
+        code, resolved, err = await cli(
+            box, "session", "resolve", session_id, "--operation", op, "--decision", "applied",
+            "--by", "alice", "--reason", "effects.log has the line",
+        )  # fmt: skip
+        assert code == 0 and resolved["decision"] == "applied", (resolved, err)
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["state"] == "idle", (out, err)
+        assert [d["code"] for d in out["diagnostics"]] == ["operation_resolved"]
+        assert box.log_lines()["ran"] == 1  # applied once, before the loss; never again
+        code, status, _ = await cli(box, "session", "status", session_id)
+        assert status["state"] == "idle" and status["resolutions"][op]["resolvedBy"] == "alice"
+    finally:
+        await stop(worker)

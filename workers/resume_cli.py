@@ -1,0 +1,311 @@
+"""``maka resume SESSION``: a fresh continuation of a session whose workflow execution is lost.
+
+Resume is not retry. The session's latest run is settled from the ledger first (every unsettled
+operation through the same recovery as the live path), the host inspects the workspace and the
+tool catalog, the Phase 1 planner answers continue or park, every input is revalidated, the
+boundary is claimed (one database-unique row), and the continuation run's header and
+``continuationStart`` fact are committed, all before a NEW execution of the same workflow id
+starts and makes its first provider call. Temporal replay never implies a tool outcome.
+
+Exit codes: 0 continue (with ``--wait``: the continued turn settled ``idle``), 1 park, 2 refused
+(``session_busy`` while an execution is open, ``session_not_found``, ``resume_not_needed``; nothing
+written). ``resume_lost_session`` is shared with the worker's auto-resume
+(``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME=1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from maka_core.errors import MakaError
+from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
+from maka_core.runtime.inspect import inspect_host
+from maka_core.runtime.lost_run import settle_lost_run
+from maka_core.runtime.runtime import Runtime
+from maka_core.runtime.session_view import session_view
+from workers.cli_base import (
+    db_option,
+    finish,
+    json_option,
+    open_ledger,
+    print_json,
+    run_async,
+    settings,
+    temporal_options,
+)
+from workers.session_client import describe_execution, start_execution, wait_settled
+
+log = logging.getLogger("maka.resume")
+
+Announce = Callable[..., None]
+
+#: Host park reasons that park the session itself (recorded on the source run's header); the
+#: others describe a race with another resumer, whose continuation carries the session on.
+_SESSION_PARKS = frozenset(
+    {
+        "resume_feature_disabled",
+        "safety_observation_unavailable",
+        "continuation_authority_unavailable",
+        "source_run_unreadable",
+        "safety_check_failed",
+    }
+)
+
+
+def _quiet(event: str, **fields: Any) -> None:
+    log.info("%s %s", event, fields)
+
+
+async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
+    """Settle every running run of the session (its execution is known to be closed or gone),
+    except a claimed continuation that has not run yet (the resume executes it)."""
+    session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
+    settled = []
+    for run in session.runs:
+        if run.status != "running":
+            continue
+        events = session.events.get(run.run_id, [])
+        if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
+            continue
+        await settle_lost_run(rt, run.run_id, session.record)
+        settled.append(run.run_id)
+    return settled
+
+
+def lost_sessions(store: Any) -> list[str]:
+    """Sessions whose latest run was closed by a repair (its execution was lost mid-turn) or is
+    a claimed continuation that never ran: the candidates of an auto-resume. Headers first; one
+    event read per candidate."""
+    from maka_core.runtime.resolution import is_resolution_run
+
+    latest: dict[str, Any] = {}
+    for run in store.list_runs():
+        if is_resolution_run(run.run_id):
+            continue
+        current = latest.get(run.session_id)
+        if current is None or (run.created_at, run.updated_at) >= (current.created_at, current.updated_at):
+            latest[run.session_id] = run
+    out = []
+    for session_id, run in latest.items():
+        if run.status == "completed":
+            continue
+        events = store.events(run_id=run.run_id)
+        terminal = next((e for e in reversed(events) if e.is_terminal), None)
+        delta = (
+            terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
+        )
+        if terminal is None or (isinstance(delta, dict) and delta.get("recovered")):
+            out.append(session_id)
+    return out
+
+
+def _record_park(rt: Runtime, decision: ResumeDecision) -> None:
+    if decision.park_reason not in _SESSION_PARKS or decision.source_run_id is None:
+        return
+    header = rt.ledger.get_run(decision.source_run_id)
+    if header is not None and header.is_terminal and header.park_reason is None:
+        rt.ledger.put_run(header.model_copy(update={"park_reason": decision.park_reason}))
+
+
+async def resume_lost_session(
+    client: Any,
+    rt: Runtime,
+    session_id: str,
+    *,
+    task_queue: str | None,
+    feature_enabled: bool = True,
+    repair_grace_ms: int = 10_000,
+    announce: Announce = _quiet,
+) -> dict[str, Any]:
+    """Resume one session whose execution is closed or gone; returns the output object.
+
+    Raises:
+        MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
+            ``temporal_unavailable``.
+    """
+    from workflows.contracts import workflow_id_for
+
+    workflow_id = workflow_id_for(session_id)
+    lost_at = time.monotonic()
+    execution = await describe_execution(client, session_id)
+    if execution.open:
+        hint = (
+            " (its workflow task keeps failing: terminate it, then resume)" if execution.task_failing else ""
+        )
+        raise MakaError(
+            "session_busy", f"session {session_id} has an open execution{hint}", sessionId=session_id
+        )
+    runs = await rt.on_ledger(lambda: rt.ledger.list_runs(session_id=session_id))
+    if not runs:
+        raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
+    await settle_lost_runs(rt, session_id)
+    tools = tuple(rt.tools.keys())
+    decision: ResumeDecision = await rt.on_ledger(
+        lambda: resume_session(
+            rt.ledger,  # type: ignore[arg-type]
+            session_id,
+            workflow_id=workflow_id,
+            inspect=lambda cwd: inspect_host(cwd, tools),
+            feature_enabled=feature_enabled,
+            repair_grace_ms=repair_grace_ms,
+        )
+    )
+    if decision.decision == "not_needed":
+        raise MakaError(
+            "resume_not_needed",
+            f"the last run of session {session_id} ended cleanly; send a message to continue",
+            sessionId=session_id,
+        )
+    out: dict[str, Any] = {
+        "ok": decision.decision == "continue",
+        "sessionId": session_id,
+        "workflowId": workflow_id,
+        **decision.to_json(),
+    }
+    ids = {"sessionId": session_id, "sourceRunId": decision.source_run_id}
+    if decision.decision == "park":
+        await rt.on_ledger(lambda: _record_park(rt, decision))
+        announce(
+            "plan_parked",
+            **ids,
+            parkReason=decision.park_reason,
+            rejectionReasons=list(decision.rejection_reasons),
+        )
+    else:
+        assert decision.execute is not None and decision.record is not None
+        announce(
+            "plan_approved",
+            **ids,
+            continuationRunId=decision.continuation_run_id,
+            highWater=decision.high_water,
+            claimRepaired=decision.repaired_claim,
+        )
+        cwd = decision.record.workspace
+        claims = await rt.on_ledger(lambda: rt.ledger.session_claims(session_id))  # type: ignore[attr-defined]
+        claimed = next((c for c in claims if c.target_run_id == decision.continuation_run_id), None)
+        if claimed is not None and claimed.target_run_header_json:
+            cwd = str(claimed.target_run_header_json.get("cwd") or cwd)
+        identity = decision.record.workspace_identity
+        if claimed is not None and claimed.target_run_header_json:
+            identity = str(claimed.target_run_header_json.get("workspaceIdentity") or identity)
+        # The queue the operator named, else the one the session last ran on.
+        queue = task_queue or decision.record.task_queue or settings().task_queue
+        try:
+            run_id = await start_execution(
+                client,
+                session_id,
+                workspace=cwd,
+                workspace_identity=identity,
+                provider=decision.record.provider,
+                task_queue=queue,
+                continuation=decision.execute,
+            )
+            announce(
+                "execution_started",
+                **ids,
+                continuationRunId=decision.continuation_run_id,
+                workflowId=workflow_id,
+                workflowRunId=run_id,
+                latencyS=round(time.monotonic() - lost_at, 3),
+            )
+        except MakaError as exc:
+            if exc.code != "session_busy":
+                announce(
+                    "execution_failed", **ids, continuationRunId=decision.continuation_run_id, code=exc.code
+                )
+                raise
+            # Another resumer started the execution of this same continuation: one continuation.
+    view = await rt.on_ledger(lambda: session_view(rt.ledger, session_id, workflow_id=workflow_id))  # type: ignore[arg-type]
+    out["state"] = "running" if decision.decision == "continue" else view.state
+    if decision.decision == "park" and out["parkReason"] is None:
+        out["parkReason"] = view.park_reason
+    return out
+
+
+async def wait_continued(
+    client: Any, rt: Runtime, out: dict[str, Any], announce: Announce = _quiet
+) -> dict[str, Any]:
+    """Wait for the continued turn to settle; ``state`` becomes its settled state."""
+    from workflows.contracts import workflow_id_for
+
+    session_id = out["sessionId"]
+    status = await wait_settled(client, session_id, out["continuationRunId"], timeout=settings().wait_timeout)
+    state = str(status.state)
+    ids = {"sessionId": session_id, "continuationRunId": out["continuationRunId"]}
+    if state == "idle":
+        announce("execution_completed", **ids, state=state)
+    else:
+        announce("execution_failed", **ids, state=state, parkReason=status.park_reason)
+    view = await rt.on_ledger(
+        lambda: session_view(rt.ledger, session_id, workflow_id=workflow_id_for(session_id))  # type: ignore[arg-type]
+    )
+    return {**out, "state": state, "parkReason": out["parkReason"] or view.park_reason}
+
+
+@click.command("resume")
+@db_option
+@temporal_options()
+@click.argument("session_id", metavar="SESSION")
+@click.option("--wait", is_flag=True, help="wait until the continued turn settles")
+@json_option()
+def cmd_resume(
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    task_queue: str | None,
+    session_id: str,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Continue a session whose workflow execution is lost, through the planner (never a retry)."""
+    from workers.client import connect
+    from workers.worker import default_runtime
+
+    s = settings(db=db, task_queue=task_queue)
+    feature = s.runtime_safe_boundary_resume is not False
+    queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
+
+    async def main() -> int:
+        client = await connect(address, namespace)
+        store = open_ledger(s.ledger, create=False)
+        rt = default_runtime(store, s.runtime_settings())
+        try:
+            out = await resume_lost_session(client, rt, session_id, task_queue=queue, feature_enabled=feature)
+            if wait and out["decision"] == "continue":
+                out = await wait_continued(client, rt, out)
+        finally:
+            rt.close()
+            store.close()
+        if as_json:
+            print_json(out, indent=2)
+        else:
+            _print(out)
+        if out["decision"] != "continue":
+            return 1
+        return 0 if not wait or out["state"] == "idle" else 1
+
+    finish(run_async(main()))
+
+
+def _print(out: dict[str, Any]) -> None:
+    if out["decision"] == "continue":
+        click.echo(
+            f"session {out['sessionId']}: continuing run {out['sourceRunId']} "
+            f"at high-water {out['highWater']} as run {out['continuationRunId']} (state {out['state']})"
+        )
+        return
+    click.echo(
+        f"session {out['sessionId']}: parked ({out['parkReason']}): {', '.join(out['rejectionReasons'])}"
+    )
+    for d in out["diagnostics"]:
+        where = " ".join(f"{k}={d[k]}" for k in ("toolName", "toolCallId", "eventId") if k in d)
+        click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
+
+
+__all__ = ["cmd_resume", "lost_sessions", "resume_lost_session", "settle_lost_runs", "wait_continued"]

@@ -106,13 +106,16 @@ def test_a_replaced_schema_is_refused_by_the_workers_health_check(pg_url: str) -
     schema = pg_url.split("search_path%3D")[1].split("&")[0]
     admin_sql(f"DROP SCHEMA {schema} CASCADE; CREATE SCHEMA {schema}")
     LedgerStore.open(pg_url).close()  # somebody starts a new, empty ledger under the same name
+    # The next ordinary write is refused (the writer lock reads the identity), not only the check.
     with pytest.raises(StoreError) as err:
-        store.check_health()
+        store.append([model_text(id="evt-model-1")])
     assert err.value.code == "ledger_replaced" and store.health.failure is not None
     with pytest.raises(StoreError) as again:  # sticky
-        store.append([model_text(id="evt-model-1")])
+        store.check_health()
     assert again.value.code == "ledger_replaced"
     store.close()
+    with LedgerStore.open(pg_url) as fresh:
+        assert fresh.events() == []  # nothing landed in the new ledger
 
 
 # --- health: PostgreSQL's own states map to the store's codes -----------------------------------

@@ -368,3 +368,41 @@ def asyncio_run(coro: Any) -> Any:
     import asyncio
 
     return asyncio.run(coro)
+
+
+# --- a worker and the session commands on a PostgreSQL ledger (real processes, real server) ------
+
+
+@pytest.mark.temporal
+def test_worker_and_session_commands_on_a_postgres_ledger_by_maka_db(
+    temporal_server: Any, pg_url: str, tmp_path: Path
+) -> None:
+    from tests.temporal_support import WorkerProcess, tool_step, write_script
+
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    queue = f"pg-{uuid.uuid4().hex[:8]}"
+    env = {"MAKA_DB": pg_url, "TEMPORAL_ADDRESS": temporal_server.address, "MAKA_TASK_QUEUE": queue}
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("write_file", {"path": "f.txt", "content": "hi\n"})), {"text": "ok"}]
+    )
+    with WorkerProcess(temporal_server, pg_url, queue, home=home) as worker:  # type: ignore[arg-type]
+        worker.wait_ready()
+        started = maka(
+            "session", "start", "--workspace", ws, "--script", script, "--wait", "--json", "go",
+            home=home, env=env,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stdout + started.stderr
+        body = json.loads(started.stdout)
+        session = body["sessionId"]
+        assert body["state"] == "idle" and [op["status"] for op in body["operations"]] == ["completed"]
+        status = maka("session", "status", session, "--json", home=home, env=env)
+        assert status.returncode == 0 and json.loads(status.stdout)["state"] == "idle", status.stderr
+        audit = maka("audit", session, "--json", home=home, env=env)
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+    shown = maka("session", "show", session, home=home, env=env)
+    assert shown.returncode == 0 and "[T1] write_file dispatched" in shown.stdout
+    assert (ws / "f.txt").read_text() == "hi\n"
+    assert not (home / "ledger.sqlite").exists()  # the worker and every command used the server
+    with LedgerStore.open(pg_url) as store:
+        assert store.verify() == [] and len(store.events(session_id=session)) >= 5

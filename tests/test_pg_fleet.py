@@ -32,6 +32,7 @@ from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.engine import make_engine, translate
+from maka_core.store.health import probe_url
 from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
@@ -145,6 +146,8 @@ def test_a_server_turned_read_only_stops_writes_with_ledger_unwritable(
         # What a failover to a standby or a DBA's read-only switch looks like to the store (25006).
         admin_sql(f"ALTER ROLE {role} SET default_transaction_read_only = on")
     terminate_backends(app)  # the setting applies to new sessions; pre-ping replaces the dead one
+    probe = probe_url(url)  # what `maka session status` can report without writing
+    assert probe == {"ok": True} if fault == "none" else probe["code"] == "ledger_unwritable"
     if fault == "none":  # negative control: the same reconnect without the fault writes
         assert store.append([model_text(id="evt-model-1")]).created
         store.close()
@@ -170,6 +173,7 @@ def test_revoked_privileges_read_as_unwritable_and_a_full_disk_as_ledger_full(
     admin_sql(
         f"REVOKE UPDATE ON ALL TABLES IN SCHEMA {url.split('search_path%3D')[1].split('&')[0]} FROM {role}"
     )
+    assert probe_url(url)["code"] == "ledger_unwritable"  # what `maka session status` can report
     with pytest.raises(StoreError) as err:  # FOR UPDATE needs UPDATE on maka_meta: 42501
         store.append([model_text(id="evt-model-1")])
     assert err.value.code == "ledger_unwritable"

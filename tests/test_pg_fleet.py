@@ -410,3 +410,75 @@ def test_worker_and_session_commands_on_a_postgres_ledger_by_maka_db(
     assert not (home / "ledger.sqlite").exists()  # the worker and every command used the server
     with LedgerStore.open(pg_url) as store:
         assert store.verify() == [] and len(store.events(session_id=session)) >= 5
+
+
+# --- the connection-loss drill through a real worker process and a real server ---------------------
+
+CUTS = {
+    # (transition, which hit) -> the tool whose transaction loses its connection
+    "T2 write_file": ("t2_outcome", 0),
+    "T1 bash": ("t1_prepare", 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.temporal
+@pytest.mark.crash
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("cut", list(CUTS))
+async def test_a_worker_that_loses_its_connection_mid_transaction_recovers_with_no_duplicate(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, cut: str
+) -> None:
+    from tests.drills import (
+        DRILL_SCRIPT,
+        TOOLS,
+        Cell,
+        CellResult,
+        Expect,
+        Sandbox,
+        check,
+        collect,
+        ready,
+        settle,
+        stop,
+    )
+    from tests.temporal_support import WorkerProcess, start
+
+    transition, skip = CUTS[cut]
+    app = f"maka-cut-{uuid.uuid4().hex[:8]}"
+    box = Sandbox(temporal_server, tmp_path, backend="postgres")
+    url = f"{box.db}&application_name={app}"
+    worker = WorkerProcess(
+        temporal_server,
+        url,  # type: ignore[arg-type]
+        box.queue,
+        home=box.root,
+        heartbeat_timeout=2.0,
+        extra_env={EFFECT_LOG_ENV: str(box.journal)},
+        log=box.root / "worker.log",
+        entry=(
+            "-m", "tests.children.pg_cut_worker", "--cut-point", "after_runtime_event_insert",
+            "--cut-tag", transition, "--cut-skip", str(skip), "--cut-app", app,
+        ),
+    )  # fmt: skip
+    result = CellResult(Cell(cut, ()))
+    try:
+        await ready(worker)
+        result.session_id, accepted = await start(temporal_client, box.ws, DRILL_SCRIPT, box.queue)
+        status = await settle(temporal_client, result.session_id, accepted.run_id, timeout=90)
+        log = worker.log.read_text()
+    finally:
+        await stop(worker)
+    try:
+        result.state, result.park_reason = status.state, status.park_reason
+        collect(box, result)
+        result.verify_clean, result.verify_output = await box.verify()
+    finally:
+        box.close()
+    assert "CUT " in log and "CUT 0" not in log, log[-2000:]
+    assert "StoreError" in log or "store_io_failed" in log, log[-2000:]  # the activity failed, retryably
+    finalized = "recovery_bundle_completed" if transition == "t2_outcome" else "matching_response"
+    ops: dict[str, tuple[str, str | None]] = {t: ("completed", "matching_response") for t in TOOLS}
+    ops["write_file"] = ("completed", finalized) if cut.endswith("write_file") else ops["write_file"]
+    expect = Expect("idle", None, ops, dict.fromkeys(TOOLS, 1), "status: draft, reviewed\n")
+    assert check(expect, result) == [], (result, log[-3000:])

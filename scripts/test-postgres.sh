@@ -1,6 +1,8 @@
 # Sourced by scripts/test: when no MAKA_TEST_POSTGRES_URL is given and PostgreSQL's server
 # binaries are on this machine, start a throwaway cluster on a free loopback port so the store's
 # contract suite also runs against Postgres. Without the binaries the Postgres cases skip.
+# max_connections: the PostgreSQL drills run several sandboxes at once, each with worker processes
+# holding their own pools.
 start_test_postgres() {
   [ -z "${MAKA_TEST_POSTGRES_URL:-}" ] || return 0
   command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 || return 0
@@ -16,7 +18,7 @@ start_test_postgres() {
   fi
   if ! "${as_owner[@]}" initdb -D "$dir/data" -A trust -U maka >"$dir/initdb.log" 2>&1 \
     || ! "${as_owner[@]}" pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-      -o "-p $port -k $dir -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300" start >/dev/null 2>&1; then
     echo "scripts/test: could not start a test PostgreSQL; its cases will skip" >&2
     rm -rf "$dir"
     return 0

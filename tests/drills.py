@@ -24,16 +24,18 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from temporalio.client import WorkflowUpdateFailedError
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from tests.pg_support import fresh_pg_schema
 from tests.temporal_support import WorkerProcess, start
 from workers.session_cli import query_status
 from workflows.contracts import SEND_MESSAGE, SendMessage, SessionInput, TurnAccepted, workflow_id_for
@@ -47,6 +49,8 @@ NOTES_AFTER_TURN = "status: draft, reviewed\n"
 #: The negative control's worker: the same worker built with a deliberately broken guard.
 NAIVE_WORKER: tuple[str, ...] = ("-m", "tests.children.naive_worker")
 HEARTBEAT_S = 2.0
+#: Where a sandbox keeps its ledger: a SQLite file, or a fresh schema on ``MAKA_TEST_POSTGRES_URL``.
+Backend = Literal["sqlite", "postgres"]
 
 
 @dataclass(frozen=True)
@@ -123,11 +127,19 @@ class CellResult:
 class Sandbox:
     """One drill's private ledger, workspace, effect journal and task queue on a shared server."""
 
-    def __init__(self, server: Any, root: Path, *, guard_disabled: bool = False) -> None:
+    def __init__(
+        self, server: Any, root: Path, *, guard_disabled: bool = False, backend: Backend = "sqlite"
+    ) -> None:
         self.server = server
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self.db = root / "ledger.sqlite"
+        self._resources = ExitStack()
+        #: A SQLite file, or a URL on a fresh PostgreSQL schema (dropped by ``close``).
+        self.db: Path | str = (
+            root / "ledger.sqlite"
+            if backend == "sqlite"
+            else self._resources.enter_context(fresh_pg_schema())
+        )
         self.ws = root / "ws"
         self.ws.mkdir(exist_ok=True)
         self.journal = root / "effects.jsonl"
@@ -154,6 +166,10 @@ class Sandbox:
             **({"entry": NAIVE_WORKER} if self.guard_disabled else {}),
         )
 
+    def close(self) -> None:
+        """Drop the PostgreSQL schema (after every worker has stopped); nothing for SQLite."""
+        self._resources.close()
+
     async def verify(self) -> tuple[bool, str]:
         """``maka ledger verify --db <ledger> --json`` through the real CLI: (clean, output)."""
         return await verify_ledger(self.db)
@@ -172,7 +188,7 @@ def maka_cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "workers.cli"]
 
 
-async def verify_ledger(db: Path) -> tuple[bool, str]:
+async def verify_ledger(db: Path | str) -> tuple[bool, str]:
     proc = await asyncio.create_subprocess_exec(
         *maka_cli(), "ledger", "verify", "--db", str(db), "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -290,13 +306,29 @@ async def send(client: Any, session_id: str, text: str, *, update_id: str, timeo
 
 
 async def run_cell(
-    server: Any, client: Any, root: Path, cell: Cell, script: Path = DRILL_SCRIPT
+    server: Any,
+    client: Any,
+    root: Path,
+    cell: Cell,
+    script: Path = DRILL_SCRIPT,
+    *,
+    backend: Backend = "sqlite",
 ) -> CellResult:
     """Kill a worker at each of ``cell.kills`` in turn, restart clean, settle, collect and check."""
     result = CellResult(cell)
     box = Sandbox(
-        server, root / cell.name.replace(" ", "_").replace("/", "_"), guard_disabled=cell.guard_disabled
+        server,
+        root / cell.name.replace(" ", "_").replace("/", "_"),
+        guard_disabled=cell.guard_disabled,
+        backend=backend,
     )
+    try:
+        return await _run_cell(client, box, cell, script, result)
+    finally:
+        box.close()
+
+
+async def _run_cell(client: Any, box: Sandbox, cell: Cell, script: Path, result: CellResult) -> CellResult:
     run_id = ""
     last_death = 0.0
     try:
@@ -381,14 +413,14 @@ def check(expect: Expect, result: CellResult) -> list[str]:
 
 
 async def run_cells(
-    server: Any, client: Any, root: Path, cells: Sequence[Cell], *, parallel: int
+    server: Any, client: Any, root: Path, cells: Sequence[Cell], *, parallel: int, backend: Backend = "sqlite"
 ) -> list[CellResult]:
     """Run cells concurrently, at most ``parallel`` at a time, in the given order."""
     gate = asyncio.Semaphore(parallel)
 
     async def one(cell: Cell) -> CellResult:
         async with gate:
-            return await run_cell(server, client, root, cell)
+            return await run_cell(server, client, root, cell, backend=backend)
 
     return list(await asyncio.gather(*(one(c) for c in cells)))
 

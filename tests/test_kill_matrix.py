@@ -45,6 +45,7 @@ from tests.drills import (
     format_table,
     run_cells,
 )
+from tests.pg_support import SKIP_REASON, pg_base_url
 
 #: Marks of the drills (the effect-journal unit test at the end needs no server).
 DRILL = (
@@ -206,6 +207,42 @@ async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path:
     if cells == matrix():
         assert {k.failpoint for c in cells for k in c.kills} >= TURN_POINTS
     assert [r.cell.name for r in results if not r.passed] == [], table
+    assert sum(r.duplicates for r in results) == 0
+    assert sum(r.kills for r in results) == sum(len(c.kills) for c in cells)
+
+
+# --- the same drills on a PostgreSQL ledger ------------------------------------------------------------
+
+#: A representative subset (a kill after T1 on write_file and on bash, kills inside a ledger activity,
+#: torn T1 and T2 transactions): each sandbox's ledger is a fresh schema on the test server.
+PG_CELLS = (
+    "P4 write_file",
+    "P2 bash",
+    "P4 bash",
+    "T1 torn bash",
+    "T2 torn write_file",
+    "P8 turn end",
+    "P4>P10 write_file",
+)
+
+
+@drill
+@pytest.mark.timeout(360)
+@pytest.mark.skipif(pg_base_url() is None, reason=SKIP_REASON)
+async def test_kill_matrix_on_postgres(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    cells = [c for c in matrix() if c.name in PG_CELLS]
+    assert sorted(c.name for c in cells) == sorted(PG_CELLS)
+    results = await run_cells(
+        temporal_server, temporal_client, tmp_path, cells, parallel=PARALLEL, backend="postgres"
+    )
+    table = format_table(results, title="Kill matrix on a PostgreSQL ledger (subset)")
+    with capsys.disabled():
+        print("\n" + table + "\n" + _detection(results) + "\n")
+    assert [r.cell.name for r in results if not r.passed] == [], table
+    assert all(r.verify_clean for r in results)  # maka ledger verify --db postgresql+psycopg://...
+    assert not list(tmp_path.rglob("ledger.sqlite*"))  # every worker and check used the server
     assert sum(r.duplicates for r in results) == 0
     assert sum(r.kills for r in results) == sum(len(c.kills) for c in cells)
 

@@ -5,7 +5,8 @@ bash call blocks, and the test SIGKILLs the worker once every run has begun and 
 are dispatched, so every run is left non-terminal. Then the executions are lost in the ways an
 operator meets: most are terminated, one is deleted outright (gone), and one, whose bash was
 dispatched, stays open. Two workers start at the same instant; both run startup repair over the
-same runs (the test holds the ledger's write lock while they start, so they really overlap).
+same runs (the test holds the ledger's write lock while they start, so they really overlap). The
+drill runs on a SQLite file and on a PostgreSQL ledger (a fresh schema, when one is configured).
 
 Must hold: exactly one terminal fact per run (the deterministic repair event for lost executions,
 the workflow's own for the open one), every header terminal, the open run left to its workflow
@@ -25,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
-from tests.drills import Sandbox, log_lines, open_session, ready, send, settle, stop
+from tests.drills import Backend, Sandbox, log_lines, open_session, ready, send, settle, stop
+from tests.pg_support import SKIP_REASON, pg_base_url
 from workflows.contracts import workflow_id_for
 
 pytestmark = [
@@ -60,7 +63,7 @@ def _script(path: Path) -> Path:
     return path
 
 
-def _progress(db: Path) -> tuple[set[str], set[str]]:
+def _progress(db: Path | str) -> tuple[set[str], set[str]]:
     """(non-terminal run ids, session ids whose bash call has its dispatch fact)."""
     with LedgerStore.open(db) as store:
         begun = {r.run_id for r in store.list_runs(nonterminal=True)}
@@ -74,10 +77,53 @@ def _progress(db: Path) -> tuple[set[str], set[str]]:
     return begun, dispatched
 
 
-async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any) -> int:
+class WriterLock:
+    """The ledger's writer lock held by the test: ``BEGIN IMMEDIATE`` on SQLite, the meta row's
+    ``FOR UPDATE`` on PostgreSQL (readers pass on both)."""
+
+    def __init__(self, db: Path | str) -> None:
+        self.db = db
+        self._conn: Any = None
+
+    def __enter__(self) -> WriterLock:
+        if isinstance(self.db, Path):
+            self._conn = sqlite3.connect(self.db, isolation_level=None)
+            self._conn.execute("BEGIN IMMEDIATE")
+        else:
+            self._engine = create_engine(self.db)
+            self._conn = self._engine.connect()
+            self._conn.execute(text("SELECT * FROM maka_meta WHERE id = 1 FOR UPDATE"))
+        return self
+
+    def release(self) -> None:
+        if self._conn is None:
+            return
+        if isinstance(self.db, Path):
+            self._conn.execute("ROLLBACK")
+            self._conn.close()
+        else:
+            self._conn.rollback()
+            self._conn.close()
+            self._engine.dispose()
+        self._conn = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+async def _race_round(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any, backend: Backend = "sqlite"
+) -> int:
     """One round: leave RUNS runs non-terminal, race two workers, check; return how many runs both
     workers repaired (the overlap)."""
-    box = Sandbox(temporal_server, tmp_path)
+    box = Sandbox(temporal_server, tmp_path, backend=backend)
+    try:
+        return await _race_in(box, temporal_client, tmp_path, capsys)
+    finally:
+        box.close()
+
+
+async def _race_in(box: Sandbox, temporal_client: Any, tmp_path: Path, capsys: Any) -> int:
     script = _script(tmp_path / "script.json")
     sessions = [f"race-{i}-{box.queue}" for i in range(RUNS)]
     workspaces = [box.root / f"ws-{i}" for i in range(RUNS)]
@@ -128,18 +174,17 @@ async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path
     # while they start, so both list the same non-terminal runs (WAL readers are not blocked) and
     # both queue on their first repair commit: without the lock the first worker usually finishes
     # before the second one has even listed, and there is no race to speak of.
-    lock = sqlite3.connect(box.db, isolation_level=None)
-    lock.execute("BEGIN IMMEDIATE")
+    lock = WriterLock(box.db).__enter__()
     first, second = box.worker(), box.worker()
     try:
         await asyncio.sleep(LOCK_HOLD_S)
-        lock.execute("ROLLBACK")
-        lock.close()
+        lock.release()
         await asyncio.gather(ready(first), ready(second))
         started = time.monotonic()
         parked = await settle(temporal_client, kept_open, runs[kept_open], timeout=60)
         settled_open = time.monotonic() - started
     finally:
+        lock.release()
         await asyncio.gather(stop(first), stop(second))
     clean, verify_output = await box.verify()
 
@@ -185,18 +230,24 @@ async def _race_round(temporal_server: Any, temporal_client: Any, tmp_path: Path
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
-    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any, backend: Backend
 ) -> None:
+    if backend == "postgres" and pg_base_url() is None:
+        pytest.skip(SKIP_REASON)
     # Whether the second worker lists a run before the first has repaired it is up to the
     # scheduler; rounds continue until one shows both workers repairing the same runs.
     overlaps: list[int] = []
     for round_ in range(MAX_ROUNDS):
         overlaps.append(
-            await _race_round(temporal_server, temporal_client, tmp_path / f"round-{round_}", capsys)
+            await _race_round(temporal_server, temporal_client, tmp_path / f"round-{round_}", capsys, backend)
         )
         if overlaps[-1] > 0:
             break
     with capsys.disabled():
-        print(f"Repair race: rounds {len(overlaps)}, runs repaired by both workers per round {overlaps}\n")
+        print(
+            f"Repair race ({backend}): rounds {len(overlaps)}, "
+            f"runs repaired by both workers per round {overlaps}\n"
+        )
     assert overlaps[-1] > 0, f"no round raced: {overlaps}"

@@ -1,11 +1,13 @@
 """Hypothesis stateful test: random sequences of appends, T1, T2, recovery bundles, exact retries,
 conflicting retries and reopens. After every step the online projections equal a rebuild from
-events, and the Resolver agrees with a simple model of each operation's state."""
+events, and the Resolver agrees with a simple model of each operation's state. The same machine runs
+on a SQLite file and, when ``MAKA_TEST_POSTGRES_URL`` is set, on a fresh PostgreSQL schema."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from tests.ledger_factory import (
     text,
     user,
 )
+from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 
 # 40 examples x 25 steps on a real SQLite file take ~15 s: it runs with the drills, not the quick set.
 pytestmark = pytest.mark.slow
@@ -43,15 +46,20 @@ class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="maka-stateful-"))
-        self.db = self.dir / "ledger.sqlite"
+        self.resources = ExitStack()
+        self.db = self.new_ledger()
         self.store = LedgerStore.open(self.db)
         self.store.append([user()])
         self.state: dict[int, str] = {}
         self.is_error: dict[int, bool] = {}
         self.texts = 0
 
+    def new_ledger(self) -> str | Path:
+        return self.dir / "ledger.sqlite"
+
     def teardown(self) -> None:
         self.store.close()
+        self.resources.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def ops(self, *states: str) -> list[int]:
@@ -199,10 +207,24 @@ class LedgerMachine(RuleBasedStateMachine):
         assert recovery.requires_reconciliation == bool(self.ops("prepared"))
 
 
-LedgerMachine.TestCase.settings = settings(
+class PostgresLedgerMachine(LedgerMachine):
+    """The same machine on a fresh PostgreSQL schema per example (reopen = a new engine and pool)."""
+
+    def new_ledger(self) -> str | Path:
+        return self.resources.enter_context(fresh_pg_schema())
+
+
+MACHINE_SETTINGS = settings(
     max_examples=40,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+LedgerMachine.TestCase.settings = MACHINE_SETTINGS
+PostgresLedgerMachine.TestCase.settings = MACHINE_SETTINGS
 test_ledger_state_machine = LedgerMachine.TestCase
+
+
+@pytest.mark.skipif(pg_base_url() is None, reason=SKIP_REASON)
+class TestLedgerStateMachineOnPostgres(PostgresLedgerMachine.TestCase):  # type: ignore[misc,valid-type]
+    pass

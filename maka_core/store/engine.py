@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,6 +177,29 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
         raise translate(exc) from exc
 
 
+#: The ledger identity each PostgreSQL engine first wrote to (one engine per opened store).
+_WRITING_TO: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+
+
+def _lock_and_check_identity(engine: Engine, conn: Connection) -> None:
+    """Take the writer lock (the meta row) and refuse a ledger that is not the one this engine wrote
+    to before: SQLite's per-write stat has no file to look at here, and a schema dropped and created
+    again under a live worker would otherwise take its next event as if nothing had happened.
+    ``*``: a version 1 ledger being migrated has no ``ledger_id`` column yet."""
+    row = conn.execute(text("SELECT * FROM maka_meta WHERE id = 1 FOR UPDATE")).mappings().first()
+    found = None if row is None else row.get("ledger_id")
+    if found is None:
+        return
+    pinned = _WRITING_TO.setdefault(engine, str(found))
+    if pinned != found:
+        raise StoreError(
+            "ledger_replaced",
+            "the ledger's identity changed under this process",
+            ledgerId=pinned,
+            foundId=found,
+        )
+
+
 def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Callable[[], None]) -> T:
     """Run ``body`` in one writer transaction (BEGIN IMMEDIATE / row lock) and commit once.
 
@@ -188,7 +212,7 @@ def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Call
         try:
             with engine.connect() as conn, conn.begin():
                 if not is_sqlite(engine):
-                    conn.execute(text("SELECT schema_version FROM maka_meta WHERE id = 1 FOR UPDATE"))
+                    _lock_and_check_identity(engine, conn)
                 return body(conn)
         except MakaError:
             on_abort()

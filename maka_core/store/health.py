@@ -134,3 +134,32 @@ def probe_path(file: Path) -> dict[str, Any]:
     if cause is None:
         return {"ok": True}
     return {"ok": False, "code": cause.code, "message": cause.message}
+
+
+def probe_url(url: str) -> dict[str, Any]:
+    """``probe_path`` for a server ledger (PostgreSQL), also without writing: a server in recovery (a
+    standby), a session that defaults to read-only, or a role without the writers' privileges is
+    ``ledger_unwritable``; an unreachable server is ``store_unreadable``."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery(), "
+                    "has_table_privilege('maka_meta', 'UPDATE') "
+                    "AND has_table_privilege('runtime_events', 'INSERT')"
+                )
+            ).one()
+    except DBAPIError as exc:
+        return {"ok": False, "code": "store_unreadable", "message": str(exc.orig)}
+    finally:
+        engine.dispose()
+    read_only, standby, privileged = row
+    if read_only or standby:
+        return {"ok": False, "code": "ledger_unwritable", "message": "the ledger's server takes no writes"}
+    if not privileged:
+        return {"ok": False, "code": "ledger_unwritable", "message": "this role may not write the ledger"}
+    return {"ok": True}

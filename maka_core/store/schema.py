@@ -238,9 +238,9 @@ def refuse_newer(version: int) -> None:
 def _current_version(conn: Connection) -> int:
     if is_sqlite_conn(conn):
         return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
-    exists = conn.execute(
-        text("SELECT 1 FROM information_schema.tables WHERE table_name = 'maka_meta'")
-    ).first()
+    # to_regclass resolves through search_path: a maka_meta in another schema (another ledger on
+    # the same server) must not count as this ledger's.
+    exists = conn.execute(text("SELECT to_regclass('maka_meta')")).scalar()
     if exists is None:
         return 0
     value = conn.execute(select(maka_meta.c.schema_version).where(maka_meta.c.id == 1)).scalar()
@@ -314,6 +314,9 @@ def migrate(engine: Engine) -> int:
     if not is_sqlite(engine):
         # Postgres: the meta row is the writer lock, so it must exist before the first writer.
         with engine.begin() as conn:
+            # Processes opening one fresh schema at once would race CREATE TABLE (a unique violation
+            # in pg_type): a transaction-scoped advisory lock per schema lets one create it first.
+            conn.execute(text("SELECT pg_advisory_xact_lock(7263, hashtext(current_schema()))"))
             if _current_version(conn) == 0:
                 maka_meta.create(conn, checkfirst=True)
                 conn.execute(

@@ -394,10 +394,11 @@ def cmd_status(
 def _ledger_health(db: Any) -> dict[str, Any]:
     """Whether the ledger can take the next write (read-only, full), without writing to it."""
     from maka_core.store.engine import database_url, sqlite_file
-    from maka_core.store.health import probe_path
+    from maka_core.store.health import probe_path, probe_url
 
-    file = sqlite_file(database_url(db))
-    return {"ok": True} if file is None else probe_path(file)
+    url = database_url(db)
+    file = sqlite_file(url)
+    return probe_url(url) if file is None else probe_path(file)
 
 
 #: C0/C1 controls (but newline and tab), DEL, and the bidi overrides/isolates that reorder text.

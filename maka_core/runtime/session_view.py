@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
-from maka_core.runtime.contracts import PARK_REASONS
+from maka_core.runtime.contracts import PARK_REASONS, SessionState
 from maka_core.runtime.resolution import is_resolution_run, resolutions_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
 
-SessionState = Literal["idle", "running", "parked", "failed", "unknown"]
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 - completed (T2 or a bundle committed) -> continue with the committed outcome;
 - definitely not dispatched (new protocol, no T1) -> the tool never ran; it may be dispatched again;
-- dispatched without outcome -> what the tool's execution guarantee allows (``policy.
-  execution_guarantee``, the one place that derives it): ``replay-safe`` reads again and commits T2;
+- dispatched without outcome -> what the call's execution guarantee allows, as recorded with its
+  T1 decision (``runtime.governed.guarantee_of`` derives it, once; an operation dispatched before
+  decisions were recorded gets the same derivation now): ``read-only`` reads again and commits T2;
   ``reconciliation-required`` observes the target against the evidence committed with T1 and commits
   one atomic recovery bundle (finalize-only: completed when it holds the expected state, parked
   otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
@@ -19,8 +20,7 @@ from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resolver import OperationResolution
-from maka_core.policy import execution_guarantee
-from maka_core.runtime import builders
+from maka_core.runtime import builders, governed
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.tool_call import (
@@ -101,10 +101,15 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         return _parked(inp, "workspace_unavailable")
     if ws.identity != inp.workspace_identity:
         return _parked(inp, "workspace_identity_mismatch")
-    guarantee = execution_guarantee(tool)
-    if guarantee == "replay-safe":
+    held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
+    guarantee = governed.recorded_guarantee(held) or governed.guarantee_of(
+        tool, governed.classify(tool, args)
+    )
+    if guarantee == "read-only":
         # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
-        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "")
+        record = None if held is None else held["decision"]
+        gov = rt.session_governance(inp.session_id) if record is not None else None
+        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov)
         _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
         return _completed(op_id, "replay_safe_reread", response)
     if guarantee != "reconciliation-required":

@@ -35,6 +35,7 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
+from workers.governance_cli import governance_status, policy_options, record_session_policy
 from workers.session_client import query_status, send_message, start_session, update_error, wait_settled
 
 __all__ = ["COMMANDS", "query_status", "send_message", "start_session", "update_error", "wait_settled"]
@@ -114,6 +115,7 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
 @click.option("--wait", is_flag=True, help="wait until the turn settles")
 @wait_timeout_option
 @json_option()
+@policy_options
 @click.argument("message")
 def cmd_start(
     db: str | None,
@@ -130,6 +132,9 @@ def cmd_start(
     wait_timeout: float | None,
     as_json: bool,
     message: str,
+    policy_file: Path | None = None,
+    principal: str | None = None,
+    on_behalf_of: tuple[str, ...] = (),
 ) -> None:
     """Start a session and send its first message."""
     from workers.client import connect
@@ -138,6 +143,7 @@ def cmd_start(
     text = _message(message)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
+    session_id = record_session_policy(s, session_id, policy_file, principal, on_behalf_of)
 
     async def main() -> int:
         client = await connect(address, namespace)
@@ -290,15 +296,26 @@ def cmd_status(
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         health = _ledger_health(s.ledger)
+        governed = _governance_status(s.ledger, session_id, view.state)
         if as_json:
-            print_json({**view.to_json(), "ledger": health}, indent=2)
+            print_json({**view.to_json(), "ledger": health, **governed}, indent=2)
         else:
             _print_view(view)
+            for p in governed["pendingApprovals"]:
+                click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
             if not health["ok"]:
                 click.echo(f"ledger unusable ({health['code']}): {health['message']}")
         return 0
 
     finish(run_async(main()))
+
+
+def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:
+    try:
+        with open_ledger(db, create=False) as store:
+            return governance_status(store, session_id, state)
+    except MakaError:
+        return {"pendingApprovals": []}
 
 
 def _ledger_health(db: Any) -> dict[str, Any]:

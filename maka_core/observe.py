@@ -155,9 +155,12 @@ class ObservedLedger:
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.recovery", "recovery", **_event_attrs(decision)):
-            return self.inner.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt)
+            return self.inner.commit_recovery_bundle(
+                reconcile, decision, outcome, attempt=attempt, receipt=receipt
+            )
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.terminal", "terminal", **_event_attrs(event)):

@@ -28,7 +28,18 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.store.schema import tool_decisions
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from tests.test_runtime import ATTEMPT, IDS, one_call, op_status, prepare_only, recover_input, run, tool_input
+from tests.test_runtime import (
+    ATTEMPT,
+    IDS,
+    one_call,
+    op_status,
+    prepare_only,
+    recover_input,
+    run,
+    script,
+    step,
+    tool_input,
+)
 
 
 @pytest.fixture
@@ -385,3 +396,43 @@ def test_policy_per_session_is_recorded_once(rt: Runtime) -> None:
         with_policy(rt, {"mutations": "allow"})
     assert getattr(info.value, "code", None) == "session_policy_conflict"
     assert isinstance(gov.policy, GovernancePolicy)
+
+
+@pytest.mark.parametrize(("effect_ran", "status"), [(True, "verified_success"), (False, "recovery_required")])
+def test_an_operation_settled_by_recovery_gets_its_receipt_in_the_bundle(
+    rt: Runtime, ws: Workspace, effect_ran: bool, status: str
+) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
+    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 with its decision, then a crash
+    assert isinstance(admitted, tool_call.Dispatched) and admitted.decision is not None
+    if effect_ran:
+        (ws.root / "a.txt").write_text("x")
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert result.status == ("completed" if effect_ran else "parked")
+    (receipt,) = receipts(rt)
+    assert receipt["observedEffect"] == {"status": status} and receipt["success"] is effect_ran
+
+
+def test_a_waiting_call_resumes_its_one_request(rt: Runtime, ws: Workspace) -> None:
+    with_policy(rt, CONFIRM)
+    ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
+    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_call.AwaitingApproval)
+    assert tool_call._admit(rt, tool_input(ws, ref), ATTEMPT) == admitted  # the same request, resumed
+    (request,) = [e for e in rt.ledger.events(run_id="r1") if e.actions and e.actions.permission_request]
+    assert request.actions is not None and request.actions.permission_request is not None
+    assert request.actions.permission_request["requestId"] == admitted.approval_id
+
+
+def test_max_operations_bounds_a_grant(rt: Runtime, ws: Workspace) -> None:
+    grant = {"id": "once", "capability": "file.write", "effects": ["mutate"], "maxOperations": 1}
+    with_policy(rt, {"mutations": "allow", "capabilities": [grant]})
+    _, first = call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
+    spec = script(
+        *[{"toolCalls": [{"name": "write_file", "args": {"path": p, "content": "y"}}]} for p in "ab"]
+    )
+    (ref,) = step(rt, ws, 1, spec).calls
+    outcome = run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    second = result_of(rt, outcome.response_event_id)
+    assert "code" not in first and second["reason"] == "capability_exhausted:once"
+    assert not (ws.root / "b").exists()

@@ -15,10 +15,13 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 from __future__ import annotations
 
+from typing import Any
+
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.governance import EvidenceItem, TaskStatus
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.runtime import builders, governed
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
@@ -30,7 +33,7 @@ from maka_core.runtime.tool_call import (
     committed_args,
     run_and_commit_outcome,
 )
-from maka_core.tools import FileEvidence
+from maka_core.tools import FileEvidence, ToolResult
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
 _OBSERVATION_PARKS: dict[str, ParkReason] = {
@@ -119,6 +122,30 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     )
 
 
+def _recovery_receipt(
+    rt: Runtime, inp: RecoverInput, record: dict[str, Any], call: Dispatched, recovered: ToolResult | None
+) -> dict[str, Any]:
+    """The receipt of an operation settled by recovery: verified against its predicates when the
+    reconciler proved the effect, ``recovery_required`` when it parks."""
+    ts = now_ms()
+    if recovered is None:
+        status: TaskStatus = "recovery_required"
+        items: tuple[EvidenceItem, ...] = ()
+    else:
+        status, items = governed.verify(record, recovered, call.ws)
+    return governed.receipt(
+        operation_id=inp.call.operation_id,
+        gov=rt.session_governance(inp.session_id),
+        record=record,
+        args=call.args,
+        started_ms=ts,
+        ended_ms=ts,
+        status=status,
+        items=items,
+        error=None if recovered is None else recovered.error_code,
+    )
+
+
 async def _reconcile(
     rt: Runtime, inp: RecoverInput, state: CallState, call: Dispatched, attempt: Attempt
 ) -> RecoverResult:
@@ -129,6 +156,13 @@ async def _reconcile(
     rec = await rt.on_tool_pool(lambda: call.tool.reconcile(call.args, call.ws, evidence), attempt=attempt)
     if rec is None:
         return _parked(inp, "dispatch_without_response")
+    held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
+    receipt = None
+    if held is not None:
+        recovered = rec.recovered if rec.observation == "matches_expected_state" else None
+        receipt = await rt.on_tool_pool(
+            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered), attempt=attempt
+        )
     ts = now_ms()
     reconcile = builders.reconcile_event(
         call.ids, op_id, ref.tool_call_id, rec.observation, rec.observation_digest, ts
@@ -163,7 +197,9 @@ async def _reconcile(
 
     def commit() -> RecoverResult | None:
         try:
-            rt.ledger.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt.record)
+            rt.ledger.commit_recovery_bundle(
+                reconcile, decision, outcome, attempt=attempt.record, receipt=receipt
+            )
             return None
         except LedgerRejection:
             # Another recoverer settled it first (a different observation is refused: parked is

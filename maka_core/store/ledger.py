@@ -82,8 +82,9 @@ class Ledger(Protocol):
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """Reconcile observation + optional recovered outcome + decision, atomically."""
+        """Reconcile observation + optional recovered outcome + decision (+ receipt), atomically."""
         ...
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:

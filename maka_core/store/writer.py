@@ -500,10 +500,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """Reconcile observation + optional recovered outcome + completed/parked decision, atomically."""
+        """Reconcile observation + optional recovered outcome + completed/parked decision, atomically
+        (with the operation's receipt, when it was decided under governance)."""
         batch = [reconcile, decision] if outcome is None else [reconcile, outcome, decision]
-        return self._commit("recovery_bundle", batch, attempt=_attempt(attempt))
+        post = _receipt_hook(decision, receipt)
+        return self._commit("recovery_bundle", batch, post=post, attempt=_attempt(attempt))
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
         """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``."""

@@ -49,6 +49,8 @@ class ApprovalRefused(MakaError):
 class Refused:
     result: ToolResult
     record: dict[str, Any]
+    #: False when the ledger already holds the call's decision (an answered request).
+    fresh: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class Waiting:
 @dataclass(frozen=True)
 class Allowed:
     record: dict[str, Any]
+    #: False when the ledger already holds this decision (an approved request): T1 records none.
+    fresh: bool = True
 
 
 def operation_of(tool_name: str, args: Any) -> dict[str, Any]:
@@ -87,15 +91,19 @@ def admit(
 ) -> Allowed | Refused | Waiting:
     """The call's decision: a new one, or the answer to the request the ledger holds for it."""
     now = datetime.now(UTC)
-    held = rt.ledger.decision(call.operation_id)
+    policy = gov.policy
+    # Only a confirming policy ever leaves a request behind, and only a grant with maxOperations
+    # needs the session's usage: every other call skips both reads.
+    held = rt.ledger.decision(call.operation_id) if policy.mutations == "confirm" else None
     if held is not None and held["state"] != "decided":
         return _resume(rt, gov, held, tool, args, now)
+    counted = any(g.max_operations is not None for g in policy.capabilities)
     decision = governed.judge(
         gov,
         tool,
         args,
         worker_forbidden=rt.policy.forbidden_effects,
-        grant_usage=rt.ledger.grant_usage(ids.session_id),
+        grant_usage=rt.ledger.grant_usage(ids.session_id) if counted else {},
         now=now,
     )
     record = governed.decision_record(decision, tool)
@@ -149,7 +157,9 @@ def _resume(
     if state in ("denied", "expired"):
         reason = "approval_denied" if state == "denied" else "approval_expired"
         return Refused(
-            governed.blocked_result(record, reason), {**record, "outcome": "deny", "reason": reason}
+            governed.blocked_result(record, reason),
+            {**record, "outcome": "deny", "reason": reason},
+            fresh=False,
         )
     # Approved: policy again (MELRA's execute re-runs it), and the approval must fit this action.
     again = governed.judge(
@@ -161,17 +171,19 @@ def _resume(
         now=now,
     )
     if again.outcome == "deny":
-        fresh = governed.decision_record(again, tool)
-        return Refused(governed.blocked_result(fresh), fresh)
+        redecided = governed.decision_record(again, tool)
+        return Refused(governed.blocked_result(redecided), redecided, fresh=False)
     if (
         action_digest(held["operationId"], operation_of(str(record["toolName"]), args))
         != challenge.action_digest
     ):
         reason = "approval_action_digest_mismatch"
         return Refused(
-            governed.blocked_result(record, reason), {**record, "outcome": "deny", "reason": reason}
+            governed.blocked_result(record, reason),
+            {**record, "outcome": "deny", "reason": reason},
+            fresh=False,
         )
-    return Allowed(record)
+    return Allowed(record, fresh=False)
 
 
 def close_expired(ledger: Ledger, held: dict[str, Any]) -> None:

@@ -190,14 +190,15 @@ def observation(result: ToolResult) -> ToolObservation:
     return ToolObservation(result=value, exit_code=code if isinstance(code, int) else None)
 
 
-def probe_in(ws: Workspace) -> Any:
-    """A read-only file probe confined to the workspace (an escape is a failed item, never a read)."""
+def probe_in(ws: Workspace, *, hashes: bool = True) -> Any:
+    """A read-only file probe confined to the workspace (an escape is a failed item, never a read);
+    it reads a file's bytes only when some predicate compares a hash."""
 
     def probe(path: str) -> ProbedFile:
         target = ws.resolve(path)  # ToolRefusal (a MakaError) for a path outside the workspace
         if not target.exists():
             return ProbedFile(exists=False)
-        if not target.is_file():
+        if not hashes or not target.is_file():
             return ProbedFile(exists=True)
         try:
             return ProbedFile(exists=True, sha256=hashlib.sha256(target.read_bytes()).hexdigest())
@@ -211,7 +212,9 @@ def verify(
     record: Mapping[str, Any], result: ToolResult, ws: Workspace
 ) -> tuple[TaskStatus, tuple[EvidenceItem, ...]]:
     """Evaluate the decision's predicates against what the tool reported and the workspace now."""
-    items = evaluate(required_evidence(record), observation(result), probe_in(ws))
+    predicates = required_evidence(record)
+    hashes = any(p.type == "file_hash" for p in predicates)
+    items = evaluate(predicates, observation(result), probe_in(ws, hashes=hashes))
     return verification_status(not result.is_error, items), items
 
 

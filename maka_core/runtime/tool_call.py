@@ -217,7 +217,9 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
     gov = rt.session_governance(ids.session_id)
     admitted = approvals.admit(rt, gov, ids, call, tool, args)
     if isinstance(admitted, approvals.Refused):
-        return _commit_refusal(rt, ids, call, admitted.result, decision=admitted.record, gov=gov, args=args)
+        return _commit_refusal(
+            rt, ids, call, admitted.result, decision=admitted.record, gov=gov, args=args, fresh=admitted.fresh
+        )
     if isinstance(admitted, approvals.Waiting):
         return AwaitingApproval(call.operation_id, admitted.approval_id, admitted.expires_at)
     record = admitted.record
@@ -239,7 +241,7 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
         dispatch,
         evidence=None if evidence is None else evidence.to_json(),
         attempt=attempt.record,
-        decision=record,
+        decision=record if admitted.fresh else None,
     )
     return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started)
 
@@ -297,6 +299,7 @@ def _commit_refusal(
     decision: dict[str, Any] | None = None,
     gov: governed.SessionGovernance | None = None,
     args: dict[str, Any] | None = None,
+    fresh: bool = True,
 ) -> ToolOutcome:
     """A pre-T1 refusal is an ordinary committed error result: the tool never ran. A policy
     refusal commits its decision and receipt in the same transaction."""
@@ -324,7 +327,9 @@ def _commit_refusal(
             status="policy_blocked",
             error=refusal.error_code,
         )
-        rt.ledger.commit_refusal(response, operation_id=call.operation_id, decision=decision, receipt=sealed)
+        rt.ledger.commit_refusal(
+            response, operation_id=call.operation_id, decision=decision if fresh else None, receipt=sealed
+        )
     return ToolOutcome(
         operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
     )

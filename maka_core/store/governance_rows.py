@@ -27,6 +27,7 @@ from maka_core.facts.run_header import header_status_for
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.receipts import seal_certificate
 from maka_core.store.engine import read_tx
+from maka_core.store.hot_sql import HotSQL
 from maka_core.store.reads import LedgerReads
 from maka_core.store.schema import (
     action_receipts,
@@ -40,41 +41,47 @@ DEFAULT_POLICY_LABEL = "maka-policy/v1"
 
 
 def insert_decision(
-    conn: Connection, op_id: str, session_id: str, run_id: str, decision: Mapping[str, Any]
+    conn: Connection,
+    op_id: str,
+    session_id: str,
+    run_id: str,
+    decision: Mapping[str, Any],
+    sql: HotSQL | None = None,
 ) -> None:
-    """Record an operation's decision once (a later hop of the same operation keeps the first)."""
-    exists = conn.execute(
-        select(tool_decisions.c.operation_id).where(tool_decisions.c.operation_id == op_id)
-    ).first()
-    if exists is not None:
-        return
+    """Record an operation's decision (once: a second is a primary-key violation, never an overwrite)."""
     now = now_ms()
     challenge = decision.get("challenge")
-    conn.execute(
-        tool_decisions.insert().values(
-            operation_id=op_id,
-            session_id=session_id,
-            run_id=run_id,
-            state="awaiting_approval" if challenge is not None else "decided",
-            approval_id=challenge["approvalId"] if isinstance(challenge, Mapping) else None,
-            decision_json=canonical_json.dumps(dict(decision)),
-            recorded_at=now,
-            updated_at=now,
-        )
-    )
+    values = {
+        "operation_id": op_id,
+        "session_id": session_id,
+        "run_id": run_id,
+        "state": "awaiting_approval" if challenge is not None else "decided",
+        "approval_id": challenge["approvalId"] if isinstance(challenge, Mapping) else None,
+        "decision_json": canonical_json.dumps(dict(decision)),
+        "recorded_at": now,
+        "updated_at": now,
+    }
+    if sql is not None and sql.decision is not None:
+        sql.decision.run(conn, values)
+    else:
+        conn.execute(tool_decisions.insert().values(**values))
 
 
-def insert_receipt(conn: Connection, session_id: str, run_id: str, receipt: Mapping[str, Any]) -> None:
-    conn.execute(
-        action_receipts.insert().values(
-            receipt_id=receipt["receiptId"],
-            operation_id=receipt["taskId"],
-            session_id=session_id,
-            run_id=run_id,
-            receipt_json=canonical_json.dumps(dict(receipt)),
-            digest=receipt["digest"],
-        )
-    )
+def insert_receipt(
+    conn: Connection, session_id: str, run_id: str, receipt: Mapping[str, Any], sql: HotSQL | None = None
+) -> None:
+    values = {
+        "receipt_id": receipt["receiptId"],
+        "operation_id": receipt["taskId"],
+        "session_id": session_id,
+        "run_id": run_id,
+        "receipt_json": canonical_json.dumps(dict(receipt)),
+        "digest": receipt["digest"],
+    }
+    if sql is not None and sql.receipt is not None:
+        sql.receipt.run(conn, values)
+    else:
+        conn.execute(action_receipts.insert().values(**values))
 
 
 def _certificate_result(status: str, receipts: list[dict[str, Any]]) -> str:

@@ -455,14 +455,14 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         """T1: the dispatch fact (with its call, when not yet committed) and the prepared projection;
         ``decision``, the operation's policy decision, in the same transaction."""
         batch = [dispatch] if call is None else [call, dispatch]
-        post = _decision_hook(dispatch, decision)
+        post = _decision_hook(dispatch, decision, self._sql)
         return self._commit("t1_prepare", batch, post=post, evidence=evidence, attempt=_attempt(attempt))
 
     def commit_tool_outcome(
         self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
     ) -> CommitResult:
         """T2: the function response bound to its operation (``refs.operationId``), and its receipt."""
-        post = _receipt_hook(response, receipt)
+        post = _receipt_hook(response, receipt, self._sql)
         return self._commit("t2_outcome", [response], post=post, attempt=_attempt(attempt))
 
     def commit_refusal(
@@ -572,17 +572,21 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         return result
 
 
-def _decision_hook(dispatch: RuntimeEvent, decision: Mapping[str, Any] | None) -> _Hook | None:
+def _decision_hook(
+    dispatch: RuntimeEvent, decision: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> _Hook | None:
     op_id = dispatch.refs.operation_id if dispatch.refs is not None else None
     if decision is None or op_id is None:
         return None
-    return lambda conn: insert_decision(conn, op_id, dispatch.session_id, dispatch.run_id, decision)
+    return lambda conn: insert_decision(conn, op_id, dispatch.session_id, dispatch.run_id, decision, sql)
 
 
-def _receipt_hook(response: RuntimeEvent, receipt: Mapping[str, Any] | None) -> _Hook | None:
+def _receipt_hook(
+    event: RuntimeEvent, receipt: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> _Hook | None:
     if receipt is None:
         return None
-    return lambda conn: insert_receipt(conn, response.session_id, response.run_id, receipt)
+    return lambda conn: insert_receipt(conn, event.session_id, event.run_id, receipt, sql)
 
 
 def _bundle_point(event: RuntimeEvent) -> str:

@@ -72,6 +72,26 @@ def test_a_bad_policy_is_refused_at_start_with_its_field(
     assert bad_principal.returncode == 2 and json.loads(bad_principal.stdout)["code"] == "principal_invalid"
 
 
+def test_an_unhinged_policy_needs_the_operators_second_key(tmp_path: Path) -> None:
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "p.json").write_text(json.dumps({"unhinged": True}))
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"steps": [{"text": "hi"}]}))
+    out = maka(
+        "session", "start", "--workspace", str(ws), "--script", str(script),
+        "--policy", str(tmp_path / "p.json"), "--json", "hello", home=home,
+    )  # fmt: skip
+    assert out.returncode == 2 and json.loads(out.stdout)["code"] == "unhinged_not_confirmed"
+    # With the second key the policy is accepted (and the start then fails only for want of a server).
+    keyed = maka(
+        "session", "start", "--workspace", str(ws), "--script", str(script),
+        "--policy", str(tmp_path / "p.json"), "--unhinged", "--json", "hello", home=home,
+    )  # fmt: skip
+    assert keyed.returncode == 2 and json.loads(keyed.stdout)["code"] == "temporal_unavailable"
+    assert not (home / "ledger.sqlite").exists()  # a refused start writes nothing
+
+
 @pytest.fixture
 def pending(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     """A ledger in ``home`` holding one call of session s1 awaiting approval."""

@@ -1,10 +1,11 @@
 """Governed execution's commands: the session's policy at start, approvals, receipts.
 
-- ``maka session start --policy FILE --principal kind:id --on-behalf-of kind:id``: the policy
-  (default ``$MAKA_HOME/policy.json`` when present, else the built-in default) is validated
-  before anything starts (``policy_invalid`` with the offending field, exit 2) and recorded in
-  the ledger for the session, once, before its workflow starts: every worker then decides by the
-  same policy, and no policy crosses the workflow's history.
+- ``maka session start --policy FILE --principal kind:id --on-behalf-of kind:id [--unhinged]``:
+  the policy (default ``$MAKA_HOME/policy.json`` when present, else the built-in default) is
+  validated before anything starts (``policy_invalid`` with the offending field, exit 2) and,
+  once the server answers, recorded in the ledger for the session before its workflow starts:
+  every worker then decides by the same policy, and no policy crosses the workflow's history
+  (so the workflow, its contracts and its replay are untouched).
 - ``maka session approve SESSION APPROVAL_ID --phrase "APPROVE …" [--by NAME]`` and ``maka
   session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
   committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +32,16 @@ from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
 from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
 
-__all__ = ["governance_status", "policy_options", "record_session_policy", "register"]
+__all__ = ["SessionPolicy", "governance_status", "policy_options", "register", "session_policy"]
 
 
 def policy_options(fn: Any) -> Any:
-    """``--policy``, ``--principal`` and ``--on-behalf-of`` for ``maka session start``."""
+    """``--policy``, ``--principal``, ``--on-behalf-of`` and ``--unhinged`` for ``maka session start``."""
+    fn = click.option(
+        "--unhinged",
+        is_flag=True,
+        help="honour a policy's `unhinged: true` (MELRA's second key: no guardrails but forbidden effects)",
+    )(fn)
     fn = click.option(
         "--on-behalf-of",
         "on_behalf_of",
@@ -56,17 +63,45 @@ def policy_options(fn: Any) -> Any:
     return fn
 
 
-def record_session_policy(
+@dataclass(frozen=True)
+class SessionPolicy:
+    """A validated policy and principal for a session about to start."""
+
+    session_id: str
+    record: dict[str, Any]
+
+    def record_in(self, s: MakaSettings) -> None:
+        """Record it in the ledger (once per session; the same again is a no-op).
+
+        Raises:
+            MakaError: ``session_policy_conflict`` when the session already has another.
+        """
+        with open_ledger(s.ledger, create=True) as store:
+            store.put_session_policy(
+                self.session_id,
+                policy=self.record["policy"],
+                version=self.record["version"],
+                digest=self.record["digest"],
+                identity=self.record["identity"],
+            )
+
+
+def session_policy(
     s: MakaSettings,
     session_id: str | None,
     policy_file: Path | None,
     principal: str | None,
     on_behalf_of: tuple[str, ...],
-) -> str:
-    """Validate the session's policy and principal and record them; returns the session id.
+    unhinged: bool = False,
+) -> SessionPolicy:
+    """Validate the session's policy and principal (nothing is written here).
+
+    A policy's ``unhinged: true`` is one key of MELRA's two: it is honoured only when the operator
+    turns the second (``--unhinged``) for this session, and refused otherwise.
 
     Raises:
-        ConfigError: ``policy_invalid`` (with ``field``) or ``principal_invalid``.
+        ConfigError: ``policy_invalid`` (with ``field``), ``unhinged_not_confirmed`` or
+            ``principal_invalid``.
     """
     from maka_core.governance import Identity, Principal, load_policy
     from maka_core.runtime.governed import DEFAULT_SESSION_POLICY, SessionGovernance
@@ -75,23 +110,21 @@ def record_session_policy(
     if path is None and s.home is not None and (Path(s.home) / "policy.json").is_file():
         path = Path(s.home) / "policy.json"
     policy = DEFAULT_SESSION_POLICY if path is None else load_policy(path)
+    if policy.unhinged and not unhinged:
+        raise ConfigError(
+            "unhinged_not_confirmed",
+            f"{path} sets unhinged: true (no guardrails); pass --unhinged to honour it",
+            path=str(path),
+            field="unhinged",
+        )
+    if len(on_behalf_of) > 7:
+        raise ConfigError("principal_invalid", "at most 7 --on-behalf-of principals")
     identity = Identity(
         principal=Principal.parse(principal or "agent:local"),
         on_behalf_of=tuple(Principal.parse(p) for p in on_behalf_of),
     )
-    if len(identity.on_behalf_of) > 7:
-        raise ConfigError("principal_invalid", "at most 7 --on-behalf-of principals")
     sid = session_id or f"sess-{uuid.uuid4()}"
-    record = SessionGovernance(policy, identity).to_record()
-    with open_ledger(s.ledger, create=True) as store:
-        store.put_session_policy(
-            sid,
-            policy=record["policy"],
-            version=record["version"],
-            digest=record["digest"],
-            identity=record["identity"],
-        )
-    return sid
+    return SessionPolicy(sid, SessionGovernance(policy, identity).to_record())
 
 
 def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]:

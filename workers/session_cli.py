@@ -35,7 +35,7 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from workers.governance_cli import governance_status, policy_options, record_session_policy
+from workers.governance_cli import governance_status, policy_options, session_policy
 from workers.session_client import query_status, send_message, start_session, update_error, wait_settled
 
 __all__ = ["COMMANDS", "query_status", "send_message", "start_session", "update_error", "wait_settled"]
@@ -135,6 +135,7 @@ def cmd_start(
     policy_file: Path | None = None,
     principal: str | None = None,
     on_behalf_of: tuple[str, ...] = (),
+    unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
     from workers.client import connect
@@ -143,17 +144,18 @@ def cmd_start(
     text = _message(message)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
-    session_id = record_session_policy(s, session_id, policy_file, principal, on_behalf_of)
+    governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
 
     async def main() -> int:
         client = await connect(address, namespace)
+        governed.record_in(s)
         sid, accepted = await start_session(
             client,
             workspace=workspace,
             provider=provider,
             task_queue=s.task_queue,
             message=text,
-            session_id=session_id,
+            session_id=governed.session_id,
             continue_as_new_after=continue_as_new_after,
             model_step_mode=model_step_mode,
             accept_timeout=s.wait_timeout,

@@ -128,11 +128,17 @@ def session_policy(
 
 
 def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]:
-    """What ``maka session status --json`` adds: pending approvals (and ``awaiting_approval``)."""
+    """What ``maka session status --json`` adds: the requests of running turns still awaiting an
+    answer (a request left behind by a turn that ended otherwise waits for nobody), and the state
+    ``awaiting_approval`` while any does."""
     from maka_core.runtime import approvals
 
-    pending = approvals.pending(store, session_id)
-    waiting = bool(pending) and state in ("running", "idle")
+    pending = []
+    for item in approvals.pending(store, session_id):
+        header = store.get_run(item.pop("runId"))
+        if header is not None and header.status == "running":
+            pending.append(item)
+    waiting = bool(pending) and state == "running"
     return {"pendingApprovals": pending, **({"state": "awaiting_approval"} if waiting else {})}
 
 

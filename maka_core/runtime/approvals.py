@@ -202,7 +202,7 @@ def close_expired(ledger: Ledger, held: dict[str, Any]) -> None:
 
 
 def pending(ledger: Any, session_id: str) -> list[dict[str, Any]]:
-    """``pendingApprovals`` as ``maka session status --json`` lists them."""
+    """``pendingApprovals`` as ``maka session status --json`` lists them (with their ``runId``)."""
     out = []
     for held in ledger.pending_approvals(session_id):
         challenge = held["decision"]["challenge"]
@@ -214,6 +214,7 @@ def pending(ledger: Any, session_id: str) -> list[dict[str, Any]]:
                 "phrase": challenge["phrase"],
                 "actionDigest": challenge["actionDigest"],
                 "expiresAt": challenge["expiresAt"],
+                "runId": held["runId"],
             }
         )
     return out

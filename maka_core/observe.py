@@ -102,13 +102,51 @@ class ObservedLedger:
         call: RuntimeEvent | None = None,
         evidence: Mapping[str, Any] | None = None,
         attempt: AttemptArg = None,
+        decision: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.t1", "t1", **_event_attrs(dispatch)):
-            return self.inner.commit_tool_prepared(dispatch, call=call, evidence=evidence, attempt=attempt)
+            return self.inner.commit_tool_prepared(
+                dispatch, call=call, evidence=evidence, attempt=attempt, decision=decision
+            )
 
-    def commit_tool_outcome(self, response: RuntimeEvent, *, attempt: AttemptArg = None) -> CommitResult:
+    def commit_tool_outcome(
+        self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
+    ) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.t2", "t2", **_event_attrs(response)):
-            return self.inner.commit_tool_outcome(response, attempt=attempt)
+            return self.inner.commit_tool_outcome(response, attempt=attempt, receipt=receipt)
+
+    # --- governed execution (untimed: off the per-call hot path, or once per call beside T1) --
+
+    def commit_refusal(
+        self,
+        response: RuntimeEvent,
+        *,
+        operation_id: str,
+        decision: Mapping[str, Any] | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> CommitResult:
+        return self.inner.commit_refusal(
+            response, operation_id=operation_id, decision=decision, receipt=receipt
+        )
+
+    def commit_permission_request(
+        self, request: RuntimeEvent, *, operation_id: str, decision: Mapping[str, Any]
+    ) -> CommitResult:
+        return self.inner.commit_permission_request(request, operation_id=operation_id, decision=decision)
+
+    def commit_approval_answer(
+        self, event: RuntimeEvent, approval_id: str, state: str, *, expect: str = "awaiting_approval"
+    ) -> None:
+        self.inner.commit_approval_answer(event, approval_id, state, expect=expect)
+
+    def session_policy(self, session_id: str) -> dict[str, Any] | None:
+        return self.inner.session_policy(session_id)
+
+    def decision(self, operation_id: str) -> dict[str, Any] | None:
+        return self.inner.decision(operation_id)
+
+    def grant_usage(self, session_id: str) -> dict[str, int]:
+        return self.inner.grant_usage(session_id)
 
     def commit_recovery_bundle(
         self,
@@ -117,9 +155,12 @@ class ObservedLedger:
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.recovery", "recovery", **_event_attrs(decision)):
-            return self.inner.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt)
+            return self.inner.commit_recovery_bundle(
+                reconcile, decision, outcome, attempt=attempt, receipt=receipt
+            )
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.terminal", "terminal", **_event_attrs(event)):
@@ -131,6 +172,12 @@ class ObservedLedger:
             return self.inner.append(events)
 
     # --- reads and headers: untouched ----------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever the wrapper does not time (claims, continuation starts, reads the runtime grows)
+        # is the inner ledger's own: a wrapper that missed one would break its callers only when
+        # telemetry is on.
+        return getattr(self.inner, name)
 
     def view(self) -> CommittedView:
         return self.inner.view()

@@ -1,21 +1,16 @@
-"""Policy before the effect (after MELRA's ``policy-core``), kept small.
+"""The worker's own switches (``MAKA_POLICY``), checked before a session's policy.
 
-Every tool call is evaluated after argument preflight and before T1. A denial is an ordinary
-committed tool result (``policy_blocked`` with the reason code), so the model sees why and the
-ledger records that nothing was dispatched; it is never an exception or a failed activity.
+A session decides by its MELRA policy (``maka_core.governance``, applied in
+``runtime.governed``); this is what the operator of one worker switches off for every session
+it serves, whatever their policies say. Order, first match wins:
 
-Order, first match wins (MELRA's codes where it has one):
+1. the tool is switched off -> ``tool_forbidden_by_config`` (e.g. no ``bash``);
+2. a ``bash`` command matches a denied pattern -> ``command_denied``.
 
-1. the tool is switched off by configuration -> ``tool_forbidden_by_config`` (e.g. no ``bash``);
-2. one of its effects is forbidden -> ``effect_forbidden_by_request``;
-3. a ``bash`` command matches a denied pattern -> ``command_denied``;
-4. a mutation whose crash recovery would need evidence it cannot capture ->
-   ``mutation_requires_evidence`` (a tool that declares ``never_auto_retry`` or ``idempotent``
-   needs none: it parks, or may safely run again);
-5. otherwise allowed, with the reason it is allowed.
-
-Receipts (a later issue) hang off ``PolicyDecision``: it already carries the policy version and
-the effects and guarantee that were judged, which is what a receipt records.
+``forbiddenEffects`` here joins every call's forbidden effects in the session's decision (MELRA's
+step 2, ``effect_forbidden_by_request``, honoured even when unhinged). A refusal is an ordinary
+committed ``policy_blocked`` result. The execution guarantee is derived in one place,
+``runtime.governed.guarantee_of``.
 """
 
 from __future__ import annotations
@@ -24,26 +19,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from maka_core.errors import ConfigError
 from maka_core.tools.base import EFFECTS, Effect, Tool, ToolResult, tool_effects
 
-POLICY_VERSION = "maka-policy/v1"
-ExecutionGuarantee = Literal["at-most-once", "reconciliation-required", "replay-safe"]
-
-#: Recovery modes under which a mutation is safe without file evidence: ``never_auto_retry``
-#: parks after a crash without guessing; ``idempotent`` may simply run again.
-_NO_EVIDENCE_NEEDED: frozenset[str] = frozenset({"never_auto_retry", "idempotent"})
-
-
-def execution_guarantee(tool: Tool) -> ExecutionGuarantee:
-    """What recovery may do with a call of ``tool`` after a crash between T1 and T2."""
-    if tool.recovery_mode == "reconcile":
-        return "reconciliation-required"
-    if tool.recovery_mode == "replay_safe" and not tool.mutates:
-        return "replay-safe"
-    return "at-most-once"
+POLICY_VERSION = "maka-worker-policy/v1"
 
 
 @dataclass(frozen=True)
@@ -54,7 +35,6 @@ class PolicyDecision:
     code: str | None = None
     reason: str | None = None
     effects: frozenset[str] = frozenset()
-    guarantee: ExecutionGuarantee | None = None
     policy_version: str = POLICY_VERSION
 
     def to_result(self) -> ToolResult:
@@ -64,6 +44,7 @@ class PolicyDecision:
         return ToolResult.error(
             "policy_blocked",
             self.reason or "denied by policy",
+            status="policy_blocked",
             reason=self.code,
             policyVersion=self.policy_version,
         )
@@ -126,21 +107,14 @@ class Policy:
         }
 
     def evaluate(self, tool: Tool, args: dict[str, Any]) -> PolicyDecision:
-        """Judge one call of ``tool`` with ``args`` (already preflighted) before T1."""
+        """The worker's switches for one call of ``tool`` with ``args`` (already preflighted)."""
         effects = tool_effects(tool)
-        guarantee = execution_guarantee(tool)
 
         def deny(code: str, reason: str) -> PolicyDecision:
-            return PolicyDecision(False, code, reason, effects, guarantee)
+            return PolicyDecision(False, code, reason, effects)
 
         if tool.name in self.denied_tools:
             return deny("tool_forbidden_by_config", f"{tool.name} is switched off by configuration")
-        forbidden = sorted(effects & self.forbidden_effects)
-        if forbidden:
-            return deny(
-                "effect_forbidden_by_request",
-                f"{tool.name} may have the forbidden effect(s) {', '.join(forbidden)}",
-            )
         command = args.get("command") if tool.name == "bash" else None
         if isinstance(command, str):
             for pattern in self._patterns:
@@ -148,18 +122,4 @@ class Policy:
                     return deny(
                         "command_denied", f"the command matches the denied pattern {pattern.pattern!r}"
                     )
-        mutates = tool.mutates or bool(effects - {"read"})
-        if mutates and tool.recovery_mode not in _NO_EVIDENCE_NEEDED and not _captures_evidence(tool):
-            return deny(
-                "mutation_requires_evidence",
-                f"{tool.name} changes state with recovery mode {tool.recovery_mode} but records no evidence",
-            )
-        if not mutates:
-            return PolicyDecision(True, "read_only_operation", None, effects, guarantee)
-        if _captures_evidence(tool):
-            return PolicyDecision(True, "mutation_with_evidence", None, effects, guarantee)
-        return PolicyDecision(True, f"mutation_{tool.recovery_mode}", None, effects, guarantee)
-
-
-def _captures_evidence(tool: Tool) -> bool:
-    return getattr(tool, "captures_evidence", False) is True
+        return PolicyDecision(True, "worker_switches_clear", None, effects)

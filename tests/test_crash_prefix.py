@@ -81,8 +81,10 @@ CASES = PHASE0_CASES + STORE_CASES
 
 
 def test_every_failpoint_in_the_catalog_is_drilled() -> None:
-    assert {c.point for c in CASES} == failpoints.CATALOG
-    assert len(failpoints.CATALOG) == 12 + 7
+    # The continuation points are drilled in tests/test_continuation_runtime.py (SIGKILL at each, with
+    # the next plan's reference code); every other point of the catalog is drilled here.
+    assert {c.point for c in CASES} == failpoints.CATALOG - frozenset(failpoints.CONTINUATION)
+    assert len(failpoints.CATALOG) == 12 + 7 + len(failpoints.CONTINUATION)
 
 
 def run_child(db: Path, case: Case) -> subprocess.CompletedProcess[str]:

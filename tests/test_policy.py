@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import pytest
 
 from maka_core.errors import ConfigError
 from maka_core.facts.events import RecoveryMode
-from maka_core.policy import Policy, PolicyDecision, execution_guarantee
+from maka_core.governance import GovernancePolicy
+from maka_core.governance.evidence import ExitCode
+from maka_core.policy import Policy, PolicyDecision
+from maka_core.runtime.governed import (
+    DEFAULT_SESSION_POLICY,
+    SessionGovernance,
+    classify,
+    guarantee_of,
+    judge,
+)
 from maka_core.tools import FileEvidence, Reconciliation, Tool, ToolResult, default_tools
 from maka_core.workspace import Workspace
 
@@ -23,8 +33,23 @@ ARGS = {
 }
 
 
-def verdicts(policy: Policy) -> dict[str, str | None]:
-    return {name: policy.evaluate(tool, ARGS[name]).code for name, tool in TOOLS.items()}
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def verdicts(policy: Policy, session: GovernancePolicy = DEFAULT_SESSION_POLICY) -> dict[str, str | None]:
+    """The worker's switches first, then the session's MELRA decision (as ``tool_call._admit``)."""
+    out: dict[str, str | None] = {}
+    for name, tool in TOOLS.items():
+        switched = policy.evaluate(tool, ARGS[name])
+        if not switched.allowed:
+            out[name] = switched.code
+            continue
+        gov = SessionGovernance(session)
+        decision = judge(
+            gov, tool, ARGS[name], worker_forbidden=policy.forbidden_effects, grant_usage={}, now=NOW
+        )
+        out[name] = decision.reason
+    return out
 
 
 def test_default_policy_allows_the_builtins_and_says_why() -> None:
@@ -32,18 +57,18 @@ def test_default_policy_allows_the_builtins_and_says_why() -> None:
     assert verdicts(Policy()) == {
         "read_file": "read_only_operation",
         "list_dir": "read_only_operation",
-        "write_file": "mutation_with_evidence",
-        "edit_file": "mutation_with_evidence",
-        "bash": "mutation_never_auto_retry",
+        "write_file": "mutations_allowed_by_policy",
+        "edit_file": "mutations_allowed_by_policy",
+        "bash": "mutations_allowed_by_policy",  # its default evidence: exit code 0
     }
 
 
 @pytest.mark.parametrize(
     ("forbidden", "denied"),
     [
-        ({"read"}, {"read_file", "list_dir", "bash"}),
-        ({"mutate"}, {"write_file", "edit_file", "bash"}),
-        ({"destructive"}, {"bash"}),
+        ({"read"}, {"read_file", "list_dir"}),
+        ({"mutate"}, {"write_file", "edit_file"}),
+        ({"destructive"}, {"bash"}),  # rm -rf
         ({"read", "mutate", "destructive"}, set(TOOLS)),
     ],
 )
@@ -51,9 +76,6 @@ def test_forbidden_effects_are_denied_before_the_adapter(forbidden: set[str], de
     policy = Policy(forbidden_effects=frozenset(forbidden))  # type: ignore[arg-type]
     codes = verdicts(policy)
     assert {n for n, c in codes.items() if c == "effect_forbidden_by_request"} == denied
-    for name in denied:
-        decision = policy.evaluate(TOOLS[name], ARGS[name])
-        assert not decision.allowed and decision.reason
 
 
 def test_bash_can_be_switched_off_and_commands_denied() -> None:
@@ -91,43 +113,45 @@ class _Mutator:
         return None
 
 
-@pytest.mark.parametrize(
-    ("mode", "code"),
-    [
-        ("reconcile", "mutation_requires_evidence"),
-        ("replay_safe", "mutation_requires_evidence"),
-        ("reattach", "mutation_requires_evidence"),
-        ("outcome_unknown", "mutation_requires_evidence"),
-        ("never_auto_retry", "mutation_never_auto_retry"),
-        ("idempotent", "mutation_idempotent"),
-    ],
-)
-def test_mutation_without_evidence_needs_a_mode_that_does_not_need_it(mode: RecoveryMode, code: str) -> None:
+@pytest.mark.parametrize("mode", ["reconcile", "replay_safe", "never_auto_retry", "idempotent"])
+def test_a_mutation_without_evidence_is_denied_whatever_its_recovery_mode(mode: RecoveryMode) -> None:
     tool = _Mutator(mode)
     assert isinstance(tool, Tool)
-    decision = Policy().evaluate(tool, {})
-    assert decision.code == code
-    assert decision.allowed == (code != "mutation_requires_evidence")
+    gov = SessionGovernance(DEFAULT_SESSION_POLICY)
+    decision = judge(gov, tool, {}, worker_forbidden=frozenset(), grant_usage={}, now=NOW)
+    assert (decision.outcome, decision.reason) == ("deny", "mutation_requires_evidence")
+    with_evidence = SessionGovernance(
+        GovernancePolicy(
+            mutations="allow", default_evidence={"deploy": (ExitCode(type="exit_code", value=0),)}
+        )
+    )
+    assert judge(with_evidence, tool, {}, worker_forbidden=frozenset(), grant_usage={}, now=NOW).allowed
 
 
-def test_denial_is_a_policy_blocked_result() -> None:
-    decision = Policy(forbidden_effects=frozenset({"mutate"})).evaluate(
+def test_worker_denial_is_a_policy_blocked_result() -> None:
+    decision = Policy(denied_tools=frozenset({"write_file"})).evaluate(
         TOOLS["write_file"], ARGS["write_file"]
     )
     result = decision.to_result()
     assert result.is_error and result.error_code == "policy_blocked"
-    assert result.result["value"]["reason"] == "effect_forbidden_by_request"
+    assert result.result["value"]["reason"] == "tool_forbidden_by_config"
     assert result.result["value"]["policyVersion"] == decision.policy_version
     with pytest.raises(ValueError):
         PolicyDecision(True, "read_only_operation").to_result()
 
 
-def test_decision_carries_what_a_receipt_needs() -> None:
-    decision = Policy().evaluate(TOOLS["edit_file"], ARGS["edit_file"])
-    assert decision.effects == frozenset({"mutate"})
-    assert decision.guarantee == "reconciliation-required" == execution_guarantee(TOOLS["edit_file"])
-    assert execution_guarantee(TOOLS["bash"]) == "at-most-once"
-    assert execution_guarantee(TOOLS["read_file"]) == "replay-safe"
+def test_one_derivation_of_the_execution_guarantee() -> None:
+    def guarantee(name: str, args: dict[str, Any]) -> str:
+        return guarantee_of(TOOLS[name], classify(TOOLS[name], args))
+
+    assert guarantee("edit_file", ARGS["edit_file"]) == "reconciliation-required"
+    assert guarantee("write_file", ARGS["write_file"]) == "reconciliation-required"
+    assert guarantee("bash", ARGS["bash"]) == "at-most-once"
+    assert guarantee("bash", {"command": "echo x >> log"}) == "at-most-once"
+    assert guarantee("read_file", ARGS["read_file"]) == "read-only"
+    # a command line we cannot see into is never a read, however harmless its visible part
+    assert guarantee("bash", {"command": "ls $(rm -rf x)"}) == "at-most-once"
+    assert guarantee_of(_Mutator("idempotent"), classify(_Mutator("idempotent"), {})) == "at-most-once"
 
 
 def test_policy_from_json_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

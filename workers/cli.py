@@ -55,11 +55,12 @@ def maka() -> None:
 
 
 def _register() -> None:
-    from workers import audit_cli, host_cli, ledger_cli, session_cli
+    from workers import audit_cli, governance_cli, host_cli, ledger_cli, session_cli
 
     maka.add_command(ledger_cli.ledger)
     for command in (*host_cli.COMMANDS, *session_cli.COMMANDS, *audit_cli.COMMANDS):
         maka.add_command(command)
+    governance_cli.register(maka)
 
 
 _register()

@@ -35,6 +35,7 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
+from workers.governance_cli import governance_status, policy_options, session_policy
 from workers.session_client import (
     describe_execution,
     query_status,
@@ -122,6 +123,7 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
 @click.option("--wait", is_flag=True, help="wait until the turn settles")
 @wait_timeout_option
 @json_option()
+@policy_options
 @click.argument("message")
 def cmd_start(
     db: str | None,
@@ -138,6 +140,10 @@ def cmd_start(
     wait_timeout: float | None,
     as_json: bool,
     message: str,
+    policy_file: Path | None = None,
+    principal: str | None = None,
+    on_behalf_of: tuple[str, ...] = (),
+    unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
     from workers.client import connect
@@ -146,16 +152,18 @@ def cmd_start(
     text = _message(message)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
+    governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
 
     async def main() -> int:
         client = await connect(address, namespace)
+        governed.record_in(s)
         sid, accepted = await start_session(
             client,
             workspace=workspace,
             provider=provider,
             task_queue=s.task_queue,
             message=text,
-            session_id=session_id,
+            session_id=governed.session_id,
             continue_as_new_after=continue_as_new_after,
             model_step_mode=model_step_mode,
             accept_timeout=s.wait_timeout,
@@ -372,6 +380,7 @@ def cmd_status(
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         health = _ledger_health(s.ledger)
+        governed = _governance_status(s.ledger, session_id, view.state)
         if execution is not None and not execution.open and view.state == "running":
             print(
                 f"maka: session {session_id} lost its execution before its run settled; a worker's "
@@ -380,15 +389,31 @@ def cmd_status(
             )
         if as_json:
             print_json(
-                {**view.to_json(), **(execution.to_json() if execution else {}), "ledger": health}, indent=2
+                {
+                    **view.to_json(),
+                    **(execution.to_json() if execution else {}),
+                    "ledger": health,
+                    **governed,
+                },
+                indent=2,
             )
         else:
             _print_view(view)
+            for p in governed["pendingApprovals"]:
+                click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
             if not health["ok"]:
                 click.echo(f"ledger unusable ({health['code']}): {health['message']}")
         return 0
 
     finish(run_async(main()))
+
+
+def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:
+    try:
+        with open_ledger(db, create=False) as store:
+            return governance_status(store, session_id, state)
+    except MakaError:
+        return {"pendingApprovals": []}
 
 
 def _ledger_health(db: Any) -> dict[str, Any]:

@@ -15,9 +15,8 @@ from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resume_plan import legal_replay
-from maka_core.policy import execution_guarantee
 from maka_core.providers import ScriptedProvider
-from maka_core.runtime import builders
+from maka_core.runtime import builders, governed
 from maka_core.runtime.contracts import CallRef, ModelStepInput, ModelStepResult
 from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime
@@ -38,7 +37,12 @@ def _result(
                 operation_id=event.refs.operation_id or "",
                 tool_name=content.name,
                 # A read-only call may be retried by Temporal; every other call never is.
-                read_only=(tool is not None and execution_guarantee(tool) == "replay-safe") or None,
+                read_only=(
+                    tool is not None
+                    and isinstance(content.args, dict)
+                    and governed.guarantee_of(tool, governed.classify(tool, content.args)) == "read-only"
+                )
+                or None,
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)

@@ -4,8 +4,9 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 - completed (T2 or a bundle committed) -> continue with the committed outcome;
 - definitely not dispatched (new protocol, no T1) -> the tool never ran; it may be dispatched again;
-- dispatched without outcome -> what the tool's execution guarantee allows (``policy.
-  execution_guarantee``, the one place that derives it): ``replay-safe`` reads again and commits T2;
+- dispatched without outcome -> what the call's execution guarantee allows, as recorded with its
+  T1 decision (``runtime.governed.guarantee_of`` derives it, once; an operation dispatched before
+  decisions were recorded gets the same derivation now): ``read-only`` reads again and commits T2;
   ``reconciliation-required`` observes the target against the evidence committed with T1 and commits
   one atomic recovery bundle (finalize-only: completed when it holds the expected state, parked
   otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
@@ -14,13 +15,15 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 from __future__ import annotations
 
+from typing import Any
+
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.governance import EvidenceItem, TaskStatus
 from maka_core.ledger.resolver import OperationResolution
-from maka_core.policy import execution_guarantee
-from maka_core.runtime import builders
+from maka_core.runtime import builders, governed
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.tool_call import (
@@ -30,7 +33,7 @@ from maka_core.runtime.tool_call import (
     committed_args,
     run_and_commit_outcome,
 )
-from maka_core.tools import FileEvidence
+from maka_core.tools import FileEvidence, ToolResult
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
 _OBSERVATION_PARKS: dict[str, ParkReason] = {
@@ -101,16 +104,45 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         return _parked(inp, "workspace_unavailable")
     if ws.identity != inp.workspace_identity:
         return _parked(inp, "workspace_identity_mismatch")
-    guarantee = execution_guarantee(tool)
-    if guarantee == "replay-safe":
+    held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
+    guarantee = governed.recorded_guarantee(held) or governed.guarantee_of(
+        tool, governed.classify(tool, args)
+    )
+    if guarantee == "read-only":
         # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
-        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "")
+        record = None if held is None else held["decision"]
+        gov = rt.session_governance(inp.session_id) if record is not None else None
+        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov)
         _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
         return _completed(op_id, "replay_safe_reread", response)
     if guarantee != "reconciliation-required":
         return _parked(inp, "dispatch_without_response")
     return await _reconcile(
         rt, inp, state, Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or ""), attempt
+    )
+
+
+def _recovery_receipt(
+    rt: Runtime, inp: RecoverInput, record: dict[str, Any], call: Dispatched, recovered: ToolResult | None
+) -> dict[str, Any]:
+    """The receipt of an operation settled by recovery: verified against its predicates when the
+    reconciler proved the effect, ``recovery_required`` when it parks."""
+    ts = now_ms()
+    if recovered is None:
+        status: TaskStatus = "recovery_required"
+        items: tuple[EvidenceItem, ...] = ()
+    else:
+        status, items = governed.verify(record, recovered, call.ws)
+    return governed.receipt(
+        operation_id=inp.call.operation_id,
+        gov=rt.session_governance(inp.session_id),
+        record=record,
+        args=call.args,
+        started_ms=ts,
+        ended_ms=ts,
+        status=status,
+        items=items,
+        error=None if recovered is None else recovered.error_code,
     )
 
 
@@ -124,6 +156,13 @@ async def _reconcile(
     rec = await rt.on_tool_pool(lambda: call.tool.reconcile(call.args, call.ws, evidence), attempt=attempt)
     if rec is None:
         return _parked(inp, "dispatch_without_response")
+    held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
+    receipt = None
+    if held is not None:
+        recovered = rec.recovered if rec.observation == "matches_expected_state" else None
+        receipt = await rt.on_tool_pool(
+            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered), attempt=attempt
+        )
     ts = now_ms()
     reconcile = builders.reconcile_event(
         call.ids, op_id, ref.tool_call_id, rec.observation, rec.observation_digest, ts
@@ -158,7 +197,9 @@ async def _reconcile(
 
     def commit() -> RecoverResult | None:
         try:
-            rt.ledger.commit_recovery_bundle(reconcile, decision, outcome, attempt=attempt.record)
+            rt.ledger.commit_recovery_bundle(
+                reconcile, decision, outcome, attempt=attempt.record, receipt=receipt
+            )
             return None
         except LedgerRejection:
             # Another recoverer settled it first (a different observation is refused: parked is

@@ -33,6 +33,7 @@ from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
 from maka_core.runtime.contracts import ToolSettings
+from maka_core.runtime.governed import SessionGovernance
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
@@ -124,6 +125,8 @@ class Runtime:
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
         self._tool_specs: list[dict[str, Any]] | None = None
+        #: session id -> the policy and principal it decides by (recorded once, never changed).
+        self._governance: dict[str, SessionGovernance] = {}
         #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call) and calls.
         self.timings: dict[str, float] = {"t1": 0.0, "t2": 0.0, "tool_call": 0.0, "calls": 0.0}
         #: Ledger seconds per dispatched call (its T1 hop + its T2 hop), latest first out: the
@@ -193,6 +196,15 @@ class Runtime:
             )
             self._workspaces[path] = ws
         return ws
+
+    def session_governance(self, session_id: str) -> SessionGovernance:
+        """The session's recorded policy and principal (cached: a session's policy never changes)."""
+        gov = self._governance.get(session_id)
+        if gov is None:
+            gov = self._governance[session_id] = SessionGovernance.from_record(
+                self.ledger.session_policy(session_id)
+            )
+        return gov
 
     def provider(self, spec: Mapping[str, Any]) -> Provider:
         """The provider for ``spec`` (cached by its canonical JSON)."""

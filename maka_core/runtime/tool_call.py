@@ -1,4 +1,9 @@
-"""One tool call, at most once: Resolver guard -> preflight -> evidence + T1 -> run -> T2.
+"""One tool call, at most once: Resolver guard -> preflight -> policy -> evidence + T1 -> run -> T2.
+
+Policy is MELRA's decision (``runtime.governed``): a denial commits an ordinary ``policy_blocked``
+result with its decision and receipt; ``confirm`` commits a permission request and the call
+waits for its answer (``_await_answer``); an allowed call records its decision with T1, and its
+evidence is evaluated before T2 commits the (possibly ``partial``) result with its receipt.
 
 The guard comes first and is absolute: an operation the ledger already settled returns its committed
 outcome; an operation with a dispatch fact and no outcome is never run again from here (it is
@@ -9,19 +14,22 @@ proves ``definitely_not_dispatched`` reaches preflight. Arguments are read from 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from maka_core import failpoints
-from maka_core.errors import MakaError
+from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.lanes import args_hash_or_none
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
-from maka_core.runtime import builders
+from maka_core.runtime import approvals, builders, governed
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Runtime, no_heartbeat
 from maka_core.tools import Tool, ToolRefusal, ToolResult
@@ -58,6 +66,19 @@ class Dispatched:
     args: dict[str, Any]
     ws: Workspace
     dispatch_event_id: str
+    #: The recorded policy decision (None only for an operation dispatched before governance).
+    decision: dict[str, Any] | None = None
+    gov: governed.SessionGovernance | None = None
+    started_ms: int = 0
+
+
+@dataclass(frozen=True)
+class AwaitingApproval:
+    """A ``confirm`` decision whose permission request is committed and not yet answered."""
+
+    operation_id: str
+    approval_id: str
+    expires_at: datetime
 
 
 def call_state(view: CommittedView, session_id: str, run_id: str, tool_call_id: str) -> CallState | None:
@@ -106,6 +127,9 @@ async def execute_tool(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOut
 async def _execute(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
     spent: list[float] = []
     admitted = await rt.on_ledger(lambda: _admit(rt, inp, attempt), attempt=attempt, phase="t1", spent=spent)
+    while isinstance(admitted, AwaitingApproval):
+        await _await_answer(rt, admitted, attempt)
+        admitted = await rt.on_ledger(lambda: _admit(rt, inp, attempt), attempt=attempt)
     if isinstance(admitted, ToolOutcome):
         return admitted
     failpoints.hit("P2", tag=inp.call.tool_name)
@@ -125,8 +149,32 @@ async def _execute(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome
     return outcome
 
 
-def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOutcome:
-    """On the ledger thread: guard, preflight, evidence and T1 (or a committed refusal)."""
+async def _await_answer(rt: Runtime, waiting: AwaitingApproval, attempt: Attempt) -> None:
+    """Wait, heartbeating, until the request is answered in the ledger or expires (then close it).
+
+    The wait is the activity's, not the workflow's: the answer is a ledger fact (``maka session
+    approve``/``deny`` validate and commit it there), so a worker or server crash loses nothing:
+    the next attempt of this call finds the same request and waits on (or acts on its answer).
+    """
+    while True:
+        record = await rt.on_ledger(lambda: rt.ledger.decision(waiting.operation_id), attempt=attempt)
+        if record is None or record["state"] != "awaiting_approval":
+            return
+        if datetime.now(UTC) >= waiting.expires_at:
+            try:
+                await rt.on_ledger(
+                    functools.partial(approvals.close_expired, rt.ledger, record), attempt=attempt
+                )
+            except LedgerRejection as exc:
+                if exc.code != "approval_not_pending":
+                    raise
+            return
+        attempt.heartbeat()
+        await asyncio.sleep(approvals.POLL_S)
+
+
+def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOutcome | AwaitingApproval:
+    """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
     state = call_state(rt.ledger.view(), inp.session_id, inp.run_id, call.tool_call_id)
     if state is None:
@@ -162,10 +210,20 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
         return _commit_refusal(rt, ids, call, ToolResult.error("workspace_identity_mismatch", message))
     refusal = tool.preflight(args, ws)
     if refusal is None:
-        decision = rt.policy.evaluate(tool, args)
-        refusal = None if decision.allowed else decision.to_result()
+        limits = rt.policy.evaluate(tool, args)  # the worker's own switches come first
+        refusal = None if limits.allowed else limits.to_result()
     if refusal is not None:
         return _commit_refusal(rt, ids, call, refusal)
+    gov = rt.session_governance(ids.session_id)
+    admitted = approvals.admit(rt, gov, ids, call, tool, args)
+    if isinstance(admitted, approvals.Refused):
+        return _commit_refusal(
+            rt, ids, call, admitted.result, decision=admitted.record, gov=gov, args=args, fresh=admitted.fresh
+        )
+    if isinstance(admitted, approvals.Waiting):
+        return AwaitingApproval(call.operation_id, admitted.approval_id, admitted.expires_at)
+    record = admitted.record
+    started = now_ms()
     try:
         evidence = tool.capture_evidence(args, ws)
     except ToolRefusal as exc:  # the target changed after preflight so the call no longer applies
@@ -173,23 +231,46 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
     if op.dispatch_event_id is not None:
         # Only a broken guard admits a call that already has its dispatch fact (a second T1 would be
         # refused as a conflicting dispatch): it runs the effect again under the first one.
-        return Dispatched(ids, tool, args, ws, op.dispatch_event_id)
+        return Dispatched(ids, tool, args, ws, op.dispatch_event_id, record, gov, started)
     args_hash = args_hash_or_none(call.tool_name, args)
     assert args_hash is not None  # the call was admitted by the ledger, so its args are strict JSON
     dispatch = builders.dispatch_event(
         ids, call.operation_id, call.tool_call_id, call.tool_name, tool.recovery_mode, args_hash, now_ms()
     )
     rt.ledger.commit_tool_prepared(
-        dispatch, evidence=None if evidence is None else evidence.to_json(), attempt=attempt.record
+        dispatch,
+        evidence=None if evidence is None else evidence.to_json(),
+        attempt=attempt.record,
+        decision=record if admitted.fresh else None,
     )
-    return Dispatched(ids, tool, args, ws, dispatch.id)
+    return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started)
 
 
 async def run_and_commit_outcome(
     rt: Runtime, call: Dispatched, ref: CallRef, attempt: Attempt, *, spent: list[float] | None = None
 ) -> tuple[ToolResult, RuntimeEvent]:
-    """Run the effect (heartbeating), then T2: its outcome commits before anyone sees the result."""
-    result = await rt.on_tool_pool(lambda: call.tool.run(call.args, call.ws, no_heartbeat), attempt=attempt)
+    """Run the effect (heartbeating), verify its evidence, then T2: the outcome and its receipt
+    commit before anyone sees the result."""
+
+    def run() -> tuple[ToolResult, dict[str, Any] | None]:
+        result = call.tool.run(call.args, call.ws, no_heartbeat)
+        if call.decision is None or call.gov is None:
+            return result, None
+        status, items = governed.verify(call.decision, result, call.ws)
+        sealed = governed.receipt(
+            operation_id=ref.operation_id,
+            gov=call.gov,
+            record=call.decision,
+            args=call.args,
+            started_ms=call.started_ms or now_ms(),
+            ended_ms=now_ms(),
+            status=status,
+            items=items,
+            error=result.error_code,
+        )
+        return governed.told(result, status, items), sealed
+
+    result, receipt = await rt.on_tool_pool(run, attempt=attempt)
     response = builders.response_event(
         call.ids,
         f"{ref.operation_id}_response",
@@ -201,7 +282,7 @@ async def run_and_commit_outcome(
         ref.operation_id,
     )
     await rt.on_ledger(
-        lambda: rt.ledger.commit_tool_outcome(response, attempt=attempt.record),
+        lambda: rt.ledger.commit_tool_outcome(response, attempt=attempt.record, receipt=receipt),
         attempt=attempt,
         phase="t2",
         spent=spent,
@@ -209,8 +290,19 @@ async def run_and_commit_outcome(
     return result, response
 
 
-def _commit_refusal(rt: Runtime, ids: RunIds, call: CallRef, refusal: ToolResult) -> ToolOutcome:
-    """A pre-T1 refusal is an ordinary committed error result: the tool never ran."""
+def _commit_refusal(
+    rt: Runtime,
+    ids: RunIds,
+    call: CallRef,
+    refusal: ToolResult,
+    *,
+    decision: dict[str, Any] | None = None,
+    gov: governed.SessionGovernance | None = None,
+    args: dict[str, Any] | None = None,
+    fresh: bool = True,
+) -> ToolOutcome:
+    """A pre-T1 refusal is an ordinary committed error result: the tool never ran. A policy
+    refusal commits its decision and receipt in the same transaction."""
     response = builders.response_event(
         ids,
         f"{call.operation_id}_refused",
@@ -221,7 +313,23 @@ def _commit_refusal(rt: Runtime, ids: RunIds, call: CallRef, refusal: ToolResult
         now_ms(),
         None,  # pre-T1: unbound; no operation was dispatched
     )
-    rt.ledger.append([response])
+    if decision is None or gov is None:
+        rt.ledger.append([response])
+    else:
+        ts = now_ms()
+        sealed = governed.receipt(
+            operation_id=call.operation_id,
+            gov=gov,
+            record=decision,
+            args=args or {},
+            started_ms=ts,
+            ended_ms=ts,
+            status="policy_blocked",
+            error=refusal.error_code,
+        )
+        rt.ledger.commit_refusal(
+            response, operation_id=call.operation_id, decision=decision if fresh else None, receipt=sealed
+        )
     return ToolOutcome(
         operation_id=call.operation_id, status="refused", is_error=True, response_event_id=response.id
     )

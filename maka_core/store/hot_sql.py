@@ -21,8 +21,10 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
 from maka_core.store.schema import (
+    action_receipts,
     runtime_events,
     tool_attempts,
+    tool_decisions,
     tool_evidence,
     tool_journal_events,
     tool_operations,
@@ -74,6 +76,9 @@ class HotSQL:
     operation_update: Insert
     #: every runtime_events row past a ledger_seq, in commit order
     events_since: str
+    #: governed execution: a decision with T1 or a refusal, a receipt with T2
+    decision: Insert | None = None
+    receipt: Insert | None = None
 
     @classmethod
     def for_engine(cls, engine: Engine) -> HotSQL:
@@ -98,6 +103,8 @@ class HotSQL:
             evidence=insert(tool_evidence),
             attempt=insert(tool_attempts, skip=("attempt_seq",)),
             operation_update=update,
+            decision=insert(tool_decisions),
+            receipt=insert(action_receipts, skip=("receipt_seq",)),
             events_since=(
                 f"SELECT {', '.join(c.name for c in runtime_events.columns)} FROM {runtime_events.name} "
                 f"WHERE ledger_seq > {mark} ORDER BY ledger_seq"

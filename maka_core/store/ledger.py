@@ -35,13 +35,45 @@ class Ledger(Protocol):
         call: RuntimeEvent | None = None,
         evidence: Mapping[str, Any] | None = None,
         attempt: AttemptArg = None,
+        decision: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """T1: the dispatch fact (and its evidence) before the effect."""
+        """T1: the dispatch fact (and its evidence and policy decision) before the effect."""
         ...
 
-    def commit_tool_outcome(self, response: RuntimeEvent, *, attempt: AttemptArg = None) -> CommitResult:
-        """T2: the outcome bound to its operation, before the model sees it."""
+    def commit_tool_outcome(
+        self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
+    ) -> CommitResult:
+        """T2: the outcome bound to its operation (and its action receipt), before the model sees it."""
         ...
+
+    def commit_refusal(
+        self,
+        response: RuntimeEvent,
+        *,
+        operation_id: str,
+        decision: Mapping[str, Any] | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> CommitResult:
+        """A pre-T1 refusal: an unbound error response, with its decision and receipt."""
+        ...
+
+    def commit_permission_request(
+        self, request: RuntimeEvent, *, operation_id: str, decision: Mapping[str, Any]
+    ) -> CommitResult:
+        """A permission request fact and the ``confirm`` decision awaiting its answer."""
+        ...
+
+    def commit_approval_answer(
+        self, event: RuntimeEvent, approval_id: str, state: str, *, expect: str = "awaiting_approval"
+    ) -> None:
+        """The fact answering a permission request, with the decision's one move out of waiting."""
+        ...
+
+    def session_policy(self, session_id: str) -> dict[str, Any] | None: ...
+
+    def decision(self, operation_id: str) -> dict[str, Any] | None: ...
+
+    def grant_usage(self, session_id: str) -> dict[str, int]: ...
 
     def commit_recovery_bundle(
         self,
@@ -50,8 +82,9 @@ class Ledger(Protocol):
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """Reconcile observation + optional recovered outcome + decision, atomically."""
+        """Reconcile observation + optional recovered outcome + decision (+ receipt), atomically."""
         ...
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:

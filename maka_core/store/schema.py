@@ -12,7 +12,9 @@ before a byte is written. ``maka_meta`` also holds the ledger's identity (``ledg
 at creation), which the health check and the workers on one task queue compare.
 
 Versions: 1, the schema; 2, ``runtime_events.chain_digest`` (``maka_core.store.chain``, computed for
-existing rows by the migration) and ``maka_meta.ledger_id``.
+existing rows by the migration) and ``maka_meta.ledger_id``; 3, governed execution's operational
+records (``session_policies``, ``tool_decisions``, ``action_receipts``, ``execution_certificates``),
+created empty by the migration: append-only, written in the transaction of the fact they describe.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from maka_core.errors import StoreError
 from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -204,6 +206,65 @@ continuation_claims = Table(
     ),
 )
 
+#: The policy a session decides by, recorded once when the session starts (insert-if-absent).
+session_policies = Table(
+    "session_policies",
+    metadata,
+    Column("session_id", String, primary_key=True),
+    Column("policy_version", String, nullable=False),
+    Column("policy_digest", String, nullable=False),
+    Column("policy_json", Text, nullable=False),
+    Column("identity_json", Text, nullable=False),
+    Column("recorded_at", BigInteger, nullable=False),
+)
+
+#: One policy decision per operation: with its refusal, its permission request, or its T1. An
+#: awaiting approval moves once, by compare-and-swap on ``state``, to approved/denied/expired.
+tool_decisions = Table(
+    "tool_decisions",
+    metadata,
+    Column("operation_id", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("approval_id", String, unique=True),
+    Column("decision_json", Text, nullable=False),
+    Column("recorded_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint(
+        "state IN ('decided', 'awaiting_approval', 'approved', 'denied', 'expired')",
+        name="tool_decisions_state",
+    ),
+    Index("tool_decisions_session", "session_id", "recorded_at"),
+)
+
+action_receipts = Table(
+    "action_receipts",
+    metadata,
+    Column("receipt_seq", Integer, primary_key=True, autoincrement=True),
+    Column("receipt_id", String, nullable=False, unique=True),
+    Column("operation_id", String, nullable=False, unique=True),
+    Column("session_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("receipt_json", Text, nullable=False),
+    Column("digest", String, nullable=False),
+    Index("action_receipts_session", "session_id", "receipt_seq"),
+)
+
+execution_certificates = Table(
+    "execution_certificates",
+    metadata,
+    Column("certificate_seq", Integer, primary_key=True, autoincrement=True),
+    Column("certificate_id", String, nullable=False, unique=True),
+    Column("run_id", String, nullable=False, unique=True),
+    Column("session_id", String, nullable=False),
+    Column("certificate_json", Text, nullable=False),
+    Column("digest", String, nullable=False),
+    Index("execution_certificates_session", "session_id", "certificate_seq"),
+)
+
+GOVERNANCE_TABLES = (session_policies, tool_decisions, action_receipts, execution_certificates)
+
 
 def sqlite_file_version(path: Path) -> int | None:
     """``user_version`` of an existing SQLite file, read through a read-only handle.
@@ -304,6 +365,8 @@ def migrate(engine: Engine) -> int:
             metadata.create_all(conn)
         if version == 1:
             _add_chain_and_identity(conn)
+        if 0 < version < 3:
+            metadata.create_all(conn, tables=list(GOVERNANCE_TABLES))
         # Later versions add steps here, each inside this transaction.
         _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):

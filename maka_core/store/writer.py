@@ -34,6 +34,12 @@ from maka_core.ledger.scanner import LedgerScanner, Transition, group_transition
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.store.governance_rows import (
+    GovernanceRecords,
+    insert_certificate,
+    insert_decision,
+    insert_receipt,
+)
 from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL, rows_since
 from maka_core.store.reads import LedgerReads, _detail
@@ -116,7 +122,7 @@ def _operation_ids(event: RuntimeEvent) -> set[str]:
     return ids
 
 
-class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
+class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerReads):
     """One ledger database (SQLite file, SQLite memory or any SQLAlchemy URL)."""
 
     def __init__(self, engine: Engine, url: str) -> None:
@@ -444,14 +450,48 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         call: RuntimeEvent | None = None,
         evidence: Mapping[str, Any] | None = None,
         attempt: AttemptArg = None,
+        decision: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """T1: the dispatch fact (with its call, when not yet committed) and the prepared projection."""
+        """T1: the dispatch fact (with its call, when not yet committed) and the prepared projection;
+        ``decision``, the operation's policy decision, in the same transaction."""
         batch = [dispatch] if call is None else [call, dispatch]
-        return self._commit("t1_prepare", batch, evidence=evidence, attempt=_attempt(attempt))
+        post = _decision_hook(dispatch, decision, self._sql)
+        return self._commit("t1_prepare", batch, post=post, evidence=evidence, attempt=_attempt(attempt))
 
-    def commit_tool_outcome(self, response: RuntimeEvent, *, attempt: AttemptArg = None) -> CommitResult:
-        """T2: the function response bound to its operation (``refs.operationId``)."""
-        return self._commit("t2_outcome", [response], attempt=_attempt(attempt))
+    def commit_tool_outcome(
+        self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
+    ) -> CommitResult:
+        """T2: the function response bound to its operation (``refs.operationId``), and its receipt."""
+        post = _receipt_hook(response, receipt, self._sql)
+        return self._commit("t2_outcome", [response], post=post, attempt=_attempt(attempt))
+
+    def commit_refusal(
+        self,
+        response: RuntimeEvent,
+        *,
+        operation_id: str,
+        decision: Mapping[str, Any] | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> CommitResult:
+        """A pre-T1 refusal (an unbound error response) with the decision and receipt behind it."""
+
+        def post(conn: Connection) -> None:
+            if decision is not None:
+                insert_decision(conn, operation_id, response.session_id, response.run_id, decision)
+            if receipt is not None:
+                insert_receipt(conn, response.session_id, response.run_id, receipt)
+
+        return self._commit("generic_append", [response], post=post)
+
+    def commit_permission_request(
+        self, request: RuntimeEvent, *, operation_id: str, decision: Mapping[str, Any]
+    ) -> CommitResult:
+        """A ``confirm`` decision: the permission request fact and the decision awaiting its answer."""
+
+        def post(conn: Connection) -> None:
+            insert_decision(conn, operation_id, request.session_id, request.run_id, decision)
+
+        return self._commit("generic_append", [request], post=post)
 
     def commit_recovery_bundle(
         self,
@@ -460,10 +500,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
         outcome: RuntimeEvent | None = None,
         *,
         attempt: AttemptArg = None,
+        receipt: Mapping[str, Any] | None = None,
     ) -> CommitResult:
-        """Reconcile observation + optional recovered outcome + completed/parked decision, atomically."""
+        """Reconcile observation + optional recovered outcome + completed/parked decision, atomically
+        (with the operation's receipt, when it was decided under governance)."""
         batch = [reconcile, decision] if outcome is None else [reconcile, outcome, decision]
-        return self._commit("recovery_bundle", batch, attempt=_attempt(attempt))
+        post = _receipt_hook(decision, receipt)
+        return self._commit("recovery_bundle", batch, post=post, attempt=_attempt(attempt))
 
     def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
         """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``."""
@@ -487,7 +530,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
                     terminalEventId=other[0],
                 )
 
-        return self._commit("generic_append", [event], precheck=precheck)
+        return self._commit(
+            "generic_append", [event], precheck=precheck, post=lambda conn: insert_certificate(conn, event)
+        )
 
     def import_events(self, events: Sequence[RuntimeEvent]) -> ImportResult:
         """Import a ledger batch-atomically: every writer transition in one transaction, or nothing.
@@ -525,6 +570,23 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, LedgerReads):
 
         result: ImportResult = self._write(body)
         return result
+
+
+def _decision_hook(
+    dispatch: RuntimeEvent, decision: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> _Hook | None:
+    op_id = dispatch.refs.operation_id if dispatch.refs is not None else None
+    if decision is None or op_id is None:
+        return None
+    return lambda conn: insert_decision(conn, op_id, dispatch.session_id, dispatch.run_id, decision, sql)
+
+
+def _receipt_hook(
+    event: RuntimeEvent, receipt: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> _Hook | None:
+    if receipt is None:
+        return None
+    return lambda conn: insert_receipt(conn, event.session_id, event.run_id, receipt, sql)
 
 
 def _bundle_point(event: RuntimeEvent) -> str:

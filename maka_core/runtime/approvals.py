@@ -1,0 +1,292 @@
+"""Policy before T1, and approval as a durable wait in the ledger.
+
+``admit`` decides a call (``governed.judge``) or resumes the decision the ledger already holds for
+it. A ``confirm`` commits MELRA's challenge as a Maka ``permissionRequest`` fact (so the
+continuation planner's ``pending_permission`` gate sees it) with the decision row awaiting its
+answer. ``answer`` is what ``maka session approve``/``deny`` run: it validates the answer in
+MELRA's order (id, phrase, expiry, the action digest recomputed from the committed call) and
+commits a ``permissionDecision`` with the decision row's one compare-and-swap move; an unanswered
+request is closed by the waiting call itself at ``expiresAt`` (``permissionClosureAccepted``).
+
+Why the ledger and not a workflow Update: the call's own activity is what waits (heartbeating),
+so the workflow, its history and its replay are untouched, a worker or server crash loses
+nothing (the next attempt of the call finds the same request), and approve/deny need only the
+ledger, exactly like ``maka session status``. The cost: an answer is seen within ``POLL_S``, and a
+wait longer than the tool's start-to-close timeout is carried by the next dispatch of the call
+(the workflow allows three).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from maka_core.errors import MakaError
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEvent
+from maka_core.governance import action_digest, check_answer, issue_challenge
+from maka_core.governance.challenge import ApprovalChallenge
+from maka_core.runtime import governed
+from maka_core.runtime.contracts import CallRef, RunIds
+from maka_core.tools import Tool, ToolResult
+
+if TYPE_CHECKING:
+    from maka_core.runtime.runtime import Runtime
+    from maka_core.store.ledger import Ledger
+
+POLL_S = 0.25
+_PERMISSION_REASON = {"bash": "shell_dangerous", "write_file": "file_write", "edit_file": "file_write"}
+
+
+class ApprovalRefused(MakaError):
+    """An approve/deny the ledger cannot take (a stable ``approval_*`` code)."""
+
+    default_code = "approval_refused"
+
+
+@dataclass(frozen=True)
+class Refused:
+    result: ToolResult
+    record: dict[str, Any]
+    #: False when the ledger already holds the call's decision (an answered request).
+    fresh: bool = True
+
+
+@dataclass(frozen=True)
+class Waiting:
+    approval_id: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Allowed:
+    record: dict[str, Any]
+    #: False when the ledger already holds this decision (an approved request): T1 records none.
+    fresh: bool = True
+
+
+def operation_of(tool_name: str, args: Any) -> dict[str, Any]:
+    """What a challenge approves: the tool and its committed arguments (MELRA's ``operation``)."""
+    return {"tool": tool_name, "args": args}
+
+
+def _event(ids: RunIds, event_id: str, actions: Actions) -> RuntimeEvent:
+    return RuntimeEvent(
+        id=event_id,
+        invocation_id=ids.invocation_id,
+        run_id=ids.run_id,
+        session_id=ids.session_id,
+        turn_id=ids.turn_id,
+        ts=now_ms(),
+        partial=False,
+        role="system",
+        author="system",
+        actions=actions,
+    )
+
+
+def admit(
+    rt: Runtime, gov: governed.SessionGovernance, ids: RunIds, call: CallRef, tool: Tool, args: dict[str, Any]
+) -> Allowed | Refused | Waiting:
+    """The call's decision: a new one, or the answer to the request the ledger holds for it."""
+    now = datetime.now(UTC)
+    policy = gov.policy
+    # Only a confirming policy ever leaves a request behind, and only a grant with maxOperations
+    # needs the session's usage: every other call skips both reads.
+    held = rt.ledger.decision(call.operation_id) if policy.mutations == "confirm" else None
+    if held is not None and held["state"] != "decided":
+        return _resume(rt, gov, held, tool, args, now)
+    counted = any(g.max_operations is not None for g in policy.capabilities)
+    decision = governed.judge(
+        gov,
+        tool,
+        args,
+        worker_forbidden=rt.policy.forbidden_effects,
+        grant_usage=rt.ledger.grant_usage(ids.session_id) if counted else {},
+        now=now,
+    )
+    record = governed.decision_record(decision, tool)
+    if decision.outcome == "deny":
+        return Refused(governed.blocked_result(record), record)
+    if decision.outcome == "allow":
+        return Allowed(record)
+    challenge = issue_challenge(
+        call.operation_id, operation_of(call.tool_name, args), now=now, ttl_ms=gov.policy.approval_ttl_ms
+    )
+    record = {
+        **record,
+        "challenge": challenge.model_dump(mode="json", by_alias=True),
+        "toolName": call.tool_name,
+        "runIds": ids.model_dump(),
+    }
+    request = _event(
+        ids,
+        f"{call.operation_id}_permission",
+        Actions(
+            permission_request={
+                "kind": "tool_permission",
+                "requestId": challenge.approval_id,
+                "toolUseId": call.tool_call_id,
+                "toolName": call.tool_name,
+                "category": decision.classification.capability,
+                "reason": _PERMISSION_REASON.get(call.tool_name, "custom"),
+                "args": args,
+                "rememberForTurnAllowed": False,
+                "hint": f"{challenge.phrase} (expires {challenge.expires_at})",
+            }
+        ),
+    )
+    rt.ledger.commit_permission_request(request, operation_id=call.operation_id, decision=record)
+    return Waiting(challenge.approval_id, challenge.expires)
+
+
+def _resume(
+    rt: Runtime,
+    gov: governed.SessionGovernance,
+    held: dict[str, Any],
+    tool: Tool,
+    args: dict[str, Any],
+    now: datetime,
+) -> Allowed | Refused | Waiting:
+    record: dict[str, Any] = held["decision"]
+    challenge = ApprovalChallenge.model_validate(record["challenge"])
+    state = held["state"]
+    if state == "awaiting_approval":
+        return Waiting(challenge.approval_id, challenge.expires)
+    if state in ("denied", "expired"):
+        reason = "approval_denied" if state == "denied" else "approval_expired"
+        return Refused(
+            governed.blocked_result(record, reason),
+            {**record, "outcome": "deny", "reason": reason},
+            fresh=False,
+        )
+    # Approved: policy again (MELRA's execute re-runs it), and the approval must fit this action.
+    again = governed.judge(
+        gov,
+        tool,
+        args,
+        worker_forbidden=rt.policy.forbidden_effects,
+        grant_usage={},
+        now=now,
+    )
+    if again.outcome == "deny":
+        redecided = governed.decision_record(again, tool)
+        return Refused(governed.blocked_result(redecided), redecided, fresh=False)
+    if (
+        action_digest(held["operationId"], operation_of(str(record["toolName"]), args))
+        != challenge.action_digest
+    ):
+        reason = "approval_action_digest_mismatch"
+        return Refused(
+            governed.blocked_result(record, reason),
+            {**record, "outcome": "deny", "reason": reason},
+            fresh=False,
+        )
+    return Allowed(record, fresh=False)
+
+
+def close_expired(ledger: Ledger, held: dict[str, Any]) -> None:
+    """Close an unanswered request at its expiry (the waiting call does this itself)."""
+    record = held["decision"]
+    ids = RunIds.model_validate(record["runIds"])
+    approval_id = str(held["approvalId"])
+    event = _event(
+        ids,
+        f"{held['operationId']}_permission_closed",
+        Actions(
+            permission_closure_accepted=PermissionClosureAccepted(request_id=approval_id, reason="timed_out")
+        ),
+    )
+    ledger.commit_approval_answer(event, approval_id, "expired")
+
+
+def pending(ledger: Any, session_id: str) -> list[dict[str, Any]]:
+    """``pendingApprovals`` as ``maka session status --json`` lists them (with their ``runId``)."""
+    out = []
+    for held in ledger.pending_approvals(session_id):
+        challenge = held["decision"]["challenge"]
+        out.append(
+            {
+                "approvalId": challenge["approvalId"],
+                "operationId": held["operationId"],
+                "toolName": held["decision"].get("toolName"),
+                "phrase": challenge["phrase"],
+                "actionDigest": challenge["actionDigest"],
+                "expiresAt": challenge["expiresAt"],
+                "runId": held["runId"],
+            }
+        )
+    return out
+
+
+def _committed_args(ledger: Any, held: dict[str, Any]) -> Any:
+    for event in ledger.events(run_id=held["runId"]):
+        content = event.content
+        if (
+            content is not None
+            and content.kind == "function_call"
+            and event.refs is not None
+            and event.refs.operation_id == held["operationId"]
+        ):
+            return content.args
+    raise ApprovalRefused("approval_action_digest_mismatch", "the approved call is not in the ledger")
+
+
+def answer(
+    ledger: Any,
+    session_id: str,
+    approval_id: str,
+    *,
+    allow: bool,
+    phrase: str | None = None,
+    by: str | None = None,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Validate and commit an approval (``allow``) or a denial; returns what was committed.
+
+    Raises:
+        ApprovalRefused: ``approval_id_mismatch`` (no pending request of this session has the id),
+            ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch``
+            (approve only), or ``approval_not_pending`` (answered meanwhile).
+    """
+    when = now or datetime.now(UTC)
+    held = ledger.decision_by_approval(approval_id)
+    if held is None or held["sessionId"] != session_id:
+        raise ApprovalRefused("approval_id_mismatch", f"session {session_id} has no approval {approval_id}")
+    if held["state"] != "awaiting_approval":
+        raise ApprovalRefused("approval_not_pending", f"approval {approval_id} is already {held['state']}")
+    record = held["decision"]
+    challenge = ApprovalChallenge.model_validate(record["challenge"])
+    if allow:
+        digest = action_digest(
+            held["operationId"], operation_of(str(record["toolName"]), _committed_args(ledger, held))
+        )
+        refusal = check_answer(challenge, approval_id, phrase, when, digest)
+        if refusal is not None:
+            raise ApprovalRefused(refusal, f"{refusal} for approval {approval_id}", approvalId=approval_id)
+    elif challenge.expires <= when:
+        raise ApprovalRefused("approval_expired", f"approval {approval_id} expired at {challenge.expires_at}")
+    ids = RunIds.model_validate(record["runIds"])
+    body = {
+        "requestId": approval_id,
+        "decision": "allow" if allow else "deny",
+        "toolName": str(record["toolName"]),
+        **({"reviewer": by} if by else {}),
+        **({"rationale": reason} if reason else {}),
+    }
+    event = _event(ids, f"{held['operationId']}_permission_decision", Actions(permission_decision=body))
+    try:
+        ledger.commit_approval_answer(event, approval_id, "approved" if allow else "denied")
+    except MakaError as exc:
+        if exc.code == "approval_not_pending":
+            raise ApprovalRefused("approval_not_pending", exc.message) from None
+        raise
+    return {
+        "ok": True,
+        "sessionId": session_id,
+        "approvalId": approval_id,
+        "operationId": held["operationId"],
+        **body,
+    }

@@ -1,0 +1,276 @@
+"""Governed execution on the tool path: the glue between the pure ``governance`` modules and a call.
+
+Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the session's policy and
+principal (recorded in ``session_policies`` when the session started; the built-in default when
+none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
+derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
+one derivation, read back by recovery from the recorded decision). After the effect, before T2:
+the decision's evidence predicates are evaluated (``verify``), a succeeded tool whose predicate
+failed becomes ``partial`` in the result the model sees, and the receipt is sealed for T2.
+
+The default policy when a session has none keeps what every session had before policies existed
+(the workspace tools run without asking) in MELRA's terms: mutations are allowed, and a ``bash``
+mutation's evidence is its exit code 0 (MELRA derives none for a command line, which would deny
+every mutating command).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from maka_core.errors import MakaError
+from maka_core.facts import canonical_json
+from maka_core.facts.codec import digest as sha256_digest
+from maka_core.governance import (
+    LOCAL_IDENTITY,
+    Classification,
+    EvidenceItem,
+    EvidencePredicate,
+    GovernancePolicy,
+    Identity,
+    PolicyDecision,
+    ProbedFile,
+    ToolObservation,
+    classify_tool_call,
+    decide,
+    evaluate,
+    governed_call,
+    guarantee_for_tool,
+    parse_policy,
+    seal_receipt,
+    verification_status,
+)
+from maka_core.governance.challenge import iso_ms
+from maka_core.governance.evidence import ExitCode, TaskStatus
+from maka_core.governance.guarantee import ExecutionGuarantee
+from maka_core.tools import Tool, ToolResult
+from maka_core.tools.base import Effect, tool_effects
+from maka_core.workspace import Workspace
+
+DEFAULT_SESSION_POLICY = GovernancePolicy(
+    mutations="allow", default_evidence={"bash": (ExitCode(type="exit_code", value=0),)}
+)
+_EFFECTS: tuple[Effect, ...] = ("read", "mutate", "destructive")
+_PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
+
+
+@dataclass(frozen=True)
+class SessionGovernance:
+    """The policy a session decides by and the principal it acts for."""
+
+    policy: GovernancePolicy
+    identity: Identity = LOCAL_IDENTITY
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None) -> SessionGovernance:
+        """From ``Ledger.session_policy`` (None: the default policy, the local agent)."""
+        if record is None:
+            return cls(DEFAULT_SESSION_POLICY)
+        return cls(
+            parse_policy(record["policy"], source="session_policies"),
+            Identity.model_validate(record["identity"]),
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        """What ``Ledger.put_session_policy`` records."""
+        return {
+            "policy": self.policy.to_json(),
+            "version": self.policy.policy_version,
+            "digest": self.policy.digest,
+            "identity": self.identity.model_dump(mode="json", by_alias=True),
+        }
+
+
+def classify(tool: Tool, args: Mapping[str, Any]) -> Classification:
+    """The built-in classification; a tool governance does not know is judged by its declared
+    effects (the widest one decides, and the call may have any of them)."""
+    try:
+        return classify_tool_call(tool.name, dict(args))
+    except ValueError:
+        pass
+    declared = tool_effects(tool)
+    effects = frozenset(e for e in _EFFECTS if e in declared)
+    effect: Effect = (
+        "destructive" if "destructive" in effects else "mutate" if "mutate" in effects else "read"
+    )
+    path = args.get("path")
+    return Classification(
+        kind="tool",
+        name=tool.name,
+        effect=effect,
+        possible_effects=effects or frozenset({effect}),
+        risk="high" if effect == "destructive" else "low" if effect == "read" else "medium",
+        capability=f"tool.{tool.name}",
+        target=path if isinstance(path, str) else "",
+    )
+
+
+def guarantee_of(tool: Tool, classification: Classification) -> ExecutionGuarantee:
+    """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
+    do nothing but read (a command line we cannot see into is not a read), else from the tool's
+    declared reconciliation."""
+    effect: Effect = "read" if classification.possible_effects == {"read"} else "mutate"
+    return guarantee_for_tool(effect, tool.recovery_mode)
+
+
+def judge(
+    gov: SessionGovernance,
+    tool: Tool,
+    args: Mapping[str, Any],
+    *,
+    worker_forbidden: frozenset[Effect],
+    grant_usage: Mapping[str, int],
+    now: datetime,
+) -> PolicyDecision:
+    """MELRA's decision for one call (default evidence applied before policy, as MELRA does)."""
+    classification = classify(tool, args)
+    call = governed_call(
+        gov.policy, classification, args, identity=gov.identity, forbidden_effects=tuple(worker_forbidden)
+    )
+    return decide(gov.policy, call, now=now, grant_usage=grant_usage)
+
+
+def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[str, Any]:
+    """The decision as ``tool_decisions`` records it (and recovery reads it back)."""
+    c = decision.classification
+    record = {
+        "outcome": decision.outcome,
+        "reason": decision.reason,
+        "step": decision.step,
+        "risk": decision.risk,
+        "policyVersion": decision.policy_version,
+        "policyDigest": decision.policy_digest,
+        "effect": c.effect,
+        "capability": c.capability,
+        "target": c.target,
+        "executionGuarantee": guarantee_of(tool, c),
+        "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
+        **({"grantId": decision.grant_id} if decision.grant_id else {}),
+    }
+    return {**record, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def recorded_guarantee(record: Mapping[str, Any] | None) -> ExecutionGuarantee | None:
+    value = None if record is None else record.get("decision", {}).get("executionGuarantee")
+    return value if isinstance(value, str) else None  # type: ignore[return-value]
+
+
+def required_evidence(record: Mapping[str, Any]) -> list[EvidencePredicate]:
+    return _PREDICATES.validate_python(record.get("requiredEvidence", []))
+
+
+def blocked_result(record: Mapping[str, Any], reason: str | None = None) -> ToolResult:
+    """The committed result of a denial: an ordinary error result, ``policy_blocked`` and why."""
+    why = reason or str(record["reason"])
+    return ToolResult.error(
+        "policy_blocked",
+        f"denied by policy: {why}",
+        status="policy_blocked",
+        reason=why,
+        policyVersion=record["policyVersion"],
+        policyDigest=record["policyDigest"],
+    )
+
+
+# --- after the effect ----------------------------------------------------------------------
+
+
+def observation(result: ToolResult) -> ToolObservation:
+    """What predicates read: the JSON value (or ``{"text": ...}``) and a command's exit code."""
+    raw = result.result if isinstance(result.result, dict) else {}
+    value: Any = raw.get("value") if raw.get("kind") == "json" else {"text": raw.get("text")}
+    code = value.get("exitCode") if isinstance(value, dict) else None
+    return ToolObservation(result=value, exit_code=code if isinstance(code, int) else None)
+
+
+def probe_in(ws: Workspace, *, hashes: bool = True) -> Any:
+    """A read-only file probe confined to the workspace (an escape is a failed item, never a read);
+    it reads a file's bytes only when some predicate compares a hash."""
+
+    def probe(path: str) -> ProbedFile:
+        target = ws.resolve(path)  # ToolRefusal (a MakaError) for a path outside the workspace
+        if not target.exists():
+            return ProbedFile(exists=False)
+        if not hashes or not target.is_file():
+            return ProbedFile(exists=True)
+        try:
+            return ProbedFile(exists=True, sha256=hashlib.sha256(target.read_bytes()).hexdigest())
+        except OSError as exc:
+            raise MakaError("evidence_unreadable", str(exc.strerror)) from None
+
+    return probe
+
+
+def verify(
+    record: Mapping[str, Any], result: ToolResult, ws: Workspace
+) -> tuple[TaskStatus, tuple[EvidenceItem, ...]]:
+    """Evaluate the decision's predicates against what the tool reported and the workspace now."""
+    predicates = required_evidence(record)
+    hashes = any(p.type == "file_hash" for p in predicates)
+    items = evaluate(predicates, observation(result), probe_in(ws, hashes=hashes))
+    return verification_status(not result.is_error, items), items
+
+
+def told(result: ToolResult, status: TaskStatus, items: tuple[EvidenceItem, ...]) -> ToolResult:
+    """The result the model sees: a succeeded tool whose evidence failed says it is ``partial``."""
+    if status != "partial":
+        return result
+    failed = [
+        {"type": i.type, "summary": i.summary, **({"source": i.source} if i.source else {})}
+        for i in items
+        if not i.passed
+    ]
+    verification = {"status": "partial", "failedEvidence": failed}
+    raw = result.result if isinstance(result.result, dict) else {}
+    if raw.get("kind") == "json" and isinstance(raw.get("value"), dict):
+        return ToolResult.json({**raw["value"], "verification": verification})
+    return ToolResult.json({"result": raw.get("value", raw.get("text")), "verification": verification})
+
+
+def receipt(
+    *,
+    operation_id: str,
+    gov: SessionGovernance,
+    record: Mapping[str, Any],
+    args: Mapping[str, Any],
+    started_ms: int,
+    ended_ms: int,
+    status: TaskStatus,
+    items: tuple[EvidenceItem, ...] = (),
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The sealed ``ActionReceipt`` of one decided call, as JSON."""
+    sealed = seal_receipt(
+        receipt_id=f"rcpt-{uuid.uuid5(uuid.NAMESPACE_URL, operation_id)}",
+        task_id=operation_id,
+        capability=record["capability"],
+        principal=gov.identity.chain,
+        effect=record["effect"],
+        execution_guarantee=record.get("executionGuarantee"),
+        policy_decision={
+            "outcome": record["outcome"],
+            "policy_version": record["policyVersion"],
+            "policy_digest": record["policyDigest"],
+            "approval_id": record.get("challenge", {}).get("approvalId"),
+        },
+        target=record["target"],
+        input_digest=sha256_digest(canonical_json.dumps(dict(args))),
+        started_at=_iso(started_ms),
+        ended_at=_iso(ended_ms),
+        success=status == "verified_success",
+        observed_effect={"status": status},
+        evidence=items,
+        error=error,
+    )
+    return sealed.to_json()
+
+
+def _iso(ms: int) -> str:
+    return iso_ms(datetime.fromtimestamp(ms / 1000, tz=UTC))

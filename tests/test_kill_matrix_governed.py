@@ -1,0 +1,152 @@
+"""The kill matrix, unchanged, under a policy that confirms every mutation and a test approver.
+
+Every cell of ``test_kill_matrix.matrix()`` runs with the same kills and the same expectations;
+the only differences are the session's recorded policy (``mutations: confirm``; ``bash``'s
+evidence is its exit code) and an approver that answers every pending request with its exact
+phrase as soon as it appears. So each mutation waits for its approval before T1, and a crash at
+any boundary must still settle exactly as without governance: effects at most once, the same
+parks, one terminal fact per run, a clean ``ledger verify``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.errors import MakaError
+from maka_core.governance import parse_policy
+from maka_core.runtime import approvals
+from maka_core.runtime.governed import SessionGovernance
+from maka_core.store.writer import LedgerStore
+from tests.drills import (
+    DRILL_SCRIPT,
+    Cell,
+    CellResult,
+    Sandbox,
+    check,
+    collect,
+    format_table,
+    ready,
+    settle,
+    stop,
+)
+from tests.temporal_support import start
+from tests.test_kill_matrix import PARALLEL, _selected, drill, matrix
+
+CONFIRM_ALL = {
+    "policyVersion": "kill-matrix-confirm",
+    "mutations": "confirm",
+    "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]},
+}
+
+
+def _record_policy(db: Path, session_id: str) -> None:
+    record = SessionGovernance(parse_policy(CONFIRM_ALL)).to_record()
+    with LedgerStore.open(db) as store:
+        store.put_session_policy(
+            session_id,
+            policy=record["policy"],
+            version=record["version"],
+            digest=record["digest"],
+            identity=record["identity"],
+        )
+
+
+def _approve_all(db: Path, session_id: str, stop_at: list[bool], approved: list[str]) -> None:
+    """The test approver: every pending request of the session, with its exact phrase."""
+    with LedgerStore.open(db) as store:
+        while not stop_at:
+            for pending in approvals.pending(store, session_id):
+                with contextlib.suppress(MakaError):  # answered meanwhile, or expired
+                    approvals.answer(
+                        store,
+                        session_id,
+                        pending["approvalId"],
+                        allow=True,
+                        phrase=pending["phrase"],
+                        by="test",
+                    )
+                    approved.append(pending["operationId"])
+            time.sleep(0.1)
+
+
+async def run_governed_cell(server: Any, client: Any, root: Path, cell: Cell) -> tuple[CellResult, int]:
+    """``drills.run_cell`` with the policy recorded before the session starts and the approver on."""
+    result = CellResult(cell)
+    box = Sandbox(server, root / cell.name.replace(" ", "_").replace("/", "_"))
+    session_id = f"sess-{uuid.uuid4()}"
+    halt: list[bool] = []
+    approved: list[str] = []
+    approver: asyncio.Future[None] | None = None
+    run_id = ""
+    last_death = 0.0
+    try:
+        for kill in cell.kills:
+            doomed = box.worker(kill)
+            try:
+                await ready(doomed)
+                if not result.session_id:
+                    _record_policy(box.db, session_id)
+                    approver = asyncio.ensure_future(
+                        asyncio.to_thread(_approve_all, box.db, session_id, halt, approved)
+                    )
+                    result.session_id, accepted = await start(
+                        client, box.ws, DRILL_SCRIPT, box.queue, session_id=session_id
+                    )
+                    run_id = accepted.run_id
+                code = await doomed.wait_exit(timeout=90)
+            finally:
+                await stop(doomed)
+            last_death = time.monotonic()
+            if code != -9:
+                raise RuntimeError(f"worker armed with {kill.label} exited {code}, not by SIGKILL")
+            result.kills += 1
+        survivor = box.worker()
+        try:
+            await ready(survivor)
+            status = await settle(client, result.session_id, run_id)
+            result.recovery_s = time.monotonic() - last_death
+        finally:
+            await stop(survivor)
+        result.state, result.park_reason = status.state, status.park_reason
+        collect(box, result)
+        result.verify_clean, result.verify_output = await box.verify()
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result, len(approved)
+    finally:
+        halt.append(True)
+        if approver is not None:
+            await approver
+    if cell.expect is not None:
+        result.problems = check(cell.expect, result)
+    return result, len(approved)
+
+
+@drill
+@pytest.mark.timeout(900)
+async def test_kill_matrix_with_every_mutation_confirmed(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    cells = _selected(matrix())
+    gate = asyncio.Semaphore(PARALLEL)
+
+    async def one(cell: Cell) -> tuple[CellResult, int]:
+        async with gate:
+            return await run_governed_cell(temporal_server, temporal_client, tmp_path, cell)
+
+    outcomes = await asyncio.gather(*(one(c) for c in cells))
+    results = [r for r, _ in outcomes]
+    table = format_table(results, title="Kill matrix, every mutation confirmed by a test approver")
+    with capsys.disabled():
+        print("\n" + table + "\n")
+    assert [r.cell.name for r in results if not r.passed] == [], table
+    assert sum(r.duplicates for r in results) == 0
+    # The approver was needed: every cell approved at least the first write before anything ran.
+    assert all(n >= 1 for _, n in outcomes), [(r.cell.name, n) for r, n in outcomes]

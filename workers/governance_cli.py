@@ -1,0 +1,260 @@
+"""Governed execution's commands: the session's policy at start, approvals, receipts.
+
+- ``maka session start --policy FILE --principal kind:id --on-behalf-of kind:id [--unhinged]``:
+  the policy (default ``$MAKA_HOME/policy.json`` when present, else the built-in default) is
+  validated before anything starts (``policy_invalid`` with the offending field, exit 2) and,
+  once the server answers, recorded in the ledger for the session before its workflow starts:
+  every worker then decides by the same policy, and no policy crosses the workflow's history
+  (so the workflow, its contracts and its replay are untouched).
+- ``maka session approve SESSION APPROVAL_ID --phrase "APPROVE …" [--by NAME]`` and ``maka
+  session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
+  committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
+  says why the wait lives in the ledger rather than in a workflow Update). Refusals exit 2 with
+  ``approval_id_mismatch``, ``approval_phrase_mismatch``, ``approval_expired``,
+  ``approval_action_digest_mismatch`` or ``approval_not_pending``.
+- ``maka session receipts SESSION [--json]``: the session's action receipts and execution
+  certificates (JSON lines under ``--json``: the export ``maka receipts verify FILE`` checks,
+  recomputing every digest; exit 1 when any problem is found).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from maka_core.errors import ConfigError, MakaError
+from maka_core.facts import canonical_json
+from maka_core.settings import MakaSettings
+from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+
+__all__ = ["SessionPolicy", "governance_status", "policy_options", "register", "session_policy"]
+
+
+def policy_options(fn: Any) -> Any:
+    """``--policy``, ``--principal``, ``--on-behalf-of`` and ``--unhinged`` for ``maka session start``."""
+    fn = click.option(
+        "--unhinged",
+        is_flag=True,
+        help="honour a policy's `unhinged: true` (MELRA's second key: no guardrails but forbidden effects)",
+    )(fn)
+    fn = click.option(
+        "--on-behalf-of",
+        "on_behalf_of",
+        multiple=True,
+        metavar="KIND:ID",
+        help="who the principal acts for, outermost first (repeatable)",
+    )(fn)
+    fn = click.option(
+        "--principal", default=None, metavar="KIND:ID", help="who asks (default agent:local); grants match it"
+    )(fn)
+    fn = click.option(
+        "--policy",
+        "policy_file",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="governance policy JSON (default: $MAKA_HOME/policy.json if present, "
+        "else workspace tools allowed)",
+    )(fn)
+    return fn
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """A validated policy and principal for a session about to start."""
+
+    session_id: str
+    record: dict[str, Any]
+
+    def record_in(self, s: MakaSettings) -> None:
+        """Record it in the ledger (once per session; the same again is a no-op).
+
+        Raises:
+            MakaError: ``session_policy_conflict`` when the session already has another.
+        """
+        with open_ledger(s.ledger, create=True) as store:
+            store.put_session_policy(
+                self.session_id,
+                policy=self.record["policy"],
+                version=self.record["version"],
+                digest=self.record["digest"],
+                identity=self.record["identity"],
+            )
+
+
+def session_policy(
+    s: MakaSettings,
+    session_id: str | None,
+    policy_file: Path | None,
+    principal: str | None,
+    on_behalf_of: tuple[str, ...],
+    unhinged: bool = False,
+) -> SessionPolicy:
+    """Validate the session's policy and principal (nothing is written here).
+
+    A policy's ``unhinged: true`` is one key of MELRA's two: it is honoured only when the operator
+    turns the second (``--unhinged``) for this session, and refused otherwise.
+
+    Raises:
+        ConfigError: ``policy_invalid`` (with ``field``), ``unhinged_not_confirmed`` or
+            ``principal_invalid``.
+    """
+    from maka_core.governance import Identity, Principal, load_policy
+    from maka_core.runtime.governed import DEFAULT_SESSION_POLICY, SessionGovernance
+
+    path = policy_file
+    if path is None and s.home is not None and (Path(s.home) / "policy.json").is_file():
+        path = Path(s.home) / "policy.json"
+    policy = DEFAULT_SESSION_POLICY if path is None else load_policy(path)
+    if policy.unhinged and not unhinged:
+        raise ConfigError(
+            "unhinged_not_confirmed",
+            f"{path} sets unhinged: true (no guardrails); pass --unhinged to honour it",
+            path=str(path),
+            field="unhinged",
+        )
+    if len(on_behalf_of) > 7:
+        raise ConfigError("principal_invalid", "at most 7 --on-behalf-of principals")
+    identity = Identity(
+        principal=Principal.parse(principal or "agent:local"),
+        on_behalf_of=tuple(Principal.parse(p) for p in on_behalf_of),
+    )
+    sid = session_id or f"sess-{uuid.uuid4()}"
+    return SessionPolicy(sid, SessionGovernance(policy, identity).to_record())
+
+
+def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]:
+    """What ``maka session status --json`` adds: the requests of running turns still awaiting an
+    answer (a request left behind by a turn that ended otherwise waits for nobody), and the state
+    ``awaiting_approval`` while any does."""
+    from maka_core.runtime import approvals
+
+    pending = []
+    for item in approvals.pending(store, session_id):
+        header = store.get_run(item.pop("runId"))
+        if header is not None and header.status == "running":
+            pending.append(item)
+    waiting = bool(pending) and state == "running"
+    return {"pendingApprovals": pending, **({"state": "awaiting_approval"} if waiting else {})}
+
+
+@click.command("approve")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.argument("approval_id", metavar="APPROVAL_ID")
+@click.option("--phrase", required=True, help='the challenge phrase, exactly: "APPROVE <12 hex>"')
+@click.option("--by", "by", default=None, metavar="NAME", help="who approves (recorded as the reviewer)")
+@json_option()
+def cmd_approve(
+    db: str | None, session_id: str, approval_id: str, phrase: str, by: str | None, as_json: bool
+) -> None:
+    """Approve a pending tool call: it is judged again and then runs."""
+    _answer(db, session_id, approval_id, allow=True, phrase=phrase, by=by, reason=None, as_json=as_json)
+
+
+@click.command("deny")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.argument("approval_id", metavar="APPROVAL_ID")
+@click.option("--by", "by", default=None, metavar="NAME", help="who denies (recorded as the reviewer)")
+@click.option("--reason", default=None, help="why (recorded as the rationale)")
+@json_option()
+def cmd_deny(
+    db: str | None, session_id: str, approval_id: str, by: str | None, reason: str | None, as_json: bool
+) -> None:
+    """Deny a pending tool call: the model gets policy_blocked / approval_denied."""
+    _answer(db, session_id, approval_id, allow=False, phrase=None, by=by, reason=reason, as_json=as_json)
+
+
+def _answer(
+    db: str | None,
+    session_id: str,
+    approval_id: str,
+    *,
+    allow: bool,
+    phrase: str | None,
+    by: str | None,
+    reason: str | None,
+    as_json: bool,
+) -> None:
+    from maka_core.runtime import approvals
+
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        done = approvals.answer(
+            store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
+        )
+    if as_json:
+        print_json(done, indent=2)
+    else:
+        click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+
+
+@click.command("receipts")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@json_option("the receipts and certificates as JSON lines (the export `maka receipts verify` checks)")
+def cmd_session_receipts(db: str | None, session_id: str, as_json: bool) -> None:
+    """The session's action receipts and execution certificates."""
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        rows = store.receipts(session_id)
+    if not rows:
+        raise MakaError("receipts_not_found", f"no receipts for session {session_id}", sessionId=session_id)
+    if as_json:
+        for row in rows:
+            sys.stdout.write(canonical_json.dumps(row) + "\n")
+        return
+    for row in rows:
+        if row["kind"] == "action_receipt":
+            click.echo(
+                f"receipt {row['taskId']}  {row['capability']:<12} {row['policyDecision']['outcome']:<7} "
+                f"{row['observedEffect'].get('status')}"
+            )
+        else:
+            click.echo(f"certificate {row['turnId']}  {row['result']}  receipts={len(row['receiptIds'])}")
+
+
+@click.group("receipts")
+def receipts() -> None:
+    """Exported receipts."""
+
+
+@receipts.command("verify")
+@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@json_option()
+def cmd_verify(file: Path, as_json: bool) -> None:
+    """Recompute every digest in an exported receipts file (exit 1 on any problem)."""
+    from maka_core.governance import verify_receipts
+
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MakaError("receipts_unreadable", f"cannot read {file}: {exc}", path=str(file)) from None
+    problems = verify_receipts(lines)
+    count = sum(1 for line in lines if line.strip())
+    if as_json:
+        print_json(
+            {
+                "ok": not problems,
+                "lines": count,
+                "problems": [{"line": p.line, "code": p.code, "message": p.message} for p in problems],
+            },
+            indent=2,
+        )
+    else:
+        for p in problems:
+            click.echo(f"line {p.line}: {p.code}: {p.message}")
+        click.echo(f"{count} lines, {len(problems)} problems")
+    finish(1 if problems else 0)
+
+
+def register(root: click.Group) -> None:
+    """Add ``receipts`` to ``maka`` and approve/deny/receipts to ``maka session``."""
+    from workers.session_cli import session
+
+    for command in (cmd_approve, cmd_deny, cmd_session_receipts):
+        session.add_command(command)
+    root.add_command(receipts)

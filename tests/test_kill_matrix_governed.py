@@ -58,22 +58,24 @@ def _record_policy(db: Path, session_id: str) -> None:
         )
 
 
-def _approve_all(db: Path, session_id: str, stop_at: list[bool], approved: list[str]) -> None:
-    """The test approver: every pending request of the session, with its exact phrase."""
+def _approve_pending(db: Path, session_id: str, approved: list[str]) -> None:
+    """The test approver's one pass: every pending request of the session, with its exact phrase."""
     with LedgerStore.open(db) as store:
-        while not stop_at:
-            for pending in approvals.pending(store, session_id):
-                with contextlib.suppress(MakaError):  # answered meanwhile, or expired
-                    approvals.answer(
-                        store,
-                        session_id,
-                        pending["approvalId"],
-                        allow=True,
-                        phrase=pending["phrase"],
-                        by="test",
-                    )
-                    approved.append(pending["operationId"])
-            time.sleep(0.1)
+        for pending in approvals.pending(store, session_id):
+            with contextlib.suppress(MakaError):  # answered meanwhile, or expired
+                approvals.answer(
+                    store, session_id, pending["approvalId"], allow=True, phrase=pending["phrase"], by="test"
+                )
+                approved.append(pending["operationId"])
+
+
+async def _approve_all(db: Path, session_id: str, stop_at: list[bool], approved: list[str]) -> None:
+    """The test approver, until ``stop_at``. Each pass borrows a default-executor thread for a moment
+    only: a loop holding one thread per cell would starve the harness's own ``to_thread`` calls when
+    as many cells run at once as the executor has threads (six on two cores)."""
+    while not stop_at:
+        await asyncio.to_thread(_approve_pending, db, session_id, approved)
+        await asyncio.sleep(0.1)
 
 
 async def run_governed_cell(server: Any, client: Any, root: Path, cell: Cell) -> tuple[CellResult, int]:
@@ -93,9 +95,7 @@ async def run_governed_cell(server: Any, client: Any, root: Path, cell: Cell) ->
                 await ready(doomed)
                 if not result.session_id:
                     _record_policy(box.db, session_id)
-                    approver = asyncio.ensure_future(
-                        asyncio.to_thread(_approve_all, box.db, session_id, halt, approved)
-                    )
+                    approver = asyncio.ensure_future(_approve_all(box.db, session_id, halt, approved))
                     result.session_id, accepted = await start(
                         client, box.ws, DRILL_SCRIPT, box.queue, session_id=session_id
                     )

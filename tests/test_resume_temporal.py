@@ -126,6 +126,11 @@ async def test_a_turn_lost_at_a_safe_boundary_continues_and_finishes_with_one_ef
         assert len(_continuations(box, session_id)) == 1
         clean, report = await box.verify()
         assert clean, report
+        # The auditor's view of the same story: the terminated execution, the repaired source run,
+        # the claim, the continuation start and the new execution agree with the ledger.
+        code, audit, err = await cli(box, "audit", session_id)
+        assert code == 0 and audit["ok"], (audit.get("findings"), err)
+        assert len(audit["executions"]) >= 2
     finally:
         await stop(worker)
 

@@ -23,11 +23,13 @@ from maka_core.audit.model import ActivityFact, ActivityOutcome, Execution, Exec
 from maka_core.audit.report import AuditReport, audit
 from maka_core.errors import MakaError
 from workflows.contracts import (
+    BEGIN_CONTINUATION,
     BEGIN_RUN,
     EXECUTE_TOOL,
     FINISH_RUN,
     MODEL_STEP,
     RECOVER_OPERATION,
+    BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
     Contract,
@@ -45,6 +47,7 @@ from workflows.contracts import (
 #: Input and result model of each activity type (decoded with the client's data converter).
 CONTRACTS: dict[str, tuple[type[Contract] | None, type[Contract]]] = {
     BEGIN_RUN: (BeginRunInput, BeginRunResult),
+    BEGIN_CONTINUATION: (BeginContinuationInput, BeginRunResult),
     MODEL_STEP: (None, ModelStepResult),
     EXECUTE_TOOL: (ToolInput, ToolOutcome),
     RECOVER_OPERATION: (RecoverInput, RecoverResult),

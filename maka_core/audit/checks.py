@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from maka_core.audit.findings import CheckId, Finding
 from maka_core.audit.index import (
-    BEGIN_RUN,
+    BEGINS,
     EXECUTE_TOOL,
     FINISH_RUN,
     RECOVER_OPERATION,
@@ -60,7 +60,7 @@ def check_runs(ix: AuditIndex) -> Iterator[Finding]:
             begun = [
                 p
                 for p in ix.by_run.get(run_id, ())
-                if p.fact.activity_type == BEGIN_RUN and p.execution.run_id == header.workflow_run_id
+                if p.fact.activity_type in BEGINS and p.execution.run_id == header.workflow_run_id
             ]
             if not begun:
                 yield Finding(
@@ -70,7 +70,7 @@ def check_runs(ix: AuditIndex) -> Iterator[Finding]:
                     execution_run_id=header.workflow_run_id,
                 )
         yield from _run_finish(ix, run_id, events)
-    for placed in ix.by_type.get(BEGIN_RUN, ()):
+    for placed in (p for kind in BEGINS for p in ix.by_type.get(kind, ())):
         fact = placed.fact
         if fact.outcome == "completed" and fact.run_id and fact.run_id not in ix.run_events:
             yield Finding(
@@ -138,7 +138,7 @@ def _run_finish(ix: AuditIndex, run_id: str, events: list[RuntimeEvent]) -> Iter
 
 def _run_order(ix: AuditIndex) -> Iterator[Finding]:
     history: list[str] = []
-    for placed in sorted(ix.by_type.get(BEGIN_RUN, ()), key=lambda p: p.order):
+    for placed in sorted((p for kind in BEGINS for p in ix.by_type.get(kind, ())), key=lambda p: p.order):
         if placed.fact.outcome == "completed" and placed.fact.run_id and placed.fact.run_id not in history:
             history.append(placed.fact.run_id)
     shown = set(history)

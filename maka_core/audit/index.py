@@ -15,6 +15,9 @@ from maka_core.ledger.resolver import OperationResolution, RecoveryResolution, r
 from maka_core.ledger.scanner import LedgerScanner, OperationFacts, scan
 
 BEGIN_RUN = "maka.begin_run"
+#: A resumed session's first run is begun by this activity instead (its run was claimed by resume).
+BEGIN_CONTINUATION = "maka.begin_continuation"
+BEGINS: tuple[str, ...] = (BEGIN_RUN, BEGIN_CONTINUATION)
 MODEL_STEP = "maka.model_step"
 EXECUTE_TOOL = "maka.execute_tool"
 RECOVER_OPERATION = "maka.recover_operation"

@@ -160,6 +160,19 @@ def open_ledger(target: str | Path, *, create: bool) -> Any:
         ) from None
 
 
+def session_events(target: str | Path, session_id: str, *, run_id: str | None = None) -> list[Any]:
+    """A stored session's events (of one run, when given), read-only.
+
+    Raises:
+        MakaError: ``session_not_found`` when the ledger holds none; ``open_ledger``'s codes.
+    """
+    with open_ledger(target, create=False) as store:
+        events: list[Any] = store.events(session_id=session_id, run_id=run_id)
+    if not events:
+        raise MakaError("session_not_found", f"no events for session {session_id}", sessionId=session_id)
+    return events
+
+
 def ensure_utf8(text: str, what: str) -> str:
     """Refuse text that did not decode as UTF-8 (arguments arrive with surrogate escapes)."""
     try:

@@ -16,7 +16,7 @@ import click
 from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
-from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, session_events, settings
 
 #: A file of bad lines is reported by its first errors and a count, never all of them.
 MAX_REPORTED_ERRORS = 100
@@ -123,11 +123,7 @@ def cmd_export(db: str | None, session: str, as_json: bool) -> None:
     """Print a session's events as Maka-canonical JSONL."""
     import sys
 
-    with open_ledger(settings(db=db).ledger, create=False) as store:
-        events = store.events(session_id=session)
-    if not events:
-        raise MakaError("session_not_found", f"no events for session {session}", sessionId=session)
-    for event in events:
+    for event in session_events(settings(db=db).ledger, session):
         sys.stdout.write(codec.encode(event) + "\n")
 
 
@@ -155,10 +151,7 @@ def cmd_plan(
         return
     if not session:
         raise MakaError("config_invalid", "--session is required without FILE")
-    with open_ledger(settings(db=db).ledger, create=False) as store:
-        events = store.events(session_id=session, run_id=run)
-    if not events:
-        raise MakaError("session_not_found", f"no events for session {session}", sessionId=session)
+    events = session_events(settings(db=db).ledger, session, run_id=run)
     if run is not None:
         _emit_plans([(None, events)], expected_high_water, as_json)
         return

@@ -31,6 +31,7 @@ from workers.cli_base import (
     open_ledger,
     print_json,
     run_async,
+    session_events,
     settings,
     stdout_is_tty,
     temporal_options,
@@ -446,10 +447,7 @@ def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
     from maka_core.facts import codec
     from maka_core.runtime.session_view import transcript_lines
 
-    with open_ledger(settings(db=db).ledger, create=False) as store:
-        events = store.events(session_id=session_id)
-    if not events:
-        raise MakaError("session_not_found", f"no events for session {session_id}", sessionId=session_id)
+    events = session_events(settings(db=db).ledger, session_id)
     if as_json:
         for event in events:
             sys.stdout.write(codec.encode(event) + "\n")

@@ -313,8 +313,12 @@ async def run_cell(
     script: Path = DRILL_SCRIPT,
     *,
     backend: Backend = "sqlite",
+    before_start: Callable[[Sandbox, str], None] | None = None,
 ) -> CellResult:
-    """Kill a worker at each of ``cell.kills`` in turn, restart clean, settle, collect and check."""
+    """Kill a worker at each of ``cell.kills`` in turn, restart clean, settle, collect and check.
+
+    ``before_start(box, session_id)`` runs once, after the first worker is ready and before the
+    session starts (a variant of the matrix records a policy and starts an approver there)."""
     result = CellResult(cell)
     box = Sandbox(
         server,
@@ -323,12 +327,19 @@ async def run_cell(
         backend=backend,
     )
     try:
-        return await _run_cell(client, box, cell, script, result)
+        return await _run_cell(client, box, cell, script, result, before_start)
     finally:
         box.close()
 
 
-async def _run_cell(client: Any, box: Sandbox, cell: Cell, script: Path, result: CellResult) -> CellResult:
+async def _run_cell(
+    client: Any,
+    box: Sandbox,
+    cell: Cell,
+    script: Path,
+    result: CellResult,
+    before_start: Callable[[Sandbox, str], None] | None,
+) -> CellResult:
     run_id = ""
     last_death = 0.0
     try:
@@ -337,7 +348,12 @@ async def _run_cell(client: Any, box: Sandbox, cell: Cell, script: Path, result:
             try:
                 await ready(doomed)
                 if not result.session_id:
-                    result.session_id, accepted = await start(client, box.ws, script, box.queue)
+                    session_id = f"sess-{uuid.uuid4()}"
+                    if before_start is not None:
+                        before_start(box, session_id)
+                    result.session_id, accepted = await start(
+                        client, box.ws, script, box.queue, session_id=session_id
+                    )
                     run_id = accepted.run_id
                 code = await doomed.wait_exit(timeout=90)
             finally:

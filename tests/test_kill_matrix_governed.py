@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +27,9 @@ from tests.drills import (
     Cell,
     CellResult,
     Sandbox,
-    check,
-    collect,
     format_table,
-    ready,
-    settle,
-    stop,
+    run_cell,
 )
-from tests.temporal_support import start
 from tests.test_kill_matrix import PARALLEL, _selected, drill, matrix
 
 CONFIRM_ALL = {
@@ -80,52 +73,19 @@ async def _approve_all(db: Path, session_id: str, stop_at: list[bool], approved:
 
 async def run_governed_cell(server: Any, client: Any, root: Path, cell: Cell) -> tuple[CellResult, int]:
     """``drills.run_cell`` with the policy recorded before the session starts and the approver on."""
-    result = CellResult(cell)
-    box = Sandbox(server, root / cell.name.replace(" ", "_").replace("/", "_"))
-    session_id = f"sess-{uuid.uuid4()}"
     halt: list[bool] = []
     approved: list[str] = []
-    approver: asyncio.Future[None] | None = None
-    run_id = ""
-    last_death = 0.0
+    approvers: list[asyncio.Future[None]] = []
+
+    def govern(box: Sandbox, session_id: str) -> None:
+        _record_policy(box.db, session_id)
+        approvers.append(asyncio.ensure_future(_approve_all(box.db, session_id, halt, approved)))
+
     try:
-        for kill in cell.kills:
-            doomed = box.worker(kill)
-            try:
-                await ready(doomed)
-                if not result.session_id:
-                    _record_policy(box.db, session_id)
-                    approver = asyncio.ensure_future(_approve_all(box.db, session_id, halt, approved))
-                    result.session_id, accepted = await start(
-                        client, box.ws, DRILL_SCRIPT, box.queue, session_id=session_id
-                    )
-                    run_id = accepted.run_id
-                code = await doomed.wait_exit(timeout=90)
-            finally:
-                await stop(doomed)
-            last_death = time.monotonic()
-            if code != -9:
-                raise RuntimeError(f"worker armed with {kill.label} exited {code}, not by SIGKILL")
-            result.kills += 1
-        survivor = box.worker()
-        try:
-            await ready(survivor)
-            status = await settle(client, result.session_id, run_id)
-            result.recovery_s = time.monotonic() - last_death
-        finally:
-            await stop(survivor)
-        result.state, result.park_reason = status.state, status.park_reason
-        collect(box, result)
-        result.verify_clean, result.verify_output = await box.verify()
-    except Exception as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result, len(approved)
+        result = await run_cell(server, client, root, cell, DRILL_SCRIPT, before_start=govern)
     finally:
         halt.append(True)
-        if approver is not None:
-            await approver
-    if cell.expect is not None:
-        result.problems = check(cell.expect, result)
+        await asyncio.gather(*approvers)
     return result, len(approved)
 
 

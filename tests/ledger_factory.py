@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.codec import canonical_args_hash, digest
 from maka_core.facts.events import (
     TOOL_BOUNDARY_PROTOCOL,
     Actions,
+    ContinuationStart,
     ErrorContent,
     FunctionCallContent,
     FunctionResponseContent,
+    ImmediateSource,
     ReconcileResult,
     RecoveryDecision,
     Refs,
@@ -375,3 +378,57 @@ def run_header(
 def wire(events: list[RuntimeEvent]) -> list[dict[str, Any]]:
     """A ledger as the planner's INPUT carries it: RuntimeEvent JSON objects in seq order."""
     return [e.to_wire() for e in events]
+
+
+def continuation_claim(
+    high_water: int, prefix_digest: str, *, n: str = "1", target: str = "2", **fields: Any
+) -> ContinuationClaim:
+    """A claim that run-1 of sess-1 continues as ``run-<target>``, bound to the source prefix a
+    store reported (``store.prefix(...)``): ``claim-<n>``, its boundary digest keyed by ``n``."""
+    return ContinuationClaim(
+        claim_id=f"claim-{n}",
+        source_session_id=SESSION,
+        source_invocation_id=INVOCATION,
+        source_run_id=RUN,
+        source_turn_id=TURN,
+        source_event_high_water=high_water,
+        source_prefix_digest=prefix_digest,
+        boundary_digest=digest(f"boundary-{n}"),
+        boundary_json={"highWater": high_water},
+        provider_replay_digest=DIGEST,
+        target_session_id=SESSION,
+        target_invocation_id=f"inv-{target}",
+        target_run_id=f"run-{target}",
+        target_turn_id=f"turn-{target}",
+        **fields,
+    )
+
+
+def continuation_start(
+    claim: ContinuationClaim, *, id: str = "evt-start", high_water: int | None = None, **envelope: Any
+) -> RuntimeEvent:
+    """The continuation-start fact a runtime admits for ``claim``, in the claim's target run; its
+    immediate source is the claimed prefix unless ``high_water`` says otherwise."""
+    fields: dict[str, Any] = {
+        "session_id": claim.target_session_id,
+        "invocation_id": claim.target_invocation_id,
+        "run_id": claim.target_run_id,
+        "turn_id": claim.target_turn_id,
+        **envelope,
+    }
+    start = ContinuationStart(
+        provenance="runtime_admission",
+        claim_id=claim.claim_id,
+        boundary_digest=claim.boundary_digest,
+        immediate_source=ImmediateSource(
+            session_id=claim.source_session_id,
+            invocation_id=claim.source_invocation_id,
+            run_id=claim.source_run_id,
+            turn_id=claim.source_turn_id,
+            high_water=claim.source_event_high_water if high_water is None else high_water,
+            prefix_digest=claim.source_prefix_digest,
+        ),
+        replay_manifest_digest=DIGEST,
+        provider_replay_digest=DIGEST,
+    )
+    return event(id, role="system", author="system", actions=Actions(continuation_start=start), **fields)

@@ -12,12 +12,9 @@ from pathlib import Path
 
 from maka_core.audit.model import ActivityFact, Execution, LedgerFacts, read_ledger
 from maka_core.audit.report import audit
-from maka_core.facts import codec
-from maka_core.facts.claims import ContinuationClaim
-from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.store.writer import LedgerStore
-from tests.ledger_factory import DIGEST, ids, terminal, user
+from tests.ledger_factory import DIGEST, continuation_claim, continuation_start, ids, terminal, user
 from tests.ledger_factory import TS as T0
 
 WF = "maka-session-sess-1"
@@ -28,25 +25,8 @@ def _ledger(path: Path) -> LedgerFacts:
         store.append([user()])
         store.commit_terminal(terminal(ts=T0 + 3))
         prefix = store.prefix("sess-1", "run-1")
-        claim = store.claim_continuation(
-            ContinuationClaim(
-                claim_id="claim-1",
-                source_session_id="sess-1",
-                source_invocation_id="inv-1",
-                source_run_id="run-1",
-                source_turn_id="turn-1",
-                source_event_high_water=prefix.high_water,
-                source_prefix_digest=prefix.prefix_digest,
-                boundary_digest=codec.digest("boundary-1"),
-                boundary_json={"highWater": prefix.high_water},
-                provider_replay_digest=DIGEST,
-                target_session_id="sess-1",
-                target_invocation_id="inv-2",
-                target_run_id="run-2",
-                target_turn_id="turn-2",
-            )
-        ).claim
-        store.commit_continuation_start(_start(claim, prefix.high_water, prefix.prefix_digest))
+        claim = store.claim_continuation(continuation_claim(prefix.high_water, prefix.prefix_digest)).claim
+        store.commit_continuation_start(continuation_start(claim, ts=T0 + 10))
         store.commit_terminal(
             terminal(id="evt-terminal-2", ts=T0 + 20, **ids(run="run-2", inv="inv-2", turn="turn-2"))
         )
@@ -62,38 +42,6 @@ def _ledger(path: Path) -> LedgerFacts:
             )
             store.put_run(header)
         return read_ledger(store, "sess-1")
-
-
-def _start(claim: ContinuationClaim, high_water: int, digest: str) -> RuntimeEvent:
-    event = RuntimeEvent(
-        id="evt-start",
-        session_id="sess-1",
-        run_id="run-2",
-        invocation_id="inv-2",
-        turn_id="turn-2",
-        ts=T0 + 10,
-        partial=False,
-        role="system",
-        author="system",
-        actions=Actions(
-            continuation_start=ContinuationStart(
-                provenance="runtime_admission",
-                claim_id=claim.claim_id,
-                boundary_digest=claim.boundary_digest,
-                immediate_source=ImmediateSource(
-                    session_id="sess-1",
-                    invocation_id="inv-1",
-                    run_id="run-1",
-                    turn_id="turn-1",
-                    high_water=high_water,
-                    prefix_digest=digest,
-                ),
-                replay_manifest_digest=DIGEST,
-                provider_replay_digest=DIGEST,
-            )
-        ),
-    )
-    return codec.decode(codec.encode(event))
 
 
 def _execution(run_id: str, run: str, start: int, close: int) -> Execution:

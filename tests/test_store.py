@@ -24,6 +24,8 @@ from tests.ledger_factory import (
     TS,
     call,
     completed_bundle,
+    continuation_claim,
+    continuation_start,
     dispatch,
     ids,
     parked_bundle,
@@ -216,24 +218,9 @@ def test_run_headers_follow_their_terminal_event(store: LedgerStore) -> None:
 # --- prefixes and continuation claims -----------------------------------------------------------
 
 
-def make_claim(store: LedgerStore, claim_id: str = "claim-1", target: str = "2") -> ContinuationClaim:
+def make_claim(store: LedgerStore, n: str = "1", target: str = "2") -> ContinuationClaim:
     prefix = store.prefix("sess-1", "run-1")
-    return ContinuationClaim(
-        claim_id=claim_id,
-        source_session_id="sess-1",
-        source_invocation_id="inv-1",
-        source_run_id="run-1",
-        source_turn_id="turn-1",
-        source_event_high_water=prefix.high_water,
-        source_prefix_digest=prefix.prefix_digest,
-        boundary_digest=codec.digest(f"boundary-{claim_id}"),
-        boundary_json={"highWater": prefix.high_water},
-        provider_replay_digest=DIGEST,
-        target_session_id="sess-1",
-        target_invocation_id=f"inv-{target}",
-        target_run_id=f"run-{target}",
-        target_turn_id=f"turn-{target}",
-    )
+    return continuation_claim(prefix.high_water, prefix.prefix_digest, n=n, target=target)
 
 
 def test_prefix_digest_is_stable_and_domain_separated(store: LedgerStore) -> None:
@@ -251,7 +238,7 @@ def test_continuation_claim_is_unique_per_source_boundary(store: LedgerStore) ->
         store.claim_continuation(make_claim(store))
     assert err.value.code == "source_not_terminal"
     store.commit_terminal(terminal())
-    other_turn = make_claim(store, "claim-0").model_copy(update={"source_turn_id": "turn-9"})
+    other_turn = make_claim(store, "0").model_copy(update={"source_turn_id": "turn-9"})
     with pytest.raises(LedgerRejection) as err:
         store.claim_continuation(other_turn)
     assert err.value.code == "source_identity_changed"
@@ -260,9 +247,9 @@ def test_continuation_claim_is_unique_per_source_boundary(store: LedgerStore) ->
     assert first.status == "acquired" and first.claim.claimed_at > 0
     again = store.claim_continuation(claim)
     assert again.status == "existing" and again.claim.claim_id == "claim-1"
-    rival = store.claim_continuation(make_claim(store, "claim-2", target="3"))
+    rival = store.claim_continuation(make_claim(store, "2", target="3"))
     assert rival.status == "conflict" and rival.claim.claim_id == "claim-1"
-    stale = make_claim(store, "claim-3", target="4").model_copy(update={"source_event_high_water": 1})
+    stale = make_claim(store, "3", target="4").model_copy(update={"source_event_high_water": 1})
     with pytest.raises(LedgerRejection) as err:
         store.claim_continuation(stale)
     assert err.value.code == "source_high_water_changed"
@@ -270,39 +257,10 @@ def test_continuation_claim_is_unique_per_source_boundary(store: LedgerStore) ->
 
 
 def test_continuation_start_binds_to_its_claim(store: LedgerStore) -> None:
-    from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
-
     store.append([user()])
     store.commit_terminal(terminal())
     claim = store.claim_continuation(make_claim(store)).claim
-    start = RuntimeEvent(
-        id="evt-start",
-        session_id="sess-1",
-        run_id="run-2",
-        invocation_id="inv-2",
-        turn_id="turn-2",
-        ts=TS + 10,
-        partial=False,
-        role="system",
-        author="system",
-        actions=Actions(
-            continuation_start=ContinuationStart(
-                provenance="runtime_admission",
-                claim_id=claim.claim_id,
-                boundary_digest=claim.boundary_digest,
-                immediate_source=ImmediateSource(
-                    session_id="sess-1",
-                    invocation_id="inv-1",
-                    run_id="run-1",
-                    turn_id="turn-1",
-                    high_water=2,
-                    prefix_digest=claim.source_prefix_digest,
-                ),
-                replay_manifest_digest=DIGEST,
-                provider_replay_digest=DIGEST,
-            )
-        ),
-    )
+    start = continuation_start(claim, high_water=2, ts=TS + 10)
     start = codec.decode(codec.encode(start))
     with pytest.raises(LedgerRejection) as err:
         store.append([start])

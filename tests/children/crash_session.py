@@ -17,13 +17,22 @@ from __future__ import annotations
 import sys
 
 from maka_core import failpoints
-from maka_core.facts import codec
 from maka_core.facts.claims import ContinuationClaim
-from maka_core.facts.events import Actions, ContinuationStart, ImmediateSource, RuntimeEvent
+from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.store.writer import LedgerStore
 from tests.children.support import raw_insert
-from tests.ledger_factory import DIGEST, TS, call, completed_bundle, dispatch, response, terminal, user
+from tests.ledger_factory import (
+    TS,
+    call,
+    completed_bundle,
+    continuation_claim,
+    continuation_start,
+    dispatch,
+    response,
+    terminal,
+    user,
+)
 
 HEADER = RunHeader(
     session_id="sess-1",
@@ -53,54 +62,11 @@ def step(name: str) -> None:
 
 def claim_for(store: LedgerStore) -> ContinuationClaim:
     prefix = store.prefix("sess-1", "run-1")
-    return ContinuationClaim(
-        claim_id="claim-1",
-        source_session_id="sess-1",
-        source_invocation_id="inv-1",
-        source_run_id="run-1",
-        source_turn_id="turn-1",
-        source_event_high_water=prefix.high_water,
-        source_prefix_digest=prefix.prefix_digest,
-        boundary_digest=codec.digest("boundary-1"),
-        boundary_json={"highWater": prefix.high_water},
-        provider_replay_digest=DIGEST,
-        target_session_id="sess-1",
-        target_invocation_id="inv-2",
-        target_run_id="run-2",
-        target_turn_id="turn-2",
-        claimed_at=TS + 20,
-    )
+    return continuation_claim(prefix.high_water, prefix.prefix_digest, claimed_at=TS + 20)
 
 
 def start_event(claim: ContinuationClaim) -> RuntimeEvent:
-    return RuntimeEvent(
-        id="evt-continuation-start",
-        session_id="sess-1",
-        run_id="run-2",
-        invocation_id="inv-2",
-        turn_id="turn-2",
-        ts=TS + 21,
-        partial=False,
-        role="system",
-        author="system",
-        actions=Actions(
-            continuation_start=ContinuationStart(
-                provenance="runtime_admission",
-                claim_id=claim.claim_id,
-                boundary_digest=claim.boundary_digest,
-                immediate_source=ImmediateSource(
-                    session_id="sess-1",
-                    invocation_id="inv-1",
-                    run_id="run-1",
-                    turn_id="turn-1",
-                    high_water=claim.source_event_high_water,
-                    prefix_digest=claim.source_prefix_digest,
-                ),
-                replay_manifest_digest=DIGEST,
-                provider_replay_digest=DIGEST,
-            )
-        ),
-    )
+    return continuation_start(claim, id="evt-continuation-start", ts=TS + 21)
 
 
 def session(store: LedgerStore) -> None:

@@ -11,32 +11,15 @@ import time
 from pathlib import Path
 
 from maka_core.errors import LedgerRejection
-from maka_core.facts import codec
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.runtime.settle import repair_run
 from maka_core.store.writer import LedgerStore
-from tests.ledger_factory import DIGEST, call, completed_bundle, dispatch, parked_bundle
+from tests.ledger_factory import call, completed_bundle, continuation_claim, dispatch, parked_bundle
 
 
 def claim(store: LedgerStore, n: str) -> ContinuationClaim:
     prefix = store.prefix("sess-1", "run-1")
-    return ContinuationClaim(
-        claim_id=f"claim-{n}",
-        source_session_id="sess-1",
-        source_invocation_id="inv-1",
-        source_run_id="run-1",
-        source_turn_id="turn-1",
-        source_event_high_water=prefix.high_water,
-        source_prefix_digest=prefix.prefix_digest,
-        boundary_digest=codec.digest(f"boundary-{n}"),
-        boundary_json={"highWater": prefix.high_water},
-        provider_replay_digest=DIGEST,
-        target_session_id="sess-1",
-        target_invocation_id=f"inv-t{n}",
-        target_run_id=f"run-t{n}",
-        target_turn_id=f"turn-t{n}",
-        claimed_at=1,
-    )
+    return continuation_claim(prefix.high_water, prefix.prefix_digest, n=n, target=f"t{n}", claimed_at=1)
 
 
 def act(store: LedgerStore, action: str) -> str:

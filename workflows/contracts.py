@@ -1,6 +1,6 @@
 """Every value that crosses the Temporal boundary: workflow input, update, query and activity models.
 
-These models and the activity names below are persisted compatibility data: they are written into
+These models and the activity names are persisted compatibility data: they are written into
 workflow histories, and a replaying worker must decode what an older worker wrote. Add optional
 fields with defaults; never rename or remove a field or an activity name (``tests/test_activity_names.py``
 pins them). Nothing here carries a transcript or a tool result: activities pass ledger identifiers
@@ -14,6 +14,13 @@ from typing import Any, Final
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
 from maka_core.runtime.contracts import (
+    ACTIVITY_NAMES,
+    BEGIN_CONTINUATION,
+    BEGIN_RUN,
+    EXECUTE_TOOL,
+    FINISH_RUN,
+    MODEL_STEP,
+    RECOVER_OPERATION,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
@@ -80,23 +87,6 @@ __all__ = [
     "TurnStatus",
     "workflow_id_for",
 ]
-
-#: Activity type names (persisted in histories; pinned by a test).
-BEGIN_RUN: Final = "maka.begin_run"
-MODEL_STEP: Final = "maka.model_step"
-EXECUTE_TOOL: Final = "maka.execute_tool"
-RECOVER_OPERATION: Final = "maka.recover_operation"
-FINISH_RUN: Final = "maka.finish_run"
-#: The first activity of a continuation turn (``maka resume``): binds the claimed run.
-BEGIN_CONTINUATION: Final = "maka.begin_continuation"
-ACTIVITY_NAMES: Final[tuple[str, ...]] = (
-    BEGIN_RUN,
-    MODEL_STEP,
-    EXECUTE_TOOL,
-    RECOVER_OPERATION,
-    FINISH_RUN,
-    BEGIN_CONTINUATION,
-)
 
 #: Workflow type, update and query names.
 SESSION_WORKFLOW: Final = "maka.session"

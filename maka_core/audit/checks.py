@@ -10,18 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from maka_core.audit.findings import CheckId, Finding
-from maka_core.audit.index import (
-    BEGINS,
-    EXECUTE_TOOL,
-    FINISH_RUN,
-    RECOVER_OPERATION,
-    AuditIndex,
-    Placed,
-)
+from maka_core.audit.index import BEGINS, AuditIndex, Placed
 from maka_core.audit.model import Execution
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import header_status_for
 from maka_core.ledger.scanner import OperationFacts
+from maka_core.runtime.contracts import EXECUTE_TOOL, FINISH_RUN, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 from maka_core.store.rows import prefix_digest
 

@@ -12,6 +12,8 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
+from maka_core.runtime.contracts import RECOVER_OPERATION
+
 WIDTH = 1200
 LABEL_W = 190
 LANE_H = 74
@@ -84,7 +86,7 @@ def _op_state(op: dict[str, Any], drift_ops: set[Any]) -> str:
         return "drift"
     if op["status"] in ("parked", "indeterminate", "corruption"):
         return "parked"
-    if op["recovered"] or any(a["type"] == "maka.recover_operation" for a in op["activities"]):
+    if op["recovered"] or any(a["type"] == RECOVER_OPERATION for a in op["activities"]):
         return "recovered"
     return "completed" if op["status"] == "completed" else "open"
 
@@ -203,7 +205,7 @@ def _tool_strip(
                     f'<path d="M{cx - 4:.1f},{ay + 24} l8,8 m0,-8 l-8,8" stroke="#d7263d" '
                     f'stroke-width="2"><title>{tip}</title></path>'
                 )
-            if act["type"] == "maka.recover_operation":
+            if act["type"] == RECOVER_OPERATION:
                 cx = x(act.get("closedAt") or act.get("scheduledAt"))
                 tip = escape(f"recovery: {op['toolName']} -> {act['result'] or act['outcome']}")
                 out.append(

@@ -13,15 +13,15 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import OperationResolution, RecoveryResolution, resolve
 from maka_core.ledger.scanner import LedgerScanner, OperationFacts, scan
+from maka_core.runtime.contracts import (
+    BEGIN_CONTINUATION,
+    BEGIN_RUN,
+    FINISH_RUN,
+)
 
-BEGIN_RUN = "maka.begin_run"
-#: A resumed session's first run is begun by this activity instead (its run was claimed by resume).
-BEGIN_CONTINUATION = "maka.begin_continuation"
+#: A resumed session's first run is begun by ``maka.begin_continuation`` instead of ``maka.begin_run``
+#: (its run was claimed by resume).
 BEGINS: tuple[str, ...] = (BEGIN_RUN, BEGIN_CONTINUATION)
-MODEL_STEP = "maka.model_step"
-EXECUTE_TOOL = "maka.execute_tool"
-RECOVER_OPERATION = "maka.recover_operation"
-FINISH_RUN = "maka.finish_run"
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from typing import Any
 
 from maka_core.audit.checks import CHECK_FUNCTIONS
 from maka_core.audit.findings import Finding
-from maka_core.audit.index import BEGINS, EXECUTE_TOOL, RECOVER_OPERATION, AuditIndex, build_index
+from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
+from maka_core.runtime.contracts import EXECUTE_TOOL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 
 
@@ -57,9 +58,7 @@ def audit(ledger: LedgerFacts, executions: Sequence[Execution]) -> AuditReport:
 
 def _execution(ix: AuditIndex, execution: Execution) -> dict[str, Any]:
     out = execution.to_json()
-    out["runs"] = sorted(
-        {f.run_id for f in execution.activities if f.run_id and f.activity_type in BEGINS}
-    )
+    out["runs"] = sorted({f.run_id for f in execution.activities if f.run_id and f.activity_type in BEGINS})
     out["toolActivities"] = sum(f.activity_type == EXECUTE_TOOL for f in execution.activities)
     return out
 

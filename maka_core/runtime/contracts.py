@@ -11,7 +11,7 @@ ledger identifiers (run, operation and event ids), and the ledger holds the fact
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -64,6 +64,25 @@ ParkReason = Literal[
     HostParkReason,
 ]
 PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+
+#: Activity type names (persisted in histories; pinned by ``tests/test_activity_names.py``). Declared
+#: here, beside the models they carry, so the workflow, the activities and the audit (which reads
+#: them back out of histories) share one spelling.
+BEGIN_RUN: Final = "maka.begin_run"
+MODEL_STEP: Final = "maka.model_step"
+EXECUTE_TOOL: Final = "maka.execute_tool"
+RECOVER_OPERATION: Final = "maka.recover_operation"
+FINISH_RUN: Final = "maka.finish_run"
+#: The first activity of a continuation turn (``maka resume``): binds the claimed run.
+BEGIN_CONTINUATION: Final = "maka.begin_continuation"
+ACTIVITY_NAMES: Final[tuple[str, ...]] = (
+    BEGIN_RUN,
+    MODEL_STEP,
+    EXECUTE_TOOL,
+    RECOVER_OPERATION,
+    FINISH_RUN,
+    BEGIN_CONTINUATION,
+)
 
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
 ToolOutcomeStatus = Literal["completed", "refused"]

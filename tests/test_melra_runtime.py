@@ -259,3 +259,24 @@ def test_a_v3_ledger_upgrades_to_the_task_table(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 4
     conn.close()
+
+
+def test_a_script_passes_the_planned_task_id_to_execute(rt: Runtime, ws: Workspace) -> None:
+    begin(rt, ws)
+    steps = [
+        {"toolCalls": [{"name": "melra_plan", "args": {"goal": "g", "operation": WRITE}}]},
+        {"toolCalls": [{"name": "melra_execute", "args": {"taskId": "{{result:call-0-0:taskId}}"}}]},
+    ]
+    spec = {"kind": "script", "steps": steps}
+    (plan_ref,) = step(rt, ws, 0, spec).calls
+    planned = result_of(
+        rt, run(tool_call.execute_tool(rt, tool_input(ws, plan_ref), ATTEMPT)).response_event_id
+    )
+    (exec_ref,) = step(rt, ws, 1, spec).calls
+    call_event = next(
+        e for e in rt.ledger.events(session_id="s1") if e.content is not None and e.content.kind == "function_call"
+        and e.content.id == exec_ref.tool_call_id
+    )  # fmt: skip
+    assert call_event.content.args == {"taskId": planned["taskId"]}  # type: ignore[union-attr]
+    done = result_of(rt, run(tool_call.execute_tool(rt, tool_input(ws, exec_ref), ATTEMPT)).response_event_id)
+    assert done["status"] == "verified_success"

@@ -280,3 +280,25 @@ def test_a_script_passes_the_planned_task_id_to_execute(rt: Runtime, ws: Workspa
     assert call_event.content.args == {"taskId": planned["taskId"]}  # type: ignore[union-attr]
     done = result_of(rt, run(tool_call.execute_tool(rt, tool_input(ws, exec_ref), ATTEMPT)).response_event_id)
     assert done["status"] == "verified_success"
+
+
+def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, ws: Workspace) -> None:
+    s = Session(rt, ws)
+    planned = s.plan(WRITE)
+    ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
+    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 and its decision; then the crash
+    assert isinstance(admitted, tool_call.Dispatched)
+    parked = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (parked.status, parked.reason) == ("parked", "dispatch_without_response")
+    assert not (ws.root / "out.txt").exists()  # at-most-once: the write is not repeated by recovery
+    again = s.call("melra_execute", {"taskId": planned["taskId"]})
+    assert (again["code"], again["status"]) == ("duplicate_attempt_prevented", "running")
+    assert not (ws.root / "out.txt").exists()
+    # Control: a read task interrupted the same way is read again by recovery.
+    (ws.root / "r.txt").write_text("r")
+    read = s.plan({"kind": "file", "action": "read", "path": "r.txt"})
+    ref = s.ask("melra_execute", {"taskId": read["taskId"]})
+    assert isinstance(tool_call._admit(rt, tool_input(ws, ref), ATTEMPT), tool_call.Dispatched)
+    reread = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (reread.status, reread.reason) == ("completed", "replay_safe_reread")
+    assert result_of(rt, reread.response_event_id)["status"] == "verified_success"

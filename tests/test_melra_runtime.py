@@ -273,11 +273,9 @@ def test_a_script_passes_the_planned_task_id_to_execute(rt: Runtime, ws: Workspa
         rt, run(tool_call.execute_tool(rt, tool_input(ws, plan_ref), ATTEMPT)).response_event_id
     )
     (exec_ref,) = step(rt, ws, 1, spec).calls
-    call_event = next(
-        e for e in rt.ledger.events(session_id="s1") if e.content is not None and e.content.kind == "function_call"
-        and e.content.id == exec_ref.tool_call_id
-    )  # fmt: skip
-    assert call_event.content.args == {"taskId": planned["taskId"]}  # type: ignore[union-attr]
+    calls = [e.content for e in rt.ledger.events(session_id="s1") if e.content is not None]
+    (committed,) = [c for c in calls if c.kind == "function_call" and c.id == exec_ref.tool_call_id]
+    assert committed.args == {"taskId": planned["taskId"]}  # type: ignore[union-attr]
     done = result_of(rt, run(tool_call.execute_tool(rt, tool_input(ws, exec_ref), ATTEMPT)).response_event_id)
     assert done["status"] == "verified_success"
 

@@ -51,6 +51,12 @@ def run(tool: Tool, args: dict, ws: Workspace) -> ToolResult:
 # --- registry ------------------------------------------------------------------------------
 
 
+MELRA_PLAN_FIELDS = [
+    "goal", "budget", "identity", "operation", "constraints", "reconciliation", "forbiddenEffects",
+    "requiredEvidence",
+]  # fmt: skip
+
+
 def test_registry_names_modes_and_provider_specs() -> None:
     tools = default_tools()
     assert {n: t.recovery_mode for n, t in tools.items()} == {
@@ -76,10 +82,7 @@ def test_registry_names_modes_and_provider_specs() -> None:
         "list_dir": ["path"],
         "read_file": ["path"],
         "write_file": ["content", "path"],
-        "melra_plan": sorted(
-            ["goal", "budget", "identity", "operation", "constraints", "reconciliation", "forbiddenEffects",
-             "requiredEvidence"]
-        ),  # fmt: skip
+        "melra_plan": sorted(MELRA_PLAN_FIELDS),
         "melra_execute": ["approval", "taskId"],
         "melra_task_status": ["taskId"],
         "melra_receipt": ["receiptId", "taskId"],

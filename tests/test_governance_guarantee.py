@@ -29,6 +29,7 @@ def test_derived_from_the_classified_effect_and_the_tools_reconciler() -> None:
     derived = {
         name: guarantee_for_tool(classify_tool_call(name, ARGS[name]).effect, tool.recovery_mode)
         for name, tool in default_tools().items()
+        if not name.startswith("melra_")  # judged by their task: tests/test_melra_*.py
     }
     assert derived == {
         "read_file": "read-only",

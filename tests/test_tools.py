@@ -51,6 +51,12 @@ def run(tool: Tool, args: dict, ws: Workspace) -> ToolResult:
 # --- registry ------------------------------------------------------------------------------
 
 
+MELRA_PLAN_FIELDS = [
+    "goal", "budget", "identity", "operation", "constraints", "reconciliation", "forbiddenEffects",
+    "requiredEvidence",
+]  # fmt: skip
+
+
 def test_registry_names_modes_and_provider_specs() -> None:
     tools = default_tools()
     assert {n: t.recovery_mode for n, t in tools.items()} == {
@@ -59,8 +65,13 @@ def test_registry_names_modes_and_provider_specs() -> None:
         "write_file": "reconcile",
         "edit_file": "reconcile",
         "bash": "never_auto_retry",
+        # The MELRA family: plan and the readers are re-run safely; execute, unbound, parks.
+        "melra_plan": "replay_safe",
+        "melra_execute": "never_auto_retry",
+        "melra_task_status": "replay_safe",
+        "melra_receipt": "replay_safe",
     }
-    assert {n for n, t in tools.items() if t.mutates} == {"write_file", "edit_file", "bash"}
+    assert {n for n, t in tools.items() if t.mutates} == {"write_file", "edit_file", "bash", "melra_execute"}
     assert all(isinstance(t, Tool) for t in tools.values())
     specs = provider_tool_specs(tools)
     by_name = {s["function"]["name"]: s for s in specs}
@@ -71,6 +82,10 @@ def test_registry_names_modes_and_provider_specs() -> None:
         "list_dir": ["path"],
         "read_file": ["path"],
         "write_file": ["content", "path"],
+        "melra_plan": sorted(MELRA_PLAN_FIELDS),
+        "melra_execute": ["approval", "taskId"],
+        "melra_task_status": ["taskId"],
+        "melra_receipt": ["receiptId", "taskId"],
     }
     assert provider_tool_specs(list(tools.values())) == specs
     json.dumps(specs)  # plain JSON for the SDK

@@ -10,6 +10,7 @@ canonical JSON of the object without its ``digest`` field; a file of receipts is
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -79,6 +80,8 @@ class ActionReceipt(_Sealed):
     evidence: tuple[EvidenceItem, ...]
     redactions: tuple[str, ...] = ()
     error: str | None = None
+    #: The MELRA task a ``melra_execute`` ran (absent for every other call).
+    melra_task_id: str | None = None
 
 
 class ExecutionCertificate(_Sealed):
@@ -94,6 +97,11 @@ class ExecutionCertificate(_Sealed):
     receipt_ids: tuple[str, ...]
     evidence: tuple[EvidenceItem, ...]
     created_at: str
+
+
+def receipt_id_for(operation_id: str) -> str:
+    """The receipt id of an operation (one receipt per decided operation)."""
+    return f"rcpt-{uuid.uuid5(uuid.NAMESPACE_URL, operation_id)}"
 
 
 def seal_receipt(**fields: Any) -> ActionReceipt:

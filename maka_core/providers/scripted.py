@@ -8,11 +8,18 @@ A step may carry both ``text`` and ``toolCalls``. Step k is returned on the sess
 step (``step_index``, counted across the whole session, so a continuation resumes at the next
 unused step); tool call ids are ``call-<k>-<i>``, deterministic so that a retried or replayed step
 produces the same calls; past the end the script answers ``(script finished)``.
+
+A string argument that is exactly ``{{result:<toolCallId>:<dotted.path>}}`` is replaced by the
+value at that path in the committed JSON result of that earlier call (read from the history the
+step is given, so a retried step resolves it the same way); it stays as written when the result
+is not there. This is how a script passes an id it cannot know in advance (``melra_plan``'s
+``taskId`` to ``melra_execute``).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +32,7 @@ if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
 
 FINISHED_TEXT = "(script finished)"
+_RESULT_REF = re.compile(r"\{\{result:([^:{}]+):([^{}]+)\}\}")
 
 
 def _invalid(where: str, message: str) -> ConfigError:
@@ -68,6 +76,10 @@ class ScriptedProvider:
             raise _invalid("steps", "must be a list")
         self._steps = tuple(_parse_step(k, s) for k, s in enumerate(steps))
         self.calls = 0
+        #: Whether any call refers to an earlier result (only then does a step need the history).
+        self.refers_to_results = any(
+            _RESULT_REF.search(canonical_json.dumps(args)) for _, calls in self._steps for _, args in calls
+        )
 
     @classmethod
     def from_json(cls, value: Any) -> ScriptedProvider:
@@ -112,6 +124,39 @@ class ScriptedProvider:
     async def complete(
         self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]], *, step_index: int
     ) -> ModelOutput:
-        """Step ``step_index`` of the script; history and tools are ignored."""
+        """Step ``step_index`` of the script, result references resolved from ``history``."""
         self.calls += 1
-        return self.output_for(step_index)
+        output = self.output_for(step_index)
+        if not output.tool_calls:
+            return output
+        results = _results(history)
+        calls = tuple(
+            ModelToolCall(id=c.id, name=c.name, args=_resolve(c.args, results)) for c in output.tool_calls
+        )
+        return ModelOutput(text=output.text, tool_calls=calls)
+
+
+def _results(history: Sequence[RuntimeEvent]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for event in history:
+        content = event.content
+        if content is not None and content.kind == "function_response" and isinstance(content.result, dict):
+            out[content.id] = content.result.get("value")
+    return out
+
+
+def _resolve(value: Any, results: dict[str, Any]) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve(v, results) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, results) for v in value]
+    if isinstance(value, str):
+        match = _RESULT_REF.fullmatch(value)
+        if match is not None:
+            found: Any = results.get(match.group(1))
+            for part in match.group(2).split("."):
+                if not isinstance(found, dict) or part not in found:
+                    return value
+                found = found[part]
+            return found
+    return value

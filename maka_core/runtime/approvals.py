@@ -27,6 +27,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEvent
 from maka_core.governance import action_digest, check_answer, issue_challenge
 from maka_core.governance.challenge import ApprovalChallenge
+from maka_core.governance.evidence import TaskStatus
 from maka_core.runtime import governed
 from maka_core.runtime.contracts import CallRef, RunIds
 from maka_core.tools import Tool, ToolResult
@@ -51,6 +52,8 @@ class Refused:
     record: dict[str, Any]
     #: False when the ledger already holds the call's decision (an answered request).
     fresh: bool = True
+    #: The receipt's status: a MELRA task whose budget is spent ends ``budget_exhausted``.
+    status: TaskStatus = "policy_blocked"
 
 
 @dataclass(frozen=True)
@@ -107,10 +110,32 @@ def admit(
         now=now,
     )
     record = governed.decision_record(decision, tool)
+    subject = governed.subject_of(tool)
+    if subject is not None and subject.exhausted:
+        # The task controller's stop, recorded like a decision so it is counted and receipted.
+        spent = {**record, "outcome": "deny", "reason": "task_budget_exhausted", "step": "task_budget"}
+        result = ToolResult.error(
+            "task_budget_exhausted",
+            f"task {subject.task_id} has spent its budget (maxSteps, maxDurationMs or maxRetries)",
+            status="budget_exhausted",
+            taskId=subject.task_id,
+        )
+        return Refused(result, spent, status="budget_exhausted")
     if decision.outcome == "deny":
         return Refused(governed.blocked_result(record), record)
     if decision.outcome == "allow":
         return Allowed(record)
+    if subject is not None and subject.approval is not None:
+        # melra_execute's ``approval`` argument answers the task's own challenge, checked in
+        # MELRA's order against the digest of the planned operation as it is about to run.
+        approval_id, phrase = subject.approval
+        digest = action_digest(subject.task_id, subject.operation)
+        refusal = check_answer(subject.challenge, approval_id, phrase, now, digest)
+        if refusal is not None:
+            return Refused(
+                governed.blocked_result(record, refusal), {**record, "outcome": "deny", "reason": refusal}
+            )
+        return Allowed({**record, "presentedApprovalId": approval_id})
     challenge = issue_challenge(
         call.operation_id, operation_of(call.tool_name, args), now=now, ttl_ms=gov.policy.approval_ttl_ms
     )

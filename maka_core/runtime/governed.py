@@ -17,7 +17,6 @@ every mutating command).
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,9 +48,11 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import ExitCode, TaskStatus
-from maka_core.governance.guarantee import ExecutionGuarantee
+from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
+from maka_core.governance.receipts import receipt_id_for
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Effect, tool_effects
+from maka_core.tools.melra import BoundExecute, TaskSubject
 from maka_core.workspace import Workspace
 
 DEFAULT_SESSION_POLICY = GovernancePolicy(
@@ -112,11 +113,19 @@ def classify(tool: Tool, args: Mapping[str, Any]) -> Classification:
     )
 
 
+def subject_of(tool: Tool) -> TaskSubject | None:
+    """The planned task a bound ``melra_execute`` runs (None for every other tool)."""
+    return tool.subject if isinstance(tool, BoundExecute) else None
+
+
 def guarantee_of(tool: Tool, classification: Classification) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
     do nothing but read (a command line we cannot see into is not a read), else from the tool's
-    declared reconciliation."""
+    declared reconciliation (a task's: from its declared reconciliation predicates)."""
     effect: Effect = "read" if classification.possible_effects == {"read"} else "mutate"
+    subject = subject_of(tool)
+    if subject is not None:
+        return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
     return guarantee_for_tool(effect, tool.recovery_mode)
 
 
@@ -129,7 +138,20 @@ def judge(
     grant_usage: Mapping[str, int],
     now: datetime,
 ) -> PolicyDecision:
-    """MELRA's decision for one call (default evidence applied before policy, as MELRA does)."""
+    """MELRA's decision for one call (default evidence applied before policy, as MELRA does);
+    ``melra_execute`` is judged by its task (``subject_of``)."""
+    subject = subject_of(tool)
+    if subject is not None:
+        task_call = governed_call(
+            gov.policy,
+            subject.classification,
+            subject.operation,
+            identity=subject.identity,
+            constraints=subject.constraints,
+            forbidden_effects=tuple(subject.forbidden_effects | worker_forbidden),
+            required_evidence=subject.required_evidence,
+        )
+        return decide(gov.policy, task_call, now=now, grant_usage=grant_usage)
     classification = classify(tool, args)
     call = governed_call(
         gov.policy, classification, args, identity=gov.identity, forbidden_effects=tuple(worker_forbidden)
@@ -154,6 +176,9 @@ def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
     }
+    subject = subject_of(tool)
+    if subject is not None:
+        record["melraTaskId"] = subject.task_id
     return {**record, **{k: v for k, v in extra.items() if v is not None}}
 
 
@@ -248,7 +273,7 @@ def receipt(
 ) -> dict[str, Any]:
     """The sealed ``ActionReceipt`` of one decided call, as JSON."""
     sealed = seal_receipt(
-        receipt_id=f"rcpt-{uuid.uuid5(uuid.NAMESPACE_URL, operation_id)}",
+        receipt_id=receipt_id_for(operation_id),
         task_id=operation_id,
         capability=record["capability"],
         principal=gov.identity.chain,
@@ -258,7 +283,7 @@ def receipt(
             "outcome": record["outcome"],
             "policy_version": record["policyVersion"],
             "policy_digest": record["policyDigest"],
-            "approval_id": record.get("challenge", {}).get("approvalId"),
+            "approval_id": record.get("challenge", {}).get("approvalId") or record.get("presentedApprovalId"),
         },
         target=record["target"],
         input_digest=sha256_digest(canonical_json.dumps(dict(args))),
@@ -268,6 +293,7 @@ def receipt(
         observed_effect={"status": status},
         evidence=items,
         error=error,
+        melra_task_id=record.get("melraTaskId"),
     )
     return sealed.to_json()
 

@@ -55,8 +55,9 @@ async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
     if inp.after_tools:
         failpoints.hit("P7")
     provider = rt.provider(inp.provider)
-    # A scripted provider answers by step index alone; skip assembling a history it never reads.
-    needs_history = not isinstance(provider, ScriptedProvider)
+    # A scripted provider answers by step index alone; skip assembling a history it never reads
+    # (unless a call refers to an earlier result).
+    needs_history = not isinstance(provider, ScriptedProvider) or provider.refers_to_results
 
     def lookup() -> tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent]]:
         view = rt.ledger.view()

@@ -23,7 +23,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.governance import EvidenceItem, TaskStatus
 from maka_core.ledger.resolver import OperationResolution
-from maka_core.runtime import builders, governed
+from maka_core.runtime import builders, governed, melra
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.tool_call import (
@@ -112,6 +112,8 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
         record = None if held is None else held["decision"]
         gov = rt.session_governance(inp.session_id) if record is not None else None
+        # A MELRA tool re-read is bound to its call again (its task, its store) like the first run.
+        tool = melra.bind(rt, tool, inp.session_id, op_id)
         dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov)
         _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
         return _completed(op_id, "replay_safe_reread", response)

@@ -25,14 +25,16 @@ from maka_core import failpoints
 from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.governance.evidence import TaskStatus
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.lanes import args_hash_or_none
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
-from maka_core.runtime import approvals, builders, governed
+from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Runtime, no_heartbeat
 from maka_core.tools import Tool, ToolRefusal, ToolResult
+from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
 
 
@@ -199,6 +201,7 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
         return _commit_refusal(
             rt, ids, call, ToolResult.error("tool_not_found", f"no tool named {call.tool_name!r}")
         )
+    tool = melra.bind(rt, tool, ids.session_id, call.operation_id)
     try:
         ws = rt.workspace(inp.workspace)
     except MakaError as exc:
@@ -218,7 +221,15 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
     admitted = approvals.admit(rt, gov, ids, call, tool, args)
     if isinstance(admitted, approvals.Refused):
         return _commit_refusal(
-            rt, ids, call, admitted.result, decision=admitted.record, gov=gov, args=args, fresh=admitted.fresh
+            rt,
+            ids,
+            call,
+            admitted.result,
+            decision=admitted.record,
+            gov=gov,
+            args=args,
+            fresh=admitted.fresh,
+            status=admitted.status,
         )
     if isinstance(admitted, approvals.Waiting):
         return AwaitingApproval(call.operation_id, admitted.approval_id, admitted.expires_at)
@@ -268,7 +279,10 @@ async def run_and_commit_outcome(
             items=items,
             error=result.error_code,
         )
-        return governed.told(result, status, items), sealed
+        told = governed.told(result, status, items)
+        if isinstance(call.tool, BoundExecute):
+            told = call.tool.present(told, status, items)
+        return told, sealed
 
     result, receipt = await rt.on_tool_pool(run, attempt=attempt)
     response = builders.response_event(
@@ -300,6 +314,7 @@ def _commit_refusal(
     gov: governed.SessionGovernance | None = None,
     args: dict[str, Any] | None = None,
     fresh: bool = True,
+    status: TaskStatus = "policy_blocked",
 ) -> ToolOutcome:
     """A pre-T1 refusal is an ordinary committed error result: the tool never ran. A policy
     refusal commits its decision and receipt in the same transaction."""
@@ -324,7 +339,7 @@ def _commit_refusal(
             args=args or {},
             started_ms=ts,
             ended_ms=ts,
-            status="policy_blocked",
+            status=status,
             error=refusal.error_code,
         )
         rt.ledger.commit_refusal(

@@ -28,7 +28,7 @@ from maka_core.governance.challenge import iso_ms
 from maka_core.governance.receipts import seal_certificate
 from maka_core.store.engine import read_tx
 from maka_core.store.hot_sql import HotSQL
-from maka_core.store.reads import LedgerReads
+from maka_core.store.melra_tasks import MelraTaskRecords
 from maka_core.store.schema import (
     action_receipts,
     execution_certificates,
@@ -153,8 +153,8 @@ def iso_ms_from(ts_ms: float) -> str:
     return iso_ms(datetime.fromtimestamp(ts_ms / 1000, tz=UTC))
 
 
-class GovernanceRecords(LedgerReads):
-    """Session policies, decisions, receipts and certificates."""
+class GovernanceRecords(MelraTaskRecords):
+    """Session policies, decisions, receipts and certificates (and MELRA tasks)."""
 
     def put_session_policy(
         self,

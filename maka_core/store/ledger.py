@@ -75,6 +75,25 @@ class Ledger(Protocol):
 
     def grant_usage(self, session_id: str) -> dict[str, int]: ...
 
+    def receipts(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def put_melra_task(
+        self,
+        task_id: str,
+        *,
+        session_id: str,
+        plan_operation_id: str,
+        request: Mapping[str, Any],
+        plan: Mapping[str, Any],
+        planned_at: int,
+    ) -> dict[str, Any]:
+        """Persist a ``melra_plan`` task once; returns the stored one."""
+        ...
+
+    def melra_task(self, task_id: str) -> dict[str, Any] | None: ...
+
+    def melra_executions(self, session_id: str, task_id: str) -> list[dict[str, Any]]: ...
+
     def commit_recovery_bundle(
         self,
         reconcile: RuntimeEvent,

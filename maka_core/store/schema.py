@@ -14,7 +14,8 @@ at creation), which the health check and the workers on one task queue compare.
 Versions: 1, the schema; 2, ``runtime_events.chain_digest`` (``maka_core.store.chain``, computed for
 existing rows by the migration) and ``maka_meta.ledger_id``; 3, governed execution's operational
 records (``session_policies``, ``tool_decisions``, ``action_receipts``, ``execution_certificates``),
-created empty by the migration: append-only, written in the transaction of the fact they describe.
+created empty by the migration: append-only, written in the transaction of the fact they describe;
+4, ``melra_tasks`` (the tasks ``melra_plan`` persists), created empty by the migration.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from maka_core.errors import StoreError
 from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -263,6 +264,21 @@ execution_certificates = Table(
     Index("execution_certificates_session", "session_id", "certificate_seq"),
 )
 
+#: One row per task ``melra_plan`` persisted, keyed by the task id derived from the planning
+#: call's operation id (insert-if-absent: a re-run of that call finds its task). Never updated:
+#: a task's status is derived from its executions' decisions and receipts.
+melra_tasks = Table(
+    "melra_tasks",
+    metadata,
+    Column("task_id", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("plan_operation_id", String, nullable=False, unique=True),
+    Column("request_json", Text, nullable=False),
+    Column("plan_json", Text, nullable=False),
+    Column("planned_at", BigInteger, nullable=False),
+    Index("melra_tasks_session", "session_id", "planned_at"),
+)
+
 GOVERNANCE_TABLES = (session_policies, tool_decisions, action_receipts, execution_certificates)
 
 
@@ -367,6 +383,8 @@ def migrate(engine: Engine) -> int:
             _add_chain_and_identity(conn)
         if 0 < version < 3:
             metadata.create_all(conn, tables=list(GOVERNANCE_TABLES))
+        if 0 < version < 4:
+            metadata.create_all(conn, tables=[melra_tasks])
         # Later versions add steps here, each inside this transaction.
         _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):

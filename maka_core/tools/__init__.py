@@ -61,11 +61,15 @@ def default_tools(
     bash_network: bool = False,
     unsafe_no_sandbox: bool = False,
 ) -> dict[str, Tool]:
-    """The five built-in tools by name, each with its own fresh state.
+    """The five built-in tools and the MELRA tool family (``tools.melra``) by name, each with its
+    own fresh state.
 
     ``hidden_paths`` (the ledger file, ``MAKA_HOME``) are invisible to ``bash``; ``bash_network``
     grants it the network; ``unsafe_no_sandbox`` lets it run unsandboxed where bwrap cannot.
     """
+    # Imported here: the MELRA tools build on governance, which builds on ``tools.base``.
+    from maka_core.tools.melra import melra_tools
+
     tools: list[Tool] = [
         ReadFileTool(result_byte_limit, max_file_bytes),
         ListDirTool(result_byte_limit, max_file_bytes),
@@ -78,6 +82,7 @@ def default_tools(
             network=bash_network,
             unsafe_no_sandbox=unsafe_no_sandbox,
         ),
+        *melra_tools(),
     ]
     return {tool.name: tool for tool in tools}
 

@@ -17,8 +17,8 @@ import pytest
 from maka_core.facts import canonical_json
 from maka_core.governance import verify_receipts
 from maka_core.governance.tasks import task_id_for
-from maka_core.runtime import approvals, recovery, tool_call
-from maka_core.runtime.contracts import CallRef
+from maka_core.runtime import approvals, recovery, tool_call, turn
+from maka_core.runtime.contracts import CallRef, FinishRunInput
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
@@ -26,6 +26,7 @@ from maka_core.workspace import Workspace
 from tests.test_governed_execution import result_of, with_policy
 from tests.test_runtime import (
     ATTEMPT,
+    IDS,
     begin,
     op_status,
     prepare_only,
@@ -291,6 +292,18 @@ def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, 
     assert not (ws.root / "out.txt").exists()  # at-most-once: the write is not repeated by recovery
     again = s.call("melra_execute", {"taskId": planned["taskId"]})
     assert (again["code"], again["status"]) == ("duplicate_attempt_prevented", "running")
+    # The workflow parks the run: the park commits no receipt, and the task says an operator must
+    # settle it (a later run, e.g. after `maka resume`, reads this).
+    finish = FinishRunInput(
+        ids=IDS,
+        status="failed",
+        ts=9,
+        park_reason="dispatch_without_response",
+        parked_operation_id=ref.operation_id,
+    )
+    run(turn.finish_run(rt, finish))
+    status = s.call("melra_task_status", {"taskId": planned["taskId"]})
+    assert status["status"] == "recovery_required", status
     assert not (ws.root / "out.txt").exists()
     # Control: a read task interrupted the same way is read again by recovery.
     (ws.root / "r.txt").write_text("r")

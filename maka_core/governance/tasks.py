@@ -281,6 +281,7 @@ class Execution:
     operation_id: str
     waiting: bool  # its approval request is still unanswered
     receipt_status: TaskStatus | None  # None: no outcome committed (yet)
+    parked: bool = False  # recovery parked it after T1: an operator settles it, never a retry
 
 
 def task_status(plan_status: PlanStatus, executions: Sequence[Execution]) -> TaskStatus:
@@ -290,6 +291,8 @@ def task_status(plan_status: PlanStatus, executions: Sequence[Execution]) -> Tas
     last = executions[-1]
     if last.receipt_status is not None:
         return last.receipt_status
+    if last.parked:
+        return "recovery_required"
     return "awaiting_approval" if last.waiting else "running"
 
 
@@ -354,5 +357,6 @@ def executions_from(rows: Sequence[Mapping[str, Any]]) -> list[Execution]:
     for row in rows:
         receipt = row.get("receipt")
         status = receipt.get("observedEffect", {}).get("status") if isinstance(receipt, Mapping) else None
-        out.append(Execution(str(row["operationId"]), row.get("state") == "awaiting_approval", status))
+        waiting = row.get("state") == "awaiting_approval"
+        out.append(Execution(str(row["operationId"]), waiting, status, parked=bool(row.get("parked"))))
     return out

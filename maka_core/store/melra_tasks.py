@@ -19,7 +19,7 @@ from sqlalchemy import Connection, select
 from maka_core.facts import canonical_json
 from maka_core.store.engine import read_tx
 from maka_core.store.reads import LedgerReads
-from maka_core.store.schema import action_receipts, melra_tasks, tool_decisions
+from maka_core.store.schema import action_receipts, agent_runs, melra_tasks, tool_decisions, tool_operations
 
 
 class MelraTaskRecords(LedgerReads):
@@ -74,8 +74,11 @@ class MelraTaskRecords(LedgerReads):
         }
 
     def melra_executions(self, session_id: str, task_id: str) -> list[dict[str, Any]]:
-        """The task's executions, oldest first: ``{operationId, state, decision, receipt}`` (the
-        receipt None while no outcome or refusal has committed)."""
+        """The task's executions, oldest first: ``{operationId, state, decision, receipt, parked}``
+        (the receipt None while no outcome or refusal has committed). ``parked``: recovery parked the
+        operation with a parked decision (a reconciler looked), or the operation was dispatched and
+        its run ended without its outcome (an at-most-once call parks its run, and repair fails a
+        dead one): either way no receipt commits and only an operator settles it."""
         with self._lock, read_tx(self.engine) as conn:
             rows = conn.execute(
                 select(
@@ -83,17 +86,23 @@ class MelraTaskRecords(LedgerReads):
                     tool_decisions.c.state,
                     tool_decisions.c.decision_json,
                     action_receipts.c.receipt_json,
+                    tool_operations.c.current_state,
+                    agent_runs.c.status,
                 )
                 .select_from(
                     tool_decisions.outerjoin(
                         action_receipts, action_receipts.c.operation_id == tool_decisions.c.operation_id
                     )
+                    .outerjoin(
+                        tool_operations, tool_operations.c.operation_id == tool_decisions.c.operation_id
+                    )
+                    .outerjoin(agent_runs, agent_runs.c.run_id == tool_operations.c.run_id)
                 )
                 .where(tool_decisions.c.session_id == session_id)
                 .order_by(tool_decisions.c.recorded_at, tool_decisions.c.operation_id)
             ).all()
         out = []
-        for op_id, state, decision_json, receipt_json in rows:
+        for op_id, state, decision_json, receipt_json, op_state, run_status in rows:
             decision = canonical_json.loads(decision_json)
             if decision.get("melraTaskId") != task_id:
                 continue
@@ -103,6 +112,8 @@ class MelraTaskRecords(LedgerReads):
                     "state": state,
                     "decision": decision,
                     "receipt": None if receipt_json is None else canonical_json.loads(receipt_json),
+                    "parked": op_state == "recovery_parked"
+                    or (op_state == "prepared" and run_status != "running"),
                 }
             )
         return out

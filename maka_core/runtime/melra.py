@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from maka_core.facts.clock import now_ms
 from maka_core.tools import Tool, ToolResult
-from maka_core.tools.melra import MelraContext, _MelraTool
+from maka_core.tools.melra import MelraContext, MelraTool
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
     """``tool`` bound to this call when it is a MELRA tool; otherwise ``tool`` itself."""
-    if not isinstance(tool, _MelraTool):
+    if not isinstance(tool, MelraTool):
         return tool
     gov = rt.session_governance(session_id)
 

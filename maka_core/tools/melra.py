@@ -155,11 +155,11 @@ class TaskSubject:
     exhausted: bool
 
 
-def _error(exc: MakaError) -> ToolResult:
+def error_result(exc: MakaError) -> ToolResult:
     return ToolResult.error(exc.code, exc.message, **exc.detail)
 
 
-class _MelraTool:
+class MelraTool:
     """An unbound MELRA tool: it describes itself, and refuses to run until bound."""
 
     name: ClassVar[str]
@@ -187,7 +187,7 @@ class _MelraTool:
         raise NotImplementedError
 
 
-class MelraPlanTool(_MelraTool):
+class MelraPlanTool(MelraTool):
     name: ClassVar[str] = "melra_plan"
     description: ClassVar[str] = (
         "Persist a bounded task, evaluate policy, and return any scoped approval challenge without "
@@ -201,7 +201,7 @@ class MelraPlanTool(_MelraTool):
         return _BoundPlan(ctx)
 
 
-class MelraExecuteTool(_MelraTool):
+class MelraExecuteTool(MelraTool):
     name: ClassVar[str] = "melra_execute"
     description: ClassVar[str] = (
         "Run one planned MELRA task through policy (evaluated again), the runtime, verification and "
@@ -244,7 +244,7 @@ def melra_tools() -> list[Tool]:
 # --- bound --------------------------------------------------------------------------------------
 
 
-def _only(args: dict[str, Any], allowed: set[str], required: set[str], tool: str) -> None:
+def check_keys(args: dict[str, Any], allowed: set[str], required: set[str], tool: str) -> None:
     extra = sorted(set(args) - allowed)
     missing = sorted(required - set(args))
     if extra or missing:
@@ -256,7 +256,7 @@ def _only(args: dict[str, Any], allowed: set[str], required: set[str], tool: str
             raise MakaError("invalid_args", f"{tool}: {key} must be a string")
 
 
-def _task_of(ctx: MelraContext, task_id: Any) -> dict[str, Any]:
+def task_of(ctx: MelraContext, task_id: Any) -> dict[str, Any]:
     task = ctx.store.melra_task(task_id) if isinstance(task_id, str) else None
     if task is None or task["sessionId"] != ctx.session_id:
         raise MakaError("task_not_found", f"this session has no task {task_id}", taskId=task_id)
@@ -267,17 +267,17 @@ def _stored_request(task: Mapping[str, Any]) -> TaskRequest:
     return TaskRequest.model_validate(task["request"], by_alias=True)
 
 
-class _Bound(_MelraTool):
+class BoundMelraTool(MelraTool):
     def __init__(self, ctx: MelraContext) -> None:
         self.ctx = ctx
 
 
-class _BoundPlan(_Bound, MelraPlanTool):
+class _BoundPlan(BoundMelraTool, MelraPlanTool):
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
             parse_request(args, self.ctx.identity)
         except MakaError as exc:
-            return _error(exc)
+            return error_result(exc)
         return None
 
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
@@ -305,7 +305,7 @@ class _BoundPlan(_Bound, MelraPlanTool):
         return ToolResult.json(copy.deepcopy(stored["plan"]))
 
 
-class BoundExecute(_Bound, MelraExecuteTool):
+class BoundExecute(BoundMelraTool, MelraExecuteTool):
     """``melra_execute`` bound to its task (see the module docstring)."""
 
     def __init__(self, ctx: MelraContext) -> None:
@@ -318,7 +318,7 @@ class BoundExecute(_Bound, MelraExecuteTool):
     def _load(self, args: dict[str, Any]) -> None:
         ctx = self.ctx
         try:
-            _only(args, {"taskId", "approval"}, {"taskId"}, self.name)
+            check_keys(args, {"taskId", "approval"}, {"taskId"}, self.name)
             approval = args.get("approval")
             given: tuple[str, str] | None = None
             if approval is not None:
@@ -329,11 +329,11 @@ class BoundExecute(_Bound, MelraExecuteTool):
                 ):
                     raise MakaError("invalid_args", "approval is exactly {approvalId, phrase}, both strings")
                 given = (approval["approvalId"], approval["phrase"])
-            task = _task_of(ctx, args["taskId"])
+            task = task_of(ctx, args["taskId"])
             request = _stored_request(task)
             inner_name, self.inner_args = inner_call(request)
         except MakaError as exc:
-            self.problem = _error(exc)
+            self.problem = error_result(exc)
             return
         self.inner = ctx.tools.get(inner_name)
         if self.inner is None:

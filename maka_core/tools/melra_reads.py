@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from maka_core.errors import MakaError
 from maka_core.governance.tasks import executions_from, task_status
 from maka_core.tools.base import Heartbeat, Tool, ToolResult
-from maka_core.tools.melra import MelraContext, _Bound, _error, _MelraTool, _only, _task_of
+from maka_core.tools.melra import BoundMelraTool, MelraContext, MelraTool, check_keys, error_result, task_of
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
 
 
-class MelraTaskStatusTool(_MelraTool):
+class MelraTaskStatusTool(MelraTool):
     name: ClassVar[str] = "melra_task_status"
     description: ClassVar[str] = "Return the durable state of a MELRA task: its status, plan and executions."
     parameters: ClassVar[dict[str, Any]] = {
@@ -32,7 +32,7 @@ class MelraTaskStatusTool(_MelraTool):
         return _BoundStatus(ctx)
 
 
-class MelraReceiptTool(_MelraTool):
+class MelraReceiptTool(MelraTool):
     name: ClassVar[str] = "melra_receipt"
     description: ClassVar[str] = (
         "Return a MELRA task's action receipts and the execution certificates that close over them; "
@@ -48,21 +48,21 @@ class MelraReceiptTool(_MelraTool):
         return _BoundReceipt(ctx)
 
 
-class _BoundStatus(_Bound, MelraTaskStatusTool):
+class _BoundStatus(BoundMelraTool, MelraTaskStatusTool):
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
-            _only(args, {"taskId"}, {"taskId"}, self.name)
-            _task_of(self.ctx, args["taskId"])
+            check_keys(args, {"taskId"}, {"taskId"}, self.name)
+            task_of(self.ctx, args["taskId"])
         except MakaError as exc:
-            return _error(exc)
+            return error_result(exc)
         return None
 
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         ctx = self.ctx
         try:
-            task = _task_of(ctx, args.get("taskId"))
+            task = task_of(ctx, args.get("taskId"))
         except MakaError as exc:
-            return _error(exc)
+            return error_result(exc)
         plan = task["plan"]
         rows = ctx.store.melra_executions(ctx.session_id, task["taskId"])
         executions = executions_from(rows)
@@ -88,10 +88,10 @@ class _BoundStatus(_Bound, MelraTaskStatusTool):
         return ToolResult.json(value)
 
 
-class _BoundReceipt(_Bound, MelraReceiptTool):
+class _BoundReceipt(BoundMelraTool, MelraReceiptTool):
     def _find(self, args: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
-        _only(args, {"taskId", "receiptId"}, set(), self.name)
+        check_keys(args, {"taskId", "receiptId"}, set(), self.name)
         task_id, receipt_id = args.get("taskId"), args.get("receiptId")
         if task_id is None and receipt_id is None:
             raise MakaError("task_or_receipt_required", "give taskId, receiptId, or both")
@@ -104,7 +104,7 @@ class _BoundReceipt(_Bound, MelraReceiptTool):
             task_id = found["melraTaskId"]
             chosen = [found]
         else:
-            _task_of(ctx, task_id)
+            task_of(ctx, task_id)
             chosen = [r for r in receipts if r["melraTaskId"] == task_id]
         ids = {r["receiptId"] for r in chosen}
         certificates = [
@@ -116,11 +116,11 @@ class _BoundReceipt(_Bound, MelraReceiptTool):
         try:
             self._find(args)
         except MakaError as exc:
-            return _error(exc)
+            return error_result(exc)
         return None
 
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         try:
             return ToolResult.json(self._find(args))
         except MakaError as exc:
-            return _error(exc)
+            return error_result(exc)

@@ -122,8 +122,12 @@ async def resume_lost_session(
     feature_enabled: bool = True,
     repair_grace_ms: int = 10_000,
     announce: Announce = _quiet,
+    host: str | None = None,
 ) -> dict[str, Any]:
-    """Resume one session whose execution is closed or gone; returns the output object.
+    """Resume one session whose execution is closed or gone, or whose open execution is parked
+    with ``workspace_host_unavailable`` (``resume_on_host``); returns the output object.
+    ``host``: only a host park of a session pinned to this host is resumed (a worker's
+    auto-resume takes its own host's sessions, never another's).
 
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
@@ -134,6 +138,10 @@ async def resume_lost_session(
     workflow_id = workflow_id_for(session_id)
     lost_at = time.monotonic()
     execution = await describe_execution(client, session_id)
+    if execution.open and not execution.task_failing:
+        resumed = await resume_on_host(client, session_id, host=host, announce=announce)
+        if resumed is not None:
+            return resumed
     if execution.open:
         hint = (
             " (its workflow task keeps failing: terminate it, then resume)" if execution.task_failing else ""
@@ -205,6 +213,8 @@ async def resume_lost_session(
                 provider=decision.record.provider,
                 task_queue=queue,
                 continuation=decision.execute,
+                host=decision.record.host,
+                host_wait_s=decision.record.host_wait_s,
             )
             announce(
                 "execution_started",
@@ -226,6 +236,54 @@ async def resume_lost_session(
     if decision.decision == "park" and out["parkReason"] is None:
         out["parkReason"] = view.park_reason
     return out
+
+
+async def resume_on_host(
+    client: Any, session_id: str, *, host: str | None = None, announce: Announce = _quiet
+) -> dict[str, Any] | None:
+    """The open execution waits for its workspace host: tell it the host is back.
+
+    Nothing is planned or claimed: the parked run is whole and goes on in its execution, on its
+    own host queue, where recovery first classifies the parked call (a call never started is
+    dispatched, one with T1 and no T2 is reconciled or parks, as on the live path). If the host is
+    still away, the session parks again after its host wait; it never runs elsewhere. Returns
+    None when the execution is not parked on its host (the caller refuses ``session_busy``).
+    """
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from workers.session_client import query_status
+    from workers.session_client import resume_host as send_resume_host
+    from workflows.contracts import workflow_id_for
+
+    try:
+        status = await query_status(client, session_id)
+    except Exception:  # an execution that cannot answer is busy as far as resume goes
+        return None
+    if status.state != "parked" or status.park_reason != "workspace_host_unavailable":
+        return None
+    if host is not None and status.host != host:
+        return None
+    try:
+        status = await send_resume_host(client, session_id)
+    except WorkflowUpdateFailedError:
+        return None  # another resumer got there first, or the park changed meanwhile
+    run_id = status.current_turn.run_id if status.current_turn is not None else None
+    announce("host_resumed", sessionId=session_id, runId=run_id, host=status.host)
+    return {
+        "ok": True,
+        "sessionId": session_id,
+        "workflowId": workflow_id_for(session_id),
+        "decision": "continue",
+        "parkReason": None,
+        "rejectionReasons": [],
+        "diagnostics": [],
+        "sourceRunId": run_id,
+        "continuationRunId": run_id,
+        "highWater": None,
+        "state": str(status.state),
+        "host": status.host,
+        "hostResumed": True,
+    }
 
 
 async def wait_continued(
@@ -294,6 +352,12 @@ def cmd_resume(
 
 
 def _print(out: dict[str, Any]) -> None:
+    if out.get("hostResumed"):
+        click.echo(
+            f"session {out['sessionId']}: host {out['host']} is back; run {out['sourceRunId']} goes on "
+            f"(state {out['state']})"
+        )
+        return
     if out["decision"] == "continue":
         click.echo(
             f"session {out['sessionId']}: continuing run {out['sourceRunId']} "
@@ -308,4 +372,11 @@ def _print(out: dict[str, Any]) -> None:
         click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
 
 
-__all__ = ["cmd_resume", "lost_sessions", "resume_lost_session", "settle_lost_runs", "wait_continued"]
+__all__ = [
+    "cmd_resume",
+    "lost_sessions",
+    "resume_lost_session",
+    "resume_on_host",
+    "settle_lost_runs",
+    "wait_continued",
+]

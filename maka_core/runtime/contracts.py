@@ -60,6 +60,9 @@ ParkReason = Literal[
     "ledger_corruption",
     # a parked recovery decision with a reason code this runtime does not write (an imported ledger)
     "recovery_parked",
+    # the session's workspace host did not pick a tool or recovery activity up within the
+    # session's host wait (schedule-to-start); ``maka resume`` continues once the host is back
+    "workspace_host_unavailable",
     # a session whose execution was lost and whose resume parked (the host's union, above)
     HostParkReason,
 ]
@@ -114,6 +117,9 @@ class BeginRunInput(Contract):
     #: ledger alone can carry the session when its Temporal history is gone.
     workspace_identity: str | None = None
     provider: dict[str, Any] | None = None
+    #: The session's workspace host and host wait (seconds), recorded beside the workspace.
+    host: str | None = None
+    host_wait_s: float | None = None
 
 
 class BeginContinuationInput(Contract):
@@ -202,6 +208,15 @@ class RecoverResult(Contract):
 
     is_error: bool = False
     response_event_id: str | None = None
+
+
+class HostParkInput(Contract):
+    """``parked``: the run waits for its workspace host (the header says ``parked`` with
+    ``workspace_host_unavailable``); not ``parked``: the host is back and the run goes on."""
+
+    ids: RunIds
+    parked: bool
+    operation_id: str | None = None
 
 
 class FinishRunInput(Contract):

@@ -192,6 +192,13 @@ async def two_host_drill(server: Any, client: Any, root: Path, *, backend: str, 
             "parked", "workspace_host_unavailable", "a",
         ), (code, status, err)  # fmt: skip
 
+        # Resumed while its host is still away: it waits on the host queue again and parks again.
+        code, out, err = await maka(fleet, "resume", second_a[0], "--wait")
+        assert (code, out.get("state"), out.get("parkReason")) == (
+            1, "parked", "workspace_host_unavailable",
+        ), (code, out, err)  # fmt: skip
+        assert fleet.misplaced("b") == [] and fleet.writes(second_a[0]) == 1
+
         a = fleet.worker("a")  # the host comes back
         workers.append(a)
         await ready(a)
@@ -206,6 +213,9 @@ async def two_host_drill(server: Any, client: Any, root: Path, *, backend: str, 
         }, "a bash ran twice"
         clean, text = await verify_ledger(fleet.db)
         assert clean, text
+        # The auditor's view: the host park, the wait and the resumed calls tell one story.
+        code, audit, err = await maka(fleet, "audit", second_a[0])
+        assert code == 0 and audit["ok"], (audit.get("findings"), err)
     finally:
         await asyncio.gather(*(stop(w) for w in workers))
         fleet.close()

@@ -15,6 +15,17 @@ is idempotent through the ledger: a re-run after a crash or a workflow-task time
 committed output and never calls the provider again. Long provider calls are fine (the SDK heartbeats
 the workflow task); tools are never local activities.
 
+Host affinity: a session pinned to a workspace host (``SessionInput.host``) sends every tool and
+recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
+host wait; model steps and the ledger-only activities stay on the shared queue (they may run on any
+host). Nothing ever sends a tool elsewhere: when the host does not start one within the wait (a
+``SCHEDULE_TO_START`` timeout, which Temporal does not retry), the turn waits in this execution,
+parked with ``workspace_host_unavailable`` (recorded on the run's header first), until ``maka
+resume`` sends ``resume_host``; recovery then classifies the call on the same host. Routing tools off
+the workflow's queue gives up eager activity dispatch for them (``benchmarks/temporal_bench.py
+--routing host shared`` measures it); a session without a host keeps its tools on the workflow's
+queue, with the same commands as before.
+
 Error classification (who fails what):
 - An activity failure never fails the workflow: a model step that exhausts its retries fails the
   *run* (terminal fact, session ``failed``); a tool activity that fails or times out goes to

@@ -75,7 +75,7 @@ class Fleet:
         self, host: str, kill: Kill | None = None, entry: tuple[str, ...] | None = None
     ) -> WorkerProcess:
         self._started += 1
-        env = {"MAKA_HOST": host, "MAKA_EFFECT_LOG": str(self.hosts[host].journal)}
+        env = {"MAKA_HOST": host if entry else "", "MAKA_EFFECT_LOG": str(self.hosts[host].journal)}
         if kill is not None:
             env.update(kill.env())
         return WorkerProcess(
@@ -88,7 +88,8 @@ class Fleet:
             heartbeat_timeout=HEARTBEAT_S,
             extra_env=env,
             log=self.root / f"worker-{host}-{self._started}.log",
-            **({"entry": entry} if entry else {}),
+            # The real worker gets its host as an operator gives it: ``maka worker --host``.
+            entry=entry or ("-m", "workers.cli", "worker", "--host", host),
         )
 
     async def session(self, client: Any, host: str, label: str) -> str:
@@ -135,11 +136,12 @@ async def until(client: Any, session_id: str, state: str, *, timeout: float = 90
     raise AssertionError(f"session {session_id} not {state} after {timeout:.0f}s; last seen: {last!r}")
 
 
-async def maka(fleet: Fleet, *args: str) -> tuple[int, dict[str, Any], str]:
+async def maka(fleet: Fleet, *args: str, **extra: str) -> tuple[int, dict[str, Any], str]:
     """``maka ARGS --db <ledger> --json`` through the real CLI: (exit code, JSON, stderr)."""
     env = {**os.environ, "MAKA_HOME": str(fleet.root), "TEMPORAL_ADDRESS": fleet.server.address}
     for key in ("MAKA_FAILPOINT", "MAKA_FAILPOINT_TAG", "MAKA_FAILPOINT_SKIP", "MAKA_HOST"):
         env.pop(key, None)
+    env.update(extra)
     proc = await asyncio.create_subprocess_exec(
         *maka_cli(), *args, "--db", str(fleet.db), "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
@@ -245,7 +247,16 @@ async def test_negative_control_a_worker_that_sends_tools_to_the_shared_queue_is
     b = fleet.worker("b")
     try:
         await ready(b)
-        pinned = await fleet.session(temporal_client, "a", "a-pinned")
+        # Started as an operator does: ``--host`` and ``MAKA_HOST_WAIT`` read at start.
+        ws = fleet.hosts["a"].root / "a-pinned"
+        ws.mkdir()
+        pinned = f"a-pinned-{fleet.queue}"
+        code, out, err = await maka(
+            fleet, "session", "start", "--workspace", str(ws), "--script", str(fleet.script),
+            "--task-queue", fleet.queue, "--session-id", pinned, "--host", "a", "go",
+            MAKA_HOST_WAIT=str(HOST_WAIT_S),
+        )  # fmt: skip
+        assert code == 0 and out.get("sessionId") == pinned, (code, out, err)
         status = await until(temporal_client, pinned, "parked")
         assert status.park_reason == "workspace_host_unavailable"
         assert fleet.misplaced("b") == [] and fleet.writes(pinned) == 0

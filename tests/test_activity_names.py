@@ -47,11 +47,15 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
     definition = WorkflowDefinition.from_class(SessionWorkflow)
     assert definition is not None
     assert definition.name == "maka.session" == contracts.SESSION_WORKFLOW
-    assert set(definition.updates) == {"send_message", "wait_settled", "resume_host"} == {
-        contracts.SEND_MESSAGE,
-        contracts.WAIT_SETTLED,
-        contracts.RESUME_HOST,
-    }
+    assert (
+        set(definition.updates)
+        == {"send_message", "wait_settled", "resume_host"}
+        == {
+            contracts.SEND_MESSAGE,
+            contracts.WAIT_SETTLED,
+            contracts.RESUME_HOST,
+        }
+    )
     assert set(definition.queries) == {"status"}
     assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
     assert contracts.workflow_id_for("abc") == "maka-session-abc"

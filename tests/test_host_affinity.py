@@ -273,3 +273,36 @@ async def test_negative_control_a_worker_that_sends_tools_to_the_shared_queue_is
     finally:
         await stop(wrong)
         fleet.close()
+
+
+async def test_startup_repair_leaves_a_lost_run_of_another_hosts_session_to_that_host(
+    temporal_client: Any, tmp_path: Path
+) -> None:
+    """A lost run's recovery reads its workspace: only a worker of the session's host settles it."""
+    from maka_core.runtime import turn
+    from maka_core.runtime.contracts import BeginRunInput, RunIds
+    from maka_core.runtime.runtime import Runtime
+    from workers.worker import startup_repair
+
+    ids = RunIds(session_id="lost-b", turn_id="t1", run_id="run-lost-b", invocation_id="i1")
+    with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
+        rt = Runtime(store)
+        try:
+            await turn.begin_run(
+                rt,
+                BeginRunInput(
+                    ids=ids, text="hi", ts=1, workflow_id=f"gone-{uuid.uuid4().hex}",
+                    workflow_run_id=str(uuid.uuid4()), task_queue="q", workspace=str(tmp_path),
+                    workspace_identity="ws-1", provider={"kind": "script"}, host="b", host_wait_s=3.0,
+                ),
+            )  # fmt: skip
+            elsewhere = await startup_repair(temporal_client, store, rt, host="a")
+            assert elsewhere.left_to_host == [ids.run_id] and elsewhere.repaired == []
+            header = store.get_run(ids.run_id)
+            assert header is not None and header.status == "running"
+            home = await startup_repair(temporal_client, store, rt, host="b")
+            assert home.repaired == [ids.run_id] and home.left_to_host == []
+            header = store.get_run(ids.run_id)
+            assert header is not None and header.is_terminal
+        finally:
+            rt.close()

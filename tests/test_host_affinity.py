@@ -306,3 +306,42 @@ async def test_startup_repair_leaves_a_lost_run_of_another_hosts_session_to_that
             assert header is not None and header.is_terminal
         finally:
             rt.close()
+
+
+async def test_a_host_parked_session_whose_execution_is_lost_is_settled_on_its_host_by_resume(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """The execution of a session waiting for its host is terminated: the open, host-parked run is a
+    lost run like any other. ``maka resume`` settles it from the ledger (the call never started:
+    nothing ran) and continues it in a new execution that keeps the host and its wait: it parks on
+    host a again (host b never runs it), and finishes once host a is back, no effect twice."""
+    fleet = Fleet(temporal_server, tmp_path)
+    b = fleet.worker("b")
+    try:
+        await ready(b)
+        sid = await fleet.session(temporal_client, "a", "a-lost")
+        await until(temporal_client, sid, "parked")
+        await temporal_client.get_workflow_handle(workflow_id_for(sid)).terminate("operator: lost")
+        code, out, err = await maka(fleet, "resume", sid)
+        assert (code, out.get("decision")) == (0, "continue"), (code, out, err)
+        with LedgerStore.open(fleet.db) as store:
+            (run,) = [r for r in store.list_runs(session_id=sid) if not r.continuation_source]
+            assert run.is_terminal, run
+        # The continuation is a new execution, pinned to the same host with the same wait.
+        status = await until(temporal_client, sid, "parked")
+        assert (status.park_reason, status.host) == ("workspace_host_unavailable", "a"), status
+        assert fleet.writes(sid) == 0 and fleet.misplaced("b") == []
+        a = fleet.worker("a")
+        try:
+            await ready(a)
+            code, out, err = await maka(fleet, "resume", sid, "--wait")
+            assert code == 0 and out.get("state") == "idle", (code, out, err)
+        finally:
+            await stop(a)
+        # The write never started before the loss: the continuation does not run it on its own (the
+        # planner replays no call without T1); the scripted model goes on with its bash, on host a.
+        assert fleet.writes(sid) == 0 and fleet.misplaced("a") == [] and fleet.misplaced("b") == []
+        assert log_lines(fleet.workspace(sid) / "effects.log")["ran"] == 1
+    finally:
+        await stop(b)
+        fleet.close()

@@ -68,7 +68,9 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
-        if run.status != "running":
+        # ``parked`` (not terminal): a run that waited for its workspace host when its execution
+        # was lost; it is settled like any other lost run.
+        if run.status not in ("running", "parked"):
             continue
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:

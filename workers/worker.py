@@ -122,7 +122,7 @@ async def startup_repair(
     else:
         repaired = []
         for run in runs:
-            if run.status != "running" or run.run_id in open_runs:
+            if run.status not in ("running", "parked") or run.run_id in open_runs:
                 continue
             if await asyncio.to_thread(_pinned_elsewhere, store, run.session_id, host):
                 report.left_to_host.append(run.run_id)

@@ -5,7 +5,11 @@ operation through the same recovery as the live path), the host inspects the wor
 tool catalog, the Phase 1 planner answers continue or park, every input is revalidated, the
 boundary is claimed (one database-unique row), and the continuation run's header and
 ``continuationStart`` fact are committed, all before a NEW execution of the same workflow id
-starts and makes its first provider call. Temporal replay never implies a tool outcome.
+starts and makes its first provider call. Temporal replay never implies a tool outcome. A new
+execution keeps the session's workspace host and host wait (from the ledger's session record).
+
+A session parked with ``workspace_host_unavailable`` still has its execution: ``resume_on_host``
+tells it the host is back (the ``resume_host`` Update) and its turn goes on in place, on its host.
 
 Exit codes: 0 continue (with ``--wait``: the continued turn settled ``idle``), 1 park, 2 refused
 (``session_busy`` while an execution is open, ``session_not_found``, ``resume_not_needed``; nothing
@@ -323,7 +327,8 @@ def cmd_resume(
     wait: bool,
     as_json: bool,
 ) -> None:
-    """Continue a session whose workflow execution is lost, through the planner (never a retry)."""
+    """Continue a session whose workflow execution is lost, through the planner (never a retry), or
+    one parked with workspace_host_unavailable once its host is back (on the same host)."""
     from workers.client import connect
     from workers.worker import default_runtime
 

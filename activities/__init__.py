@@ -35,6 +35,7 @@ from workflows.contracts import (
     DISPATCH_WITHOUT_OUTCOME,
     EXECUTE_TOOL,
     FINISH_RUN,
+    HOST_PARK,
     MODEL_STEP,
     RECOVER_OPERATION,
     RESUME_REQUIRED,
@@ -43,6 +44,7 @@ from workflows.contracts import (
     BeginRunResult,
     FinishRunInput,
     FinishRunResult,
+    HostParkInput,
     ModelStepInput,
     ModelStepResult,
     RecoverInput,
@@ -126,8 +128,13 @@ class MakaActivities:
     async def finish_run(self, inp: FinishRunInput) -> FinishRunResult:
         return await _mapped(turn.finish_run(self.runtime, inp))
 
+    @activity.defn(name=HOST_PARK)
+    async def host_park(self, inp: HostParkInput) -> None:
+        await _mapped(turn.host_park(self.runtime, inp))
+
     def all(self) -> list[Callable[..., Any]]:
-        """The bound activities to register on a worker."""
+        """The bound activities to register on the shared queue (tools too: a session started
+        before host affinity, or without a host, runs its tools on the workflow's queue)."""
         return [
             self.begin_run,
             self.model_step,
@@ -135,7 +142,12 @@ class MakaActivities:
             self.recover_operation,
             self.finish_run,
             self.begin_continuation,
+            self.host_park,
         ]
+
+    def host_bound(self) -> list[Callable[..., Any]]:
+        """The activities that touch a workspace: registered on the worker's host queue."""
+        return [self.execute_tool, self.recover_operation]
 
     def close(self, *, wait: bool = True) -> None:
         self.runtime.close(wait=wait)

@@ -6,7 +6,10 @@ Run: ``.venv/bin/python benchmarks/fleet_bench.py [--sessions 40] [--calls 5] [-
 Everything is real and side by side in one run: one dev server (``bench_server``, as ``maka dev``
 starts it), workers started as processes exactly as an operator starts them
 (``python -m workers.cli worker --db ... --task-queue ...``), each configuration on its own fresh
-ledger (a SQLite file, or a new schema on the PostgreSQL server) and its own task queue. Each of the
+ledger (a SQLite file, or a new schema on the PostgreSQL server) and its own task queue. Each worker
+is its own workspace host (``MAKA_HOST=h<i>``: it polls the shared queue and its host queue), and the
+sessions are pinned round-robin across the hosts, so each worker runs the tools of its share of the
+sessions while model steps go to whichever worker takes the workflow task. Each of the
 ``--sessions`` concurrent sessions runs one scripted turn of ``--calls`` ``write_file`` calls (every
 call commits T1 and T2) and a final text. **calls/s** is all calls divided by the wall time from the
 first message to the last session settled; **turn p50** is the median turn time (from the ledger).
@@ -88,9 +91,17 @@ async def one_config(
     script = _script(root / "script.json", args.calls)
     try:
         with _ledger(backend, root, pg_url) as db:
+            hosts = [f"h{i}" for i in range(workers)]
             procs = [
-                WorkerProcess(server, db, queue, home=root, log=root / f"worker-{i}.log")  # type: ignore[arg-type]
-                for i in range(workers)
+                WorkerProcess(
+                    server,
+                    db,  # type: ignore[arg-type]
+                    queue,
+                    home=root,
+                    log=root / f"worker-{i}.log",
+                    extra_env={"MAKA_HOST": host},
+                )
+                for i, host in enumerate(hosts)
             ]
             try:
                 for proc in procs:
@@ -99,7 +110,8 @@ async def one_config(
                 for i, sid in enumerate(sessions):
                     ws = root / f"ws-{i}"
                     ws.mkdir()
-                    await open_session(client, ws, script, queue, session_id=sid)
+                    host = hosts[i % workers]
+                    await open_session(client, ws, script, queue, session_id=sid, host=host, host_wait_s=120)
                 started = time.monotonic()
                 accepted = await asyncio.gather(
                     *(send(client, sid, "go", update_id=f"{sid}-1") for sid in sessions)

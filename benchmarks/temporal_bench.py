@@ -14,6 +14,11 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
 - **ledger ms/call**: per dispatched call, the time its two ledger hops took on the ledger thread
   (guard + preflight + evidence + T1, then T2), p50 over the turn's calls; the means of each hop
   beside it; and the ledger's share of the tool activities' wall time and of the turn.
+- **tools**: ``host`` (the default path: a session pinned to a workspace host sends its tool activities
+  to that host's queue, ``host_queue(queue, host)``, polled by the same worker process) or ``shared``
+  (a session without a host: tools on the workflow's queue, where the server hands the activity task
+  back eagerly in the workflow task's response). ``--routing host shared`` measures both side by side;
+  the difference is the cost of host affinity (no eager activity dispatch for tools).
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
   on the same server in the same process run, so every ratio compares figures taken side by side.
 """
@@ -51,8 +56,11 @@ from benchmarks.bench_server import (  # noqa: E402
 from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
-from workers.worker import build_worker  # noqa: E402
+from workers.worker import build_host_worker, build_worker  # noqa: E402
 from workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
+
+#: The benchmark's one workspace host (its host queue is polled by this process).
+HOST = "bench-host"
 
 
 def _script(path: Path, n: int) -> Path:
@@ -94,6 +102,7 @@ async def one_session(
     n: int,
     timeout: float,
     mode: str = "local",
+    routing: str = "host",
 ) -> dict[str, Any]:
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
     before = dict(acts.runtime.timings)
@@ -106,6 +115,8 @@ async def one_session(
         task_queue=queue,
         message="bench",
         model_step_mode=mode,
+        host=HOST if routing == "host" else None,
+        host_wait_s=120.0,
     )
     status = await _settle(client, session_id, accepted.run_id, timeout)
     wall = time.perf_counter() - t0
@@ -121,6 +132,7 @@ async def one_session(
     return {
         "calls": n,
         "mode": mode,
+        "routing": routing,
         "state": status.state,
         "calls_done": history.tool_calls,
         "ms_per_call": turn_ms / n,
@@ -139,7 +151,14 @@ async def one_session(
 
 
 async def concurrent_sessions(
-    client: Client, acts: MakaActivities, queue: str, ws_root: Path, tmp: Path, sessions: int, calls: int
+    client: Client,
+    acts: MakaActivities,
+    queue: str,
+    ws_root: Path,
+    tmp: Path,
+    sessions: int,
+    calls: int,
+    routing: str = "host",
 ) -> dict[str, Any]:
     script = _script(tmp / "concurrent.json", calls)
     workspaces = []
@@ -156,6 +175,8 @@ async def concurrent_sessions(
             provider={"kind": "script", "path": str(script)},
             task_queue=queue,
             message="go",
+            host=HOST if routing == "host" else None,
+            host_wait_s=120.0,
         )
         await _settle(client, sid, acc.run_id, 600, poll=0.25)
         return sid, acc.run_id
@@ -218,30 +239,36 @@ async def main(args: argparse.Namespace) -> None:
             acts = MakaActivities(Runtime(store))
             queue = "maka-bench"
             worker = build_worker(client, acts, queue)
+            host_worker = build_host_worker(client, acts, queue, HOST)
             sample = sample_workspace(args.output_bytes)
             ws_root = tmp / "workspaces"
             ws_root.mkdir()
             shutil.copytree(sample, ws_root / "base")
             shutil.rmtree(sample, ignore_errors=True)
             rows = []
-            async with worker:
-                await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60)  # warm-up
+            async with worker, host_worker:
+                for routing in args.routing:  # warm-up
+                    await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing)
                 for mode in args.modes:
                     for n in args.calls:
-                        row = await one_session(
-                            client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode
-                        )
-                        rows.append(row)
-                        print(
-                            json.dumps(row)
-                            if args.json
-                            else f"N={n} ({mode}): {row['ms_per_call']:.1f} ms/call",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+                        # Side by side: each N with tools on the host queue, then on the shared one.
+                        for routing in args.routing:
+                            row = await one_session(
+                                client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode, routing
+                            )
+                            rows.append(row)
+                            print(
+                                json.dumps(row)
+                                if args.json
+                                else f"N={n} ({mode}, tools {routing}): {row['ms_per_call']:.1f} ms/call",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                 conc = None
                 if args.concurrent:
-                    conc = await concurrent_sessions(client, acts, queue, ws_root, tmp, args.concurrent, 10)
+                    conc = await concurrent_sessions(
+                        client, acts, queue, ws_root, tmp, args.concurrent, 10, args.routing[0]
+                    )
             plain, plain_conc, peer_rows = await _floor(server, args)
             store.close()
             acts.close()
@@ -252,15 +279,16 @@ async def main(args: argparse.Namespace) -> None:
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}\n"
     )
     print(
-        "| N | model step | state | ms/call (turn) | plain Temporal ms/call | ratio | ms/call (wall) "
+        "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio | ms/call (wall) "
         "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         floor = plain[r["calls"]]["ms_per_call"]
         print(
-            f"| {r['calls']} | {r['mode']} | {r['state']} | {r['ms_per_call']:.1f} | {floor:.1f} "
+            f"| {r['calls']} | {r['mode']} | {r['routing']} | {r['state']} "
+            f"| {r['ms_per_call']:.1f} | {floor:.1f} "
             f"| {r['ms_per_call'] / floor:.2f}x | {r['wall_ms_per_call']:.1f} "
             f"| {r['history_proto_per_call']:.0f} "
             f"| {r['history_events']:,} | {r['history_runs']} | {r['ledger_p50_ms']:.2f} "
@@ -288,6 +316,13 @@ if __name__ == "__main__":
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--routing",
+        nargs="+",
+        default=["host", "shared"],
+        choices=["host", "shared"],
+        help="where tools run: the session's host queue, the workflow's queue (eager dispatch), or both",
+    )
     parser.add_argument("--peers", action="store_true", help="also run pydantic-ai (bench extra)")
     parser.add_argument(
         "--pydantic-ai-max", type=int, default=150, help="largest N for pydantic-ai (it dies ~125)"

@@ -10,6 +10,7 @@ modules that read them at import time: they are not configuration.
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,11 @@ def _default_home() -> Path:
     return Path.home() / ".maka"
 
 
+def _default_host() -> str:
+    # The machine's name: one worker per machine serves that machine's workspaces by default.
+    return socket.gethostname() or "localhost"
+
+
 class MakaSettings(BaseSettings):
     """Every knob a maka process reads from its environment (``MAKA_<FIELD>``)."""
 
@@ -40,6 +46,13 @@ class MakaSettings(BaseSettings):
     db: str | None = None
     #: ``MAKA_TASK_QUEUE`` / ``--task-queue``: the queue shared by workers and session commands.
     task_queue: str = Field(default=DEFAULT_TASK_QUEUE, min_length=1)
+    #: ``MAKA_HOST`` / ``--host``: the workspace host a worker serves and a new session is pinned
+    #: to (its tool and recovery activities run only on that host's workers).
+    host: str = Field(default_factory=_default_host, min_length=1, max_length=200, pattern=r"^[^\s@]+$")
+    #: ``MAKA_HOST_WAIT``: seconds a session's host has to pick a tool or recovery activity up
+    #: before the session parks with ``workspace_host_unavailable`` (read at session start and
+    #: recorded with the session).
+    host_wait: PositiveFloat = 120.0
     #: ``MAKA_TOOL_HEARTBEAT_TIMEOUT`` / ``--tool-heartbeat-timeout``: seconds without a heartbeat
     #: before a tool attempt counts as dead.
     tool_heartbeat_timeout: PositiveFloat = 20.0

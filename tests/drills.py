@@ -256,8 +256,18 @@ async def settle(
         await asyncio.sleep(interval)
 
 
-async def open_session(client: Any, ws: Path, script: Path, queue: str, *, session_id: str) -> None:
-    """Start a session's workflow without a message (messages go through ``send``)."""
+async def open_session(
+    client: Any,
+    ws: Path,
+    script: Path,
+    queue: str,
+    *,
+    session_id: str,
+    host: str | None = None,
+    host_wait_s: float | None = None,
+) -> None:
+    """Start a session's workflow without a message (messages go through ``send``); ``host`` pins
+    it to a workspace host (tools on that host's queue)."""
     ident = Workspace.open(ws, create=True)
     inp = SessionInput(
         session_id=session_id,
@@ -265,6 +275,8 @@ async def open_session(client: Any, ws: Path, script: Path, queue: str, *, sessi
         workspace_identity=ident.identity,
         provider={"kind": "script", "path": str(script)},
         task_queue=queue,
+        host=host,
+        host_wait_s=host_wait_s if host else None,
     )
     await client.start_workflow(
         SessionWorkflow.run,

@@ -22,6 +22,7 @@ def test_activity_names_are_pinned() -> None:
         "maka.recover_operation",
         "maka.finish_run",
         "maka.begin_continuation",
+        "maka.host_park",
     )
 
 
@@ -34,6 +35,7 @@ def test_registered_activities_use_the_pinned_names() -> None:
         MakaActivities.recover_operation,
         MakaActivities.finish_run,
         MakaActivities.begin_continuation,
+        MakaActivities.host_park,
     ):
         definition = ActivityDefinition.from_callable(fn)
         assert definition is not None
@@ -45,10 +47,15 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
     definition = WorkflowDefinition.from_class(SessionWorkflow)
     assert definition is not None
     assert definition.name == "maka.session" == contracts.SESSION_WORKFLOW
-    assert set(definition.updates) == {"send_message", "wait_settled"} == {
-        contracts.SEND_MESSAGE,
-        contracts.WAIT_SETTLED,
-    }
+    assert (
+        set(definition.updates)
+        == {"send_message", "wait_settled", "resume_host"}
+        == {
+            contracts.SEND_MESSAGE,
+            contracts.WAIT_SETTLED,
+            contracts.RESUME_HOST,
+        }
+    )
     assert set(definition.queries) == {"status"}
     assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
     assert contracts.workflow_id_for("abc") == "maka-session-abc"

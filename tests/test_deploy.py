@@ -1,7 +1,8 @@
 """deploy/ is checked, offline: the compose file against the Compose Specification's JSON schema
 (vendored by check-jsonschema), every Kubernetes document against the Kubernetes JSON schemas in
 strict mode (vendored by kubernetes-validate; what kubeconform does), and the invariants the
-schemas cannot see: two hosts with their own queue and workspace volume, one shared PostgreSQL for
+schemas cannot see: two hosts (their own MAKA_HOST and workspace volume, one shared task queue), one
+shared PostgreSQL for
 Temporal and the ledger, references that resolve. Each check has a broken copy it must refuse."""
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_compose_runs_two_hosts_on_one_postgres_with_temporal_and_the_ui() -> No
     assert len(workers) == 2
     queues = {svc["environment"]["MAKA_TASK_QUEUE"] for svc in workers.values()}
     hosts = {svc["environment"]["MAKA_HOST"] for svc in workers.values()}
-    assert len(queues) == 2 and len(hosts) == 2
+    assert len(queues) == 1 and len(hosts) == 2  # one workflow queue; each host its own host queue
     # each host has its own workspace and home; the ledger is the shared PostgreSQL
     mounts = [set(svc["volumes"]) for svc in workers.values()]
     assert not mounts[0] & mounts[1]
@@ -134,6 +135,7 @@ def _problems(docs: list[dict[str, Any]]) -> list[str]:
     config = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     sets = [d for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
     queues: list[str] = []
+    hosts: list[str] = []
     for d in sets:
         name, spec = d["metadata"]["name"], d["spec"]
         pod = spec["template"]["spec"]
@@ -151,7 +153,7 @@ def _problems(docs: list[dict[str, Any]]) -> list[str]:
         if "/workspaces" not in mounts:
             problems.append(f"{name}: no workspace volume")
         problems += [f"{name}: volume {v} is not defined" for v in mounts.values() if v not in volumes]
-        env = {e["name"]: e.get("value") for e in worker.get("env", [])}
+        env: dict[str, Any] = {}
         for ref in worker.get("envFrom", []):
             if "configMapRef" in ref:
                 env.update(config.get(ref["configMapRef"]["name"], {}))
@@ -160,12 +162,16 @@ def _problems(docs: list[dict[str, Any]]) -> list[str]:
             secret = ref.get("secretRef", {}).get("name")
             if secret and ("Secret", secret) not in named and secret not in EXTERNAL_SECRETS:
                 problems.append(f"{name}: secret {secret} is neither defined nor documented")
+        env.update({e["name"]: e.get("value") for e in worker.get("env", [])})  # env wins over envFrom
         queues.append(str(env.get("MAKA_TASK_QUEUE")))
+        hosts.append(str(env.get("MAKA_HOST")))
         ports = {p.get("name"): p["containerPort"] for p in worker.get("ports", [])}
         if str(ports.get("metrics")) != str(env.get("MAKA_METRICS_PORT")):
             problems.append(f"{name}: the metrics port is not the one the worker serves")
-    if len(sets) < 2 or len(set(queues)) != len(queues):
-        problems.append(f"want one set per host, each with its own task queue: {queues}")
+    if len(sets) < 2 or len(set(hosts)) != len(hosts) or "None" in hosts:
+        problems.append(f"want one set per host, each with its own MAKA_HOST: {hosts}")
+    if len(set(queues)) != 1:
+        problems.append(f"every host polls the one shared task queue: {queues}")
     return problems
 
 
@@ -173,19 +179,23 @@ def test_manifests_run_one_worker_per_host_with_its_workspace_volume() -> None:
     assert _problems(k8s_docs()) == []
 
 
-def test_structural_check_refuses_shared_queues_and_dangling_volumes() -> None:
+def test_structural_check_refuses_shared_hosts_split_queues_and_dangling_volumes() -> None:
     docs = k8s_docs()
     broken = copy.deepcopy(docs)
     sets = [d for d in broken if d["kind"] == "StatefulSet"]
     for d in sets:
         env = d["spec"]["template"]["spec"]["containers"][0]["env"]
         for e in env:
-            if e["name"] == "MAKA_TASK_QUEUE":
-                e["value"] = "maka"
+            if e["name"] == "MAKA_HOST":
+                e["value"] = "host-a"
+    sets[1]["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "MAKA_TASK_QUEUE", "value": "maka-host-b"}
+    )
     sets[0]["spec"]["volumeClaimTemplates"] = sets[0]["spec"]["volumeClaimTemplates"][:1]
     sets[1]["spec"]["replicas"] = 2
     problems = _problems(broken)
-    assert any("own task queue" in p for p in problems)
+    assert any("own MAKA_HOST" in p for p in problems)
+    assert any("one shared task queue" in p for p in problems)
     assert any("volume workspaces is not defined" in p for p in problems)
     assert any("exactly one replica" in p for p in problems)
 

@@ -30,6 +30,14 @@ heartbeat_option = click.option(
     metavar="SECONDS",
     help="tool activities' heartbeat timeout (MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
 )
+host_option = click.option(
+    "--host",
+    default=None,
+    metavar="NAME",
+    help="the workspace host this worker serves: it also polls that host's queue for the tool and "
+    "recovery activities of the sessions pinned to it (MAKA_HOST; default the machine's name)",
+)
+
 # --- worker / dev ------------------------------------------------------------------------------
 
 
@@ -37,6 +45,7 @@ heartbeat_option = click.option(
 @db_option
 @temporal_options()
 @heartbeat_option
+@host_option
 @click.option("--no-repair", is_flag=True, help="skip startup repair (tests only)")
 @click.option(
     "--unsafe-no-sandbox",
@@ -59,6 +68,7 @@ def cmd_worker(
     namespace: str | None,
     task_queue: str | None,
     tool_heartbeat_timeout: float | None,
+    host: str | None,
     no_repair: bool,
     unsafe_no_sandbox: bool,
     metrics_port: int | None,
@@ -69,7 +79,7 @@ def cmd_worker(
     from workers.telemetry import Telemetry
     from workers.worker import serve
 
-    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
+    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, host=host)
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
     telemetry = Telemetry.from_env(metrics_port)
@@ -86,6 +96,7 @@ def cmd_worker(
             repair=not no_repair,
             json_events=as_json,
             telemetry=telemetry,
+            host=s.host,
         )
         return 0
 
@@ -153,7 +164,13 @@ def cmd_dev(
             return 0
         client = await connect(server.address, namespace)
         await serve(
-            client, s.ledger, s.task_queue, settings=s.runtime_settings(), out=sys.stdout, json_events=as_json
+            client,
+            s.ledger,
+            s.task_queue,
+            settings=s.runtime_settings(),
+            out=sys.stdout,
+            json_events=as_json,
+            host=s.host,
         )
         return 0
 

@@ -5,7 +5,11 @@ operation through the same recovery as the live path), the host inspects the wor
 tool catalog, the Phase 1 planner answers continue or park, every input is revalidated, the
 boundary is claimed (one database-unique row), and the continuation run's header and
 ``continuationStart`` fact are committed, all before a NEW execution of the same workflow id
-starts and makes its first provider call. Temporal replay never implies a tool outcome.
+starts and makes its first provider call. Temporal replay never implies a tool outcome. A new
+execution keeps the session's workspace host and host wait (from the ledger's session record).
+
+A session parked with ``workspace_host_unavailable`` still has its execution: ``resume_on_host``
+tells it the host is back (the ``resume_host`` Update) and its turn goes on in place, on its host.
 
 Exit codes: 0 continue (with ``--wait``: the continued turn settled ``idle``), 1 park, 2 refused
 (``session_busy`` while an execution is open, ``session_not_found``, ``resume_not_needed``; nothing
@@ -68,7 +72,9 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
-        if run.status != "running":
+        # ``parked`` (not terminal): a run that waited for its workspace host when its execution
+        # was lost; it is settled like any other lost run.
+        if run.status not in ("running", "parked"):
             continue
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
@@ -122,8 +128,12 @@ async def resume_lost_session(
     feature_enabled: bool = True,
     repair_grace_ms: int = 10_000,
     announce: Announce = _quiet,
+    host: str | None = None,
 ) -> dict[str, Any]:
-    """Resume one session whose execution is closed or gone; returns the output object.
+    """Resume one session whose execution is closed or gone, or whose open execution is parked
+    with ``workspace_host_unavailable`` (``resume_on_host``); returns the output object.
+    ``host``: only a host park of a session pinned to this host is resumed (a worker's
+    auto-resume takes its own host's sessions, never another's).
 
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
@@ -134,6 +144,10 @@ async def resume_lost_session(
     workflow_id = workflow_id_for(session_id)
     lost_at = time.monotonic()
     execution = await describe_execution(client, session_id)
+    if execution.open and not execution.task_failing:
+        resumed = await resume_on_host(client, session_id, host=host, announce=announce)
+        if resumed is not None:
+            return resumed
     if execution.open:
         hint = (
             " (its workflow task keeps failing: terminate it, then resume)" if execution.task_failing else ""
@@ -205,6 +219,8 @@ async def resume_lost_session(
                 provider=decision.record.provider,
                 task_queue=queue,
                 continuation=decision.execute,
+                host=decision.record.host,
+                host_wait_s=decision.record.host_wait_s,
             )
             announce(
                 "execution_started",
@@ -226,6 +242,54 @@ async def resume_lost_session(
     if decision.decision == "park" and out["parkReason"] is None:
         out["parkReason"] = view.park_reason
     return out
+
+
+async def resume_on_host(
+    client: Any, session_id: str, *, host: str | None = None, announce: Announce = _quiet
+) -> dict[str, Any] | None:
+    """The open execution waits for its workspace host: tell it the host is back.
+
+    Nothing is planned or claimed: the parked run is whole and goes on in its execution, on its
+    own host queue, where recovery first classifies the parked call (a call never started is
+    dispatched, one with T1 and no T2 is reconciled or parks, as on the live path). If the host is
+    still away, the session parks again after its host wait; it never runs elsewhere. Returns
+    None when the execution is not parked on its host (the caller refuses ``session_busy``).
+    """
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from workers.session_client import query_status
+    from workers.session_client import resume_host as send_resume_host
+    from workflows.contracts import workflow_id_for
+
+    try:
+        status = await query_status(client, session_id)
+    except Exception:  # an execution that cannot answer is busy as far as resume goes
+        return None
+    if status.state != "parked" or status.park_reason != "workspace_host_unavailable":
+        return None
+    if host is not None and status.host != host:
+        return None
+    try:
+        status = await send_resume_host(client, session_id)
+    except WorkflowUpdateFailedError:
+        return None  # another resumer got there first, or the park changed meanwhile
+    run_id = status.current_turn.run_id if status.current_turn is not None else None
+    announce("host_resumed", sessionId=session_id, runId=run_id, host=status.host)
+    return {
+        "ok": True,
+        "sessionId": session_id,
+        "workflowId": workflow_id_for(session_id),
+        "decision": "continue",
+        "parkReason": None,
+        "rejectionReasons": [],
+        "diagnostics": [],
+        "sourceRunId": run_id,
+        "continuationRunId": run_id,
+        "highWater": None,
+        "state": str(status.state),
+        "host": status.host,
+        "hostResumed": True,
+    }
 
 
 async def wait_continued(
@@ -263,7 +327,8 @@ def cmd_resume(
     wait: bool,
     as_json: bool,
 ) -> None:
-    """Continue a session whose workflow execution is lost, through the planner (never a retry)."""
+    """Continue a session whose workflow execution is lost, through the planner (never a retry), or
+    one parked with workspace_host_unavailable once its host is back (on the same host)."""
     from workers.client import connect
     from workers.worker import default_runtime
 
@@ -294,6 +359,12 @@ def cmd_resume(
 
 
 def _print(out: dict[str, Any]) -> None:
+    if out.get("hostResumed"):
+        click.echo(
+            f"session {out['sessionId']}: host {out['host']} is back; run {out['sourceRunId']} goes on "
+            f"(state {out['state']})"
+        )
+        return
     if out["decision"] == "continue":
         click.echo(
             f"session {out['sessionId']}: continuing run {out['sourceRunId']} "
@@ -308,4 +379,11 @@ def _print(out: dict[str, Any]) -> None:
         click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
 
 
-__all__ = ["cmd_resume", "lost_sessions", "resume_lost_session", "settle_lost_runs", "wait_continued"]
+__all__ = [
+    "cmd_resume",
+    "lost_sessions",
+    "resume_lost_session",
+    "resume_on_host",
+    "settle_lost_runs",
+    "wait_continued",
+]

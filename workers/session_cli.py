@@ -121,6 +121,13 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     help="continue-as-new after this many turns (default: when Temporal suggests)",
 )
 @click.option("--model-step-mode", type=click.Choice(["local", "activity"]), default="local")
+@click.option(
+    "--host",
+    default=None,
+    metavar="NAME",
+    help="the workspace's host: tools run only on its workers (MAKA_HOST; default the machine's name; "
+    "MAKA_HOST_WAIT bounds how long it may take to start one)",
+)
 @click.option("--wait", is_flag=True, help="wait until the turn settles")
 @wait_timeout_option
 @json_option()
@@ -137,6 +144,7 @@ def cmd_start(
     session_id: str | None,
     continue_as_new_after: int | None,
     model_step_mode: str,
+    host: str | None,
     wait: bool,
     wait_timeout: float | None,
     as_json: bool,
@@ -149,7 +157,7 @@ def cmd_start(
     """Start a session and send its first message."""
     from workers.client import connect
 
-    s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout)
+    s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
     text = _message(message)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
@@ -169,6 +177,8 @@ def cmd_start(
             model_step_mode=model_step_mode,
             accept_timeout=s.wait_timeout,
             refusals=True,
+            host=s.host,
+            host_wait_s=s.host_wait,
         )
         return await _after_send(client, s, sid, accepted, wait=wait, as_json=as_json)
 
@@ -261,6 +271,8 @@ async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
         workspace_identity=record.workspace_identity,
         provider=record.provider,
         task_queue=record.task_queue or s.task_queue,
+        host=record.host,
+        host_wait_s=record.host_wait_s,
     )
 
 
@@ -382,6 +394,8 @@ def cmd_status(
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         health = _ledger_health(s.ledger)
         governed = _governance_status(s.ledger, session_id, view.state)
+        host, host_wait = _session_host(s.ledger, session_id)
+        host = host or (status.host if status is not None else None)
         if execution is not None and not execution.open and view.state == "running":
             print(
                 f"maka: session {session_id} lost its execution before its run settled; a worker's "
@@ -393,6 +407,8 @@ def cmd_status(
                 {
                     **view.to_json(),
                     **(execution.to_json() if execution else {}),
+                    "host": host,
+                    "hostWait": host_wait,
                     "ledger": health,
                     **governed,
                 },
@@ -400,6 +416,8 @@ def cmd_status(
             )
         else:
             _print_view(view)
+            if host is not None:
+                click.echo(f"host {host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
             for p in governed["pendingApprovals"]:
                 click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
             if not health["ok"]:
@@ -407,6 +425,18 @@ def cmd_status(
         return 0
 
     finish(run_async(main()))
+
+
+def _session_host(db: Any, session_id: str) -> tuple[str | None, float | None]:
+    """The workspace host and host wait the session recorded at start (from the ledger)."""
+    from maka_core.runtime.lost_run import session_record
+
+    try:
+        with open_ledger(db, create=False) as store:
+            record = session_record(store.events(session_id=session_id))
+    except MakaError:
+        return None, None
+    return (record.host, record.host_wait_s) if record is not None else (None, None)
 
 
 def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:

@@ -74,6 +74,8 @@ class Progress:
 
 def settled(status: Any, run_id: str) -> bool:
     """The same test the workflow's handler makes, on a status snapshot."""
+    if status.state == "parked" and status.park_reason == "workspace_host_unavailable":
+        return True  # the turn waits for its host: settled until an operator resumes it
     busy = status.current_turn is not None and status.current_turn.run_id == run_id
     return not busy and status.state != "running"
 
@@ -180,8 +182,15 @@ async def start_session(
     task_timeout: Any = None,
     accept_timeout: float | None = None,
     refusals: bool = False,
+    host: str | None = None,
+    host_wait_s: float | None = None,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
+
+    ``host`` pins the session to a workspace host (its tools and recoveries run only on that
+    host's queue); ``host_wait_s`` bounds how long the host has to start one (default
+    ``MAKA_HOST_WAIT``, read now and recorded with the session). No ``host``: an unpinned session
+    whose tools run on ``task_queue`` (library callers, as before host affinity).
 
     With ``refusals`` (the CLI) Temporal's errors become ``MakaError`` codes; without, library
     callers get Temporal's own exceptions, as before.
@@ -214,6 +223,8 @@ async def start_session(
         continue_as_new_after_turns=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,
         model_step_mode=model_step_mode,
+        host=host,
+        host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
     )
     try:
         await client.start_workflow(
@@ -282,6 +293,15 @@ async def send_message(
         # under it can crash it at finalization (seen as SIGSEGV/SIGABRT).
         await asyncio.sleep(0.2)
         raise MakaError(code, text, sessionId=session_id) from None
+
+
+async def resume_host(client: Any, session_id: str) -> Any:
+    """Tell a session parked with ``workspace_host_unavailable`` that its host is back (the
+    ``resume_host`` Update); returns its status. Raises the Update's failure (``NotParkedOnHost``)."""
+    from workflows.contracts import RESUME_HOST, SessionStatus, workflow_id_for
+
+    handle = client.get_workflow_handle(workflow_id_for(session_id))
+    return await handle.execute_update(RESUME_HOST, result_type=SessionStatus)
 
 
 async def query_status(client: Any, session_id: str) -> Any:
@@ -379,13 +399,17 @@ async def start_execution(
     provider: dict[str, Any],
     task_queue: str,
     continuation: Any = None,
+    host: str | None = None,
+    host_wait_s: float | None = None,
 ) -> str:
     """Start a NEW execution of a session whose previous one is closed or gone (same workflow id).
 
     Only two callers: ``maka resume`` after the planner approved and claimed a continuation
     (``continuation`` = its run ids), and ``maka session send`` after the ledger shows the last
     run ended cleanly. The reuse policy allows a closed id, the conflict policy refuses an open
-    one: a running execution is never replaced. Returns the new execution's run id.
+    one: a running execution is never replaced. ``host`` and ``host_wait_s`` are the session's
+    recorded ones (a new execution never moves a session to another host). Returns the new
+    execution's run id.
 
     Raises:
         MakaError: ``session_busy`` (an execution is open), ``temporal_unavailable``.
@@ -404,6 +428,8 @@ async def start_execution(
         provider=provider,
         task_queue=task_queue,
         continuation=continuation,
+        host=host,
+        host_wait_s=host_wait_s if host else None,
     )
     env_timeout = load_settings().workflow_task_timeout
     try:

@@ -39,6 +39,7 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
 from workers.ledger_guard import open_checked, watch, worker_identity
 from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
+from workflows.contracts import host_queue
 from workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class RepairReport:
     left_to_workflow: list[str] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
     sessions_to_resume: list[str] = field(default_factory=list)
+    #: Lost runs of sessions pinned to another workspace host (that host settles them).
+    left_to_host: list[str] = field(default_factory=list)
 
 
 async def _execution_open(client: Client, run: RunHeader) -> bool:
@@ -84,12 +87,26 @@ async def _execution_open(client: Client, run: RunHeader) -> bool:
         raise
 
 
-async def startup_repair(client: Client, store: LedgerStore, runtime: Runtime | None = None) -> RepairReport:
+def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> bool:
+    """The session is pinned to another workspace host than ``host`` (its record says so)."""
+    if host is None:
+        return False
+    from maka_core.runtime.lost_run import session_record
+
+    record = session_record(store.events(session_id=session_id))
+    return record is not None and record.host is not None and record.host != host
+
+
+async def startup_repair(
+    client: Client, store: LedgerStore, runtime: Runtime | None = None, *, host: str | None = None
+) -> RepairReport:
     """Repair every non-terminal run whose hosting execution is closed or gone.
 
     With ``runtime`` (the worker's), a lost run is settled through recovery first
     (``lost_run.settle_lost_run``: re-read, reconcile or park each unsettled operation), and a
-    claimed continuation that never ran is left for resume to execute.
+    claimed continuation that never ran is left for resume to execute. With ``host``, a run of a
+    session pinned to another host is left alone: its recovery reads a workspace that lives there,
+    so that host's worker (or ``maka resume`` run there) settles it.
     """
     report = RepairReport()
     runs = await asyncio.to_thread(store.list_runs, nonterminal=True)
@@ -105,7 +122,10 @@ async def startup_repair(client: Client, store: LedgerStore, runtime: Runtime | 
     else:
         repaired = []
         for run in runs:
-            if run.status != "running" or run.run_id in open_runs:
+            if run.status not in ("running", "parked") or run.run_id in open_runs:
+                continue
+            if await asyncio.to_thread(_pinned_elsewhere, store, run.session_id, host):
+                report.left_to_host.append(run.run_id)
                 continue
             settled = await settle_lost_runs(runtime, run.session_id)
             repaired.extend((run_id, run.session_id) for run_id in settled)
@@ -120,15 +140,21 @@ async def startup_repair(client: Client, store: LedgerStore, runtime: Runtime | 
 
 
 async def auto_resume(
-    client: Client, runtime: Runtime, sessions: list[str], task_queue: str, announce: Callable[..., None]
+    client: Client,
+    runtime: Runtime,
+    sessions: list[str],
+    task_queue: str,
+    announce: Callable[..., None],
+    host: str | None = None,
 ) -> None:
-    """``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME=1``: resume every eligible lost session, then report
-    how each continued turn settled (identities and codes only)."""
+    """``MAKA_RUNTIME_SAFE_BOUNDARY_RESUME=1``: resume every eligible lost session (and, with
+    ``host``, every session of this host parked with ``workspace_host_unavailable``: the host is
+    back), then report how each continued turn settled (identities and codes only)."""
     waits = []
     for session_id in sessions:
         try:
             out = await resume_lost_session(
-                client, runtime, session_id, task_queue=task_queue, announce=announce
+                client, runtime, session_id, task_queue=task_queue, announce=announce, host=host
             )
         except MakaError as exc:
             announce("resume_refused", sessionId=session_id, code=exc.code)
@@ -140,9 +166,22 @@ async def auto_resume(
             log.warning("waiting for a continued turn failed: %s", result)
 
 
-def build_worker(client: Client, acts: MakaActivities, task_queue: str, **options: Any) -> Worker:
-    """The worker: the session workflow and its activities on ONE task queue, so the server can hand
-    activity tasks back eagerly in the workflow task's response (no extra dispatch hop)."""
+def build_worker(
+    client: Client,
+    acts: MakaActivities,
+    task_queue: str,
+    *,
+    workflow: type = SessionWorkflow,
+    **options: Any,
+) -> Worker:
+    """The shared-queue worker: the session workflow, model steps and the ledger-only activities.
+
+    Every worker of every host polls this queue (a model step may run anywhere). The tool and
+    recovery activities are registered here too for sessions without a host (started before host
+    affinity): those keep their tools on the workflow's queue, where the server can hand an
+    activity task back eagerly in the workflow task's response. A pinned session never sends a
+    tool here (its workflow names the host queue). ``workflow``: a test may build a variant.
+    """
     # How long a workflow task waits on this worker's sticky queue before any worker may take it:
     # after a worker dies, the next worker picks the session up only after this. SDK default 5 s.
     sticky = float(os.environ.get("MAKA_STICKY_TIMEOUT") or 5.0)
@@ -150,12 +189,40 @@ def build_worker(client: Client, acts: MakaActivities, task_queue: str, **option
         client,
         sticky_queue_schedule_to_start_timeout=options.pop("sticky_timeout", timedelta(seconds=sticky)),
         task_queue=task_queue,
-        workflows=[SessionWorkflow],
+        workflows=[workflow],
         activities=acts.all(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
         graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),
         **options,
     )
+
+
+def build_host_worker(
+    client: Client, acts: MakaActivities, task_queue: str, host: str, **options: Any
+) -> Worker:
+    """The host-queue worker: activity-only, the tool and recovery activities of the sessions
+    pinned to ``host`` (``host_queue(task_queue, host)``). Only this host's workers poll it, so a
+    tool runs where its workspace lives or not at all (the session parks when nobody starts it
+    within its host wait). It shares the runtime (ledger, tools, threads) with the shared-queue
+    worker of the same process."""
+    return Worker(
+        client,
+        task_queue=host_queue(task_queue, host),
+        activities=acts.host_bound(),
+        max_concurrent_activities=options.pop("max_concurrent_activities", 64),
+        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),
+        **options,
+    )
+
+
+async def _run_all(pollers: list[Worker]) -> None:
+    """Run the process's Workers together; when one stops (a fatal poll error), stop the others
+    too, so a worker never serves its host's tools without the workflow queue or the reverse.
+    (``Worker.shutdown`` is safe to repeat: ``serve`` may have asked already.)"""
+    tasks = [asyncio.create_task(p.run()) for p in pollers]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
+    await asyncio.gather(*tasks)
 
 
 def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
@@ -178,8 +245,14 @@ async def serve(
     out: Any = None,
     json_events: bool = False,
     telemetry: Telemetry | None = None,
+    host: str | None = None,
+    workflow: type = SessionWorkflow,
 ) -> RepairReport:
     """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
+
+    ``host`` (``maka worker --host``, ``MAKA_HOST``): the workspace host this worker serves; it
+    polls the shared queue and ``host_queue(task_queue, host)`` (two temporalio Workers over one
+    runtime). ``None``: the shared queue alone (library callers and older tests).
 
     Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
     line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
@@ -215,7 +288,7 @@ async def serve(
     report = RepairReport()
     try:
         if repair:
-            report = await startup_repair(client, store, runtime)
+            report = await startup_repair(client, store, runtime, host=host)
             if report.repaired or json_events:
                 announce(
                     "repaired",
@@ -227,9 +300,10 @@ async def serve(
                     sessionsToResume=report.sessions_to_resume,
                 )
         observed = {} if telemetry is None else {"interceptors": telemetry.interceptors()}
-        worker = build_worker(
-            client, acts, task_queue, identity=worker_identity(store.health.ledger_id), **observed
-        )
+        identity = worker_identity(store.health.ledger_id)
+        pollers = [build_worker(client, acts, task_queue, workflow=workflow, identity=identity, **observed)]
+        if host is not None:
+            pollers.append(build_host_worker(client, acts, task_queue, host, identity=identity, **observed))
         metrics_port = telemetry.start() if telemetry is not None else None
         own_stop = stop is None
         if stop is None:
@@ -237,13 +311,16 @@ async def serve(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-        runner = asyncio.create_task(worker.run())
+        runner = asyncio.create_task(_run_all(pollers))
         bash = runtime.tools.get("bash")
         isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
         announce(
             "ready",
-            f"polling task queue {task_queue!r} (ledger {db}); bash: {isolation}",
+            f"polling task queue {task_queue!r}"
+            + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
+            + f" (ledger {db}); bash: {isolation}",
             taskQueue=task_queue,
+            **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),
             bash=isolation,
             unsafeNoSandbox=settings.unsafe_no_sandbox,
@@ -261,7 +338,7 @@ async def serve(
                     candidates.append(session_id)
             if candidates:
                 resuming = asyncio.create_task(
-                    auto_resume(client, runtime, candidates, task_queue, lifecycle)
+                    auto_resume(client, runtime, candidates, task_queue, lifecycle, host)
                 )
         stop_wait = asyncio.create_task(stop.wait())
         watchdog = asyncio.create_task(watch(store, stop))
@@ -278,7 +355,7 @@ async def serve(
         # worker's graceful timeout), then the worker, then the store.
         runtime.stop_tools()
         if not runner.done():
-            await worker.shutdown()
+            await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
         await asyncio.gather(runner, return_exceptions=True)
         if own_stop:
             loop = asyncio.get_running_loop()

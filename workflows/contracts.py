@@ -19,6 +19,7 @@ from maka_core.runtime.contracts import (
     BEGIN_RUN,
     EXECUTE_TOOL,
     FINISH_RUN,
+    HOST_PARK,
     MODEL_STEP,
     RECOVER_OPERATION,
     BeginContinuationInput,
@@ -28,6 +29,7 @@ from maka_core.runtime.contracts import (
     Contract,
     FinishRunInput,
     FinishRunResult,
+    HostParkInput,
     ModelStepInput,
     ModelStepMode,
     ModelStepResult,
@@ -56,6 +58,8 @@ __all__ = [
     "FINISH_RUN",
     "FinishRunInput",
     "FinishRunResult",
+    "HOST_PARK",
+    "HostParkInput",
     "InFlightTurn",
     "MODEL_STEP",
     "ModelStepInput",
@@ -63,6 +67,7 @@ __all__ = [
     "ModelStepResult",
     "ParkReason",
     "RECOVER_OPERATION",
+    "RESUME_HOST",
     "RESUME_REQUIRED",
     "RecoverInput",
     "RecoverResult",
@@ -85,6 +90,7 @@ __all__ = [
     "WAIT_SETTLED",
     "WaitSettled",
     "TurnStatus",
+    "host_queue",
     "workflow_id_for",
 ]
 
@@ -95,6 +101,9 @@ STATUS_QUERY: Final = "status"
 #: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
 #: workflow state, so histories recorded before it existed replay unchanged.
 WAIT_SETTLED: Final = "wait_settled"
+#: ``maka resume`` of a session parked with ``workspace_host_unavailable``: the operator says the
+#: host is back; the turn goes on in the same execution, on the same host.
+RESUME_HOST: Final = "resume_host"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -112,6 +121,13 @@ RESUME_REQUIRED: Final = "ResumeRequired"
 def workflow_id_for(session_id: str) -> str:
     """The one workflow id of a session."""
     return f"maka-session-{session_id}"
+
+
+def host_queue(task_queue: str, host: str) -> str:
+    """The task queue of one workspace host: tool and recovery activities of the sessions pinned to
+    ``host`` go there, and only that host's workers poll it. Derived here, once, from the shared
+    queue and the host name (a worker and a workflow can never disagree on it)."""
+    return f"{task_queue}@host:{host}"
 
 
 class InFlightTurn(Contract):
@@ -148,6 +164,13 @@ class SessionInput(Contract):
     #: A new execution started by ``maka resume``: its first turn is this claimed and started
     #: continuation run (never set by continue-as-new).
     continuation: RunIds | None = None
+    #: The session's workspace host (``maka session start --host``, ``MAKA_HOST``): every tool and
+    #: recovery activity goes to ``host_queue(task_queue, host)``. ``None`` (sessions started before
+    #: host affinity): tools stay on ``task_queue``, as they always did.
+    host: str | None = None
+    #: Seconds the host has to pick a tool or recovery activity up (schedule-to-start) before the
+    #: session parks with ``workspace_host_unavailable`` (``MAKA_HOST_WAIT`` at session start).
+    host_wait_s: float | None = None
 
 
 class SendMessage(Contract):
@@ -184,6 +207,7 @@ class SessionStatus(Contract):
     last_turn: RunIds | None = None
     accepting: bool = True
     continued_runs: int = 0
+    host: str | None = None
 
 
 InFlightTurn.model_rebuild()

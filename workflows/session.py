@@ -15,6 +15,17 @@ is idempotent through the ledger: a re-run after a crash or a workflow-task time
 committed output and never calls the provider again. Long provider calls are fine (the SDK heartbeats
 the workflow task); tools are never local activities.
 
+Host affinity: a session pinned to a workspace host (``SessionInput.host``) sends every tool and
+recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
+host wait; model steps and the ledger-only activities stay on the shared queue (they may run on any
+host). Nothing ever sends a tool elsewhere: when the host does not start one within the wait (a
+``SCHEDULE_TO_START`` timeout, which Temporal does not retry), the turn waits in this execution,
+parked with ``workspace_host_unavailable`` (recorded on the run's header first), until ``maka
+resume`` sends ``resume_host``; recovery then classifies the call on the same host. Routing tools off
+the workflow's queue gives up eager activity dispatch for them (``benchmarks/temporal_bench.py
+--routing host shared`` measures it); a session without a host keeps its tools on the workflow's
+queue, with the same commands as before.
+
 Error classification (who fails what):
 - An activity failure never fails the workflow: a model step that exhausts its retries fails the
   *run* (terminal fact, session ``failed``); a tool activity that fails or times out goes to
@@ -31,7 +42,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -40,8 +51,10 @@ with workflow.unsafe.imports_passed_through():
         BEGIN_RUN,
         EXECUTE_TOOL,
         FINISH_RUN,
+        HOST_PARK,
         MODEL_STEP,
         RECOVER_OPERATION,
+        RESUME_HOST,
         RESUME_REQUIRED,
         SA_PARK_REASON,
         SA_SESSION_ID,
@@ -56,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         CallRef,
         FinishRunInput,
         FinishRunResult,
+        HostParkInput,
         InFlightTurn,
         ModelStepInput,
         ModelStepResult,
@@ -72,6 +86,7 @@ with workflow.unsafe.imports_passed_through():
         ToolSettings,
         TurnAccepted,
         WaitSettled,
+        host_queue,
     )
 
 SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
@@ -98,6 +113,17 @@ RECOVERY_RETRY = RetryPolicy(
 LEDGER_TIMEOUT = timedelta(seconds=10)
 #: A call the Resolver proves never dispatched may be dispatched again, a bounded number of times.
 MAX_DISPATCHES = 3
+#: The park of a session whose workspace host did not start its work within the host wait.
+HOST_UNAVAILABLE: ParkReason = "workspace_host_unavailable"
+
+
+def host_away(err: BaseException) -> bool:
+    """True when an activity failed because no worker of its queue started it within its
+    schedule-to-start bound: on a host queue, the host is away. Temporal never retries that
+    timeout, and nothing ran (the attempt never started), so the session parks and waits for the
+    host; any other failure goes to recovery as before."""
+    cause = err.cause if isinstance(err, ActivityError) else None
+    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
@@ -139,6 +165,8 @@ class SessionWorkflow:
         self._handed_off = False
         #: A turn carried in by a mid-turn continue-as-new, until it has finished here.
         self._carried: InFlightTurn | None = inp.in_flight
+        #: Set by ``resume_host`` while the turn waits for its workspace host.
+        self._host_back = False
 
     # --- messages --------------------------------------------------------------------------
 
@@ -179,7 +207,24 @@ class SessionWorkflow:
             last_turn=self._last_turn,
             accepting=self._accepting(),
             continued_runs=self._inp.continued_runs,
+            host=self._inp.host,
         )
+
+    @workflow.update(name=RESUME_HOST)
+    def resume_host(self) -> SessionStatus:
+        """The operator brought the session's host back (``maka resume``): the waiting turn goes on
+        in this execution, on the same host queue; recovery decides what the parked call needs.
+        The state turns ``running`` here, so a wait that follows sees the turn, not the park."""
+        self._host_back = True
+        self._set_state("running", None, None)
+        return self.status()
+
+    @resume_host.validator
+    def _validate_resume_host(self) -> None:
+        if self._state != "parked" or self._park_reason != HOST_UNAVAILABLE:
+            raise ApplicationError(
+                f"session is {self._state}, not parked on its host", type="NotParkedOnHost"
+            )
 
     @workflow.update(name=WAIT_SETTLED)
     async def wait_settled(self, inp: WaitSettled) -> SessionStatus:
@@ -199,8 +244,8 @@ class SessionWorkflow:
             self._pending[0] if self._pending else None,
             self._carried.ids if self._carried else None,
         )
-        if self._handed_off:
-            return True
+        if self._handed_off or (self._state == "parked" and self._park_reason == HOST_UNAVAILABLE):
+            return True  # a turn waiting for its host has settled for now: an operator must act
         return self._state != "running" and all(ids is None or ids.run_id != run_id for ids in busy)
 
     def _accepting(self) -> bool:
@@ -338,6 +383,8 @@ class SessionWorkflow:
                 workspace=self._inp.workspace,
                 workspace_identity=self._inp.workspace_identity,
                 provider=self._inp.provider,
+                host=self._inp.host,
+                host_wait_s=self._inp.host_wait_s if self._inp.host else None,
             ),
             result_type=BeginRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,
@@ -402,18 +449,27 @@ class SessionWorkflow:
             workspace=self._inp.workspace,
             workspace_identity=self._inp.workspace_identity,
         )
-        for _ in range(MAX_DISPATCHES):
+        dispatches = 0
+        while dispatches < MAX_DISPATCHES:
+            dispatches += 1
             try:
                 outcome: ToolOutcome = await workflow.execute_activity(
                     EXECUTE_TOOL,
                     tool_input,
                     result_type=ToolOutcome,
+                    task_queue=self._tool_queue(),
+                    schedule_to_start_timeout=self._host_wait(),
                     start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
                     heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
                     retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
                 )
                 return outcome
-            except ActivityError:
+            except ActivityError as err:
+                if host_away(err):
+                    # The host never started this attempt: not a failed dispatch. Wait for the
+                    # host; an earlier attempt may have died mid-call, so recovery still decides.
+                    dispatches -= 1
+                    await self._wait_for_host(ids, call)
                 # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
                 # Only the ledger can; never re-schedule the tool without asking it.
                 recovered = await self._recover(ids, call, settings)
@@ -425,26 +481,72 @@ class SessionWorkflow:
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
 
     async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
-        try:
-            recovered: RecoverResult = await workflow.execute_activity(
-                RECOVER_OPERATION,
-                RecoverInput(
-                    session_id=ids.session_id,
-                    run_id=ids.run_id,
-                    call=call,
-                    workspace=self._inp.workspace,
-                    workspace_identity=self._inp.workspace_identity,
-                ),
-                result_type=RecoverResult,
-                start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
-                # The recover activity heartbeats while it observes or re-reads: a dead worker is
-                # noticed as fast as in the tool activity itself.
-                heartbeat_timeout=timedelta(seconds=max(settings.heartbeat_timeout_s, 5.0)),
-                retry_policy=RECOVERY_RETRY,
-            )
-        except ActivityError:
-            raise _Park("recovery_unavailable", call.operation_id) from None
-        return recovered
+        while True:
+            try:
+                recovered: RecoverResult = await workflow.execute_activity(
+                    RECOVER_OPERATION,
+                    RecoverInput(
+                        session_id=ids.session_id,
+                        run_id=ids.run_id,
+                        call=call,
+                        workspace=self._inp.workspace,
+                        workspace_identity=self._inp.workspace_identity,
+                    ),
+                    result_type=RecoverResult,
+                    # Recovery reads the workspace: it runs on the session's host, like the tool.
+                    task_queue=self._tool_queue(),
+                    schedule_to_start_timeout=self._host_wait(),
+                    start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
+                    # The recover activity heartbeats while it observes or re-reads: a dead worker
+                    # is noticed as fast as in the tool activity itself.
+                    heartbeat_timeout=timedelta(seconds=max(settings.heartbeat_timeout_s, 5.0)),
+                    retry_policy=RECOVERY_RETRY,
+                )
+            except ActivityError as err:
+                if not host_away(err):
+                    raise _Park("recovery_unavailable", call.operation_id) from None
+                await self._wait_for_host(ids, call)
+                continue
+            return recovered
+
+    # --- host affinity ---------------------------------------------------------------------
+
+    def _tool_queue(self) -> str | None:
+        """Where tool and recovery activities go: the session's host queue, so a tool only ever
+        runs where its workspace lives. ``None`` (the workflow's own queue, and the same command
+        bytes as before host affinity) for a session without a host."""
+        return host_queue(self._inp.task_queue, self._inp.host) if self._inp.host else None
+
+    def _host_wait(self) -> timedelta | None:
+        """The schedule-to-start bound of host-queue activities (``None``: unbounded, as before)."""
+        if not self._inp.host or self._inp.host_wait_s is None:
+            return None
+        return timedelta(seconds=self._inp.host_wait_s)
+
+    async def _wait_for_host(self, ids: RunIds, call: CallRef) -> None:
+        """Park the turn on its host until ``resume_host``; the run stays open.
+
+        The run is not finished (no terminal fact): its turn is whole and goes on where it stopped,
+        on the same host, so no continuation or planner is needed and a call the host never
+        started is dispatched by recovery's word (``not_dispatched``), never guessed. The ledger
+        records the park on the run's header first (``maka.host_park``, a ledger-only activity
+        on the shared queue), then the workflow's state and search attributes say it. Nothing is
+        ever sent to another queue.
+        """
+        await self._host_park(ids, call.operation_id, parked=True)
+        self._set_state("parked", HOST_UNAVAILABLE, call.operation_id)
+        self._host_back = False
+        await workflow.wait_condition(lambda: self._host_back)
+        self._host_back = False
+        await self._host_park(ids, call.operation_id, parked=False)
+
+    async def _host_park(self, ids: RunIds, operation_id: str, *, parked: bool) -> None:
+        await workflow.execute_activity(
+            HOST_PARK,
+            HostParkInput(ids=ids, parked=parked, operation_id=operation_id),
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
 
     async def _finish(
         self,

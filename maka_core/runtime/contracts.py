@@ -60,6 +60,9 @@ ParkReason = Literal[
     "ledger_corruption",
     # a parked recovery decision with a reason code this runtime does not write (an imported ledger)
     "recovery_parked",
+    # the session's workspace host did not pick a tool or recovery activity up within the
+    # session's host wait (schedule-to-start); ``maka resume`` continues once the host is back
+    "workspace_host_unavailable",
     # a session whose execution was lost and whose resume parked (the host's union, above)
     HostParkReason,
 ]
@@ -75,6 +78,8 @@ RECOVER_OPERATION: Final = "maka.recover_operation"
 FINISH_RUN: Final = "maka.finish_run"
 #: The first activity of a continuation turn (``maka resume``): binds the claimed run.
 BEGIN_CONTINUATION: Final = "maka.begin_continuation"
+#: Ledger-only: a run parks on (or leaves the park on) its workspace host (``HostParkInput``).
+HOST_PARK: Final = "maka.host_park"
 ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     BEGIN_RUN,
     MODEL_STEP,
@@ -82,6 +87,7 @@ ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     RECOVER_OPERATION,
     FINISH_RUN,
     BEGIN_CONTINUATION,
+    HOST_PARK,
 )
 
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
@@ -133,6 +139,9 @@ class BeginRunInput(Contract):
     #: ledger alone can carry the session when its Temporal history is gone.
     workspace_identity: str | None = None
     provider: dict[str, Any] | None = None
+    #: The session's workspace host and host wait (seconds), recorded beside the workspace.
+    host: str | None = None
+    host_wait_s: float | None = None
 
 
 class BeginContinuationInput(Contract):
@@ -221,6 +230,15 @@ class RecoverResult(Contract):
 
     is_error: bool = False
     response_event_id: str | None = None
+
+
+class HostParkInput(Contract):
+    """``parked``: the run waits for its workspace host (the header says ``parked`` with
+    ``workspace_host_unavailable``); not ``parked``: the host is back and the run goes on."""
+
+    ids: RunIds
+    parked: bool
+    operation_id: str | None = None
 
 
 class FinishRunInput(Contract):

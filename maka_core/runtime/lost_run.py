@@ -41,6 +41,10 @@ class SessionRecord:
     workspace_identity: str
     provider: dict[str, Any]
     task_queue: str | None = None
+    #: The workspace host the session is pinned to and its host wait (seconds): a new execution
+    #: (``maka resume``, ``session send`` over a closed one) keeps both.
+    host: str | None = None
+    host_wait_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -50,6 +54,10 @@ class SessionRecord:
         }
         if self.task_queue:
             out["taskQueue"] = self.task_queue
+        if self.host:
+            out["host"] = self.host
+        if self.host_wait_s is not None:
+            out["hostWait"] = self.host_wait_s
         return out
 
     @classmethod
@@ -59,8 +67,15 @@ class SessionRecord:
         ws, ident, provider = raw.get("workspace"), raw.get("workspaceIdentity"), raw.get("provider")
         if not isinstance(ws, str) or not isinstance(ident, str) or not isinstance(provider, Mapping):
             return None
-        queue = raw.get("taskQueue")
-        return cls(ws, ident, dict(provider), queue if isinstance(queue, str) else None)
+        queue, host, wait = raw.get("taskQueue"), raw.get("host"), raw.get("hostWait")
+        return cls(
+            ws,
+            ident,
+            dict(provider),
+            queue if isinstance(queue, str) else None,
+            host if isinstance(host, str) and host else None,
+            float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None,
+        )
 
 
 def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:

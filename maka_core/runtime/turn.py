@@ -10,7 +10,7 @@ from __future__ import annotations
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
-from maka_core.facts.run_header import RunHeader
+from maka_core.facts.run_header import RunHeader, RunStatus
 from maka_core.runtime import builders
 from maka_core.runtime.contracts import (
     BeginContinuationInput,
@@ -18,6 +18,7 @@ from maka_core.runtime.contracts import (
     BeginRunResult,
     FinishRunInput,
     FinishRunResult,
+    HostParkInput,
 )
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
@@ -77,7 +78,14 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
             )
         user = builders.user_event(ids, inp.text, inp.ts)
         if inp.provider is not None and inp.workspace_identity is not None and user.actions is not None:
-            record = SessionRecord(inp.workspace, inp.workspace_identity, dict(inp.provider), inp.task_queue)
+            record = SessionRecord(
+                inp.workspace,
+                inp.workspace_identity,
+                dict(inp.provider),
+                inp.task_queue,
+                inp.host,
+                inp.host_wait_s,
+            )
             delta = {SESSION_KEY: record.to_json()}
             user = user.model_copy(update={"actions": user.actions.model_copy(update={"state_delta": delta})})
         store.append([user])
@@ -156,3 +164,29 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
     failpoints.hit("after_terminal_header_committed", tag=tag)
     status = "completed" if settled.header_status == "completed" else "failed"
     return FinishRunResult(terminal_event_id=settled.terminal_event_id, status=status)
+
+
+async def host_park(rt: Runtime, inp: HostParkInput) -> None:
+    """Record on the run's header that it waits for its workspace host (``parked``,
+    ``workspace_host_unavailable``) or that the host is back (``running``).
+
+    The park is not terminal: the turn is whole and waits in its execution, so nothing is settled
+    or re-planned, and the header (the ledger's envelope of the run) is what a reader without the
+    workflow sees (``session_view.derive_state`` answers ``parked`` with the reason). A header
+    already terminal, or already in the asked state, is left alone (a retry is a no-op).
+    """
+    ids = inp.ids
+
+    def write() -> None:
+        store = rt.ledger
+        header = store.get_run(ids.run_id)
+        if header is None or header.is_terminal:
+            return
+        status: RunStatus = "parked" if inp.parked else "running"
+        reason = "workspace_host_unavailable" if inp.parked else None
+        if (header.status, header.park_reason) == (status, reason):
+            return
+        update = {"status": status, "park_reason": reason, "updated_at": now_ms()}
+        store.put_run(header.model_copy(update=update))
+
+    await rt.on_ledger(write)

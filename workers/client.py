@@ -7,6 +7,8 @@ Settings come from ``temporalio.envconfig`` (the ``temporal.toml`` profile file 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from temporalio.client import Client
@@ -16,6 +18,10 @@ from temporalio.envconfig import ClientConfigProfile
 from maka_core.errors import MakaError
 
 DEFAULT_ADDRESS = "localhost:7233"
+#: How long to keep asking a frontend that answers "not healthy yet": a server that has just opened
+#: its port (``maka dev``, a restarted server) is still starting, not down. A refused connection is
+#: not retried: nothing listens, and the caller should hear so at once.
+STARTING_SERVER_WAIT_S = 30.0
 
 
 def connect_config(address: str | None = None, namespace: str | None = None) -> dict[str, Any]:
@@ -38,15 +44,21 @@ async def connect(address: str | None = None, namespace: str | None = None, **kw
     """A client using the pydantic data converter (every contract is a pydantic model)."""
     config = connect_config(address, namespace)
     target = config.pop("target_host")
-    try:
-        return await Client.connect(target, data_converter=pydantic_data_converter, **config, **kwargs)
-    except RuntimeError as exc:  # the SDK's bridge reports a refused or failed connection this way
-        raise MakaError(
-            "temporal_unavailable",
-            f"no Temporal server answers at {target} (start one with `maka dev`, or set TEMPORAL_ADDRESS)",
-            address=target,
-            cause=str(exc),
-        ) from None
+    deadline = time.monotonic() + STARTING_SERVER_WAIT_S
+    while True:
+        try:
+            return await Client.connect(target, data_converter=pydantic_data_converter, **config, **kwargs)
+        except RuntimeError as exc:  # the SDK's bridge reports a refused or failed connection this way
+            if "not healthy" in str(exc) and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+                continue
+            raise MakaError(
+                "temporal_unavailable",
+                f"no Temporal server answers at {target} "
+                "(start one with `maka dev`, or set TEMPORAL_ADDRESS)",
+                address=target,
+                cause=str(exc),
+            ) from None
 
 
 async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:

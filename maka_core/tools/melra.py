@@ -37,6 +37,7 @@ from maka_core.governance.receipts import receipt_id_for
 from maka_core.governance.tasks import (
     TaskError,
     TaskRequest,
+    TerminalOperation,
     execute_refusal,
     executions_from,
     inner_call,
@@ -48,6 +49,7 @@ from maka_core.governance.tasks import (
     task_status,
 )
 from maka_core.tools.base import Effect, FileEvidence, Heartbeat, Reconciliation, Tool, ToolResult
+from maka_core.tools.shell import BashTool
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -341,6 +343,11 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
                 "tool_not_found", f"no tool named {inner_name!r} performs this task"
             )
             return
+        op = request.operation
+        if isinstance(op, TerminalOperation) and isinstance(self.inner, BashTool):
+            # The task's own limits, never looser than the worker's (MELRA's timeoutMs/maxOutputChars).
+            limits = {"timeout_ms": op.timeout_ms, "max_output_chars": op.max_output_chars}
+            self.inner = self.inner.with_limits(**limits)
         plan = task["plan"]
         classification = classify_operation(request.operation_json())
         prior = executions_from(

@@ -395,9 +395,13 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
 
     @property
     def recovery_mode(self) -> RecoveryMode:  # type: ignore[override]
-        # A read task may be read again after a crash; a mutation is at-most-once (it parks).
-        read = self.subject is not None and self.subject.classification.possible_effects == {"read"}
-        return "replay_safe" if read else "never_auto_retry"
+        # A read task may be read again after a crash; a mutation whose plan declared
+        # reconciliation predicates is settled from them (``runtime.melra.reconcile_task``); any
+        # other mutation is at-most-once (it parks).
+        subject = self.subject
+        if subject is not None and subject.classification.possible_effects == {"read"}:
+            return "replay_safe"
+        return "reconcile" if subject is not None and subject.declares_reconciliation else "never_auto_retry"
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         self._load(args)
@@ -416,15 +420,27 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
 
     def present(self, result: ToolResult, status: TaskStatus, items: tuple[EvidenceItem, ...]) -> ToolResult:
         """What the model sees: the task's status, evidence and receipt beside the tool's result."""
-        raw = result.result if isinstance(result.result, dict) else {}
-        value = raw.get("value") if raw.get("kind") == "json" else raw.get("text")
-        return ToolResult.json(
-            {
-                "taskId": self.subject.task_id if self.subject else None,
-                "status": status,
-                "receiptId": receipt_id_for(self.ctx.operation_id),
-                "evidence": [{"type": i.type, "passed": i.passed, "summary": i.summary} for i in items],
-                "result": value,
-            },
-            is_error=result.is_error,
-        )
+        task_id = self.subject.task_id if self.subject else None
+        return execution_view(task_id, self.ctx.operation_id, result, status, items)
+
+
+def execution_view(
+    task_id: str | None,
+    operation_id: str,
+    result: ToolResult,
+    status: TaskStatus,
+    items: tuple[EvidenceItem, ...],
+) -> ToolResult:
+    """``melra_execute``'s answer: the task's status, evidence and receipt beside the tool's result."""
+    raw = result.result if isinstance(result.result, dict) else {}
+    value = raw.get("value") if raw.get("kind") == "json" else raw.get("text")
+    return ToolResult.json(
+        {
+            "taskId": task_id,
+            "status": status,
+            "receiptId": receipt_id_for(operation_id),
+            "evidence": [{"type": i.type, "passed": i.passed, "summary": i.summary} for i in items],
+            "result": value,
+        },
+        is_error=result.is_error,
+    )

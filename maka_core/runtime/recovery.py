@@ -127,8 +127,12 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     task_id = None if held is None else held["decision"].get("melraTaskId")
     if isinstance(task_id, str):
         # A MELRA task that declared reconciliation predicates: settled from them, never re-run.
+        # Only a dispatch that said so (``reconcile``) may take a recovery bundle; one dispatched
+        # before tasks were reconciled parks as it always did.
+        dispatch = state.facts.dispatch
+        td = None if dispatch is None or dispatch.actions is None else dispatch.actions.tool_dispatch
         task = await rt.on_ledger(lambda: rt.ledger.melra_task(task_id), attempt=attempt)
-        if task is None:
+        if task is None or td is None or td.recovery_mode != "reconcile":
             return _parked(inp, "dispatch_without_response")
         return await _reconcile(
             rt, inp, state, dispatched, attempt, lambda: melra.reconcile_task(task, ws), task_id

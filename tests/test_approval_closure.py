@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from maka_core.errors import LedgerRejection
 from maka_core.facts.events import RuntimeEvent
 from maka_core.runtime import approvals, tool_call, turn
 from maka_core.runtime.approvals import ApprovalRefused
@@ -90,12 +91,18 @@ def assert_closed(rt: Runtime, pending: dict[str, Any]) -> None:
 
 
 def test_a_repaired_run_closes_its_open_request(rt: Runtime, ws: Workspace) -> None:
-    _, pending = open_request(rt, ws)
+    ref, pending = open_request(rt, ws)
     assert unanswered(rt.ledger.events(run_id="r1")) == {pending["approvalId"]}
     result = repair_run(rt.ledger, "r1")
     assert result.terminal_committed and result.header_status == "failed"
     assert_closed(rt, pending)
     assert not (ws.root / "a.txt").exists()
+    # A waiter that outlived its run (a cancelled run's activity) finds the closure and writes
+    # nothing after the run's terminal fact.
+    with pytest.raises(LedgerRejection) as ended:
+        tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+    assert ended.value.code == "run_already_terminal"
+    assert rt.ledger.events(run_id="r1")[-1].id == result.terminal_event_id
     # Repair again (a second worker at startup): the same terminal fact, nothing more to close.
     again = repair_run(rt.ledger, "r1")
     assert again.terminal_event_id == result.terminal_event_id and not again.terminal_committed

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from maka_core.errors import MakaError
+from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.governance import action_digest, check_answer, issue_challenge
@@ -182,6 +182,15 @@ def _resume(
     state = held["state"]
     if state == "awaiting_approval":
         return Waiting(challenge.approval_id, challenge.expires)
+    if state == "expired" and any(e.is_terminal for e in rt.ledger.events(run_id=held["runId"])):
+        # Closed because its run ended (a waiter that outlived a cancelled run): nobody reads this
+        # call's result any more, and nothing may follow the run's terminal fact.
+        raise LedgerRejection(
+            "run_already_terminal",
+            f"the run of operation {held['operationId']} has ended; its request was closed",
+            runId=held["runId"],
+            operationId=held["operationId"],
+        )
     if state in ("denied", "expired"):
         reason = "approval_denied" if state == "denied" else "approval_expired"
         return Refused(

@@ -306,8 +306,9 @@ class GovernanceRecords(MelraTaskRecords):
         t = tool_decisions.c
         rows = conn.execute(
             select(t.operation_id, t.approval_id, t.decision_json)
-            # By session first: tool_decisions is indexed by session, and this runs on every run's end.
-            .where(t.session_id == terminal.session_id, t.run_id == terminal.run_id)
+            # This runs at every run's end, and most decisions never asked anyone: only a request
+            # has an approval id (unique, so indexed).
+            .where(t.approval_id.is_not(None), t.run_id == terminal.run_id)
             .where(t.state == "awaiting_approval")
             .order_by(t.recorded_at, t.operation_id)
         ).all()

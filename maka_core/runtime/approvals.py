@@ -6,7 +6,9 @@ continuation planner's ``pending_permission`` gate sees it) with the decision ro
 answer. ``answer`` is what ``maka session approve``/``deny`` run: it validates the answer in
 MELRA's order (id, phrase, expiry, the action digest recomputed from the committed call) and
 commits a ``permissionDecision`` with the decision row's one compare-and-swap move; an unanswered
-request is closed by the waiting call itself at ``expiresAt`` (``permissionClosureAccepted``).
+request is closed by the waiting call itself at ``expiresAt`` (``permissionClosureAccepted``), or,
+when its run ends first (fails, is repaired or cancelled), in the transaction of the run's terminal
+fact (``settle_run`` -> ``commit_terminal``), so no request outlives its run.
 
 Why the ledger and not a workflow Update: the call's own activity is what waits (heartbeating),
 so the workflow, its history and its replay are untouched, a worker or server crash loses
@@ -22,14 +24,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from maka_core.errors import MakaError
+from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
-from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEvent
+from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.governance import action_digest, check_answer, issue_challenge
 from maka_core.governance.challenge import ApprovalChallenge
 from maka_core.governance.evidence import TaskStatus
 from maka_core.runtime import governed
 from maka_core.runtime.contracts import CallRef, RunIds
+from maka_core.store.governance_rows import permission_closure_event
 from maka_core.tools import Tool, ToolResult
 
 if TYPE_CHECKING:
@@ -179,6 +182,15 @@ def _resume(
     state = held["state"]
     if state == "awaiting_approval":
         return Waiting(challenge.approval_id, challenge.expires)
+    if state == "expired" and any(e.is_terminal for e in rt.ledger.events(run_id=held["runId"])):
+        # Closed because its run ended (a waiter that outlived a cancelled run): nobody reads this
+        # call's result any more, and nothing may follow the run's terminal fact.
+        raise LedgerRejection(
+            "run_already_terminal",
+            f"the run of operation {held['operationId']} has ended; its request was closed",
+            runId=held["runId"],
+            operationId=held["operationId"],
+        )
     if state in ("denied", "expired"):
         reason = "approval_denied" if state == "denied" else "approval_expired"
         return Refused(
@@ -213,16 +225,8 @@ def _resume(
 
 def close_expired(ledger: Ledger, held: dict[str, Any]) -> None:
     """Close an unanswered request at its expiry (the waiting call does this itself)."""
-    record = held["decision"]
-    ids = RunIds.model_validate(record["runIds"])
     approval_id = str(held["approvalId"])
-    event = _event(
-        ids,
-        f"{held['operationId']}_permission_closed",
-        Actions(
-            permission_closure_accepted=PermissionClosureAccepted(request_id=approval_id, reason="timed_out")
-        ),
-    )
+    event = permission_closure_event(held["decision"]["runIds"], held["operationId"], approval_id, now_ms())
     ledger.commit_approval_answer(event, approval_id, "expired")
 
 
@@ -274,16 +278,24 @@ def answer(
     Raises:
         ApprovalRefused: ``approval_id_mismatch`` (no pending request of this session has the id),
             ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch``
-            (approve only), or ``approval_not_pending`` (answered meanwhile).
+            (approve only), ``approval_expired`` also for a request closed unanswered (at its
+            expiry or when its run ended), or ``approval_not_pending`` (answered meanwhile).
     """
     when = now or datetime.now(UTC)
     held = ledger.decision_by_approval(approval_id)
     if held is None or held["sessionId"] != session_id:
         raise ApprovalRefused("approval_id_mismatch", f"session {session_id} has no approval {approval_id}")
-    if held["state"] != "awaiting_approval":
-        raise ApprovalRefused("approval_not_pending", f"approval {approval_id} is already {held['state']}")
     record = held["decision"]
     challenge = ApprovalChallenge.model_validate(record["challenge"])
+    if held["state"] == "expired":
+        # Closed unanswered: at its expiry, or when its run ended first (a run that settles closes
+        # its waiting requests). Either way nothing waits for an answer any more.
+        why = f"expired at {challenge.expires_at}"
+        if challenge.expires > when:
+            why = "was closed: its run ended"
+        raise ApprovalRefused("approval_expired", f"approval {approval_id} {why}", approvalId=approval_id)
+    if held["state"] != "awaiting_approval":
+        raise ApprovalRefused("approval_not_pending", f"approval {approval_id} is already {held['state']}")
     if allow:
         digest = action_digest(
             held["operationId"], operation_of(str(record["toolName"]), _committed_args(ledger, held))

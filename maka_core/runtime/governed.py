@@ -243,6 +243,17 @@ def verify(
     return verification_status(not result.is_error, items), items
 
 
+def redactions_of(result: ToolResult) -> tuple[str, ...]:
+    """What the receipt says was left out of the result: the streams a task's ``maxOutputChars``
+    cut (the result itself carries ``truncated``)."""
+    raw = result.result if isinstance(result.result, dict) else {}
+    value = raw.get("value") if raw.get("kind") == "json" else None
+    if not isinstance(value, dict) or value.get("truncated") is not True:
+        return ()
+    limit = value.get("maxOutputChars")
+    return tuple(f"{s}:truncated:{limit}" for s in value.get("truncatedStreams", ()) if isinstance(s, str))
+
+
 def told(result: ToolResult, status: TaskStatus, items: tuple[EvidenceItem, ...]) -> ToolResult:
     """The result the model sees: a succeeded tool whose evidence failed says it is ``partial``."""
     if status != "partial":
@@ -270,6 +281,7 @@ def receipt(
     status: TaskStatus,
     items: tuple[EvidenceItem, ...] = (),
     error: str | None = None,
+    redactions: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The sealed ``ActionReceipt`` of one decided call, as JSON."""
     sealed = seal_receipt(
@@ -292,6 +304,7 @@ def receipt(
         success=status == "verified_success",
         observed_effect={"status": status},
         evidence=items,
+        redactions=redactions,
         error=error,
         melra_task_id=record.get("melraTaskId"),
     )

@@ -1,21 +1,40 @@
-"""Binding a MELRA tool to its call: the ledger, the session's terms, the sibling tools, the clock.
+"""Binding a MELRA tool to its call: the ledger, the session's terms, the sibling tools, the clock;
+and settling an interrupted task from its declared reconciliation predicates.
 
 The tool path calls ``bind`` right after looking a tool up (``tool_call._admit``, on the ledger
 thread, before preflight), and recovery calls it before re-running a read, so the same call sees
 the same task store and session terms however it is run. Every other tool passes through as is.
+
+``reconcile_task`` is what recovery observes for a ``melra_execute`` dispatched without an outcome
+whose task declared ``reconciliation``: the predicates are evaluated by the evidence path's own
+evaluator against the workspace now (and ``result_*`` against the pre-call facts, the planned
+operation, as MELRA evaluates them). All hold: the effect is known to have happened
+(``matches_expected_state``); one that could not be observed (a probe error, an exit code nobody
+saw): ``unreadable``; otherwise ``diverged``. The effect is never run again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from maka_core.errors import MakaError
+from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
+from maka_core.facts.codec import digest
+from maka_core.facts.events import Observation
+from maka_core.governance import ProbedFile, ToolObservation, evaluate
+from maka_core.governance.evidence import STATE_PREDICATES
+from maka_core.governance.tasks import TaskRequest
+from maka_core.runtime.governed import probe_in
 from maka_core.tools import Tool, ToolResult
+from maka_core.tools.base import Reconciliation
 from maka_core.tools.melra import MelraContext, MelraTool
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime
+    from maka_core.workspace import Workspace
 
 
 def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
@@ -43,3 +62,41 @@ def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
         now_ms=ms,
     )
     return tool.bind(ctx)
+
+
+def reconcile_task(task: Mapping[str, Any], ws: Workspace) -> Reconciliation:
+    """Observe an interrupted task's effect through its declared reconciliation predicates."""
+    request = TaskRequest.model_validate(task["request"], by_alias=True)
+    predicates = request.reconciliation
+    probe = probe_in(ws, hashes=any(p.type == "file_hash" for p in predicates))
+    unobserved: set[str] = set()
+
+    def observing(path: str) -> ProbedFile:
+        try:
+            return probe(path)  # type: ignore[no-any-return]
+        except MakaError:
+            unobserved.add(path)
+            raise
+
+    items = evaluate(predicates, ToolObservation(result=request.operation_json()), observing)
+    failed = [p for p, i in zip(predicates, items, strict=True) if not i.passed]
+    # Nobody saw an exit code, and a probe that raised saw nothing: not knowing is not diverging.
+    blind = [
+        p
+        for p in failed
+        if p.type == "exit_code" or (p.type in STATE_PREDICATES and getattr(p, "path", None) in unobserved)
+    ]
+    observation: Observation = "unreadable" if blind else "diverged" if failed else "matches_expected_state"
+    observed = {
+        "taskId": task["taskId"],
+        "reconciliation": [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items],
+    }
+    recovered = None
+    if observation == "matches_expected_state":
+        recovered = ToolResult.json({"reconciled": True, **observed})
+    return Reconciliation(
+        observation=observation,
+        observation_digest=digest(canonical_json.dumps(observed)),
+        recovered=recovered,
+        observed=observed,
+    )

@@ -7,14 +7,16 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 - dispatched without outcome -> what the call's execution guarantee allows, as recorded with its
   T1 decision (``runtime.governed.guarantee_of`` derives it, once; an operation dispatched before
   decisions were recorded gets the same derivation now): ``read-only`` reads again and commits T2;
-  ``reconciliation-required`` observes the target against the evidence committed with T1 and commits
-  one atomic recovery bundle (finalize-only: completed when it holds the expected state, parked
-  otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
+  ``reconciliation-required`` observes the target against the evidence committed with T1 (a MELRA
+  task: against its declared reconciliation predicates, ``runtime.melra.reconcile_task``) and
+  commits one atomic recovery bundle (finalize-only: completed when it holds the expected state,
+  parked otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
 - parked or corrupt -> park.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from maka_core import failpoints
@@ -34,6 +36,8 @@ from maka_core.runtime.tool_call import (
     run_and_commit_outcome,
 )
 from maka_core.tools import FileEvidence, ToolResult
+from maka_core.tools.base import Reconciliation
+from maka_core.tools.melra import execution_view
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
 _OBSERVATION_PARKS: dict[str, ParkReason] = {
@@ -119,23 +123,38 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         return _completed(op_id, "replay_safe_reread", response)
     if guarantee != "reconciliation-required":
         return _parked(inp, "dispatch_without_response")
-    return await _reconcile(
-        rt, inp, state, Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or ""), attempt
-    )
+    dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "")
+    task_id = None if held is None else held["decision"].get("melraTaskId")
+    if isinstance(task_id, str):
+        # A MELRA task that declared reconciliation predicates: settled from them, never re-run.
+        # Only a dispatch that said so (``reconcile``) may take a recovery bundle; one dispatched
+        # before tasks were reconciled parks as it always did.
+        dispatch = state.facts.dispatch
+        td = None if dispatch is None or dispatch.actions is None else dispatch.actions.tool_dispatch
+        task = await rt.on_ledger(lambda: rt.ledger.melra_task(task_id), attempt=attempt)
+        if task is None or td is None or td.recovery_mode != "reconcile":
+            return _parked(inp, "dispatch_without_response")
+        return await _reconcile(
+            rt, inp, state, dispatched, attempt, lambda: melra.reconcile_task(task, ws), task_id
+        )
+    evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
+    evidence = None if evidence_json is None else FileEvidence.from_json(evidence_json)
+    return await _reconcile(rt, inp, state, dispatched, attempt, lambda: tool.reconcile(args, ws, evidence))
 
 
 def _recovery_receipt(
     rt: Runtime, inp: RecoverInput, record: dict[str, Any], call: Dispatched, recovered: ToolResult | None
-) -> dict[str, Any]:
-    """The receipt of an operation settled by recovery: verified against its predicates when the
-    reconciler proved the effect, ``recovery_required`` when it parks."""
+) -> tuple[dict[str, Any], TaskStatus, tuple[EvidenceItem, ...]]:
+    """The receipt of an operation settled by recovery (and its status and evidence): verified
+    against its predicates when the reconciler proved the effect, ``recovery_required`` when it
+    parks."""
     ts = now_ms()
     if recovered is None:
         status: TaskStatus = "recovery_required"
         items: tuple[EvidenceItem, ...] = ()
     else:
         status, items = governed.verify(record, recovered, call.ws)
-    return governed.receipt(
+    sealed = governed.receipt(
         operation_id=inp.call.operation_id,
         gov=rt.session_governance(inp.session_id),
         record=record,
@@ -146,25 +165,34 @@ def _recovery_receipt(
         items=items,
         error=None if recovered is None else recovered.error_code,
     )
+    return sealed, status, items
 
 
 async def _reconcile(
-    rt: Runtime, inp: RecoverInput, state: CallState, call: Dispatched, attempt: Attempt
+    rt: Runtime,
+    inp: RecoverInput,
+    state: CallState,
+    call: Dispatched,
+    attempt: Attempt,
+    observe: Callable[[], Reconciliation | None],
+    task_id: str | None = None,
 ) -> RecoverResult:
-    """Observe the target against its T1 evidence and commit one atomic recovery bundle."""
+    """Observe the target (``observe``, on the tool pool) and commit one atomic recovery bundle."""
     ref, op_id, op = inp.call, inp.call.operation_id, state.op
-    evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
-    evidence = None if evidence_json is None else FileEvidence.from_json(evidence_json)
-    rec = await rt.on_tool_pool(lambda: call.tool.reconcile(call.args, call.ws, evidence), attempt=attempt)
+    rec = await rt.on_tool_pool(observe, attempt=attempt)
     if rec is None:
         return _parked(inp, "dispatch_without_response")
     held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
     receipt = None
+    recovered = rec.recovered if rec.observation == "matches_expected_state" else None
     if held is not None:
-        recovered = rec.recovered if rec.observation == "matches_expected_state" else None
-        receipt = await rt.on_tool_pool(
+        receipt, status, items = await rt.on_tool_pool(
             lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered), attempt=attempt
         )
+        if recovered is not None and task_id is not None:
+            # What melra_execute answers, as if it had seen its effect: the task's status,
+            # evidence and receipt beside what reconciliation observed.
+            recovered = execution_view(task_id, op_id, recovered, status, items)
     ts = now_ms()
     reconcile = builders.reconcile_event(
         call.ids, op_id, ref.tool_call_id, rec.observation, rec.observation_digest, ts
@@ -172,14 +200,14 @@ async def _reconcile(
     evidence_ids = [op.call_event_id or "", op.dispatch_event_id or "", reconcile.id]
     outcome: RuntimeEvent | None = None
     park: ParkReason | None = None
-    if rec.observation == "matches_expected_state" and rec.recovered is not None:
+    if recovered is not None:
         outcome = builders.response_event(
             call.ids,
             f"{op_id}_recovered",
             ref.tool_call_id,
             ref.tool_name,
-            rec.recovered.result,
-            rec.recovered.is_error,
+            recovered.result,
+            recovered.is_error,
             ts,
             op_id,
         )

@@ -278,6 +278,7 @@ async def run_and_commit_outcome(
             status=status,
             items=items,
             error=result.error_code,
+            redactions=governed.redactions_of(result),
         )
         told = governed.told(result, status, items)
         if isinstance(call.tool, BoundExecute):

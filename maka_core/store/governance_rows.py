@@ -22,7 +22,7 @@ from sqlalchemy import Connection, select, update
 from maka_core.errors import LedgerRejection
 from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
-from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEvent
 from maka_core.facts.run_header import header_status_for
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.receipts import seal_certificate
@@ -296,6 +296,54 @@ class GovernanceRecords(MelraTaskRecords):
             self._admit_group(conn, "generic_append", [event])  # type: ignore[attr-defined]
 
         self._write(body)
+
+    def _close_waiting_requests(self, conn: Connection, terminal: RuntimeEvent) -> None:
+        """Inside the transaction of a run's terminal fact, before it: close every request of the
+        run still awaiting an answer (nobody waits for it any more), each by the same
+        compare-and-swap an answer makes. The closure is built from the terminal fact alone (its
+        ts; ids from the operation), so two processes settling the same run write the same bytes
+        and the second finds nothing left to close."""
+        t = tool_decisions.c
+        rows = conn.execute(
+            select(t.operation_id, t.approval_id, t.decision_json)
+            # This runs at every run's end, and most decisions never asked anyone: only a request
+            # has an approval id (unique, so indexed).
+            .where(t.approval_id.is_not(None), t.run_id == terminal.run_id)
+            .where(t.state == "awaiting_approval")
+            .order_by(t.recorded_at, t.operation_id)
+        ).all()
+        for op_id, approval_id, raw in rows:
+            moved = conn.execute(
+                update(tool_decisions)
+                .where(t.approval_id == approval_id, t.state == "awaiting_approval")
+                .values(state="expired", updated_at=now_ms())
+            )
+            if moved.rowcount != 1:
+                continue
+            run_ids = canonical_json.loads(raw)["runIds"]
+            event = permission_closure_event(run_ids, op_id, approval_id, int(terminal.ts))
+            self._admit_group(conn, "generic_append", [event])  # type: ignore[attr-defined]
+
+
+def permission_closure_event(
+    run_ids: Mapping[str, Any], operation_id: str, approval_id: str, ts: int
+) -> RuntimeEvent:
+    """The fact that closes an unanswered permission request: ``permissionClosureAccepted`` with
+    the one reason the wire format has (``timed_out``: the wait is over, whatever ended it)."""
+    return RuntimeEvent(
+        id=f"{operation_id}_permission_closed",
+        invocation_id=run_ids["invocation_id"],
+        run_id=run_ids["run_id"],
+        session_id=run_ids["session_id"],
+        turn_id=run_ids["turn_id"],
+        ts=ts,
+        partial=False,
+        role="system",
+        author="system",
+        actions=Actions(
+            permission_closure_accepted=PermissionClosureAccepted(request_id=approval_id, reason="timed_out")
+        ),
+    )
 
 
 def _decision_row(row: Any) -> dict[str, Any]:

@@ -529,6 +529,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
                     runId=event.run_id,
                     terminalEventId=other[0],
                 )
+            self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
 
         return self._commit(
             "generic_append", [event], precheck=precheck, post=lambda conn: insert_certificate(conn, event)

@@ -37,6 +37,7 @@ from maka_core.governance.receipts import receipt_id_for
 from maka_core.governance.tasks import (
     TaskError,
     TaskRequest,
+    TerminalOperation,
     execute_refusal,
     executions_from,
     inner_call,
@@ -48,6 +49,7 @@ from maka_core.governance.tasks import (
     task_status,
 )
 from maka_core.tools.base import Effect, FileEvidence, Heartbeat, Reconciliation, Tool, ToolResult
+from maka_core.tools.shell import BashTool
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -341,6 +343,11 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
                 "tool_not_found", f"no tool named {inner_name!r} performs this task"
             )
             return
+        op = request.operation
+        if isinstance(op, TerminalOperation) and isinstance(self.inner, BashTool):
+            # The task's own limits, never looser than the worker's (MELRA's timeoutMs/maxOutputChars).
+            limits = {"timeout_ms": op.timeout_ms, "max_output_chars": op.max_output_chars}
+            self.inner = self.inner.with_limits(**limits)
         plan = task["plan"]
         classification = classify_operation(request.operation_json())
         prior = executions_from(
@@ -388,9 +395,13 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
 
     @property
     def recovery_mode(self) -> RecoveryMode:  # type: ignore[override]
-        # A read task may be read again after a crash; a mutation is at-most-once (it parks).
-        read = self.subject is not None and self.subject.classification.possible_effects == {"read"}
-        return "replay_safe" if read else "never_auto_retry"
+        # A read task may be read again after a crash; a mutation whose plan declared
+        # reconciliation predicates is settled from them (``runtime.melra.reconcile_task``); any
+        # other mutation is at-most-once (it parks).
+        subject = self.subject
+        if subject is not None and subject.classification.possible_effects == {"read"}:
+            return "replay_safe"
+        return "reconcile" if subject is not None and subject.declares_reconciliation else "never_auto_retry"
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         self._load(args)
@@ -409,15 +420,27 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
 
     def present(self, result: ToolResult, status: TaskStatus, items: tuple[EvidenceItem, ...]) -> ToolResult:
         """What the model sees: the task's status, evidence and receipt beside the tool's result."""
-        raw = result.result if isinstance(result.result, dict) else {}
-        value = raw.get("value") if raw.get("kind") == "json" else raw.get("text")
-        return ToolResult.json(
-            {
-                "taskId": self.subject.task_id if self.subject else None,
-                "status": status,
-                "receiptId": receipt_id_for(self.ctx.operation_id),
-                "evidence": [{"type": i.type, "passed": i.passed, "summary": i.summary} for i in items],
-                "result": value,
-            },
-            is_error=result.is_error,
-        )
+        task_id = self.subject.task_id if self.subject else None
+        return execution_view(task_id, self.ctx.operation_id, result, status, items)
+
+
+def execution_view(
+    task_id: str | None,
+    operation_id: str,
+    result: ToolResult,
+    status: TaskStatus,
+    items: tuple[EvidenceItem, ...],
+) -> ToolResult:
+    """``melra_execute``'s answer: the task's status, evidence and receipt beside the tool's result."""
+    raw = result.result if isinstance(result.result, dict) else {}
+    value = raw.get("value") if raw.get("kind") == "json" else raw.get("text")
+    return ToolResult.json(
+        {
+            "taskId": task_id,
+            "status": status,
+            "receiptId": receipt_id_for(operation_id),
+            "evidence": [{"type": i.type, "passed": i.passed, "summary": i.summary} for i in items],
+            "result": value,
+        },
+        is_error=result.is_error,
+    )

@@ -16,6 +16,7 @@ even then the environment is minimal and the command's process group is killed w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -88,6 +89,9 @@ class BashTool:
     # run commands without one instead of refusing them. Where one can run, it is used anyway.
     unsafe_no_sandbox: bool = False
     bwrap: str = "bwrap"
+    #: A MELRA terminal task's ``maxOutputChars``: each stream is cut to this many characters and
+    #: the result says so (``truncated``), instead of refusing output over the byte limit.
+    max_output_chars: int | None = None
     _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -113,6 +117,12 @@ class BashTool:
     def sandbox(self) -> SandboxStatus:
         """The (cached, probed once per process) sandbox status for this tool's ``bwrap``."""
         return sandbox_status(self.bwrap)
+
+    def with_limits(self, *, timeout_ms: int | None, max_output_chars: int | None) -> BashTool:
+        """This tool under a task's own limits: the smaller of the task's and the worker's timeout,
+        and the task's output cut. The copy shares the running set, so shutdown still kills it."""
+        timeout_s = self.timeout_s if timeout_ms is None else min(self.timeout_s, timeout_ms / 1000)
+        return dataclasses.replace(self, timeout_s=timeout_s, max_output_chars=max_output_chars)
 
     def isolation(self) -> str:
         """One line for worker status and logs: how commands run, or why ``bash`` is refused."""
@@ -271,7 +281,8 @@ class BashTool:
                 f"the command did not finish within {self.timeout_s:g} s",
                 timeoutSeconds=self.timeout_s,
             )
-        if out.total > self.result_byte_limit or err.total > self.result_byte_limit:
+        clipped = None if self.max_output_chars is None else _clip(out, err, self.max_output_chars)
+        if clipped is None and (out.total > self.result_byte_limit or err.total > self.result_byte_limit):
             return ToolResult.error(
                 "tool_result_too_large",
                 f"output is {out.total} bytes of stdout and {err.total} of stderr, over the "
@@ -280,11 +291,13 @@ class BashTool:
                 limit=self.result_byte_limit,
                 exitCode=proc.returncode,
             )
-        value = {
+        value: dict[str, Any] = {
             "exitCode": proc.returncode,
-            "stdout": bytes(out.data).decode("utf-8", errors="replace"),
-            "stderr": bytes(err.data).decode("utf-8", errors="replace"),
+            "stdout": _text(out),
+            "stderr": _text(err),
         }
+        if clipped is not None:
+            value.update(clipped)
         result = ToolResult.json(value, is_error=proc.returncode != 0)
         limited = enforce_result_limit(result, self.result_byte_limit)
         if limited is not result:
@@ -310,6 +323,31 @@ class BashTool:
         for proc in procs:
             _kill_group(proc)
         return len(procs)
+
+
+def _text(capture: _Capture) -> str:
+    return bytes(capture.data).decode("utf-8", errors="replace")
+
+
+def _clip(out: _Capture, err: _Capture, limit: int) -> dict[str, Any] | None:
+    """Both streams cut to ``limit`` characters, with what was cut (MELRA's ``truncated``); None
+    when a stream is over the worker's byte limit before it reaches ``limit`` characters (the
+    worker's limit is then the smaller one, and it refuses as usual)."""
+    value: dict[str, Any] = {"truncated": False}
+    for key, capture in (("stdout", out), ("stderr", err)):
+        text = _text(capture)
+        # The capture keeps one byte past the limit; the character it may split lies past ``limit``.
+        if len(text) > limit:
+            value[key] = text[:limit]
+            value["truncated"] = True
+            value.setdefault("truncatedStreams", []).append(key)
+        elif capture.total > len(capture.data):
+            return None
+        else:
+            value[key] = text
+    if value["truncated"]:
+        value["maxOutputChars"] = limit
+    return value
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -53,6 +53,9 @@ class MakaSettings(BaseSettings):
     #: before the session parks with ``workspace_host_unavailable`` (read at session start and
     #: recorded with the session).
     host_wait: PositiveFloat = 120.0
+    #: ``MAKA_METRICS_PORT`` / ``maka worker --metrics-port``: serve Prometheus ``/metrics`` there
+    #: (0 picks a free port; unset, no endpoint).
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     #: ``MAKA_TOOL_HEARTBEAT_TIMEOUT`` / ``--tool-heartbeat-timeout``: seconds without a heartbeat
     #: before a tool attempt counts as dead.
     tool_heartbeat_timeout: PositiveFloat = 20.0

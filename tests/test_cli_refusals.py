@@ -64,6 +64,16 @@ def test_a_bad_heartbeat_flag_names_the_flag(env: dict[str, str | None]) -> None
     assert body["source"] == "--tool-heartbeat-timeout"
 
 
+@pytest.mark.parametrize("value", ["70000", "-1", "nine"])
+def test_a_bad_metrics_port_in_the_environment_is_config_invalid(
+    env: dict[str, str | None], value: str
+) -> None:
+    # MAKA_METRICS_PORT is a field of the one settings model, refused like every other setting.
+    env["MAKA_METRICS_PORT"] = value
+    body = refused(run(env, "worker", "--json"), "config_invalid")
+    assert body["setting"] == "MAKA_METRICS_PORT", body
+
+
 def test_human_refusals_go_to_stderr(env: dict[str, str | None]) -> None:
     env["MAKA_TOOL_HEARTBEAT_TIMEOUT"] = "abc"
     result = run(env, "worker")

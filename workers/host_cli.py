@@ -56,7 +56,6 @@ host_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    envvar="MAKA_METRICS_PORT",
     metavar="PORT",
     help="serve Prometheus /metrics on PORT: maka's and the Temporal SDK's (MAKA_METRICS_PORT; "
     "traces go over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
@@ -79,10 +78,16 @@ def cmd_worker(
     from workers.telemetry import Telemetry
     from workers.worker import serve
 
-    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, host=host)
+    s = settings(
+        db=db,
+        task_queue=task_queue,
+        tool_heartbeat_timeout=tool_heartbeat_timeout,
+        host=host,
+        metrics_port=metrics_port,
+    )
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
-    telemetry = Telemetry.from_env(metrics_port)
+    telemetry = Telemetry.from_env(s.metrics_port)
 
     async def main() -> int:
         # The Temporal runtime carries the SDK's metrics: it must be the client's.

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from maka_core.errors import LedgerRejection
 from maka_core.facts.run_header import RunHeader
 from maka_core.observe import NOOP, ObservedLedger, timed_span
-from maka_core.runtime.contracts import FinishRunInput, RecoverResult, RunIds, ToolOutcome
+from maka_core.runtime.contracts import FinishRunInput, HostParkInput, RecoverResult, RunIds, ToolOutcome
 from maka_core.store.writer import LedgerStore
 from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 from workers.client import connect
@@ -38,7 +38,7 @@ from workers.telemetry import (
     turn_span_context,
 )
 from workers.worker import serve
-from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, MODEL_STEP, RECOVER_OPERATION
+from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, MODEL_STEP, RECOVER_OPERATION
 
 ARG_CANARY = "CANARY-ARG-7f3a1c"
 OUT_CANARY = "CANARY-OUT-9b2e44"
@@ -217,6 +217,8 @@ def test_activity_outcomes_count_by_tool_recovery_class_and_park_reason() -> Non
     park = FinishRunInput(ids=ids, status="failed", ts=1, park_reason="reconcile_diverged")
     record(obs, FINISH_RUN, park, None, None)
     record(obs, FINISH_RUN, FinishRunInput(ids=ids, status="completed", ts=1), None, None)
+    record(obs, HOST_PARK, HostParkInput(ids=ids, parked=True, operation_id="o"), None, None)
+    record(obs, HOST_PARK, HostParkInput(ids=ids, parked=False), None, None)  # the host is back
     tool_in = type("In", (), {"call": type("C", (), {"tool_name": "bash"})()})()
     tool_error = ToolOutcome(operation_id="o", status="completed", is_error=True)
     record(obs, EXECUTE_TOOL, tool_in, tool_error, None)
@@ -225,6 +227,7 @@ def test_activity_outcomes_count_by_tool_recovery_class_and_park_reason() -> Non
     assert _metric(metrics, recoveries, {"class": "parked", "reason": "reconcile_diverged"}) == 1
     assert _metric(metrics, recoveries, {"class": "completed", "reason": "reconcile_matches_expected"}) == 1
     assert _metric(metrics, "maka_parks_total", {"reason": "reconcile_diverged"}) == 1
+    assert _metric(metrics, "maka_parks_total", {"reason": "workspace_host_unavailable"}) == 1
     assert _metric(metrics, "maka_turns_total", {"status": "parked"}) == 1
     assert _metric(metrics, "maka_turns_total", {"status": "completed"}) == 1
     assert _metric(metrics, "maka_tool_calls_total", {"tool": "bash", "outcome": "tool_error"}) == 1

@@ -51,7 +51,7 @@ from temporalio.worker import (
 
 from maka_core.observe import CONTINUATIONS, LEDGER_COMMIT_SECONDS, AttrValue, ObservedLedger
 from maka_core.runtime.runtime import Runtime
-from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, RECOVER_OPERATION
+from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, RECOVER_OPERATION
 
 log = logging.getLogger("maka.telemetry")
 
@@ -262,6 +262,11 @@ def record(
             observer.count(PARKS, reason=str(park))
             out["maka.park_reason"] = str(park)
         out["maka.turn.status"] = status
+    elif activity_type == HOST_PARK and error is None and getattr(arg, "parked", False):
+        # A host park leaves the run open (it goes on when the host is back), so no finish_run
+        # counts it: count it where it is committed.
+        observer.count(PARKS, reason="workspace_host_unavailable")
+        out["maka.park_reason"] = "workspace_host_unavailable"
     return out
 
 

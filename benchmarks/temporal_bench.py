@@ -51,6 +51,7 @@ from benchmarks.bench_server import (  # noqa: E402
 from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
+from workers.session_client import wait_settled  # noqa: E402
 from workers.worker import build_worker  # noqa: E402
 from workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
 
@@ -157,7 +158,9 @@ async def concurrent_sessions(
             task_queue=queue,
             message="go",
         )
-        await _settle(client, sid, acc.run_id, 600, poll=0.25)
+        # The CLI's own waiter (one long-poll Update per session): polling the status Query from 20
+        # clients made ~80 extra workflow tasks a second on the worker under measurement.
+        await wait_settled(client, sid, acc.run_id, timeout=600, progress=False)
         return sid, acc.run_id
 
     done = await asyncio.gather(*(run(ws) for ws in workspaces))

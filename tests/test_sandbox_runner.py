@@ -18,6 +18,7 @@ from temporalio.worker.workflow_sandbox import (
     SandboxedWorkflowRunner,
     SandboxRestrictions,
 )
+from temporalio.worker.workflow_sandbox._runner import _Instance
 from temporalio.workflow import _Definition
 
 from tests.children.sandbox_probe_clock import ImportsTheClock
@@ -79,3 +80,20 @@ def test_entry_snippets_compile_once() -> None:
     after = compiled.cache_info()
     assert after.misses == info.misses
     assert after.hits > info.hits
+
+
+def test_serialization_contexts_match_the_sandboxed_lookup() -> None:
+    # The lookups are the SDK's own in-sandbox methods, called directly instead of through exec.
+    instances: list[Any] = []
+
+    class Capturing(CompiledOnceSandboxRunner):
+        def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+            instances.append(super().create_instance(det))
+            return instances[-1]
+
+    _prepare(Capturing(), CountsRuns)
+    (instance,) = instances
+    ours = instance.get_serialization_context(None)
+    assert ours is not None
+    assert ours == _Instance.get_serialization_context(instance, None)
+    assert instance.get_external_store_context(None) == _Instance.get_external_store_context(instance, None)

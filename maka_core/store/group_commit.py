@@ -108,10 +108,12 @@ def open_group(engine: Engine, *, on_abort: Callable[[], None]) -> Iterator[Writ
             tx.commit()
         except BaseException as exc:
             on_abort()
-            if tx.is_active:
-                # The connection is closed below either way; nothing of the group committed.
-                with suppress(DBAPIError):
+            # Nothing of the group committed. A commit that failed part-way can leave the driver
+            # connection inside its transaction, so it is discarded, never returned to the pool.
+            with suppress(DBAPIError):
+                if tx.is_active:
                     tx.rollback()
+            conn.invalidate()
             if isinstance(exc, DBAPIError):
                 raise translate(exc) from exc
             raise

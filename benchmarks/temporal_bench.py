@@ -218,7 +218,7 @@ async def main(args: argparse.Namespace) -> None:
                 server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
             )
             store = LedgerStore.open(tmp / "ledger.sqlite")
-            acts = MakaActivities(Runtime(store))
+            acts = MakaActivities(Runtime(store, group_commit=not args.no_group_commit))
             queue = "maka-bench"
             worker = build_worker(client, acts, queue)
             sample = sample_workspace(args.output_bytes)
@@ -291,6 +291,9 @@ if __name__ == "__main__":
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--no-group-commit", action="store_true", help="one commit per ledger hop (as before group commit)"
+    )
     parser.add_argument("--peers", action="store_true", help="also run pydantic-ai (bench extra)")
     parser.add_argument(
         "--pydantic-ai-max", type=int, default=150, help="largest N for pydantic-ai (it dies ~125)"

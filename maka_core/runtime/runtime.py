@@ -14,6 +14,12 @@ the event loop: (1) ledger thread: Resolver guard, preflight, policy, evidence a
 (evidence is captured in the same hop as T1 so both see one state of the target; it reads at most
 the tool's file-size bound); (2) tool pool: the effect, heartbeating meanwhile; (3) ledger thread:
 T2. Nothing else moves between threads on the hot path.
+
+Group commit (``ledger_executor``): when the ledger thread finds several sessions' hops queued, it
+runs them back to back in ONE transaction (each writer a SAVEPOINT) with ONE durable commit, and
+releases each hop's caller only after that commit. The hop count per call is unchanged; what
+changes is that concurrent sessions share fsyncs instead of queueing behind each other's. A hop
+that arrives alone runs exactly as before.
 """
 
 from __future__ import annotations

@@ -287,3 +287,20 @@ def test_crash_at_the_shared_commit_leaves_no_effect_without_its_fact(tmp_path: 
         assert done == [] and without_fact == []
     else:
         assert without_fact  # the crash test catches callers released before the commit
+
+
+def test_a_fault_in_the_executor_itself_fails_its_callers_instead_of_hanging(tmp_path: Path) -> None:
+    class Faulty(LedgerExecutor):
+        def _run_group(self, items: list[_Item]) -> None:
+            raise RuntimeError("injected: the group runner itself failed")
+
+    with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
+        ex = Faulty(store.group)
+        try:
+            futures = _queue_behind_gate(ex, [lambda k=k: store.append([_user(k)]) for k in (1, 2)])
+            for fut in futures:
+                with pytest.raises(RuntimeError, match="injected"):
+                    fut.result(10)
+            assert ex.submit(lambda: store.append([_user(3)])).result(10).created  # it carries on
+        finally:
+            ex.shutdown()

@@ -113,12 +113,17 @@ class LedgerExecutor(Executor):
                     break
                 batch.append(more)
             items = [item for item in batch if item.future.set_running_or_notify_cancel()]
-            if len(items) > 1 and self._group is not None:
-                self._run_group(items)
-            else:
+            try:
+                if len(items) > 1 and self._group is not None:
+                    self._run_group(items)
+                else:
+                    for item in items:
+                        item.call()
+                        item.deliver()
+            except BaseException as exc:  # a fault of this loop itself: no caller may wait forever
                 for item in items:
-                    item.call()
-                    item.deliver()
+                    if not item.future.done():
+                        item.future.set_exception(exc)
 
     def _run_group(self, items: list[_Item]) -> None:
         assert self._group is not None

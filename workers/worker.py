@@ -39,6 +39,7 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
 from workers.ledger_guard import open_checked, watch, worker_identity
 from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
+from workers.sandbox_runner import CompiledOnceSandboxRunner
 from workflows.contracts import host_queue
 from workflows.session import SessionWorkflow
 
@@ -190,6 +191,8 @@ def build_worker(
         sticky_queue_schedule_to_start_timeout=options.pop("sticky_timeout", timedelta(seconds=sticky)),
         task_queue=task_queue,
         workflows=[workflow],
+        # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
+        workflow_runner=options.pop("workflow_runner", CompiledOnceSandboxRunner()),
         activities=acts.all(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
         graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),

@@ -10,6 +10,7 @@ so an event means the same after a round trip. Free-form payloads (``args``, ``r
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -55,7 +56,7 @@ class WireModel(BaseModel):
     @classmethod
     def _refuse_nulls(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            by_alias = {f.alias or n: n for n, f in cls.model_fields.items()}
+            by_alias = _aliases(cls)
             for key, value in data.items():
                 name = by_alias.get(key, key)
                 if value is None and name not in cls._nullable:
@@ -70,14 +71,26 @@ class WireModel(BaseModel):
     def to_wire(self) -> JsonObject:
         """The wire JSON object: set fields only, by alias, nested models expanded."""
         out: JsonObject = {}
-        for name, field in type(self).model_fields.items():
+        for name, key, nullable in _wire_fields(type(self)):
             value = getattr(self, name)
-            if value is None and name not in self._nullable:
+            if value is None and (not nullable or name not in self.model_fields_set):
                 continue
-            if name not in self.model_fields_set and value is None:
-                continue
-            out[field.alias or name] = _wire_value(value)
+            out[key] = _wire_value(value)
         return out
+
+
+# Every event is validated and serialized several times per tool call (built, encoded, decoded
+# again by the lossless check), and each nested model did this per-class work each time.
+@functools.cache
+def _aliases(cls: type[WireModel]) -> dict[str, str]:
+    """wire key -> python field name."""
+    return {f.alias or n: n for n, f in cls.model_fields.items()}
+
+
+@functools.cache
+def _wire_fields(cls: type[WireModel]) -> tuple[tuple[str, str, bool], ...]:
+    """(python name, wire key, may be null) per field, in declaration order."""
+    return tuple((n, f.alias or n, n in cls._nullable) for n, f in cls.model_fields.items())
 
 
 def _wire_value(value: Any) -> Any:

@@ -18,7 +18,6 @@ from maka_core.facts import canonical_json
 from maka_core.facts.claims import ClaimResult, ContinuationClaim
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
-from maka_core.store.engine import read_tx
 from maka_core.store.reads import LedgerReads
 from maka_core.store.schema import continuation_claims
 
@@ -93,11 +92,11 @@ class ContinuationWrites(LedgerReads):
         """Every claim whose source is in this session, oldest first (the resume's claim reads)."""
         c = continuation_claims.c
         query = select(continuation_claims).where(c.source_session_id == session_id).order_by(c.claimed_at)
-        with read_tx(self.engine) as conn:
+        with self._reading() as conn:
             return [_claim_from(dict(r)) for r in conn.execute(query).mappings()]
 
     def continuation_claim(self, claim_id: str) -> ContinuationClaim | None:
-        with read_tx(self.engine) as conn:
+        with self._reading() as conn:
             return _claim_row(conn, continuation_claims.c.claim_id == claim_id)
 
     def commit_continuation_start(self, event: RuntimeEvent) -> CommitResult:

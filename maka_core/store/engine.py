@@ -181,7 +181,7 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
 _WRITING_TO: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 
 
-def _lock_and_check_identity(engine: Engine, conn: Connection) -> None:
+def lock_and_check_identity(engine: Engine, conn: Connection) -> None:
     """Take the writer lock (the meta row) and refuse a ledger that is not the one this engine wrote
     to before: SQLite's per-write stat has no file to look at here, and a schema dropped and created
     again under a live worker would otherwise take its next event as if nothing had happened.
@@ -212,7 +212,7 @@ def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Call
         try:
             with engine.connect() as conn, conn.begin():
                 if not is_sqlite(engine):
-                    _lock_and_check_identity(engine, conn)
+                    lock_and_check_identity(engine, conn)
                 return body(conn)
         except MakaError:
             on_abort()

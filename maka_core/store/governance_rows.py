@@ -26,7 +26,6 @@ from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEv
 from maka_core.facts.run_header import header_status_for
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.receipts import seal_certificate
-from maka_core.store.engine import read_tx
 from maka_core.store.hot_sql import HotSQL
 from maka_core.store.melra_tasks import MelraTaskRecords
 from maka_core.store.schema import (
@@ -205,7 +204,7 @@ class GovernanceRecords(MelraTaskRecords):
 
     def session_policy(self, session_id: str) -> dict[str, Any] | None:
         """``{policy, policyVersion, policyDigest, identity}`` or None (the default policy applies)."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             row = conn.execute(
                 select(session_policies).where(session_policies.c.session_id == session_id)
             ).first()
@@ -220,14 +219,14 @@ class GovernanceRecords(MelraTaskRecords):
 
     def decision(self, operation_id: str) -> dict[str, Any] | None:
         """The recorded decision of an operation with its approval ``state``, or None."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             row = conn.execute(
                 select(tool_decisions).where(tool_decisions.c.operation_id == operation_id)
             ).first()
         return None if row is None else _decision_row(row)
 
     def decision_by_approval(self, approval_id: str) -> dict[str, Any] | None:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             row = conn.execute(
                 select(tool_decisions).where(tool_decisions.c.approval_id == approval_id)
             ).first()
@@ -235,7 +234,7 @@ class GovernanceRecords(MelraTaskRecords):
 
     def pending_approvals(self, session_id: str) -> list[dict[str, Any]]:
         """Decisions of ``session_id`` still awaiting an answer, oldest first."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             rows = conn.execute(
                 select(tool_decisions)
                 .where(
@@ -248,7 +247,7 @@ class GovernanceRecords(MelraTaskRecords):
     def grant_usage(self, session_id: str) -> dict[str, int]:
         """Allowed operations per grant id in the session (``maxOperations`` accounting)."""
         usage: dict[str, int] = {}
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             rows = conn.execute(
                 select(tool_decisions.c.decision_json).where(tool_decisions.c.session_id == session_id)
             ).all()
@@ -261,7 +260,7 @@ class GovernanceRecords(MelraTaskRecords):
 
     def receipts(self, session_id: str) -> list[dict[str, Any]]:
         """Every receipt of the session, then every certificate, in commit order (JSON objects)."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             receipts = conn.execute(
                 select(action_receipts.c.receipt_json)
                 .where(action_receipts.c.session_id == session_id)

@@ -9,11 +9,13 @@ implementation; the runtime's contract suite runs against it on every backend.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
+from maka_core.store.group_commit import WriteGroup
 from maka_core.store.writer import AttemptArg, CommitResult, LedgerStore
 
 
@@ -22,6 +24,11 @@ class Ledger(Protocol):
 
     def view(self) -> CommittedView:
         """The committed ledger, current with every process's commits."""
+        ...
+
+    def group(self) -> AbstractContextManager[WriteGroup]:
+        """Group commit: this thread's writers inside the block share one transaction and one
+        durable commit (``store.group_commit``)."""
         ...
 
     def append(self, events: Sequence[RuntimeEvent]) -> CommitResult:

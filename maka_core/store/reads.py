@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ class LedgerReads:
     def _write(self, body: Callable[[Connection], Any]) -> Any:
         raise NotImplementedError
 
+    def _reading(self) -> AbstractContextManager[Connection]:
+        """A read transaction (``LedgerStore`` reads through its open write group instead)."""
+        return read_tx(self.engine)
+
     @classmethod
     def open(cls, target: str | Path) -> Any:
         raise NotImplementedError
@@ -62,7 +67,7 @@ class LedgerReads:
         ):
             if value is not None:
                 query = query.where(runtime_events.c[column] == value)
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [row_event(r) for r in conn.execute(query).mappings()]
 
     def events_since(self, session_id: str, after_seq: int) -> list[tuple[int, RuntimeEvent]]:
@@ -77,11 +82,11 @@ class LedgerReads:
             .where(runtime_events.c.ledger_seq > after_seq)
             .order_by(runtime_events.c.ledger_seq)
         )
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [(int(r["ledger_seq"]), row_event(r)) for r in conn.execute(query).mappings()]
 
     def event(self, event_id: str) -> RuntimeEvent | None:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             row = (
                 conn.execute(select(runtime_events).where(runtime_events.c.event_id == event_id))
                 .mappings()
@@ -96,7 +101,7 @@ class LedgerReads:
             .group_by(runtime_events.c.session_id)
             .order_by(func.min(runtime_events.c.ledger_seq))
         )
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return list(conn.execute(query).scalars())
 
     def operation(self, operation_id: str) -> OperationRow | None:
@@ -109,12 +114,12 @@ class LedgerReads:
         )
 
     def _operation_where(self, clause: Any) -> OperationRow | None:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             row = conn.execute(select(tool_operations).where(clause)).mappings().first()
             return None if row is None else OperationRow(**dict(row))
 
     def operations(self) -> list[OperationRow]:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             rows = conn.execute(select(tool_operations).order_by(tool_operations.c.operation_id)).mappings()
             return [OperationRow(**dict(r)) for r in rows]
 
@@ -123,11 +128,11 @@ class LedgerReads:
         query = select(tool_journal_events).order_by(tool_journal_events.c.journal_seq)
         if operation_id is not None:
             query = query.where(tool_journal_events.c.operation_id == operation_id)
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [_journal(r) for r in conn.execute(query).mappings()]
 
     def evidence(self, operation_id: str) -> dict[str, Any] | None:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             value = conn.execute(
                 select(tool_evidence.c.evidence_json).where(tool_evidence.c.operation_id == operation_id)
             ).scalar()
@@ -137,12 +142,12 @@ class LedgerReads:
         query = select(tool_attempts).order_by(tool_attempts.c.attempt_seq)
         if operation_id is not None:
             query = query.where(tool_attempts.c.operation_id == operation_id)
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
     def prefix(self, session_id: str, run_id: str) -> Prefix:
         """The committed prefix of one run: events, high-water and ``prefix_digest``."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return self._prefix(conn, session_id, run_id)
 
     @staticmethod
@@ -184,7 +189,7 @@ class LedgerReads:
             conn.execute(tool_journal_events.delete())
             conn.execute(tool_operations.delete())
             if dest is not self:
-                with read_tx(self.engine) as src:
+                with self._reading() as src:
                     for src_row in src.execute(
                         select(runtime_events).order_by(runtime_events.c.ledger_seq)
                     ).mappings():
@@ -207,7 +212,7 @@ class LedgerReads:
             runtime_events.c.payload_json,
             runtime_events.c.chain_digest,
         ).order_by(runtime_events.c.ledger_seq)
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return chain_breaks((a, b, int(c), d, e) for a, b, c, d, e in conn.execute(query))
 
     def verify(self) -> list[str]:
@@ -236,7 +241,7 @@ class LedgerReads:
         query = select(runtime_events.c.event_id, runtime_events.c.payload_json).order_by(
             runtime_events.c.ledger_seq
         )
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [
                 f"runtime_events {event_id}: payload is not in canonical form"
                 for event_id, payload in conn.execute(query)

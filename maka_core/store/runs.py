@@ -12,7 +12,6 @@ from maka_core.errors import LedgerRejection
 from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader
-from maka_core.store.engine import read_tx
 from maka_core.store.reads import LedgerReads
 from maka_core.store.schema import agent_runs, runtime_events
 
@@ -68,7 +67,7 @@ class RunHeaderStore(LedgerReads):
         return result
 
     def get_run(self, run_id: str) -> RunHeader | None:
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return _run_row(conn, run_id)
 
     def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]:
@@ -77,7 +76,7 @@ class RunHeaderStore(LedgerReads):
             query = query.where(agent_runs.c.session_id == session_id)
         if nonterminal:
             query = query.where(agent_runs.c.status.in_(("running", "parked")))
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             return [_header(r) for r in conn.execute(query).mappings()]
 
 

@@ -16,7 +16,8 @@ disagrees with its columns fails closed (``row_payload_identity_mismatch``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from maka_core.store.governance_rows import (
     insert_decision,
     insert_receipt,
 )
+from maka_core.store.group_commit import WriteGroup, open_group
 from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL, rows_since
 from maka_core.store.reads import LedgerReads, _detail
@@ -137,6 +139,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         #: session id -> its last committed chain digest, kept in step with the scanner.
         self._chain: dict[str, str] = {}
         self._lock = threading.RLock()
+        #: The shared transaction of a group commit, while one is open (``group``).
+        self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
@@ -192,6 +196,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         self._chain = {}
 
     def _write(self, body: Callable[[Connection], Any]) -> Any:
+        group = self._group
+        if group is not None and group.owned_here():
+            return group.member(body, self._abort)
         with self._lock:
             self.health.check()
             try:
@@ -199,6 +206,35 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             except StoreError as exc:
                 self.health.note(exc)
                 raise
+
+    @contextmanager
+    def group(self) -> Iterator[WriteGroup]:
+        """Group commit (``store.group_commit``): every writer this thread runs inside the block is
+        a SAVEPOINT of one transaction, committed once (one fsync) when the block ends; reads on
+        this thread see the group's writes. Other threads' writers wait for the group.
+
+        Raises:
+            StoreError: BEGIN or COMMIT failed, or a driver error broke the group; nothing of the
+                group is then durable.
+        """
+        with self._lock:
+            self.health.check()
+            try:
+                with open_group(self.engine, on_abort=self._abort) as group:
+                    self._group = group
+                    try:
+                        yield group
+                    finally:
+                        self._group = None
+            except StoreError as exc:
+                self.health.note(exc)
+                raise
+
+    def _reading(self) -> AbstractContextManager[Connection]:
+        group = self._group
+        if group is not None and group.owned_here():
+            return nullcontext(group.conn)
+        return read_tx(self.engine)
 
     def check_health(self) -> None:
         """A real (empty) write transaction, for a worker before it serves: a ledger that is
@@ -239,7 +275,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     def view(self) -> CommittedView:
         """The committed ledger, brought up to date with other processes' commits (one read of the
         rows past the cursor; usually none). Use it on the thread that owns this store."""
-        with self._lock, read_tx(self.engine) as conn:
+        with self._lock, self._reading() as conn:
             self._sync(conn)
         assert self._view is not None
         return self._view

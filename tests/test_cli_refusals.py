@@ -121,6 +121,9 @@ def test_devserver_start_refuses_a_port_out_of_range() -> None:
 
 def test_usage_errors_are_refusals(env: dict[str, str | None]) -> None:
     refused(run(env, "session", "status", "--json"), "usage_invalid")  # SESSION missing
+    # An unknown option stops Click before --json's own callback: the refusal is JSON all the same.
+    refused(run(env, "session", "status", "s", "--json", "--bogus"), "usage_invalid")
+    refused(run(env, "ledger", "plan", "--json", "--bogus"), "usage_invalid")
     human = run(env, "ledger", "export")
     assert human.exit_code == 2 and "error: usage_invalid:" in human.stderr
 

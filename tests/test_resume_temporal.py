@@ -491,5 +491,12 @@ async def test_an_operator_resolution_then_resume_finishes_the_turn_without_re_r
         assert box.log_lines()["ran"] == 1  # applied once, before the loss; never again
         code, status, _ = await cli(box, "session", "status", session_id)
         assert status["state"] == "idle" and status["resolutions"][op]["resolvedBy"] == "alice"
+        # The resolution is the operator's fact, not drift: the audit agrees with the histories.
+        code, report, err = await cli(box, "audit", session_id)
+        drift = [f for f in report.get("findings", []) if f["severity"] == "drift"]
+        assert code == 0 and report["ok"] and drift == [], (report.get("findings"), err)
+        assert [r["operatorResolution"]["decision"] for r in report["runs"] if "operatorResolution" in r] == [
+            "applied"
+        ]
     finally:
         await stop(worker)

@@ -17,7 +17,6 @@ import click
 from maka_core.errors import MakaError
 from workers.cli_base import JSON_META, TEMPORAL_USED, refusal
 
-
 #: Whether ``--json`` was on the command line: a usage error stops Click before the flag's own
 #: callback runs, and the refusal must still come out in the mode the caller asked for.
 ARGV_JSON = "maka_argv_json"

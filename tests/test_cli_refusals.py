@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from maka_core.store.writer import LedgerStore
 from tests.temporal_support import REPO, tool_step, write_script
 from workers.cli import maka
 from workers.devserver import free_port
@@ -216,6 +217,21 @@ def test_show_refuses_a_directory_a_foreign_file_and_a_missing_ledger(
     refused(run(env, "ledger", "verify", "--json", "--db", missing), "ledger_not_found")
     refused(run(env, "ledger", "export", "--json", "--db", missing, "--session", "s"), "ledger_not_found")
     assert not missing.exists() and not Path(env["MAKA_HOME"]).exists()
+
+
+def test_status_of_an_unknown_session_or_ledger_is_one_refusal_and_nothing_else(
+    env: dict[str, str | None], tmp_path: Path
+) -> None:
+    # No server answers (env): before the ledger is read, nothing may claim the state comes from it.
+    missing = run(env, "session", "status", "s")
+    assert (
+        missing.exit_code == 2
+        and missing.stderr == f"error: ledger_not_found: no ledger at {tmp_path}/home/ledger.sqlite\n"
+    )
+    db = tmp_path / "ledger.sqlite"
+    LedgerStore.open(db).close()
+    unknown = run(env, "session", "status", "s", "--db", db)
+    assert unknown.exit_code == 2 and unknown.stderr == "error: session_not_found: no session s\n"
 
 
 def test_ledger_accepts_a_sqlalchemy_url_and_export_refuses_an_unknown_session(

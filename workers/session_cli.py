@@ -317,8 +317,9 @@ def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
         )
 
 
-def _print_view(view: Any) -> None:
-    head = f"session {view.session_id}  state={view.state}" + (
+def _print_view(view: Any, *, state: str | None = None) -> None:
+    """``state``: what the status knows beyond the view (``awaiting_approval``), as ``--json`` says."""
+    head = f"session {view.session_id}  state={state or view.state}" + (
         f"  park={view.park_reason}" if view.park_reason else ""
     )
     if not stdout_is_tty():  # a pipe or a log: one fact a line
@@ -362,6 +363,9 @@ def cmd_status(
     async def main() -> int:
         status = None
         execution = None
+        # Notes wait until the session is known to exist: an unknown session or a missing ledger is
+        # one refusal, not a note about state "from the ledger" followed by it.
+        notes: list[str] = []
         try:
             client = await asyncio.wait_for(connect(address, namespace), 3)
             execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
@@ -370,19 +374,15 @@ def cmd_status(
             else:
                 # A closed execution's Query replays its last in-memory state ("running" for one
                 # terminated mid-turn): only the ledger knows what became of it.
-                print(
-                    f"maka: execution {execution.status or 'not found'}; state from the ledger",
-                    file=sys.stderr,
-                )
+                notes.append(f"maka: execution {execution.status or 'not found'}; state from the ledger")
         except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
             why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
-            print(f"maka: workflow not reachable ({why}); state from the ledger", file=sys.stderr)
+            notes.append(f"maka: workflow not reachable ({why}); state from the ledger")
         if execution is not None and execution.task_failing:
-            print(
+            notes.append(
                 f"maka: the workflow task of session {session_id} keeps failing "
                 f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
-                f"then `maka resume {session_id}`",
-                file=sys.stderr,
+                f"then `maka resume {session_id}`"
             )
         try:
             view = _view(s.ledger, session_id, status, create=False)
@@ -392,6 +392,8 @@ def cmd_status(
             view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+        for note in notes:
+            print(note, file=sys.stderr)
         health = _ledger_health(s.ledger)
         governed = _governance_status(s.ledger, session_id, view.state)
         host, host_wait = _session_host(s.ledger, session_id)
@@ -415,7 +417,7 @@ def cmd_status(
                 indent=2,
             )
         else:
-            _print_view(view)
+            _print_view(view, state=governed.get("state"))
             if host is not None:
                 click.echo(f"host {host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
             for p in governed["pendingApprovals"]:

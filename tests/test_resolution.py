@@ -194,3 +194,22 @@ def test_the_audit_reads_an_operator_resolution_as_the_operator_s_fact_not_as_dr
     borrowed = user.model_copy(update={"id": "forged", "run_id": run_id})
     forged = replace(facts, events=(*facts.events, borrowed))
     assert "run_execution_unnamed" in [f.check for f in audit(forged, []).findings if f.run_id == run_id]
+
+
+def test_the_transcript_shows_the_park_the_resolution_and_the_continuation(
+    rt: Runtime, ws: Workspace
+) -> None:
+    from maka_core.runtime.session_view import transcript_lines
+
+    op = parked_bash(rt, ws)
+    resolve_operation(rt.ledger, SID, op, "applied", "alice", "the line is in effects.log")
+    decision = resume(rt)
+    run_continuation(rt, ws, decision, first_step=1, spec=SPEC)
+    lines = transcript_lines(rt.ledger.events(session_id=SID))
+    ends = [line for line in lines if line.startswith("-- ")]
+    assert ends == [
+        f"-- turn parked: parked on operation {op}: dispatch_without_response --",
+        f"-- operator alice resolved {op} (bash): applied: the line is in effects.log --",
+        f"-- continues run r1 from high-water {decision.high_water} --",
+        "-- turn completed --",
+    ], lines

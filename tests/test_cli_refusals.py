@@ -177,6 +177,18 @@ def test_a_bad_message_is_refused_before_anything_starts(
     assert not (ws_dir / ".maka-workspace.json").exists()
 
 
+@pytest.mark.parametrize("session_id", ["", "a b", "x\ny", "../up", "-dash", "é", "x" * 201])
+def test_a_bad_session_id_is_refused_before_anything_starts(
+    env: dict[str, str | None], tmp_path: Path, ws_dir: Path, session_id: str
+) -> None:
+    script = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    args = ("session", "start", "--json", "--workspace", ws_dir, "--script", script)
+    refused(run(env, *args, "--session-id", session_id, "hi"), "session_id_invalid")
+    assert not (ws_dir / ".maka-workspace.json").exists() and not Path(env["MAKA_HOME"]).exists()
+    # Negative control: a well-formed id gets past validation and reaches (the absent) Temporal.
+    refused(run(env, *args, "--session-id", "sess-1.a_b:c@d", "hi"), "temporal_unavailable")
+
+
 def test_valid_input_reaches_temporal(env: dict[str, str | None], tmp_path: Path, ws_dir: Path) -> None:
     """Negative control for the two tests above: good input gets as far as the (absent) server."""
     script = write_script(tmp_path / "s.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}])

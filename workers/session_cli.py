@@ -67,6 +67,20 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
+#: A session id names a workflow id, log lines and table rows: no blanks, no controls, bounded.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+
+
+def _check_session_id(value: str) -> None:
+    if not _SESSION_ID.fullmatch(value):
+        raise MakaError(
+            "session_id_invalid",
+            "a session id is 1-200 letters, digits, '.', '_', ':', '@' or '-', "
+            "starting with a letter or digit",
+            sessionId=value,
+        )
+
+
 def _message(text: str) -> str:
     ensure_utf8(text, "message")
     if not text.strip():
@@ -112,7 +126,12 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     "--script", type=click.Path(path_type=Path), default=None, help="scripted provider: a JSON script file"
 )
 @click.option("--model", default=None, help="OpenAI-compatible model name (OPENAI_BASE_URL, OPENAI_API_KEY)")
-@click.option("--session-id", default=None, hidden=True)
+@click.option(
+    "--session-id",
+    default=None,
+    help="use this id instead of a new one (letters, digits, . _ : @ -); "
+    "a taken id is refused (session_exists)",
+)
 @click.option(
     "--continue-as-new-after",
     type=click.IntRange(min=1),
@@ -159,6 +178,8 @@ def cmd_start(
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
     text = _message(message)
+    if session_id is not None:
+        _check_session_id(session_id)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
     governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)

@@ -183,3 +183,6 @@ def test_receipts_export_verifies_and_a_tampered_export_does_not(tmp_path: Path)
     missing.write_text(exported.stdout.splitlines()[1] + "\n")
     lost = maka("receipts", "verify", str(missing), "--json", home=home)
     assert [p["code"] for p in json.loads(lost.stdout)["problems"]] == ["certificate_receipt_missing"]
+    for gone in (tmp_path / "no-such.jsonl", tmp_path):  # a missing file, a directory
+        unread = maka("receipts", "verify", str(gone), "--json", home=home)
+        assert unread.returncode == 2 and json.loads(unread.stdout)["code"] == "receipts_unreadable"

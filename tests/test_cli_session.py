@@ -132,6 +132,20 @@ def test_demo_on_a_fresh_machine_starts_its_own_server(tmp_path: Path) -> None:
     assert elapsed < 60, f"demo took {elapsed:.1f}s"
 
 
+def test_demo_on_a_running_server_names_it_and_prints_one_json_object(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    env = _env(tmp_path / "home", temporal_server.address)
+    demo = maka("demo", "--json", env=env)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert f"on {temporal_server.address}" in demo.stderr and "embedded" not in demo.stderr
+    out = json.loads(demo.stdout)
+    assert out["ok"] is True and out["state"] == "idle", out
+    # Its worker serves a private queue: a --task-queue it would ignore is not offered.
+    ignored = maka("demo", "--task-queue", "q", "--json", env=env)
+    assert ignored.returncode == 2 and json.loads(ignored.stdout)["code"] == "usage_invalid"
+
+
 def test_maka_dev_serves_and_runs_a_worker(tmp_path: Path, ws_dir: Path) -> None:
     home = tmp_path / "dev-home"
     port = free_port()

@@ -75,6 +75,25 @@ def test_a_bad_metrics_port_in_the_environment_is_config_invalid(
     assert body["setting"] == "MAKA_METRICS_PORT", body
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "MAKA_HOST_WAIT",
+        "MAKA_TOOL_START_TO_CLOSE_TIMEOUT",
+        "MAKA_WAIT_TIMEOUT",
+        "MAKA_STICKY_TIMEOUT",
+        "MAKA_WORKFLOW_TASK_TIMEOUT",
+    ],
+)
+def test_every_documented_seconds_setting_refuses_a_bad_value_by_name(
+    env: dict[str, str | None], setting: str
+) -> None:
+    for value in ("0", "-5", "abc"):
+        env[setting] = value
+        body = refused(run(env, "worker", "--json"), "config_invalid")
+        assert body["setting"] == setting, body
+
+
 def test_human_refusals_go_to_stderr(env: dict[str, str | None]) -> None:
     env["MAKA_TOOL_HEARTBEAT_TIMEOUT"] = "abc"
     result = run(env, "worker")

@@ -155,6 +155,8 @@ def test_receipts_export_verifies_and_a_tampered_export_does_not(tmp_path: Path)
     none = maka("session", "receipts", "s1", "--json", home=home)
     assert none.returncode == 2 and json.loads(none.stdout)["code"] == "ledger_not_found"
     store = LedgerStore.open(home / "ledger.sqlite")
+    empty = maka("session", "receipts", "s1", "--json", home=home)
+    assert empty.returncode == 2 and json.loads(empty.stdout)["code"] == "receipts_not_found"
     rt = Runtime(store)
     try:
         ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})

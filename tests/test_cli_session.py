@@ -213,6 +213,10 @@ def test_worker_json_lifecycle_events(temporal_server: Any, tmp_path: Path) -> N
         assert [e["event"] for e in events] == ["repaired", "ready"]
         assert events[1]["taskQueue"] == env["MAKA_TASK_QUEUE"]
         assert events[1]["db"] == str(home / "ledger.sqlite")
+        # The README's lifecycle fields, as supervisors read them (on stderr: stdout stays empty).
+        assert {"checked", "repairedRuns", "leftToWorkflow", "sessionsToResume"} <= set(events[0])
+        assert {"host", "hostQueue", "bash", "unsafeNoSandbox", "ledgerId"} <= set(events[1])
+        assert events[1]["unsafeNoSandbox"] is False
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=30)[1]
         assert proc.returncode == 0

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from maka_core.store.writer import LedgerStore
 from tests.temporal_support import REPO, tool_step, write_script
 from workers.cli import maka
 from workers.devserver import free_port
@@ -74,6 +75,25 @@ def test_a_bad_metrics_port_in_the_environment_is_config_invalid(
     assert body["setting"] == "MAKA_METRICS_PORT", body
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "MAKA_HOST_WAIT",
+        "MAKA_TOOL_START_TO_CLOSE_TIMEOUT",
+        "MAKA_WAIT_TIMEOUT",
+        "MAKA_STICKY_TIMEOUT",
+        "MAKA_WORKFLOW_TASK_TIMEOUT",
+    ],
+)
+def test_every_documented_seconds_setting_refuses_a_bad_value_by_name(
+    env: dict[str, str | None], setting: str
+) -> None:
+    for value in ("0", "-5", "abc"):
+        env[setting] = value
+        body = refused(run(env, "worker", "--json"), "config_invalid")
+        assert body["setting"] == setting, body
+
+
 def test_human_refusals_go_to_stderr(env: dict[str, str | None]) -> None:
     env["MAKA_TOOL_HEARTBEAT_TIMEOUT"] = "abc"
     result = run(env, "worker")
@@ -121,6 +141,9 @@ def test_devserver_start_refuses_a_port_out_of_range() -> None:
 
 def test_usage_errors_are_refusals(env: dict[str, str | None]) -> None:
     refused(run(env, "session", "status", "--json"), "usage_invalid")  # SESSION missing
+    # An unknown option stops Click before --json's own callback: the refusal is JSON all the same.
+    refused(run(env, "session", "status", "s", "--json", "--bogus"), "usage_invalid")
+    refused(run(env, "ledger", "plan", "--json", "--bogus"), "usage_invalid")
     human = run(env, "ledger", "export")
     assert human.exit_code == 2 and "error: usage_invalid:" in human.stderr
 
@@ -173,6 +196,18 @@ def test_a_bad_message_is_refused_before_anything_starts(
     assert not (ws_dir / ".maka-workspace.json").exists()
 
 
+@pytest.mark.parametrize("session_id", ["", "a b", "x\ny", "../up", "-dash", "é", "x" * 201])
+def test_a_bad_session_id_is_refused_before_anything_starts(
+    env: dict[str, str | None], tmp_path: Path, ws_dir: Path, session_id: str
+) -> None:
+    script = write_script(tmp_path / "s.json", [{"text": "ok"}])
+    args = ("session", "start", "--json", "--workspace", ws_dir, "--script", script)
+    refused(run(env, *args, "--session-id", session_id, "hi"), "session_id_invalid")
+    assert not (ws_dir / ".maka-workspace.json").exists() and not Path(env["MAKA_HOME"]).exists()
+    # Negative control: a well-formed id gets past validation and reaches (the absent) Temporal.
+    refused(run(env, *args, "--session-id", "sess-1.a_b:c@d", "hi"), "temporal_unavailable")
+
+
 def test_valid_input_reaches_temporal(env: dict[str, str | None], tmp_path: Path, ws_dir: Path) -> None:
     """Negative control for the two tests above: good input gets as far as the (absent) server."""
     script = write_script(tmp_path / "s.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}])
@@ -213,6 +248,21 @@ def test_show_refuses_a_directory_a_foreign_file_and_a_missing_ledger(
     refused(run(env, "ledger", "verify", "--json", "--db", missing), "ledger_not_found")
     refused(run(env, "ledger", "export", "--json", "--db", missing, "--session", "s"), "ledger_not_found")
     assert not missing.exists() and not Path(env["MAKA_HOME"]).exists()
+
+
+def test_status_of_an_unknown_session_or_ledger_is_one_refusal_and_nothing_else(
+    env: dict[str, str | None], tmp_path: Path
+) -> None:
+    # No server answers (env): before the ledger is read, nothing may claim the state comes from it.
+    missing = run(env, "session", "status", "s")
+    assert (
+        missing.exit_code == 2
+        and missing.stderr == f"error: ledger_not_found: no ledger at {tmp_path}/home/ledger.sqlite\n"
+    )
+    db = tmp_path / "ledger.sqlite"
+    LedgerStore.open(db).close()
+    unknown = run(env, "session", "status", "s", "--db", db)
+    assert unknown.exit_code == 2 and unknown.stderr == "error: session_not_found: no session s\n"
 
 
 def test_ledger_accepts_a_sqlalchemy_url_and_export_refuses_an_unknown_session(

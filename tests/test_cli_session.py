@@ -100,6 +100,11 @@ def test_session_start_send_status_show(temporal_server: Any, tmp_path: Path, ws
     for run in body["runs"]:
         assert run["resumePlan"]["kind"] == "safe_replay", run
         assert not any(op["status"] == "corruption" for op in run["recovery"]["operations"])
+    # Its export planned from the file says the same, run by run.
+    exported = maka("ledger", "export", "--session", session, env=env)
+    (tmp_path / "session.jsonl").write_text(exported.stdout)
+    from_file = maka("ledger", "plan", str(tmp_path / "session.jsonl"), "--json", env=env)
+    assert from_file.returncode == 0 and json.loads(from_file.stdout) == body, from_file.stdout
     # Negative control: the same events judged as one ledger report the second run's marker.
     from maka_core.ledger.resume_plan import plan_resume
     from maka_core.store.writer import LedgerStore
@@ -125,6 +130,20 @@ def test_demo_on_a_fresh_machine_starts_its_own_server(tmp_path: Path) -> None:
     assert demo.stdout.count("T1 dispatch") == 3 and demo.stdout.count("canonicalArgsHash sha256:") == 3
     assert '"port": 4000' in (home / "demo-workspace" / "config.json").read_text()
     assert elapsed < 60, f"demo took {elapsed:.1f}s"
+
+
+def test_demo_on_a_running_server_names_it_and_prints_one_json_object(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    env = _env(tmp_path / "home", temporal_server.address)
+    demo = maka("demo", "--json", env=env)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert f"on {temporal_server.address}" in demo.stderr and "embedded" not in demo.stderr
+    out = json.loads(demo.stdout)
+    assert out["ok"] is True and out["state"] == "idle", out
+    # Its worker serves a private queue: a --task-queue it would ignore is not offered.
+    ignored = maka("demo", "--task-queue", "q", "--json", env=env)
+    assert ignored.returncode == 2 and json.loads(ignored.stdout)["code"] == "usage_invalid"
 
 
 def test_maka_dev_serves_and_runs_a_worker(tmp_path: Path, ws_dir: Path) -> None:
@@ -194,6 +213,10 @@ def test_worker_json_lifecycle_events(temporal_server: Any, tmp_path: Path) -> N
         assert [e["event"] for e in events] == ["repaired", "ready"]
         assert events[1]["taskQueue"] == env["MAKA_TASK_QUEUE"]
         assert events[1]["db"] == str(home / "ledger.sqlite")
+        # The README's lifecycle fields, as supervisors read them (on stderr: stdout stays empty).
+        assert {"checked", "repairedRuns", "leftToWorkflow", "sessionsToResume"} <= set(events[0])
+        assert {"host", "hostQueue", "bash", "unsafeNoSandbox", "ledgerId"} <= set(events[1])
+        assert events[1]["unsafeNoSandbox"] is False
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=30)[1]
         assert proc.returncode == 0

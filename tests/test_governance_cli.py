@@ -155,6 +155,8 @@ def test_receipts_export_verifies_and_a_tampered_export_does_not(tmp_path: Path)
     none = maka("session", "receipts", "s1", "--json", home=home)
     assert none.returncode == 2 and json.loads(none.stdout)["code"] == "ledger_not_found"
     store = LedgerStore.open(home / "ledger.sqlite")
+    empty = maka("session", "receipts", "s1", "--json", home=home)
+    assert empty.returncode == 2 and json.loads(empty.stdout)["code"] == "receipts_not_found"
     rt = Runtime(store)
     try:
         ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
@@ -183,3 +185,6 @@ def test_receipts_export_verifies_and_a_tampered_export_does_not(tmp_path: Path)
     missing.write_text(exported.stdout.splitlines()[1] + "\n")
     lost = maka("receipts", "verify", str(missing), "--json", home=home)
     assert [p["code"] for p in json.loads(lost.stdout)["problems"]] == ["certificate_receipt_missing"]
+    for gone in (tmp_path / "no-such.jsonl", tmp_path):  # a missing file, a directory
+        unread = maka("receipts", "verify", str(gone), "--json", home=home)
+        assert unread.returncode == 2 and json.loads(unread.stdout)["code"] == "receipts_unreadable"

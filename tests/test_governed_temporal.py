@@ -68,6 +68,8 @@ def test_a_worker_killed_while_a_request_waits_then_approved_runs_the_tool_once(
         session = _start(env, ws_dir, script, _policy(tmp_path / "p.json", 120_000), "run it")
         status = _until(session, env, lambda s: s["pendingApprovals"])
         assert status["state"] == "awaiting_approval"
+        human = maka("session", "status", session, env=env)  # the table says what --json says
+        assert human.stdout.startswith(f"session {session}  state=awaiting_approval\n"), human.stdout
         (pending,) = status["pendingApprovals"]
         assert set(pending) == {
             "approvalId",

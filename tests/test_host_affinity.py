@@ -207,6 +207,7 @@ async def two_host_drill(server: Any, client: Any, root: Path, *, backend: str, 
         resumed = await asyncio.gather(*(maka(fleet, "resume", s, "--wait") for s in second_a))
         for code, out, err in resumed:
             assert code == 0 and out.get("state") == "idle" and out.get("host") == "a", (code, out, err)
+            assert out.get("hostResumed") is True and out["decision"] == "continue", out  # in place
         everyone = [*first, *second_a, *second_b]
         assert fleet.misplaced("a") == [] and fleet.misplaced("b") == []
         assert {s: fleet.writes(s) for s in everyone} == {s: 1 for s in everyone}, "a write ran twice"

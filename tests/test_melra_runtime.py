@@ -109,6 +109,7 @@ def test_plan_execute_status_receipt_and_the_receipts_verify(rt: Runtime, ws: Wo
     assert verify_receipts(lines) == []
     assert s.call("melra_receipt", {})["code"] == "task_or_receipt_required"
     assert s.call("melra_task_status", {"taskId": task_id_for("nope")})["code"] == "task_not_found"
+    assert s.call("melra_receipt", {"receiptId": "rcpt-nope"})["code"] == "receipt_not_found"
 
 
 def test_a_terminal_task_runs_its_command_with_exit_code_evidence(rt: Runtime, ws: Workspace) -> None:

@@ -166,3 +166,50 @@ def test_the_cli_records_a_resolution_and_refuses_a_second(db: Path, rt: Runtime
     assert again.returncode == 2 and json.loads(again.stdout)["code"] == "already_resolved"
     status = _maka("session", "status", SID, "--db", str(db), "--json", "--address", "127.0.0.1:1")
     assert json.loads(status.stdout)["resolutions"][op]["decision"] == "not_applied"
+
+
+def test_the_audit_reads_an_operator_resolution_as_the_operator_s_fact_not_as_drift(
+    rt: Runtime, ws: Workspace
+) -> None:
+    """The resolution run is written by the CLI: no execution hosts it and no history finishes it."""
+    from dataclasses import replace
+
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+
+    op = parked_bash(rt, ws)
+    recorded = resolve_operation(rt.ledger, SID, op, "not_applied", "alice", "no line in effects.log")
+    run_id = recorded["resolutionRunId"]
+    facts = read_ledger(rt.ledger, SID)
+    report = audit(facts, [])
+    assert [f.check for f in report.findings if f.run_id == run_id] == []
+    (shown,) = [r for r in report.to_json()["runs"] if r["runId"] == run_id]
+    assert shown["operatorResolution"] == {
+        "operationId": op, "runId": "r1", "decision": "not_applied", "resolvedBy": "alice",
+        "reason": "no line in effects.log",
+    }  # fmt: skip
+    # Negative control: a run that only borrows the id prefix (here, with a user event) is audited
+    # like any other, and names no execution.
+    user = next(e for e in facts.events if e.role == "user")
+    borrowed = user.model_copy(update={"id": "forged", "run_id": run_id})
+    forged = replace(facts, events=(*facts.events, borrowed))
+    assert "run_execution_unnamed" in [f.check for f in audit(forged, []).findings if f.run_id == run_id]
+
+
+def test_the_transcript_shows_the_park_the_resolution_and_the_continuation(
+    rt: Runtime, ws: Workspace
+) -> None:
+    from maka_core.runtime.session_view import transcript_lines
+
+    op = parked_bash(rt, ws)
+    resolve_operation(rt.ledger, SID, op, "applied", "alice", "the line is in effects.log")
+    decision = resume(rt)
+    run_continuation(rt, ws, decision, first_step=1, spec=SPEC)
+    lines = transcript_lines(rt.ledger.events(session_id=SID))
+    ends = [line for line in lines if line.startswith("-- ")]
+    assert ends == [
+        f"-- turn parked: parked on operation {op}: dispatch_without_response --",
+        f"-- operator alice resolved {op} (bash): applied: the line is in effects.log --",
+        f"-- continues run r1 from high-water {decision.high_water} --",
+        "-- turn completed --",
+    ], lines

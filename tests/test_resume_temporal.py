@@ -168,6 +168,36 @@ async def test_resume_refuses_an_open_execution_and_an_unknown_session(
         await stop(worker)
 
 
+async def test_resume_of_a_session_parked_in_its_open_execution_says_how_to_go_on(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """The common case after a worker crash: the bash parked, the execution stays open; resume
+    refuses it (nothing written) and says what the operator does: resolve, terminate, resume."""
+    box = Sandbox(temporal_server, tmp_path / "parked-open")
+    script = _script(tmp_path / "script.json")
+    armed = box.worker(Kill("P4", tag="bash"))
+    await ready(armed)
+    session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"po-{box.queue}")
+    assert await armed.wait_exit(90) != 0
+    worker = box.worker()
+    await ready(worker)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            code, status, _ = await cli(box, "session", "status", session_id)
+            if status.get("state") == "parked" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert status["state"] == "parked" and status["executionStatus"] == "running", status
+        code, out, _ = await cli(box, "resume", session_id)
+        assert code == 2 and out["code"] == "session_busy", out
+        assert out["state"] == "parked" and out["parkReason"] == "dispatch_without_response"
+        assert "maka session resolve" in out["message"] and "temporal workflow terminate" in out["message"]
+        assert _continuations(box, session_id) == []
+    finally:
+        await stop(worker)
+
+
 async def test_a_lost_bash_with_t1_and_no_t2_parks_and_never_runs_again(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
@@ -491,5 +521,12 @@ async def test_an_operator_resolution_then_resume_finishes_the_turn_without_re_r
         assert box.log_lines()["ran"] == 1  # applied once, before the loss; never again
         code, status, _ = await cli(box, "session", "status", session_id)
         assert status["state"] == "idle" and status["resolutions"][op]["resolvedBy"] == "alice"
+        # The resolution is the operator's fact, not drift: the audit agrees with the histories.
+        code, report, err = await cli(box, "audit", session_id)
+        drift = [f for f in report.get("findings", []) if f["severity"] == "drift"]
+        assert code == 0 and report["ok"] and drift == [], (report.get("findings"), err)
+        assert [r["operatorResolution"]["decision"] for r in report["runs"] if "operatorResolution" in r] == [
+            "applied"
+        ]
     finally:
         await stop(worker)

@@ -17,15 +17,24 @@ import click
 from maka_core.errors import MakaError
 from workers.cli_base import JSON_META, TEMPORAL_USED, refusal
 
+#: Whether ``--json`` was on the command line: a usage error stops Click before the flag's own
+#: callback runs, and the refusal must still come out in the mode the caller asked for.
+ARGV_JSON = "maka_argv_json"
+
 
 class MakaGroup(click.Group):
     """The root group: every refusal and usage error becomes one printed refusal and exit 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = args[: args.index("--")] if "--" in args else args
+        ctx.meta[ARGV_JSON] = "--json" in options
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except MakaError as exc:
-            refusal(exc, bool(ctx.meta.get(JSON_META)))
+            refusal(exc, _json_asked(ctx))
             ctx.exit(2)
         except click.exceptions.NoArgsIsHelpError:
             raise
@@ -35,18 +44,22 @@ class MakaGroup(click.Group):
             # A value the command cannot take (a port out of range, a number that is not one).
             name = exc.param.opts[0] if exc.param is not None and exc.param.opts else "value"
             err = MakaError("config_invalid", exc.format_message(), setting=name)
-            refusal(err, bool(ctx.meta.get(JSON_META)))
+            refusal(err, _json_asked(ctx))
             ctx.exit(2)
         except click.UsageError as exc:
             self._usage(ctx, exc)
 
     @staticmethod
     def _usage(ctx: click.Context, exc: click.UsageError) -> None:
-        as_json = bool(ctx.meta.get(JSON_META))
+        as_json = _json_asked(ctx)
         if not as_json and exc.ctx is not None:
             click.echo(exc.ctx.get_usage(), err=True)
         refusal(MakaError("usage_invalid", exc.format_message()), as_json)
         ctx.exit(2)
+
+
+def _json_asked(ctx: click.Context) -> bool:
+    return bool(ctx.meta.get(JSON_META) or ctx.meta.get(ARGV_JSON))
 
 
 @click.group(cls=MakaGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -33,7 +33,7 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
     from maka_core.providers import demo_script_path
     from maka_core.runtime.session_view import operations, transcript_lines
     from workers import devserver
-    from workers.client import connect, reachable
+    from workers.client import connect, reachable, target_address
     from workers.worker import serve
 
     home = settings.home
@@ -45,8 +45,6 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
         server = None
         nonlocal address
         if not await reachable(address, namespace, timeout=1.0):
-            from workers.client import target_address
-
             port = int(target_address(address).rsplit(":", 1)[1])
             print(
                 f"maka demo: no Temporal server at {target_address(address)}; "
@@ -78,7 +76,11 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
                     task_queue=queue,
                     message=DEMO_MESSAGE,
                 )
-                print(f"maka demo: session {session_id} on {address}", file=sys.stderr, flush=True)
+                print(
+                    f"maka demo: session {session_id} on {target_address(address)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 status = await wait_settled(client, session_id, accepted.run_id, timeout=120)
             finally:
                 stop.set()

@@ -188,11 +188,9 @@ def cmd_dev(
 
 @click.command("demo")
 @db_option
-@temporal_options()
+@temporal_options(queue=False)  # the demo's own worker serves a private queue: no --task-queue to ignore
 @json_option()
-def cmd_demo(
-    db: str | None, address: str | None, namespace: str | None, task_queue: str | None, as_json: bool
-) -> None:
+def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json: bool) -> None:
     """Run a scripted session on a sample workspace."""
     from workers import demo  # imported late: the demo module builds on this one
 

@@ -147,7 +147,11 @@ def cmd_plan(
         if session or run or db:
             raise MakaError("config_invalid", "give either FILE or --db/--session")
         click.get_current_context().meta["maka_json"] = True  # a file's decode errors are JSON, a contract
-        _emit_plans([(None, _decoded(file))], expected_high_water, as_json)
+        decoded = _decoded(file)
+        runs = _by_run(decoded)
+        # A one-run file (the reference's shape) is planned as given; an export of a whole session
+        # is planned run by run, exactly as ``--session`` plans the stored one.
+        _emit_plans(list(runs.items()) if len(runs) > 1 else [(None, decoded)], expected_high_water, as_json)
         return
     if not session:
         raise MakaError("config_invalid", "--session is required without FILE")
@@ -155,12 +159,16 @@ def cmd_plan(
     if run is not None:
         _emit_plans([(None, events)], expected_high_water, as_json)
         return
-    # A session holds many runs; each run carries its own protocol marker on its first event, so
-    # planning the whole session as one ledger would call every later run's marker corruption.
+    _emit_plans(list(_by_run(events).items()), expected_high_water, as_json)
+
+
+def _by_run(events: list[RuntimeEvent]) -> dict[str, list[RuntimeEvent]]:
+    """A session holds many runs; each run carries its own protocol marker on its first event, so
+    planning the whole session as one ledger would call every later run's marker corruption."""
     by_run: dict[str, list[RuntimeEvent]] = {}
     for event in events:
         by_run.setdefault(event.run_id, []).append(event)
-    _emit_plans(list(by_run.items()), expected_high_water, as_json)
+    return by_run
 
 
 def _plan(events: list[RuntimeEvent], expected: int | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -149,11 +149,15 @@ async def resume_lost_session(
         if resumed is not None:
             return resumed
     if execution.open:
-        hint = (
-            " (its workflow task keeps failing: terminate it, then resume)" if execution.task_failing else ""
-        )
+        hint = " (its workflow task keeps failing: terminate it, then resume)"
+        detail: dict[str, Any] = {}
+        if not execution.task_failing:
+            hint, detail = await _busy_hint(client, session_id)
         raise MakaError(
-            "session_busy", f"session {session_id} has an open execution{hint}", sessionId=session_id
+            "session_busy",
+            f"session {session_id} has an open execution{hint}",
+            sessionId=session_id,
+            **detail,
         )
     runs = await rt.on_ledger(lambda: rt.ledger.list_runs(session_id=session_id))
     if not runs:
@@ -242,6 +246,31 @@ async def resume_lost_session(
     if decision.decision == "park" and out["parkReason"] is None:
         out["parkReason"] = view.park_reason
     return out
+
+
+async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]:
+    """What an operator does about an open execution that resume will not touch.
+
+    A session parked on an operation (not on its host) keeps its execution open and refuses
+    messages; nothing in it will move again, so the way on is to terminate it and resume from the
+    ledger (after ``maka session resolve`` when the park needs a human's word).
+    """
+    from workers.session_client import query_status
+    from workflows.contracts import workflow_id_for
+
+    try:
+        status = await query_status(client, session_id)
+    except Exception:  # the refusal stands without the hint
+        return "", {}
+    detail = {"state": str(status.state), "parkReason": status.park_reason}
+    if status.state != "parked":
+        return "", detail
+    return (
+        f" parked with {status.park_reason}: once the park is resolved (`maka session resolve`), "
+        f"terminate the execution (`temporal workflow terminate --workflow-id "
+        f"{workflow_id_for(session_id)}`), then resume",
+        detail,
+    )
 
 
 async def resume_on_host(

@@ -67,6 +67,20 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
+#: A session id names a workflow id, log lines and table rows: no blanks, no controls, bounded.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+
+
+def _check_session_id(value: str) -> None:
+    if not _SESSION_ID.fullmatch(value):
+        raise MakaError(
+            "session_id_invalid",
+            "a session id is 1-200 letters, digits, '.', '_', ':', '@' or '-', "
+            "starting with a letter or digit",
+            sessionId=value,
+        )
+
+
 def _message(text: str) -> str:
     ensure_utf8(text, "message")
     if not text.strip():
@@ -112,7 +126,12 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     "--script", type=click.Path(path_type=Path), default=None, help="scripted provider: a JSON script file"
 )
 @click.option("--model", default=None, help="OpenAI-compatible model name (OPENAI_BASE_URL, OPENAI_API_KEY)")
-@click.option("--session-id", default=None, hidden=True)
+@click.option(
+    "--session-id",
+    default=None,
+    help="use this id instead of a new one (letters, digits, . _ : @ -); "
+    "a taken id is refused (session_exists)",
+)
 @click.option(
     "--continue-as-new-after",
     type=click.IntRange(min=1),
@@ -159,6 +178,8 @@ def cmd_start(
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
     text = _message(message)
+    if session_id is not None:
+        _check_session_id(session_id)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
     governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
@@ -317,8 +338,9 @@ def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
         )
 
 
-def _print_view(view: Any) -> None:
-    head = f"session {view.session_id}  state={view.state}" + (
+def _print_view(view: Any, *, state: str | None = None) -> None:
+    """``state``: what the status knows beyond the view (``awaiting_approval``), as ``--json`` says."""
+    head = f"session {view.session_id}  state={state or view.state}" + (
         f"  park={view.park_reason}" if view.park_reason else ""
     )
     if not stdout_is_tty():  # a pipe or a log: one fact a line
@@ -362,6 +384,9 @@ def cmd_status(
     async def main() -> int:
         status = None
         execution = None
+        # Notes wait until the session is known to exist: an unknown session or a missing ledger is
+        # one refusal, not a note about state "from the ledger" followed by it.
+        notes: list[str] = []
         try:
             client = await asyncio.wait_for(connect(address, namespace), 3)
             execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
@@ -370,19 +395,15 @@ def cmd_status(
             else:
                 # A closed execution's Query replays its last in-memory state ("running" for one
                 # terminated mid-turn): only the ledger knows what became of it.
-                print(
-                    f"maka: execution {execution.status or 'not found'}; state from the ledger",
-                    file=sys.stderr,
-                )
+                notes.append(f"maka: execution {execution.status or 'not found'}; state from the ledger")
         except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
             why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
-            print(f"maka: workflow not reachable ({why}); state from the ledger", file=sys.stderr)
+            notes.append(f"maka: workflow not reachable ({why}); state from the ledger")
         if execution is not None and execution.task_failing:
-            print(
+            notes.append(
                 f"maka: the workflow task of session {session_id} keeps failing "
                 f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
-                f"then `maka resume {session_id}`",
-                file=sys.stderr,
+                f"then `maka resume {session_id}`"
             )
         try:
             view = _view(s.ledger, session_id, status, create=False)
@@ -392,6 +413,8 @@ def cmd_status(
             view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+        for note in notes:
+            print(note, file=sys.stderr)
         health = _ledger_health(s.ledger)
         governed = _governance_status(s.ledger, session_id, view.state)
         host, host_wait = _session_host(s.ledger, session_id)
@@ -415,7 +438,7 @@ def cmd_status(
                 indent=2,
             )
         else:
-            _print_view(view)
+            _print_view(view, state=governed.get("state"))
             if host is not None:
                 click.echo(f"host {host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
             for p in governed["pendingApprovals"]:

@@ -38,6 +38,10 @@ def check_runs(ix: AuditIndex) -> Iterator[Finding]:
     executions = ix.execution_ids
     for run_id, events in ix.run_events.items():
         header = ix.headers.get(run_id)
+        if ix.operator_resolution(run_id) is not None:
+            if header is None:
+                yield Finding("run_header_missing", "the run has events but no header", run_id=run_id)
+            continue  # an operator's fact, committed by the CLI: no execution hosts it
         if header is None:
             yield Finding("run_header_missing", "the run has events but no header", run_id=run_id)
         elif not header.workflow_run_id:

@@ -18,6 +18,7 @@ from maka_core.runtime.contracts import (
     BEGIN_RUN,
     FINISH_RUN,
 )
+from maka_core.runtime.resolution import is_resolution_run, resolution_payload
 
 #: A resumed session's first run is begun by ``maka.begin_continuation`` instead of ``maka.begin_run``
 #: (its run was claimed by resume).
@@ -76,6 +77,21 @@ class AuditIndex:
         return (
             header is not None and self.available(header.workflow_run_id) and self.finished_in_history(run_id)
         )
+
+    def operator_resolution(self, run_id: str) -> dict[str, Any] | None:
+        """The resolution a run records when it is an operator's (``maka session resolve``), else None.
+
+        Such a run is written by the CLI, not by a workflow: no execution hosts it and no history
+        begins or finishes it. Only a run made of resolution facts alone counts, so a run that merely
+        borrows the id prefix is still audited like any other.
+        """
+        events = self.run_events.get(run_id, [])
+        if not events or not is_resolution_run(run_id):
+            return None
+        payloads = [resolution_payload(e) for e in events]
+        if any(p is None for p in payloads):
+            return None
+        return payloads[-1]
 
     def attempt_known(self, row: dict[str, Any]) -> bool | None:
         """Whether a history shows the activity attempt a ledger row names (None: cannot tell)."""

@@ -84,6 +84,11 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
         "operations": sum(1 for key in ix.ops_by_call if key[0] == run_id),
         "executions": sorted({p.execution.run_id for p in ix.by_run.get(run_id, ())}),
     }
+    resolution = ix.operator_resolution(run_id)
+    if resolution is not None:
+        out["operatorResolution"] = {
+            k: resolution.get(k) for k in ("operationId", "runId", "decision", "resolvedBy", "reason")
+        }
     if continuation is not None:
         src = continuation.immediate_source
         out["continuationSource"] = {

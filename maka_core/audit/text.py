@@ -46,8 +46,11 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     for turn, run in enumerate(report["runs"], start=1):
         park = f" parked ({run['parkReason']})" if run.get("parkReason") else ""
         cont = f" continues {run['continuationSource']['runId']}" if run.get("continuationSource") else ""
-        host = run.get("workflowRunId") or "?"
-        lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  hosted by {host}"]
+        where = f"hosted by {run.get('workflowRunId') or '?'}"
+        if run.get("operatorResolution"):
+            r = run["operatorResolution"]
+            where = f"recorded by operator {r['resolvedBy']} ({r['decision']} for {r['operationId']})"
+        lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  {where}"]
         ops = ops_by_run.get(run["runId"], [])
         if not ops:
             continue

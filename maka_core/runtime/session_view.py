@@ -17,7 +17,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.contracts import PARK_REASONS, SessionState
-from maka_core.runtime.resolution import is_resolution_run, resolutions_of
+from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -228,7 +228,16 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
         if e.partial or e.hidden:
             continue
         c = e.content
-        if e.actions is not None and e.actions.tool_dispatch is not None:
+        resolution = resolution_payload(e) if is_resolution_run(e.run_id) else None
+        if resolution is not None:
+            lines.append(
+                f"-- operator {resolution.get('resolvedBy')} resolved {resolution.get('operationId')} "
+                f"({resolution.get('toolName')}): {resolution.get('decision')}: {resolution.get('reason')} --"
+            )
+        elif e.actions is not None and e.actions.continuation_start is not None:
+            src = e.actions.continuation_start.immediate_source
+            lines.append(f"-- continues run {src.run_id} from high-water {src.high_water} --")
+        elif e.actions is not None and e.actions.tool_dispatch is not None:
             d = e.actions.tool_dispatch
             lines.append(f"  [T1] {d.tool_name} dispatched  op={d.operation_id}  event={e.id}")
         elif e.actions is not None and e.actions.tool_recovery is not None:
@@ -249,5 +258,8 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 lines.append("-- turn completed --")
             else:
                 why = c.message if c is not None and c.kind == "error" else e.status
-                lines.append(f"-- turn {e.status or 'ended'}: {why} --")
+                delta = e.actions.state_delta if e.actions is not None else None
+                # The wire format ends a parked run "failed"; its failure class says it parked.
+                parked = isinstance(delta, dict) and delta.get("failureClass") == "parked"
+                lines.append(f"-- turn {'parked' if parked else e.status or 'ended'}: {why} --")
     return lines

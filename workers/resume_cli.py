@@ -86,8 +86,8 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
 
 def lost_sessions(store: Any) -> list[str]:
     """Sessions whose latest run was closed by a repair (its execution was lost mid-turn) or is
-    a claimed continuation that never ran: the candidates of an auto-resume. Headers first; one
-    event read per candidate."""
+    a claimed continuation that never ran: the candidates of an auto-resume, read after startup
+    repair. Headers first; one event read per candidate."""
     from maka_core.runtime.resolution import is_resolution_run
 
     latest: dict[str, Any] = {}
@@ -106,7 +106,11 @@ def lost_sessions(store: Any) -> list[str]:
         delta = (
             terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
         )
-        if terminal is None or (isinstance(delta, dict) and delta.get("recovered")):
+        # No terminal fact after startup repair: an open execution is still running it (a turn in
+        # flight, a host park), not a lost one; only a claimed continuation that never started
+        # is the resume's to drive. Proposing the others only earned a `session_busy` refusal each.
+        unstarted_continuation = terminal is None and run.continuation_source is not None
+        if unstarted_continuation or (isinstance(delta, dict) and delta.get("recovered")):
             out.append(session_id)
     return out
 

@@ -16,12 +16,14 @@ import pytest
 from maka_core.runtime import tool_call, turn
 from maka_core.runtime.contracts import FinishRunInput
 from maka_core.runtime.runtime import Runtime
+from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.temporal_support import REPO
 from tests.test_governed_execution import CONFIRM, _until_pending, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input
 from workers.devserver import free_port
+from workers.governance_cli import session_policy
 
 
 def maka(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -124,10 +126,26 @@ def test_approve_and_deny_refusals_exit_2_with_their_codes(pending: tuple[Path, 
     wrong_phrase = maka(
         "session", "approve", "s1", p["approvalId"], "--phrase", "APPROVE 123456789abc", "--json", home=home
     )
+    # s2 is known to the ledger only by its recorded policy (as a session start leaves it); s3 not at all.
+    session_policy(load_settings(db=str(home / "ledger.sqlite")), "s2", None, None, ()).record_in(
+        load_settings(db=str(home / "ledger.sqlite"))
+    )
     other_session = maka("session", "deny", "s2", p["approvalId"], "--json", home=home)
-    codes = [json.loads(o.stdout)["code"] for o in (wrong_id, wrong_phrase, other_session)]
-    assert [o.returncode for o in (wrong_id, wrong_phrase, other_session)] == [2, 2, 2]
-    assert codes == ["approval_id_mismatch", "approval_phrase_mismatch", "approval_id_mismatch"]
+    unknown = [
+        maka("session", "deny", "s3", p["approvalId"], "--json", home=home),
+        maka("session", "approve", "s3", p["approvalId"], "--phrase", p["phrase"], "--json", home=home),
+    ]
+    answers = (wrong_id, wrong_phrase, other_session, *unknown)
+    assert [o.returncode for o in answers] == [2, 2, 2, 2, 2]
+    assert [json.loads(o.stdout)["code"] for o in answers] == [
+        "approval_id_mismatch",
+        "approval_phrase_mismatch",
+        "approval_id_mismatch",
+        "session_not_found",
+        "session_not_found",
+    ]
+    human = maka("session", "approve", "s3", "x", "--phrase", p["phrase"], home=home)
+    assert human.returncode == 2 and human.stderr == "error: session_not_found: no session s3\n"
     approved = maka(
         "session",
         "approve",

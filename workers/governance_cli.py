@@ -10,7 +10,7 @@
   session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
   committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
   says why the wait lives in the ledger rather than in a workflow Update). Refusals exit 2 with
-  ``approval_id_mismatch``, ``approval_phrase_mismatch``, ``approval_expired``,
+  ``session_not_found`` (a session the ledger never heard of), ``approval_id_mismatch``, ``approval_phrase_mismatch``, ``approval_expired``,
   ``approval_action_digest_mismatch`` or ``approval_not_pending``.
 - ``maka session receipts SESSION [--json]``: the session's action receipts and execution
   certificates (JSON lines under ``--json``: the export ``maka receipts verify FILE`` checks,
@@ -184,6 +184,11 @@ def _answer(
     from maka_core.runtime import approvals
 
     with open_ledger(settings(db=db).ledger, create=False) as store:
+        # Every session start records its policy in the ledger before its workflow exists, so a
+        # session the ledger has never heard of is one Temporal does not know either: say so, as
+        # every other session command does, rather than blame the approval id.
+        if store.session_policy(session_id) is None and not store.events(session_id=session_id):
+            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         done = approvals.answer(
             store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
         )

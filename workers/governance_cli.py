@@ -10,8 +10,9 @@
   session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
   committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
   says why the wait lives in the ledger rather than in a workflow Update). Refusals exit 2 with
-  ``session_not_found`` (a session the ledger never heard of), ``approval_id_mismatch``, ``approval_phrase_mismatch``, ``approval_expired``,
-  ``approval_action_digest_mismatch`` or ``approval_not_pending``.
+  ``session_not_found`` (a session the ledger never heard of), ``approval_id_mismatch``,
+  ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch`` or
+  ``approval_not_pending``.
 - ``maka session receipts SESSION [--json]``: the session's action receipts and execution
   certificates (JSON lines under ``--json``: the export ``maka receipts verify FILE`` checks,
   recomputing every digest; exit 1 when any problem is found).

@@ -202,6 +202,7 @@ async def start_session(
     """
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.service import RPCError
 
     from maka_core.workspace import Workspace
     from workflows.contracts import SessionInput, workflow_id_for
@@ -245,6 +246,10 @@ async def start_session(
         raise MakaError(
             "session_exists", f"session {session_id} already exists", sessionId=session_id
         ) from None
+    except RPCError as exc:
+        if not refusals:
+            raise
+        raise start_refusal(exc, client.namespace, session_id) from None
     accepted = await send_message(
         client, session_id, message, accept_timeout=accept_timeout, task_queue=task_queue, refusals=refusals
     )
@@ -326,6 +331,32 @@ def update_error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, RPCError):
         return "temporal_unavailable", str(exc)
     return _snake(type(exc).__name__), str(exc)
+
+
+def start_refusal(exc: Any, namespace: str, session_id: str) -> MakaError:
+    """A stable code for a workflow start the server refused (an ``RPCError``).
+
+    The namespace must exist and carry maka's search attributes (``deploy/README.md``); anything
+    else the server answers is ``temporal_unavailable``.
+    """
+    from temporalio.service import RPCStatusCode
+
+    text = str(exc)
+    if exc.status == RPCStatusCode.NOT_FOUND:
+        return MakaError(
+            "namespace_not_found",
+            f"no namespace {namespace!r}: {text}",
+            namespace=namespace,
+            sessionId=session_id,
+        )
+    if exc.status == RPCStatusCode.INVALID_ARGUMENT and "search attribute" in text:
+        return MakaError(
+            "search_attributes_missing",
+            f"{text} (create maka's search attributes in namespace {namespace!r}: deploy/README.md)",
+            namespace=namespace,
+            sessionId=session_id,
+        )
+    return MakaError("temporal_unavailable", text, namespace=namespace, sessionId=session_id)
 
 
 def _snake(name: str) -> str:

@@ -272,3 +272,42 @@ def test_dev_serves_its_web_ui_on_the_ui_port_flag(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
+    # `maka dev --namespace NS` connects its worker to NS, so the server it starts must create NS
+    # (with maka's search attributes). Before, the server had only `default` and the worker refused.
+    port = free_port()
+    env = _env(tmp_path / "home", f"127.0.0.1:{port}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "dev", "--json", "--port", str(port), "--namespace", "team-a"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[dict[str, Any]] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends at EOF if the process exits
+            seen.append(json.loads(line))
+            if seen[-1].get("event") == "ready":
+                break
+        assert seen and seen[-1].get("event") == "ready", (seen, proc.poll())
+
+        async def attributes() -> list[str]:
+            from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+            from workers.client import connect
+
+            client = await connect(f"127.0.0.1:{port}", "team-a")
+            listed = await client.operator_service.list_search_attributes(
+                ListSearchAttributesRequest(namespace="team-a")
+            )
+            return sorted(k for k in listed.custom_attributes if k.startswith("Maka"))
+
+        assert asyncio.run(attributes()) == ["MakaParkReason", "MakaSessionId", "MakaState"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

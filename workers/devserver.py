@@ -155,6 +155,7 @@ def start(
     db_file: Path | None = None,
     log_path: Path | None = None,
     timeout: float = 30.0,
+    namespace: str = "default",
 ) -> DevServer:
     """Start ``temporal server start-dev`` and wait until its frontend accepts connections.
 
@@ -164,6 +165,8 @@ def start(
         db_file: persistent database file (None: in memory, lost when the process exits).
         log_path: where the server's output goes (default: discarded).
         timeout: seconds to wait for the frontend.
+        namespace: a namespace to create besides ``default`` (``maka dev --namespace``), with
+            maka's search attributes registered like the default's.
 
     Raises:
         ConfigError: ``config_invalid`` (a port outside 1-65535), ``temporal_cli_missing``,
@@ -188,7 +191,7 @@ def start(
         ui_port = None
     if db_file is not None:
         db_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    args = server_args(port=port, ui_port=ui_port, db_file=db_file)
+    args = server_args(port=port, ui_port=ui_port, db_file=db_file, namespace=namespace)
     out: int | object = subprocess.DEVNULL
     log_fh = None
     if log_path is not None:

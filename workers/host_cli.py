@@ -143,6 +143,8 @@ def cmd_dev(
         ui_port=ui_port,
         db_file=s.home / "temporal.db",
         log_path=s.home / "logs" / "temporal.log",
+        # The worker below connects to this namespace: the server must create it.
+        namespace=namespace or "default",
     )
     if as_json:
         print_line(

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 # --- ledger store (helper B) ---------------------------------------------------------------
+from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
+from maka_core.workspace import Workspace
 
 #: Backends the store contract suite runs on. Postgres joins when MAKA_TEST_POSTGRES_URL is set.
 STORE_BACKENDS = ["sqlite-file", "sqlite-memory", "postgres"]
@@ -49,6 +51,22 @@ def store(store_url: str) -> Iterator[LedgerStore]:
     s = LedgerStore.open(store_url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    """An empty workspace at ``tmp_path/ws`` (a test module may define its own)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    return Workspace.open(root)
+
+
+@pytest.fixture
+def rt(store: LedgerStore) -> Iterator[Runtime]:
+    """The runtime without Temporal, over ``store`` (every backend ``store_url`` gives)."""
+    runtime = Runtime(store)
+    yield runtime
+    runtime.close()
 
 
 @pytest.fixture

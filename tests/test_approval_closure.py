@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,20 +25,6 @@ from maka_core.workspace import Workspace
 from tests.test_governed_execution import CONFIRM, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input
 from workers.governance_cli import governance_status
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Any:
-    runtime = Runtime(store)
-    yield runtime
-    runtime.close()
 
 
 def open_request(rt: Runtime, ws: Workspace) -> tuple[CallRef, dict[str, Any]]:

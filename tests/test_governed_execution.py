@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,20 +39,6 @@ from tests.test_runtime import (
     step,
     tool_input,
 )
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Any:
-    runtime = Runtime(store)
-    yield runtime
-    runtime.close()
 
 
 def with_policy(rt: Runtime, policy: dict[str, Any], principal: str = "agent:local") -> SessionGovernance:

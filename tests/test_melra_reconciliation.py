@@ -20,7 +20,6 @@ from maka_core.governance import verify_receipts
 from maka_core.runtime import melra, recovery, tool_call
 from maka_core.runtime.contracts import CallRef, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Runtime, no_heartbeat
-from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import result_of
 from tests.test_melra_runtime import WRITE, Session
@@ -29,20 +28,6 @@ from tests.test_runtime import ATTEMPT, recover_input, run, tool_input
 HELLO = hashlib.sha256(b"hello\n").hexdigest()
 RECONCILE = [{"type": "file_hash", "path": "out.txt", "sha256": HELLO}]
 EVIDENCE = [{"type": "file_exists", "path": "out.txt"}]
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Any:
-    runtime = Runtime(store)
-    yield runtime
-    runtime.close()
 
 
 def interrupted(s: Session, ws: Workspace, reconciliation: list[dict[str, Any]]) -> tuple[str, CallRef, Any]:

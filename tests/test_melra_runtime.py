@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from maka_core.facts import canonical_json
 from maka_core.governance import verify_receipts
 from maka_core.governance.tasks import task_id_for
@@ -37,20 +35,6 @@ from tests.test_runtime import (
 )
 
 WRITE = {"kind": "file", "action": "write", "path": "out.txt", "content": "hello\n"}
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Any:
-    runtime = Runtime(store)
-    yield runtime
-    runtime.close()
 
 
 class Session:

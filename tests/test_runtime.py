@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,20 +45,6 @@ class NaiveRetryGuard(ResolverGuard):
 
     def may_redispatch(self, op: OperationResolution) -> bool:
         return op.status != "completed"
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Iterator[Runtime]:
-    runtime = Runtime(store)
-    yield runtime
-    runtime.close()
 
 
 def run(coro: Any) -> Any:

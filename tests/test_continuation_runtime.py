@@ -55,13 +55,6 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
 def rt(db: Path) -> Iterator[Runtime]:
     runtime = Runtime(LedgerStore.open(db))
     yield runtime

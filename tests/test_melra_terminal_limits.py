@@ -6,10 +6,7 @@ output past ``maxOutputChars`` is cut, the result says ``truncated`` and the rec
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
@@ -26,20 +23,6 @@ PRINTF = {"kind": "terminal", "action": "run", "command": "printf", "args": ["%s
 
 def runtime(store: LedgerStore, **tool_settings: Any) -> Runtime:
     return Runtime(store, tools=default_tools(**tool_settings))
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
-@pytest.fixture
-def rt(store: LedgerStore) -> Any:
-    runtime_ = runtime(store)
-    yield runtime_
-    runtime_.close()
 
 
 def receipts(rt: Runtime) -> list[dict[str, Any]]:

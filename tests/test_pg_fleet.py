@@ -278,13 +278,6 @@ def rt(pg_url: str) -> Iterator[Runtime]:
     runtime.close()
 
 
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    root = tmp_path / "ws"
-    root.mkdir()
-    return Workspace.open(root)
-
-
 def cut_at(monkeypatch: pytest.MonkeyPatch, app: str, point: str, transition: str) -> list[int]:
     """Arm the store's failpoint (through this test's own construction) to terminate the store's
     own backends, from a second connection, inside the transaction; returns how many were cut."""

@@ -40,6 +40,16 @@ def maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
     )
 
 
+def stop(proc: subprocess.Popen[Any], *, grace: float) -> None:
+    """SIGTERM (the process shuts down as an operator's Ctrl-C would), SIGKILL past ``grace``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _env(home: Path, address: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -221,12 +231,7 @@ def _ready_event(args: list[str], env: dict[str, str], log: Path) -> dict[str, A
             time.sleep(0.1)
         raise AssertionError(f"no ready event: {log.read_text()}")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=20)
 
 
 def test_unsafe_no_sandbox_flag_is_said_by_the_ready_event_and_the_log(
@@ -266,12 +271,7 @@ def test_dev_serves_its_web_ui_on_the_ui_port_flag(tmp_path: Path) -> None:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.3)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=30)
 
 
 def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
@@ -305,9 +305,4 @@ def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
 
         assert asyncio.run(attributes()) == ["MakaParkReason", "MakaSessionId", "MakaState"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=30)

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 
 from maka_core.errors import LedgerRejection, MakaError, StoreError
 from maka_core.providers import ProviderError
-from maka_core.runtime import model_step, recovery, tool_call, turn
+from maka_core.runtime import model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import CallNotFound, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
@@ -118,7 +118,7 @@ class MakaActivities:
 
     @activity.defn(name=EXECUTE_TOOL)
     async def execute_tool(self, inp: ToolInput) -> ToolOutcome:
-        return await _mapped(tool_call.execute_tool(self.runtime, inp, _attempt()))
+        return await _mapped(model_step.execute_tool_then_step(self.runtime, inp, _attempt()))
 
     @activity.defn(name=RECOVER_OPERATION)
     async def recover_operation(self, inp: RecoverInput) -> RecoverResult:

@@ -1,7 +1,9 @@
 """Flags the README documents, given on the command line of a real ``maka`` process against the test
 session's dev server: ``session start --principal/--on-behalf-of`` (recorded in the session policy
 and in every receipt's principal chain), ``--model-step-mode activity`` (the model step becomes a
-scheduled activity), ``--namespace`` (the workflow lands in that namespace, not ``default``),
+scheduled activity) and ``local`` (every step a local activity; the default ``with_tool`` runs only a
+turn's first step that way and the others in the previous call's tool activity), ``--namespace``
+(the workflow lands in that namespace, not ``default``),
 ``maka worker --unsafe-no-sandbox`` (the ready event says so) and ``maka dev --ui-port``. Each has
 its negative control in the same test: the same command without the flag."""
 
@@ -65,8 +67,9 @@ def _env(home: Path, address: str, **extra: str) -> dict[str, str]:
     return env
 
 
-async def _history_kinds(address: str, session_id: str) -> tuple[list[str], int]:
-    """(activity types scheduled, local-activity markers) of the session's workflow history."""
+async def _history_kinds(address: str, session_id: str) -> tuple[list[str], int, int]:
+    """(activity types scheduled, local-activity markers, activity results that carry a model
+    step) of the session's workflow history."""
     from temporalio.api.enums.v1 import EventType
 
     from workers.client import connect
@@ -79,7 +82,16 @@ async def _history_kinds(address: str, session_id: str) -> tuple[list[str], int]
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
     markers = sum(1 for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED)
-    return scheduled, markers
+    carrying = sum(
+        1
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and any(
+            "next_step" in json.loads(p.data)
+            for p in e.activity_task_completed_event_attributes.result.payloads
+        )
+    )
+    return scheduled, markers, carrying
 
 
 def test_principal_on_behalf_of_and_model_step_mode_flags_reach_the_ledger_and_the_history(
@@ -98,7 +110,8 @@ def test_principal_on_behalf_of_and_model_step_mode_flags_reach_the_ledger_and_t
     sessions = {}
     with WorkerProcess(temporal_server, db, env["MAKA_TASK_QUEUE"], home=home) as worker:
         worker.wait_ready()
-        for name, extra in (("flagged", flagged), ("plain", [])):
+        runs = (("flagged", flagged), ("plain", []), ("local", ["--model-step-mode", "local"]))
+        for name, extra in runs:
             out = maka(
                 "session", "start", "--workspace", str(ws_dir), "--script", str(script), "--session-id",
                 f"{name}-{uuid.uuid4().hex[:8]}", *extra, "--wait", "--json", "go", env=env,
@@ -117,10 +130,17 @@ def test_principal_on_behalf_of_and_model_step_mode_flags_reach_the_ledger_and_t
     # Negative control: without the flags the session acts as the built-in agent:local.
     assert identity["plain"]["principal"] == {"kind": "agent", "id": "local"}, identity
     assert chains["plain"] == ["agent:local"]
-    activity, activity_markers = asyncio.run(_history_kinds(temporal_server.address, sessions["flagged"]))
-    local, local_markers = asyncio.run(_history_kinds(temporal_server.address, sessions["plain"]))
-    assert activity.count(MODEL_STEP) == 2, activity  # two model steps, each a scheduled activity
-    assert MODEL_STEP not in local and local_markers >= 2 + activity_markers, (local, local_markers)
+    kinds = {
+        name: asyncio.run(_history_kinds(temporal_server.address, sid)) for name, sid in sessions.items()
+    }
+    activity, activity_markers, activity_carried = kinds["flagged"]
+    local, local_markers, local_carried = kinds["local"]
+    default, default_markers, default_carried = kinds["plain"]
+    assert activity.count(MODEL_STEP) == 2 and activity_carried == 0, kinds  # each a scheduled activity
+    assert MODEL_STEP not in local and local_markers >= 2 + activity_markers and local_carried == 0, kinds
+    # The default: the first step is a local activity, the second rides back with the write.
+    assert MODEL_STEP not in default and default_markers == 1 + activity_markers, kinds
+    assert default_carried == 1, kinds
 
 
 async def _namespace_ready(address: str, namespace: str) -> None:

@@ -139,7 +139,7 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     metavar="TURNS",
     help="continue-as-new after this many turns (default: when Temporal suggests)",
 )
-@click.option("--model-step-mode", type=click.Choice(["local", "activity"]), default="local")
+@click.option("--model-step-mode", type=click.Choice(["with_tool", "local", "activity"]), default="with_tool")
 @click.option(
     "--host",
     default=None,

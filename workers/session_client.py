@@ -178,7 +178,7 @@ async def start_session(
     session_id: str | None = None,
     continue_as_new_after: int | None = None,
     continue_as_new_after_steps: int | None = None,
-    model_step_mode: str = "local",
+    model_step_mode: str = "with_tool",
     task_timeout: Any = None,
     accept_timeout: float | None = None,
     refusals: bool = False,

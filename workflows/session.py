@@ -394,22 +394,20 @@ class SessionWorkflow:
 
     async def _loop(self, ids: RunIds, step: int, settings: ToolSettings) -> None:
         after_tools = step > 0
+        carried: ModelStepResult | None = None
         while True:
             if step >= self._inp.max_steps_per_turn:
                 raise _Park("max_steps_exceeded", None)
-            output = await self._model_step(
-                ModelStepInput(
-                    ids=ids,
-                    step=step,
-                    workspace=self._inp.workspace,
-                    provider=self._inp.provider,
-                    after_tools=after_tools,
-                )
-            )
+            output = carried or await self._model_step(self._step_input(ids, step, after_tools))
+            carried = None
             if output.final:
                 return
-            for call in output.calls:
-                await self._tool(ids, call, settings)
+            for index, call in enumerate(output.calls):
+                # The step after this one rides with the step's last call (``with_tool`` mode).
+                last = index == len(output.calls) - 1
+                result = await self._tool(ids, call, settings, self._ride(ids, step + 1) if last else None)
+                if last and isinstance(result, ToolOutcome):
+                    carried = result.next_step
             step += 1
             after_tools = True
             self._steps_here += 1
@@ -417,11 +415,28 @@ class SessionWorkflow:
             if workflow.info().is_continue_as_new_suggested() or (
                 limit is not None and self._steps_here >= limit
             ):
-                # A very long tool loop: carry the turn into a fresh history at a step boundary.
+                # A very long tool loop: carry the turn into a fresh history at a step boundary. A
+                # step that rode with the last call is committed: the next execution finds it.
                 await self._continue_as_new(InFlightTurn(ids=ids, next_step=step, settings=settings))
 
+    def _step_input(self, ids: RunIds, step: int, after_tools: bool) -> ModelStepInput:
+        return ModelStepInput(
+            ids=ids,
+            step=step,
+            workspace=self._inp.workspace,
+            provider=self._inp.provider,
+            after_tools=after_tools,
+        )
+
+    def _ride(self, ids: RunIds, step: int) -> ModelStepInput | None:
+        """The model step to run in the tool activity of a step's last call, or ``None``: not in
+        ``with_tool`` mode, or the turn parks before that step (``max_steps_exceeded``)."""
+        if self._inp.model_step_mode != "with_tool" or step >= self._inp.max_steps_per_turn:
+            return None
+        return self._step_input(ids, step, True)
+
     async def _model_step(self, inp: ModelStepInput) -> ModelStepResult:
-        if self._inp.model_step_mode == "local":
+        if self._inp.model_step_mode != "activity":
             # Local: one server round trip less and no input in history. Safe because the step is
             # idempotent through the ledger (a re-run returns the committed output).
             local: ModelStepResult = await workflow.execute_local_activity(
@@ -441,13 +456,16 @@ class SessionWorkflow:
         )
         return remote
 
-    async def _tool(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> ToolOutcome | RecoverResult:
+    async def _tool(
+        self, ids: RunIds, call: CallRef, settings: ToolSettings, next_step: ModelStepInput | None
+    ) -> ToolOutcome | RecoverResult:
         tool_input = ToolInput(
             session_id=ids.session_id,
             run_id=ids.run_id,
             call=call,
             workspace=self._inp.workspace,
             workspace_identity=self._inp.workspace_identity,
+            next_step=next_step,
         )
         dispatches = 0
         while dispatches < MAX_DISPATCHES:

@@ -19,7 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 SessionState = Literal["idle", "running", "parked", "failed"]
 #: How a run ended, as the workflow reports it to ``finish_run``.
 TurnStatus = Literal["completed", "failed"]
-ModelStepMode = Literal["local", "activity"]
+#: Where a model step runs: ``local`` (a local activity), ``activity`` (a regular activity), or
+#: ``with_tool`` (the first step of a turn as a local activity; each later step rides in the tool
+#: activity of its previous step's last call, after that call's T2: one activity task and one
+#: workflow activation per call instead of two; a local activity whenever the ride did not happen).
+ModelStepMode = Literal["local", "activity", "with_tool"]
 #: Why a resume parked (the host's wire union, ``maka-runtime-facts.md`` §3e in its post-#3506
 #: form); the planner's own codes travel beside it as ``rejectionReasons``.
 HostParkReason = Literal[
@@ -193,6 +197,9 @@ class ToolInput(Contract):
     call: CallRef
     workspace: str
     workspace_identity: str
+    #: ``with_tool`` mode: the model step to run in this activity once the call has settled (T2
+    #: committed); its result comes back as ``ToolOutcome.next_step``.
+    next_step: ModelStepInput | None = None
 
 
 class ToolOutcome(Contract):
@@ -204,6 +211,9 @@ class ToolOutcome(Contract):
     dispatch_event_id: str | None = None
     response_event_id: str | None = None
     replayed: bool | None = None
+    #: The output of ``ToolInput.next_step`` (absent when the step was not asked for or did not
+    #: come back: the workflow then runs it on its own).
+    next_step: ModelStepResult | None = None
 
 
 class RecoverInput(Contract):

@@ -8,7 +8,11 @@ comes from the ledger (``legal_replay``), never from workflow state; the result 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
@@ -16,10 +20,13 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers import ScriptedProvider
-from maka_core.runtime import builders, governed
-from maka_core.runtime.contracts import CallRef, ModelStepInput, ModelStepResult
+from maka_core.runtime import builders, governed, tool_call
+from maka_core.runtime.contracts import CallRef, ModelStepInput, ModelStepResult, ToolInput, ToolOutcome
 from maka_core.runtime.resolution import resolved_history
-from maka_core.runtime.runtime import Runtime
+from maka_core.runtime.runtime import Attempt, Runtime
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def _result(
@@ -48,8 +55,11 @@ def _result(
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
 
 
-async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
-    """Return step ``k``'s committed output, or call the provider once and commit it."""
+async def model_step(rt: Runtime, inp: ModelStepInput, attempt: Attempt | None = None) -> ModelStepResult:
+    """Return step ``k``'s committed output, or call the provider once and commit it.
+
+    ``attempt``: heartbeat it while the provider answers (a step riding in a tool activity, whose
+    heartbeat timeout is a tool's, not a model call's)."""
     ids = inp.ids
     step_id = f"{ids.run_id}:{inp.step}"
     if inp.after_tools:
@@ -70,11 +80,13 @@ async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
         # Session-wide step index: the script (or any provider) continues where the session is.
         return committed, view.step_count(ids.session_id), history
 
-    committed, step_index, history = await rt.on_ledger(lookup)
+    committed, step_index, history = await rt.on_ledger(lookup, attempt=attempt)
     if committed:
         return _result(rt, step_id, committed, replayed=True)
     rt.record_provider_call(step_id)
-    output = await provider.complete(history, rt.tool_specs(), step_index=step_index)
+    output = await _heartbeating(
+        rt, provider.complete(history, rt.tool_specs(), step_index=step_index), attempt
+    )
     ts = now_ms()
     batch: list[RuntimeEvent] = []
     if output.text is not None or not output.tool_calls:
@@ -85,7 +97,7 @@ async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
     if output.tool_calls:
         failpoints.hit("P0")
     try:
-        await rt.on_ledger(lambda: rt.ledger.append(batch))
+        await rt.on_ledger(lambda: rt.ledger.append(batch), attempt=attempt)
     except LedgerRejection as exc:
         if exc.code != "duplicate_event_id":
             raise
@@ -98,3 +110,41 @@ async def model_step(rt: Runtime, inp: ModelStepInput) -> ModelStepResult:
     if output.tool_calls:
         failpoints.hit("P1")
     return _result(rt, step_id, tuple(batch), replayed=False)
+
+
+async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
+    """Run one call (``tool_call.execute_tool``), then, if the workflow asked (``inp.next_step``),
+    the model step that follows it, in the same activity: the step's output rides back on the
+    outcome.
+
+    The order is the protocol's: the step starts only after the call's T2 is committed, so the model
+    sees a result the ledger already holds. The step is best effort here and exact everywhere: it is
+    idempotent through the ledger, so when it fails (a provider error, a crash after T2) the outcome
+    still returns without it, and the workflow runs the step on its own, with the model step's
+    retry policy, finding the output if this attempt committed it.
+    """
+    outcome = await tool_call.execute_tool(rt, inp, attempt)
+    if inp.next_step is None:
+        return outcome
+    try:
+        step = await model_step(rt, inp.next_step, attempt)
+    except Exception as exc:
+        log.warning(
+            "model step %s:%d after a tool call did not complete here (%s); the workflow runs it",
+            inp.next_step.ids.run_id,
+            inp.next_step.step,
+            getattr(exc, "code", type(exc).__name__),
+        )
+        return outcome
+    return outcome.model_copy(update={"next_step": step})
+
+
+async def _heartbeating(rt: Runtime, work: Awaitable[T], attempt: Attempt | None) -> T:
+    if attempt is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=rt.settings.heartbeat_interval)
+        if done:
+            return task.result()
+        attempt.heartbeat()

@@ -1,0 +1,88 @@
+"""``with_tool`` mode without Temporal: the model step that rides in a tool activity
+(``model_step.execute_tool_then_step``) runs only after the call's T2, is the same step a standalone
+``model_step`` would commit, and never costs the call its outcome when it fails.
+
+Real SQLite ledger and workspace, the real runtime; the provider that fails is a script whose file
+is missing (``script_invalid``), which is what a step sees when its script cannot be read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from maka_core.runtime import model_step, tool_call
+from maka_core.runtime.contracts import ModelStepInput, ToolInput
+from maka_core.runtime.runtime import Runtime
+from maka_core.workspace import Workspace
+from tests.test_runtime import ATTEMPT, IDS, begin, run, script, step, tool_input
+
+TWO_READS = script(
+    {"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]},
+    {"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]},
+    {"text": "done"},
+)
+
+
+def _riding(ws: Workspace, k: int, provider: dict[str, Any]) -> ModelStepInput:
+    return ModelStepInput(ids=IDS, step=k, workspace=str(ws.root), provider=provider, after_tools=True)
+
+
+def _first_call(rt: Runtime, ws: Workspace, next_step: ModelStepInput | None) -> ToolInput:
+    (ws.root / "a.txt").write_text("alpha\n")
+    begin(rt, ws)
+    (ref,) = step(rt, ws, 0, TWO_READS).calls
+    return tool_input(ws, ref).model_copy(update={"next_step": next_step})
+
+
+def _kinds(rt: Runtime) -> list[tuple[str, str | None]]:
+    """(content kind, step id) of the run's events in ledger order."""
+    out = []
+    for event in rt.ledger.events(run_id=IDS.run_id):
+        content = event.content
+        out.append((content.kind if content is not None else "", event.refs.step_id if event.refs else None))
+    return out
+
+
+def test_the_step_rides_back_after_t2_and_is_the_step_a_standalone_call_finds(
+    rt: Runtime, ws: Workspace
+) -> None:
+    inp = _first_call(rt, ws, _riding(ws, 1, TWO_READS))
+    outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+    assert outcome.status == "completed" and outcome.response_event_id, outcome
+    assert outcome.next_step is not None and outcome.next_step.step_id == f"{IDS.run_id}:1", outcome
+    assert [c.tool_name for c in outcome.next_step.calls] == ["read_file"]
+    # Order in the ledger: the call's response (T2) strictly before step 1's output.
+    kinds = _kinds(rt)
+    response_at = next(i for i, (kind, _) in enumerate(kinds) if kind == "function_response")
+    step1_at = next(i for i, (_, sid) in enumerate(kinds) if sid == f"{IDS.run_id}:1")
+    assert response_at < step1_at, kinds
+    # The workflow's standalone step (a fallback, or a replay) finds the same output, never a new one.
+    again = step(rt, ws, 1, TWO_READS)
+    assert again.replayed and again.calls == outcome.next_step.calls, (again, outcome.next_step)
+
+
+def test_without_a_next_step_the_activity_is_the_plain_tool_call(rt: Runtime, ws: Workspace) -> None:
+    inp = _first_call(rt, ws, None)
+    outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+    assert outcome.status == "completed" and outcome.next_step is None, outcome
+    # Negative control for the test above: no step 1 was committed by this activity.
+    assert not any(sid == f"{IDS.run_id}:1" for _, sid in _kinds(rt)), _kinds(rt)
+    # And the plain call on the same input is exactly the tool call (an exact retry of it).
+    again = run(tool_call.execute_tool(rt, inp, ATTEMPT))
+    assert again.response_event_id == outcome.response_event_id, (again, outcome)
+
+
+def test_a_failing_step_leaves_the_outcome_whole_and_the_step_to_the_workflow(
+    rt: Runtime, ws: Workspace, tmp_path: Path
+) -> None:
+    missing = tmp_path / "later.json"
+    inp = _first_call(rt, ws, _riding(ws, 1, {"kind": "script", "path": str(missing)}))
+    outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+    # The call settled (T2 committed) and its outcome came back without a step.
+    assert outcome.status == "completed" and outcome.response_event_id and outcome.next_step is None, outcome
+    assert not any(sid == f"{IDS.run_id}:1" for _, sid in _kinds(rt)), _kinds(rt)
+    # The workflow's own step (with its retry policy) then commits it once the provider answers.
+    missing.write_text(json.dumps({"steps": TWO_READS["steps"]}))
+    later = step(rt, ws, 1, {"kind": "script", "path": str(missing)})
+    assert not later.replayed and [c.tool_name for c in later.calls] == ["read_file"], later

@@ -1,10 +1,13 @@
-"""Regenerate the golden histories from a real dev server: ``python tests/golden_histories/capture.py``.
+"""Regenerate the golden histories from a real dev server: ``python tests/golden_histories/capture.py
+[NAME ...]`` (only the named scenarios; all of them without a name).
 
 Each scenario runs the real session workflow and worker (the last one kills a real worker process at
 a failpoint, so the recovery path is in a history too) and writes the workflow's history as JSON.
 ``tests/test_replay.py`` replays them with ``temporalio.worker.Replayer`` in CI: a workflow change
 that is not replay-compatible (without ``workflow.patched``) fails a test, not a production worker.
-Regenerate only for a deliberate, versioned change, and keep the old files that still matter.
+Regenerate only for a deliberate, versioned change, and keep the old files that still matter. The
+scenarios from before the ``with_tool`` model step mode pin ``model_step_mode="local"``, the mode
+they were recorded in; the ``with_tool_*`` ones record the default since.
 """
 
 from __future__ import annotations
@@ -60,7 +63,10 @@ async def _save(client: Any, session_id: str, name: str, *, all_runs: bool = Fal
     return [path]
 
 
-async def main() -> None:
+async def main(wanted: set[str]) -> None:
+    def want(name: str) -> bool:
+        return not wanted or name in wanted
+
     server = devserver.start(ui=False)
     tmp = Path(tempfile.mkdtemp(prefix="maka-golden-"))
     try:
@@ -81,52 +87,76 @@ async def main() -> None:
                 {"text": "second turn: nothing to do"},
             ],
         )
+        written: list[Path] = []
         async with in_process_worker(client, db, queue):
-            sid, first = await start(client, ws, every_tool, queue, "do it")
-            await wait_turn(client, sid, first.run_id)
-            second = await send_message(client, sid, "anything else?")
-            await wait_turn(client, sid, second.run_id)
-            written = await _save(client, sid, "two_turns_every_tool")
+            for name, mode in (
+                ("two_turns_every_tool", "local"),
+                ("with_tool_two_turns_every_tool", "with_tool"),
+            ):
+                if not want(name):
+                    continue
+                sid, first = await start(client, ws, every_tool, queue, "do it", model_step_mode=mode)
+                await wait_turn(client, sid, first.run_id)
+                second = await send_message(client, sid, "anything else?")
+                await wait_turn(client, sid, second.run_id)
+                written += await _save(client, sid, name)
 
             can_script = write_script(tmp / "can.json", [{"text": f"turn {i}"} for i in range(3)])
-            sid, acc = await start(client, ws, can_script, queue, "t0", continue_as_new_after=1)
-            await wait_turn(client, sid, acc.run_id)
-            for i in (1, 2):
-                while True:
-                    try:
-                        acc = await send_message(client, sid, f"t{i}")
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.05)
+            if want("continue_as_new"):
+                sid, acc = await start(
+                    client, ws, can_script, queue, "t0", continue_as_new_after=1, model_step_mode="local"
+                )
                 await wait_turn(client, sid, acc.run_id)
-            written += await _save(client, sid, "continue_as_new", all_runs=True)
+                for i in (1, 2):
+                    while True:
+                        try:
+                            acc = await send_message(client, sid, f"t{i}")
+                            break
+                        except Exception:
+                            await asyncio.sleep(0.05)
+                    await wait_turn(client, sid, acc.run_id)
+                written += await _save(client, sid, "continue_as_new", all_runs=True)
 
             long_turn = write_script(
                 tmp / "long.json",
                 [tool_step(("list_dir", {"path": "."})) for _ in range(3)] + [{"text": "long turn done"}],
             )
-            sid, acc = await start(client, ws, long_turn, queue, "go", continue_as_new_after_steps=1)
-            await wait_turn(client, sid, acc.run_id)
-            written += await _save(client, sid, "mid_turn_continue_as_new", all_runs=True)
+            for name, mode in (
+                ("mid_turn_continue_as_new", "local"),
+                ("with_tool_mid_turn_continue_as_new", "with_tool"),
+            ):
+                if not want(name):
+                    continue
+                # with_tool: each step rode with the call before it, so every new execution starts
+                # with a local step that finds the carried step committed (``replayed``).
+                sid, acc = await start(
+                    client, ws, long_turn, queue, "go", continue_as_new_after_steps=1, model_step_mode=mode
+                )
+                await wait_turn(client, sid, acc.run_id)
+                written += await _save(client, sid, name, all_runs=True)
 
             model_activity = write_script(
                 tmp / "ma.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}]
             )
-            sid, acc = await start(client, ws, model_activity, queue, "go", model_step_mode="activity")
-            await wait_turn(client, sid, acc.run_id)
-            written += await _save(client, sid, "model_step_as_activity")
+            if want("model_step_as_activity"):
+                sid, acc = await start(client, ws, model_activity, queue, "go", model_step_mode="activity")
+                await wait_turn(client, sid, acc.run_id)
+                written += await _save(client, sid, "model_step_as_activity")
 
         park_script = write_script(
             tmp / "park.json", [tool_step(("bash", {"command": "echo x >> log.txt"})), {"text": "ok"}]
         )
-        with WorkerProcess(server, db, queue, home=tmp, failpoint="P4", failpoint_tag="bash") as doomed:
-            doomed.wait_ready()
-            sid, acc = await start(client, ws, park_script, queue, "go")
-            await doomed.wait_exit()
-        with WorkerProcess(server, db, queue, home=tmp) as worker:
-            worker.wait_ready()
-            await wait_turn(client, sid, acc.run_id)
-            written += await _save(client, sid, "crash_recover_park")
+        for name, mode in (("crash_recover_park", "local"), ("with_tool_crash_recover_park", "with_tool")):
+            if not want(name):
+                continue
+            with WorkerProcess(server, db, queue, home=tmp, failpoint="P4", failpoint_tag="bash") as doomed:
+                doomed.wait_ready()
+                sid, acc = await start(client, ws, park_script, queue, "go", model_step_mode=mode)
+                await doomed.wait_exit()
+            with WorkerProcess(server, db, queue, home=tmp) as worker:
+                worker.wait_ready()
+                await wait_turn(client, sid, acc.run_id)
+                written += await _save(client, sid, name)
         for path in written:
             print(f"wrote {path.relative_to(HERE.parents[1])} ({path.stat().st_size} bytes)")
     finally:
@@ -135,4 +165,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(set(sys.argv[1:])))

@@ -19,6 +19,10 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   (a session without a host: tools on the workflow's queue, where the server hands the activity task
   back eagerly in the workflow task's response). ``--routing host shared`` measures both side by side;
   the difference is the cost of host affinity (no eager activity dispatch for tools).
+- **model step**: ``--modes`` (``with_tool`` by default, as ``maka session start``): ``with_tool``
+  runs each step after the first in the previous call's tool activity; ``local`` runs every step as
+  a local activity (one more activation and activity task per call); ``--modes with_tool local``
+  measures both side by side.
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
   on the same server in the same process run, so every ratio compares figures taken side by side.
 """
@@ -102,7 +106,7 @@ async def one_session(
     tmp: Path,
     n: int,
     timeout: float,
-    mode: str = "local",
+    mode: str = "with_tool",
     routing: str = "host",
 ) -> dict[str, Any]:
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
@@ -314,7 +318,13 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, nargs="+", default=[20, 100, 1000])
-    parser.add_argument("--modes", nargs="+", default=["local"], choices=["local", "activity"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["with_tool"],
+        choices=["with_tool", "local", "activity"],
+        help="where model steps run (session start --model-step-mode); several: side by side per N",
+    )
     parser.add_argument("--concurrent", type=int, default=20, help="sessions of 10 calls (0: skip)")
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)

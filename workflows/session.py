@@ -7,19 +7,27 @@ Each turn is a new Maka run: ``begin_run`` -> ``model_step`` -> ``execute_tool``
 ... -> ``finish_run``. No transcript, argument or tool output ever enters this workflow's history:
 activities read and write the ledger and return ids.
 
-The model step runs as a *local* activity by default (``SessionInput.model_step_mode``): measured on
-the benchmark server (``benchmarks/temporal_bench.py``, 5 KB tool outputs) it costs one server round
-trip less per tool call (about 17 vs 30 ms per call on an idle 2-core machine) and ~700 B less
-history per call (its input is not recorded; only the result marker is). It is safe because the step
-is idempotent through the ledger: a re-run after a crash or a workflow-task timeout finds the
-committed output and never calls the provider again. Long provider calls are fine (the SDK heartbeats
-the workflow task); tools are never local activities.
+Where a model step runs (``SessionInput.model_step_mode``):
+- ``with_tool`` (the default for new sessions): the turn's first step is a local activity; every
+  later step rides in the tool activity of the previous step's last call (``ToolInput.next_step``),
+  which runs it after that call's T2 and returns it on the outcome. A call then costs one activity
+  task and one workflow activation instead of two (``benchmarks/temporal_bench.py --modes``). When
+  the step did not come back (it failed there, or the call went to recovery), the loop runs it as a
+  local activity, which finds the output if it was committed: the step is idempotent per step id.
+- ``local``: every step a local activity (the default before ``with_tool``; sessions recorded with
+  it replay unchanged). One server round trip less than ``activity`` and no input in history.
+- ``activity``: every step a scheduled activity.
+A local step is safe because the step is idempotent through the ledger: a re-run after a crash or a
+workflow-task timeout finds the committed output and never calls the provider again. Long provider
+calls are fine (the SDK heartbeats the workflow task; a riding step heartbeats its tool activity);
+tools are never local activities.
 
 Host affinity: a session pinned to a workspace host (``SessionInput.host``) sends every tool and
 recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
-host wait; model steps and the ledger-only activities stay on the shared queue (they may run on any
-host). Nothing ever sends a tool elsewhere: when the host does not start one within the wait (a
-``SCHEDULE_TO_START`` timeout, which Temporal does not retry), the turn waits in this execution,
+host wait; the ledger-only activities and a turn's first model step stay on the shared queue (a
+step may run on any host: one that rides with a tool runs on the tool's host). Nothing ever sends a
+tool elsewhere: when the host does not start one within the wait (a ``SCHEDULE_TO_START`` timeout,
+which Temporal does not retry), the turn waits in this execution,
 parked with ``workspace_host_unavailable`` (recorded on the run's header first), until ``maka
 resume`` sends ``resume_host``; recovery then classifies the call on the same host. Routing tools off
 the workflow's queue gives up eager activity dispatch for them (``benchmarks/temporal_bench.py

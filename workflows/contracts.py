@@ -151,7 +151,9 @@ class SessionInput(Contract):
     #: Within a long turn, continue-as-new at a step boundary after this many model steps in one
     #: execution (``None``: only when Temporal suggests it).
     continue_as_new_after_steps: int | None = None
-    model_step_mode: ModelStepMode = "local"
+    #: Every recorded input spells its mode out (defaults are serialized), so this default reaches
+    #: only new sessions and continuations, never a history recorded in ``local``.
+    model_step_mode: ModelStepMode = "with_tool"
     max_steps_per_turn: int = 100_000
     # carried state
     state: SessionState = "idle"

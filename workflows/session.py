@@ -406,7 +406,9 @@ class SessionWorkflow:
         while True:
             if step >= self._inp.max_steps_per_turn:
                 raise _Park("max_steps_exceeded", None)
-            output = carried or await self._model_step(self._step_input(ids, step, after_tools))
+            if carried is None:
+                carried = await self._model_step(self._step_input(ids, step, after_tools))
+            output, carried = carried, None
             carried = None
             if output.final:
                 return

@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         InFlightTurn,
         ModelStepInput,
         ModelStepResult,
+        NextStep,
         ParkReason,
         RecoverInput,
         RecoverResult,
@@ -415,7 +416,7 @@ class SessionWorkflow:
             for index, call in enumerate(output.calls):
                 # The step after this one rides with the step's last call (``with_tool`` mode).
                 last = index == len(output.calls) - 1
-                result = await self._tool(ids, call, settings, self._ride(ids, step + 1) if last else None)
+                result = await self._tool(ids, call, settings, self._ride(step + 1) if last else None)
                 if last and isinstance(result, ToolOutcome):
                     carried = result.next_step
             step += 1
@@ -438,12 +439,12 @@ class SessionWorkflow:
             after_tools=after_tools,
         )
 
-    def _ride(self, ids: RunIds, step: int) -> ModelStepInput | None:
+    def _ride(self, step: int) -> NextStep | None:
         """The model step to run in the tool activity of a step's last call, or ``None``: not in
         ``with_tool`` mode, or the turn parks before that step (``max_steps_exceeded``)."""
         if self._inp.model_step_mode != "with_tool" or step >= self._inp.max_steps_per_turn:
             return None
-        return self._step_input(ids, step, True)
+        return NextStep(step=step, provider=self._inp.provider)
 
     async def _model_step(self, inp: ModelStepInput) -> ModelStepResult:
         if self._inp.model_step_mode != "activity":
@@ -467,7 +468,7 @@ class SessionWorkflow:
         return remote
 
     async def _tool(
-        self, ids: RunIds, call: CallRef, settings: ToolSettings, next_step: ModelStepInput | None
+        self, ids: RunIds, call: CallRef, settings: ToolSettings, next_step: NextStep | None
     ) -> ToolOutcome | RecoverResult:
         tool_input = ToolInput(
             session_id=ids.session_id,

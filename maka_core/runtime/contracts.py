@@ -189,6 +189,15 @@ class ModelStepResult(Contract):
     replayed: bool | None = None
 
 
+class NextStep(Contract):
+    """The model step a tool activity runs once its call has settled (``with_tool`` mode). Its run
+    ids and workspace are the call's own (the turn and invocation ids from the ledger), so history
+    holds only the step index and the provider spec."""
+
+    step: int = Field(ge=0)
+    provider: dict[str, Any]
+
+
 class ToolInput(Contract):
     """The turn and invocation ids come from the ledger (less history per call)."""
 
@@ -199,7 +208,7 @@ class ToolInput(Contract):
     workspace_identity: str
     #: ``with_tool`` mode: the model step to run in this activity once the call has settled (T2
     #: committed); its result comes back as ``ToolOutcome.next_step``.
-    next_step: ModelStepInput | None = None
+    next_step: NextStep | None = None
 
 
 class ToolOutcome(Contract):

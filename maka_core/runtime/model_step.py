@@ -21,7 +21,14 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers import ScriptedProvider
 from maka_core.runtime import builders, governed, tool_call
-from maka_core.runtime.contracts import CallRef, ModelStepInput, ModelStepResult, ToolInput, ToolOutcome
+from maka_core.runtime.contracts import (
+    CallRef,
+    ModelStepInput,
+    ModelStepResult,
+    RunIds,
+    ToolInput,
+    ToolOutcome,
+)
 from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Attempt, Runtime
 
@@ -124,19 +131,32 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
     retry policy, finding the output if this attempt committed it.
     """
     outcome = await tool_call.execute_tool(rt, inp, attempt)
-    if inp.next_step is None:
+    after = inp.next_step
+    if after is None:
         return outcome
     try:
-        step = await model_step(rt, inp.next_step, attempt)
+        ids = await rt.on_ledger(lambda: _run_ids(rt, inp.session_id, inp.run_id))
+        step_input = ModelStepInput(
+            ids=ids, step=after.step, workspace=inp.workspace, provider=after.provider, after_tools=True
+        )
+        step = await model_step(rt, step_input, attempt)
     except Exception as exc:
         log.warning(
             "model step %s:%d after a tool call did not complete here (%s); the workflow runs it",
-            inp.next_step.ids.run_id,
-            inp.next_step.step,
+            inp.run_id,
+            after.step,
             getattr(exc, "code", type(exc).__name__),
         )
         return outcome
     return outcome.model_copy(update={"next_step": step})
+
+
+def _run_ids(rt: Runtime, session_id: str, run_id: str) -> RunIds:
+    """The run's ids as its first event committed them (the call just settled, so it exists)."""
+    first = rt.ledger.view().first_of_run[run_id]
+    return RunIds(
+        session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
+    )
 
 
 async def _heartbeating(rt: Runtime, work: Awaitable[T], attempt: Attempt | None) -> T:

@@ -27,9 +27,9 @@ recovery activity to that host's queue (``host_queue``), with ``schedule_to_star
 host wait; the ledger-only activities and a turn's first model step stay on the shared queue (a
 step may run on any host: one that rides with a tool runs on the tool's host). Nothing ever sends a
 tool elsewhere: when the host does not start one within the wait (a ``SCHEDULE_TO_START`` timeout,
-which Temporal does not retry), the turn waits in this execution,
-parked with ``workspace_host_unavailable`` (recorded on the run's header first), until ``maka
-resume`` sends ``resume_host``; recovery then classifies the call on the same host. Routing tools off
+which Temporal does not retry), the turn waits in this execution, parked with
+``workspace_host_unavailable`` (recorded on the run's header first), until ``maka resume`` sends
+``resume_host``; recovery then classifies the call on the same host. Routing tools off
 the workflow's queue gives up eager activity dispatch for them (``benchmarks/temporal_bench.py
 --routing host shared`` measures it); a session without a host keeps its tools on the workflow's
 queue, with the same commands as before.
@@ -410,7 +410,6 @@ class SessionWorkflow:
             if carried is None:
                 carried = await self._model_step(self._step_input(ids, step, after_tools))
             output, carried = carried, None
-            carried = None
             if output.final:
                 return
             for index, call in enumerate(output.calls):

@@ -100,7 +100,20 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         reader = conn.get_execution_options().get("maka_reader", False)
-        conn.exec_driver_sql("BEGIN" if reader else "BEGIN IMMEDIATE")
+        # On the driver connection: every transaction starts here, and SQLAlchemy's statement path
+        # costs more than the BEGIN itself.
+        driver_execute(conn, "BEGIN" if reader else "BEGIN IMMEDIATE", ())
+
+
+def driver_execute(conn: Connection, sql: str, params: tuple[Any, ...]) -> Any:
+    """Run ``sql`` on the driver connection inside ``conn``'s transaction; returns the cursor. A
+    driver error is wrapped as SQLAlchemy would wrap it, so ``translate`` sees it as any other."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    try:
+        return driver.execute(sql, params)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(sql, params, exc, conn.dialect.loaded_dbapi.Error) from exc
 
 
 def _ensure_wal(cur: Any) -> None:

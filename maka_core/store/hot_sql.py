@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
-from sqlalchemy.exc import DBAPIError
 
+from maka_core.store.engine import driver_execute as execute
 from maka_core.store.schema import (
     action_receipts,
     runtime_events,
@@ -44,16 +44,6 @@ class Insert:
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:
             self.run(conn, row)
-
-
-def execute(conn: Connection, sql: str, params: tuple[Any, ...]) -> Any:
-    """Run ``sql`` on the driver connection inside ``conn``'s transaction; returns the cursor."""
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    try:
-        return driver.execute(sql, params)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        raise DBAPIError.instance(sql, params, exc, conn.dialect.loaded_dbapi.Error) from exc
 
 
 def rows_since(conn: Connection, sql: str, after: int) -> list[dict[str, Any]]:

@@ -104,8 +104,10 @@ def _row_values(row: Any) -> dict[str, Any]:
 
 def _canonical(event: RuntimeEvent) -> str:
     """The canonical line, refusing an event that would not mean the same after a round trip."""
-    line = codec.encode(event)
-    if codec.decode(line) != event:
+    wire = event.to_wire()
+    line, plain = canonical_json.dumps_plain(wire)
+    # ``codec.decode(line)``, without parsing the line again when that would only give back ``wire``.
+    if codec.from_json_object(wire if plain else canonical_json.loads(line)) != event:
         raise CodecError(
             "runtime_event_not_lossless", "event is not losslessly serializable", eventId=event.id
         )

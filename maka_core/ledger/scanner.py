@@ -236,7 +236,9 @@ class LedgerScanner:
         """Fold one committed event. Records issues; never raises."""
         self._fold(event, None)
 
-    def admit(self, batch: Sequence[RuntimeEvent], transition: Transition, *, strict: bool = True) -> None:
+    def admit(
+        self, batch: Sequence[RuntimeEvent], transition: Transition, *, strict: bool = True, keep: bool = False
+    ) -> tuple[RuntimeEvent, ...]:
         """Refuse ``batch`` unless a writer may commit it as ``transition`` on top of this ledger.
 
         Checks, in the reference's order (``validateToolLedgerTransition``): a ledger that is
@@ -251,7 +253,10 @@ class LedgerScanner:
         operation that crossed T1; and T2 or a bundle must leave that operation's recovery tail
         valid (a valid bundle on a non-terminal operation, no outcome after a parked decision).
         ``strict=False`` is the bare transition check for every batch, which is what the
-        reference examples' ``writerAdmission`` answers report. Never mutates the scanner.
+        reference examples' ``writerAdmission`` answers report. Never mutates the scanner, unless
+        ``keep``: then an admitted batch stays folded, as ``apply`` would fold it (for a writer that
+        commits it next and drops this scanner if the commit fails), and the events folded (those
+        not already committed) are returned.
 
         Raises:
             LedgerRejection: with the first rejection's stable code, ``eventId`` and, where
@@ -278,12 +283,13 @@ class LedgerScanner:
         # Ordinary events skip only the fail-closed gate above: they must still add no new issue
         # (an invocation id crossing runs would otherwise become corruption at the next scan).
         if not candidates:
-            return
+            return ()
         shape = transition_shape_code(candidates, transition)
         if shape is not None:
             raise _rejection(shape[0], shape[1])
         undo: _Undo = []
         issues_before = len(self._issues)
+        admitted = False
         try:
             for event in candidates:
                 self._fold(event, undo)
@@ -292,9 +298,12 @@ class LedgerScanner:
                 raise _rejection(issue.code, issue.event_id, issue.operation_id, issue.tool_call_id)
             if strict and transition in ("t2_outcome", "recovery_bundle"):
                 self._check_bound_tail(candidates, transition)
+            admitted = True
         finally:
-            for step in reversed(undo):
-                step()
+            if not (admitted and keep):
+                for step in reversed(undo):
+                    step()
+        return tuple(candidates)
 
     def check_bundle(self, batch: Sequence[RuntimeEvent]) -> None:
         """The recovery-bundle writer's own validation, run before ``admit`` (see

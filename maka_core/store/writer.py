@@ -334,11 +334,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             first = next(e for e in batch if e.id in stored)
             raise LedgerRejection("duplicate_event_id", "partial retry of an atomic batch", eventId=first.id)
         new_batch = [e for e, _ in fresh]
-        scanner.admit(new_batch, transition, strict=strict)
+        # The admitted batch stays folded in the scanner (no second fold below): if this
+        # transaction does not commit, ``_abort`` drops the whole view anyway.
+        scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
         seq = self._insert_events(conn, transition, fresh)
         assert self._view is not None
         for event in new_batch:
-            self._view.fold(event)
+            self._view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))

@@ -34,7 +34,15 @@ from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows,
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
-from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.store.engine import (
+    database_url,
+    is_sqlite,
+    make_engine,
+    read_tx,
+    run_write,
+    select_rows,
+    sqlite_file,
+)
 from maka_core.store.governance_rows import (
     GovernanceRecords,
     insert_certificate,
@@ -144,6 +152,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
+        #: SQLite: ``view`` catches up with one driver SELECT (``engine.select_rows``).
+        self._fast_reads = is_sqlite(engine)
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
             self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
@@ -261,8 +271,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             # A full resync (first use, or after an abort) re-reads the identity as well.
             self.health.check_id(ledger_id(conn))
             self._view, self._cursor, self._event_seq, self._chain = CommittedView(), 0, {}, {}
+        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor))
+        return self._view.scanner
+
+    def _fold_rows(self, rows: list[dict[str, Any]]) -> None:
         view = self._view
-        rows = rows_since(conn, self._sql.events_since, self._cursor)
+        assert view is not None
         for row in rows:
             view.fold(row_event(row))
             self._cursor = int(row["ledger_seq"])
@@ -272,13 +286,19 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             self._chain[row["session_id"]] = row["chain_digest"] or chain_digest(
                 self._chain.get(row["session_id"], CHAIN_START), row["payload_json"]
             )
-        return view.scanner
 
     def view(self) -> CommittedView:
         """The committed ledger, brought up to date with other processes' commits (one read of the
         rows past the cursor; usually none). Use it on the thread that owns this store."""
-        with self._lock, self._reading() as conn:
-            self._sync(conn)
+        with self._lock:
+            group = self._group
+            if self._view is not None and self._fast_reads and not (group is not None and group.owned_here()):
+                # The runtime asks before every step and call: one SELECT past the cursor, on the
+                # driver (a full resync, which re-reads the identity, takes the path below).
+                self._fold_rows(select_rows(self.engine, self._sql.events_since, (self._cursor,)))
+            else:
+                with self._reading() as conn:
+                    self._sync(conn)
         assert self._view is not None
         return self._view
 

@@ -166,6 +166,9 @@ class LedgerScanner:
         self._protocol_issues: list[LedgerIssue] = []
         self._run_protocol: dict[str, str | None] = {}
         self._first_event: RuntimeEvent | None = None
+        #: call event id -> its canonicalArgsHash (a pure function of the frozen call; computed once
+        #: for T1's dispatch and for the fold that checks the dispatch against it).
+        self._call_hashes: dict[str, tuple[RuntimeEvent, str | None]] = {}
 
     # -- reading -------------------------------------------------------------------------
 
@@ -192,6 +195,16 @@ class LedgerScanner:
 
     def operation_for_call(self, invocation_id: str, tool_call_id: str) -> OperationFacts | None:
         return self._by_call.get((invocation_id, tool_call_id))
+
+    def call_args_hash(self, call: RuntimeEvent) -> str | None:
+        """``args_hash_or_none`` of a function call event's name and args (None for any other event)."""
+        content = call.content
+        if content is None or content.kind != "function_call":
+            return None
+        cached = self._call_hashes.get(call.id)
+        if cached is None or cached[0] is not call:
+            cached = self._call_hashes[call.id] = (call, args_hash_or_none(content.name, content.args))
+        return cached[1]
 
     def protocol(self, run_id: str) -> str | None:
         """The valid tool-boundary protocol declared by that run's first event, else None."""
@@ -237,7 +250,12 @@ class LedgerScanner:
         self._fold(event, None)
 
     def admit(
-        self, batch: Sequence[RuntimeEvent], transition: Transition, *, strict: bool = True, keep: bool = False
+        self,
+        batch: Sequence[RuntimeEvent],
+        transition: Transition,
+        *,
+        strict: bool = True,
+        keep: bool = False,
     ) -> tuple[RuntimeEvent, ...]:
         """Refuse ``batch`` unless a writer may commit it as ``transition`` on top of this ledger.
 
@@ -459,9 +477,10 @@ class LedgerScanner:
             self._issue(facts, LedgerIssue("identity_conflict", event.id, op_id, call_id), undo)
         call = facts.call.content if facts.call is not None else None
         if (
-            call is not None
+            facts.call is not None
+            and call is not None
             and call.kind == "function_call"
-            and args_hash_or_none(call.name, call.args) != td.canonical_args_hash
+            and self.call_args_hash(facts.call) != td.canonical_args_hash
         ):
             self._issue(facts, LedgerIssue("canonical_args_hash_conflict", event.id, op_id, call_id), undo)
         response = facts.response

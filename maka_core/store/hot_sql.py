@@ -13,8 +13,9 @@ Everything else (schema, migrations, reads, the transaction itself) stays in SQL
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
@@ -37,9 +38,15 @@ class Insert:
 
     sql: str
     columns: tuple[str, ...]
+    _params: Callable[[Mapping[str, Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The parameter tuple in one C call (every statement here has two columns or more).
+        assert len(self.columns) > 1
+        object.__setattr__(self, "_params", itemgetter(*self.columns))
 
     def run(self, conn: Connection, values: Mapping[str, Any]) -> None:
-        execute(conn, self.sql, tuple(values[c] for c in self.columns))
+        execute(conn, self.sql, self._params(values))
 
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:

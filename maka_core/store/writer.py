@@ -107,7 +107,17 @@ def _attempt(value: AttemptArg) -> ToolAttempt | None:
 
 def _row_values(row: Any) -> dict[str, Any]:
     """A flat row dataclass as column values (``asdict`` deep-copies; these hold scalars only)."""
-    return {f.name: getattr(row, f.name) for f in fields(row)}
+    return {name: getattr(row, name) for name in _field_names(type(row))}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def _canonical(event: RuntimeEvent) -> str:

@@ -19,7 +19,7 @@ import sqlite3
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -234,17 +234,63 @@ def lock_and_check_identity(engine: Engine, conn: Connection) -> None:
         )
 
 
-def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Callable[[], None]) -> T:
+class KeptConnection:
+    """One SQLAlchemy connection kept open between a store's writer transactions (SQLite files).
+
+    Checking a pooled connection out and back in costs more than a durable commit's Python side;
+    the store runs one writer at a time (under its lock), so it can keep one connection instead.
+    A transaction that fails in any way closes it (a fresh one is taken next time), so no state of a
+    failed transaction outlives it. ``close`` (the store's) returns it to the pool; a store dropped
+    without closing returns it when collected. SQLAlchemy opens file databases with
+    ``check_same_thread=False``, so whichever thread holds the store's lock may use it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._slot: list[Connection] = []
+        weakref.finalize(self, _close_kept, self._slot)
+
+    @contextmanager
+    def __call__(self) -> Iterator[Connection]:
+        if self._slot and (self._slot[0].closed or self._slot[0].invalidated):
+            _close_kept(self._slot)
+        if not self._slot:
+            self._slot.append(self._engine.connect())
+        conn = self._slot[0]
+        try:
+            yield conn
+        except BaseException:
+            _close_kept(self._slot)
+            raise
+
+    def close(self) -> None:
+        _close_kept(self._slot)
+
+
+def _close_kept(slot: list[Connection]) -> None:
+    while slot:
+        with suppress(DBAPIError):
+            slot.pop().close()
+
+
+def run_write(
+    engine: Engine,
+    body: Callable[[Connection], T],
+    *,
+    on_abort: Callable[[], None],
+    connect: Callable[[], AbstractContextManager[Connection]] | None = None,
+) -> T:
     """Run ``body`` in one writer transaction (BEGIN IMMEDIATE / row lock) and commit once.
 
     ``on_abort`` runs whenever the transaction did not commit (so callers can drop in-memory state
     that may have run ahead of the database). ``MakaError`` from the body passes through unchanged;
-    driver errors are translated; a busy database is retried as a whole transaction.
+    driver errors are translated; a busy database is retried as a whole transaction. ``connect``
+    gives the connection (a ``KeptConnection``); by default one is checked out of the pool.
     """
     attempt = 0
     while True:
         try:
-            with engine.connect() as conn, conn.begin():
+            with (connect or engine.connect)() as conn, conn.begin():
                 if not is_sqlite(engine):
                     lock_and_check_identity(engine, conn)
                 return body(conn)

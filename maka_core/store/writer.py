@@ -35,6 +35,7 @@ from maka_core.ledger.scanner import LedgerScanner, Transition, group_transition
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import (
+    KeptConnection,
     database_url,
     is_sqlite,
     make_engine,
@@ -162,6 +163,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
+        #: A SQLite file's writers reuse one connection (``engine.KeptConnection``).
+        self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
         #: SQLite: ``view`` catches up with one driver SELECT (``engine.select_rows``).
         self._fast_reads = is_sqlite(engine)
         with read_tx(engine) as conn:
@@ -201,6 +204,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             raise cause from exc
 
     def close(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
         self.engine.dispose()
 
     def __enter__(self) -> LedgerStore:
@@ -224,7 +229,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         with self._lock:
             self.health.check()
             try:
-                return run_write(self.engine, body, on_abort=self._abort)
+                return run_write(self.engine, body, on_abort=self._abort, connect=self._kept)
             except StoreError as exc:
                 self.health.note(exc)
                 raise

@@ -8,6 +8,7 @@ policy digest computed once, one kept writer connection. Real SQLite files throu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from tests.ledger_factory import call, response, t1, text, user
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LedgerStore:
+def store(tmp_path: Path) -> Iterator[LedgerStore]:
     with LedgerStore.open(tmp_path / "ledger.sqlite") as opened:
         yield opened
 

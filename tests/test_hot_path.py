@@ -174,3 +174,14 @@ def test_the_kept_writer_connection_is_dropped_after_a_failed_write(store: Ledge
         conn.rollback()
     store.append([text("after")])  # the next write takes a fresh connection and lands
     assert store.event("evt-model-1") is not None
+
+
+def test_view_on_the_kept_connection_sees_another_writers_commits(tmp_path: Path) -> None:
+    with LedgerStore.open(tmp_path / "l.sqlite") as mine, LedgerStore.open(tmp_path / "l.sqlite") as other:
+        mine.append([user()])
+        assert mine._kept is not None and mine._kept.idle_driver() is not None  # the read uses it
+        other.view()
+        other.append([text("from the other writer")])
+        assert mine.view().scanner.position("evt-model-1") == 1
+        mine.append([text("mine", id="evt-model-2")])  # its writer transaction follows the read
+        assert [e.id for e in other.events()] == ["evt-user-1", "evt-model-1", "evt-model-2"]

@@ -190,25 +190,33 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
         raise translate(exc) from exc
 
 
-def select_rows(engine: Engine, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """One driver-SQL SELECT on a pooled SQLite connection, outside SQLAlchemy's ``Connection``: the
+def select_rows(
+    engine: Engine, sql: str, params: tuple[Any, ...], *, kept: KeptConnection | None = None
+) -> list[dict[str, Any]]:
+    """One driver-SQL SELECT on a SQLite connection, outside SQLAlchemy's ``Connection``: the
     statement is its own read transaction (one WAL snapshot), which is all a single read needs, and
-    it costs a fraction of a ``read_tx``. Driver errors come out as ``StoreError``."""
+    it costs a fraction of a ``read_tx``. It runs on ``kept`` when that is idle (no writer
+    transaction open on it), else on a pooled connection. Driver errors come out as ``StoreError``."""
     dbapi_error = engine.dialect.loaded_dbapi.Error
+    idle = kept.idle_driver() if kept is not None else None
     try:
-        raw = engine.raw_connection()
+        raw = None if idle is not None else engine.raw_connection()
     except DBAPIError as exc:
         raise translate(exc) from exc
     try:
-        cursor = raw.driver_connection.execute(sql, params)  # type: ignore[union-attr]
+        driver: Any = idle if raw is None else raw.driver_connection
+        cursor = driver.execute(sql, params)
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     except dbapi_error as exc:
+        if kept is not None and idle is not None:
+            kept.close()
         wrapped = DBAPIError.instance(sql, params, exc, dbapi_error)
         assert isinstance(wrapped, DBAPIError)  # a driver error always wraps as one
         raise translate(wrapped) from exc
     finally:
-        raw.close()
+        if raw is not None:
+            raw.close()
 
 
 #: The ledger identity each PostgreSQL engine first wrote to (one engine per opened store).
@@ -262,6 +270,16 @@ class KeptConnection:
         except BaseException:
             _close_kept(self._slot)
             raise
+
+    def idle_driver(self) -> Any:
+        """The kept connection's driver connection when no transaction is open on it, else None."""
+        if not self._slot or self._slot[0].closed or self._slot[0].invalidated:
+            return None
+        conn = self._slot[0]
+        if conn.in_transaction():
+            return None
+        driver = conn.connection.driver_connection
+        return None if driver is None or driver.in_transaction else driver
 
     def close(self) -> None:
         _close_kept(self._slot)

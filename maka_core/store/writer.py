@@ -310,7 +310,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             if self._view is not None and self._fast_reads and not (group is not None and group.owned_here()):
                 # The runtime asks before every step and call: one SELECT past the cursor, on the
                 # driver (a full resync, which re-reads the identity, takes the path below).
-                self._fold_rows(select_rows(self.engine, self._sql.events_since, (self._cursor,)))
+                rows = select_rows(self.engine, self._sql.events_since, (self._cursor,), kept=self._kept)
+                self._fold_rows(rows)
             else:
                 with self._reading() as conn:
                     self._sync(conn)

@@ -4,7 +4,9 @@ SQLite is the default backend. pysqlite's own transaction handling is switched o
 (``isolation_level=None`` on every connection) so that the ``begin`` event can emit the BEGIN we
 choose: writers take ``BEGIN IMMEDIATE`` (the write lock is taken up front, so validation inside
 the transaction sees the last committed state and two writers serialize instead of deadlocking on
-lock upgrade); readers take a plain ``BEGIN`` (a WAL snapshot). All pragmas are set in one place,
+lock upgrade); readers take a plain ``BEGIN`` (a WAL snapshot), except a single SELECT on the
+driver (``select_rows``), which is its own snapshot. A store keeps one connection for its writers
+(``KeptConnection``) instead of a pool checkout per write. All pragmas are set in one place,
 on every new connection. Any other SQLAlchemy URL (Postgres) goes through the same Core code; there
 a writer serializes on ``SELECT ... FOR UPDATE`` of the one-row meta table.
 

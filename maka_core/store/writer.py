@@ -3,8 +3,8 @@
 Every writer is ONE short transaction with ONE durable commit. Inside it, the store brings its
 in-memory ``LedgerScanner`` up to date with rows other processes committed (by ``ledger_seq``, so
 validation costs O(new rows), never a rescan), recognises an exact retry (same id, same canonical
-bytes: a no-op), asks the scanner to ``admit`` the batch, inserts the events, applies them to the
-scanner, and writes the projections the scanner derives for the touched operations. If the
+bytes: a no-op), asks the scanner to ``admit`` the batch (an admitted batch stays folded in it),
+inserts the events, and writes the projections the scanner derives for the touched operations. If the
 transaction does not commit, the scanner is dropped and rebuilt by a full scan on the next write,
 so it can never run ahead of the database. Corruption anywhere in the ledger makes every
 tool-boundary writer (T1, T2, recovery bundle) refuse, exact retries included.

@@ -205,7 +205,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
 
     def close(self) -> None:
         if self._kept is not None:
-            self._kept.close()
+            with self._lock:  # never under a writer that is using it
+                self._kept.close()
         self.engine.dispose()
 
     def __enter__(self) -> LedgerStore:

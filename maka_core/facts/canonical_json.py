@@ -303,10 +303,18 @@ def _bad_keys(path: str) -> Any:
 
 def dumps(value: JsonValue) -> str:
     """Canonical compact JSON text of a value, in JavaScript's key order and number format."""
+    return dumps_plain(value)[0]
+
+
+def dumps_plain(value: JsonValue) -> tuple[str, bool]:
+    """``dumps``, and whether ``value`` is plain: only objects with ASCII non-index keys, arrays,
+    strings below U+D800, integers below 15 digits, booleans and null. ``loads`` of a plain value's
+    text gives back a value equal to it, of the same JSON types, so a caller that would parse the
+    text again only to compare may use ``value`` itself."""
     # Fast path: the C encoder with sorted keys is already JavaScript's output unless the value holds
     # something it might format or order differently (``_scan`` says so while it validates).
     if not _scan_or_raise(value, "$"):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True), True
     out: list[str] = []
     _encode(value, out, "$")
-    return "".join(out)
+    return "".join(out), False

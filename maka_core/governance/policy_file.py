@@ -14,9 +14,11 @@ must also require the operator's own confirmation before honouring it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, StringConstraints, ValidationError, field_validator
 
@@ -131,10 +133,17 @@ class GovernancePolicy(GovernanceModel):
             del value["allowedCommands"]
         return value
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """``sha256:<hex>`` of the canonical JSON of the normalized policy."""
+        """``sha256:<hex>`` of the canonical JSON of the normalized policy (computed once: the
+        policy is frozen, and every decision and receipt of its session names it)."""
         return sha256_digest(canonical_json.dumps(self.to_json()))
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy, with its digest computed afresh (an update may change what it covers)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("digest", None)
+        return copy
 
 
 _UNION_TAGS = frozenset(

@@ -110,6 +110,13 @@ def seal_receipt(**fields: Any) -> ActionReceipt:
     return draft.model_copy(update={"digest": draft.expected_digest()})
 
 
+def sealed_receipt_json(**fields: Any) -> dict[str, Any]:
+    """``seal_receipt(**fields).to_json()``, dumping the receipt's body once instead of twice (the
+    sealed copy differs from its draft only by the digest, which the body leaves out)."""
+    body = ActionReceipt.model_validate({**fields, "digest": ""}).body()
+    return {**body, "digest": sha256_digest(canonical_json.dumps(body))}
+
+
 def seal_certificate(**fields: Any) -> ExecutionCertificate:
     """Build a certificate and compute its digest (fields by Python name)."""
     draft = ExecutionCertificate.model_validate({**fields, "digest": ""})

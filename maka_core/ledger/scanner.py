@@ -166,6 +166,9 @@ class LedgerScanner:
         self._protocol_issues: list[LedgerIssue] = []
         self._run_protocol: dict[str, str | None] = {}
         self._first_event: RuntimeEvent | None = None
+        #: call event id -> its canonicalArgsHash (a pure function of the frozen call; computed once
+        #: for T1's dispatch and for the fold that checks the dispatch against it).
+        self._call_hashes: dict[str, tuple[RuntimeEvent, str | None]] = {}
 
     # -- reading -------------------------------------------------------------------------
 
@@ -192,6 +195,16 @@ class LedgerScanner:
 
     def operation_for_call(self, invocation_id: str, tool_call_id: str) -> OperationFacts | None:
         return self._by_call.get((invocation_id, tool_call_id))
+
+    def call_args_hash(self, call: RuntimeEvent) -> str | None:
+        """``args_hash_or_none`` of a function call event's name and args (None for any other event)."""
+        content = call.content
+        if content is None or content.kind != "function_call":
+            return None
+        cached = self._call_hashes.get(call.id)
+        if cached is None or cached[0] is not call:
+            cached = self._call_hashes[call.id] = (call, args_hash_or_none(content.name, content.args))
+        return cached[1]
 
     def protocol(self, run_id: str) -> str | None:
         """The valid tool-boundary protocol declared by that run's first event, else None."""
@@ -236,7 +249,14 @@ class LedgerScanner:
         """Fold one committed event. Records issues; never raises."""
         self._fold(event, None)
 
-    def admit(self, batch: Sequence[RuntimeEvent], transition: Transition, *, strict: bool = True) -> None:
+    def admit(
+        self,
+        batch: Sequence[RuntimeEvent],
+        transition: Transition,
+        *,
+        strict: bool = True,
+        keep: bool = False,
+    ) -> tuple[RuntimeEvent, ...]:
         """Refuse ``batch`` unless a writer may commit it as ``transition`` on top of this ledger.
 
         Checks, in the reference's order (``validateToolLedgerTransition``): a ledger that is
@@ -251,7 +271,10 @@ class LedgerScanner:
         operation that crossed T1; and T2 or a bundle must leave that operation's recovery tail
         valid (a valid bundle on a non-terminal operation, no outcome after a parked decision).
         ``strict=False`` is the bare transition check for every batch, which is what the
-        reference examples' ``writerAdmission`` answers report. Never mutates the scanner.
+        reference examples' ``writerAdmission`` answers report. Never mutates the scanner, unless
+        ``keep``: then an admitted batch stays folded, as ``apply`` would fold it (for a writer that
+        commits it next and drops this scanner if the commit fails), and the events folded (those
+        not already committed) are returned.
 
         Raises:
             LedgerRejection: with the first rejection's stable code, ``eventId`` and, where
@@ -278,12 +301,13 @@ class LedgerScanner:
         # Ordinary events skip only the fail-closed gate above: they must still add no new issue
         # (an invocation id crossing runs would otherwise become corruption at the next scan).
         if not candidates:
-            return
+            return ()
         shape = transition_shape_code(candidates, transition)
         if shape is not None:
             raise _rejection(shape[0], shape[1])
         undo: _Undo = []
         issues_before = len(self._issues)
+        admitted = False
         try:
             for event in candidates:
                 self._fold(event, undo)
@@ -292,9 +316,12 @@ class LedgerScanner:
                 raise _rejection(issue.code, issue.event_id, issue.operation_id, issue.tool_call_id)
             if strict and transition in ("t2_outcome", "recovery_bundle"):
                 self._check_bound_tail(candidates, transition)
+            admitted = True
         finally:
-            for step in reversed(undo):
-                step()
+            if not (admitted and keep):
+                for step in reversed(undo):
+                    step()
+        return tuple(candidates)
 
     def check_bundle(self, batch: Sequence[RuntimeEvent]) -> None:
         """The recovery-bundle writer's own validation, run before ``admit`` (see
@@ -450,9 +477,10 @@ class LedgerScanner:
             self._issue(facts, LedgerIssue("identity_conflict", event.id, op_id, call_id), undo)
         call = facts.call.content if facts.call is not None else None
         if (
-            call is not None
+            facts.call is not None
+            and call is not None
             and call.kind == "function_call"
-            and args_hash_or_none(call.name, call.args) != td.canonical_args_hash
+            and self.call_args_hash(facts.call) != td.canonical_args_hash
         ):
             self._issue(facts, LedgerIssue("canonical_args_hash_conflict", event.id, op_id, call_id), undo)
         response = facts.response

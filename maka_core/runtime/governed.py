@@ -43,13 +43,12 @@ from maka_core.governance import (
     governed_call,
     guarantee_for_tool,
     parse_policy,
-    seal_receipt,
     verification_status,
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import ExitCode, TaskStatus
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
-from maka_core.governance.receipts import receipt_id_for
+from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Effect, tool_effects
 from maka_core.tools.melra import BoundExecute, TaskSubject
@@ -284,7 +283,7 @@ def receipt(
     redactions: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The sealed ``ActionReceipt`` of one decided call, as JSON."""
-    sealed = seal_receipt(
+    return sealed_receipt_json(
         receipt_id=receipt_id_for(operation_id),
         task_id=operation_id,
         capability=record["capability"],
@@ -308,7 +307,6 @@ def receipt(
         error=error,
         melra_task_id=record.get("melraTaskId"),
     )
-    return sealed.to_json()
 
 
 def _iso(ms: int) -> str:

@@ -178,7 +178,8 @@ async def _await_answer(rt: Runtime, waiting: AwaitingApproval, attempt: Attempt
 def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOutcome | AwaitingApproval:
     """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
-    state = call_state(rt.ledger.view(), inp.session_id, inp.run_id, call.tool_call_id)
+    view = rt.ledger.view()
+    state = call_state(view, inp.session_id, inp.run_id, call.tool_call_id)
     if state is None:
         raise CallNotFound(message=f"no committed call {call.tool_call_id}", toolCallId=call.tool_call_id)
     op, ids = state.op, state.ids
@@ -243,7 +244,13 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
         # Only a broken guard admits a call that already has its dispatch fact (a second T1 would be
         # refused as a conflicting dispatch): it runs the effect again under the first one.
         return Dispatched(ids, tool, args, ws, op.dispatch_event_id, record, gov, started)
-    args_hash = args_hash_or_none(call.tool_name, args)
+    committed = state.facts.call
+    assert committed is not None and committed.content is not None
+    args_hash = (
+        view.scanner.call_args_hash(committed)
+        if committed.content.kind == "function_call" and committed.content.name == call.tool_name
+        else args_hash_or_none(call.tool_name, args)
+    )
     assert args_hash is not None  # the call was admitted by the ledger, so its args are strict JSON
     dispatch = builders.dispatch_event(
         ids, call.operation_id, call.tool_call_id, call.tool_name, tool.recovery_mode, args_hash, now_ms()

@@ -4,7 +4,9 @@ SQLite is the default backend. pysqlite's own transaction handling is switched o
 (``isolation_level=None`` on every connection) so that the ``begin`` event can emit the BEGIN we
 choose: writers take ``BEGIN IMMEDIATE`` (the write lock is taken up front, so validation inside
 the transaction sees the last committed state and two writers serialize instead of deadlocking on
-lock upgrade); readers take a plain ``BEGIN`` (a WAL snapshot). All pragmas are set in one place,
+lock upgrade); readers take a plain ``BEGIN`` (a WAL snapshot), except a single SELECT on the
+driver (``select_rows``), which is its own snapshot. A store keeps one connection for its writers
+(``KeptConnection``) instead of a pool checkout per write. All pragmas are set in one place,
 on every new connection. Any other SQLAlchemy URL (Postgres) goes through the same Core code; there
 a writer serializes on ``SELECT ... FOR UPDATE`` of the one-row meta table.
 
@@ -19,7 +21,7 @@ import sqlite3
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -100,7 +102,20 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         reader = conn.get_execution_options().get("maka_reader", False)
-        conn.exec_driver_sql("BEGIN" if reader else "BEGIN IMMEDIATE")
+        # On the driver connection: every transaction starts here, and SQLAlchemy's statement path
+        # costs more than the BEGIN itself.
+        driver_execute(conn, "BEGIN" if reader else "BEGIN IMMEDIATE", ())
+
+
+def driver_execute(conn: Connection, sql: str, params: tuple[Any, ...]) -> Any:
+    """Run ``sql`` on the driver connection inside ``conn``'s transaction; returns the cursor. A
+    driver error is wrapped as SQLAlchemy would wrap it, so ``translate`` sees it as any other."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    try:
+        return driver.execute(sql, params)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(sql, params, exc, conn.dialect.loaded_dbapi.Error) from exc
 
 
 def _ensure_wal(cur: Any) -> None:
@@ -177,6 +192,35 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
         raise translate(exc) from exc
 
 
+def select_rows(
+    engine: Engine, sql: str, params: tuple[Any, ...], *, kept: KeptConnection | None = None
+) -> list[dict[str, Any]]:
+    """One driver-SQL SELECT on a SQLite connection, outside SQLAlchemy's ``Connection``: the
+    statement is its own read transaction (one WAL snapshot), which is all a single read needs, and
+    it costs a fraction of a ``read_tx``. It runs on ``kept`` when that is idle (no writer
+    transaction open on it), else on a pooled connection. Driver errors come out as ``StoreError``."""
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    idle = kept.idle_driver() if kept is not None else None
+    try:
+        raw = None if idle is not None else engine.raw_connection()
+    except DBAPIError as exc:
+        raise translate(exc) from exc
+    try:
+        driver: Any = idle if raw is None else raw.driver_connection
+        cursor = driver.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    except dbapi_error as exc:
+        if kept is not None and idle is not None:
+            kept.close()
+        wrapped = DBAPIError.instance(sql, params, exc, dbapi_error)
+        assert isinstance(wrapped, DBAPIError)  # a driver error always wraps as one
+        raise translate(wrapped) from exc
+    finally:
+        if raw is not None:
+            raw.close()
+
+
 #: The ledger identity each PostgreSQL engine first wrote to (one engine per opened store).
 _WRITING_TO: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 
@@ -200,17 +244,73 @@ def lock_and_check_identity(engine: Engine, conn: Connection) -> None:
         )
 
 
-def run_write(engine: Engine, body: Callable[[Connection], T], *, on_abort: Callable[[], None]) -> T:
+class KeptConnection:
+    """One SQLAlchemy connection kept open between a store's writer transactions (SQLite files).
+
+    Checking a pooled connection out and back in costs more than a durable commit's Python side;
+    the store runs one writer at a time (under its lock), so it can keep one connection instead.
+    A transaction that fails in any way closes it (a fresh one is taken next time), so no state of a
+    failed transaction outlives it. ``close`` (the store's) returns it to the pool; a store dropped
+    without closing returns it when collected. SQLAlchemy opens file databases with
+    ``check_same_thread=False``, so whichever thread holds the store's lock may use it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._slot: list[Connection] = []
+        weakref.finalize(self, _close_kept, self._slot)
+
+    @contextmanager
+    def __call__(self) -> Iterator[Connection]:
+        if self._slot and (self._slot[0].closed or self._slot[0].invalidated):
+            _close_kept(self._slot)
+        if not self._slot:
+            self._slot.append(self._engine.connect())
+        conn = self._slot[0]
+        try:
+            yield conn
+        except BaseException:
+            _close_kept(self._slot)
+            raise
+
+    def idle_driver(self) -> Any:
+        """The kept connection's driver connection when no transaction is open on it, else None."""
+        if not self._slot or self._slot[0].closed or self._slot[0].invalidated:
+            return None
+        conn = self._slot[0]
+        if conn.in_transaction():
+            return None
+        driver = conn.connection.driver_connection
+        return None if driver is None or driver.in_transaction else driver
+
+    def close(self) -> None:
+        _close_kept(self._slot)
+
+
+def _close_kept(slot: list[Connection]) -> None:
+    while slot:
+        with suppress(DBAPIError):
+            slot.pop().close()
+
+
+def run_write(
+    engine: Engine,
+    body: Callable[[Connection], T],
+    *,
+    on_abort: Callable[[], None],
+    connect: Callable[[], AbstractContextManager[Connection]] | None = None,
+) -> T:
     """Run ``body`` in one writer transaction (BEGIN IMMEDIATE / row lock) and commit once.
 
     ``on_abort`` runs whenever the transaction did not commit (so callers can drop in-memory state
     that may have run ahead of the database). ``MakaError`` from the body passes through unchanged;
-    driver errors are translated; a busy database is retried as a whole transaction.
+    driver errors are translated; a busy database is retried as a whole transaction. ``connect``
+    gives the connection (a ``KeptConnection``); by default one is checked out of the pool.
     """
     attempt = 0
     while True:
         try:
-            with engine.connect() as conn, conn.begin():
+            with (connect or engine.connect)() as conn, conn.begin():
                 if not is_sqlite(engine):
                     lock_and_check_identity(engine, conn)
                 return body(conn)

@@ -13,13 +13,14 @@ Everything else (schema, migrations, reads, the transaction itself) stays in SQL
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
-from sqlalchemy.exc import DBAPIError
 
+from maka_core.store.engine import driver_execute as execute
 from maka_core.store.schema import (
     action_receipts,
     runtime_events,
@@ -37,23 +38,19 @@ class Insert:
 
     sql: str
     columns: tuple[str, ...]
+    _params: Callable[[Mapping[str, Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The parameter tuple in one C call (every statement here has two columns or more).
+        assert len(self.columns) > 1
+        object.__setattr__(self, "_params", itemgetter(*self.columns))
 
     def run(self, conn: Connection, values: Mapping[str, Any]) -> None:
-        execute(conn, self.sql, tuple(values[c] for c in self.columns))
+        execute(conn, self.sql, self._params(values))
 
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:
             self.run(conn, row)
-
-
-def execute(conn: Connection, sql: str, params: tuple[Any, ...]) -> Any:
-    """Run ``sql`` on the driver connection inside ``conn``'s transaction; returns the cursor."""
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    try:
-        return driver.execute(sql, params)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        raise DBAPIError.instance(sql, params, exc, conn.dialect.loaded_dbapi.Error) from exc
 
 
 def rows_since(conn: Connection, sql: str, after: int) -> list[dict[str, Any]]:

@@ -3,8 +3,8 @@
 Every writer is ONE short transaction with ONE durable commit. Inside it, the store brings its
 in-memory ``LedgerScanner`` up to date with rows other processes committed (by ``ledger_seq``, so
 validation costs O(new rows), never a rescan), recognises an exact retry (same id, same canonical
-bytes: a no-op), asks the scanner to ``admit`` the batch, inserts the events, applies them to the
-scanner, and writes the projections the scanner derives for the touched operations. If the
+bytes: a no-op), asks the scanner to ``admit`` the batch (an admitted batch stays folded in it),
+inserts the events, and writes the projections the scanner derives for the touched operations. If the
 transaction does not commit, the scanner is dropped and rebuilt by a full scan on the next write,
 so it can never run ahead of the database. Corruption anywhere in the ledger makes every
 tool-boundary writer (T1, T2, recovery bundle) refuse, exact retries included.
@@ -34,7 +34,16 @@ from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows,
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.continuations import ContinuationWrites
-from maka_core.store.engine import database_url, make_engine, read_tx, run_write, sqlite_file
+from maka_core.store.engine import (
+    KeptConnection,
+    database_url,
+    is_sqlite,
+    make_engine,
+    read_tx,
+    run_write,
+    select_rows,
+    sqlite_file,
+)
 from maka_core.store.governance_rows import (
     GovernanceRecords,
     insert_certificate,
@@ -99,13 +108,25 @@ def _attempt(value: AttemptArg) -> ToolAttempt | None:
 
 def _row_values(row: Any) -> dict[str, Any]:
     """A flat row dataclass as column values (``asdict`` deep-copies; these hold scalars only)."""
-    return {f.name: getattr(row, f.name) for f in fields(row)}
+    return {name: getattr(row, name) for name in _field_names(type(row))}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def _canonical(event: RuntimeEvent) -> str:
     """The canonical line, refusing an event that would not mean the same after a round trip."""
-    line = codec.encode(event)
-    if codec.decode(line) != event:
+    wire = event.to_wire()
+    line, plain = canonical_json.dumps_plain(wire)
+    # ``codec.decode(line)``, without parsing the line again when that would only give back ``wire``.
+    if codec.from_json_object(wire if plain else canonical_json.loads(line)) != event:
         raise CodecError(
             "runtime_event_not_lossless", "event is not losslessly serializable", eventId=event.id
         )
@@ -142,6 +163,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
+        #: A SQLite file's writers reuse one connection (``engine.KeptConnection``).
+        self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
+        #: SQLite: ``view`` catches up with one driver SELECT (``engine.select_rows``).
+        self._fast_reads = is_sqlite(engine)
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
             self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
@@ -179,6 +204,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             raise cause from exc
 
     def close(self) -> None:
+        if self._kept is not None:
+            with self._lock:  # never under a writer that is using it
+                self._kept.close()
         self.engine.dispose()
 
     def __enter__(self) -> LedgerStore:
@@ -202,7 +230,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         with self._lock:
             self.health.check()
             try:
-                return run_write(self.engine, body, on_abort=self._abort)
+                return run_write(self.engine, body, on_abort=self._abort, connect=self._kept)
             except StoreError as exc:
                 self.health.note(exc)
                 raise
@@ -259,8 +287,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             # A full resync (first use, or after an abort) re-reads the identity as well.
             self.health.check_id(ledger_id(conn))
             self._view, self._cursor, self._event_seq, self._chain = CommittedView(), 0, {}, {}
+        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor))
+        return self._view.scanner
+
+    def _fold_rows(self, rows: list[dict[str, Any]]) -> None:
         view = self._view
-        rows = rows_since(conn, self._sql.events_since, self._cursor)
+        assert view is not None
         for row in rows:
             view.fold(row_event(row))
             self._cursor = int(row["ledger_seq"])
@@ -270,13 +302,20 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             self._chain[row["session_id"]] = row["chain_digest"] or chain_digest(
                 self._chain.get(row["session_id"], CHAIN_START), row["payload_json"]
             )
-        return view.scanner
 
     def view(self) -> CommittedView:
         """The committed ledger, brought up to date with other processes' commits (one read of the
         rows past the cursor; usually none). Use it on the thread that owns this store."""
-        with self._lock, self._reading() as conn:
-            self._sync(conn)
+        with self._lock:
+            group = self._group
+            if self._view is not None and self._fast_reads and not (group is not None and group.owned_here()):
+                # The runtime asks before every step and call: one SELECT past the cursor, on the
+                # driver (a full resync, which re-reads the identity, takes the path below).
+                rows = select_rows(self.engine, self._sql.events_since, (self._cursor,), kept=self._kept)
+                self._fold_rows(rows)
+            else:
+                with self._reading() as conn:
+                    self._sync(conn)
         assert self._view is not None
         return self._view
 
@@ -332,11 +371,13 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             first = next(e for e in batch if e.id in stored)
             raise LedgerRejection("duplicate_event_id", "partial retry of an atomic batch", eventId=first.id)
         new_batch = [e for e, _ in fresh]
-        scanner.admit(new_batch, transition, strict=strict)
+        # The admitted batch stays folded in the scanner (no second fold below): if this
+        # transaction does not commit, ``_abort`` drops the whole view anyway.
+        scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
         seq = self._insert_events(conn, transition, fresh)
         assert self._view is not None
         for event in new_batch:
-            self._view.fold(event)
+            self._view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))

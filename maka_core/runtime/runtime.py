@@ -13,7 +13,14 @@ never holds the ledger. A tool call therefore crosses threads three times, each 
 the event loop: (1) ledger thread: Resolver guard, preflight, policy, evidence and T1 in one hop
 (evidence is captured in the same hop as T1 so both see one state of the target; it reads at most
 the tool's file-size bound); (2) tool pool: the effect, heartbeating meanwhile; (3) ledger thread:
-T2. Nothing else moves between threads on the hot path.
+T2. A model step crosses twice, both to the ledger thread: (1) the committed-output lookup (with the
+provider history when the provider reads one); (2) the commit of its output; the provider call itself
+stays on the event loop (it is I/O). In ``with_tool`` mode the step after a call runs in that call's
+activity, which adds one more hop there: reading the run's turn and invocation ids from the committed
+view (the tool input does not carry them, to keep history small; a round trip costs ~30-70 us). So a
+call with its step is six hand-offs (T1, the effect, T2, the ids, the lookup, the step's commit) and
+three durable commits (T1, T2, the step's output). Nothing else moves between threads on the hot
+path.
 
 Group commit (``ledger_executor``): when the ledger thread finds several sessions' hops queued, it
 runs them back to back in ONE transaction (each writer a SAVEPOINT) with ONE durable commit, and

@@ -256,9 +256,11 @@ async def main(args: argparse.Namespace) -> None:
             async with worker, host_worker:
                 for routing in args.routing:  # warm-up
                     await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing)
-                for mode in args.modes:
-                    for n in args.calls:
-                        # Side by side: each N with tools on the host queue, then on the shared one.
+                for n in args.calls:
+                    # Side by side: each N in every mode, with tools on the host queue, then on the
+                    # shared one (the server's database grows as runs go by: keep what is compared
+                    # close in time).
+                    for mode in args.modes:
                         for routing in args.routing:
                             row = await one_session(
                                 client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode, routing

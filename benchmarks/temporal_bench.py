@@ -24,7 +24,8 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   a local activity (one more activation and activity task per call); ``--modes with_tool local``
   measures both side by side.
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
-  on the same server in the same process run, so every ratio compares figures taken side by side.
+  on the same server in the same process run, right before each N's sessions (and its concurrent
+  run right after theirs), so every ratio compares figures taken side by side in time.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from benchmarks.bench_server import (  # noqa: E402
     sample_workspace,
     server_settings,
 )
+from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_temporal  # noqa: E402
 from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
@@ -204,35 +206,15 @@ async def concurrent_sessions(
     }
 
 
-async def _floor(server: Any, args: argparse.Namespace) -> tuple[dict[int, dict[str, Any]], Any, list[Any]]:
-    """Plain Temporal per N and concurrent (always: it is the floor), and pydantic-ai with --peers."""
-    from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_temporal
+async def _peers(plain_client: Client, args: argparse.Namespace) -> list[Any]:
+    """pydantic-ai per N (``--peers``), after everything else."""
+    from benchmarks.peer_pydantic_ai import run_pydantic_ai
 
-    plain_client = await Client.connect(server.address, runtime=quiet_runtime())
-    plain: dict[int, dict[str, Any]] = {}
-    for n in args.calls:
-        plain[n] = await run_plain_temporal(
-            plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout
-        )
-        print(f"plain Temporal N={n}: {plain[n]['ms_per_call']:.1f} ms/call", file=sys.stderr, flush=True)
-    conc = None
-    if args.concurrent:
-        conc = await run_plain_concurrent(
-            plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
-        )
-    peers = []
-    if args.peers:
-        from benchmarks.peer_pydantic_ai import run_pydantic_ai
-
-        for n in args.calls:
-            if n <= args.pydantic_ai_max:
-                peers.append(
-                    await run_pydantic_ai(
-                        plain_client, "bench-pai", n, args.output_bytes, timeout=args.timeout
-                    )
-                )
-        peers.extend(plain.values())
-    return plain, conc, peers
+    return [
+        await run_pydantic_ai(plain_client, "bench-pai", n, args.output_bytes, timeout=args.timeout)
+        for n in args.calls
+        if n <= args.pydantic_ai_max
+    ]
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -253,13 +235,21 @@ async def main(args: argparse.Namespace) -> None:
             shutil.copytree(sample, ws_root / "base")
             shutil.rmtree(sample, ignore_errors=True)
             rows = []
+            # Plain Temporal (the floor) on its own client, worker and queue, on the same server.
+            plain_client = await Client.connect(server.address, runtime=quiet_runtime())
+            plain: dict[int, dict[str, Any]] = {}
             async with worker, host_worker:
                 for routing in args.routing:  # warm-up
                     await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing)
                 for n in args.calls:
-                    # Side by side: each N in every mode, with tools on the host queue, then on the
-                    # shared one (the server's database grows as runs go by: keep what is compared
-                    # close in time).
+                    # Side by side: each N's floor first, then every mode with tools on the host
+                    # queue and on the shared one. The server's database grows as runs go by (a
+                    # floor measured after every session ran 1.5x slower): compare what ran close
+                    # in time.
+                    plain[n] = await run_plain_temporal(
+                        plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout
+                    )
+                    print(f"plain Temporal N={n}: {plain[n]['ms_per_call']:.1f} ms/call", file=sys.stderr)
                     for mode in args.modes:
                         for routing in args.routing:
                             row = await one_session(
@@ -273,12 +263,15 @@ async def main(args: argparse.Namespace) -> None:
                                 file=sys.stderr,
                                 flush=True,
                             )
-                conc = None
+                conc = plain_conc = None
                 if args.concurrent:
                     conc = await concurrent_sessions(
                         client, acts, queue, ws_root, tmp, args.concurrent, 10, args.routing[0]
                     )
-            plain, plain_conc, peer_rows = await _floor(server, args)
+                    plain_conc = await run_plain_concurrent(
+                        plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
+                    )
+            peer_rows = [*await _peers(plain_client, args), *plain.values()] if args.peers else []
             store.close()
             acts.close()
     finally:

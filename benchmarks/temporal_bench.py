@@ -170,7 +170,7 @@ async def concurrent_sessions(
     script = _script(tmp / "concurrent.json", calls)
     workspaces = []
     for i in range(sessions):
-        ws = ws_root / f"ws{i}"
+        ws = ws_root / f"ws{i}-{time.monotonic_ns()}"  # fresh per round
         shutil.copytree(ws_root / "base", ws)
         workspaces.append(ws)
     t0 = time.perf_counter()
@@ -237,41 +237,51 @@ async def main(args: argparse.Namespace) -> None:
             rows = []
             # Plain Temporal (the floor) on its own client, worker and queue, on the same server.
             plain_client = await Client.connect(server.address, runtime=quiet_runtime())
-            plain: dict[int, dict[str, Any]] = {}
+            plain: dict[int, list[dict[str, Any]]] = {}
             async with worker, host_worker:
                 for routing in args.routing:  # warm-up
                     await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing)
                 for n in args.calls:
                     # Side by side: each N's floor first, then every mode with tools on the host
-                    # queue and on the shared one. The server's database grows as runs go by (a
-                    # floor measured after every session ran 1.5x slower): compare what ran close
-                    # in time.
-                    plain[n] = await run_plain_temporal(
-                        plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout
+                    # queue and on the shared one, ``--repeat`` times in turn. The machine's speed
+                    # drifts between runs (a floor measured minutes apart differed 1.8x), so a row
+                    # reports medians, and each ratio is against the floor of its own round.
+                    for rep in range(args.repeat):
+                        floor = await run_plain_temporal(
+                            plain_client, "bench-plain", n, args.output_bytes, timeout=args.timeout
+                        )
+                        plain.setdefault(n, []).append(floor)
+                        print(f"plain Temporal N={n}: {floor['ms_per_call']:.1f} ms/call", file=sys.stderr)
+                        for mode in args.modes:
+                            for routing in args.routing:
+                                row = await one_session(
+                                    client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode, routing
+                                )
+                                row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
+                                rows.append(row)
+                                print(
+                                    json.dumps(row)
+                                    if args.json
+                                    else f"N={n} ({mode}, tools {routing}): {row['ms_per_call']:.1f} ms/call",
+                                    file=sys.stderr,
+                                    flush=True,
+                                )
+                conc: list[dict[str, Any]] = []
+                plain_conc: list[dict[str, Any]] = []
+                for _ in range(args.repeat if args.concurrent else 0):
+                    conc.append(
+                        await concurrent_sessions(
+                            client, acts, queue, ws_root, tmp, args.concurrent, 10, args.routing[0]
+                        )
                     )
-                    print(f"plain Temporal N={n}: {plain[n]['ms_per_call']:.1f} ms/call", file=sys.stderr)
-                    for mode in args.modes:
-                        for routing in args.routing:
-                            row = await one_session(
-                                client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode, routing
-                            )
-                            rows.append(row)
-                            print(
-                                json.dumps(row)
-                                if args.json
-                                else f"N={n} ({mode}, tools {routing}): {row['ms_per_call']:.1f} ms/call",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-                conc = plain_conc = None
-                if args.concurrent:
-                    conc = await concurrent_sessions(
-                        client, acts, queue, ws_root, tmp, args.concurrent, 10, args.routing[0]
+                    plain_conc.append(
+                        await run_plain_concurrent(
+                            plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
+                        )
                     )
-                    plain_conc = await run_plain_concurrent(
-                        plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
-                    )
-            peer_rows = [*await _peers(plain_client, args), *plain.values()] if args.peers else []
+            peer_rows = (
+                [*await _peers(plain_client, args), *(f[-1] for f in plain.values())] if args.peers else []
+            )
             store.close()
             acts.close()
     finally:
@@ -281,21 +291,34 @@ async def main(args: argparse.Namespace) -> None:
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}\n"
     )
     print(
-        "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio | ms/call (wall) "
-        "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
+        f"{args.repeat} round(s) per N; each figure is the median over the rounds, each ratio the median of "
+        "the rounds' ratios (each against its own round's floor), with their range\n"
+    )
+    print(
+        "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
+        "| ms/call (wall) | history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| ledger share of tool activity | of turn |"
     )
     print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        floor = plain[r["calls"]]["ms_per_call"]
+        groups.setdefault((r["calls"], r["mode"], r["routing"]), []).append(r)
+    for (n, mode, routing), runs in groups.items():
+
+        def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        ratios = [r["ms_per_call"] / r["floor_ms_per_call"] for r in runs]
+        states = ",".join(sorted({r["state"] for r in runs}))
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(
-            f"| {r['calls']} | {r['mode']} | {r['routing']} | {r['state']} "
-            f"| {r['ms_per_call']:.1f} | {floor:.1f} "
-            f"| {r['ms_per_call'] / floor:.2f}x | {r['wall_ms_per_call']:.1f} "
-            f"| {r['history_proto_per_call']:.0f} "
-            f"| {r['history_events']:,} | {r['history_runs']} | {r['ledger_p50_ms']:.2f} "
-            f"({r['t1_ms']:.2f} + {r['t2_ms']:.2f}) | {100 * r['ledger_share_of_tool_activity']:.0f} % "
-            f"| {100 * r['ledger_share_of_turn']:.0f} % |"
+            f"| {n} | {mode} | {routing} | {states} "
+            f"| {med('ms_per_call'):.1f} | {statistics.median(f['ms_per_call'] for f in plain[n]):.1f} "
+            f"| {statistics.median(ratios):.2f}x{spread} | {med('wall_ms_per_call'):.1f} "
+            f"| {med('history_proto_per_call'):.0f} "
+            f"| {runs[-1]['history_events']:,} | {runs[-1]['history_runs']} | {med('ledger_p50_ms'):.2f} "
+            f"({med('t1_ms'):.2f} + {med('t2_ms'):.2f}) | {100 * med('ledger_share_of_tool_activity'):.0f} % "
+            f"| {100 * med('ledger_share_of_turn'):.0f} % |"
         )
     if peer_rows:
         from benchmarks.bench_server import markdown_table
@@ -303,11 +326,21 @@ async def main(args: argparse.Namespace) -> None:
         print("\nPeers on the same server, same tool and outputs (bench_server.measure):\n")
         print(markdown_table(peer_rows))
     if conc and plain_conc:
-        print(f"\n{conc['sessions']} concurrent sessions x {conc['calls_per_session']} tool calls:\n")
-        print("| system | tool calls/s | turn p50 ms | turn p95 ms |")
+        print(
+            f"\n{conc[0]['sessions']} concurrent sessions x {conc[0]['calls_per_session']} tool calls "
+            f"(tools on the {args.routing[0]} queue; medians of {len(conc)} round(s), each round "
+            "maka-temporal then plain Temporal):\n"
+        )
+        print("| system | tool calls/s (range) | turn p50 ms | turn p95 ms |")
         print("|---|---:|---:|---:|")
-        for name, c in (("maka-temporal", conc), ("plain Temporal", plain_conc)):
-            print(f"| {name} | {c['calls_per_s']:.0f} | {c['turn_p50_ms']:.0f} | {c['turn_p95_ms']:.0f} |")
+        for name, runs in (("maka-temporal", conc), ("plain Temporal", plain_conc)):
+            rates = [c["calls_per_s"] for c in runs]
+            spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
+            print(
+                f"| {name} | {statistics.median(rates):.0f}{spread} "
+                f"| {statistics.median(c['turn_p50_ms'] for c in runs):.0f} "
+                f"| {statistics.median(c['turn_p95_ms'] for c in runs):.0f} |"
+            )
 
 
 if __name__ == "__main__":
@@ -321,6 +354,9 @@ if __name__ == "__main__":
         help="where model steps run (session start --model-step-mode); several: side by side per N",
     )
     parser.add_argument("--concurrent", type=int, default=20, help="sessions of 10 calls (0: skip)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds per N (the floor, then every mode and routing); medians"
+    )
     parser.add_argument("--output-bytes", type=int, default=5 * 1024)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")

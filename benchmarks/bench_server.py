@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -61,6 +62,22 @@ class ChainHistory:
     tool_calls: int
 
 
+#: The pid of the server ``bench_server`` is running (for ``cpu_now``), or None.
+_SERVER_PID: int | None = None
+
+
+def cpu_now() -> tuple[float, float]:
+    """CPU seconds used so far by this process (every thread: workers, client, ledger) and by the
+    running ``bench_server`` (nan without one). Differences around a run give its CPU per call."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    server = float("nan")
+    if _SERVER_PID is not None:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{_SERVER_PID}/stat").read_text().rsplit(")", 1)[1].split()
+            server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return usage.ru_utime + usage.ru_stime, server
+
+
 @contextlib.contextmanager
 def bench_server(*, keep_dir: bool = False) -> Iterator[DevServer]:
     """A dev server started exactly as ``maka dev`` starts it, on free ports, with a temp database.
@@ -71,11 +88,14 @@ def bench_server(*, keep_dir: bool = False) -> Iterator[DevServer]:
     Yields:
         The running server; it is stopped (and its directory removed) on exit.
     """
+    global _SERVER_PID
     tmp = Path(tempfile.mkdtemp(prefix="maka-bench-server-"))
     server = start(ui=False, db_file=tmp / "temporal.db", log_path=tmp / "server.log")
+    _SERVER_PID = server.process.pid
     try:
         yield server
     finally:
+        _SERVER_PID = None
         server.stop()
         if not keep_dir:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -165,13 +185,15 @@ async def measure(
         timeout: seconds to wait for the result; past it the workflow is terminated.
 
     Returns:
-        ``{"system", "calls", "calls_done", "ms_per_call", "wall_s", "history_bytes",
+        ``{"system", "calls", "calls_done", "ms_per_call", "wall_s", "cpu_ms_per_call" (this
+        process: worker and client), "server_cpu_ms_per_call" (the ``bench_server``), "history_bytes",
         "history_bytes_per_call", "history_proto_bytes", "history_proto_bytes_per_call",
         "history_events", "history_runs", "completed", "error"}``.
         Per-call figures divide by the tool calls that completed. An execution the server terminated
         (history over 50 MB) or that hit ``timeout`` is ``completed=False`` with the reason in ``error``.
     """
     error: str | None = None
+    cpu0 = cpu_now()
     t0 = time.perf_counter()
     handle = await start()
     try:
@@ -191,6 +213,7 @@ async def measure(
         else:
             error = f"{type(cause).__name__}: {cause}"
     wall = time.perf_counter() - t0
+    cpu1 = cpu_now()
     history = await chain_history(client, handle.id, handle.first_execution_run_id, tool_activity)
     done = history.tool_calls
     return {
@@ -199,6 +222,8 @@ async def measure(
         "calls_done": done,
         "ms_per_call": wall * 1000 / max(done, 1),
         "wall_s": round(wall, 3),
+        "cpu_ms_per_call": (cpu1[0] - cpu0[0]) * 1000 / max(done, 1),
+        "server_cpu_ms_per_call": (cpu1[1] - cpu0[1]) * 1000 / max(done, 1),
         "history_bytes": history.bytes,
         "history_bytes_per_call": history.bytes / max(done, 1),
         "history_proto_bytes": history.proto_bytes,

@@ -54,6 +54,7 @@ from benchmarks.bench_server import (  # noqa: E402
     SAMPLE_FILE,
     bench_server,
     chain_history,
+    cpu_now,
     quiet_runtime,
     sample_workspace,
     server_settings,
@@ -114,6 +115,7 @@ async def one_session(
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
     before = dict(acts.runtime.timings)
     samples_before = len(acts.runtime.call_ledger_s)
+    cpu0 = cpu_now()
     t0 = time.perf_counter()
     session_id, accepted = await start_session(
         client,
@@ -127,6 +129,7 @@ async def one_session(
     )
     status = await _settle(client, session_id, accepted.run_id, timeout)
     wall = time.perf_counter() - t0
+    cpu1 = cpu_now()
     after = acts.runtime.timings
     spent = {k: after[k] - before[k] for k in after}
     handle = client.get_workflow_handle(workflow_id_for(session_id))
@@ -144,6 +147,8 @@ async def one_session(
         "calls_done": history.tool_calls,
         "ms_per_call": turn_ms / n,
         "wall_ms_per_call": wall * 1000 / n,
+        "cpu_ms_per_call": (cpu1[0] - cpu0[0]) * 1000 / n,
+        "server_cpu_ms_per_call": (cpu1[1] - cpu0[1]) * 1000 / n,
         "history_proto_per_call": history.proto_bytes / n,
         "history_json_per_call": history.bytes / n,
         "history_events": history.events,
@@ -296,10 +301,11 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(
         "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
-        "| ms/call (wall) | history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
+        "| ms/call (wall) | CPU ms/call: this process + server (plain Temporal) "
+        "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["calls"], r["mode"], r["routing"]), []).append(r)
@@ -309,12 +315,16 @@ async def main(args: argparse.Namespace) -> None:
             return statistics.median(r[key] for r in runs)
 
         ratios = [r["ms_per_call"] / r["floor_ms_per_call"] for r in runs]
+        floor_cpu = statistics.median(f["cpu_ms_per_call"] for f in plain[n])
+        floor_server = statistics.median(f["server_cpu_ms_per_call"] for f in plain[n])
         states = ",".join(sorted({r["state"] for r in runs}))
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(
             f"| {n} | {mode} | {routing} | {states} "
             f"| {med('ms_per_call'):.1f} | {statistics.median(f['ms_per_call'] for f in plain[n]):.1f} "
             f"| {statistics.median(ratios):.2f}x{spread} | {med('wall_ms_per_call'):.1f} "
+            f"| {med('cpu_ms_per_call'):.1f} + {med('server_cpu_ms_per_call'):.1f} "
+            f"({floor_cpu:.1f} + {floor_server:.1f}) "
             f"| {med('history_proto_per_call'):.0f} "
             f"| {runs[-1]['history_events']:,} | {runs[-1]['history_runs']} | {med('ledger_p50_ms'):.2f} "
             f"({med('t1_ms'):.2f} + {med('t2_ms'):.2f}) | {100 * med('ledger_share_of_tool_activity'):.0f} % "

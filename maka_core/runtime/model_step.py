@@ -4,6 +4,10 @@ The step's identity is ``<runId>:<k>`` (``refs.stepId`` on every event it commit
 a crash, a timeout, a lost response, or a local activity re-run on replay — finds the committed
 output in the committed view and returns it without calling the provider again. Provider history
 comes from the ledger (``legal_replay``), never from workflow state; the result carries ids only.
+
+A step runs in its own activity (a local one by default) or, in ``with_tool`` mode, in the tool
+activity of the previous step's last call (``execute_tool_then_step``), after that call's T2: the
+same function, so the same idempotence, with the tool attempt heartbeated while the provider answers.
 """
 
 from __future__ import annotations

@@ -216,12 +216,25 @@ def test_the_namespace_flag_reaches_the_client(temporal_server: Any, tmp_path: P
         )  # fmt: skip
 
     # A namespace the server does not know, and one without maka's search attributes: refusals,
-    # not tracebacks.
+    # not tracebacks, and no policy left behind (the server created nothing).
+    refused = f"refused-{uuid.uuid4().hex[:8]}"
     for ns, code in ((f"{namespace}-none", "namespace_not_found"), (namespace, "search_attributes_missing")):
-        out = start("--namespace", ns)
+        out = start("--namespace", ns, "--session-id", refused, "--principal", "human:alice")
         assert out.returncode == 2 and "Traceback" not in out.stderr, out
         assert json.loads(out.stdout)["code"] == code, out
+        with LedgerStore.open(tmp_path / "home" / "ledger.sqlite") as store:
+            assert store.session_policy(refused) is None, code
     asyncio.run(_add_search_attributes(temporal_server.address, namespace))
+    # So the corrected start may name another principal (the row above would have refused it with
+    # ``session_policy_conflict``); it starts, and no worker accepting it is this test's business.
+    out = start("--namespace", namespace, "--session-id", refused, "--principal", "human:bob")
+    assert json.loads(out.stdout)["code"] == "wait_timeout", out
+    # Negative control: a refused start never takes the policy of a session that was started.
+    out = start("--namespace", f"{namespace}-none", "--session-id", refused, "--principal", "human:bob")
+    assert json.loads(out.stdout)["code"] == "namespace_not_found", out
+    with LedgerStore.open(tmp_path / "home" / "ledger.sqlite") as store:
+        kept = store.session_policy(refused)
+    assert kept is not None and kept["identity"]["principal"]["id"] == "bob", kept
     placed = {}
     for where, extra in ((namespace, ["--namespace", namespace]), ("default", [])):
         sid = f"ns-{uuid.uuid4().hex[:8]}"

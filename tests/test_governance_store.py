@@ -38,3 +38,20 @@ def test_a_v2_ledger_migrates_to_v3_with_empty_governance_tables(tmp_path: Path)
     names = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
     conn.close()
     assert {t.name for t in GOVERNANCE_TABLES} <= names
+
+
+def test_a_refused_start_takes_back_only_the_policy_of_a_session_that_never_ran(store: LedgerStore) -> None:
+    def put(session_id: str, digest: str = "sha256:x") -> None:
+        store.put_session_policy(session_id, policy={}, version="v", digest=digest, identity={})
+
+    put("never-ran")
+    assert store.forget_session_policy("never-ran", "sha256:other") is False  # another policy: kept
+    assert store.forget_session_policy("never-ran", "sha256:x") is True
+    assert store.session_policy("never-ran") is None
+    put("never-ran", "sha256:y")  # a corrected start may now choose another policy
+    assert store.session_policy("never-ran")["policyDigest"] == "sha256:y"  # type: ignore[index]
+    # Negative control: a session with an event already decides by its policy; it stays.
+    put("ran")
+    store.append([user("hi", **ids(session="ran", run="r1"))])
+    assert store.forget_session_policy("ran", "sha256:x") is False
+    assert store.session_policy("ran") is not None

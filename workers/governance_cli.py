@@ -71,13 +71,15 @@ class SessionPolicy:
     session_id: str
     record: dict[str, Any]
 
-    def record_in(self, s: MakaSettings) -> None:
-        """Record it in the ledger (once per session; the same again is a no-op).
+    def record_in(self, s: MakaSettings) -> bool:
+        """Record it in the ledger (once per session; the same again is a no-op). Returns whether
+        this call recorded it (False: the session already had it).
 
         Raises:
             MakaError: ``session_policy_conflict`` when the session already has another.
         """
         with open_ledger(s.ledger, create=True) as store:
+            before = store.session_policy(self.session_id)
             store.put_session_policy(
                 self.session_id,
                 policy=self.record["policy"],
@@ -85,6 +87,13 @@ class SessionPolicy:
                 digest=self.record["digest"],
                 identity=self.record["identity"],
             )
+        return before is None
+
+    def forget_in(self, s: MakaSettings) -> None:
+        """Take back what ``record_in`` recorded, for a start the server refused before any workflow
+        existed (``LedgerStore.forget_session_policy``: never for a session that ran)."""
+        with open_ledger(s.ledger, create=True) as store:
+            store.forget_session_policy(self.session_id, self.record["digest"])
 
 
 def session_policy(

@@ -38,6 +38,7 @@ from workers.cli_base import (
 )
 from workers.governance_cli import governance_status, policy_options, session_policy
 from workers.session_client import (
+    START_NEVER_HAPPENED,
     describe_execution,
     query_status,
     send_message,
@@ -186,21 +187,29 @@ def cmd_start(
 
     async def main() -> int:
         client = await connect(address, namespace)
-        governed.record_in(s)
-        sid, accepted = await start_session(
-            client,
-            workspace=workspace,
-            provider=provider,
-            task_queue=s.task_queue,
-            message=text,
-            session_id=governed.session_id,
-            continue_as_new_after=continue_as_new_after,
-            model_step_mode=model_step_mode,
-            accept_timeout=s.wait_timeout,
-            refusals=True,
-            host=s.host,
-            host_wait_s=s.host_wait,
-        )
+        recorded = governed.record_in(s)
+        try:
+            sid, accepted = await start_session(
+                client,
+                workspace=workspace,
+                provider=provider,
+                task_queue=s.task_queue,
+                message=text,
+                session_id=governed.session_id,
+                continue_as_new_after=continue_as_new_after,
+                model_step_mode=model_step_mode,
+                accept_timeout=s.wait_timeout,
+                refusals=True,
+                host=s.host,
+                host_wait_s=s.host_wait,
+            )
+        except MakaError as exc:
+            # The server refused the start outright (no workflow exists, nothing read the policy):
+            # leave no policy behind, so a corrected start may choose another. Any other failure
+            # (``temporal_unavailable`` may hide a start that happened) keeps it.
+            if recorded and exc.code in START_NEVER_HAPPENED:
+                governed.forget_in(s)
+            raise
         return await _after_send(client, s, sid, accepted, wait=wait, as_json=as_json)
 
     finish(run_async(main()))

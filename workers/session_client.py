@@ -333,6 +333,11 @@ def update_error(exc: BaseException) -> tuple[str, str]:
     return _snake(type(exc).__name__), str(exc)
 
 
+#: The codes of ``start_refusal`` that mean the server created nothing: the namespace is unknown or
+#: lacks maka's search attributes. (``temporal_unavailable`` may hide a start that happened.)
+START_NEVER_HAPPENED = frozenset({"namespace_not_found", "search_attributes_missing"})
+
+
 def start_refusal(exc: Any, namespace: str, session_id: str) -> MakaError:
     """A stable code for a workflow start the server refused (an ``RPCError``).
 

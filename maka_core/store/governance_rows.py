@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, exists, select, update
 
 from maka_core.errors import LedgerRejection
 from maka_core.facts import canonical_json
@@ -30,6 +30,7 @@ from maka_core.store.hot_sql import HotSQL
 from maka_core.store.melra_tasks import MelraTaskRecords
 from maka_core.store.schema import (
     action_receipts,
+    agent_runs,
     execution_certificates,
     runtime_events,
     session_policies,
@@ -201,6 +202,31 @@ class GovernanceRecords(MelraTaskRecords):
         stored = self.session_policy(session_id)
         assert stored is not None
         return stored
+
+    def forget_session_policy(self, session_id: str, digest: str) -> bool:
+        """Take back the policy a session start recorded when the start was refused before any
+        workflow existed (the namespace is unknown or lacks maka's search attributes), so a corrected
+        start may choose another. Only a row with this ``digest`` of a session that never ran: one
+        with an event or a run header already decides by it, and is kept. Returns whether a row went.
+        """
+
+        def body(conn: Connection) -> bool:
+            ran = conn.execute(
+                select(
+                    exists().where(runtime_events.c.session_id == session_id)
+                    | exists().where(agent_runs.c.session_id == session_id)
+                )
+            ).scalar()
+            if ran:
+                return False
+            gone = conn.execute(
+                delete(session_policies).where(
+                    session_policies.c.session_id == session_id, session_policies.c.policy_digest == digest
+                )
+            )
+            return bool(gone.rowcount)
+
+        return bool(self._write(body))
 
     def session_policy(self, session_id: str) -> dict[str, Any] | None:
         """``{policy, policyVersion, policyDigest, identity}`` or None (the default policy applies)."""

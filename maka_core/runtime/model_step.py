@@ -12,11 +12,8 @@ same function, so the same idempotence, with the tool attempt heartbeated while 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
@@ -36,7 +33,6 @@ from maka_core.runtime.contracts import (
 from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Attempt, Runtime
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -95,9 +91,8 @@ async def model_step(rt: Runtime, inp: ModelStepInput, attempt: Attempt | None =
     if committed:
         return _result(rt, step_id, committed, replayed=True)
     rt.record_provider_call(step_id)
-    output = await _heartbeating(
-        rt, provider.complete(history, rt.tool_specs(), step_index=step_index), attempt
-    )
+    answer = provider.complete(history, rt.tool_specs(), step_index=step_index)
+    output = await rt.heartbeating(answer, attempt)
     ts = now_ms()
     batch: list[RuntimeEvent] = []
     if output.text is not None or not output.tool_calls:
@@ -162,13 +157,3 @@ def _run_ids(rt: Runtime, session_id: str, run_id: str) -> RunIds:
         session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
     )
 
-
-async def _heartbeating(rt: Runtime, work: Awaitable[T], attempt: Attempt | None) -> T:
-    if attempt is None:
-        return await work
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=rt.settings.heartbeat_interval)
-        if done:
-            return task.result()
-        attempt.heartbeat()

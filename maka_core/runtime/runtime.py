@@ -36,7 +36,7 @@ import contextvars
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -192,13 +192,19 @@ class Runtime:
         # the parent of what the ledger thread records).
         context = contextvars.copy_context()
         future = asyncio.get_running_loop().run_in_executor(pool, context.run, timed if measured else fn)
+        return await self.heartbeating(future, attempt)
+
+    async def heartbeating(self, work: Awaitable[T], attempt: Attempt | None) -> T:
+        """Await ``work``, heartbeating ``attempt`` every ``heartbeat_interval`` meanwhile (a hop, a
+        tool body, or a provider call made inside a tool activity)."""
         if attempt is None:
-            return await future
+            return await work
+        task = asyncio.ensure_future(work)
         interval = self.settings.heartbeat_interval
         while True:
-            done, _ = await asyncio.wait({future}, timeout=interval)
+            done, _ = await asyncio.wait({task}, timeout=interval)
             if done:
-                return future.result()
+                return task.result()
             attempt.heartbeat()
 
     # --- shared caches -------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
     ModelStepResult,
-    RunIds,
     ToolInput,
     ToolOutcome,
 )
@@ -134,7 +133,9 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
     if after is None:
         return outcome
     try:
-        ids = await rt.on_ledger(lambda: _run_ids(rt, inp.session_id, inp.run_id))
+        ids = await rt.on_ledger(lambda: tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id))
+        # The call just settled, so its run is in the ledger.
+        assert ids is not None
         step_input = ModelStepInput(
             ids=ids, step=after.step, workspace=inp.workspace, provider=after.provider, after_tools=True
         )
@@ -148,12 +149,4 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
         )
         return outcome
     return outcome.model_copy(update={"next_step": step})
-
-
-def _run_ids(rt: Runtime, session_id: str, run_id: str) -> RunIds:
-    """The run's ids as its first event committed them (the call just settled, so it exists)."""
-    first = rt.ledger.view().first_of_run[run_id]
-    return RunIds(
-        session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
-    )
 

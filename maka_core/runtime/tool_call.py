@@ -83,14 +83,21 @@ class AwaitingApproval:
     expires_at: datetime
 
 
-def call_state(view: CommittedView, session_id: str, run_id: str, tool_call_id: str) -> CallState | None:
-    """Look a call up in the committed view (None: the ledger does not hold it)."""
+def run_ids(view: CommittedView, session_id: str, run_id: str) -> RunIds | None:
+    """The run's ids as its first event committed them (None: the ledger does not hold the run)."""
     first = view.first_of_run.get(run_id)
     if first is None:
         return None
-    ids = RunIds(
+    return RunIds(
         session_id=session_id, turn_id=first.turn_id, run_id=run_id, invocation_id=first.invocation_id
     )
+
+
+def call_state(view: CommittedView, session_id: str, run_id: str, tool_call_id: str) -> CallState | None:
+    """Look a call up in the committed view (None: the ledger does not hold it)."""
+    ids = run_ids(view, session_id, run_id)
+    if ids is None:
+        return None
     found = view.call(ids.invocation_id, tool_call_id)
     if found is None:
         return None

@@ -12,12 +12,15 @@ import json
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from maka_core.errors import MakaError, StoreError
 from maka_core.settings import MakaSettings, load_settings
+
+if TYPE_CHECKING:
+    from maka_core.store.writer import LedgerStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -130,7 +133,7 @@ def finish(code: int) -> None:
 # --- the ledger --------------------------------------------------------------------------------
 
 
-def open_ledger(target: str | Path, *, create: bool) -> Any:
+def open_ledger(target: str | Path, *, create: bool) -> LedgerStore:
     """Open the ledger at a path or URL; refuses instead of raising a store traceback.
 
     Only the commands that run turns (worker, dev, demo, session start) and ``ledger import`` may

@@ -41,10 +41,10 @@ def test_a_v2_ledger_migrates_to_v3_with_empty_governance_tables(tmp_path: Path)
 
 
 def test_a_refused_start_takes_back_only_the_policy_of_a_session_that_never_ran(store: LedgerStore) -> None:
-    def put(session_id: str, digest: str = "sha256:x") -> None:
-        store.put_session_policy(session_id, policy={}, version="v", digest=digest, identity={})
+    def put(session_id: str, digest: str = "sha256:x") -> bool:
+        return store.put_session_policy(session_id, policy={}, version="v", digest=digest, identity={})
 
-    put("never-ran")
+    assert put("never-ran") is True and put("never-ran") is False  # recorded once; then a no-op
     assert store.forget_session_policy("never-ran", "sha256:other") is False  # another policy: kept
     assert store.forget_session_policy("never-ran", "sha256:x") is True
     assert store.session_policy("never-ran") is None

@@ -79,15 +79,13 @@ class SessionPolicy:
             MakaError: ``session_policy_conflict`` when the session already has another.
         """
         with open_ledger(s.ledger, create=True) as store:
-            before = store.session_policy(self.session_id)
-            store.put_session_policy(
+            return store.put_session_policy(
                 self.session_id,
                 policy=self.record["policy"],
                 version=self.record["version"],
                 digest=self.record["digest"],
                 identity=self.record["identity"],
             )
-        return before is None
 
     def forget_in(self, s: MakaSettings) -> None:
         """Take back what ``record_in`` recorded, for a start the server refused before any workflow

@@ -164,8 +164,10 @@ class GovernanceRecords(MelraTaskRecords):
         version: str,
         digest: str,
         identity: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        """Record the policy a session decides by, once; the same policy again is a no-op.
+    ) -> bool:
+        """Record the policy a session decides by, once; the same policy again is a no-op. Returns
+        whether this call recorded it (decided inside the writer transaction, so of two racing
+        callers exactly one gets True).
 
         Raises:
             LedgerRejection: ``session_policy_conflict`` when the session already has another.
@@ -173,7 +175,7 @@ class GovernanceRecords(MelraTaskRecords):
         policy_json = canonical_json.dumps(dict(policy))
         identity_json = canonical_json.dumps(dict(identity))
 
-        def body(conn: Connection) -> None:
+        def body(conn: Connection) -> bool:
             row = conn.execute(
                 select(session_policies.c.policy_digest, session_policies.c.identity_json).where(
                     session_policies.c.session_id == session_id
@@ -190,18 +192,17 @@ class GovernanceRecords(MelraTaskRecords):
                         recorded_at=now_ms(),
                     )
                 )
-            elif (row[0], row[1]) != (digest, identity_json):
+                return True
+            if (row[0], row[1]) != (digest, identity_json):
                 raise LedgerRejection(
                     "session_policy_conflict",
                     "the session already decides by another policy or principal",
                     sessionId=session_id,
                     policyDigest=row[0],
                 )
+            return False
 
-        self._write(body)
-        stored = self.session_policy(session_id)
-        assert stored is not None
-        return stored
+        return bool(self._write(body))
 
     def forget_session_policy(self, session_id: str, digest: str) -> bool:
         """Take back the policy a session start recorded when the start was refused before any

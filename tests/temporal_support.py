@@ -29,6 +29,18 @@ from workers.worker import serve
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``maka ARGS`` as a real process from the repository, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def write_script(path: Path, steps: list[dict[str, Any]]) -> Path:
     path.write_text(json.dumps({"steps": steps}))
     return path

@@ -25,21 +25,11 @@ import pytest
 
 from maka_core.store.writer import LedgerStore
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
+from tests.temporal_support import run_maka as maka
 from workers.devserver import free_port
 from workflows.contracts import MODEL_STEP, workflow_id_for
 
 pytestmark = pytest.mark.temporal
-
-
-def maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def stop(proc: subprocess.Popen[Any], *, grace: float) -> None:

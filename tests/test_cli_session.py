@@ -14,20 +14,10 @@ from typing import Any
 import pytest
 
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
+from tests.temporal_support import run_maka as maka
 from workers.devserver import free_port
 
 pytestmark = pytest.mark.temporal
-
-
-def maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _env(home: Path, address: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from tests.temporal_support import REPO
+from tests.temporal_support import run_maka
 from tests.test_governed_execution import CONFIRM, _until_pending, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input
 from workers.devserver import free_port
@@ -27,16 +26,8 @@ from workers.governance_cli import session_policy
 
 
 def maka(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.update({"MAKA_HOME": str(home), "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"})
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {**os.environ, "MAKA_HOME": str(home), "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
+    return run_maka(*args, env=env, timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,9 @@ def test_a_driver_error_breaks_the_group(store: LedgerStore) -> None:
 # --- the executor: real threads --------------------------------------------------------------
 
 
-def _queue_behind_gate(ex: LedgerExecutor, work: list[Any]) -> list[Future[Any]]:
-    """Hold the ledger thread on a gate while ``work`` queues up, so it runs as one group."""
+@contextmanager
+def _ledger_thread_held(ex: LedgerExecutor) -> Iterator[None]:
+    """Hold the ledger thread on a gate for the block: what queues meanwhile runs as one group."""
     gate, holding = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -134,9 +136,16 @@ def _queue_behind_gate(ex: LedgerExecutor, work: list[Any]) -> list[Future[Any]]
 
     ex.submit(hold)
     assert holding.wait(10)
-    futures = [ex.submit(w) for w in work]
-    gate.set()
-    return futures
+    try:
+        yield
+    finally:
+        gate.set()
+
+
+def _queue_behind_gate(ex: LedgerExecutor, work: list[Any]) -> list[Future[Any]]:
+    """Queue ``work`` while the ledger thread is held, so it runs as one group."""
+    with _ledger_thread_held(ex):
+        return [ex.submit(w) for w in work]
 
 
 def _durable_sqlite(path: Path, event_id: str) -> bool:
@@ -154,25 +163,17 @@ def test_executor_groups_queued_writers_from_many_threads(tmp_path: Path) -> Non
         commits = _commits(store)
         try:
             results: dict[int, Any] = {}
-            gate, holding = threading.Event(), threading.Event()
-
-            def hold() -> None:
-                holding.set()
-                gate.wait(10)
-
-            ex.submit(hold)
-            assert holding.wait(10)
 
             def writer(k: int) -> None:
                 results[k] = ex.submit(lambda: store.append([_user(k)])).result(10)
 
             threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + 10
-            while ex._queue.qsize() < 8 and time.monotonic() < deadline:  # every writer has queued
-                time.sleep(0.001)
-            gate.set()
+            with _ledger_thread_held(ex):
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 10
+                while ex._queue.qsize() < 8 and time.monotonic() < deadline:  # every writer has queued
+                    time.sleep(0.001)
             for t in threads:
                 t.join(10)
         finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from maka_core.runtime import model_step, tool_call
 from maka_core.runtime.contracts import NextStep, ToolInput
@@ -22,10 +21,6 @@ TWO_READS = script(
     {"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]},
     {"text": "done"},
 )
-
-
-def _riding(k: int, provider: dict[str, Any]) -> NextStep:
-    return NextStep(step=k, provider=provider)
 
 
 def _first_call(rt: Runtime, ws: Workspace, next_step: NextStep | None) -> ToolInput:
@@ -47,7 +42,7 @@ def _kinds(rt: Runtime) -> list[tuple[str, str | None]]:
 def test_the_step_rides_back_after_t2_and_is_the_step_a_standalone_call_finds(
     rt: Runtime, ws: Workspace
 ) -> None:
-    inp = _first_call(rt, ws, _riding(1, TWO_READS))
+    inp = _first_call(rt, ws, NextStep(step=1, provider=TWO_READS))
     outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
     assert outcome.status == "completed" and outcome.response_event_id, outcome
     assert outcome.next_step is not None and outcome.next_step.step_id == f"{IDS.run_id}:1", outcome
@@ -77,7 +72,7 @@ def test_a_failing_step_leaves_the_outcome_whole_and_the_step_to_the_workflow(
     rt: Runtime, ws: Workspace, tmp_path: Path
 ) -> None:
     missing = tmp_path / "later.json"
-    inp = _first_call(rt, ws, _riding(1, {"kind": "script", "path": str(missing)}))
+    inp = _first_call(rt, ws, NextStep(step=1, provider={"kind": "script", "path": str(missing)}))
     outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
     # The call settled (T2 committed) and its outcome came back without a step.
     assert outcome.status == "completed" and outcome.response_event_id and outcome.next_step is None, outcome

@@ -8,11 +8,15 @@ is missing (``script_invalid``), which is what a step sees when its script canno
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from maka_core.runtime import model_step, tool_call
 from maka_core.runtime.contracts import NextStep, ToolInput
 from maka_core.runtime.runtime import Runtime
+from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.test_runtime import ATTEMPT, IDS, begin, run, script, step, tool_input
 
@@ -21,6 +25,19 @@ TWO_READS = script(
     {"toolCalls": [{"name": "read_file", "args": {"path": "a.txt"}}]},
     {"text": "done"},
 )
+
+T = TypeVar("T")
+
+
+@dataclass
+class CountingRuntime(Runtime):
+    """The real runtime, counting its hops to the ledger thread."""
+
+    hops: list[str] = field(default_factory=list)
+
+    async def on_ledger(self, fn: Callable[[], T], **kwargs: Any) -> T:
+        self.hops.append(getattr(fn, "__name__", "?"))
+        return await super().on_ledger(fn, **kwargs)
 
 
 def _first_call(rt: Runtime, ws: Workspace, next_step: NextStep | None) -> ToolInput:
@@ -81,3 +98,40 @@ def test_a_failing_step_leaves_the_outcome_whole_and_the_step_to_the_workflow(
     missing.write_text(json.dumps({"steps": TWO_READS["steps"]}))
     later = step(rt, ws, 1, {"kind": "script", "path": str(missing)})
     assert not later.replayed and [c.tool_name for c in later.calls] == ["read_file"], later
+
+
+def test_the_riding_step_reads_its_ledger_state_in_t2s_hop(store: LedgerStore, ws: Workspace) -> None:
+    """A call with its riding step is three ledger hops: T1, T2 with the step's read, the step's
+    commit. The negative control is the same work as two activities (the call, then the workflow's
+    own step), which the count tells apart: it pays a separate hop for the step's read."""
+    rt = CountingRuntime(store)
+    try:
+        inp = _first_call(rt, ws, NextStep(step=1, provider=TWO_READS))
+        rt.hops.clear()
+        outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+        assert outcome.next_step is not None and not outcome.next_step.replayed, outcome
+        riding = list(rt.hops)
+        assert len(riding) == 3, riding
+        # The negative control: the next call, then its step on its own (the local-activity way).
+        (ref,) = outcome.next_step.calls
+        rt.hops.clear()
+        run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+        alone = step(rt, ws, 2, TWO_READS)
+        assert alone.final and not alone.replayed, alone
+        assert len(rt.hops) == 4, rt.hops
+    finally:
+        rt.close()
+
+
+def test_a_retried_tool_activity_returns_the_step_its_first_attempt_committed(
+    rt: Runtime, ws: Workspace
+) -> None:
+    """The second attempt finds the call settled (no T2 hop to read in) and reads the step on its
+    own: the same step output, replayed, and the provider is not asked again."""
+    inp = _first_call(rt, ws, NextStep(step=1, provider=TWO_READS))
+    first = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+    again = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
+    assert again.replayed and again.response_event_id == first.response_event_id, (again, first)
+    assert first.next_step is not None and again.next_step is not None, (first, again)
+    assert again.next_step.replayed and again.next_step.calls == first.next_step.calls, (again, first)
+    assert sum(1 for _, sid in _kinds(rt) if sid == f"{IDS.run_id}:1") == 1, _kinds(rt)

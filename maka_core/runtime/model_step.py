@@ -20,12 +20,13 @@ from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resume_plan import legal_replay
-from maka_core.providers import ScriptedProvider
+from maka_core.providers import Provider, ScriptedProvider
 from maka_core.runtime import builders, governed, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
     ModelStepResult,
+    RunIds,
     ToolInput,
     ToolOutcome,
 )
@@ -61,32 +62,51 @@ def _result(
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
 
 
-async def model_step(rt: Runtime, inp: ModelStepInput, attempt: Attempt | None = None) -> ModelStepResult:
+#: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
+#: session-wide step index, and the provider history (empty when the provider does not read it).
+Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent]]
+
+
+def _needs_history(provider: Provider) -> bool:
+    # A scripted provider answers by step index alone; skip assembling a history it never reads
+    # (unless a call refers to an earlier result).
+    return not isinstance(provider, ScriptedProvider) or provider.refers_to_results
+
+
+def _lookup(rt: Runtime, ids: RunIds, step_id: str, needs_history: bool) -> Found:
+    """On the ledger thread: the step's committed output, step index and history."""
+    view = rt.ledger.view()
+    committed = view.step_events(step_id)
+    history: list[RuntimeEvent] = []
+    if needs_history and not committed:
+        events = rt.ledger.events(session_id=ids.session_id)
+        # An operator-resolved call is shown with a result stating the decision (never re-run).
+        history = resolved_history(legal_replay(events), events)
+    # Session-wide step index: the script (or any provider) continues where the session is.
+    return committed, view.step_count(ids.session_id), history
+
+
+async def model_step(
+    rt: Runtime, inp: ModelStepInput, attempt: Attempt | None = None, found: Found | None = None
+) -> ModelStepResult:
     """Return step ``k``'s committed output, or call the provider once and commit it.
 
     ``attempt``: heartbeat it while the provider answers (a step riding in a tool activity, whose
-    heartbeat timeout is a tool's, not a model call's)."""
+    heartbeat timeout is a tool's, not a model call's). ``found``: the step's ledger state, already
+    read on the ledger thread (a riding step reads it in its call's T2 hop)."""
     ids = inp.ids
     step_id = f"{ids.run_id}:{inp.step}"
     if inp.after_tools:
         failpoints.hit("P7")
     provider = rt.provider(inp.provider)
-    # A scripted provider answers by step index alone; skip assembling a history it never reads
-    # (unless a call refers to an earlier result).
-    needs_history = not isinstance(provider, ScriptedProvider) or provider.refers_to_results
+    needs_history = _needs_history(provider)
 
-    def lookup() -> tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent]]:
-        view = rt.ledger.view()
-        committed = view.step_events(step_id)
-        history: list[RuntimeEvent] = []
-        if needs_history and not committed:
-            events = rt.ledger.events(session_id=ids.session_id)
-            # An operator-resolved call is shown with a result stating the decision (never re-run).
-            history = resolved_history(legal_replay(events), events)
-        # Session-wide step index: the script (or any provider) continues where the session is.
-        return committed, view.step_count(ids.session_id), history
+    def lookup() -> Found:
+        return _lookup(rt, ids, step_id, needs_history)
 
-    committed, step_index, history = await rt.on_ledger(lookup, attempt=attempt)
+    if found is None:
+        found = await rt.on_ledger(lookup, attempt=attempt)
+    committed, step_index, history = found
     if committed:
         return _result(rt, step_id, committed, replayed=True)
     rt.record_provider_call(step_id)
@@ -123,23 +143,44 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
     outcome.
 
     The order is the protocol's: the step starts only after the call's T2 is committed, so the model
-    sees a result the ledger already holds. The step is best effort here and exact everywhere: it is
-    idempotent through the ledger, so when it fails (a provider error, a crash after T2) the outcome
-    still returns without it, and the workflow runs the step on its own, with the model step's
-    retry policy, finding the output if this attempt committed it.
+    sees a result the ledger already holds. The step reads its ledger state in T2's own hop, right
+    after the commit. The step is best effort here and exact everywhere: it is idempotent through
+    the ledger, so when it fails (a provider error, a crash after T2) the outcome still returns
+    without it, and the workflow runs the step on its own, with the model step's retry policy,
+    finding the output if this attempt committed it.
     """
-    outcome = await tool_call.execute_tool(rt, inp, attempt)
     after = inp.next_step
     if after is None:
-        return outcome
+        return await tool_call.execute_tool(rt, inp, attempt)
     try:
-        ids = await rt.on_ledger(lambda: tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id))
+        needs_history = _needs_history(rt.provider(after.provider))
+    except Exception:  # an unusable provider: the step's own activity reports it
+        needs_history = True
+
+    def read_step() -> tuple[RunIds, Found] | None:
+        # Runs inside T2's hop, after its commit: a failure here must not look like T2's.
+        try:
+            ids = tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id)
+            if ids is None:
+                return None
+            return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history)
+        except Exception:
+            log.exception("reading model step %s:%d after its call failed", inp.run_id, after.step)
+            return None
+
+    outcome, read = await tool_call.execute_tool_then(rt, inp, attempt, read_step)
+    try:
+        if read is None:  # the call did not run here (refused, replayed), or the read failed
+            ids = await rt.on_ledger(lambda: tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id))
+            found = None
+        else:
+            ids, found = read
         # The call just settled, so its run is in the ledger.
         assert ids is not None
         step_input = ModelStepInput(
             ids=ids, step=after.step, workspace=inp.workspace, provider=after.provider, after_tools=True
         )
-        step = await model_step(rt, step_input, attempt)
+        step = await model_step(rt, step_input, attempt, found)
     except Exception as exc:
         log.warning(
             "model step %s:%d after a tool call did not complete here (%s); the workflow runs it",
@@ -149,4 +190,3 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
         )
         return outcome
     return outcome.model_copy(update={"next_step": step})
-

@@ -4,6 +4,7 @@ afresh per run) while its entry snippets are compiled once."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -23,7 +24,12 @@ from temporalio.workflow import _Definition
 
 from tests.children.sandbox_probe_clock import ImportsTheClock
 from tests.children.sandbox_probe_runs import CountsRuns
-from workers.sandbox_runner import CompiledOnceSandboxRunner, compiled
+from workers.sandbox_runner import (
+    CompiledOnceSandboxRunner,
+    WorkflowModules,
+    compiled,
+    compiled_module,
+)
 
 
 def _prepare(runner: WorkflowRunner, cls: type[Any]) -> None:
@@ -80,6 +86,31 @@ def test_entry_snippets_compile_once() -> None:
     after = compiled.cache_info()
     assert after.misses == info.misses
     assert after.hits > info.hits
+
+
+def _run_codes(runner_cls: type[SandboxedWorkflowRunner], n: int) -> list[Any]:
+    """The code object of the workflow's ``run`` in each of ``n`` sandboxed runs."""
+    return [cls.run.__code__ for cls in _run_classes(runner_cls, n)]
+
+
+def test_the_workflow_module_is_compiled_once_and_executed_per_run() -> None:
+    codes = _run_codes(CompiledOnceSandboxRunner, 3)
+    # One compilation serves every run (the classes are still distinct: see the test above).
+    assert len({id(c) for c in codes}) == 1, codes
+    info = compiled_module.cache_info()
+    _run_codes(CompiledOnceSandboxRunner, 2)
+    assert compiled_module.cache_info().misses == info.misses, (info, compiled_module.cache_info())
+
+
+def test_negative_control_the_stock_runner_loads_the_module_code_per_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The check above can fail: the stock sandbox compiles (or unmarshals) the module every run, so
+    # no two runs share a code object. The finder is process-wide once a runner of ours prepared a
+    # workflow of that package, so the stock runner runs here with it taken off the import path.
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, WorkflowModules)])
+    codes = _run_codes(SandboxedWorkflowRunner, 3)
+    assert len({id(c) for c in codes}) == 3, codes
 
 
 def test_serialization_contexts_match_the_sandboxed_lookup() -> None:

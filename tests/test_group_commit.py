@@ -8,6 +8,7 @@ releases its callers before the shared commit.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from sqlalchemy import event as sa_event
 from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import RuntimeEvent
 from maka_core.runtime.ledger_executor import LedgerExecutor, _Item
+from maka_core.runtime.runtime import Leg, Runtime
 from maka_core.store.writer import LedgerStore
 from tests import ledger_factory as f
 from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
@@ -266,6 +268,57 @@ def test_callers_are_released_only_after_the_commit(tmp_path: Path, executor: ty
         assert released_early == []
     else:
         assert released_early  # the check catches a caller released before its write was durable
+
+
+@pytest.mark.parametrize("executor", [LedgerExecutor, EarlyRelease])
+def test_a_relay_hands_on_from_a_ledger_leg_only_after_the_commit(
+    tmp_path: Path, executor: type[LedgerExecutor]
+) -> None:
+    # ``Runtime.relay`` hands T1's leg to the tool pool without the event loop: the effect leg must
+    # still start only once T1 is durable, when T1 ran inside a group too. The negative control is
+    # the runtime built over the early-releasing executor.
+    path = tmp_path / "ledger.sqlite"
+    durable_at_effect: dict[int, bool] = {}
+    with LedgerStore.open(path) as store:
+        rt = Runtime(store)
+        rt._ledger_thread.shutdown()
+        rt._ledger_thread = ex = executor(store.group)
+
+        def relay(k: int) -> Any:
+            return rt.relay(
+                [
+                    Leg("ledger", lambda _: store.append([_user(k)])),
+                    Leg(
+                        "tool_pool",
+                        lambda _: durable_at_effect.__setitem__(k, _durable_sqlite(path, f"evt-user-{k}")),
+                    ),
+                ]
+            )
+
+        def hold_the_commit() -> None:
+            # Queued last in the group: the commit waits until every effect leg has looked (an early
+            # release is then caught every time), or for a second (the correct executor's case).
+            deadline = time.monotonic() + 1.0
+            while len(durable_at_effect) < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+        async def go() -> None:
+            with _ledger_thread_held(ex):
+                relays = [asyncio.ensure_future(relay(k)) for k in range(4)]
+                await asyncio.sleep(0)  # each relay queues its ledger leg behind the gate: one group
+                ex.submit(hold_the_commit)
+            await asyncio.gather(*relays)
+
+        try:
+            asyncio.run(go())
+        finally:
+            rt.close()
+    assert sorted(durable_at_effect) == [0, 1, 2, 3], durable_at_effect
+    early = [k for k, durable in durable_at_effect.items() if not durable]
+    if executor is LedgerExecutor:
+        assert early == [], durable_at_effect
+    else:
+        assert early, durable_at_effect  # the check catches an effect leg started before the commit
 
 
 @pytest.mark.parametrize("variant", ["correct", "early"])

@@ -8,14 +8,14 @@ is missing (``script_invalid``), which is what a step sees when its script canno
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from maka_core.runtime import model_step, tool_call
 from maka_core.runtime.contracts import NextStep, ToolInput
-from maka_core.runtime.runtime import Runtime
+from maka_core.runtime.runtime import Leg, Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests.test_runtime import ATTEMPT, IDS, begin, run, script, step, tool_input
@@ -31,13 +31,30 @@ T = TypeVar("T")
 
 @dataclass
 class CountingRuntime(Runtime):
-    """The real runtime, counting its hops to the ledger thread."""
+    """The real runtime, recording each hand-off to a thread (``ledger`` or ``tool_pool``) and
+    each return to the event loop."""
 
-    hops: list[str] = field(default_factory=list)
+    hand_offs: list[str] = field(default_factory=list)
+    returns: int = 0
 
     async def on_ledger(self, fn: Callable[[], T], **kwargs: Any) -> T:
-        self.hops.append(getattr(fn, "__name__", "?"))
+        self.hand_offs.append("ledger")
+        self.returns += 1
         return await super().on_ledger(fn, **kwargs)
+
+    async def on_tool_pool(self, fn: Callable[[], T], **kwargs: Any) -> T:
+        self.hand_offs.append("tool_pool")
+        self.returns += 1
+        return await super().on_tool_pool(fn, **kwargs)
+
+    async def relay(self, legs: Sequence[Leg], **kwargs: Any) -> Any:
+        self.hand_offs.extend(leg.on for leg in legs)
+        self.returns += 1
+        return await super().relay(legs, **kwargs)
+
+    def reset(self) -> None:
+        self.hand_offs.clear()
+        self.returns = 0
 
 
 def _first_call(rt: Runtime, ws: Workspace, next_step: NextStep | None) -> ToolInput:
@@ -101,24 +118,24 @@ def test_a_failing_step_leaves_the_outcome_whole_and_the_step_to_the_workflow(
 
 
 def test_the_riding_step_reads_its_ledger_state_in_t2s_hop(store: LedgerStore, ws: Workspace) -> None:
-    """A call with its riding step is three ledger hops: T1, T2 with the step's read, the step's
-    commit. The negative control is the same work as two activities (the call, then the workflow's
-    own step), which the count tells apart: it pays a separate hop for the step's read."""
+    """A call with its riding step is four hand-offs (T1, the effect, T2 with the step's read, the
+    step's commit) and two returns to the event loop. The negative control is the same work as two
+    activities (the call, then the workflow's own step), which the count tells apart: the step's
+    read is a hand-off and a return of its own."""
     rt = CountingRuntime(store)
     try:
         inp = _first_call(rt, ws, NextStep(step=1, provider=TWO_READS))
-        rt.hops.clear()
+        rt.reset()
         outcome = run(model_step.execute_tool_then_step(rt, inp, ATTEMPT))
         assert outcome.next_step is not None and not outcome.next_step.replayed, outcome
-        riding = list(rt.hops)
-        assert len(riding) == 3, riding
+        assert (rt.hand_offs, rt.returns) == (["ledger", "tool_pool", "ledger", "ledger"], 2), rt
         # The negative control: the next call, then its step on its own (the local-activity way).
         (ref,) = outcome.next_step.calls
-        rt.hops.clear()
+        rt.reset()
         run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
         alone = step(rt, ws, 2, TWO_READS)
         assert alone.final and not alone.replayed, alone
-        assert len(rt.hops) == 4, rt.hops
+        assert (rt.hand_offs, rt.returns) == (["ledger", "tool_pool", "ledger", "ledger", "ledger"], 3), rt
     finally:
         rt.close()
 

@@ -27,7 +27,7 @@ from maka_core.runtime.contracts import (
     RunIds,
     ToolInput,
 )
-from maka_core.runtime.runtime import Attempt, ResolverGuard, Runtime
+from maka_core.runtime.runtime import Attempt, Leg, ResolverGuard, Runtime
 from maka_core.runtime.settle import repair_run
 from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.writer import LedgerStore, ToolAttempt
@@ -344,3 +344,26 @@ def test_the_view_is_fed_by_commits_and_sees_other_processes_writes(store_url: s
             assert again.replayed
         finally:
             rt.close()
+
+
+# --- the relay ----------------------------------------------------------------------------------
+
+
+def test_a_relay_passes_each_legs_value_on_and_stops_at_the_first_failure(rt: Runtime) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def leg(name: str, fail: bool = False) -> Leg:
+        def fn(value: Any) -> str:
+            seen.append((name, value))
+            if fail:
+                raise ValueError(f"{name} failed")
+            return name
+
+        return Leg("ledger" if name.startswith("l") else "tool_pool", fn)
+
+    assert run(rt.relay([leg("l1"), leg("p1"), leg("l2")])) == "l2"
+    assert seen == [("l1", None), ("p1", "l1"), ("l2", "p1")]
+    seen.clear()
+    with pytest.raises(ValueError, match="p1 failed"):
+        run(rt.relay([leg("l1"), leg("p1", fail=True), leg("l2")]))
+    assert seen == [("l1", None), ("p1", "l1")]  # nothing after the failing leg ran

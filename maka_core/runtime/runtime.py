@@ -9,18 +9,20 @@ tests pass none.
 Threads, and why each hand-off exists. All ledger work runs on ONE dedicated thread: SQLite
 serializes writers anyway, the store's committed view is then never touched by two threads, and a
 durable commit never blocks the event loop. Tool bodies run on a separate pool, so a long command
-never holds the ledger. A tool call therefore crosses threads three times, each a round trip from
-the event loop: (1) ledger thread: Resolver guard, preflight, policy, evidence and T1 in one hop
-(evidence is captured in the same hop as T1 so both see one state of the target; it reads at most
-the tool's file-size bound); (2) tool pool: the effect, heartbeating meanwhile; (3) ledger thread:
-T2. A model step crosses twice, both to the ledger thread: (1) the committed-output lookup (with the
-provider history when the provider reads one); (2) the commit of its output; the provider call itself
-stays on the event loop (it is I/O). In ``with_tool`` mode the step after a call runs in that call's
-activity, which adds one more hop there: reading the run's turn and invocation ids from the committed
-view (the tool input does not carry them, to keep history small; a round trip costs ~30-70 us). So a
-call with its step is six hand-offs (T1, the effect, T2, the ids, the lookup, the step's commit) and
-three durable commits (T1, T2, the step's output). Nothing else moves between threads on the hot
-path.
+never holds the ledger. A tool call is one relay (``Runtime.relay``) across three legs, each handed
+from thread to thread without a trip through the event loop, which wakes once, at the end: (1) ledger
+thread: Resolver guard, preflight, policy, evidence and T1 in one hop (evidence is captured in the
+same hop as T1 so both see one state of the target; it reads at most the tool's file-size bound); (2)
+tool pool, once T1 is durable (the hand-off waits for the commit, a group's included): the effect;
+(3) ledger thread: T2. A model step crosses twice, both to the ledger thread: (1) the
+committed-output lookup (with the provider history when the provider reads one); (2) the commit of
+its output; the provider call itself stays on the event loop (it is I/O). In ``with_tool`` mode the
+step after a call runs in that call's activity and reads its ledger state (the run's ids and the
+lookup) in T2's own hop, right after the commit. So a call with its step is four hand-offs (T1, the
+effect, T2 with the step's read, the step's commit), two of them returns to the event loop (after T2,
+after the step's commit; a return costs ~30-70 us more than a thread-to-thread hand-off), and three
+durable commits (T1, T2, the step's output). The loop heartbeats the attempt meanwhile. Nothing else
+moves between threads on the hot path.
 
 Group commit (``ledger_executor``): when the ledger thread finds several sessions' hops queued, it
 runs them back to back in ONE transaction (each writer a SAVEPOINT) with ONE durable commit, and
@@ -36,11 +38,11 @@ import contextvars
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
@@ -56,6 +58,15 @@ from maka_core.workspace import Workspace
 T = TypeVar("T")
 
 Heartbeat = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One leg of a relay: the thread it runs on, and what it makes of the previous leg's value
+    (the first leg is given None)."""
+
+    on: Literal["ledger", "tool_pool"]
+    fn: Callable[[Any], Any]
 
 
 def no_heartbeat() -> None:
@@ -193,6 +204,44 @@ class Runtime:
         context = contextvars.copy_context()
         future = asyncio.get_running_loop().run_in_executor(pool, context.run, timed if measured else fn)
         return await self.heartbeating(future, attempt)
+
+    async def relay(self, legs: Sequence[Leg], *, attempt: Attempt | None = None) -> Any:
+        """Run ``legs`` in order, each on its thread and given the previous leg's value, and return
+        the last one's; heartbeat meanwhile. Each leg is handed to the next thread from the
+        completion of its own future, so a ledger leg hands on only once its writes are durable (a
+        group's commit included), and the event loop wakes once, for the result. A leg that raises
+        ends the relay: its exception is raised here and no later leg runs."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
+        context = contextvars.copy_context()  # as ``_run``: spans opened around the relay are parents
+
+        def settle(value: Any, failure: BaseException | None) -> None:
+            if result.cancelled():
+                return
+            if failure is not None:
+                result.set_exception(failure)
+            else:
+                result.set_result(value)
+
+        def start(index: int, value: Any) -> None:
+            leg = legs[index]
+            pool = self._ledger_thread if leg.on == "ledger" else self._tool_pool
+            try:
+                future = pool.submit(context.run, leg.fn, value)
+            except BaseException as exc:  # a pool shut down under a closing worker
+                loop.call_soon_threadsafe(settle, None, exc)
+                return
+            future.add_done_callback(lambda done: handed(index, done))
+
+        def handed(index: int, done: Future[Any]) -> None:
+            failure = done.exception()
+            if failure is None and index + 1 < len(legs):
+                start(index + 1, done.result())
+                return
+            loop.call_soon_threadsafe(settle, None if failure else done.result(), failure)
+
+        start(0, None)
+        return await self.heartbeating(result, attempt)
 
     async def heartbeating(self, work: Awaitable[T], attempt: Attempt | None) -> T:
         """Await ``work``, heartbeating ``attempt`` every ``heartbeat_interval`` meanwhile (a hop, a

@@ -33,7 +33,7 @@ from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
-from maka_core.runtime.runtime import Attempt, Runtime, no_heartbeat
+from maka_core.runtime.runtime import Attempt, Leg, Runtime, no_heartbeat
 from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
@@ -84,6 +84,10 @@ class AwaitingApproval:
     operation_id: str
     approval_id: str
     expires_at: datetime
+
+
+#: A call that did not run here: settled or refused (its outcome), or waiting for an approval.
+NotRun = ToolOutcome | AwaitingApproval
 
 
 def run_ids(view: CommittedView, session_id: str, run_id: str) -> RunIds | None:
@@ -150,24 +154,41 @@ async def _execute(
     rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None
 ) -> tuple[ToolOutcome, T | None]:
     spent: list[float] = []
-    admitted = await rt.on_ledger(lambda: _admit(rt, inp, attempt), attempt=attempt, phase="t1", spent=spent)
-    while isinstance(admitted, AwaitingApproval):
-        await _await_answer(rt, admitted, attempt)
-        admitted = await rt.on_ledger(lambda: _admit(rt, inp, attempt), attempt=attempt)
-    if isinstance(admitted, ToolOutcome):
-        return admitted, None
-    failpoints.hit("P2", tag=inp.call.tool_name)
-    _, response, after = await _run_and_commit(rt, admitted, inp.call, attempt, spent, then)
+
+    def admit(_: None) -> Dispatched | NotRun:
+        began = time.perf_counter()
+        try:
+            return _admit(rt, inp, attempt)
+        finally:
+            elapsed = time.perf_counter() - began
+            rt.timings["t1"] += elapsed
+            spent.append(elapsed)
+
+    def effect(admitted: Dispatched | NotRun) -> Ran | NotRun:
+        if not isinstance(admitted, Dispatched):
+            return admitted  # settled, refused or waiting: nothing runs
+        failpoints.hit("P2", tag=inp.call.tool_name)
+        return _run_effect(admitted, inp.call)
+
+    while True:
+        settled = await rt.relay(
+            [Leg("ledger", admit), Leg("tool_pool", effect), Leg("ledger", _t2(rt, attempt, spent, then))],
+            attempt=attempt,
+        )
+        if not isinstance(settled, AwaitingApproval):
+            break
+        await _await_answer(rt, settled, attempt)
+    if isinstance(settled, ToolOutcome):
+        return settled, None
+    ran, after = settled
     rt.call_ledger_s.append(sum(spent))
     failpoints.hit("P5", tag=inp.call.tool_name)
-    content = response.content
-    is_error = content is not None and content.kind == "function_response" and bool(content.is_error)
     outcome = ToolOutcome(
         operation_id=inp.call.operation_id,
         status="completed",
-        is_error=is_error or None,
-        dispatch_event_id=admitted.dispatch_event_id,
-        response_event_id=response.id,
+        is_error=ran.result.is_error or None,
+        dispatch_event_id=ran.call.dispatch_event_id,
+        response_event_id=ran.response.id,
     )
     failpoints.hit("P6", tag=inp.call.tool_name)
     return outcome, after
@@ -197,7 +218,7 @@ async def _await_answer(rt: Runtime, waiting: AwaitingApproval, attempt: Attempt
         await asyncio.sleep(approvals.POLL_S)
 
 
-def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOutcome | AwaitingApproval:
+def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun:
     """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
     view = rt.ledger.view()
@@ -286,29 +307,38 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | ToolOu
     return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started)
 
 
+@dataclass(frozen=True)
+class Ran:
+    """A dispatched call after its effect: what the model is told, its sealed receipt, and the
+    response T2 commits."""
+
+    call: Dispatched
+    result: ToolResult
+    receipt: dict[str, Any] | None
+    response: RuntimeEvent
+
+
 async def run_and_commit_outcome(
     rt: Runtime, call: Dispatched, ref: CallRef, attempt: Attempt
 ) -> tuple[ToolResult, RuntimeEvent]:
-    """Run the effect (heartbeating), verify its evidence, then T2: the outcome and its receipt
-    commit before anyone sees the result."""
-    result, response, _ = await _run_and_commit(rt, call, ref, attempt, None, None)
-    return result, response
+    """Run the effect, verify its evidence, then T2: the outcome and its receipt commit before
+    anyone sees the result (one relay: tool pool, then ledger thread)."""
+    ran, _ = await rt.relay(
+        [Leg("tool_pool", lambda _: _run_effect(call, ref)), Leg("ledger", _t2(rt, attempt, None, None))],
+        attempt=attempt,
+    )
+    assert isinstance(ran, Ran)
+    return ran.result, ran.response
 
 
-async def _run_and_commit(
-    rt: Runtime,
-    call: Dispatched,
-    ref: CallRef,
-    attempt: Attempt,
-    spent: list[float] | None,
-    then: Callable[[], T] | None,
-) -> tuple[ToolResult, RuntimeEvent, T | None]:
-    def run() -> tuple[ToolResult, dict[str, Any] | None]:
-        result = call.tool.run(call.args, call.ws, no_heartbeat)
-        if call.decision is None or call.gov is None:
-            return result, None
+def _run_effect(call: Dispatched, ref: CallRef) -> Ran:
+    """On the tool pool: the effect, its evidence verified and its receipt sealed, and the response
+    event that will carry the result."""
+    result = call.tool.run(call.args, call.ws, no_heartbeat)
+    receipt = None
+    if call.decision is not None and call.gov is not None:
         status, items = governed.verify(call.decision, result, call.ws)
-        sealed = governed.receipt(
+        receipt = governed.receipt(
             operation_id=ref.operation_id,
             gov=call.gov,
             record=call.decision,
@@ -320,12 +350,9 @@ async def _run_and_commit(
             error=result.error_code,
             redactions=governed.redactions_of(result),
         )
-        told = governed.told(result, status, items)
+        result = governed.told(result, status, items)
         if isinstance(call.tool, BoundExecute):
-            told = call.tool.present(told, status, items)
-        return told, sealed
-
-    result, receipt = await rt.on_tool_pool(run, attempt=attempt)
+            result = call.tool.present(result, status, items)
     response = builders.response_event(
         call.ids,
         f"{ref.operation_id}_response",
@@ -336,18 +363,27 @@ async def _run_and_commit(
         now_ms(),
         ref.operation_id,
     )
+    return Ran(call, result, receipt, response)
 
-    def commit() -> T | None:
-        timed = time.perf_counter()
-        rt.ledger.commit_tool_outcome(response, attempt=attempt.record, receipt=receipt)
-        elapsed = time.perf_counter() - timed
+
+def _t2(
+    rt: Runtime, attempt: Attempt, spent: list[float] | None, then: Callable[[], T] | None
+) -> Callable[[Any], Any]:
+    """The T2 leg: commit the outcome and its receipt, then run ``then`` in the same hop; a value
+    that is not a ``Ran`` (nothing ran) passes through untouched."""
+
+    def commit(ran: Ran | NotRun) -> tuple[Ran, T | None] | NotRun:
+        if not isinstance(ran, Ran):
+            return ran
+        began = time.perf_counter()
+        rt.ledger.commit_tool_outcome(ran.response, attempt=attempt.record, receipt=ran.receipt)
+        elapsed = time.perf_counter() - began
         rt.timings["t2"] += elapsed
         if spent is not None:
             spent.append(elapsed)
-        return None if then is None else then()
+        return ran, None if then is None else then()
 
-    after = await rt.on_ledger(commit, attempt=attempt)
-    return result, response, after
+    return commit
 
 
 def _commit_refusal(

@@ -63,10 +63,12 @@ Heartbeat = Callable[[], None]
 @dataclass(frozen=True)
 class Leg:
     """One leg of a relay: the thread it runs on, and what it makes of the previous leg's value
-    (the first leg is given None)."""
+    (the first leg is given None); ``name`` says which protocol step it is (``t1``, ``effect``,
+    ``t2``) to whoever observes the relay (a benchmark's CPU accounting)."""
 
     on: Literal["ledger", "tool_pool"]
     fn: Callable[[Any], Any]
+    name: str = ""
 
 
 def no_heartbeat() -> None:

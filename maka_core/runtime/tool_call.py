@@ -172,7 +172,11 @@ async def _execute(
 
     while True:
         settled = await rt.relay(
-            [Leg("ledger", admit), Leg("tool_pool", effect), Leg("ledger", _t2(rt, attempt, spent, then))],
+            [
+                Leg("ledger", admit, "t1"),
+                Leg("tool_pool", effect, "effect"),
+                Leg("ledger", _t2(rt, attempt, spent, then), "t2"),
+            ],
             attempt=attempt,
         )
         if not isinstance(settled, AwaitingApproval):
@@ -324,7 +328,10 @@ async def run_and_commit_outcome(
     """Run the effect, verify its evidence, then T2: the outcome and its receipt commit before
     anyone sees the result (one relay: tool pool, then ledger thread)."""
     ran, _ = await rt.relay(
-        [Leg("tool_pool", lambda _: _run_effect(call, ref)), Leg("ledger", _t2(rt, attempt, None, None))],
+        [
+            Leg("tool_pool", lambda _: _run_effect(call, ref), "effect"),
+            Leg("ledger", _t2(rt, attempt, None, None), "t2"),
+        ],
         attempt=attempt,
     )
     assert isinstance(ran, Ran)

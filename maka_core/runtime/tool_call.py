@@ -139,9 +139,10 @@ async def execute_tool(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOut
 async def execute_tool_then(
     rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None
 ) -> tuple[ToolOutcome, T | None]:
-    """``execute_tool``, and ``then`` on the ledger thread in T2's own hop, right after T2 commits
-    (None when the call did not run here: refused, replayed or awaiting nothing). A riding model
-    step reads its ledger state this way, saving two hand-offs per call (``runtime``)."""
+    """``execute_tool``, and ``then`` on the ledger thread in T2's own hop, right after T2 commits;
+    its value is None when the call did not run here (refused, or settled before). A riding model
+    step reads its ledger state this way, saving a hand-off and a return per call (``runtime``).
+    ``then`` must not raise: inside a group commit its failure would undo T2 with it."""
     began = time.perf_counter()
     try:
         return await _execute(rt, inp, attempt, then)

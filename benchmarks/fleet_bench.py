@@ -95,7 +95,7 @@ async def one_config(
             procs = [
                 WorkerProcess(
                     server,
-                    db,  # type: ignore[arg-type]
+                    db,
                     queue,
                     home=root,
                     log=root / f"worker-{i}.log",

@@ -108,7 +108,7 @@ agent = Agent(
 
 
 @workflow.defn(name="peer_pydantic_ai.session")
-class PydanticAISession(PydanticAIWorkflow):
+class PydanticAISession(PydanticAIWorkflow):  # type: ignore[misc]  # the optional extra is untyped
     """One agent run of the scripted session."""
 
     __pydantic_ai_agents__ = [agent]
@@ -120,7 +120,7 @@ class PydanticAISession(PydanticAIWorkflow):
             deps=PeerDeps(workspace=params.workspace),
             usage_limits=UsageLimits(request_limit=None),  # the default 50 requests would end long runs
         )
-        return result.output
+        return str(result.output)
 
 
 def is_tool_activity(name: str) -> bool:

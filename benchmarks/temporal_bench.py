@@ -61,6 +61,7 @@ from benchmarks.bench_server import (  # noqa: E402
 )
 from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_temporal  # noqa: E402
 from maka_core.runtime.runtime import Runtime  # noqa: E402
+from maka_core.store.ledger import Ledger  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from workers.session_cli import query_status, start_session  # noqa: E402
 from workers.session_client import wait_settled  # noqa: E402
@@ -91,12 +92,12 @@ async def _settle(client: Client, session_id: str, run_id: str, timeout: float, 
         await asyncio.sleep(poll)
 
 
-def _span(store: LedgerStore, run_id: str) -> tuple[int, int]:
+def _span(store: Ledger, run_id: str) -> tuple[float, float]:
     events = store.events(run_id=run_id)
     return events[0].ts, events[-1].ts
 
 
-def _turn_ms(store: LedgerStore, run_id: str) -> float:
+def _turn_ms(store: Ledger, run_id: str) -> float:
     begin, end = _span(store, run_id)
     return float(end - begin)
 
@@ -312,7 +313,7 @@ async def main(args: argparse.Namespace) -> None:
     for (n, mode, routing), runs in groups.items():
 
         def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
-            return statistics.median(r[key] for r in runs)
+            return float(statistics.median(r[key] for r in runs))
 
         ratios = [r["ms_per_call"] / r["floor_ms_per_call"] for r in runs]
         floor_cpu = statistics.median(f["cpu_ms_per_call"] for f in plain[n])

@@ -15,7 +15,7 @@ test modules.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.codec import canonical_args_hash, digest
@@ -88,7 +88,7 @@ def user(
     text: str = "list the files",
     *,
     id: str = "evt-user-1",
-    protocol: str | None = TOOL_BOUNDARY_PROTOCOL,
+    protocol: Literal["t1_after_preflight_v1"] | None = TOOL_BOUNDARY_PROTOCOL,
     **envelope: Any,
 ) -> RuntimeEvent:
     """A user message; by default the run's first event, declaring the T1 protocol."""

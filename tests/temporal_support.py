@@ -88,7 +88,7 @@ class WorkerProcess:
     def __init__(
         self,
         server: DevServer,
-        db: Path,
+        db: Path | str,
         queue: str,
         *,
         home: Path,

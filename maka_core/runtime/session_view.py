@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
 
 
-
 @dataclass(frozen=True)
 class TurnView:
     turn_id: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +368,25 @@ def test_a_relay_passes_each_legs_value_on_and_stops_at_the_first_failure(rt: Ru
     with pytest.raises(ValueError, match="p1 failed"):
         run(rt.relay([leg("l1"), leg("p1", fail=True), leg("l2")]))
     assert seen == [("l1", None), ("p1", "l1")]  # nothing after the failing leg ran
+
+
+def test_a_relay_whose_leg_is_cancelled_by_a_closing_pool_ends_instead_of_hanging(store: LedgerStore) -> None:
+    rt = Runtime(store, tool_threads=1)
+    blocker = threading.Event()
+    ran: list[str] = []
+
+    async def go() -> None:
+        busy = asyncio.get_running_loop().run_in_executor(rt._tool_pool, blocker.wait, 10)
+        relay = asyncio.ensure_future(rt.relay([Leg("tool_pool", lambda _: ran.append("leg"))]))
+        await asyncio.sleep(0.05)  # the leg is queued behind the busy thread
+        rt._tool_pool.shutdown(wait=False, cancel_futures=True)  # what Runtime.close does
+        blocker.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(relay, 10)
+
+    try:
+        run(go())
+    finally:
+        rt.close()
+    assert ran == []

@@ -34,6 +34,7 @@ that arrives alone runs exactly as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import time
@@ -217,13 +218,20 @@ class Runtime:
         result: asyncio.Future[Any] = loop.create_future()
         context = contextvars.copy_context()  # as ``_run``: spans opened around the relay are parents
 
-        def settle(value: Any, failure: BaseException | None) -> None:
-            if result.cancelled():
+        def settle(value: Any, failure: BaseException | None, cancelled: bool) -> None:
+            if result.done():
                 return
-            if failure is not None:
+            if cancelled:
+                result.cancel()  # as an awaited executor future would be: a pool shut down with it
+            elif failure is not None:
                 result.set_exception(failure)
             else:
                 result.set_result(value)
+
+        def tell(value: Any, failure: BaseException | None = None, cancelled: bool = False) -> None:
+            # A closed loop raises: nobody waits for this relay any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, value, failure, cancelled)
 
         def start(index: int, value: Any) -> None:
             leg = legs[index]
@@ -231,16 +239,19 @@ class Runtime:
             try:
                 future = pool.submit(context.run, leg.fn, value)
             except BaseException as exc:  # a pool shut down under a closing worker
-                loop.call_soon_threadsafe(settle, None, exc)
+                tell(None, exc)
                 return
             future.add_done_callback(lambda done: handed(index, done))
 
         def handed(index: int, done: Future[Any]) -> None:
+            if done.cancelled():
+                tell(None, cancelled=True)
+                return
             failure = done.exception()
             if failure is None and index + 1 < len(legs):
                 start(index + 1, done.result())
-                return
-            loop.call_soon_threadsafe(settle, None if failure else done.result(), failure)
+            else:
+                tell(None if failure else done.result(), failure)
 
         start(0, None)
         return await self.heartbeating(result, attempt)

@@ -329,3 +329,39 @@ def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
         assert asyncio.run(attributes()) == ["MakaParkReason", "MakaSessionId", "MakaState"]
     finally:
         stop(proc, grace=30)
+
+
+async def test_the_sticky_timeout_comes_from_the_settings_model(
+    temporal_client: Any, task_queue: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``MAKA_STICKY_TIMEOUT`` is read through the one settings model (validated, documented), not
+    # from the environment by the worker; an explicit option still wins, and unset is the SDK's 5 s.
+    from datetime import timedelta
+
+    from activities import MakaActivities
+    from maka_core.errors import ConfigError
+    from maka_core.runtime.runtime import Runtime
+    from workers.worker import build_worker
+
+    def sticky(**options: Any) -> Any:
+        with LedgerStore.open(tmp_path / f"{uuid.uuid4().hex}.sqlite") as store:
+            acts = MakaActivities(Runtime(store))
+            try:
+                # A queue each: the SDK refuses a second worker on a queue in one process.
+                queue = f"{task_queue}-{uuid.uuid4().hex[:6]}"
+                worker = build_worker(temporal_client, acts, queue, **options)
+                return worker.config()["sticky_queue_schedule_to_start_timeout"]
+            finally:
+                acts.runtime.close()
+
+    monkeypatch.delenv("MAKA_STICKY_TIMEOUT", raising=False)
+    assert sticky() == timedelta(seconds=5)
+    monkeypatch.setenv("MAKA_STICKY_TIMEOUT", "1.5")
+    assert sticky() == timedelta(seconds=1.5)
+    assert sticky(sticky_timeout=timedelta(seconds=3)) == timedelta(seconds=3)
+    # Validated as every setting is: a bad value is refused by name before a worker exists (a
+    # worker reading the variable itself took "-1" as a negative timeout).
+    monkeypatch.setenv("MAKA_STICKY_TIMEOUT", "-1")
+    with pytest.raises(ConfigError) as refused:
+        sticky()
+    assert refused.value.code == "config_invalid" and "MAKA_STICKY_TIMEOUT" in str(refused.value)

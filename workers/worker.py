@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -184,11 +183,12 @@ def build_worker(
     tool here (its workflow names the host queue). ``workflow``: a test may build a variant.
     """
     # How long a workflow task waits on this worker's sticky queue before any worker may take it:
-    # after a worker dies, the next worker picks the session up only after this. SDK default 5 s.
-    sticky = float(os.environ.get("MAKA_STICKY_TIMEOUT") or 5.0)
+    # after a worker dies, the next worker picks the session up only after this (``MAKA_STICKY_TIMEOUT``,
+    # the settings model's; SDK default 5 s).
+    sticky = options.pop("sticky_timeout", None) or timedelta(seconds=load_settings().sticky_timeout)
     return Worker(
         client,
-        sticky_queue_schedule_to_start_timeout=options.pop("sticky_timeout", timedelta(seconds=sticky)),
+        sticky_queue_schedule_to_start_timeout=sticky,
         task_queue=task_queue,
         workflows=[workflow],
         # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).

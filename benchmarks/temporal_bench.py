@@ -14,6 +14,9 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
 - **ledger ms/call**: per dispatched call, the time its two ledger hops took on the ledger thread
   (guard + preflight + evidence + T1, then T2), p50 over the turn's calls; the means of each hop
   beside it; and the ledger's share of the tool activities' wall time and of the turn.
+- **tool activity body ms/call**: the mean time inside the tool activity per call (``Runtime.timings``
+  ``tool_activity``: the relay T1 -> effect -> T2 and, in ``with_tool`` mode, the riding step); the
+  rest of a call is the Temporal round trip around it, which plain Temporal pays too.
 - **tools**: ``host`` (the default path: a session pinned to a workspace host sends its tool activities
   to that host's queue, ``host_queue(queue, host)``, polled by the same worker process) or ``shared``
   (a session without a host: tools on the workflow's queue, where the server hands the activity task
@@ -157,6 +160,7 @@ async def one_session(
         "ledger_ms_per_call": ledger_s * 1000 / n,
         "ledger_p50_ms": statistics.median(per_call) * 1000 if per_call else float("nan"),
         "t1_ms": spent["t1"] * 1000 / n,
+        "tool_activity_ms": spent["tool_activity"] * 1000 / n,
         "t2_ms": spent["t2"] * 1000 / n,
         "ledger_share_of_tool_activity": ledger_s / max(spent["tool_call"], 1e-9),
         "ledger_share_of_turn": ledger_s * 1000 / max(turn_ms, 1e-9),
@@ -304,9 +308,9 @@ async def main(args: argparse.Namespace) -> None:
         "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
         "| ms/call (wall) | CPU ms/call: this process + server (plain Temporal) "
         "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
-        "| ledger share of tool activity | of turn |"
+        "| tool activity body ms/call (mean) | ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["calls"], r["mode"], r["routing"]), []).append(r)
@@ -328,7 +332,8 @@ async def main(args: argparse.Namespace) -> None:
             f"({floor_cpu:.1f} + {floor_server:.1f}) "
             f"| {med('history_proto_per_call'):.0f} "
             f"| {runs[-1]['history_events']:,} | {runs[-1]['history_runs']} | {med('ledger_p50_ms'):.2f} "
-            f"({med('t1_ms'):.2f} + {med('t2_ms'):.2f}) | {100 * med('ledger_share_of_tool_activity'):.0f} % "
+            f"({med('t1_ms'):.2f} + {med('t2_ms'):.2f}) | {med('tool_activity_ms'):.2f} "
+            f"| {100 * med('ledger_share_of_tool_activity'):.0f} % "
             f"| {100 * med('ledger_share_of_turn'):.0f} % |"
         )
     if peer_rows:

@@ -86,6 +86,8 @@ def test_the_step_rides_back_after_t2_and_is_the_step_a_standalone_call_finds(
     response_at = next(i for i, (kind, _) in enumerate(kinds) if kind == "function_response")
     step1_at = next(i for i, (_, sid) in enumerate(kinds) if sid == f"{IDS.run_id}:1")
     assert response_at < step1_at, kinds
+    # The benchmark's "tool activity body" covers the call and its riding step.
+    assert rt.timings["tool_activity"] > rt.timings["tool_call"] > 0, rt.timings
     # The workflow's standalone step (a fallback, or a replay) finds the same output, never a new one.
     again = step(rt, ws, 1, TWO_READS)
     assert again.replayed and again.calls == outcome.next_step.calls, (again, outcome.next_step)

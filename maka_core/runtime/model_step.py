@@ -13,6 +13,7 @@ same function, so the same idempotence, with the tool attempt heartbeated while 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 from maka_core import failpoints
@@ -149,6 +150,14 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
     without it, and the workflow runs the step on its own, with the model step's retry policy,
     finding the output if this attempt committed it.
     """
+    began = time.perf_counter()
+    try:
+        return await _execute_tool_then_step(rt, inp, attempt)
+    finally:
+        rt.timings["tool_activity"] += time.perf_counter() - began
+
+
+async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
     after = inp.next_step
     if after is None:
         return await tool_call.execute_tool(rt, inp, attempt)

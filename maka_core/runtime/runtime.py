@@ -157,8 +157,15 @@ class Runtime:
         self._tool_specs: list[dict[str, Any]] | None = None
         #: session id -> the policy and principal it decides by (recorded once, never changed).
         self._governance: dict[str, SessionGovernance] = {}
-        #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call) and calls.
-        self.timings: dict[str, float] = {"t1": 0.0, "t2": 0.0, "tool_call": 0.0, "calls": 0.0}
+        #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call, the tool
+        #: activity's whole body with its riding step) and calls.
+        self.timings: dict[str, float] = {
+            "t1": 0.0,
+            "t2": 0.0,
+            "tool_call": 0.0,
+            "tool_activity": 0.0,
+            "calls": 0.0,
+        }
         #: Ledger seconds per dispatched call (its T1 hop + its T2 hop), latest first out: the
         #: benchmark's per-call distribution (bounded, so a long-lived worker does not grow).
         self.call_ledger_s: deque[float] = deque(maxlen=100_000)

@@ -100,33 +100,24 @@ def store_commits(db: Path, n: int) -> tuple[list[float], list[float], int]:
 
 @dataclass
 class HopRuntime(Runtime):
-    """The real runtime; every ledger hop the runtime does not time itself (the model step's lookup
-    and append) is timed the same way, on the ledger thread, into ``other_hops``, and every hop's
-    CPU time on the ledger thread (``time.thread_time``: what a busy machine inflates least) is
-    recorded by phase into ``cpu``."""
+    """The real runtime; every ledger hop outside a tool call's relay (the model step's lookup and
+    append), whose legs the runtime times itself, is timed on the ledger thread into ``other_hops``,
+    and every ledger hop's and ledger leg's CPU time there (``time.thread_time``: what a busy machine
+    inflates least) is recorded into ``cpu``, under the leg's name for a relay's."""
 
     other_hops: list[float] = field(default_factory=list)
     cpu: list[tuple[str | None, float]] = field(default_factory=list)
 
-    async def on_ledger(
-        self,
-        fn: Callable[[], T],
-        *,
-        attempt: Attempt | None = None,
-        phase: str | None = None,
-        spent: list[float] | None = None,
-    ) -> T:
-        if phase is None and spent is None:
-            spent = self.other_hops
-
-        def on_cpu() -> T:
-            began = time.thread_time()
+    async def on_ledger(self, fn: Callable[[], T], *, attempt: Attempt | None = None) -> T:
+        def timed() -> T:
+            began, began_cpu = time.perf_counter(), time.thread_time()
             try:
                 return fn()
             finally:
-                self.cpu.append((phase, time.thread_time() - began))
+                self.cpu.append((None, time.thread_time() - began_cpu))
+                self.other_hops.append(time.perf_counter() - began)
 
-        return await super().on_ledger(on_cpu, attempt=attempt, phase=phase, spent=spent)
+        return await super().on_ledger(timed, attempt=attempt)
 
     async def relay(self, legs: Sequence[Leg], *, attempt: Attempt | None = None) -> Any:
         """A tool call's T1 and T2 legs are timed by the runtime itself; their CPU is recorded here

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import contextvars
 import json
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -172,47 +171,21 @@ class Runtime:
 
     # --- where work runs ---------------------------------------------------------------------
 
-    async def on_ledger(
-        self,
-        fn: Callable[[], T],
-        *,
-        attempt: Attempt | None = None,
-        phase: str | None = None,
-        spent: list[float] | None = None,
-    ) -> T:
+    async def on_ledger(self, fn: Callable[[], T], *, attempt: Attempt | None = None) -> T:
         """Run ``fn`` on the ledger thread; heartbeat meanwhile when ``attempt`` is given (a busy
         ledger must never look like a dead worker: that would send the call to recovery while this
-        attempt can still act). ``phase`` adds its time to ``timings``, ``spent`` appends it."""
-        return await self._run(self._ledger_thread, fn, attempt, phase, spent)
+        attempt can still act)."""
+        return await self._run(self._ledger_thread, fn, attempt)
 
     async def on_tool_pool(self, fn: Callable[[], T], *, attempt: Attempt | None = None) -> T:
         """Run a tool body (or a reconciler) on the tool pool, heartbeating meanwhile."""
-        return await self._run(self._tool_pool, fn, attempt, None, None)
+        return await self._run(self._tool_pool, fn, attempt)
 
-    async def _run(
-        self,
-        pool: Executor,
-        fn: Callable[[], T],
-        attempt: Attempt | None,
-        phase: str | None,
-        spent: list[float] | None,
-    ) -> T:
-        def timed() -> T:
-            began = time.perf_counter()
-            try:
-                return fn()
-            finally:
-                elapsed = time.perf_counter() - began
-                if phase is not None:
-                    self.timings[phase] += elapsed
-                if spent is not None:
-                    spent.append(elapsed)
-
-        measured = phase is not None or spent is not None
+    async def _run(self, pool: Executor, fn: Callable[[], T], attempt: Attempt | None) -> T:
         # The caller's context travels with the work (a tracing span opened around this hop must be
         # the parent of what the ledger thread records).
         context = contextvars.copy_context()
-        future = asyncio.get_running_loop().run_in_executor(pool, context.run, timed if measured else fn)
+        future = asyncio.get_running_loop().run_in_executor(pool, context.run, fn)
         return await self.heartbeating(future, attempt)
 
     async def relay(self, legs: Sequence[Leg], *, attempt: Attempt | None = None) -> Any:

@@ -157,13 +157,7 @@ async def _execute(
     spent: list[float] = []
 
     def admit(_: None) -> Dispatched | NotRun:
-        began = time.perf_counter()
-        try:
-            return _admit(rt, inp, attempt)
-        finally:
-            elapsed = time.perf_counter() - began
-            rt.timings["t1"] += elapsed
-            spent.append(elapsed)
+        return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt))
 
     def effect(admitted: Dispatched | NotRun) -> Ran | NotRun:
         if not isinstance(admitted, Dispatched):
@@ -383,15 +377,28 @@ def _t2(
     def commit(ran: Ran | NotRun) -> tuple[Ran, T | None] | NotRun:
         if not isinstance(ran, Ran):
             return ran
-        began = time.perf_counter()
-        rt.ledger.commit_tool_outcome(ran.response, attempt=attempt.record, receipt=ran.receipt)
-        elapsed = time.perf_counter() - began
-        rt.timings["t2"] += elapsed
-        if spent is not None:
-            spent.append(elapsed)
+        _timed(
+            rt,
+            "t2",
+            spent,
+            lambda: rt.ledger.commit_tool_outcome(ran.response, attempt=attempt.record, receipt=ran.receipt),
+        )
         return ran, None if then is None else then()
 
     return commit
+
+
+def _timed(rt: Runtime, phase: str, spent: list[float] | None, fn: Callable[[], T]) -> T:
+    """``fn()``, its seconds added to ``rt.timings[phase]`` and appended to ``spent`` (the call's
+    ledger time, ``Runtime.call_ledger_s``)."""
+    began = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        elapsed = time.perf_counter() - began
+        rt.timings[phase] += elapsed
+        if spent is not None:
+            spent.append(elapsed)
 
 
 def _commit_refusal(

@@ -25,6 +25,7 @@ from workers.client import connect
 from workers.devserver import DevServer
 from workers.session_cli import query_status, send_message, start_session
 from workers.worker import serve
+from workflows.session import SessionWorkflow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,9 +56,16 @@ def tool_step(*calls: tuple[str, dict[str, Any]], text: str | None = None) -> di
 
 @contextlib.asynccontextmanager
 async def in_process_worker(
-    client: Client, db: Path, queue: str, *, settings: RuntimeSettings | None = None, repair: bool = False
+    client: Client,
+    db: Path,
+    queue: str,
+    *,
+    settings: RuntimeSettings | None = None,
+    repair: bool = False,
+    workflow: type | None = None,
 ) -> AsyncIterator[None]:
-    """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits."""
+    """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits;
+    ``workflow``: a test's variant of the session workflow (a negative control)."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         serve(
@@ -69,6 +77,7 @@ async def in_process_worker(
             ready=ready,
             repair=repair,
             out=io.StringIO(),
+            workflow=workflow or SessionWorkflow,
         )
     )
     waiter = asyncio.create_task(ready.wait())

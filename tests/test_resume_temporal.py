@@ -390,7 +390,10 @@ async def test_the_ledger_alone_carries_a_session_whose_server_database_was_dele
         session_id, _ = await start(client, box.ws, script, box.queue, session_id=f"dbloss-{box.queue}")
         assert await worker.wait_exit(90) != 0
         server.stop()
-        db_file.unlink()  # every execution, history and search attribute is gone
+        # Every execution, history and search attribute is gone: the database with its WAL and
+        # shared-memory files (a WAL left behind would hand the new database the old pages).
+        for part in tmp_path.glob(f"{db_file.name}*"):
+            part.unlink()
         server = devserver.start(
             port=server.port, ui=False, db_file=db_file, log_path=tmp_path / "temporal.log"
         )

@@ -385,3 +385,57 @@ async def test_non_object_tool_arguments_are_refused_before_t1(tmp_path: Path, w
     assert outcome.status == "refused" and outcome.is_error
     assert op is not None and op.status == "completed" and op.settlement_origin == "pre_t1_synthetic"
     assert op.dispatch_event_id is None  # never crossed T1
+
+
+@pytest.mark.parametrize("variant", ["session", "early_settling"])
+async def test_a_wait_that_arrives_with_a_continuations_start_waits_for_its_turn(
+    variant: str, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    # ``maka resume --wait`` starts the continuation's execution, then waits on its run. When no
+    # worker has taken the start yet, the wait reaches the workflow in its first activation, where
+    # Temporal runs handlers before ``run``: the continuation must already count as the turn. Sent
+    # with the start (update-with-start), the wait is in that first activation every time. The
+    # continuation here has no claim, so its turn fails at once; what matters is that the wait
+    # answers after it, not before. Negative control: the workflow before the fix answers ``idle``
+    # with no turn run.
+    from temporalio.client import WithStartWorkflowOperation
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from tests.children.early_settling_workflow import EarlySettlingSessionWorkflow
+    from workflows.contracts import SESSION_WORKFLOW, WAIT_SETTLED, SessionInput, SessionStatus, WaitSettled
+    from workflows.session import SessionWorkflow
+
+    session_id = f"early-wait-{task_queue}"
+    ids = RunIds(session_id=session_id, turn_id="turn-c", run_id="run-c", invocation_id="inv-c")
+    inp = SessionInput(
+        session_id=session_id,
+        workspace=str(ws_dir),
+        workspace_identity="workspace:v1:none",
+        provider={"kind": "script", "path": str(tmp_path / "none.json")},
+        task_queue=task_queue,
+        continuation=ids,
+    )
+    start_op = WithStartWorkflowOperation(
+        SESSION_WORKFLOW,
+        inp,
+        id=workflow_id_for(session_id),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+    )
+    workflow = SessionWorkflow if variant == "session" else EarlySettlingSessionWorkflow
+    async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue, workflow=workflow):
+        status = await asyncio.wait_for(
+            temporal_client.execute_update_with_start_workflow(
+                WAIT_SETTLED,
+                WaitSettled(run_id=ids.run_id),
+                start_workflow_operation=start_op,
+                result_type=SessionStatus,
+            ),
+            60,
+        )
+        await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("test over")
+    ran = status.last_turn is not None and status.last_turn.run_id == ids.run_id
+    if variant == "session":
+        assert ran and status.current_turn is None and status.state == "failed", status
+    else:
+        assert not ran and status.current_turn is None and status.state == "idle", status

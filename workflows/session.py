@@ -167,7 +167,9 @@ class SessionWorkflow:
         self._turns_here = 0
         self._steps_here = 0
         self._last_turn = inp.last_turn
-        self._current: RunIds | None = None
+        # A continuation is this execution's turn from its first moment: a ``wait_settled`` that
+        # arrives with the start is handled before ``run`` begins, and must not find it settled.
+        self._current: RunIds | None = inp.continuation if inp.in_flight is None else None
         self._pending: tuple[RunIds, str] | None = None
         self._continuing = False
         #: Set when this execution found its turn begun by another one (a reset) and closes.

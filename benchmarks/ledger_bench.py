@@ -119,7 +119,7 @@ class HopRuntime(Runtime):
 
         return await super().on_ledger(timed, attempt=attempt)
 
-    async def relay(self, legs: Sequence[Leg], *, attempt: Attempt | None = None) -> Any:
+    async def relay(self, legs: Sequence[Leg], **kwargs: Any) -> Any:
         """A tool call's T1 and T2 legs are timed by the runtime itself; their CPU is recorded here
         under the leg's name, like a hop's under its phase."""
 
@@ -133,7 +133,7 @@ class HopRuntime(Runtime):
 
             return replace(leg, fn=fn) if leg.on == "ledger" else leg
 
-        return await super().relay([on_cpu(leg) for leg in legs], attempt=attempt)
+        return await super().relay([on_cpu(leg) for leg in legs], **kwargs)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from maka_core.errors import MakaError
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.ledger.resolver import OperationResolution, resolve
 from maka_core.ledger.scanner import scan
@@ -28,7 +29,7 @@ from maka_core.runtime.contracts import (
     RunIds,
     ToolInput,
 )
-from maka_core.runtime.runtime import Attempt, Leg, ResolverGuard, Runtime
+from maka_core.runtime.runtime import Attempt, Leg, ResolverGuard, Runtime, ToolSlots
 from maka_core.runtime.settle import repair_run
 from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.writer import LedgerStore, ToolAttempt
@@ -390,3 +391,84 @@ def test_a_relay_whose_leg_is_cancelled_by_a_closing_pool_ends_instead_of_hangin
     finally:
         rt.close()
     assert ran == []
+
+
+def test_tool_slots_are_taken_without_waiting_while_free_and_a_release_wakes_a_waiting_call() -> None:
+    async def go() -> None:
+        slots = ToolSlots(2)
+        held = [await slots.take(), await slots.take()]
+        waiting = asyncio.ensure_future(slots.take())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # both threads are taken
+        # Given back from a tool thread, as the effect leg does; twice is once.
+        await asyncio.to_thread(held[0].give_back)
+        held[0].give_back()
+        third = await asyncio.wait_for(waiting, 5)
+        fourth = asyncio.ensure_future(slots.take())
+        await asyncio.sleep(0.05)
+        assert not fourth.done()  # the repeated give-back freed nothing more
+        third.give_back()
+        await asyncio.wait_for(fourth, 5)
+
+    run(go())
+
+
+def test_a_stopped_set_of_slots_refuses_waiting_and_later_calls_before_they_begin() -> None:
+    async def go() -> None:
+        slots = ToolSlots(1)
+        held = await slots.take()
+        waiting = asyncio.ensure_future(slots.take())
+        await asyncio.sleep(0.05)
+        slots.stop()
+        for refused in (waiting, asyncio.ensure_future(slots.take())):
+            with pytest.raises(MakaError) as exc:
+                await asyncio.wait_for(refused, 5)
+            assert exc.value.code == "worker_stopping"
+        held.give_back()  # the holder goes on and gives back as before
+
+    run(go())
+
+
+def test_a_cancelled_call_that_a_release_chose_passes_the_slot_on() -> None:
+    # A release wakes one waiting call; if that call is cancelled before it runs, the next one must
+    # get the slot, or a free thread would sit unused while calls wait.
+    async def go() -> None:
+        slots = ToolSlots(1)
+        held = await slots.take()
+        first = asyncio.ensure_future(slots.take())
+        second = asyncio.ensure_future(slots.take())
+        await asyncio.sleep(0.05)
+        held.give_back()  # chooses ``first`` (queued first) ...
+        first.cancel()  # ... which is cancelled before its wake-up runs
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        (await asyncio.wait_for(second, 5)).give_back()
+
+    run(go())
+
+
+def test_a_relay_tells_finished_once_whether_it_ends_at_its_last_leg_or_early(store: LedgerStore) -> None:
+    rt = Runtime(store)
+    told: list[str] = []
+
+    def fail(_: Any) -> None:
+        raise ValueError("t1 failed")
+
+    try:
+        run(
+            rt.relay(
+                [Leg("ledger", lambda _: 1), Leg("tool_pool", lambda v: v)],
+                finished=lambda: told.append("end"),
+            )
+        )
+        assert told == ["end"]
+        with pytest.raises(ValueError):
+            run(
+                rt.relay(
+                    [Leg("ledger", fail), Leg("tool_pool", lambda v: v)],
+                    finished=lambda: told.append("early"),
+                )
+            )
+        assert told == ["end", "early"]
+    finally:
+        rt.close()

@@ -24,6 +24,12 @@ after the step's commit; a return costs ~30-70 us more than a thread-to-thread h
 durable commits (T1, T2, the step's output). The loop heartbeats the attempt meanwhile. Nothing else
 moves between threads on the hot path.
 
+A call reserves its tool thread before T1 (``ToolSlots``), so a durable T1 never waits in a queue
+for a thread. A queued T1 is a call dispatched and not run. When a worker stops, such a call cannot
+be told from one that died mid-effect, and recovery parks it. A call still waiting for its slot has
+no T1: the stopping worker refuses it (``worker_stopping``), and recovery dispatches it again on the
+next worker.
+
 Group commit (``ledger_executor``): when the ledger thread finds several sessions' hops queued, it
 runs them back to back in ONE transaction (each writer a SAVEPOINT) with ONE durable commit, and
 releases each hop's caller only after that commit. The hop count per call is unchanged; what
@@ -37,6 +43,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -44,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from maka_core.errors import MakaError
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
@@ -119,6 +127,97 @@ class RuntimeSettings:
         return max(0.2, min(1.0, self.tool_heartbeat_timeout_s / 4))
 
 
+class ToolSlots:
+    """The tool threads, reserved one per call before its T1 (see the module docstring).
+
+    Taken on the event loop, without a suspension when a thread is free (the hot path). Given back
+    from any thread: the effect leg gives its slot back as soon as the effect ends. A release wakes
+    one waiting call, through its loop, only when a call waits. ``stop`` refuses every waiting and
+    later call with ``worker_stopping``; calls holding a slot go on (their T1 may be durable).
+    """
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._lock = threading.Lock()
+        self._waiting: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._stopping = False
+
+    async def take(self, attempt: Attempt | None = None, interval: float = 1.0) -> ToolSlot:
+        """A free slot, waiting (and heartbeating ``attempt``) while all are taken.
+
+        Raises:
+            MakaError: ``worker_stopping``: the worker is stopping; the call has not begun.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._stopping:
+                    raise MakaError("worker_stopping", "the worker is stopping; the call did not begin")
+                if self._free > 0:
+                    self._free -= 1
+                    return ToolSlot(self)
+                woken: asyncio.Future[None] = loop.create_future()
+                self._waiting.append((loop, woken))
+            try:
+                while not (await asyncio.wait({woken}, timeout=interval))[0]:
+                    if attempt is not None:
+                        attempt.heartbeat()
+            except asyncio.CancelledError:
+                with self._lock:
+                    chosen = (loop, woken) not in self._waiting
+                    if not chosen:
+                        self._waiting.remove((loop, woken))
+                if chosen:  # a release picked this call: pass its wake-up on
+                    self._wake_one()
+                raise
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._free += 1
+        self._wake_one()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for loop, woken in waiting:
+            _wake(loop, woken)
+
+    def _wake_one(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                return
+            loop, woken = self._waiting.popleft()
+        _wake(loop, woken)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, woken: asyncio.Future[None]) -> None:
+    def set_it() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+        loop.call_soon_threadsafe(set_it)
+
+
+class ToolSlot:
+    """One taken slot; ``give_back`` is safe to repeat and from any thread (the effect leg gives it
+    back when the effect ends, the caller again when the relay is over, whichever comes first)."""
+
+    def __init__(self, slots: ToolSlots) -> None:
+        self._slots = slots
+        self._held = True
+        self._lock = threading.Lock()
+
+    def give_back(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._slots.give_back()
+
+
 class ResolverGuard:
     """The Resolver's word is final: only a call it proves ``definitely_not_dispatched`` may run.
 
@@ -151,6 +250,8 @@ class Runtime:
     def __post_init__(self) -> None:
         self._ledger_thread: Executor = LedgerExecutor(self.ledger.group if self.group_commit else None)
         self._tool_pool = ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="maka-tool")
+        #: One per tool thread, taken before T1 (see the module docstring).
+        self.tool_slots = ToolSlots(self.tool_threads)
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
         self._tool_specs: list[dict[str, Any]] | None = None
@@ -188,12 +289,20 @@ class Runtime:
         future = asyncio.get_running_loop().run_in_executor(pool, context.run, fn)
         return await self.heartbeating(future, attempt)
 
-    async def relay(self, legs: Sequence[Leg], *, attempt: Attempt | None = None) -> Any:
+    async def relay(
+        self,
+        legs: Sequence[Leg],
+        *,
+        attempt: Attempt | None = None,
+        finished: Callable[[], None] | None = None,
+    ) -> Any:
         """Run ``legs`` in order, each on its thread and given the previous leg's value, and return
         the last one's; heartbeat meanwhile. Each leg is handed to the next thread from the
         completion of its own future, so a ledger leg hands on only once its writes are durable (a
         group's commit included), and the event loop wakes once, for the result. A leg that raises
-        ends the relay: its exception is raised here and no later leg runs."""
+        ends the relay: its exception is raised here and no later leg runs. ``finished`` runs once
+        when the last leg has run or the relay ended early, on whichever thread ended it, even when
+        the caller stopped waiting (a cancelled activity's relay goes on to its end)."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Any] = loop.create_future()
         context = contextvars.copy_context()  # as ``_run``: spans opened around the relay are parents
@@ -209,6 +318,8 @@ class Runtime:
                 result.set_result(value)
 
         def tell(value: Any, failure: BaseException | None = None, cancelled: bool = False) -> None:
+            if finished is not None:
+                finished()
             # A closed loop raises: nobody waits for this relay any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, value, failure, cancelled)
@@ -289,8 +400,11 @@ class Runtime:
                 fh.write(step_id + "\n")
 
     def stop_tools(self) -> None:
-        """No new tool bodies (shutdown's first step); running ones finish or are cancelled."""
-        self._tool_pool.shutdown(wait=False, cancel_futures=True)
+        """No new tool calls (shutdown's first step): a call waiting for its tool thread, or asking
+        for one later, is refused before its T1 (``worker_stopping``). A call that holds a thread
+        goes on: its T1 may be durable, and its effect runs and its T2 commits within the worker's
+        graceful timeout, or ``close`` kills it and recovery settles it."""
+        self.tool_slots.stop()
 
     def close(self, *, wait: bool = True) -> None:
         """Tools first (a running command would hold shutdown for up to its timeout; its attempt is

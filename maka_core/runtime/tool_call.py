@@ -33,7 +33,7 @@ from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
-from maka_core.runtime.runtime import Attempt, Leg, Runtime, no_heartbeat
+from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot, no_heartbeat
 from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
@@ -159,20 +159,30 @@ async def _execute(
     def admit(_: None) -> Dispatched | NotRun:
         return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt))
 
-    def effect(admitted: Dispatched | NotRun) -> Ran | NotRun:
-        if not isinstance(admitted, Dispatched):
-            return admitted  # settled, refused or waiting: nothing runs
-        failpoints.hit("P2", tag=inp.call.tool_name)
-        return _run_effect(admitted, inp.call)
+    def effect(slot: ToolSlot) -> Callable[[Dispatched | NotRun], Ran | NotRun]:
+        def run(admitted: Dispatched | NotRun) -> Ran | NotRun:
+            try:
+                if not isinstance(admitted, Dispatched):
+                    return admitted  # settled, refused or waiting: nothing runs
+                failpoints.hit("P2", tag=inp.call.tool_name)
+                return _run_effect(admitted, inp.call)
+            finally:
+                slot.give_back()  # the thread is free: the next call may begin its T1
+
+        return run
 
     while True:
+        # The call's tool thread is reserved before T1, so a durable T1 never queues for one.
+        slot = await rt.tool_slots.take(attempt, rt.settings.heartbeat_interval)
         settled = await rt.relay(
             [
                 Leg("ledger", admit, "t1"),
-                Leg("tool_pool", effect, "effect"),
+                Leg("tool_pool", effect(slot), "effect"),
                 Leg("ledger", _t2(rt, attempt, spent, then), "t2"),
             ],
             attempt=attempt,
+            # T1 failed and the effect leg never ran: the relay's end gives the slot back.
+            finished=slot.give_back,
         )
         if not isinstance(settled, AwaitingApproval):
             break

@@ -1,0 +1,124 @@
+"""A worker stopped (SIGTERM, ``maka worker`` shutdown) while tool calls wait for a tool thread.
+
+A call reserves its tool thread before T1 (``runtime.ToolSlots``). A stopping worker refuses the
+calls still waiting, before their T1, so recovery on the next worker finds them not dispatched and
+dispatches them again: every tool runs once and nothing parks. Real dev server, a real ``bash``,
+the worker's own shutdown; the next worker is a real ``maka worker`` process.
+
+Negative control: the runtime before the fix (T1 first, then a queue for the thread, the queue
+cancelled at stop). The queued call's T1 is durable and its effect never ran; recovery cannot tell
+it from a call that died mid-effect and parks it (``dispatch_without_response``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.runtime.runtime import Runtime, RuntimeSettings, ToolSlots
+from maka_core.store.writer import LedgerStore
+from maka_core.tools import default_tools
+from tests.drills import Sandbox, ready, settle, stop
+from tests.temporal_support import start, write_script
+from workers.worker import serve
+from workflows.contracts import workflow_id_for
+
+pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
+
+#: Long enough that the first call is still running when the worker is told to stop, short enough
+#: to finish within the worker's graceful timeout (5 s).
+BASH = "sleep 2.5; echo ran >> effects.log"
+
+
+class EagerT1Runtime(Runtime):
+    """The runtime before the fix: no slot limit (T1 first, then a queue for the thread), and a
+    stop that cancels the queue."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.tool_slots = ToolSlots(1_000)
+
+    def stop_tools(self) -> None:
+        self._tool_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _t1s(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM tool_attempts WHERE phase = 't1'").fetchone()[0])
+
+
+async def _tool_started(client: Any, session_id: str) -> bool:
+    description = await client.get_workflow_handle(workflow_id_for(session_id)).describe()
+    return any(
+        a.activity_type.name == "maka.execute_tool" and a.state == 2  # PENDING_ACTIVITY_STATE_STARTED
+        for a in description.raw_description.pending_activities
+    )
+
+
+@pytest.mark.parametrize("runtime", [Runtime, EagerT1Runtime], ids=["slots", "eager_t1"])
+async def test_a_stopping_worker_refuses_waiting_calls_before_t1_and_the_next_worker_runs_them_once(
+    runtime: type[Runtime], temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    box = Sandbox(temporal_server, tmp_path / "box")
+    db = Path(box.db)
+
+    def one_tool_thread(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+        tools = default_tools(
+            hidden_paths=settings.protected_paths, unsafe_no_sandbox=settings.unsafe_no_sandbox
+        )
+        return runtime(store, tools=tools, settings=settings, tool_threads=1)
+
+    stopping, up = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(
+        serve(
+            temporal_client, db, box.queue, make_runtime=one_tool_thread, stop=stopping, ready=up,
+            repair=False, out=io.StringIO(),
+        )
+    )  # fmt: skip
+    await asyncio.wait_for(up.wait(), 60)
+    sessions = []
+    for name in ("a", "b"):
+        ws = tmp_path / f"ws-{name}"
+        ws.mkdir()
+        script = write_script(
+            tmp_path / f"{name}.json",
+            [{"toolCalls": [{"name": "bash", "args": {"command": BASH}}]}, {"text": "done"}],
+        )
+        session_id, accepted = await start(
+            temporal_client, ws, script, box.queue, session_id=f"{name}-{box.queue}"
+        )
+        sessions.append((session_id, accepted.run_id, ws))
+    # Both tool activities have started: one holds the only tool thread, the other waits for it.
+    deadline = time.monotonic() + 60
+    while not all([await _tool_started(temporal_client, sid) for sid, _, _ in sessions]):
+        assert time.monotonic() < deadline, f"tool activities not both started; T1s: {_t1s(db)}"
+        await asyncio.sleep(0.05)
+    assert not any((ws / "effects.log").exists() for _, _, ws in sessions), "a call ended before the stop"
+    t1s_at_stop = _t1s(db)
+    stopping.set()
+    await asyncio.wait_for(first, 60)
+
+    second = box.worker()
+    await ready(second)
+    try:
+        settled = []
+        for session_id, run_id, ws in sessions:
+            status = await settle(temporal_client, session_id, run_id, timeout=120)
+            log = ws / "effects.log"
+            settled.append(
+                (status.state, status.park_reason, log.read_text().count("ran") if log.exists() else 0)
+            )
+    finally:
+        await stop(second)
+    if runtime is Runtime:
+        assert t1s_at_stop == 1, "the waiting call committed T1 before it had a thread"
+        assert settled == [("idle", None, 1), ("idle", None, 1)], settled
+    else:
+        assert t1s_at_stop == 2
+        assert sorted(settled) == [("idle", None, 1), ("parked", "dispatch_without_response", 0)], settled

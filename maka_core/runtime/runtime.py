@@ -203,7 +203,7 @@ def _wake(loop: asyncio.AbstractEventLoop, woken: asyncio.Future[None]) -> None:
 
 class ToolSlot:
     """One taken slot; ``give_back`` is safe to repeat and from any thread (the effect leg gives it
-    back when the effect ends, the caller again when the relay is over, whichever comes first)."""
+    back when the effect ends, the relay's end again, which alone frees it when T1 failed)."""
 
     def __init__(self, slots: ToolSlots) -> None:
         self._slots = slots

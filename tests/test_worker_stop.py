@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import pytest
 from maka_core.runtime.runtime import Runtime, RuntimeSettings, ToolSlots
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
-from tests.drills import Sandbox, ready, settle, stop
+from tests.drills import Sandbox, maka_cli, ready, settle, stop
 from tests.temporal_support import start, write_script
 from workers.worker import serve
 from workflows.contracts import workflow_id_for
@@ -116,6 +118,16 @@ async def test_a_stopping_worker_refuses_waiting_calls_before_t1_and_the_next_wo
             )
     finally:
         await stop(second)
+    # Either way Temporal's histories and the ledger tell the same story (a refused attempt has
+    # no T1, like a worker that died before it).
+    audit = await asyncio.to_thread(
+        subprocess.run,
+        [*maka_cli(), "audit", "--all", "--db", str(db), "--address", temporal_server.address, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert audit.returncode == 0 and json.loads(audit.stdout)["ok"] is True, audit.stdout + audit.stderr
     if runtime is Runtime:
         assert t1s_at_stop == 1, "the waiting call committed T1 before it had a thread"
         assert settled == [("idle", None, 1), ("idle", None, 1)], settled

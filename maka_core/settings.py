@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PositiveFloat, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from maka_core.errors import ConfigError
-from maka_core.runtime.runtime import RuntimeSettings
+
+if TYPE_CHECKING:
+    from maka_core.runtime.runtime import RuntimeSettings
 
 DEFAULT_TASK_QUEUE = "maka"
 ENV_PREFIX = "MAKA_"
@@ -102,6 +104,10 @@ class MakaSettings(BaseSettings):
 
     def runtime_settings(self, *, unsafe_no_sandbox: bool = False) -> RuntimeSettings:
         """The worker runtime's knobs from this one model (the protected paths are the worker's)."""
+        # Imported here, not at the top: every ``maka`` command loads the settings, and the runtime
+        # (SQLAlchemy, the store, the tools) is ~0.3 s of start-up that only a worker needs.
+        from maka_core.runtime.runtime import RuntimeSettings
+
         return RuntimeSettings(
             tool_heartbeat_timeout_s=self.tool_heartbeat_timeout,
             tool_start_to_close_timeout_s=self.tool_start_to_close_timeout,

@@ -95,4 +95,3 @@ def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: P
         click.echo(f"\n{len(reports)} session(s) audited, {bad} with drift")
 
 
-COMMANDS = (cmd_audit,)

@@ -7,6 +7,7 @@ by ``workers.cli_base.refusal``; a JSON object on stdout under ``--json``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -21,9 +22,50 @@ from workers.cli_base import JSON_META, TEMPORAL_USED, refusal
 #: callback runs, and the refusal must still come out in the mode the caller asked for.
 ARGV_JSON = "maka_argv_json"
 
+#: Every top-level command, declared once: where it lives and the line ``maka --help`` lists. A
+#: command's module is imported only when that command is run (or asked for its own help), so
+#: ``maka --help`` loads no store, runtime or Temporal client (pip's ``commands_dict`` does the
+#: same). ``tests/test_cli_startup.py`` holds each line equal to its command's own first help line.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "audit": (
+        "workers.audit_cli:cmd_audit",
+        "Did Temporal and the ledger tell the same story? (exit 0 agree, 1 drift, 2 refused)",
+    ),
+    "demo": ("workers.host_cli:cmd_demo", "Run a scripted session on a sample workspace."),
+    "dev": ("workers.host_cli:cmd_dev", "Run the embedded Temporal dev server (+ a worker)."),
+    "ledger": ("workers.ledger_cli:ledger", "Import, export, plan and verify a RuntimeEvent ledger."),
+    "receipts": ("workers.governance_cli:receipts", "Exported receipts."),
+    "resume": (
+        "workers.resume_cli:cmd_resume",
+        "Continue a session whose workflow execution is lost, through the planner (never a retry), or",
+    ),
+    "session": ("workers.session_cli:session", "Start, message and inspect sessions."),
+    "worker": ("workers.host_cli:cmd_worker", "Run a worker: startup repair, then poll."),
+}
+
 
 class MakaGroup(click.Group):
-    """The root group: every refusal and usage error becomes one printed refusal and exit 2."""
+    """The root group: every refusal and usage error becomes one printed refusal and exit 2; its
+    commands load on first use (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name][0].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The listing from ``COMMANDS`` alone, truncated as Click truncates a command's own line."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, click.Command(name, help=line).get_short_help_str(limit))
+            for name, (_, line) in sorted(COMMANDS.items())
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         options = args[: args.index("--")] if "--" in args else args
@@ -65,18 +107,6 @@ def _json_asked(ctx: click.Context) -> bool:
 @click.group(cls=MakaGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def maka() -> None:
     """Durable agent sessions on Temporal; the RuntimeEvent ledger is the authority on tool outcomes."""
-
-
-def _register() -> None:
-    from workers import audit_cli, governance_cli, host_cli, ledger_cli, session_cli
-
-    maka.add_command(ledger_cli.ledger)
-    for command in (*host_cli.COMMANDS, *session_cli.COMMANDS, *audit_cli.COMMANDS):
-        maka.add_command(command)
-    governance_cli.register(maka)
-
-
-_register()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
 from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
 
-__all__ = ["SessionPolicy", "governance_status", "policy_options", "register", "session_policy"]
+__all__ = ["SessionPolicy", "governance_status", "policy_options", "session_policy"]
 
 
 def policy_options(fn: Any) -> Any:
@@ -263,11 +263,3 @@ def cmd_verify(file: Path, as_json: bool) -> None:
         click.echo(f"{count} lines, {len(problems)} problems")
     finish(1 if problems else 0)
 
-
-def register(root: click.Group) -> None:
-    """Add ``receipts`` to ``maka`` and approve/deny/receipts to ``maka session``."""
-    from workers.session_cli import session
-
-    for command in (cmd_approve, cmd_deny, cmd_session_receipts):
-        session.add_command(command)
-    root.add_command(receipts)

@@ -199,4 +199,3 @@ def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json
     finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))
 
 
-COMMANDS = (cmd_worker, cmd_dev, cmd_demo)

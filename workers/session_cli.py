@@ -36,7 +36,14 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from workers.governance_cli import governance_status, policy_options, session_policy
+from workers.governance_cli import (
+    cmd_approve,
+    cmd_deny,
+    cmd_session_receipts,
+    governance_status,
+    policy_options,
+    session_policy,
+)
 from workers.session_client import (
     START_NEVER_HAPPENED,
     describe_execution,
@@ -48,7 +55,7 @@ from workers.session_client import (
     wait_settled,
 )
 
-__all__ = ["COMMANDS", "query_status", "send_message", "start_session", "update_error", "wait_settled"]
+__all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
 
 wait_timeout_option = click.option(
@@ -556,10 +563,5 @@ def cmd_resolve(
         )
 
 
-def _resume_command() -> Any:
-    from workers.resume_cli import cmd_resume
-
-    return cmd_resume
-
-
-COMMANDS = (session, _resume_command())
+for _command in (cmd_approve, cmd_deny, cmd_session_receipts):
+    session.add_command(_command)

@@ -824,9 +824,9 @@ INVALID_BUNDLES = {
 
 @pytest.mark.parametrize("case", INVALID_BUNDLES)
 def test_import_refuses_a_bundle_the_bundle_writer_refuses(store: LedgerStore, case: str) -> None:
-    """tool-recovery-bundle.ts validateToolRecoveryEventBundle, run by commitToolRecoveryBundle
-    before its transition check: the bare transition check admits each of these bundles, the
-    bundle writer (and so import) does not."""
+    """tool-recovery-bundle.ts validateToolRecoveryEventBundle: the bare transition check admits
+    each of these bundles, the bundle writer (and so import, which admits a bundle as the live
+    bundle writer does) does not."""
     prefix, bundle = INVALID_BUNDLES[case]
     ledger = [*prefix(), *bundle()]
     assert writer_admission(ledger)["admissible"] is True
@@ -844,67 +844,210 @@ def test_import_admits_a_valid_bundle(store: LedgerStore, bundle: Any) -> None:
     assert store.verify() == []
 
 
-def test_bundle_validation_comes_before_the_transition_check(store: LedgerStore) -> None:
-    """sqlite-runtime-store.ts commitToolRecoveryBundle: the bundle is validated before
-    validateToolLedgerTransition, so an invalid bundle whose decision id collides with a
-    committed event reports the bundle code, not ``duplicate_event_id``."""
-    store.import_events(_prepared())
-    rec, out, dec = _bad_outcome_bundle()
-    clash = dec.model_copy(update={"id": "evt-user-1"})
-    assert _import_refusal(store, [rec, out, clash]).code == "outcome_not_successful"
-    # Negative control: with a valid outcome the collision is what refuses it.
+class _BundleFirstStore(LedgerStore):
+    """Today's (issue 23) import order, kept as the negative control: the bundle writer's own
+    validation ahead of the transition check."""
+
+    def _admit_group(self, conn: Any, transition: Any, batch: Any, **kwargs: Any) -> Any:
+        if transition == "recovery_bundle":
+            assert self._view is not None
+            self._view.scanner.check_bundle(batch)
+        return super()._admit_group(conn, transition, batch, **kwargs)
+
+
+def _name_mismatch() -> list[RuntimeEvent]:
     rec, out, dec = completed_bundle()
-    clash = dec.model_copy(update={"id": "evt-user-1"})
-    assert _import_refusal(store, [rec, out, clash]).code == "duplicate_event_id"
+    return [rec, response(name="Read", id=out.id), dec]
+
+
+def _reconcile_of_another_turn() -> list[RuntimeEvent]:
+    _, dec = parked_bundle()
+    return [reconcile(turn_id="turn-2"), dec]
+
+
+def _decision_id_collides() -> list[RuntimeEvent]:
+    rec, out, dec = _bad_outcome_bundle()
+    return [rec, out, dec.model_copy(update={"id": "evt-user-1"})]
+
+
+TRANSITION_FIRST = {
+    # case: (bundle, the reference's code and event, the bundle rules' code alone)
+    "recovered-response-of-another-tool": (
+        _name_mismatch,
+        ("identity_conflict", "op-call-1_recovered"),
+        "outcome_identity_conflict",
+    ),
+    "reconcile-of-another-turn": (
+        _reconcile_of_another_turn,
+        ("invocation_identity_conflict", "op-call-1_reconcile"),
+        "recovery_fact_identity_conflict",
+    ),
+    "decision-id-already-committed": (
+        _decision_id_collides,
+        ("duplicate_event_id", "evt-user-1"),
+        "outcome_not_successful",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TRANSITION_FIRST)
+def test_a_bundle_gets_the_transition_check_before_the_bundle_rules(
+    store: LedgerStore, tmp_path: Any, case: str
+) -> None:
+    """tool-ledger-scanner.ts validateToolLedgerTransition comes first: the reference's answers
+    (issue 23, hidden ledgers) report the scan's code for a bundle that also breaks the bundle
+    rules of tool-recovery-bundle.ts. The live bundle writer and import share that admission."""
+    build, (code, event_id), bundle_code = TRANSITION_FIRST[case]
+    store.import_events(_prepared())
+    refusal = _import_refusal(store, build())
+    assert (refusal.code, refusal.detail["eventId"]) == (code, event_id)
+    assert refusal.detail["transition"] == "recovery_bundle"
+    rec, *rest = build()
+    live = _live_bundle_refusal(store, rec, rest)
+    assert (live.code, live.detail["eventId"]) == (code, event_id), "the live writer must agree"
+    # Negative control: the bundle rules run first (today's import) answer the other code.
+    with _BundleFirstStore.open(tmp_path / "bundle-first.sqlite") as first:
+        first.import_events(_prepared())
+        assert _import_refusal(first, build()).code == bundle_code
+
+
+def _live_bundle_refusal(store: LedgerStore, rec: RuntimeEvent, rest: list[RuntimeEvent]) -> LedgerRejection:
+    outcome, dec = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0])
+    with pytest.raises(LedgerRejection) as err:
+        store.commit_recovery_bundle(rec, dec, outcome)
+    return err.value
+
+
+def _oracle(ledger: list[RuntimeEvent]) -> tuple[bool, str | None, str | None, list[str] | None]:
+    """The repository's reproduction of the reference oracle's ``writerAdmission``."""
+    answer = writer_admission(ledger)
+    first = answer.get("firstRejection") or {}
+    return answer["admissible"], first.get("code"), first.get("eventId"), first.get("eventIds")
 
 
 @pytest.mark.parametrize(
     "ledger",
     [
-        [user(), call(), call(), terminal()],
-        [user(), call(), terminal(), terminal()],
         [user(), user()],
+        [user(), call(), terminal(), terminal()],
+        [user(), *t1(), *t1()],
+        [*_prepared(), *completed_bundle(), *completed_bundle()],
     ],
-    ids=["call-twice", "terminal-twice-at-the-end", "user-twice"],
+    ids=["first-user-event-twice", "terminal-twice-at-the-end", "t1-pair-twice", "bundle-twice"],
 )
-def test_import_refuses_an_event_repeated_byte_for_byte(
-    store: LedgerStore, ledger: list[RuntimeEvent]
+def test_a_repeat_on_the_last_line_is_an_exact_retry(store: LedgerStore, ledger: list[RuntimeEvent]) -> None:
+    """Issue 23, the reference's answer: a line repeating an earlier admitted event is an
+    idempotent retry; with nothing after it the file imports, and the event is stored once."""
+    result = store.import_events(ledger)
+    unique = list({e.id: e for e in ledger}.values())
+    assert (result.imported, result.existing) == (len(unique), len(ledger) - len(unique))
+    assert store.events() == unique
+    assert _oracle(ledger)[0] is True
+
+
+@pytest.mark.parametrize(
+    ("ledger", "repeated", "refused"),
+    [
+        ([user(), call(), call(), terminal()], "evt-call-1", ["evt-terminal-1"]),
+        ([user(), user(), text()], "evt-user-1", ["evt-model-1"]),
+        ([user(), user(), *t1()], "evt-user-1", ["evt-call-1", "op-call-1_dispatch"]),
+        ([*_prepared(), *t1(recovery_mode="reconcile"), *completed_bundle()], "evt-call-1", None),
+    ],
+    ids=["call-twice", "user-twice-then-text", "user-twice-then-t1", "t1-twice-then-bundle"],
+)
+def test_every_transition_after_a_repeat_is_duplicate_event_id(
+    store: LedgerStore, ledger: list[RuntimeEvent], repeated: str, refused: list[str] | None
 ) -> None:
-    """One import is one set of facts: the scan of the imported ledger reports
-    ``duplicate_event_id`` for a repeated id; exact-retry idempotency is for a retried write."""
-    repeated = next(e.id for i, e in enumerate(ledger) if e.id in {x.id for x in ledger[:i]})
+    """tool-ledger-scanner.ts validateToolLedgerTransition: the prefix read so far holds the
+    repeated id twice, so its scan is corrupt and the next transition (whatever it is) is
+    refused with that scan's first issue: ``duplicate_event_id`` at the repeated id."""
     refusal = _import_refusal(store, ledger)
     assert (refusal.code, refusal.detail["eventId"]) == ("duplicate_event_id", repeated)
-
-
-def test_reimporting_a_committed_file_is_still_an_exact_retry(store: LedgerStore) -> None:
-    """Negative control: the same file imported twice is idempotent (a retried write)."""
-    ledger = [*_prepared(), *completed_bundle(), terminal()]
-    assert store.import_events(ledger).imported == len(ledger)
-    again = store.import_events(ledger)
-    assert (again.imported, again.existing) == (0, len(ledger))
-
-
-@pytest.mark.parametrize(
-    "ledger",
-    [
-        [*_prepared(), *_bad_outcome_bundle(), user(), user()],
-        [user(), response(), call(), dispatch(), user()],
-        [user(), *t1(), *parked_bundle(), terminal(), terminal()],
-        [user(), call(), dispatch(), dispatch(id="op-call-1_dispatch_dup"), user()],
-    ],
-    ids=["invalid-bundle", "orphan-response", "unsupported-mode", "duplicate-dispatch"],
-)
-def test_duplicate_event_id_is_reported_before_any_other_code(
-    store: LedgerStore, ledger: list[RuntimeEvent]
-) -> None:
-    """Where a repeated id and another refusal both apply, import reports ``duplicate_event_id``."""
-    refusal = _import_refusal(store, ledger)
-    assert refusal.code == "duplicate_event_id"
-    # Negative control: without the repeat, the other code is what refuses the file.
+    assert _oracle(ledger)[1:3] == ("duplicate_event_id", repeated)
+    if refused is not None:
+        assert refusal.detail["eventIds"] == refused == _oracle(ledger)[3]
+    # Negative control: without the repeat the same file imports.
     seen: set[str] = set()
     deduped = [e for e in ledger if not (e.id in seen or seen.add(e.id))]  # type: ignore[func-returns-value]
-    assert _import_refusal(store, deduped).code != "duplicate_event_id"
+    assert store.import_events(deduped).imported == len(deduped)
+
+
+def test_a_repeat_of_an_event_committed_before_the_import_poisons_nothing(store: LedgerStore) -> None:
+    """A file's event already in the ledger is a retried write (re-importing is idempotent);
+    only a file that repeats its own line holds an id twice."""
+    store.import_events([user()])
+    assert store.import_events([user(), *t1(), response(), terminal()]).imported == 4
+
+
+def _bundle_missing_its_decision() -> list[RuntimeEvent]:
+    rec, dec = parked_bundle()
+    return [*_prepared(), rec, text(), dec]
+
+
+FIRST_FAILURE = {
+    # case: (ledger ending in a repeated first event, the failing transition's code and event)
+    "invalid-bundle": (
+        lambda: [*_prepared(), *_bad_outcome_bundle()],
+        "outcome_not_successful",
+        "op-call-1_reconcile",
+    ),
+    "orphan-response": (
+        lambda: [user(), response(), call(), dispatch()],
+        "orphan_response",
+        "op-call-1_response",
+    ),
+    "unsupported-mode": (
+        lambda: [user(), *t1(), *parked_bundle()],
+        "recovery_mode_unsupported",
+        "op-call-1_reconcile",
+    ),
+    "duplicate-dispatch": (
+        lambda: [user(), call(), dispatch(), dispatch(id="op-call-1_dispatch_dup")],
+        "duplicate_dispatch",
+        "op-call-1_dispatch_dup",
+    ),
+    "reconcile-without-its-decision": (
+        _bundle_missing_its_decision,
+        "transition_shape_conflict",
+        "op-call-1_reconcile",
+    ),
+    "semantic-lane": (
+        lambda: [user(), call(role="user", author="user")],
+        "semantic_lane_conflict",
+        "evt-call-1",
+    ),
+    "invocation-identity": (
+        lambda: [user(), text(turn_id="turn-2")],
+        "invocation_identity_conflict",
+        "evt-model-1",
+    ),
+    "dispatch-before-call": (
+        lambda: [user(), dispatch(), call(operation_id="op-call-1")],
+        "event_order_conflict",
+        "op-call-1_dispatch",
+    ),
+    "second-call-of-a-prepared-operation": (
+        lambda: [user(), *t1(), call(id="evt-call-1b", operation_id="op-call-1")],
+        "duplicate_call",
+        "evt-call-1b",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FIRST_FAILURE)
+def test_the_first_failing_transition_reports_its_own_code(store: LedgerStore, case: str) -> None:
+    """Issue 23, the reference's answer: import replays the file in order and the refusal is the
+    first transition that fails, with that transition's code; a repeat later in the file does
+    not make it ``duplicate_event_id`` (nothing is checked across the whole file first)."""
+    build, code, event_id = FIRST_FAILURE[case]
+    ledger = [*build(), user()]
+    refusal = _import_refusal(store, ledger)
+    assert (refusal.code, refusal.detail["eventId"]) == (code, event_id)
+    if case not in ("invalid-bundle", "unsupported-mode"):  # the bundle rules are not the oracle's
+        assert _oracle(ledger)[1:3] == (code, event_id)
+    # Negative control: the repeat moved ahead of the failing transition is what refuses the file.
+    first, *rest = build()
+    assert _import_refusal(store, [first, first, *rest]).code == "duplicate_event_id"
 
 
 _BIG_ARGS_LINE = (

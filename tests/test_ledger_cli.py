@@ -218,3 +218,14 @@ def test_import_takes_a_repeated_line_in_another_key_order_as_a_retry(tmp_path: 
     body = out_json(refused)
     assert refused.returncode == 2 and (body["code"], body["eventId"]) == ("duplicate_event_id", "evt-user-1")
     assert body["eventIds"] == [json.loads(lines[2])["id"]] and row_count(tmp_path / "m.sqlite") == 0
+
+
+def test_plan_per_run_is_a_file_flag(tmp_path: Path) -> None:
+    """A FILE is planned whole unless ``--per-run``; a stored session is always planned run by
+    run, so ``--per-run`` with ``--session`` is refused rather than silently ignored."""
+    whole = out_json(maka("ledger", "plan", EXAMPLES[0], "--json", home=tmp_path))
+    per_run = out_json(maka("ledger", "plan", EXAMPLES[0], "--per-run", "--json", home=tmp_path))
+    assert "runs" not in whole and [r["runId"] for r in per_run["runs"]] == ["run-1"]
+    assert per_run["resumePlan"] == whole["resumePlan"]
+    proc = maka("ledger", "plan", "--session", "sess-1", "--per-run", "--json", home=tmp_path)
+    assert proc.returncode == 2 and out_json(proc)["code"] == "config_invalid"

@@ -1094,3 +1094,61 @@ def test_a_parked_operation_takes_only_its_exact_bundle_again(store: LedgerStore
     # A second, self-consistent bundle under fresh ids is refused too (the operation is settled).
     _import_refusal(store, parked_bundle(observation="diverged", suffix="-2"))
     assert store.operation("op-call-1").current_state == "recovery_parked"  # type: ignore[union-attr]
+
+
+# --- ``maka ledger plan FILE``: the file is one ledger (runtime-resume.ts, recovery-resolver.ts) ---
+
+_RUN_2 = {"session_id": "sess-1", "run_id": "run-2", "invocation_id": "inv-2", "turn_id": "turn-2"}
+
+
+def _plan_file(tmp_path: Any, ledger: list[RuntimeEvent], *flags: str) -> dict[str, Any]:
+    import json
+
+    from click.testing import CliRunner
+
+    from workers.ledger_cli import ledger as ledger_group
+
+    path = tmp_path / "ledger.jsonl"
+    path.write_text("".join(encode(e) + "\n" for e in ledger))
+    result = CliRunner().invoke(ledger_group, ["plan", str(path), "--json", *flags])
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    return out
+
+
+def test_plan_file_plans_two_invocations_of_one_session_as_one_ledger(tmp_path: Any) -> None:
+    """Issue 23, the reference's answer: a file holding two runs of one session, one protocol
+    marker on its first event, is planned whole: that marker is the file's protocol, both
+    operations complete, both turns replay, high-water 7."""
+    ledger = [user(), *t1(), response(), *t1("call-2", **_RUN_2), response("call-2", **_RUN_2)]
+    out = _plan_file(tmp_path, ledger)
+    recovery, plan = out["recovery"], out["resumePlan"]
+    assert recovery["toolBoundaryProtocol"] == "t1_after_preflight_v1"
+    assert [(op["toolCallId"], op["status"]) for op in recovery["operations"]] == [
+        ("call-1", "completed"),
+        ("call-2", "completed"),
+    ]
+    assert (plan["kind"], plan["highWater"]) == ("safe_replay", 7)
+    assert plan["replayEventIds"] == [e.id for e in ledger]
+    assert "runs" not in out
+    # Negative control: the per-run view (main's answer for a FILE, now behind --per-run) plans
+    # only the latest run, whose first event carries no marker.
+    per_run = _plan_file(tmp_path, ledger, "--per-run")
+    assert per_run["recovery"]["toolBoundaryProtocol"] is None
+    assert per_run["resumePlan"]["highWater"] == 3 and [r["runId"] for r in per_run["runs"]] == [
+        "run-1",
+        "run-2",
+    ]
+
+
+def test_plan_file_reports_an_invocation_crossing_runs_as_corruption(tmp_path: Any) -> None:
+    """Issue 23, the reference's answer: one invocation id on two runs is a ledger issue of the
+    whole file, so the plan blocks with dangling_tool_state / tool_ledger_corruption."""
+    ledger = [user(), text(run_id="run-2", turn_id="turn-2")]
+    plan = _plan_file(tmp_path, ledger)["resumePlan"]
+    assert (plan["kind"], plan["rejectionReasons"]) == ("blocked", ["dangling_tool_state"])
+    assert [(d["code"], d["detail"]["issueCode"]) for d in plan["diagnostics"]] == [
+        ("tool_ledger_corruption", "invocation_identity_conflict")
+    ]
+    # Negative control: run by run, each run alone is clean (main's safe_replay).
+    assert _plan_file(tmp_path, ledger, "--per-run")["resumePlan"]["kind"] == "safe_replay"

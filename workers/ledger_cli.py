@@ -132,6 +132,7 @@ def cmd_export(db: str | None, session: str, as_json: bool) -> None:
 @click.argument("file", required=False, type=click.Path(path_type=Path))
 @click.option("--session", default=None, help="plan a stored session (each run on its own)")
 @click.option("--run", default=None, help="plan one stored run")
+@click.option("--per-run", is_flag=True, help="plan a FILE run by run, as --session plans a stored session")
 @click.option("--expected-high-water", type=int, default=None)
 @json_option()
 def cmd_plan(
@@ -139,6 +140,7 @@ def cmd_plan(
     file: Path | None,
     session: str | None,
     run: str | None,
+    per_run: bool,
     expected_high_water: int | None,
     as_json: bool,
 ) -> None:
@@ -148,11 +150,17 @@ def cmd_plan(
             raise MakaError("config_invalid", "give either FILE or --db/--session")
         click.get_current_context().meta["maka_json"] = True  # a file's decode errors are JSON, a contract
         decoded = _decoded(file)
-        runs = _by_run(decoded)
-        # A one-run file (the reference's shape) is planned as given; an export of a whole session
-        # is planned run by run, exactly as ``--session`` plans the stored one.
-        _emit_plans(list(runs.items()) if len(runs) > 1 else [(None, decoded)], expected_high_water, as_json)
+        # A FILE is one ledger, planned as given, exactly as the reference plans it (its first
+        # event's marker is the whole file's protocol); ``--per-run`` asks for the session view.
+        groups: list[tuple[str | None, list[RuntimeEvent]]] = (
+            list(_by_run(decoded).items()) if per_run else [(None, decoded)]
+        )
+        _emit_plans(groups, expected_high_water, as_json)
         return
+    if per_run:
+        raise MakaError(
+            "config_invalid", "--per-run plans a FILE; a stored session is always planned run by run"
+        )
     if not session:
         raise MakaError("config_invalid", "--session is required without FILE")
     events = session_events(settings(db=db).ledger, session, run_id=run)

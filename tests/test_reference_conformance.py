@@ -1152,3 +1152,99 @@ def test_plan_file_reports_an_invocation_crossing_runs_as_corruption(tmp_path: A
     ]
     # Negative control: run by run, each run alone is clean (main's safe_replay).
     assert _plan_file(tmp_path, ledger, "--per-run")["resumePlan"]["kind"] == "safe_replay"
+
+
+# --- ``maka ledger plan-continuation``: the INPUT document is read with JSON.parse ---------------
+
+
+def _continuation_text(*, high_water: str = "5", ts: str | None = None, tail: str = "") -> str:
+    """A document whose source run continues, as INPUT.json text; ``high_water``, ``ts`` (of
+    the first ledger event) and ``tail`` (extra observation keys) are spliced in as raw JSON."""
+    import json
+
+    from tests.ledger_factory import CWD, RUN, SESSION, WORKSPACE, run_header, wire
+
+    ledger = wire([user(), *t1(), response(), terminal()])
+    if ts is not None:
+        ledger[0]["ts"] = "@TS@"
+    doc = {
+        "sessionId": SESSION,
+        "sourceRunId": RUN,
+        "observation": {
+            "currentCwd": CWD,
+            "sourceWorkspaceIdentity": WORKSPACE,
+            "currentWorkspaceIdentity": WORKSPACE,
+            "backgroundOperationsSettled": True,
+            "availableToolNames": ["Bash"],
+            "expectedRuntimeEventHighWater": "@HW@",
+        },
+        "runs": {RUN: run_header(createdAt="@CREATED@")},
+        "ledgers": {RUN: ledger},
+        "ids": ["inv-2", "run-2", "turn-2", "claim-2"],
+    }
+    text = json.dumps(doc).replace('"@HW@"', high_water + tail).replace('"@CREATED@"', "-0")
+    return text.replace('"@TS@"', ts or "")
+
+
+def _plan_text(text: str) -> dict[str, Any]:
+    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
+
+    return plan_continuation_document(parse_document(text.encode()))
+
+
+def test_plan_continuation_reads_minus_zero_as_javascript_does() -> None:
+    """Issue 23, the reference's answer: its JSON.parse reads ``-0`` as a number equal to 0 and
+    plans normally (``-0 !== 5`` is a runtime_offset_mismatch park, printed as 0); a ``-0`` the
+    planner only carries (a header's createdAt here) changes nothing."""
+    result = _plan_text(_continuation_text(high_water="-0"))
+    assert (result["disposition"], result["rejectionReasons"]) == ("park", ["runtime_offset_mismatch"])
+    assert result["diagnostics"][0]["detail"] == {"expected": 0, "actual": 5}
+    assert str(result["diagnostics"][0]["detail"]["expected"]) == "0"
+    assert _plan_text(_continuation_text())["disposition"] == "continue"
+    # Negative control: the ledger's lossless reading (main's) refuses the same document.
+    with pytest.raises(CodecError):
+        canonical_json.loads(_continuation_text(high_water="-0"))
+
+
+def test_a_minus_zero_inside_a_ledger_event_leaves_the_ledger_unreadable() -> None:
+    """canonical-runtime-event.ts encodeCanonicalRuntimeEvent: an event whose stable JSON does not
+    give it back (``ts: -0`` comes back as 0) fails canonical decoding, so the source prefix is
+    unreadable (runtime-resume.ts: runtime_ledger_unreadable), while the same event with 0 plans."""
+    result = _plan_text(_continuation_text(ts="-0"))
+    assert (result["disposition"], result["rejectionReasons"]) == ("park", ["runtime_ledger_unreadable"])
+    assert _plan_text(_continuation_text(ts="0"))["disposition"] == "continue"
+
+
+@pytest.mark.parametrize(
+    ("high_water", "tail", "expected"),
+    [
+        ("5.0", "", None),  # 1.0 is the number 1
+        ("5", ', "backgroundOperationsSettled": false', "background_operation_pending"),  # last key wins
+        ("1e400", "", "runtime_offset_mismatch"),  # Infinity, printed null
+        ("9007199254740993", "", "runtime_offset_mismatch"),  # the nearest double
+    ],
+    ids=["integral-double", "duplicate-key-last-wins", "overflow-is-infinity", "past-2-53"],
+)
+def test_plan_continuation_reads_other_javascript_numbers_and_keys(
+    high_water: str, tail: str, expected: str | None
+) -> None:
+    """JSON.parse: doubles for every number, the last of a repeated key (at its first place)."""
+    result = _plan_text(_continuation_text(high_water=high_water, tail=tail))
+    assert result["rejectionReasons"] == ([] if expected is None else [expected])
+    if high_water == "1e400":
+        assert result["diagnostics"][0]["detail"] == {"expected": None, "actual": 5}
+    if high_water == "9007199254740993":
+        expected_value = result["diagnostics"][0]["detail"]["expected"]
+        assert (expected_value, type(expected_value)) == (2**53, int)  # printed 9007199254740992
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": Infinity}', '{"a": "\\ud800"}', "{", '\ufeff{"a": 1}'])
+def test_plan_continuation_refuses_what_is_not_json_text(text: str) -> None:
+    """JSON.parse refuses NaN, Infinity, truncated text and a BOM; a lone surrogate, which it
+    accepts, is refused here too (no UTF-8 form to print or hash), with the same stable code."""
+    from maka_core.errors import ConfigError
+    from maka_core.ledger.continuation_document import parse_document
+
+    with pytest.raises(ConfigError) as err:
+        parse_document(text.encode("utf-8", "surrogatepass"))
+    assert err.value.code == "continuation_input_invalid"

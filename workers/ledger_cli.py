@@ -258,8 +258,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     ledgers, ...); the output is its result (disposition, rejectionReasons, diagnostics,
     continuation). Exit 0 on continue, 1 on park, 2 on refused input.
     """
-    from maka_core.facts import canonical_json
-    from maka_core.ledger.continuation_document import plan_continuation_document
+    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
 
     try:
         raw = input_file.read_bytes()
@@ -267,10 +266,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
         raise MakaError(
             "input_unreadable", f"cannot read {input_file}: {exc.strerror}", path=str(input_file)
         ) from None
-    try:
-        doc = canonical_json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, MakaError, ValueError) as exc:
-        raise MakaError("continuation_input_invalid", f"{input_file} is not strict JSON: {exc}") from None
+    doc = parse_document(raw)  # as the reference's JSON.parse reads it, not the ledger's rule
     if not isinstance(doc, dict):
         raise MakaError("continuation_input_invalid", "the input must be a JSON object")
     result = plan_continuation_document(doc)

@@ -90,10 +90,10 @@ def test_session_start_send_status_show(temporal_server: Any, tmp_path: Path, ws
     for run in body["runs"]:
         assert run["resumePlan"]["kind"] == "safe_replay", run
         assert not any(op["status"] == "corruption" for op in run["recovery"]["operations"])
-    # Its export planned from the file says the same, run by run.
+    # Its export planned from the file run by run (--per-run) says the same.
     exported = maka("ledger", "export", "--session", session, env=env)
     (tmp_path / "session.jsonl").write_text(exported.stdout)
-    from_file = maka("ledger", "plan", str(tmp_path / "session.jsonl"), "--json", env=env)
+    from_file = maka("ledger", "plan", str(tmp_path / "session.jsonl"), "--per-run", "--json", env=env)
     assert from_file.returncode == 0 and json.loads(from_file.stdout) == body, from_file.stdout
     # Negative control: the same events judged as one ledger report the second run's marker.
     from maka_core.ledger.resume_plan import plan_resume

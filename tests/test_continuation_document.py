@@ -234,3 +234,22 @@ def test_the_command_refuses_bad_input_with_exit_2_and_a_code(tmp_path: Path) ->
         result = _plan_cli(tmp_path, bad, "--json")
         assert result.exit_code == 2, (bad, result.output)
         assert json.loads(result.output)["code"] == "continuation_input_invalid", bad
+
+
+def test_the_command_reads_minus_zero_as_javascript_does(tmp_path: Path) -> None:
+    """Issue 23: the document is read with JSON.parse's rules, not the ledger's lossless rule, so
+    ``-0`` plans (here a park, ``-0 !== 4``) and is printed ``0``; the ledger's rule stays."""
+    doc = worked()
+    doc["observation"]["expectedRuntimeEventHighWater"] = "@HW@"
+    text = json.dumps(doc).replace('"@HW@"', "-0")
+    result = _plan_cli(tmp_path, text, "--json")
+    assert result.exit_code == 1, result.output
+    assert '"detail": {"expected": 0, "actual": 4}' in result.output
+    assert json.loads(result.output)["rejectionReasons"] == ["runtime_offset_mismatch"]
+    # Negative control: the same value inside a ledger row is still refused by the ledger's rule.
+    from maka_core.errors import CodecError
+    from maka_core.facts import codec
+
+    line = json.dumps(WORKED_LEDGER[0]).replace('"ts": 1', '"ts": -0')
+    with pytest.raises(CodecError):
+        codec.decode(line)

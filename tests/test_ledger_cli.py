@@ -194,3 +194,38 @@ def test_parse_jsonl_reports_every_bad_line_and_ignores_one_trailing_newline() -
     events, errors = parse_jsonl(good[0] + b"\n\n" + good[1][:-5] + b"\n" + good[2])
     assert [e.id for e in events] == ["evt-user-1", "op-1_dispatch"]
     assert [(e["line"], e["code"]) for e in errors] == [(2, "blank_line"), (3, "json_syntax")]
+
+
+def test_import_takes_a_repeated_line_in_another_key_order_as_a_retry(tmp_path: Path) -> None:
+    """Issue 23: a line repeating an earlier event (same canonical encoding, other key order and
+    spacing) is an exact retry: the file imports with exit 0 and export prints the event once."""
+    lines = EXAMPLES[0].read_text().splitlines()
+    last = json.loads(lines[-1])
+    reordered = json.dumps(dict(reversed(list(last.items()))), indent=None, separators=(", ", " : "))
+    assert reordered != lines[-1]
+    repeated = tmp_path / "repeated.jsonl"
+    repeated.write_text("\n".join([*lines, reordered]) + "\n")
+    db = tmp_path / "l.sqlite"
+    proc = maka("ledger", "import", "--db", db, repeated, "--json", home=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out_json(proc) == {"ok": True, "imported": len(lines), "existing": 1}
+    exported = maka("ledger", "export", "--db", db, "--session", "sess-1", home=tmp_path)
+    assert exported.stdout == EXAMPLES[0].read_text()
+    # Negative control: anything after the repeat is refused at the repeated id, nothing written.
+    after = tmp_path / "after.jsonl"
+    after.write_text("\n".join([*lines[:2], lines[0], *lines[2:]]) + "\n")
+    refused = maka("ledger", "import", "--db", tmp_path / "m.sqlite", after, home=tmp_path)
+    body = out_json(refused)
+    assert refused.returncode == 2 and (body["code"], body["eventId"]) == ("duplicate_event_id", "evt-user-1")
+    assert body["eventIds"] == [json.loads(lines[2])["id"]] and row_count(tmp_path / "m.sqlite") == 0
+
+
+def test_plan_per_run_is_a_file_flag(tmp_path: Path) -> None:
+    """A FILE is planned whole unless ``--per-run``; a stored session is always planned run by
+    run, so ``--per-run`` with ``--session`` is refused rather than silently ignored."""
+    whole = out_json(maka("ledger", "plan", EXAMPLES[0], "--json", home=tmp_path))
+    per_run = out_json(maka("ledger", "plan", EXAMPLES[0], "--per-run", "--json", home=tmp_path))
+    assert "runs" not in whole and [r["runId"] for r in per_run["runs"]] == ["run-1"]
+    assert per_run["resumePlan"] == whole["resumePlan"]
+    proc = maka("ledger", "plan", "--session", "sess-1", "--per-run", "--json", home=tmp_path)
+    assert proc.returncode == 2 and out_json(proc)["code"] == "config_invalid"

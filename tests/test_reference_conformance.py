@@ -824,9 +824,9 @@ INVALID_BUNDLES = {
 
 @pytest.mark.parametrize("case", INVALID_BUNDLES)
 def test_import_refuses_a_bundle_the_bundle_writer_refuses(store: LedgerStore, case: str) -> None:
-    """tool-recovery-bundle.ts validateToolRecoveryEventBundle, run by commitToolRecoveryBundle
-    before its transition check: the bare transition check admits each of these bundles, the
-    bundle writer (and so import) does not."""
+    """tool-recovery-bundle.ts validateToolRecoveryEventBundle: the bare transition check admits
+    each of these bundles, the bundle writer (and so import, which admits a bundle as the live
+    bundle writer does) does not."""
     prefix, bundle = INVALID_BUNDLES[case]
     ledger = [*prefix(), *bundle()]
     assert writer_admission(ledger)["admissible"] is True
@@ -844,67 +844,210 @@ def test_import_admits_a_valid_bundle(store: LedgerStore, bundle: Any) -> None:
     assert store.verify() == []
 
 
-def test_bundle_validation_comes_before_the_transition_check(store: LedgerStore) -> None:
-    """sqlite-runtime-store.ts commitToolRecoveryBundle: the bundle is validated before
-    validateToolLedgerTransition, so an invalid bundle whose decision id collides with a
-    committed event reports the bundle code, not ``duplicate_event_id``."""
-    store.import_events(_prepared())
-    rec, out, dec = _bad_outcome_bundle()
-    clash = dec.model_copy(update={"id": "evt-user-1"})
-    assert _import_refusal(store, [rec, out, clash]).code == "outcome_not_successful"
-    # Negative control: with a valid outcome the collision is what refuses it.
+class _BundleFirstStore(LedgerStore):
+    """Today's (issue 23) import order, kept as the negative control: the bundle writer's own
+    validation ahead of the transition check."""
+
+    def _admit_group(self, conn: Any, transition: Any, batch: Any, **kwargs: Any) -> Any:
+        if transition == "recovery_bundle":
+            assert self._view is not None
+            self._view.scanner.check_bundle(batch)
+        return super()._admit_group(conn, transition, batch, **kwargs)
+
+
+def _name_mismatch() -> list[RuntimeEvent]:
     rec, out, dec = completed_bundle()
-    clash = dec.model_copy(update={"id": "evt-user-1"})
-    assert _import_refusal(store, [rec, out, clash]).code == "duplicate_event_id"
+    return [rec, response(name="Read", id=out.id), dec]
+
+
+def _reconcile_of_another_turn() -> list[RuntimeEvent]:
+    _, dec = parked_bundle()
+    return [reconcile(turn_id="turn-2"), dec]
+
+
+def _decision_id_collides() -> list[RuntimeEvent]:
+    rec, out, dec = _bad_outcome_bundle()
+    return [rec, out, dec.model_copy(update={"id": "evt-user-1"})]
+
+
+TRANSITION_FIRST = {
+    # case: (bundle, the reference's code and event, the bundle rules' code alone)
+    "recovered-response-of-another-tool": (
+        _name_mismatch,
+        ("identity_conflict", "op-call-1_recovered"),
+        "outcome_identity_conflict",
+    ),
+    "reconcile-of-another-turn": (
+        _reconcile_of_another_turn,
+        ("invocation_identity_conflict", "op-call-1_reconcile"),
+        "recovery_fact_identity_conflict",
+    ),
+    "decision-id-already-committed": (
+        _decision_id_collides,
+        ("duplicate_event_id", "evt-user-1"),
+        "outcome_not_successful",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TRANSITION_FIRST)
+def test_a_bundle_gets_the_transition_check_before_the_bundle_rules(
+    store: LedgerStore, tmp_path: Any, case: str
+) -> None:
+    """tool-ledger-scanner.ts validateToolLedgerTransition comes first: the reference's answers
+    (issue 23, hidden ledgers) report the scan's code for a bundle that also breaks the bundle
+    rules of tool-recovery-bundle.ts. The live bundle writer and import share that admission."""
+    build, (code, event_id), bundle_code = TRANSITION_FIRST[case]
+    store.import_events(_prepared())
+    refusal = _import_refusal(store, build())
+    assert (refusal.code, refusal.detail["eventId"]) == (code, event_id)
+    assert refusal.detail["transition"] == "recovery_bundle"
+    rec, *rest = build()
+    live = _live_bundle_refusal(store, rec, rest)
+    assert (live.code, live.detail["eventId"]) == (code, event_id), "the live writer must agree"
+    # Negative control: the bundle rules run first (today's import) answer the other code.
+    with _BundleFirstStore.open(tmp_path / "bundle-first.sqlite") as first:
+        first.import_events(_prepared())
+        assert _import_refusal(first, build()).code == bundle_code
+
+
+def _live_bundle_refusal(store: LedgerStore, rec: RuntimeEvent, rest: list[RuntimeEvent]) -> LedgerRejection:
+    outcome, dec = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0])
+    with pytest.raises(LedgerRejection) as err:
+        store.commit_recovery_bundle(rec, dec, outcome)
+    return err.value
+
+
+def _oracle(ledger: list[RuntimeEvent]) -> tuple[bool, str | None, str | None, list[str] | None]:
+    """The repository's reproduction of the reference oracle's ``writerAdmission``."""
+    answer = writer_admission(ledger)
+    first = answer.get("firstRejection") or {}
+    return answer["admissible"], first.get("code"), first.get("eventId"), first.get("eventIds")
 
 
 @pytest.mark.parametrize(
     "ledger",
     [
-        [user(), call(), call(), terminal()],
-        [user(), call(), terminal(), terminal()],
         [user(), user()],
+        [user(), call(), terminal(), terminal()],
+        [user(), *t1(), *t1()],
+        [*_prepared(), *completed_bundle(), *completed_bundle()],
     ],
-    ids=["call-twice", "terminal-twice-at-the-end", "user-twice"],
+    ids=["first-user-event-twice", "terminal-twice-at-the-end", "t1-pair-twice", "bundle-twice"],
 )
-def test_import_refuses_an_event_repeated_byte_for_byte(
-    store: LedgerStore, ledger: list[RuntimeEvent]
+def test_a_repeat_on_the_last_line_is_an_exact_retry(store: LedgerStore, ledger: list[RuntimeEvent]) -> None:
+    """Issue 23, the reference's answer: a line repeating an earlier admitted event is an
+    idempotent retry; with nothing after it the file imports, and the event is stored once."""
+    result = store.import_events(ledger)
+    unique = list({e.id: e for e in ledger}.values())
+    assert (result.imported, result.existing) == (len(unique), len(ledger) - len(unique))
+    assert store.events() == unique
+    assert _oracle(ledger)[0] is True
+
+
+@pytest.mark.parametrize(
+    ("ledger", "repeated", "refused"),
+    [
+        ([user(), call(), call(), terminal()], "evt-call-1", ["evt-terminal-1"]),
+        ([user(), user(), text()], "evt-user-1", ["evt-model-1"]),
+        ([user(), user(), *t1()], "evt-user-1", ["evt-call-1", "op-call-1_dispatch"]),
+        ([*_prepared(), *t1(recovery_mode="reconcile"), *completed_bundle()], "evt-call-1", None),
+    ],
+    ids=["call-twice", "user-twice-then-text", "user-twice-then-t1", "t1-twice-then-bundle"],
+)
+def test_every_transition_after_a_repeat_is_duplicate_event_id(
+    store: LedgerStore, ledger: list[RuntimeEvent], repeated: str, refused: list[str] | None
 ) -> None:
-    """One import is one set of facts: the scan of the imported ledger reports
-    ``duplicate_event_id`` for a repeated id; exact-retry idempotency is for a retried write."""
-    repeated = next(e.id for i, e in enumerate(ledger) if e.id in {x.id for x in ledger[:i]})
+    """tool-ledger-scanner.ts validateToolLedgerTransition: the prefix read so far holds the
+    repeated id twice, so its scan is corrupt and the next transition (whatever it is) is
+    refused with that scan's first issue: ``duplicate_event_id`` at the repeated id."""
     refusal = _import_refusal(store, ledger)
     assert (refusal.code, refusal.detail["eventId"]) == ("duplicate_event_id", repeated)
-
-
-def test_reimporting_a_committed_file_is_still_an_exact_retry(store: LedgerStore) -> None:
-    """Negative control: the same file imported twice is idempotent (a retried write)."""
-    ledger = [*_prepared(), *completed_bundle(), terminal()]
-    assert store.import_events(ledger).imported == len(ledger)
-    again = store.import_events(ledger)
-    assert (again.imported, again.existing) == (0, len(ledger))
-
-
-@pytest.mark.parametrize(
-    "ledger",
-    [
-        [*_prepared(), *_bad_outcome_bundle(), user(), user()],
-        [user(), response(), call(), dispatch(), user()],
-        [user(), *t1(), *parked_bundle(), terminal(), terminal()],
-        [user(), call(), dispatch(), dispatch(id="op-call-1_dispatch_dup"), user()],
-    ],
-    ids=["invalid-bundle", "orphan-response", "unsupported-mode", "duplicate-dispatch"],
-)
-def test_duplicate_event_id_is_reported_before_any_other_code(
-    store: LedgerStore, ledger: list[RuntimeEvent]
-) -> None:
-    """Where a repeated id and another refusal both apply, import reports ``duplicate_event_id``."""
-    refusal = _import_refusal(store, ledger)
-    assert refusal.code == "duplicate_event_id"
-    # Negative control: without the repeat, the other code is what refuses the file.
+    assert _oracle(ledger)[1:3] == ("duplicate_event_id", repeated)
+    if refused is not None:
+        assert refusal.detail["eventIds"] == refused == _oracle(ledger)[3]
+    # Negative control: without the repeat the same file imports.
     seen: set[str] = set()
     deduped = [e for e in ledger if not (e.id in seen or seen.add(e.id))]  # type: ignore[func-returns-value]
-    assert _import_refusal(store, deduped).code != "duplicate_event_id"
+    assert store.import_events(deduped).imported == len(deduped)
+
+
+def test_a_repeat_of_an_event_committed_before_the_import_poisons_nothing(store: LedgerStore) -> None:
+    """A file's event already in the ledger is a retried write (re-importing is idempotent);
+    only a file that repeats its own line holds an id twice."""
+    store.import_events([user()])
+    assert store.import_events([user(), *t1(), response(), terminal()]).imported == 4
+
+
+def _bundle_missing_its_decision() -> list[RuntimeEvent]:
+    rec, dec = parked_bundle()
+    return [*_prepared(), rec, text(), dec]
+
+
+FIRST_FAILURE = {
+    # case: (ledger ending in a repeated first event, the failing transition's code and event)
+    "invalid-bundle": (
+        lambda: [*_prepared(), *_bad_outcome_bundle()],
+        "outcome_not_successful",
+        "op-call-1_reconcile",
+    ),
+    "orphan-response": (
+        lambda: [user(), response(), call(), dispatch()],
+        "orphan_response",
+        "op-call-1_response",
+    ),
+    "unsupported-mode": (
+        lambda: [user(), *t1(), *parked_bundle()],
+        "recovery_mode_unsupported",
+        "op-call-1_reconcile",
+    ),
+    "duplicate-dispatch": (
+        lambda: [user(), call(), dispatch(), dispatch(id="op-call-1_dispatch_dup")],
+        "duplicate_dispatch",
+        "op-call-1_dispatch_dup",
+    ),
+    "reconcile-without-its-decision": (
+        _bundle_missing_its_decision,
+        "transition_shape_conflict",
+        "op-call-1_reconcile",
+    ),
+    "semantic-lane": (
+        lambda: [user(), call(role="user", author="user")],
+        "semantic_lane_conflict",
+        "evt-call-1",
+    ),
+    "invocation-identity": (
+        lambda: [user(), text(turn_id="turn-2")],
+        "invocation_identity_conflict",
+        "evt-model-1",
+    ),
+    "dispatch-before-call": (
+        lambda: [user(), dispatch(), call(operation_id="op-call-1")],
+        "event_order_conflict",
+        "op-call-1_dispatch",
+    ),
+    "second-call-of-a-prepared-operation": (
+        lambda: [user(), *t1(), call(id="evt-call-1b", operation_id="op-call-1")],
+        "duplicate_call",
+        "evt-call-1b",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FIRST_FAILURE)
+def test_the_first_failing_transition_reports_its_own_code(store: LedgerStore, case: str) -> None:
+    """Issue 23, the reference's answer: import replays the file in order and the refusal is the
+    first transition that fails, with that transition's code; a repeat later in the file does
+    not make it ``duplicate_event_id`` (nothing is checked across the whole file first)."""
+    build, code, event_id = FIRST_FAILURE[case]
+    ledger = [*build(), user()]
+    refusal = _import_refusal(store, ledger)
+    assert (refusal.code, refusal.detail["eventId"]) == (code, event_id)
+    if case not in ("invalid-bundle", "unsupported-mode"):  # the bundle rules are not the oracle's
+        assert _oracle(ledger)[1:3] == (code, event_id)
+    # Negative control: the repeat moved ahead of the failing transition is what refuses the file.
+    first, *rest = build()
+    assert _import_refusal(store, [first, first, *rest]).code == "duplicate_event_id"
 
 
 _BIG_ARGS_LINE = (
@@ -951,3 +1094,157 @@ def test_a_parked_operation_takes_only_its_exact_bundle_again(store: LedgerStore
     # A second, self-consistent bundle under fresh ids is refused too (the operation is settled).
     _import_refusal(store, parked_bundle(observation="diverged", suffix="-2"))
     assert store.operation("op-call-1").current_state == "recovery_parked"  # type: ignore[union-attr]
+
+
+# --- ``maka ledger plan FILE``: the file is one ledger (runtime-resume.ts, recovery-resolver.ts) ---
+
+_RUN_2 = {"session_id": "sess-1", "run_id": "run-2", "invocation_id": "inv-2", "turn_id": "turn-2"}
+
+
+def _plan_file(tmp_path: Any, ledger: list[RuntimeEvent], *flags: str) -> dict[str, Any]:
+    import json
+
+    from click.testing import CliRunner
+
+    from workers.ledger_cli import ledger as ledger_group
+
+    path = tmp_path / "ledger.jsonl"
+    path.write_text("".join(encode(e) + "\n" for e in ledger))
+    result = CliRunner().invoke(ledger_group, ["plan", str(path), "--json", *flags])
+    assert result.exit_code == 0, result.output
+    out: dict[str, Any] = json.loads(result.output)
+    return out
+
+
+def test_plan_file_plans_two_invocations_of_one_session_as_one_ledger(tmp_path: Any) -> None:
+    """Issue 23, the reference's answer: a file holding two runs of one session, one protocol
+    marker on its first event, is planned whole: that marker is the file's protocol, both
+    operations complete, both turns replay, high-water 7."""
+    ledger = [user(), *t1(), response(), *t1("call-2", **_RUN_2), response("call-2", **_RUN_2)]
+    out = _plan_file(tmp_path, ledger)
+    recovery, plan = out["recovery"], out["resumePlan"]
+    assert recovery["toolBoundaryProtocol"] == "t1_after_preflight_v1"
+    assert [(op["toolCallId"], op["status"]) for op in recovery["operations"]] == [
+        ("call-1", "completed"),
+        ("call-2", "completed"),
+    ]
+    assert (plan["kind"], plan["highWater"]) == ("safe_replay", 7)
+    assert plan["replayEventIds"] == [e.id for e in ledger]
+    assert "runs" not in out
+    # Negative control: the per-run view (main's answer for a FILE, now behind --per-run) plans
+    # only the latest run, whose first event carries no marker.
+    per_run = _plan_file(tmp_path, ledger, "--per-run")
+    assert per_run["recovery"]["toolBoundaryProtocol"] is None
+    assert per_run["resumePlan"]["highWater"] == 3 and [r["runId"] for r in per_run["runs"]] == [
+        "run-1",
+        "run-2",
+    ]
+
+
+def test_plan_file_reports_an_invocation_crossing_runs_as_corruption(tmp_path: Any) -> None:
+    """Issue 23, the reference's answer: one invocation id on two runs is a ledger issue of the
+    whole file, so the plan blocks with dangling_tool_state / tool_ledger_corruption."""
+    ledger = [user(), text(run_id="run-2", turn_id="turn-2")]
+    plan = _plan_file(tmp_path, ledger)["resumePlan"]
+    assert (plan["kind"], plan["rejectionReasons"]) == ("blocked", ["dangling_tool_state"])
+    assert [(d["code"], d["detail"]["issueCode"]) for d in plan["diagnostics"]] == [
+        ("tool_ledger_corruption", "invocation_identity_conflict")
+    ]
+    # Negative control: run by run, each run alone is clean (main's safe_replay).
+    assert _plan_file(tmp_path, ledger, "--per-run")["resumePlan"]["kind"] == "safe_replay"
+
+
+# --- ``maka ledger plan-continuation``: the INPUT document is read with JSON.parse ---------------
+
+
+def _continuation_text(*, high_water: str = "5", ts: str | None = None, tail: str = "") -> str:
+    """A document whose source run continues, as INPUT.json text; ``high_water``, ``ts`` (of
+    the first ledger event) and ``tail`` (extra observation keys) are spliced in as raw JSON."""
+    import json
+
+    from tests.ledger_factory import CWD, RUN, SESSION, WORKSPACE, run_header, wire
+
+    ledger = wire([user(), *t1(), response(), terminal()])
+    if ts is not None:
+        ledger[0]["ts"] = "@TS@"
+    doc = {
+        "sessionId": SESSION,
+        "sourceRunId": RUN,
+        "observation": {
+            "currentCwd": CWD,
+            "sourceWorkspaceIdentity": WORKSPACE,
+            "currentWorkspaceIdentity": WORKSPACE,
+            "backgroundOperationsSettled": True,
+            "availableToolNames": ["Bash"],
+            "expectedRuntimeEventHighWater": "@HW@",
+        },
+        "runs": {RUN: run_header(createdAt="@CREATED@")},
+        "ledgers": {RUN: ledger},
+        "ids": ["inv-2", "run-2", "turn-2", "claim-2"],
+    }
+    text = json.dumps(doc).replace('"@HW@"', high_water + tail).replace('"@CREATED@"', "-0")
+    return text.replace('"@TS@"', ts or "")
+
+
+def _plan_text(text: str) -> dict[str, Any]:
+    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
+
+    return plan_continuation_document(parse_document(text.encode()))
+
+
+def test_plan_continuation_reads_minus_zero_as_javascript_does() -> None:
+    """Issue 23, the reference's answer: its JSON.parse reads ``-0`` as a number equal to 0 and
+    plans normally (``-0 !== 5`` is a runtime_offset_mismatch park, printed as 0); a ``-0`` the
+    planner only carries (a header's createdAt here) changes nothing."""
+    result = _plan_text(_continuation_text(high_water="-0"))
+    assert (result["disposition"], result["rejectionReasons"]) == ("park", ["runtime_offset_mismatch"])
+    assert result["diagnostics"][0]["detail"] == {"expected": 0, "actual": 5}
+    assert str(result["diagnostics"][0]["detail"]["expected"]) == "0"
+    assert _plan_text(_continuation_text())["disposition"] == "continue"
+    # Negative control: the ledger's lossless reading (main's) refuses the same document.
+    with pytest.raises(CodecError):
+        canonical_json.loads(_continuation_text(high_water="-0"))
+
+
+def test_a_minus_zero_inside_a_ledger_event_leaves_the_ledger_unreadable() -> None:
+    """canonical-runtime-event.ts encodeCanonicalRuntimeEvent: an event whose stable JSON does not
+    give it back (``ts: -0`` comes back as 0) fails canonical decoding, so the source prefix is
+    unreadable (runtime-resume.ts: runtime_ledger_unreadable), while the same event with 0 plans."""
+    result = _plan_text(_continuation_text(ts="-0"))
+    assert (result["disposition"], result["rejectionReasons"]) == ("park", ["runtime_ledger_unreadable"])
+    assert _plan_text(_continuation_text(ts="0"))["disposition"] == "continue"
+
+
+@pytest.mark.parametrize(
+    ("high_water", "tail", "expected"),
+    [
+        ("5.0", "", None),  # 1.0 is the number 1
+        ("5", ', "backgroundOperationsSettled": false', "background_operation_pending"),  # last key wins
+        ("1e400", "", "runtime_offset_mismatch"),  # Infinity, printed null
+        ("9007199254740993", "", "runtime_offset_mismatch"),  # the nearest double
+    ],
+    ids=["integral-double", "duplicate-key-last-wins", "overflow-is-infinity", "past-2-53"],
+)
+def test_plan_continuation_reads_other_javascript_numbers_and_keys(
+    high_water: str, tail: str, expected: str | None
+) -> None:
+    """JSON.parse: doubles for every number, the last of a repeated key (at its first place)."""
+    result = _plan_text(_continuation_text(high_water=high_water, tail=tail))
+    assert result["rejectionReasons"] == ([] if expected is None else [expected])
+    if high_water == "1e400":
+        assert result["diagnostics"][0]["detail"] == {"expected": None, "actual": 5}
+    if high_water == "9007199254740993":
+        expected_value = result["diagnostics"][0]["detail"]["expected"]
+        assert (expected_value, type(expected_value)) == (2**53, int)  # printed 9007199254740992
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"a": Infinity}', '{"a": "\\ud800"}', "{", '\ufeff{"a": 1}'])
+def test_plan_continuation_refuses_what_is_not_json_text(text: str) -> None:
+    """JSON.parse refuses NaN, Infinity, truncated text and a BOM; a lone surrogate, which it
+    accepts, is refused here too (no UTF-8 form to print or hash), with the same stable code."""
+    from maka_core.errors import ConfigError
+    from maka_core.ledger.continuation_document import parse_document
+
+    with pytest.raises(ConfigError) as err:
+        parse_document(text.encode("utf-8", "surrogatepass"))
+    assert err.value.code == "continuation_input_invalid"

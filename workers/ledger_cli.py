@@ -132,6 +132,7 @@ def cmd_export(db: str | None, session: str, as_json: bool) -> None:
 @click.argument("file", required=False, type=click.Path(path_type=Path))
 @click.option("--session", default=None, help="plan a stored session (each run on its own)")
 @click.option("--run", default=None, help="plan one stored run")
+@click.option("--per-run", is_flag=True, help="plan a FILE run by run, as --session plans a stored session")
 @click.option("--expected-high-water", type=int, default=None)
 @json_option()
 def cmd_plan(
@@ -139,6 +140,7 @@ def cmd_plan(
     file: Path | None,
     session: str | None,
     run: str | None,
+    per_run: bool,
     expected_high_water: int | None,
     as_json: bool,
 ) -> None:
@@ -148,11 +150,17 @@ def cmd_plan(
             raise MakaError("config_invalid", "give either FILE or --db/--session")
         click.get_current_context().meta["maka_json"] = True  # a file's decode errors are JSON, a contract
         decoded = _decoded(file)
-        runs = _by_run(decoded)
-        # A one-run file (the reference's shape) is planned as given; an export of a whole session
-        # is planned run by run, exactly as ``--session`` plans the stored one.
-        _emit_plans(list(runs.items()) if len(runs) > 1 else [(None, decoded)], expected_high_water, as_json)
+        # A FILE is one ledger, planned as given, exactly as the reference plans it (its first
+        # event's marker is the whole file's protocol); ``--per-run`` asks for the session view.
+        groups: list[tuple[str | None, list[RuntimeEvent]]] = (
+            list(_by_run(decoded).items()) if per_run else [(None, decoded)]
+        )
+        _emit_plans(groups, expected_high_water, as_json)
         return
+    if per_run:
+        raise MakaError(
+            "config_invalid", "--per-run plans a FILE; a stored session is always planned run by run"
+        )
     if not session:
         raise MakaError("config_invalid", "--session is required without FILE")
     events = session_events(settings(db=db).ledger, session, run_id=run)
@@ -250,8 +258,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     ledgers, ...); the output is its result (disposition, rejectionReasons, diagnostics,
     continuation). Exit 0 on continue, 1 on park, 2 on refused input.
     """
-    from maka_core.facts import canonical_json
-    from maka_core.ledger.continuation_document import plan_continuation_document
+    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
 
     try:
         raw = input_file.read_bytes()
@@ -259,10 +266,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
         raise MakaError(
             "input_unreadable", f"cannot read {input_file}: {exc.strerror}", path=str(input_file)
         ) from None
-    try:
-        doc = canonical_json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, MakaError, ValueError) as exc:
-        raise MakaError("continuation_input_invalid", f"{input_file} is not strict JSON: {exc}") from None
+    doc = parse_document(raw)  # as the reference's JSON.parse reads it, not the ledger's rule
     if not isinstance(doc, dict):
         raise MakaError("continuation_input_invalid", "the input must be a JSON object")
     result = plan_continuation_document(doc)

@@ -1,24 +1,108 @@
 """The offline planner's pure core: one INPUT document in, the reference planner's JSON out.
 
-``maka ledger plan-continuation INPUT.json --json`` reads the document, calls
-:func:`plan_continuation_document` and prints the result; a malformed document raises
-``ConfigError`` with code ``continuation_input_invalid`` (exit 2). The document carries the
-source headers, the ledgers, the claim authority, the existing-continuation lookup and either
-a safety observation or the host's inputs (``maka-continuation-facts.md`` §1.1, §2.1).
+``maka ledger plan-continuation INPUT.json --json`` reads the document with
+:func:`parse_document`, calls :func:`plan_continuation_document` and prints the result; a
+malformed document raises ``ConfigError`` with code ``continuation_input_invalid`` (exit 2). The
+document carries the source headers, the ledgers, the claim authority, the existing-continuation
+lookup and either a safety observation or the host's inputs (``maka-continuation-facts.md``
+§1.1, §2.1).
+
+The document is read as the reference reads it, with ``JSON.parse``, not with the ledger's
+lossless rule: it is an input, not a ledger row. So ``-0`` is JavaScript's -0 (equal to 0 in
+every comparison, printed ``0``), a literal past a double's range is an infinity (printed
+``null``) and one below it 0, an integer past 2**53 the nearest double, ``1.0`` the number 1, and
+a repeated key keeps its last value at its first position. Inside a ledger the reference's
+canonical decoding still refuses an event holding -0 or an infinity (its JSON would not give it
+back), so such a ledger is unreadable and the planner parks on it; elsewhere the value plans
+like any other. NaN and Infinity literals are not JSON and are refused, as ``JSON.parse`` refuses
+them; a lone surrogate escape, which ``JSON.parse`` accepts, is refused too (it has no UTF-8
+form to print or hash here).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from maka_core.errors import ConfigError
+from maka_core.facts import canonical_json
 from maka_core.ledger.continuation import SafetyObservation, id_source, park, plan_continuation
 from maka_core.ledger.lineage import ContinuationSources
 
 
 def _invalid(message: str) -> ConfigError:
     return ConfigError("continuation_input_invalid", message)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _js_number(value: float) -> int | float:
+    """A double as JavaScript holds it: -0 and infinities kept, an integral safe value as int."""
+    if value == 0:
+        return value if math.copysign(1.0, value) < 0 else 0
+    if value.is_integer() and abs(value) <= canonical_json.MAX_SAFE_INTEGER:
+        return int(value)
+    return value
+
+
+def _not_json(name: str) -> Any:
+    raise _invalid(f"{name} is not JSON")
+
+
+def _last_key_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return dict(pairs)
+
+
+def parse_document(raw: bytes) -> Any:
+    """Read INPUT.json as ``JSON.parse`` reads it (see the module docstring).
+
+    Raises:
+        ConfigError: ``continuation_input_invalid`` for text that is not JSON or not UTF-8, or
+            that holds a lone surrogate.
+    """
+    try:
+        value = json.loads(
+            raw.decode("utf-8"),
+            parse_int=lambda text: _js_number(float(text)),
+            parse_float=lambda text: _js_number(float(text)),
+            parse_constant=_not_json,
+            object_pairs_hook=_last_key_wins,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _invalid(f"the input is not JSON: {exc}") from None
+    _refuse_lone_surrogates(value)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    if isinstance(value, str):
+        if _LONE_SURROGATE.search(value):
+            raise _invalid("the input holds a lone surrogate")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_lone_surrogates(key)
+            _refuse_lone_surrogates(item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_lone_surrogates(item)
+
+
+def _as_printed(value: Any) -> Any:
+    """A result as ``JSON.stringify`` prints it: -0 as 0, an infinity as null, an integral
+    double below 1e21 without a fraction."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return int(value) if value.is_integer() and abs(value) < 1e21 else value
+    if isinstance(value, dict):
+        return {k: _as_printed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_printed(v) for v in value]
+    return value
 
 
 def _string(doc: Mapping[str, Any], key: str, where: str) -> str:
@@ -150,4 +234,4 @@ def plan_continuation_document(doc: Mapping[str, Any]) -> dict[str, Any]:
     else:
         observation = _observation(doc.get("observation"))
     plan = plan_continuation(session_id, source_run_id, observation, sources, id_source(ids))
-    return plan.to_json()
+    return _as_printed(plan.to_json())  # type: ignore[no-any-return]

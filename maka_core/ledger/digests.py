@@ -183,8 +183,8 @@ def read_prefix(raw: Any, up_to_event_seq: Any = None) -> Prefix:
         if (
             isinstance(up_to_event_seq, bool)
             or not isinstance(up_to_event_seq, int | float)
+            or not 0 < up_to_event_seq <= _MAX_SAFE  # first: an infinity has no int()
             or up_to_event_seq != int(up_to_event_seq)
-            or not 0 < up_to_event_seq <= _MAX_SAFE
         ):
             raise PrefixUnreadable(
                 "runtime_prefix_high_water_invalid", "high-water is not a positive integer"
@@ -195,7 +195,14 @@ def read_prefix(raw: Any, up_to_event_seq: Any = None) -> Prefix:
     events: list[RuntimeEvent] = []
     for index, item in enumerate(items):
         try:
-            events.append(item if isinstance(item, RuntimeEvent) else from_json_object(item))
+            if isinstance(item, RuntimeEvent):
+                events.append(item)
+            else:
+                event = from_json_object(item)
+                # The reference keeps only an event its canonical JSON gives back unchanged
+                # (encodeCanonicalRuntimeEvent): a -0 its decoder let through (a ``ts``) is not.
+                canonical_json.check(event.to_wire())
+                events.append(event)
         except CodecError as exc:
             raise PrefixUnreadable(
                 "runtime_prefix_undecodable", f"event {index + 1}: {exc.message}"

@@ -263,15 +263,17 @@ def interpret_recovery(facts: OperationFacts, order: Mapping[str, int]) -> Recov
 
 
 def check_bundle_commit(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -> None:
-    """Refuse a recovery bundle the reference's bundle writer would refuse before its ledger check.
+    """Refuse a recovery bundle that is invalid in itself, judged against its committed call and
+    dispatch (``validate_bundle``), without the transition check.
 
-    The reference's ``commitToolRecoveryBundle`` validates the bundle against the operation's
-    committed call and dispatch (``validateToolRecoveryEventBundle``) *before* it runs the
-    transition check, so a bundle that is invalid in itself (``outcome_not_successful``,
-    ``evidence_order_conflict``, ``recovery_mode_unsupported``...) is refused with that code even
-    where the bare transition check would pass, and ahead of any transition code. A batch that
-    is not bundle-shaped, or names an operation with no committed call and dispatch, is left to
-    the transition check (the reference refuses it there or without a stable code).
+    The writers do not call this first. The reference's answers put the transition check ahead
+    of the bundle rules: a recovered response naming another tool is ``identity_conflict`` and a
+    reconcile of another turn ``invocation_identity_conflict`` (the scan's codes), not
+    ``outcome_identity_conflict`` / ``recovery_fact_identity_conflict``; a strict ``admit`` (live
+    writer and import alike) reaches ``interpret_recovery`` only after that check. This is the
+    bundle rules on their own, for a caller that wants them before it commits. A batch that is
+    not bundle-shaped, or names an operation with no committed call and dispatch, is left to the
+    transition check.
 
     Raises:
         LedgerRejection: the bundle validation code, at the bundle's first event.

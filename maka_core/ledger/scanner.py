@@ -324,8 +324,9 @@ class LedgerScanner:
         return tuple(candidates)
 
     def check_bundle(self, batch: Sequence[RuntimeEvent]) -> None:
-        """The recovery-bundle writer's own validation, run before ``admit`` (see
-        ``recovery_bundle.check_bundle_commit``). Never mutates the scanner.
+        """The bundle validation alone, against the operation's committed call and dispatch (see
+        ``recovery_bundle.check_bundle_commit``). Never mutates the scanner. The writers do not run
+        it ahead of ``admit``: a strict ``admit`` validates the bundle after the transition check.
 
         Raises:
             LedgerRejection: the reference's bundle validation code.

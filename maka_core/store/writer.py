@@ -337,6 +337,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         attempt: ToolAttempt | None = None,
         synced: bool = False,
         strict: bool = True,
+        partial_retry: bool = False,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
         scanner = self._view.scanner if synced and self._view is not None else self._sync(conn)
@@ -366,8 +367,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
-        if stored and not t1_call_committed and transition != "generic_append":
+        if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
             # Only T1 may find its call already committed; any other partial retry is a conflict.
+            # An import (``partial_retry``) checks only the rest, as the reference's transition
+            # check does with the candidates an existing prefix does not hold.
             first = next(e for e in batch if e.id in stored)
             raise LedgerRejection("duplicate_event_id", "partial retry of an atomic batch", eventId=first.id)
         new_batch = [e for e, _ in fresh]
@@ -615,35 +618,49 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     def import_events(self, events: Sequence[RuntimeEvent]) -> ImportResult:
         """Import a ledger batch-atomically: every writer transition in one transaction, or nothing.
 
-        Each transition is admitted as the reference's own writer for it would admit it, in the
-        reference's order: an id repeated inside the file is ``duplicate_event_id`` before
-        anything else (an exact retry is a write repeated against the ledger, so re-importing a
-        committed file is idempotent, but one file never says the same fact twice); a recovery
-        bundle passes the bundle writer's validation against its committed call and dispatch
-        before the transition check, and must then leave the operation's recovery tail valid;
-        every other transition gets the bare transition check (``strict=False``), not the extra
-        binding rules our own live writers add.
+        The file is replayed in order, one transition at a time, and the first transition that
+        fails refuses the file with its own code; nothing is checked across the whole file first.
+        Each transition gets the reference's transition check against the prefix read so far
+        (``strict=False``); a recovery bundle then gets the live bundle writer's rules too (the
+        admission ``commit_recovery_bundle`` runs, which validates the bundle after the transition
+        check). A line repeating an earlier line's event (equal canonical bytes) is an exact retry,
+        stored once; but the prefix read so far then holds that id twice, a corrupt prefix to the
+        reference, so every later transition is refused ``duplicate_event_id`` at the repeated id
+        (the reference's first issue of that prefix). An event committed before the import is an
+        exact retry like any retried write, so re-importing a committed file is idempotent.
 
         Raises:
-            LedgerRejection: the first rejection's code; nothing is written.
+            LedgerRejection: the first rejection's code and ids, plus the refused transition and
+                its ``eventIds`` (the reference's ``firstRejection``); nothing is written.
         """
-        seen: set[str] = set()
-        for event in events:
-            if event.id in seen:
-                raise LedgerRejection(
-                    "duplicate_event_id", "the import holds this event id more than once", eventId=event.id
-                )
-            seen.add(event.id)
 
         def body(conn: Connection) -> ImportResult:
             imported = 0
-            scanner = self._sync(conn)
+            self._sync(conn)
+            read: set[str] = set()
+            repeated: str | None = None
             for transition, group in group_transitions(events):
-                bundle = transition == "recovery_bundle"
-                if bundle:
-                    scanner.check_bundle(group)
-                result = self._admit_group(conn, transition, group, synced=True, strict=bundle)
+                try:
+                    if repeated is not None:
+                        raise LedgerRejection(
+                            "duplicate_event_id",
+                            "the file repeats this event, so its prefix holds the id twice",
+                            eventId=repeated,
+                        )
+                    result = self._admit_group(
+                        conn,
+                        transition,
+                        group,
+                        synced=True,
+                        strict=transition == "recovery_bundle",
+                        partial_retry=True,
+                    )
+                except LedgerRejection as rejection:
+                    rejection.detail.update(transition=transition, eventIds=[e.id for e in group])
+                    raise
                 imported += len(result.created_ids)
+                repeated = next((e.id for e in group if e.id in read), None)
+                read.update(e.id for e in group)
             return ImportResult(imported, len(events) - imported)
 
         result: ImportResult = self._write(body)

@@ -543,8 +543,6 @@ def cmd_resolve(
     """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
     from maka_core.runtime.resolution import resolve_operation
 
-    ensure_utf8(resolved_by, "--by")
-    ensure_utf8(reason, "--reason")
     with open_ledger(settings(db=db).ledger, create=False) as store:
         recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
     if as_json:

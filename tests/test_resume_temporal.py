@@ -606,3 +606,24 @@ async def test_an_operator_resolution_then_resume_finishes_the_turn_without_re_r
         ]
     finally:
         await stop(worker)
+
+
+async def test_an_imported_session_without_run_headers_is_refused_alike_by_resume_and_status(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """``ledger import`` writes events, not run headers: ``status`` lists the session, so
+    ``resume`` must not call it unknown; both name ``session_runs_missing``."""
+    box = Sandbox(temporal_server, tmp_path / "imported")
+    ledger = Path(__file__).parent / "fixtures" / "maka_examples" / "01-complete-call-dispatch-response.jsonl"
+    code, out, err = await cli(box, "ledger", "import", str(ledger))
+    assert code == 0, (out, err)
+    code, out, err = await cli(box, "resume", "sess-1")
+    assert (code, out["code"], out["eventCount"]) == (2, "session_runs_missing", 5), (out, err)
+    code, status, err = await cli(box, "session", "status", "sess-1")
+    assert code == 0 and status["eventCount"] == 5 and status["turns"] == [], (status, err)
+    assert status["resume"]["code"] == "session_runs_missing" and "session_runs_missing" in err
+    # Negative control: a session the ledger does not hold at all is still unknown to both.
+    code, out, _ = await cli(box, "resume", "sess-2")
+    assert (code, out["code"]) == (2, "session_not_found")
+    code, out, _ = await cli(box, "session", "status", "sess-2")
+    assert (code, out["code"]) == (2, "session_not_found")

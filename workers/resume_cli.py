@@ -127,6 +127,18 @@ def lost_sessions(store: Any) -> list[str]:
     return out
 
 
+def runs_missing(session_id: str, events: int) -> MakaError:
+    """A session with events and no run header (a ``ledger import`` of events alone): nothing
+    says which run ran where, so there is no run to continue. ``session status`` says the same."""
+    return MakaError(
+        "session_runs_missing",
+        f"session {session_id} has {events} events but no run headers (an imported ledger): "
+        f"there is no run to resume; `maka ledger plan --session {session_id}` plans its events",
+        sessionId=session_id,
+        eventCount=events,
+    )
+
+
 def _record_park(rt: Runtime, decision: ResumeDecision) -> None:
     if decision.park_reason not in _SESSION_PARKS or decision.source_run_id is None:
         return
@@ -184,6 +196,9 @@ async def resume_lost_session(
         )
     runs = await rt.on_ledger(lambda: rt.ledger.list_runs(session_id=session_id))
     if not runs:
+        events = await rt.on_ledger(lambda: len(rt.ledger.events(session_id=session_id)))
+        if events:
+            raise runs_missing(session_id, events)
         raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
 
     async def still_lost() -> bool:
@@ -481,6 +496,7 @@ __all__ = [
     "lost_sessions",
     "resume_lost_session",
     "resume_on_host",
+    "runs_missing",
     "settle_lost_runs",
     "wait_continued",
 ]

@@ -63,6 +63,10 @@ class MakaSettings(BaseSettings):
     tool_heartbeat_timeout: PositiveFloat = 20.0
     #: ``MAKA_TOOL_START_TO_CLOSE_TIMEOUT``: the longest one tool attempt may run.
     tool_start_to_close_timeout: PositiveFloat = 900.0
+    #: ``MAKA_MODEL_OUTPUT_MAX_BYTES``: the largest model step output (its text and every tool
+    #: call's name and canonical arguments, UTF-8) a worker commits; a larger one fails the turn
+    #: with ``model_output_too_large`` and nothing of it is committed (every later step replays it).
+    model_output_max_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1024 * 1024)
     #: ``MAKA_POLICY``: tool policy JSON (validated here; ``maka_core.policy`` applies it).
     policy: str | None = None
     #: ``MAKA_PROVIDER_CALL_LOG``: test instrumentation, one line per real provider call.
@@ -112,6 +116,7 @@ class MakaSettings(BaseSettings):
             tool_heartbeat_timeout_s=self.tool_heartbeat_timeout,
             tool_start_to_close_timeout_s=self.tool_start_to_close_timeout,
             provider_call_log=self.provider_call_log,
+            model_output_max_bytes=self.model_output_max_bytes,
             unsafe_no_sandbox=unsafe_no_sandbox,
         )
 

@@ -229,3 +229,29 @@ def test_plan_per_run_is_a_file_flag(tmp_path: Path) -> None:
     assert per_run["resumePlan"] == whole["resumePlan"]
     proc = maka("ledger", "plan", "--session", "sess-1", "--per-run", "--json", home=tmp_path)
     assert proc.returncode == 2 and out_json(proc)["code"] == "config_invalid"
+
+
+@pytest.mark.parametrize(
+    "session_id", ["has space", "-leading-dash", "new\nline", "../escape", "x" * 201, "slash/inside", "é"]
+)
+def test_import_refuses_a_session_id_that_session_id_refuses_and_creates_nothing(
+    session_id: str, tmp_path: Path
+) -> None:
+    """The same rule as ``session start --session-id`` (``maka_core.facts.session_id``)."""
+    lines = [json.loads(line) for line in ADMISSIBLE[0].read_text().splitlines()]
+    lines[-1]["sessionId"] = session_id  # the last line: every line before it is fine
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    db = tmp_path / "l.sqlite"
+    refused = maka("ledger", "import", "--db", db, bad, "--json", home=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    body = out_json(refused)
+    assert (body["code"], body["sessionId"], body["line"]) == ("session_id_invalid", session_id, len(lines))
+    assert not db.exists()
+    flags = ("--session-id", session_id, "--script", bad, "--workspace", tmp_path, "--json")
+    start = maka("session", "start", *flags, "x", home=tmp_path)
+    assert start.returncode == 2 and out_json(start)["code"] == "session_id_invalid"
+    # Negative control: the same file with an admitted id imports.
+    lines[-1]["sessionId"] = lines[0]["sessionId"]
+    bad.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    assert maka("ledger", "import", "--db", db, bad, home=tmp_path).returncode == 0

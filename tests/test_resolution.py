@@ -206,3 +206,83 @@ def test_the_transcript_shows_the_park_the_resolution_and_the_continuation(
         f"-- continues run r1 from high-water {decision.high_water} --",
         "-- turn completed --",
     ], lines
+
+
+# --- what an operator records is one printable line, bounded (issue 23, 1.8) ------------------------
+
+FORGED = "checked\n-- turn completed --"
+
+
+@pytest.mark.parametrize(
+    ("by", "reason", "option"),
+    [
+        ("alice\n-- turn completed --", "x", "--by"),
+        ("alice", FORGED, "--reason"),
+        ("alice", "ok\r\x1b[2Jhidden", "--reason"),
+        ("alice\t", "x", "--by"),
+        ("ali\u202ece", "x", "--by"),
+        ("ali\udcffce", "x", "--by"),  # an argument that was not UTF-8 (a surrogate escape)
+        ("a" * 201, "x", "--by"),
+        ("alice", "r" * 2001, "--reason"),
+        ("   ", "x", "--by"),
+    ],
+)
+def test_a_name_or_reason_that_is_not_one_bounded_printable_line_is_refused_and_nothing_written(
+    by: str, reason: str, option: str, rt: Runtime, ws: Workspace
+) -> None:
+    op = parked_bash(rt, ws)
+    count = len(rt.ledger.events(session_id=SID))
+    runs = len(rt.ledger.list_runs(session_id=SID))
+    with pytest.raises(MakaError) as err:
+        resolve_operation(rt.ledger, SID, op, "applied", by, reason)
+    assert err.value.code == "config_invalid" and err.value.detail["option"] == option
+    assert len(rt.ledger.events(session_id=SID)) == count
+    assert len(rt.ledger.list_runs(session_id=SID)) == runs
+    # At the bounds, text with non-ASCII letters is recorded as given.
+    recorded = resolve_operation(rt.ledger, SID, op, "applied", "é" * 200, "ü " * 1000)
+    assert recorded["resolvedBy"] == "é" * 200 and len(recorded["reason"]) == 2000
+
+
+def test_the_cli_refuses_a_newline_in_by_or_reason_with_config_invalid(
+    db: Path, rt: Runtime, ws: Workspace
+) -> None:
+    op = parked_bash(rt, ws)
+    count = len(rt.ledger.events(session_id=SID))
+    base = ["session", "resolve", SID, "--db", str(db), "--operation", op, "--decision", "applied", "--json"]
+    for extra in (["--by", "alice", "--reason", FORGED], ["--by", "root\nx", "--reason", "fine"]):
+        refused = _maka(*base, *extra)
+        assert refused.returncode == 2, refused.stderr
+        assert json.loads(refused.stdout)["code"] == "config_invalid"
+    assert len(rt.ledger.events(session_id=SID)) == count
+
+
+def test_show_renders_an_old_ledger_s_unchecked_resolution_text_on_one_line(
+    db: Path, rt: Runtime, ws: Workspace
+) -> None:
+    """A ledger written before the check may hold a forged line; ``session show`` prints it inert."""
+    op = parked_bash(rt, ws)
+    recorded = resolve_operation(rt.ledger, SID, op, "applied", "alice", "checked")
+    (valid,) = rt.ledger.events(run_id=recorded["resolutionRunId"])
+    assert valid.actions is not None and isinstance(valid.actions.state_delta, dict)
+    forged = {"reason": FORGED, "resolvedBy": "bob\r\x1b[1A"}
+    payload = {**valid.actions.state_delta["operatorResolution"], **forged}
+    old = valid.model_copy(
+        update={
+            "id": "resolution-old_resolution",
+            "run_id": "resolution-old",
+            "invocation_id": "inv-resolution-old",
+            "turn_id": "turn-resolution-old",
+            "actions": valid.actions.model_copy(update={"state_delta": {"operatorResolution": payload}}),
+        }
+    )
+    rt.ledger.commit_terminal(old)
+    shown = _maka("session", "show", SID, "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines.count("-- turn completed --") == 0, lines  # the forged line is not a line
+    (line,) = [x for x in lines if x.startswith("-- operator bob")]
+    inert = "checked\\n-- turn completed --"
+    assert line == f"-- operator bob\\r\\x1b[1A resolved {op} (bash): applied: {inert} --"
+    # Negative control: the ledger really holds the raw newline that a plain print would obey.
+    (stored,) = rt.ledger.events(run_id="resolution-old")
+    assert stored.actions.state_delta["operatorResolution"]["reason"] == FORGED  # type: ignore[union-attr,index]

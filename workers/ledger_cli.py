@@ -16,6 +16,7 @@ import click
 from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from maka_core.store.jsonl import check_session_ids
 from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, session_events, settings
 
 #: A file of bad lines is reported by its first errors and a count, never all of them.
@@ -107,6 +108,7 @@ def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
     click.get_current_context().meta["maka_json"] = True  # import refusals are JSON, a contract
     target = settings(db=db).ledger
     events = _decoded(file)  # before the database is touched: a bad file creates nothing
+    check_session_ids(events)
     with open_ledger(target, create=True) as store:
         result = store.import_events(events)
     if as_json:

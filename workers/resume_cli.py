@@ -19,10 +19,11 @@ written). ``resume_lost_session`` is shared with the worker's auto-resume
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -43,7 +44,7 @@ from workers.cli_base import (
     settings,
     temporal_options,
 )
-from workers.session_client import describe_execution, start_execution, wait_settled
+from workers.session_client import Execution, describe_execution, start_execution, wait_settled
 
 log = logging.getLogger("maka.resume")
 
@@ -66,9 +67,15 @@ def _quiet(event: str, **fields: Any) -> None:
     log.info("%s %s", event, fields)
 
 
-async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
+async def settle_lost_runs(
+    rt: Runtime, session_id: str, still_lost: Callable[[], Awaitable[bool]] | None = None
+) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
-    except a claimed continuation that has not run yet (the resume executes it)."""
+    except a claimed continuation that has not run yet (the resume executes it).
+
+    ``still_lost``: asked right before each settlement; False (a concurrent resumer started an
+    execution since the caller looked) refuses ``session_busy`` instead of settling a live run.
+    """
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
@@ -79,6 +86,11 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
             continue
+        if still_lost is not None and not await still_lost():
+            raise MakaError(
+                "session_busy", f"session {session_id} has an open execution (started by another resume)",
+                sessionId=session_id,
+            )  # fmt: skip
         await settle_lost_run(rt, run.run_id, session.record)
         settled.append(run.run_id)
     return settled
@@ -115,6 +127,18 @@ def lost_sessions(store: Any) -> list[str]:
     return out
 
 
+def runs_missing(session_id: str, events: int) -> MakaError:
+    """A session with events and no run header (a ``ledger import`` of events alone): nothing
+    says which run ran where, so there is no run to continue. ``session status`` says the same."""
+    return MakaError(
+        "session_runs_missing",
+        f"session {session_id} has {events} events but no run headers (an imported ledger): "
+        f"there is no run to resume; `maka ledger plan --session {session_id}` plans its events",
+        sessionId=session_id,
+        eventCount=events,
+    )
+
+
 def _record_park(rt: Runtime, decision: ResumeDecision) -> None:
     if decision.park_reason not in _SESSION_PARKS or decision.source_run_id is None:
         return
@@ -133,15 +157,22 @@ async def resume_lost_session(
     repair_grace_ms: int = 10_000,
     announce: Announce = _quiet,
     host: str | None = None,
+    claim_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """Resume one session whose execution is closed or gone, or whose open execution is parked
     with ``workspace_host_unavailable`` (``resume_on_host``); returns the output object.
     ``host``: only a host park of a session pinned to this host is resumed (a worker's
     auto-resume takes its own host's sessions, never another's).
 
+    A concurrent resumer that won the claim is never reported as a park: a claim whose start
+    fact is not yet written is waited for (``claim_wait_s``, default the repair grace and a
+    second: by then a live winner has written it, or the claim is old enough to repair), and a
+    resume that lost the race refuses ``continuation_already_exists`` naming the winner's run
+    (or ``session_busy`` once the winner's execution is open).
+
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
-            ``temporal_unavailable``.
+            ``continuation_already_exists``, ``temporal_unavailable``.
     """
     from workflows.contracts import workflow_id_for
 
@@ -165,11 +196,20 @@ async def resume_lost_session(
         )
     runs = await rt.on_ledger(lambda: rt.ledger.list_runs(session_id=session_id))
     if not runs:
+        events = await rt.on_ledger(lambda: len(rt.ledger.events(session_id=session_id)))
+        if events:
+            raise runs_missing(session_id, events)
         raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
-    await settle_lost_runs(rt, session_id)
+
+    async def still_lost() -> bool:
+        now = await describe_execution(client, session_id)
+        return not now.open and now.run_id == execution.run_id
+
+    await settle_lost_runs(rt, session_id, still_lost)
     tools = tuple(rt.tools.keys())
-    decision: ResumeDecision = await rt.on_ledger(
-        lambda: resume_session(
+
+    def decide() -> ResumeDecision:
+        return resume_session(
             rt.ledger,  # type: ignore[arg-type]
             session_id,
             workflow_id=workflow_id,
@@ -177,7 +217,14 @@ async def resume_lost_session(
             feature_enabled=feature_enabled,
             repair_grace_ms=repair_grace_ms,
         )
-    )
+
+    wait_s = repair_grace_ms / 1000 + 1 if claim_wait_s is None else claim_wait_s
+    deadline = time.monotonic() + wait_s
+    decision: ResumeDecision = await rt.on_ledger(decide)
+    while "claim_in_flight" in decision.events and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        decision = await rt.on_ledger(decide)
+    await _refuse_a_lost_race(client, session_id, execution, decision)
     if decision.decision == "not_needed":
         raise MakaError(
             "resume_not_needed",
@@ -250,6 +297,38 @@ async def resume_lost_session(
     if decision.decision == "park" and out["parkReason"] is None:
         out["parkReason"] = view.park_reason
     return out
+
+
+async def _refuse_a_lost_race(
+    client: Any, session_id: str, execution: Execution, decision: ResumeDecision
+) -> None:
+    """A park that only says another resumer got there first is not the session's park."""
+    raced = decision.park_reason in (
+        "continuation_already_exists",
+        "continuation_started_indeterminate",
+        "continuation_repair_required",
+    )
+    if decision.decision != "park" or not raced:
+        return
+    now = await describe_execution(client, session_id)
+    if now.open or now.run_id != execution.run_id:
+        raise MakaError(
+            "session_busy",
+            f"session {session_id} is continuing in an execution another resume started",
+            sessionId=session_id,
+            continuationRunId=decision.continuation_run_id,
+        )
+    if decision.park_reason == "continuation_already_exists":
+        winner = decision.continuation_run_id or next(
+            (d["detail"].get("continuationRunId") for d in decision.diagnostics if d.get("detail")), None
+        )
+        raise MakaError(
+            "continuation_already_exists",
+            f"session {session_id} is already continuing as run {winner} (another resume claimed it)",
+            sessionId=session_id,
+            sourceRunId=decision.source_run_id,
+            continuationRunId=winner,
+        )
 
 
 async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]:
@@ -417,6 +496,7 @@ __all__ = [
     "lost_sessions",
     "resume_lost_session",
     "resume_on_host",
+    "runs_missing",
     "settle_lost_runs",
     "wait_continued",
 ]

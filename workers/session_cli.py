@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from maka_core.errors import ConfigError, MakaError
+from maka_core.facts.session_id import check_session_id
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.workspace import check_workspace_location
@@ -73,20 +74,6 @@ wait_timeout_option = click.option(
 @click.group("session")
 def session() -> None:
     """Start, message and inspect sessions."""
-
-
-#: A session id names a workflow id, log lines and table rows: no blanks, no controls, bounded.
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
-
-
-def _check_session_id(value: str) -> None:
-    if not _SESSION_ID.fullmatch(value):
-        raise MakaError(
-            "session_id_invalid",
-            "a session id is 1-200 letters, digits, '.', '_', ':', '@' or '-', "
-            "starting with a letter or digit",
-            sessionId=value,
-        )
 
 
 def _message(text: str) -> str:
@@ -187,7 +174,7 @@ def cmd_start(
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
     text = _message(message)
     if session_id is not None:
-        _check_session_id(session_id)
+        check_session_id(session_id)
     provider = _provider_spec(script, model)
     _workspace(workspace, s)
     governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
@@ -429,6 +416,14 @@ def cmd_status(
             view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
         if status is None and view.event_count == 0 and not view.turns:
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+        resume_refusal = None
+        if status is None and not view.turns:
+            # Events without run headers (an imported ledger): resume refuses, and says so here too.
+            from workers.resume_cli import runs_missing
+
+            refusal = runs_missing(session_id, view.event_count)
+            resume_refusal = refusal.to_json()
+            notes.append(f"maka: {refusal.code}: {refusal.message}")
         for note in notes:
             print(note, file=sys.stderr)
         health = _ledger_health(s.ledger)
@@ -450,6 +445,7 @@ def cmd_status(
                     "hostWait": host_wait,
                     "ledger": health,
                     **governed,
+                    **({"resume": resume_refusal} if resume_refusal else {}),
                 },
                 indent=2,
             )
@@ -550,8 +546,6 @@ def cmd_resolve(
     """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
     from maka_core.runtime.resolution import resolve_operation
 
-    ensure_utf8(resolved_by, "--by")
-    ensure_utf8(reason, "--reason")
     with open_ledger(settings(db=db).ledger, create=False) as store:
         recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
     if as_json:

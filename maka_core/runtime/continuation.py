@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from maka_core import failpoints
@@ -315,20 +315,12 @@ def _pending_claim(
             continue  # it ran: a lost run (settled by the caller) or a finished one
         started = claim.start_event_id is not None and len(events) == 1
         if not started and now_ms() - claim.claimed_at < repair_grace_ms:
+            # ``claim_in_flight``: a live resumer may be between its claim and its start fact (a
+            # race's winner); the async caller waits for either the start or the grace's end.
             code = "continuation_claim_repair_required"
-            return _park(
-                code,
-                source=claim.source_run_id,
-                diagnostics=[
-                    diagnostic(
-                        code,
-                        detail={
-                            "continuationClaimId": claim.claim_id,
-                            "continuationRunId": claim.target_run_id,
-                        },
-                    )
-                ],
-            )
+            detail = {"continuationClaimId": claim.claim_id, "continuationRunId": claim.target_run_id}
+            parked = _park(code, source=claim.source_run_id, diagnostics=[diagnostic(code, detail=detail)])
+            return replace(parked, continuation_run_id=claim.target_run_id, events=["claim_in_flight"])
         repaired = False
         if not started:
             queue = session.record.task_queue if session.record else None
@@ -437,8 +429,14 @@ def _claim_and_start(
     if codes:
         lost_race = codes[0] in ("continuation_claim_conflict", "target_run_conflict")
         reason: HostParkReason = "continuation_already_exists" if lost_race else "safety_check_failed"
+        winner = next((c.target_run_id for c in again.claims if c.source_run_id == source_run_id), None)
         return ResumeDecision(
-            "park", reason, tuple(codes), tuple(diagnostic(c) for c in codes), source_run_id=source_run_id
+            "park",
+            reason,
+            tuple(codes),
+            tuple(diagnostic(c) for c in codes),
+            source_run_id=source_run_id,
+            continuation_run_id=winner if lost_race else None,
         )
     claimed_at = now_ms()
     target = build_target_header(continuation, {"cwd": observation.current_cwd}, claimed_at)
@@ -449,11 +447,12 @@ def _claim_and_start(
         return _park(exc.code, source=source_run_id)
     if result.status == "conflict":
         code = "continuation_already_exists"
-        return _park(
+        parked = _park(
             code,
             source=source_run_id,
             diagnostics=[diagnostic(code, detail={"continuationRunId": result.claim.target_run_id})],
         )
+        return replace(parked, continuation_run_id=result.claim.target_run_id)
     failpoints.hit("after_continuation_claim_committed")
     failpoints.hit("P11")
     queue = session.record.task_queue if session.record else None

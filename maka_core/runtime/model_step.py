@@ -17,11 +17,12 @@ import time
 import uuid
 
 from maka_core import failpoints
-from maka_core.errors import LedgerRejection
+from maka_core.errors import CodecError, LedgerRejection
+from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.resume_plan import legal_replay
-from maka_core.providers import Provider, ScriptedProvider
+from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.runtime import builders, governed, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
@@ -61,6 +62,35 @@ def _result(
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
+
+
+def output_size(output: ModelOutput) -> int:
+    """The bytes a step's output commits: its text and each call's name and canonical arguments."""
+    size = len((output.text or "").encode("utf-8"))
+    for call in output.tool_calls:
+        try:
+            args = canonical_json.dumps(dict(call.args))
+        except CodecError:  # not JSON at all: the commit refuses it with its own code
+            args = ""
+        size += len(call.name.encode("utf-8")) + len(args.encode("utf-8"))
+    return size
+
+
+def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
+    """Refuse an output larger than ``limit`` before anything of it is committed: one row that
+    size would be read back and replayed to the provider by every later step of the session.
+    Not retryable (the same history asks for the same answer); the turn fails with the code."""
+    size = output_size(output)
+    if size > limit:
+        raise ProviderError(
+            "model_output_too_large",
+            f"the model's output for step {step_id} is {size} bytes, over the limit of {limit} "
+            f"(MAKA_MODEL_OUTPUT_MAX_BYTES); nothing of it was committed",
+            retryable=False,
+            stepId=step_id,
+            size=size,
+            limit=limit,
+        )
 
 
 #: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
@@ -113,6 +143,7 @@ async def model_step(
     rt.record_provider_call(step_id)
     answer = provider.complete(history, rt.tool_specs(), step_index=step_index)
     output = await rt.heartbeating(answer, attempt)
+    _check_size(output, rt.settings.model_output_max_bytes, step_id)
     ts = now_ms()
     batch: list[RuntimeEvent] = []
     if output.text is not None or not output.tool_calls:

@@ -15,6 +15,8 @@ history shows the same result (``resolved_history``).
 
 from __future__ import annotations
 
+import re
+import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, get_args
@@ -37,6 +39,33 @@ _NOTES = {
     "not_applied": "The operator confirmed this call did NOT take effect; call it again if still needed.",
     "abandon": "The operator abandoned this call; do not assume it took effect.",
 }
+
+
+#: Bounds on what an operator records: the name and the reason are one line of a transcript each.
+MAX_RESOLVED_BY: Final[int] = 200
+MAX_REASON: Final[int] = 2000
+#: Bidi overrides and isolates reorder a line on screen; the other format characters are text.
+_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+
+
+def check_resolution_text(text: str, option: str, limit: int) -> str:
+    """Refuse an operator's ``--by`` / ``--reason`` that could forge or hide a line: empty, longer
+    than ``limit`` characters, or holding a control character (newline and tab included), a
+    surrogate (an argument that was not UTF-8) or a bidi override.
+
+    Raises:
+        MakaError: ``config_invalid``, naming the option.
+    """
+    why = None
+    if not text.strip():
+        why = "must not be empty"
+    elif len(text) > limit:
+        why = f"is longer than {limit} characters"
+    elif _BIDI.search(text) or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
+        why = "must be one line of printable UTF-8 text (no control characters, newlines or bidi overrides)"
+    if why is not None:
+        raise MakaError("config_invalid", f"{option} {why}", option=option)
+    return text
 
 
 def unsettled_operations(events: Sequence[RuntimeEvent]) -> list[tuple[str, OperationResolution]]:
@@ -98,12 +127,13 @@ def resolve_operation(
 
     Raises:
         MakaError: ``session_not_found``, ``operation_not_parked`` (unknown, settled, or its run
-            has not ended), ``already_resolved``, ``config_invalid`` (decision, empty name/reason).
+            has not ended), ``already_resolved``, ``config_invalid`` (decision; a name or reason that is
+            empty, too long or not one printable line: ``check_resolution_text``).
     """
     if decision not in DECISIONS:
         raise MakaError("config_invalid", f"--decision must be one of {', '.join(DECISIONS)}")
-    if not resolved_by.strip() or not reason.strip():
-        raise MakaError("config_invalid", "--by and --reason must not be empty")
+    check_resolution_text(resolved_by, "--by", MAX_RESOLVED_BY)
+    check_resolution_text(reason, "--reason", MAX_REASON)
     events = store.events(session_id=session_id)
     if not events:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)

@@ -102,6 +102,8 @@ class RuntimeSettings:
     tool_start_to_close_timeout_s: float = 900.0
     #: Append one line per real provider call to this file (drills count provider calls with it).
     provider_call_log: str | None = None
+    #: The largest model step output committed (``MAKA_MODEL_OUTPUT_MAX_BYTES``).
+    model_output_max_bytes: int = 1_048_576
     #: Let bash run unsandboxed where bubblewrap cannot run (``maka worker --unsafe-no-sandbox``).
     unsafe_no_sandbox: bool = False
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.

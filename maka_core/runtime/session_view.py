@@ -212,6 +212,15 @@ def _brief(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _one_line(value: Any, limit: int = 2000) -> str:
+    """A recorded field of a one-line fact (an operator's name or reason), inert: every control
+    character, newline and tab included, is shown escaped, so text an old ledger stored unchecked
+    cannot forge a line of the transcript."""
+    text = str(value)
+    text = "".join(ch.encode("unicode_escape").decode("ascii") if not ch.isprintable() else ch for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _result_text(result: Any) -> Any:
     if isinstance(result, dict) and result.get("kind") == "text":
         return result.get("text", "")
@@ -229,10 +238,11 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
         c = e.content
         resolution = resolution_payload(e) if is_resolution_run(e.run_id) else None
         if resolution is not None:
-            lines.append(
-                f"-- operator {resolution.get('resolvedBy')} resolved {resolution.get('operationId')} "
-                f"({resolution.get('toolName')}): {resolution.get('decision')}: {resolution.get('reason')} --"
+            by, op, tool, decision, reason = (
+                _one_line(resolution.get(k))
+                for k in ("resolvedBy", "operationId", "toolName", "decision", "reason")
             )
+            lines.append(f"-- operator {by} resolved {op} ({tool}): {decision}: {reason} --")
         elif e.actions is not None and e.actions.continuation_start is not None:
             src = e.actions.continuation_start.immediate_source
             lines.append(f"-- continues run {src.run_id} from high-water {src.high_water} --")

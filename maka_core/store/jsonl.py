@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from maka_core.errors import CodecError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.session_id import check_session_id
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -38,6 +39,18 @@ def parse_jsonl(data: bytes) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:
         except CodecError as exc:
             errors.append({"line": number, "code": exc.code, "message": exc.message})
     return events, errors
+
+
+def check_session_ids(events: list[RuntimeEvent]) -> None:
+    """Refuse a file holding a session id ``--session-id`` would refuse (the same rule): such a
+    session could not be named by a workflow id, a command line or a table row. ``events`` are a
+    whole decoded file, line n being ``events[n - 1]``.
+
+    Raises:
+        MakaError: ``session_id_invalid`` at the first such line.
+    """
+    for line, event in enumerate(events, start=1):
+        check_session_id(event.session_id, line=line, eventId=event.id)
 
 
 def read_jsonl(path: str | Path) -> tuple[list[RuntimeEvent], list[dict[str, Any]]]:

@@ -29,6 +29,7 @@ import click
 
 from maka_core.errors import MakaError
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
+from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import settle_lost_run
 from maka_core.runtime.runtime import Runtime
@@ -58,6 +59,7 @@ _SESSION_PARKS = frozenset(
         "continuation_authority_unavailable",
         "source_run_unreadable",
         "safety_check_failed",
+        "ledger_chain_broken",
     }
 )
 
@@ -68,7 +70,14 @@ def _quiet(event: str, **fields: Any) -> None:
 
 async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
-    except a claimed continuation that has not run yet (the resume executes it)."""
+    except a claimed continuation that has not run yet (the resume executes it).
+
+    The session's chain is checked first: a row edited behind the writers parks every lost run
+    with ``ledger_chain_broken`` and no operation is recovered (nothing read from it is acted on).
+    """
+    broken = await rt.on_ledger(lambda: rt.guard.chain_break(rt.ledger, session_id))
+    if broken is not None:
+        log.warning("%s", broken.line())
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
@@ -79,7 +88,8 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
             continue
-        await settle_lost_run(rt, run.run_id, session.record)
+        untrusted: ParkReason | None = "ledger_chain_broken" if broken is not None else None
+        await settle_lost_run(rt, run.run_id, session.record, untrusted=untrusted)
         settled.append(run.run_id)
     return settled
 
@@ -176,6 +186,7 @@ async def resume_lost_session(
             inspect=lambda cwd: inspect_host(cwd, tools),
             feature_enabled=feature_enabled,
             repair_grace_ms=repair_grace_ms,
+            chain_break=lambda sid: rt.guard.chain_break(rt.ledger, sid),
         )
     )
     if decision.decision == "not_needed":

@@ -84,6 +84,20 @@ async def lost_and_tampered(client: Any, box: Sandbox, script: Path) -> tuple[st
     return session_id, event_id
 
 
+def unchecked_worker(box: Sandbox, env: dict[str, str] | None = None) -> WorkerProcess:
+    """``maka worker`` with the chain check left out (the negative control's worker)."""
+    return WorkerProcess(
+        box.server,
+        box.db,
+        box.queue,
+        home=box.root,
+        heartbeat_timeout=2.0,
+        extra_env={"MAKA_EFFECT_LOG": str(box.journal), **(env or {})},
+        log=box.root / "worker-unchecked.log",
+        entry=UNCHECKED_WORKER,
+    )
+
+
 def _continuations(box: Sandbox, session_id: str) -> list[str]:
     with LedgerStore.open(box.db) as store:
         return [r.run_id for r in store.list_runs(session_id=session_id) if r.continuation_source]
@@ -132,11 +146,7 @@ async def test_negative_control_without_the_check_the_forged_name_is_written(
 ) -> None:
     box = Sandbox(temporal_server, tmp_path / "unchecked")
     session_id, _ = await lost_and_tampered(temporal_client, box, _script(tmp_path / "s.json"))
-    worker = WorkerProcess(
-        box.server, box.db, box.queue, home=box.root, heartbeat_timeout=2.0,
-        extra_env={"MAKA_EFFECT_LOG": str(box.journal), "MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": "1"},
-        log=box.root / "worker-unchecked.log", entry=UNCHECKED_WORKER,
-    )  # fmt: skip
+    worker = unchecked_worker(box, {"MAKA_RUNTIME_SAFE_BOUNDARY_RESUME": "1"})
     try:
         await ready(worker)
         deadline = time.monotonic() + 90
@@ -145,6 +155,60 @@ async def test_negative_control_without_the_check_the_forged_name_is_written(
         assert (box.ws / FORGED).exists(), worker.log.read_text()[-3000:]
         assert (box.ws / FORGED).read_text() == "B\n"
         assert len(_continuations(box, session_id)) == 1
+    finally:
+        await stop(worker)
+
+
+def _live_script(path: Path) -> Path:
+    return write_script(
+        path,
+        [
+            {"text": "hello"},
+            {"toolCalls": [{"name": "write_file", "args": {"path": "x.txt", "content": "X\n"}}]},
+            {"text": "done"},
+        ],
+    )
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked-negative-control"])
+async def test_a_live_session_parks_its_next_turn_on_a_tampered_row(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, checked: bool
+) -> None:
+    """The execution is alive: a message after the edit begins a run whose model steps would
+    replay the forged history. The turn parks ``ledger_chain_broken`` before its first step (no
+    provider call, no tool); the unchecked worker runs it."""
+    box = Sandbox(temporal_server, tmp_path / "live")
+    worker = box.worker() if checked else unchecked_worker(box)
+    await ready(worker)
+    try:
+        script = _live_script(tmp_path / "s.json")
+        session_id, _ = await start(
+            temporal_client, box.ws, script, box.queue, session_id=f"live-{box.queue}"
+        )
+        code, first, err = await cli(box, "session", "status", session_id)
+        deadline = time.monotonic() + 60
+        while first.get("state") != "idle" and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            code, first, err = await cli(box, "session", "status", session_id)
+        assert first["state"] == "idle", (first, err)
+        conn = sqlite3.connect(box.db)
+        conn.execute("update runtime_events set payload_json = replace(payload_json, 'hello', 'HELLO')")
+        conn.commit()
+        conn.close()
+        code, out, err = await cli(box, "session", "send", session_id, "again", "--wait")
+        if not checked:
+            assert code == 0 and out["state"] == "idle", (out, err)
+            assert (box.ws / "x.txt").read_text() == "X\n"
+            return
+        assert code == 1, (out, err)
+        assert out["state"] == "parked" and out["parkReason"] == "ledger_chain_broken", out
+        assert not (box.ws / "x.txt").exists()
+        code, status, _ = await cli(box, "session", "status", session_id)
+        assert status["state"] == "parked" and status["parkReason"] == "ledger_chain_broken", status
+        code, sent, _ = await cli(box, "session", "send", session_id, "once more")
+        assert code == 2 and sent["code"] == "session_parked", sent
     finally:
         await stop(worker)
 

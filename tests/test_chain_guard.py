@@ -106,15 +106,22 @@ def _continuations(box: Sandbox, session_id: str) -> list[str]:
 @pytest.mark.temporal
 @pytest.mark.crash
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("first", ["startup-repair", "resume"])
 async def test_startup_repair_and_resume_park_a_session_with_a_tampered_row(
-    temporal_server: Any, temporal_client: Any, tmp_path: Path
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, first: str
 ) -> None:
     box = Sandbox(temporal_server, tmp_path / "checked")
     session_id, event_id = await lost_and_tampered(temporal_client, box, _script(tmp_path / "s.json"))
-    # A fresh worker: its startup repair settles the lost run, and must not recover from the row.
-    worker = box.worker()
-    await ready(worker)
+    worker = None
     try:
+        if first == "resume":
+            # No worker yet: ``maka resume`` settles the lost run itself, and must not recover
+            # from the row either.
+            code, out, err = await cli(box, "resume", session_id, "--wait")
+            assert code == 1 and out["parkReason"] == "ledger_chain_broken", (out, err)
+        # A fresh worker: its startup repair settles the lost run (or finds it settled).
+        worker = box.worker()
+        await ready(worker)
         code, status, _ = await cli(box, "session", "status", session_id)
         assert status["state"] == "parked" and status["parkReason"] == "ledger_chain_broken", status
         code, out, err = await cli(box, "resume", session_id, "--wait")
@@ -134,8 +141,13 @@ async def test_startup_repair_and_resume_park_a_session_with_a_tampered_row(
         assert not (box.ws / FORGED).exists()
         assert box.file_effects()[("write_file", str((box.ws / "a.txt").resolve()))] == 1
         assert not [k for k in box.file_effects() if k[1].endswith(FORGED)]
+        # The terminal fact the settlement wrote is a park, not a recovery (no operation recovered).
+        with LedgerStore.open(box.db) as store:
+            terminals = [e for e in store.events(session_id=session_id) if e.is_terminal]
+        assert [t.content.code for t in terminals] == ["ledger_chain_broken"]  # type: ignore[union-attr]
     finally:
-        await stop(worker)
+        if worker is not None:
+            await stop(worker)
 
 
 @pytest.mark.temporal

@@ -2,10 +2,11 @@
 stop loudly when it becomes unusable.
 
 Every worker polls with an identity that names its ledger (``<pid>@<host>#<ledger fingerprint>``:
-16 hex digits (64 bits) of the sha256 of the ledger id, short because the identity is written into
-history on every workflow and activity task, several times per tool call, so every byte of it is
-paid per call; hashed because the id begins ``ledger-``, so its first characters carry no entropy:
-the fingerprint of workers before this one, ``ledger`` plus two hex digits, had 256 values).
+the first 72 bits of the sha256 of the ledger id in 12 base64url characters, short because the
+identity is written into history on every workflow and activity task, about six times per tool
+call, so every byte of it is paid per call; hashed because the id begins ``ledger-``, so its first
+characters carry no entropy: the fingerprint of workers before this one, ``ledger`` plus two hex
+digits, had 256 values).
 Before polling, a worker asks Temporal who else polls its task queue; a live poller announcing a
 different ledger means sessions would split between two ledgers (each worker's recovery blind to
 the other's facts), so the newcomer refuses with ``ledger_mismatch``. A poller counts as live while
@@ -21,6 +22,7 @@ which the store sets on any writer fault (``ledger_replaced``, ``ledger_unwritab
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import socket
@@ -37,8 +39,10 @@ from maka_core.errors import MakaError, StoreError
 from maka_core.store.writer import LedgerStore
 
 LEDGER_MARK = "#"
-#: 64 bits: a second ledger that collides takes ~2^63 tries to find, not 147.
-FINGERPRINT_HEX = 16
+#: 72 bits (9 digest bytes, 12 base64url characters): a second ledger that collides takes ~2^71
+#: tries to find, not 147.
+FINGERPRINT_BYTES = 9
+FINGERPRINT_CHARS = 12
 LIVE_POLLER_S = 75.0
 WATCH_INTERVAL_S = 0.5
 
@@ -48,12 +52,13 @@ def fingerprint(ledger_id: str | None) -> str:
     every byte of the id counts, whatever its format."""
     if not ledger_id:
         return "unknown"
-    return hashlib.sha256(ledger_id.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX]
+    digest = hashlib.sha256(ledger_id.encode("utf-8")).digest()[:FINGERPRINT_BYTES]
+    return base64.urlsafe_b64encode(digest).decode("ascii")
 
 
 def is_legacy(announced: str) -> bool:
-    """A fingerprint in the form workers announced before 64-bit fingerprints (8 characters)."""
-    return len(announced) != FINGERPRINT_HEX
+    """A fingerprint in the form workers announced before 72-bit fingerprints (8 characters)."""
+    return len(announced) != FINGERPRINT_CHARS
 
 
 def worker_identity(ledger_id: str | None) -> str:
@@ -103,7 +108,7 @@ def refuse_mismatch(
         identity, ledger = next(iter(others.items()))
         legacy = is_legacy(ledger)
         why = (
-            "an old-form ledger fingerprint (a worker before 64-bit fingerprints: it may serve "
+            "an old-form ledger fingerprint (a worker before 72-bit fingerprints: it may serve "
             "another ledger; stop the queue's old workers before starting upgraded ones)"
             if legacy
             else f"another ledger ({ledger})"

@@ -314,3 +314,36 @@ def test_the_chain_check_costs_little_per_run(tmp_path: Path, capsys: pytest.Cap
             )
     # Generous bound for a shared 2-core machine: the check is never the slow half.
     assert all(check < max(0.05, read) for *_, check, read in figures), figures
+
+
+def test_the_session_check_names_the_edited_row_on_every_backend(store: LedgerStore, ws: Workspace) -> None:
+    """``session_chain_break`` on SQLite (file, memory) and PostgreSQL: the edited session's first
+    broken row, the other session intact, and a run's begin refused, over a raw UPDATE."""
+    from tests.children.support import raw_update
+    from tests.ledger_factory import ids as ids_of
+    from tests.ledger_factory import text, user
+
+    other = ids_of(session="s2", run="run-s2", inv="inv-s2")
+    rt = Runtime(store)
+    try:
+        _begin(rt, ws, "r1")
+        store.append([user("other", id="evt-other", **other)])  # type: ignore[arg-type]
+        store.append(
+            [text("a reply", id="evt-reply", **ids_of(session="s1", run="r1", inv="i-r1", turn="t-r1"))]
+        )  # type: ignore[arg-type]
+        _finish(rt, "r1")
+        assert store.session_chain_break("s1") is None and store.session_chain_break("s2") is None
+        reply = next(e for e in store.events(session_id="s1") if e.id == "evt-reply")
+        from maka_core.facts import codec
+
+        forged = codec.encode(reply).replace("a reply", "a forged reply")
+        raw_update(store, "evt-reply", payload_json=forged)
+        broken = store.session_chain_break("s1")
+        assert broken is not None and (broken.event_id, broken.code) == ("evt-reply", "ledger_chain_broken")
+        assert store.session_chain_break("s2") is None
+        assert [b.event_id for b in store.verify_chain()] == ["evt-reply"]
+        with pytest.raises(LedgerRejection) as err:
+            _begin(rt, ws, "r2")
+        assert err.value.code == "ledger_chain_broken" and store.get_run("r2") is None
+    finally:
+        rt.close()

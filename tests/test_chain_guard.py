@@ -221,6 +221,10 @@ async def test_a_live_session_parks_its_next_turn_on_a_tampered_row(
         assert status["state"] == "parked" and status["parkReason"] == "ledger_chain_broken", status
         code, sent, _ = await cli(box, "session", "send", session_id, "once more")
         assert code == 2 and sent["code"] == "session_parked", sent
+        # The execution is open: resume would send a host-parked turn on over the edited row, so it
+        # refuses with the chain's code before asking the execution anything.
+        code, resumed, _ = await cli(box, "resume", session_id)
+        assert code == 2 and resumed["code"] == "ledger_chain_broken", resumed
     finally:
         await stop(worker)
 

@@ -151,7 +151,8 @@ async def resume_lost_session(
 
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
-            ``temporal_unavailable``.
+            ``temporal_unavailable``, ``ledger_chain_broken`` (an open execution, whose parked
+            turn would go on over an edited row; a closed one parks with that reason instead).
     """
     from workflows.contracts import workflow_id_for
 
@@ -159,6 +160,10 @@ async def resume_lost_session(
     lost_at = time.monotonic()
     execution = await describe_execution(client, session_id)
     if execution.open and not execution.task_failing:
+        # A host-parked turn goes on in place, replaying the session's history: not over an edited row.
+        broken = await rt.on_ledger(lambda: rt.guard.chain_break(rt.ledger, session_id))
+        if broken is not None:
+            raise broken.refusal()
         resumed = await resume_on_host(client, session_id, host=host, announce=announce)
         if resumed is not None:
             return resumed

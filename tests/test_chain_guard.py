@@ -332,9 +332,8 @@ def test_the_session_check_names_the_edited_row_on_every_backend(store: LedgerSt
     try:
         _begin(rt, ws, "r1")
         store.append([user("other", id="evt-other", **other)])  # type: ignore[arg-type]
-        store.append(
-            [text("a reply", id="evt-reply", **ids_of(session="s1", run="r1", inv="i-r1", turn="t-r1"))]
-        )  # type: ignore[arg-type]
+        reply_ids = ids_of(session="s1", run="r1", inv="i-r1", turn="t-r1")
+        store.append([text("a reply", id="evt-reply", **reply_ids)])
         _finish(rt, "r1")
         assert store.session_chain_break("s1") is None and store.session_chain_break("s2") is None
         reply = next(e for e in store.events(session_id="s1") if e.id == "evt-reply")

@@ -36,6 +36,7 @@ from workflows.contracts import (
     EXECUTE_TOOL,
     FINISH_RUN,
     HOST_PARK,
+    LEDGER_CHAIN_BROKEN,
     MODEL_STEP,
     RECOVER_OPERATION,
     RESUME_REQUIRED,
@@ -71,6 +72,8 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(exc.message, detail, type="CallNotFound", non_retryable=True)
     if isinstance(exc, LedgerRejection) and exc.code == "resume_required":
         return ApplicationError(str(exc), detail, type=RESUME_REQUIRED, non_retryable=True)
+    if isinstance(exc, LedgerRejection) and exc.code == "ledger_chain_broken":
+        return ApplicationError(str(exc), detail, type=LEDGER_CHAIN_BROKEN, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):

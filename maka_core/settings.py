@@ -9,6 +9,7 @@ modules that read them at import time: they are not configuration.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 from pathlib import Path
@@ -58,6 +59,10 @@ class MakaSettings(BaseSettings):
     #: ``MAKA_METRICS_PORT`` / ``maka worker --metrics-port``: serve Prometheus ``/metrics`` there
     #: (0 picks a free port; unset, no endpoint).
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    #: ``MAKA_METRICS_HOST`` / ``maka worker --metrics-host``: the IP address ``/metrics`` binds.
+    #: Loopback by default: the endpoint has no authentication, and a scraper in another pod or
+    #: container must be let in explicitly (``0.0.0.0``, ``::``, or the pod's address).
+    metrics_host: str = "127.0.0.1"
     #: ``MAKA_TOOL_HEARTBEAT_TIMEOUT`` / ``--tool-heartbeat-timeout``: seconds without a heartbeat
     #: before a tool attempt counts as dead.
     tool_heartbeat_timeout: PositiveFloat = 20.0
@@ -86,6 +91,14 @@ class MakaSettings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @field_validator("metrics_host", mode="after")
+    @classmethod
+    def _ip_literal(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError("not an IP address (127.0.0.1, 0.0.0.0, ::1, ::)") from None
 
     @field_validator("policy", mode="after")
     @classmethod

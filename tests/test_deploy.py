@@ -85,6 +85,8 @@ def test_compose_runs_two_hosts_on_one_postgres_with_temporal_and_the_ui() -> No
     for svc in workers.values():
         assert svc["environment"]["MAKA_DB"].startswith(f"postgresql+psycopg://maka:maka@{pg_host}:5432/maka")
         assert svc["environment"]["MAKA_METRICS_PORT"] == "9464"
+        # a published port reaches the container's interface: the loopback default would hide it
+        assert svc["environment"]["MAKA_METRICS_HOST"] == "0.0.0.0"
         assert svc["depends_on"]["postgresql"]["condition"] == "service_healthy"
     temporal = services["temporal"]["environment"]
     assert temporal["DB"].startswith("postgres") and temporal["POSTGRES_SEEDS"] == pg_host
@@ -168,6 +170,8 @@ def _problems(docs: list[dict[str, Any]]) -> list[str]:
         ports = {p.get("name"): p["containerPort"] for p in worker.get("ports", [])}
         if str(ports.get("metrics")) != str(env.get("MAKA_METRICS_PORT")):
             problems.append(f"{name}: the metrics port is not the one the worker serves")
+        if ports.get("metrics") is not None and env.get("MAKA_METRICS_HOST") != "0.0.0.0":
+            problems.append(f"{name}: /metrics binds loopback, out of Prometheus' and the probe's reach")
     if len(sets) < 2 or len(set(hosts)) != len(hosts) or "None" in hosts:
         problems.append(f"want one set per host, each with its own MAKA_HOST: {hosts}")
     if len(set(queues)) != 1:
@@ -198,6 +202,14 @@ def test_structural_check_refuses_shared_hosts_split_queues_and_dangling_volumes
     assert any("one shared task queue" in p for p in problems)
     assert any("volume workspaces is not defined" in p for p in problems)
     assert any("exactly one replica" in p for p in problems)
+
+
+def test_structural_check_refuses_metrics_bound_to_loopback() -> None:
+    broken = copy.deepcopy(k8s_docs())
+    for d in broken:
+        if d["kind"] == "ConfigMap":
+            d["data"].pop("MAKA_METRICS_HOST", None)  # the worker's default: loopback only
+    assert any("binds loopback" in p for p in _problems(broken))
 
 
 # --- Temporal Cloud through the standard environment configuration ---------------------------

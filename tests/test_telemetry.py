@@ -279,3 +279,136 @@ def test_maka_worker_serves_metrics_on_its_port(
     assert "# TYPE maka_tool_calls_total counter" in text
     assert "# TYPE maka_ledger_commit_seconds histogram" in text
     assert "temporal_request" in text  # the SDK's runtime metrics, relayed on the same port
+
+
+# --- where /metrics listens (issue 23, 1.6) --------------------------------------------------------
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses with a listening TCP socket on ``port``, read from the kernel's table."""
+    found: set[str] = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with contextlib.suppress(FileNotFoundError), open(table) as fh:
+            for line in list(fh)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port and len(address) == width:
+                    raw = bytes.fromhex(address)
+                    if width == 8:
+                        found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                    else:  # four little-endian 32-bit words
+                        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                        found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found
+
+
+def _non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.255", 1))  # no packet is sent: this only picks the outgoing address
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def _answers(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def _ready_line(worker: WorkerProcess, timeout: float = 30) -> dict[str, Any]:
+    import json
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in worker.log.read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("event") == "ready":
+                return dict(json.loads(line))
+        if worker.proc.poll() is not None:
+            raise AssertionError(f"worker exited {worker.proc.returncode}: {worker.log.read_text()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no ready line: {worker.log.read_text()}")
+
+
+@pytest.mark.temporal
+@pytest.mark.parametrize(
+    ("flags", "env", "bound"),
+    [
+        ((), {}, "127.0.0.1"),  # the default: loopback only
+        (("--metrics-host", "0.0.0.0"), {}, "0.0.0.0"),  # today's behaviour, now asked for
+        ((), {"MAKA_METRICS_HOST": "0.0.0.0"}, "0.0.0.0"),
+    ],
+    ids=["default", "flag-all", "env-all"],
+)
+def test_metrics_bind_loopback_unless_asked(
+    temporal_server: Any,
+    tmp_path: Path,
+    task_queue: str,
+    flags: tuple[str, ...],
+    env: dict[str, str],
+    bound: str,
+) -> None:
+    entry = ("-m", "workers.cli", "worker", "--json", "--no-repair", "--metrics-port", "0", *flags)
+    extra = {"MAKA_METRICS_HOST": "", **env}
+    with WorkerProcess(
+        temporal_server, tmp_path / "ledger.sqlite", task_queue, home=tmp_path, entry=entry, extra_env=extra
+    ) as worker:
+        ready = _ready_line(worker)
+        port = int(ready["metricsPort"])
+        assert ready["metricsHost"] == bound
+        assert _listening(port) == {bound}, _listening(port)
+        assert _answers("127.0.0.1", port)
+        # 127.0.0.2 is this machine's loopback too, but not the address bound by default; and a
+        # non-loopback address of this machine (when it has one) reaches only an all-interfaces bind.
+        assert _answers("127.0.0.2", port) is (bound == "0.0.0.0")
+        outside = _non_loopback_address()
+        if outside is not None:
+            assert _answers(outside, port) is (bound == "0.0.0.0"), outside
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "source"),
+    [
+        (["--metrics-host", "every-interface"], {}, "--metrics-host"),
+        (["--metrics-host", "300.1.2.3"], {}, "--metrics-host"),
+        ([], {"MAKA_METRICS_HOST": "0.0.0.0:9464"}, "MAKA_METRICS_HOST"),
+    ],
+)
+def test_a_bad_metrics_host_is_refused_config_invalid(
+    tmp_path: Path, args: list[str], env: dict[str, str], source: str
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from workers.cli import maka
+
+    db = tmp_path / "ledger.sqlite"
+    result = CliRunner().invoke(
+        maka,
+        ["worker", "--json", "--db", str(db), "--metrics-port", "0", *args],
+        env={"MAKA_DB": None, "MAKA_METRICS_HOST": None, **env},
+    )
+    assert result.exit_code == 2, result.output
+    body = json.loads(result.stdout)
+    assert body["code"] == "config_invalid" and body["source"] == source, body
+    assert body["setting"] == "MAKA_METRICS_HOST"
+    assert not db.exists()  # refused before anything was created
+
+
+def test_an_address_this_machine_lacks_is_refused_config_invalid() -> None:
+    telemetry = Telemetry(metrics_port=0, metrics_host="192.0.2.123")
+    with pytest.raises(Exception) as err:
+        telemetry.start()
+    assert getattr(err.value, "code", None) == "config_invalid"
+    v6 = Telemetry(metrics_port=0, metrics_host="::1")
+    try:
+        port = v6.start()
+    except Exception as exc:  # a machine without IPv6 loopback
+        pytest.skip(f"no ::1 here: {exc}")
+    assert port is not None and _listening(port) == {"::1"}
+    v6.stop()

@@ -13,21 +13,32 @@ import asyncio
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.client import Client
+from temporalio.worker import Worker
 
 from maka_core.errors import MakaError
 from maka_core.store.writer import LedgerStore
 from tests.temporal_support import REPO, in_process_worker
 from workers.client import connect
 from workers.devserver import DevServer
-from workers.ledger_guard import fingerprint, ledger_of, queue_ledgers, worker_identity
+from workers.ledger_guard import (
+    fingerprint,
+    is_legacy,
+    ledger_of,
+    queue_ledgers,
+    refuse_mismatch,
+    worker_identity,
+)
 from workers.worker import serve
 
 WORKER = (sys.executable, "-m", "workers.cli", "worker", "--json", "--no-repair")
@@ -94,13 +105,16 @@ async def test_worker_stops_with_ledger_replaced_when_its_ledger_is_deleted(
                 await asyncio.to_thread(proc.communicate, timeout=30)
 
 
-async def _wait_announced(client: Client, queue: str, ledger_id: str) -> None:
+async def _wait_announced(client: Client, queue: str, ledger_id: str, announced: str | None = None) -> None:
+    want = announced or fingerprint(ledger_id)
     deadline = time.monotonic() + 20
+    seen: dict[str, str] = {}
     while time.monotonic() < deadline:
-        if fingerprint(ledger_id) in (await queue_ledgers(client, queue)).values():
+        seen = await queue_ledgers(client, queue)
+        if want in seen.values():
             return
         await asyncio.sleep(0.2)
-    raise TimeoutError("the first worker never showed up as a poller")
+    raise TimeoutError(f"the first worker never showed up as a poller announcing {want}: {seen}")
 
 
 async def test_a_worker_on_another_ledger_is_refused_on_a_served_queue(
@@ -130,5 +144,89 @@ async def test_a_worker_on_another_ledger_is_refused_on_a_served_queue(
 
 
 async def test_identity_round_trip() -> None:
-    assert ledger_of(worker_identity("0b9e7c1a-1111-4222-8333-944455556666")) == "0b9e7c1a"
+    ledger_id = "ledger-0b9e7c1a11114222833394445555666"
+    assert ledger_of(worker_identity(ledger_id)) == fingerprint(ledger_id)
     assert ledger_of("1234@host") is None
+
+
+def old_fingerprint(ledger_id: str | None) -> str:
+    """The fingerprint workers announced before issue 23: ``ledger`` plus two hex digits."""
+    return (ledger_id or "unknown").replace("-", "")[:8]
+
+
+def _colliding_ledger(path: Path, victim_id: str) -> str:
+    """A second real ledger whose id shares the victim's old 8-character fingerprint (what 147
+    tries of ``ledger-<uuid>`` found), set the way an attacker with the file would: sqlite3."""
+    with LedgerStore.open(path):
+        pass
+    forged = f"ledger-{victim_id.removeprefix('ledger-')[:2]}{uuid.uuid4().hex[2:]}"
+    conn = sqlite3.connect(path)
+    conn.execute("update maka_meta set ledger_id = ?", (forged,))
+    conn.commit()
+    conn.close()
+    with LedgerStore.open(path) as store:
+        assert store.health.ledger_id == forged
+    return forged
+
+
+async def test_ledger_ids_sharing_the_old_prefix_get_distinct_fingerprints() -> None:
+    a = f"ledger-{uuid.uuid4().hex}"
+    b = f"ledger-{a[7:9]}{uuid.uuid4().hex[2:]}"
+    assert old_fingerprint(a) == old_fingerprint(b) == f"ledger{a[7:9]}"  # the flaw: 256 values
+    assert fingerprint(a) != fingerprint(b)
+    assert len(fingerprint(a)) == 12 and ledger_of(f"1@h#{fingerprint(a)}") == fingerprint(a)
+    # 72 bits in use: 20,000 random ids, no collision, and every position takes most of the alphabet.
+    prints = {fingerprint(f"ledger-{uuid.uuid4().hex}") for _ in range(20_000)}
+    assert len(prints) == 20_000
+    assert all(len({p[i] for p in prints}) >= 60 for i in range(12))
+    assert is_legacy(old_fingerprint(a)) and not is_legacy(fingerprint(a))
+
+
+@activity.defn(name="maka.test.noop")
+async def _noop() -> None:
+    return None
+
+
+async def test_a_colliding_foreign_ledger_is_refused_on_a_served_queue(
+    temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    first = tmp_path / "first.sqlite"
+    with LedgerStore.open(first) as store:
+        first_id = store.health.ledger_id
+    assert first_id is not None
+    second = tmp_path / "second.sqlite"
+    second_id = _colliding_ledger(second, first_id)
+    assert old_fingerprint(second_id) == old_fingerprint(first_id)
+    async with in_process_worker(temporal_client, first, task_queue):
+        await _wait_announced(temporal_client, task_queue, first_id)
+        with pytest.raises(MakaError) as err:
+            await serve(temporal_client, second, task_queue, repair=False, out=io.StringIO())
+        assert err.value.code == "ledger_mismatch"
+        assert err.value.detail["peerLedgerId"] == fingerprint(first_id)
+        assert err.value.detail["peerFingerprintLegacy"] is False
+
+
+async def test_a_worker_announcing_an_old_fingerprint_is_refused_during_an_upgrade(
+    temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    """A rolling upgrade: a not yet upgraded worker announces ``ledger`` plus two hex digits. An
+    upgraded worker cannot tell it from a colliding foreign ledger, so it refuses (safely), for its
+    own ledger as for the colliding one; it starts once the old worker is gone."""
+    first = tmp_path / "first.sqlite"
+    with LedgerStore.open(first) as store:
+        first_id = store.health.ledger_id
+    second = tmp_path / "second.sqlite"
+    second_id = _colliding_ledger(second, first_id or "")
+    identity = f"{os.getpid()}@old-worker#{old_fingerprint(first_id)}"
+    async with Worker(temporal_client, task_queue=task_queue, activities=[_noop], identity=identity):
+        await _wait_announced(temporal_client, task_queue, first_id or "", old_fingerprint(first_id))
+        for db in (first, second):
+            with pytest.raises(MakaError) as err:
+                await serve(temporal_client, db, task_queue, repair=False, out=io.StringIO())
+            assert err.value.code == "ledger_mismatch", db
+            assert err.value.detail["peerFingerprintLegacy"] is True
+            assert "old-form ledger fingerprint" in err.value.message
+        # Negative control: the same live queue judged as workers judged it before (the old
+        # fingerprint function) accepts the colliding ledger's worker, which is what the attack saw.
+        peers = await queue_ledgers(temporal_client, task_queue)
+        refuse_mismatch(second_id, task_queue, peers, fingerprint_of=old_fingerprint)  # no refusal

@@ -60,6 +60,13 @@ host_option = click.option(
     help="serve Prometheus /metrics on PORT: maka's and the Temporal SDK's (MAKA_METRICS_PORT; "
     "traces go over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
 )
+@click.option(
+    "--metrics-host",
+    default=None,
+    metavar="ADDRESS",
+    help="the IP address /metrics binds (MAKA_METRICS_HOST; default 127.0.0.1, loopback only; "
+    "0.0.0.0 or :: for every interface, e.g. a scraper in another pod)",
+)
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -71,6 +78,7 @@ def cmd_worker(
     no_repair: bool,
     unsafe_no_sandbox: bool,
     metrics_port: int | None,
+    metrics_host: str | None,
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
@@ -84,10 +92,11 @@ def cmd_worker(
         tool_heartbeat_timeout=tool_heartbeat_timeout,
         host=host,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
-    telemetry = Telemetry.from_env(s.metrics_port)
+    telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
 
     async def main() -> int:
         # The Temporal runtime carries the SDK's metrics: it must be the client's.

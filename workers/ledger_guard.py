@@ -2,8 +2,11 @@
 stop loudly when it becomes unusable.
 
 Every worker polls with an identity that names its ledger (``<pid>@<host>#<ledger fingerprint>``:
-the first 8 hex digits of the ledger id, because the identity is written into history on every
-workflow and activity task, several times per tool call, so every byte of it is paid per call).
+the first 72 bits of the sha256 of the ledger id in 12 base64url characters, short because the
+identity is written into history on every workflow and activity task, about six times per tool
+call, so every byte of it is paid per call; hashed because the id begins ``ledger-``, so its first
+characters carry no entropy: the fingerprint of workers before this one, ``ledger`` plus two hex
+digits, had 256 values).
 Before polling, a worker asks Temporal who else polls its task queue; a live poller announcing a
 different ledger means sessions would split between two ledgers (each worker's recovery blind to
 the other's facts), so the newcomer refuses with ``ledger_mismatch``. A poller counts as live while
@@ -19,9 +22,12 @@ which the store sets on any writer fault (``ledger_replaced``, ``ledger_unwritab
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -33,14 +39,26 @@ from maka_core.errors import MakaError, StoreError
 from maka_core.store.writer import LedgerStore
 
 LEDGER_MARK = "#"
-FINGERPRINT_HEX = 8
+#: 72 bits (9 digest bytes, 12 base64url characters): a second ledger that collides takes ~2^71
+#: tries to find, not 147.
+FINGERPRINT_BYTES = 9
+FINGERPRINT_CHARS = 12
 LIVE_POLLER_S = 75.0
 WATCH_INTERVAL_S = 0.5
 
 
 def fingerprint(ledger_id: str | None) -> str:
-    """The short form of a ledger id a worker announces (a mismatch detector, not an identity)."""
-    return (ledger_id or "unknown").replace("-", "")[:FINGERPRINT_HEX]
+    """The short form of a ledger id a worker announces (a mismatch detector, not an identity):
+    every byte of the id counts, whatever its format."""
+    if not ledger_id:
+        return "unknown"
+    digest = hashlib.sha256(ledger_id.encode("utf-8")).digest()[:FINGERPRINT_BYTES]
+    return base64.urlsafe_b64encode(digest).decode("ascii")
+
+
+def is_legacy(announced: str) -> bool:
+    """A fingerprint in the form workers announced before 72-bit fingerprints (8 characters)."""
+    return len(announced) != FINGERPRINT_CHARS
 
 
 def worker_identity(ledger_id: str | None) -> str:
@@ -74,20 +92,37 @@ async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = 
     return found
 
 
-def refuse_mismatch(ledger_id: str | None, task_queue: str, peers: dict[str, str]) -> None:
-    """Raises ``ledger_mismatch`` when a live peer on the queue serves another ledger."""
-    others = {identity: ledger for identity, ledger in peers.items() if ledger != fingerprint(ledger_id)}
+def refuse_mismatch(
+    ledger_id: str | None,
+    task_queue: str,
+    peers: dict[str, str],
+    *,
+    fingerprint_of: Callable[[str | None], str] = fingerprint,
+) -> None:
+    """Raises ``ledger_mismatch`` when a live peer on the queue serves another ledger, or announces
+    an old-form fingerprint (which a foreign ledger can match by chance). ``fingerprint_of``: how
+    this worker's own fingerprint is computed (a test passes the old function to show its flaw)."""
+    own = fingerprint_of(ledger_id)
+    others = {identity: ledger for identity, ledger in peers.items() if ledger != own}
     if others:
         identity, ledger = next(iter(others.items()))
+        legacy = is_legacy(ledger)
+        why = (
+            "an old-form ledger fingerprint (a worker before 72-bit fingerprints: it may serve "
+            "another ledger; stop the queue's old workers before starting upgraded ones)"
+            if legacy
+            else f"another ledger ({ledger})"
+        )
         raise MakaError(
             "ledger_mismatch",
-            f"task queue {task_queue!r} is served by {identity} against another ledger ({ledger}); "
+            f"task queue {task_queue!r} is served by {identity} against {why}; "
             "sessions would split between ledgers. Point this worker at the same ledger or another "
             f"task queue (a worker stopped less than {LIVE_POLLER_S:.0f} s ago still counts)",
             taskQueue=task_queue,
             ledgerId=ledger_id,
             peerIdentity=identity,
             peerLedgerId=ledger,
+            peerFingerprintLegacy=legacy,
         )
 
 

@@ -30,6 +30,7 @@ import click
 
 from maka_core.errors import MakaError
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
+from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import settle_lost_run
 from maka_core.runtime.runtime import Runtime
@@ -59,6 +60,7 @@ _SESSION_PARKS = frozenset(
         "continuation_authority_unavailable",
         "source_run_unreadable",
         "safety_check_failed",
+        "ledger_chain_broken",
     }
 )
 
@@ -75,7 +77,13 @@ async def settle_lost_runs(
 
     ``still_lost``: asked right before each settlement; False (a concurrent resumer started an
     execution since the caller looked) refuses ``session_busy`` instead of settling a live run.
+
+    The session's chain is checked first: a row edited behind the writers parks every lost run
+    with ``ledger_chain_broken`` and no operation is recovered (nothing read from it is acted on).
     """
+    broken = await rt.on_ledger(lambda: rt.guard.chain_break(rt.ledger, session_id))
+    if broken is not None:
+        log.warning("%s", broken.line())
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
@@ -91,7 +99,8 @@ async def settle_lost_runs(
                 "session_busy", f"session {session_id} has an open execution (started by another resume)",
                 sessionId=session_id,
             )  # fmt: skip
-        await settle_lost_run(rt, run.run_id, session.record)
+        untrusted: ParkReason | None = "ledger_chain_broken" if broken is not None else None
+        await settle_lost_run(rt, run.run_id, session.record, untrusted=untrusted)
         settled.append(run.run_id)
     return settled
 
@@ -172,7 +181,9 @@ async def resume_lost_session(
 
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
-            ``continuation_already_exists``, ``temporal_unavailable``.
+            ``continuation_already_exists``, ``temporal_unavailable``, ``ledger_chain_broken`` (an
+            open execution, whose parked turn would go on over an edited row; a closed one parks
+            with that reason instead).
     """
     from workflows.contracts import workflow_id_for
 
@@ -180,6 +191,10 @@ async def resume_lost_session(
     lost_at = time.monotonic()
     execution = await describe_execution(client, session_id)
     if execution.open and not execution.task_failing:
+        # A host-parked turn goes on in place, replaying the session's history: not over an edited row.
+        broken = await rt.on_ledger(lambda: rt.guard.chain_break(rt.ledger, session_id))
+        if broken is not None:
+            raise broken.refusal()
         resumed = await resume_on_host(client, session_id, host=host, announce=announce)
         if resumed is not None:
             return resumed
@@ -216,6 +231,7 @@ async def resume_lost_session(
             inspect=lambda cwd: inspect_host(cwd, tools),
             feature_enabled=feature_enabled,
             repair_grace_ms=repair_grace_ms,
+            chain_break=lambda sid: rt.guard.chain_break(rt.ledger, sid),
         )
 
     wait_s = repair_grace_ms / 1000 + 1 if claim_wait_s is None else claim_wait_s

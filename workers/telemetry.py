@@ -8,7 +8,8 @@ span. And every span leaves the process scrubbed (``ScrubbingExporter``): attrib
 codes, status descriptions and exception messages are dropped, so a tool's arguments or output, or
 a secret in an error text, never reaches a collector.
 
-Metrics are served on ONE port (``maka worker --metrics-port``): ours from a private
+Metrics are served on ONE port (``maka worker --metrics-port``, bound to ``--metrics-host``,
+loopback by default: the endpoint has no authentication): ours from a private
 ``prometheus_client`` registry, followed by the Temporal SDK's runtime metrics
 (``temporalio.runtime.PrometheusConfig`` bound to a loopback port and relayed).
 """
@@ -49,6 +50,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
+from maka_core.errors import ConfigError
 from maka_core.observe import CONTINUATIONS, LEDGER_COMMIT_SECONDS, AttrValue, ObservedLedger
 from maka_core.runtime.runtime import Runtime
 from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, RECOVER_OPERATION
@@ -338,15 +340,19 @@ def _free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 @dataclass
 class Telemetry:
-    """A worker's telemetry. ``metrics_port``: serve ``/metrics`` there (0.0.0.0); ``span_exporter``:
-    where traces go (None: no tracing). Build it before connecting: the client needs
-    ``temporal_runtime()`` for the SDK's own metrics."""
+    """A worker's telemetry. ``metrics_port``: serve ``/metrics`` there, on ``metrics_host`` (an IP
+    address; loopback unless asked); ``span_exporter``: where traces go (None: no tracing). Build it
+    before connecting: the client needs ``temporal_runtime()`` for the SDK's own metrics."""
 
     metrics_port: int | None = None
     span_exporter: SpanExporter | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     batch_spans: bool = True
     metrics: Metrics = field(default_factory=Metrics)
 
@@ -366,9 +372,9 @@ class Telemetry:
         self._server: ThreadingHTTPServer | None = None
 
     @classmethod
-    def from_env(cls, metrics_port: int | None) -> Telemetry:
+    def from_env(cls, metrics_port: int | None, metrics_host: str = "127.0.0.1") -> Telemetry:
         """The CLI's telemetry: traces over OTLP/HTTP when the standard ``OTEL_EXPORTER_OTLP_*``
-        endpoint variables are set, metrics on ``metrics_port``."""
+        endpoint variables are set, metrics on ``metrics_host:metrics_port``."""
         import os
 
         exporter: SpanExporter | None = None
@@ -377,7 +383,7 @@ class Telemetry:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter()
-        return cls(metrics_port=metrics_port, span_exporter=exporter)
+        return cls(metrics_port=metrics_port, span_exporter=exporter, metrics_host=metrics_host)
 
     def temporal_runtime(self) -> temporalio.runtime.Runtime | None:
         """The Temporal runtime whose SDK metrics this telemetry relays (None without a port)."""
@@ -451,7 +457,16 @@ class Telemetry:
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
-        self._server = ThreadingHTTPServer((self.metrics_host, self.metrics_port), Handler)
+        server = _V6Server if ":" in self.metrics_host else ThreadingHTTPServer
+        try:
+            self._server = server((self.metrics_host, self.metrics_port), Handler)
+        except OSError as exc:  # an address this machine does not have, a port in use
+            raise ConfigError(
+                "config_invalid",
+                f"--metrics-host {self.metrics_host} --metrics-port {self.metrics_port}: "
+                f"cannot serve /metrics there ({exc.strerror or exc})",
+                setting="MAKA_METRICS_HOST",
+            ) from None
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="maka-metrics", daemon=True).start()
         return int(self._server.server_address[1])

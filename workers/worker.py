@@ -328,7 +328,11 @@ async def serve(
             bash=isolation,
             unsafeNoSandbox=settings.unsafe_no_sandbox,
             ledgerId=store.health.ledger_id,
-            **({"metricsPort": metrics_port} if metrics_port is not None else {}),
+            **(
+                {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
+                if metrics_port is not None and telemetry is not None
+                else {}
+            ),
         )
         if ready is not None:
             ready.set()

@@ -62,6 +62,7 @@ __all__ = [
     "HOST_PARK",
     "HostParkInput",
     "InFlightTurn",
+    "LEDGER_CHAIN_BROKEN",
     "MODEL_STEP",
     "ModelStepInput",
     "ModelStepMode",
@@ -118,6 +119,9 @@ DISPATCH_WITHOUT_OUTCOME: Final = "DispatchWithoutOutcome"
 #: ``begin_run`` found its run begun by another execution (a reset replayed the turn): this
 #: execution hands the session over to ``maka resume`` and closes.
 RESUME_REQUIRED: Final = "ResumeRequired"
+#: ``begin_run`` / ``begin_continuation`` found a row of the session edited behind the writers
+#: (``ledger_chain_broken``): the turn parks with that reason before anything acts on the session.
+LEDGER_CHAIN_BROKEN: Final = "LedgerChainBroken"
 
 
 def workflow_id_for(session_id: str) -> str:

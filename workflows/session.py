@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         EXECUTE_TOOL,
         FINISH_RUN,
         HOST_PARK,
+        LEDGER_CHAIN_BROKEN,
         MODEL_STEP,
         RECOVER_OPERATION,
         RESUME_HOST,
@@ -337,10 +338,17 @@ class SessionWorkflow:
             self._turns_here += 1
         self._set_state("running", None, None)
         try:
-            if settings is None and self._is_continuation(ids):
-                settings = await self._begin_continuation(ids)
-            elif settings is None:
-                settings = await self._begin(ids, text or "")
+            try:
+                if settings is None and self._is_continuation(ids):
+                    settings = await self._begin_continuation(ids)
+                elif settings is None:
+                    settings = await self._begin(ids, text or "")
+            except ActivityError as err:
+                # A row of the session was edited behind the writers: park before anything acts on
+                # it. Raised only since issue 23, so no recorded history takes this branch.
+                if isinstance(err.cause, ApplicationError) and err.cause.type == LEDGER_CHAIN_BROKEN:
+                    raise _Park("ledger_chain_broken", None) from None
+                raise
             await self._loop(ids, step, settings)
         except _Park as park:
             await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)

@@ -51,6 +51,7 @@ from maka_core.runtime.contracts import HostParkReason, RunIds
 from maka_core.runtime.inspect import HostObservation, InspectionFailed
 from maka_core.runtime.lost_run import SessionRecord, session_record
 from maka_core.runtime.resolution import is_resolution_run, resolutions_of
+from maka_core.store.chain import ChainBreak
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore as Ledger
@@ -69,6 +70,7 @@ _SAME_NAME = frozenset(
         "continuation_already_exists",
         "continuation_started_indeterminate",
         "session_busy",
+        "ledger_chain_broken",
     }
 )
 _RENAMED = {
@@ -354,12 +356,17 @@ def resume_session(
     feature_enabled: bool = True,
     repair_grace_ms: int = 10_000,
     new_id: Callable[[], str] | None = None,
+    chain_break: Callable[[str], ChainBreak | None] | None = None,
 ) -> ResumeDecision:
     """Decide and prepare a continuation of a session whose execution is gone (synchronous
     ledger work; the caller has already settled a lost latest run and checked the execution is
     closed). On ``continue`` the claim, target header and start fact are committed and
     ``execute`` names the run a new execution must run; nothing else is written on a park.
+    ``chain_break``: the session's chain check (default the store's), asked before anything is
+    planned or repaired and again at revalidation: a row edited behind the writers parks
+    ``ledger_chain_broken``, since a continuation would replay it to the model.
     """
+    check = chain_break or store.session_chain_break
     if not feature_enabled:
         return _park("resume_feature_disabled")
     if inspect is None:
@@ -368,6 +375,9 @@ def resume_session(
     latest = session.latest
     if latest is None or session.record is None:
         return _park("resume_candidate_missing")
+    broken = check(session_id)
+    if broken is not None:
+        return _chain_park(broken, latest.run_id)
     pending = _pending_claim(store, session, workflow_id, repair_grace_ms)
     if pending is not None:
         return pending
@@ -395,7 +405,18 @@ def resume_session(
             source_run_id=latest.run_id,
             events=["plan_parked"],
         )
-    return _claim_and_start(store, session_id, workflow_id, session, plan, observation, sources, inspect)
+    return _claim_and_start(
+        store, session_id, workflow_id, session, plan, observation, sources, inspect, check
+    )
+
+
+def _chain_park(broken: ChainBreak, source: str) -> ResumeDecision:
+    code = broken.code
+    return _park(
+        code,
+        source=source,
+        diagnostics=[diagnostic(code, eventId=broken.event_id, detail={"ledgerSeq": broken.ledger_seq})],
+    )
 
 
 def _claim_and_start(
@@ -407,6 +428,7 @@ def _claim_and_start(
     observation: SafetyObservation,
     sources: ContinuationSources,
     inspect: Callable[[str], HostObservation | InspectionFailed],
+    check: Callable[[str], ChainBreak | None],
 ) -> ResumeDecision:
     continuation = plan.continuation
     assert continuation is not None
@@ -414,6 +436,9 @@ def _claim_and_start(
     high_water = continuation["sourceRuntimeEventHighWater"]
     planned = read_boundary_inputs(session_id, source_run_id, observation, sources)
     # Revalidate: re-read every input of the plan, observe again, and compare.
+    broken = check(session_id)
+    if broken is not None:
+        return _chain_park(broken, source_run_id)
     again = read_session(store, session_id)
     fresh_sources = sources_of(again)
     observed = inspect(observation.current_cwd)

@@ -37,6 +37,9 @@ HostParkReason = Literal[
     "continuation_repair_required",
     "continuation_started_indeterminate",
     "session_busy",
+    # a row of the session no longer matches its chain digest (edited behind the writers): no
+    # repair, resume or replay acts on the session's facts
+    "ledger_chain_broken",
 ]
 HOST_PARK_REASONS: frozenset[str] = frozenset(get_args(HostParkReason))
 #: Why a run (and its session) parked. The Resolver's own codes stay on the operation; a park

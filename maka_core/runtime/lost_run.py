@@ -122,12 +122,15 @@ def parked_terminal_event(
     )
 
 
-async def settle_lost_run(rt: Runtime, run_id: str, record: SessionRecord | None) -> LostRunResult:
+async def settle_lost_run(
+    rt: Runtime, run_id: str, record: SessionRecord | None, *, untrusted: ParkReason | None = None
+) -> LostRunResult:
     """Recover every unsettled operation of ``run_id``, then commit its terminal fact and header.
 
     A run that already has a terminal fact only gets its header brought in line. Recovery never
     re-runs a side effect; without a session record (no workspace to observe) an unsettled
-    operation parks with ``workspace_unavailable``.
+    operation parks with ``workspace_unavailable``. ``untrusted``: the session's facts cannot be
+    trusted (``ledger_chain_broken``): no operation is recovered, the run parks with this reason.
 
     Raises:
         StoreError: ``run_not_found`` (no header and no events), or the ledger cannot be read.
@@ -137,10 +140,10 @@ async def settle_lost_run(rt: Runtime, run_id: str, record: SessionRecord | None
     if header is None and not events:
         raise StoreError("run_not_found", f"no header and no events for run {run_id}", runId=run_id)
     existing = next((e for e in reversed(events) if e.is_terminal), None)
-    park: ParkReason | None = None
+    park: ParkReason | None = untrusted
     parked_op: str | None = None
     recovered: list[str] = []
-    if existing is None and events:
+    if existing is None and events and untrusted is None:
         session_id = events[0].session_id
         for op in resolve(scan(events)).operations:
             if op.status in _SETTLED:

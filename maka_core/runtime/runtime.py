@@ -58,6 +58,7 @@ from maka_core.providers import Provider, provider_from_spec
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
+from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
@@ -234,6 +235,11 @@ class ResolverGuard:
     def may_redispatch(self, op: OperationResolution) -> bool:
         """After a failed attempt, may the workflow schedule the call again?"""
         return op.status == "definitely_not_dispatched"
+
+    def chain_break(self, ledger: Ledger, session_id: str) -> ChainBreak | None:
+        """Is a row of the session edited behind the writers? Asked once before repair, resume or
+        a run's begin acts on the session's facts (a break parks or refuses: ``ledger_chain_broken``)."""
+        return ledger.session_chain_break(session_id)
 
 
 @dataclass

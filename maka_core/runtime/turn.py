@@ -25,12 +25,26 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import settle_run
 
 
+def _refuse_broken_chain(rt: Runtime, session_id: str) -> None:
+    # Once per run, before its model steps replay the session's history to the provider: a row
+    # edited behind the writers would be acted on (the chain is checked per run, not per step).
+    broken = rt.guard.chain_break(rt.ledger, session_id)
+    if broken is not None:
+        raise broken.refusal()
+
+
 async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
-    """Header first (running, with its hosting execution), then the user event with the marker."""
+    """Header first (running, with its hosting execution), then the user event with the marker.
+
+    Raises:
+        LedgerRejection: ``resume_required``, or ``ledger_chain_broken`` (a row of the session was
+            edited behind the writers; nothing is written and the turn does not run).
+    """
     ids = inp.ids
 
     def write() -> str:
         store = rt.ledger
+        _refuse_broken_chain(rt, ids.session_id)
         header = store.get_run(ids.run_id)
         if header is not None and (
             header.is_terminal or header.workflow_run_id not in (None, inp.workflow_run_id)
@@ -101,13 +115,15 @@ async def begin_continuation(rt: Runtime, inp: BeginContinuationInput) -> BeginR
     replayed history: no user message is duplicated).
 
     Raises:
-        LedgerRejection: ``continuation_not_started`` (no header or no start fact) or
-            ``run_already_terminal`` (the run was settled meanwhile; the turn must not run).
+        LedgerRejection: ``continuation_not_started`` (no header or no start fact),
+            ``run_already_terminal`` (the run was settled meanwhile; the turn must not run) or
+            ``ledger_chain_broken`` (a row the continuation would replay was edited).
     """
     ids = inp.ids
 
     def bind() -> str:
         store = rt.ledger
+        _refuse_broken_chain(rt, ids.session_id)
         header = store.get_run(ids.run_id)
         events = store.events(run_id=ids.run_id)
         first = events[0] if events else None

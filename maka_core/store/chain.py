@@ -4,7 +4,9 @@ Each committed event stores ``chain_digest = sha256(DOMAIN || previous digest of
 || payload_json)``, computed by the writer in the same transaction as the row. A row changed behind
 the writers' back (``sqlite3 ledger "update runtime_events set payload_json=..."``), a row deleted
 from the middle of a session, or two rows swapped no longer match their chain, and ``verify``
-names the first such row of each session. The chain is unkeyed: it catches a ledger edited by
+names the first such row of each session; startup repair, ``maka resume`` and a run's begin check
+the session's chain (``first_break``) before they act on its facts, and park or refuse with
+``ledger_chain_broken`` instead. The chain is unkeyed: it catches a ledger edited by
 anything that does not also recompute the chain, not an attacker who knows this code; keeping the
 ledger out of the tools' reach (the bash sandbox, the workspace checks) is the barrier, the chain
 is the evidence.
@@ -16,6 +18,8 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from maka_core.errors import LedgerRejection
 
 #: Domain separation: a chain digest can never equal another digest maka computes over the same bytes.
 CHAIN_DOMAIN = b"maka.ledger_chain.v1\n"
@@ -56,6 +60,17 @@ class ChainBreak:
             "ledgerSeq": self.ledger_seq,
         }
 
+    def refusal(self) -> LedgerRejection:
+        """What a run's begin raises on a session it must not act on (non-retryable)."""
+        return LedgerRejection(
+            self.code,
+            f"session {self.session_id}: runtime_events {self.event_id} (ledger_seq {self.ledger_seq}) "
+            "no longer matches its chain digest (edited behind the writers); nothing acts on it",
+            sessionId=self.session_id,
+            eventId=self.event_id,
+            ledgerSeq=self.ledger_seq,
+        )
+
 
 def chain_breaks(rows: Iterable[tuple[str, str, int, str, str | None]]) -> list[ChainBreak]:
     """Check ``(event_id, session_id, ledger_seq, payload_json, chain_digest)`` rows in ledger order;
@@ -69,6 +84,18 @@ def chain_breaks(rows: Iterable[tuple[str, str, int, str, str | None]]) -> list[
         # The next row chains from what is stored, so one edit flags one row.
         previous[session_id] = stored if stored is not None else expected
     return sorted(broken.values(), key=lambda b: b.ledger_seq)
+
+
+def first_break(session_id: str, rows: Iterable[Any]) -> ChainBreak | None:
+    """The first break of one session's ``(event_id, ledger_seq, payload_json, chain_digest)`` rows,
+    in ledger order (``chain_breaks`` for a single session, without the bookkeeping per session)."""
+    previous = CHAIN_START
+    for event_id, seq, payload, stored in rows:
+        expected = chain_digest(previous, payload)
+        if stored != expected:
+            return ChainBreak(session_id, event_id, int(seq))
+        previous = stored
+    return None
 
 
 def chain_all(rows: Iterable[tuple[str, str, str]]) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
+from maka_core.store.chain import ChainBreak
 from maka_core.store.group_commit import WriteGroup
 from maka_core.store.writer import AttemptArg, CommitResult, LedgerStore
 
@@ -128,6 +129,10 @@ class Ledger(Protocol):
     def put_run(self, header: RunHeader) -> RunHeader: ...
 
     def list_runs(self, session_id: str | None = None, nonterminal: bool = False) -> list[RunHeader]: ...
+
+    def session_chain_break(self, session_id: str) -> ChainBreak | None:
+        """The first row of the session edited behind the writers (``store.chain``), or None."""
+        ...
 
 
 def _conforms(store: LedgerStore) -> Ledger:

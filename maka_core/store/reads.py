@@ -21,7 +21,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.projections import JournalRow, OperationRow, project
 from maka_core.ledger.scanner import scan
-from maka_core.store.chain import ChainBreak, chain_breaks
+from maka_core.store.chain import ChainBreak, chain_breaks, first_break
 from maka_core.store.engine import read_tx
 from maka_core.store.rows import Prefix, make_prefix, row_event
 from maka_core.store.schema import (
@@ -214,6 +214,22 @@ class LedgerReads:
         ).order_by(runtime_events.c.ledger_seq)
         with self._lock, self._reading() as conn:
             return chain_breaks((a, b, int(c), d, e) for a, b, c, d, e in conn.execute(query))
+
+    def session_chain_break(self, session_id: str) -> ChainBreak | None:
+        """The first row of one session whose chain digest does not match (None: intact). Read
+        before repair, resume and a run's begin act on the session's facts."""
+        query = (
+            select(
+                runtime_events.c.event_id,
+                runtime_events.c.ledger_seq,
+                runtime_events.c.payload_json,
+                runtime_events.c.chain_digest,
+            )
+            .where(runtime_events.c.session_id == session_id)
+            .order_by(runtime_events.c.ledger_seq)
+        )
+        with self._lock, self._reading() as conn:
+            return first_break(session_id, conn.execute(query))
 
     def verify(self) -> list[str]:
         """Recompute the digest chains, then rebuild projections from events in a scratch ledger and

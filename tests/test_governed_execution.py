@@ -225,6 +225,25 @@ def test_recovery_obeys_the_recorded_guarantee(
     assert result.status == status
 
 
+@pytest.mark.parametrize(
+    ("policy", "line", "guarantee"),
+    [
+        ({}, "ls -la | wc -l", "at-most-once"),  # the default policy trusts no bash line
+        ({"trustedReadCommands": ["ls", "wc"]}, "ls -la | wc -l", "read-only"),
+        ({"trustedReadCommands": ["ls"]}, "ls -la | wc -l", "at-most-once"),
+        ({"trustedReadCommands": ["ls"]}, "ls a#b; echo ran >> log.txt", "at-most-once"),
+    ],
+)
+def test_a_bash_read_is_read_only_only_when_the_policy_trusts_it(
+    rt: Runtime, ws: Workspace, policy: dict[str, Any], line: str, guarantee: str
+) -> None:
+    evidence = {"defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]}}
+    with_policy(rt, {"mutations": "allow", **evidence, **policy})
+    ref, _ = call(rt, ws, "bash", {"command": line})
+    held = rt.ledger.decision(ref.operation_id)
+    assert held is not None and held["decision"]["executionGuarantee"] == guarantee
+
+
 # --- approval as a durable wait --------------------------------------------------------------------
 
 CONFIRM = {"mutations": "confirm", "approvalTtlMs": 60_000}

@@ -47,7 +47,7 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import ExitCode, TaskStatus
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
+from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Effect, tool_effects
@@ -117,15 +117,19 @@ def subject_of(tool: Tool) -> TaskSubject | None:
     return tool.subject if isinstance(tool, BoundExecute) else None
 
 
-def guarantee_of(tool: Tool, classification: Classification) -> ExecutionGuarantee:
+def guarantee_of(
+    tool: Tool, classification: Classification, trusted_reads: frozenset[str] = frozenset()
+) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
-    do nothing but read (a command line we cannot see into is not a read), else from the tool's
+    do nothing but read (a command line we cannot see into is not a read) and its tool may be
+    retried (``bash`` only for the session policy's ``trusted_reads``), else from the tool's
     declared reconciliation (a task's: from its declared reconciliation predicates)."""
     effect: Effect = "read" if classification.possible_effects == {"read"} else "mutate"
     subject = subject_of(tool)
     if subject is not None:
         return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
-    return guarantee_for_tool(effect, tool.recovery_mode)
+    trusted = trusted_read(classification, trusted_reads)
+    return guarantee_for_tool(effect, tool.recovery_mode, trusted=trusted)
 
 
 def judge(
@@ -158,8 +162,11 @@ def judge(
     return decide(gov.policy, call, now=now, grant_usage=grant_usage)
 
 
-def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[str, Any]:
-    """The decision as ``tool_decisions`` records it (and recovery reads it back)."""
+def decision_record(
+    decision: PolicyDecision, tool: Tool, trusted_reads: frozenset[str] = frozenset(), **extra: Any
+) -> dict[str, Any]:
+    """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
+    trusts the reads the session's policy names (``GovernancePolicy.trusted_reads``)."""
     c = decision.classification
     record = {
         "outcome": decision.outcome,
@@ -171,7 +178,7 @@ def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[
         "effect": c.effect,
         "capability": c.capability,
         "target": c.target,
-        "executionGuarantee": guarantee_of(tool, c),
+        "executionGuarantee": guarantee_of(tool, c, trusted_reads),
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
     }

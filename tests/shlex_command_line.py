@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from maka_core.governance.commands import CommandClass, classify_command
+from maka_core.governance.commands import CommandClass, Trait, classify_command
 
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "|&", ";;"})
 _OPAQUE = ("$(", "`", "<(", ">(", "<<")
@@ -38,6 +38,13 @@ class ShlexCommandLine:
             and not self.writes_by_redirect
             and all(c.read for c in self.commands)
         )
+
+    @property
+    def traits(self) -> frozenset[Trait]:
+        out: frozenset[Trait] = frozenset()
+        for command in self.commands:
+            out |= command.traits
+        return out
 
 
 def _is_assignment(token: str) -> bool:

@@ -6,6 +6,10 @@ A real ``maka worker`` runs the scripted call under the default policy and SIGKI
 ``log.txt`` holds one line. Negative control: the same drill with workers that derive the guarantee
 as before (``tests/children/shlex_worker.py``: the ``shlex`` parse called the line a read, so the
 call was ``read-only``) runs the line again: two lines, and the session goes on ``idle``.
+
+A ledger written by such a worker is recovered by today's: the recorded ``read-only`` of a command
+line holds only while today's derivation agrees (``governed.recovery_guarantee``), so the line
+parks with one run (its negative control: the old worker recovering, above).
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ SHLEX_DERIVATION = ("-m", "tests.children.shlex_worker")
 
 
 async def _killed_at_p4_and_recovered(
-    server: Any, client: Any, tmp_path: Path, ws: Path, queue: str, entry: tuple[str, ...]
+    server: Any,
+    client: Any,
+    tmp_path: Path,
+    ws: Path,
+    queue: str,
+    entry: tuple[str, ...],
+    recovered_by: tuple[str, ...] | None = None,
 ) -> tuple[Any, Any, str]:
     db = tmp_path / "ledger.sqlite"
     script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": ATTACK})), {"text": "ok"}])
@@ -36,6 +46,7 @@ async def _killed_at_p4_and_recovered(
         doomed.wait_ready()
         session_id, accepted = await start(client, ws, script, queue)
         assert await doomed.wait_exit() == -9, "the armed worker did not die at P4"
+    kw["entry"] = recovered_by or entry
     with WorkerProcess(server, db, queue, **kw) as worker:
         worker.wait_ready()
         status = await wait_turn(client, session_id, accepted.run_id, timeout=60)
@@ -68,3 +79,15 @@ async def test_negative_control_the_parse_derived_guarantee_runs_it_twice(
     assert guarantee == "read-only"
     assert status.state == "idle" and op.status == "completed"
     assert (ws_dir / "log.txt").read_text() == "ran\nran\n"  # the effect ran twice
+
+
+async def test_a_read_only_recorded_by_the_old_derivation_does_not_buy_a_second_run(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    status, op, guarantee = await _killed_at_p4_and_recovered(
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, SHLEX_DERIVATION, recovered_by=TODAY
+    )
+    assert guarantee == "read-only"  # what the old worker recorded with T1
+    assert (status.state, status.park_reason) == ("parked", "dispatch_without_response")
+    assert op.reason == "dispatch_without_response"
+    assert (ws_dir / "log.txt").read_text() == "ran\n"

@@ -244,6 +244,27 @@ def test_a_bash_read_is_read_only_only_when_the_policy_trusts_it(
     assert held is not None and held["decision"]["executionGuarantee"] == guarantee
 
 
+@pytest.mark.parametrize(
+    ("trusted", "line", "status"),
+    [
+        (["ls", "wc"], "ls -la | wc -l; pwd >/dev/null", "parked"),  # pwd is not trusted
+        (["ls", "wc", "pwd"], "ls -la | wc -l; pwd >/dev/null", "completed"),
+        (["ls", "cat"], "ls a#b; echo ran >> log.txt", "parked"),
+        ([], "ls -la", "parked"),
+    ],
+)
+def test_recovery_reruns_a_bash_line_only_when_it_is_a_trusted_read(
+    rt: Runtime, ws: Workspace, trusted: list[str], line: str, status: str
+) -> None:
+    with_policy(rt, {"mutations": "allow", "trustedReadCommands": trusted})
+    ref = one_call(rt, ws, "bash", {"command": line})
+    prepare_only(rt, ws, ref, {"command": line})  # T1, no decision recorded: derived at recovery
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert result.status == status
+    assert result.reason == ("replay_safe_reread" if status == "completed" else "dispatch_without_response")
+    assert not (ws.root / "log.txt").exists()  # the T1 "crash" came before the effect; none since
+
+
 # --- approval as a durable wait --------------------------------------------------------------------
 
 CONFIRM = {"mutations": "confirm", "approvalTtlMs": 60_000}

@@ -193,6 +193,21 @@ def recorded_guarantee(record: Mapping[str, Any] | None) -> ExecutionGuarantee |
     return value if isinstance(value, str) else None  # type: ignore[return-value]
 
 
+def recovery_guarantee(
+    record: Mapping[str, Any] | None, tool: Tool, args: Mapping[str, Any], trusted_reads: frozenset[str]
+) -> ExecutionGuarantee:
+    """The guarantee recovery acts on: the one recorded with T1 (derived now for an operation
+    dispatched before decisions were recorded). A command line's recorded ``read-only`` holds only
+    while today's derivation agrees: before issue 23 a ``bash`` line was recorded ``read-only`` on
+    the strength of a parse that misread it, and such a record must not buy a second run."""
+    classification = classify(tool, args)
+    derived = guarantee_of(tool, classification, trusted_reads)
+    recorded = recorded_guarantee(record)
+    if recorded is None or (recorded == "read-only" and classification.commands is not None):
+        return derived
+    return recorded
+
+
 def required_evidence(record: Mapping[str, Any]) -> list[EvidencePredicate]:
     return _PREDICATES.validate_python(record.get("requiredEvidence", []))
 

@@ -38,7 +38,7 @@ FULL = {
     "deniedTraits": ["package-install"],
     "forbiddenEffects": ["destructive"],
     "allowedCommands": ["git", "pytest"],
-    "trustedReadCommands": ["ls", "cat", "git"],
+    "trustedReadCommands": ["ls", "cat", "wc"],
     "approvalTtlMs": 60_000,
     "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]},
     "unhinged": False,
@@ -69,7 +69,7 @@ def test_a_full_file_loads(tmp_path: Path) -> None:
     assert p.capabilities[1].max_operations == 10 and p.capabilities[0].principal == "*"
     assert p.allowed_command_names == frozenset({"git", "pytest"})
     assert p.default_evidence["bash"][0].type == "exit_code"
-    assert p.trusted_reads == frozenset({"ls", "cat", "git"})
+    assert p.trusted_reads == frozenset({"ls", "cat", "wc"})
 
 
 def test_digest_is_sha256_of_the_canonical_normalized_json(tmp_path: Path) -> None:
@@ -111,6 +111,7 @@ def _grant(**over: Any) -> dict[str, Any]:
         ({"allowedCommands": [""]}, "allowedCommands[0]"),
         ({"trustedReadCommands": ["ls", "rm"]}, "trustedReadCommands[1]"),  # not a read
         ({"trustedReadCommands": ["/bin/ls"]}, "trustedReadCommands[0]"),  # a bare name
+        ({"trustedReadCommands": ["git"]}, "trustedReadCommands[0]"),  # runs what its config names
         ({"trustedReadCommands": "ls"}, "trustedReadCommands"),
         (
             {"defaultEvidence": {"bash": [{"type": "exit_code", "value": "0"}]}},

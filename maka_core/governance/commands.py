@@ -92,8 +92,10 @@ _GIT_LISTING_OPTIONS = frozenset(
     {"-a", "--all", "-r", "--remotes", "-l", "--list", "-v", "-vv", "--verbose", "--show-current", "-n"}
 )
 #: The names an operator may trust to be re-run after a crash (``trustedReadCommands``): the
-#: commands whose every invocation the classifier can prove a read of the workspace.
-TRUSTABLE_READ_COMMANDS: frozenset[str] = _READ_COMMANDS | {"git"}
+#: commands whose every invocation the classifier can prove a read of the workspace. Not ``git``:
+#: it runs programs a repository's own config names (``core.fsmonitor``, ``diff.external``), and
+#: bash may have written that config.
+TRUSTABLE_READ_COMMANDS: frozenset[str] = _READ_COMMANDS
 
 #: Bash's reserved words: as a command's first word they start a compound command or modify a
 #: pipeline; they are not programs.
@@ -112,7 +114,7 @@ _EVALUATING_BUILTINS = frozenset(
         ".", "alias", "bind", "builtin", "command", "compgen", "complete", "declare", "enable",
         "eval", "exec", "export", "fc", "getopts", "hash", "history", "let", "local", "mapfile",
         "printf", "read", "readarray", "readonly", "set", "shopt", "source", "test", "trap",
-        "typeset", "unalias", "unset",
+        "typeset", "unalias", "unset", "wait",
     }
 )  # fmt: skip
 #: Characters of an unquoted word that bash takes literally in every position: no expansion

@@ -21,6 +21,7 @@ from typing import Literal
 
 from maka_core.facts.events import RecoveryMode
 from maka_core.governance.classify import Classification
+from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
 from maka_core.tools.base import Effect
 
@@ -58,12 +59,13 @@ def derive_guarantee(effect: Effect, *, declares_reconciliation: bool) -> Execut
 
 
 def trusted_read(classification: Classification, trusted: frozenset[str]) -> bool:
-    """A command line the classifier proved to be only reads, every one named in ``trusted``."""
+    """A command line the classifier proved to be only reads, every one named in ``trusted`` (and
+    trustable at all: a policy cannot name another, and neither can a caller here)."""
     return (
         classification.unanalysable is None
         and classification.possible_effects == {"read"}
         and bool(classification.commands)
-        and all(name in trusted for name in classification.commands or ())
+        and all(n in trusted and n in TRUSTABLE_READ_COMMANDS for n in classification.commands or ())
     )
 
 

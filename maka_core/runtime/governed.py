@@ -4,9 +4,11 @@ Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the sessio
 principal (recorded in ``session_policies`` when the session started; the built-in default when
 none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
 derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
-one derivation, read back by recovery from the recorded decision). After the effect, before T2:
-the decision's evidence predicates are evaluated (``verify``), a succeeded tool whose predicate
-failed becomes ``partial`` in the result the model sees, and the receipt is sealed for T2.
+one derivation, read back by recovery from the recorded decision; a ``bash`` call is
+``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
+After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
+succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the
+receipt is sealed for T2.
 
 The default policy when a session has none keeps what every session had before policies existed
 (the workspace tools run without asking) in MELRA's terms: mutations are allowed, and a ``bash``

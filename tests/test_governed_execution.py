@@ -95,6 +95,12 @@ def test_default_policy_runs_a_write_verified_with_a_receipt_and_a_certificate(
     assert [p.code for p in verify_receipts([tampered, *lines[1:]])] == ["receipt_digest_mismatch"]
 
 
+BASH_EVIDENCE: dict[str, Any] = {
+    "mutations": "allow",
+    "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]},
+}
+
+
 @pytest.mark.parametrize(
     ("policy", "worker", "name", "args", "reason"),
     [
@@ -108,6 +114,17 @@ def test_default_policy_runs_a_write_verified_with_a_receipt_and_a_certificate(
          "command_not_allowlisted"),
         ({"mutations": "allow"}, Policy(), "bash", {"command": "touch b"}, "mutation_requires_evidence"),
         ({"mutations": "deny"}, Policy(), "write_file", {"path": "a", "content": "x"}, "mutations_disabled"),
+        # issue 23: lines the shlex parser called reads are unanalysable mutations of unknown target
+        ({"allowedCommands": ["ls"], **BASH_EVIDENCE}, Policy(), "bash", {"command": "ls a#b; touch b"},
+         "command_not_allowlisted"),
+        ({"forbiddenEffects": ["destructive"], **BASH_EVIDENCE}, Policy(), "bash",
+         {"command": "ls a#b; touch b"}, "effect_forbidden_by_request"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash", {"command": "ls a#b; touch b"},
+         "mutations_disabled"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash",
+         {"command": "x=\\$\\(touch\\ b\\); ls ${x@P}"}, "mutations_disabled"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash",
+         {"command": "x=b\\[\\$\\(touch\\ b\\)\\]; ls ${a[x]}"}, "mutations_disabled"),
     ],
 )  # fmt: skip
 def test_each_denial_is_a_committed_policy_blocked_result(

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from maka_core.governance.classify import classify_tool_call
+from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
+from maka_core.governance.guarantee import trusted_read
 from maka_core.tools import BashTool, sandbox_status
 from maka_core.workspace import MARKER_NAME, Workspace
 from tests.shlex_command_line import shlex_parse_command_line
@@ -37,6 +39,11 @@ Classifier = Callable[[str], bool]
 def classifier_read(line: str) -> bool:
     """Today's classifier, as policy and the guarantee read it: a read that may have no other effect."""
     return classify_tool_call("bash", {"command": line}).possible_effects == {"read"}
+
+
+def trusted_for_rerun(line: str) -> bool:
+    """The crash guarantee's claim, under a policy that trusts every command it may trust."""
+    return trusted_read(classify_tool_call("bash", {"command": line}), TRUSTABLE_READ_COMMANDS)
 
 
 def shlex_read(line: str) -> bool:
@@ -222,9 +229,10 @@ def run_property(scratch: Scratch, reads: Classifier, examples: settings = EXAMP
     holds()
 
 
-def test_a_line_the_classifier_calls_read_only_changes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reads", [classifier_read, trusted_for_rerun], ids=["read", "trusted-read"])
+def test_a_line_the_classifier_calls_read_only_changes_nothing(tmp_path: Path, reads: Classifier) -> None:
     scratch = Scratch(tmp_path / "ws")
-    run_property(scratch, classifier_read)
+    run_property(scratch, reads)
     # Not vacuous: a good share of the lines were reads, each run for real.
     assert scratch.ran >= 50, f"only {scratch.ran} of {EXAMPLES.max_examples} lines were reads"
 

@@ -54,10 +54,12 @@ def test_a_bash_line_is_a_read_only_when_every_command_reads_and_nothing_is_writ
     ("line", "names"),
     [
         ("ls -la | wc -l", ("ls", "wc")),
-        ("A=1 B=2 git log && rm x || echo no", ("git", "rm", "echo")),
+        ("git log && rm x || echo no", ("git", "rm", "echo")),
         ('echo "a;b" ; ls # trailing ; rm', ("echo", "ls")),
         ("ls\nrm x", ("ls", "rm")),
-        ("make 2>err.log &", ("make",)),
+        ("ls &&\n  wc -l # reads on after &&\n\n", ("ls", "wc")),
+        ("make 2>/dev/null >&2", ("make",)),
+        ("cat 'a b' \"c'd\" 'résumé.txt'", ("cat",)),
     ],
 )
 def test_command_lines_are_split_into_simple_commands(line: str, names: tuple[str, ...]) -> None:
@@ -66,10 +68,38 @@ def test_command_lines_are_split_into_simple_commands(line: str, names: tuple[st
 
 
 @pytest.mark.parametrize(
-    "line", ["echo $(id)", "echo `id`", "diff <(ls) b", "(cd x; rm y)", "{ ls; }", "cat <<EOF", ""]
-)
+    "line",
+    [
+        "echo $(id)", "echo `id`", "diff <(ls) b", "(cd x; rm y)", "{ ls; }", "cat <<EOF", "",
+        # issue 23: what shlex misread, and every construct the tokenizer does not model
+        "ls a#b; echo ran >> log.txt", "ls ''#x; rm y", "ls;#x", "cat ${x@P}", "ls $x", "cat $'\\x41'",
+        "echo $((1+2))", "((a[$(id)]))", "ls *", "ls a?", "ls [ab]", "ls ~", "ls {a,b}", "ls \\;",
+        "cat a > b", "cat a >> b", "cat < a", "cat <<< x", "ls &> f", "ls 2>&3", "ls >| f",
+        "A=1 ls", "ls &", "ls |& cat", "ls ;; ls", "; ls", "ls &&", "ls\r", "ls\x00", "cat 'a\nb'",
+        "cat 'a", 'cat "$x"', 'cat "\\x"', "if ls; then ls; fi", "time ls", "! ls", "cat résumé",
+        "let 'a[$(id)]'", "test -v 'a[$(id)]'", "printf -v 'a[$(id)]' x", "eval ls", "source f",
+        "make 2>err.log &", "A=1 B=2 git log && rm x || echo no",
+    ],
+)  # fmt: skip
 def test_lines_that_hide_their_commands_are_opaque(line: str) -> None:
-    assert parse_command_line(line).opaque is not None
+    parsed = parse_command_line(line)
+    assert parsed.opaque is not None and not parsed.read, parsed
+    c = classify_tool_call("bash", {"command": line})
+    assert (c.effect, c.target, c.possible_effects) == (
+        "mutate", "command:unknown", frozenset({"read", "mutate", "destructive"}),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "./ls", "/tmp/x/cat a", "git -c core.fsmonitor=x status", "git diff --output=f", "git branch new",
+        "git tag v1", "git branch -D main", "rg --pre=sh x", "git log --ext-diff",
+    ],
+)  # fmt: skip
+def test_reads_that_name_a_program_or_write_a_file_are_not_reads(line: str) -> None:
+    parsed = parse_command_line(line)
+    assert parsed.opaque is None and not parsed.read
 
 
 def test_melras_command_classification() -> None:

@@ -13,6 +13,7 @@ from maka_core.governance.guarantee import (
     is_outcome_unknown,
     restart_action,
     retry_allowed,
+    trusted_read,
 )
 from maka_core.tools import default_tools
 
@@ -38,13 +39,30 @@ def test_derived_from_the_classified_effect_and_the_tools_reconciler() -> None:
         "edit_file": "reconciliation-required",
         "bash": "at-most-once",
     }
-    # a read-only bash line is a read, whatever the tool's recovery mode
-    assert guarantee_for_tool(classify_tool_call("bash", {"command": "ls"}).effect, "never_auto_retry") == (
-        "read-only"
-    )
+    # issue 23: a parse is no licence to run a bash line twice; only a trusted read is read-only
+    ls = classify_tool_call("bash", {"command": "ls -la | wc -l"})
+    assert guarantee_for_tool(ls.effect, "never_auto_retry") == "at-most-once"
+    assert guarantee_for_tool(ls.effect, "never_auto_retry", trusted=True) == "read-only"
+    assert guarantee_for_tool("mutate", "never_auto_retry", trusted=True) == "at-most-once"
     # a read never needs reconciliation, even if something claims it does
     assert derive_guarantee("read", declares_reconciliation=True) == "read-only"
     assert derive_guarantee("destructive", declares_reconciliation=False) == "at-most-once"
+
+
+@pytest.mark.parametrize(
+    ("line", "trusted", "expected"),
+    [
+        ("ls -la | wc -l", {"ls", "wc"}, True),
+        ("ls -la | wc -l", {"ls"}, False),  # every command must be trusted
+        ("cat a | head -n1 2>/dev/null", {"cat", "head"}, True),
+        ("git status", {"git"}, False),  # not trustable (no policy can name it), and so never trusted
+        ("ls a#b; echo ran >> log.txt", {"ls", "echo"}, False),  # unanalysable
+        ("./ls", {"ls"}, False),  # a workspace program, whatever its name
+        ("ls", set(), False),
+    ],
+)
+def test_a_trusted_read_is_proved_by_the_classifier(line: str, trusted: set[str], expected: bool) -> None:
+    assert trusted_read(classify_tool_call("bash", {"command": line}), frozenset(trusted)) is expected
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ FULL = {
     "deniedTraits": ["package-install"],
     "forbiddenEffects": ["destructive"],
     "allowedCommands": ["git", "pytest"],
+    "trustedReadCommands": ["ls", "cat", "wc"],
     "approvalTtlMs": 60_000,
     "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]},
     "unhinged": False,
@@ -68,6 +69,7 @@ def test_a_full_file_loads(tmp_path: Path) -> None:
     assert p.capabilities[1].max_operations == 10 and p.capabilities[0].principal == "*"
     assert p.allowed_command_names == frozenset({"git", "pytest"})
     assert p.default_evidence["bash"][0].type == "exit_code"
+    assert p.trusted_reads == frozenset({"ls", "cat", "wc"})
 
 
 def test_digest_is_sha256_of_the_canonical_normalized_json(tmp_path: Path) -> None:
@@ -79,6 +81,12 @@ def test_digest_is_sha256_of_the_canonical_normalized_json(tmp_path: Path) -> No
     assert load_policy(write(tmp_path, spelled, "b.json")).digest == GovernancePolicy().digest
     changed = {**FULL, "approvalTtlMs": 60_001}
     assert load_policy(write(tmp_path, changed, "c.json")).digest != p.digest
+    # the trusted reads are in the digest; none trusted is the digest of a policy from before them
+    untrusting = {**FULL, "trustedReadCommands": ["ls"]}
+    assert load_policy(write(tmp_path, untrusting, "d.json")).digest != p.digest
+    none = load_policy(write(tmp_path, {"trustedReadCommands": []}, "e.json"))
+    assert none.digest == GovernancePolicy().digest
+    assert "trustedReadCommands" not in GovernancePolicy().to_json()
 
 
 def _grant(**over: Any) -> dict[str, Any]:
@@ -101,6 +109,10 @@ def _grant(**over: Any) -> dict[str, Any]:
         ({"approvalTtlMs": 0}, "approvalTtlMs"),
         ({"deniedTraits": ["telepathy"]}, "deniedTraits[0]"),
         ({"allowedCommands": [""]}, "allowedCommands[0]"),
+        ({"trustedReadCommands": ["ls", "rm"]}, "trustedReadCommands[1]"),  # not a read
+        ({"trustedReadCommands": ["/bin/ls"]}, "trustedReadCommands[0]"),  # a bare name
+        ({"trustedReadCommands": ["git"]}, "trustedReadCommands[0]"),  # runs what its config names
+        ({"trustedReadCommands": "ls"}, "trustedReadCommands"),
         (
             {"defaultEvidence": {"bash": [{"type": "exit_code", "value": "0"}]}},
             "defaultEvidence.bash[0].value",

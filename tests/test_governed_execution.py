@@ -95,6 +95,12 @@ def test_default_policy_runs_a_write_verified_with_a_receipt_and_a_certificate(
     assert [p.code for p in verify_receipts([tampered, *lines[1:]])] == ["receipt_digest_mismatch"]
 
 
+BASH_EVIDENCE: dict[str, Any] = {
+    "mutations": "allow",
+    "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]},
+}
+
+
 @pytest.mark.parametrize(
     ("policy", "worker", "name", "args", "reason"),
     [
@@ -108,6 +114,17 @@ def test_default_policy_runs_a_write_verified_with_a_receipt_and_a_certificate(
          "command_not_allowlisted"),
         ({"mutations": "allow"}, Policy(), "bash", {"command": "touch b"}, "mutation_requires_evidence"),
         ({"mutations": "deny"}, Policy(), "write_file", {"path": "a", "content": "x"}, "mutations_disabled"),
+        # issue 23: lines the shlex parser called reads are unanalysable mutations of unknown target
+        ({"allowedCommands": ["ls"], **BASH_EVIDENCE}, Policy(), "bash", {"command": "ls a#b; touch b"},
+         "command_not_allowlisted"),
+        ({"forbiddenEffects": ["destructive"], **BASH_EVIDENCE}, Policy(), "bash",
+         {"command": "ls a#b; touch b"}, "effect_forbidden_by_request"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash", {"command": "ls a#b; touch b"},
+         "mutations_disabled"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash",
+         {"command": "x=\\$\\(touch\\ b\\); ls ${x@P}"}, "mutations_disabled"),
+        ({**BASH_EVIDENCE, "mutations": "deny"}, Policy(), "bash",
+         {"command": "x=b\\[\\$\\(touch\\ b\\)\\]; ls ${a[x]}"}, "mutations_disabled"),
     ],
 )  # fmt: skip
 def test_each_denial_is_a_committed_policy_blocked_result(
@@ -223,6 +240,46 @@ def test_recovery_obeys_the_recorded_guarantee(
         )  # fmt: skip
     result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
     assert result.status == status
+
+
+@pytest.mark.parametrize(
+    ("policy", "line", "guarantee"),
+    [
+        ({}, "ls -la | wc -l", "at-most-once"),  # the default policy trusts no bash line
+        ({"trustedReadCommands": ["ls", "wc"]}, "ls -la | wc -l", "read-only"),
+        ({"trustedReadCommands": ["ls"]}, "ls -la | wc -l", "at-most-once"),
+        ({"trustedReadCommands": ["ls"]}, "ls a#b; echo ran >> log.txt", "at-most-once"),
+    ],
+)
+def test_a_bash_read_is_read_only_only_when_the_policy_trusts_it(
+    rt: Runtime, ws: Workspace, policy: dict[str, Any], line: str, guarantee: str
+) -> None:
+    evidence = {"defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]}}
+    with_policy(rt, {"mutations": "allow", **evidence, **policy})
+    ref, _ = call(rt, ws, "bash", {"command": line})
+    held = rt.ledger.decision(ref.operation_id)
+    assert held is not None and held["decision"]["executionGuarantee"] == guarantee
+
+
+@pytest.mark.parametrize(
+    ("trusted", "line", "status"),
+    [
+        (["ls", "wc"], "ls -la | wc -l; pwd >/dev/null", "parked"),  # pwd is not trusted
+        (["ls", "wc", "pwd"], "ls -la | wc -l; pwd >/dev/null", "completed"),
+        (["ls", "cat"], "ls a#b; echo ran >> log.txt", "parked"),
+        ([], "ls -la", "parked"),
+    ],
+)
+def test_recovery_reruns_a_bash_line_only_when_it_is_a_trusted_read(
+    rt: Runtime, ws: Workspace, trusted: list[str], line: str, status: str
+) -> None:
+    with_policy(rt, {"mutations": "allow", "trustedReadCommands": trusted})
+    ref = one_call(rt, ws, "bash", {"command": line})
+    prepare_only(rt, ws, ref, {"command": line})  # T1, no decision recorded: derived at recovery
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert result.status == status
+    assert result.reason == ("replay_safe_reread" if status == "completed" else "dispatch_without_response")
+    assert not (ws.root / "log.txt").exists()  # the T1 "crash" came before the effect; none since
 
 
 # --- approval as a durable wait --------------------------------------------------------------------

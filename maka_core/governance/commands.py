@@ -2,18 +2,27 @@
 
 MELRA's terminal adapter is shell-free: one program and its arguments, so the allowlist checks
 one basename. Our ``bash`` tool hands a whole line to ``/bin/bash -c``, so every simple command
-in the line is named and checked. Constructs that hide the command actually run (command and
-process substitution, backticks, subshells and brace groups) are refused as unanalysable rather
-than guessed at: the allowlist is only worth what its parser can see.
+in the line is named and checked. The line is read by a small tokenizer of our own that accepts
+only a subset of bash it models completely: words of characters bash takes literally anywhere,
+single-quoted literals, double-quoted literals without ``$``, backtick, ``\\`` or ``!``, the
+separators ``;`` ``&&`` ``||`` ``|`` and newline, a comment that starts a word, and output to
+``/dev/null`` or another standard stream. Anything else (an expansion or substitution of any
+kind, a redirection into a file, a here-document, ``#`` inside a word, an assignment, a group or
+subshell, a background job, an escape, a control character, a builtin that evaluates its
+arguments as code) makes the line *unanalysable*: it proves nothing, and is judged as a mutation
+with an unknown target. The allowlist is only worth what its parser can see, and a parser that
+guesses (``shlex`` took a ``#`` inside a word for a comment) hides commands from it.
 
 The read/trait tables follow MELRA's ``classifyCommand``: ``npm ls`` and ``npm install`` are the
 same allowlisted command, and only the second installs third-party code and reaches a registry.
+A read must also be invoked by its bare name (``./ls`` may be anything the workspace holds), and
+``git`` and ``rg`` options that write a file or run a program are not reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
-import shlex
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,15 +84,49 @@ _PACKAGE_MANAGERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "go": (frozenset({"install", "get", "mod"}), frozenset({"list", "version", "env", "vet"})),
 }
 
-#: Tokens after which a new simple command starts.
-_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "|&", ";;"})
-#: Constructs whose inner command the parser cannot see.
-_OPAQUE = ("$(", "`", "<(", ">(", "<<")
-_GROUPING = frozenset({"(", ")", "{", "}"})
-_REDIRECT_WRITE = frozenset({">", ">>", ">|", "&>", "&>>", ">&"})
-_REDIRECT_READ = frozenset({"<", "<&", "<>"})
-_PUNCTUATION = ";&|<>()"
-_HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+#: Options that make a reading command write a file or run a program it names.
+_GIT_WRITING_OPTIONS = ("--output", "--ext-diff", "--textconv")
+_GIT_GLOBAL_READ_OPTIONS = frozenset({"-C", "-P", "--no-pager", "--no-optional-locks"})
+#: ``git branch`` and ``git tag`` list only with these (a name creates, ``-d`` deletes...).
+_GIT_LISTING_OPTIONS = frozenset(
+    {"-a", "--all", "-r", "--remotes", "-l", "--list", "-v", "-vv", "--verbose", "--show-current", "-n"}
+)
+#: The names an operator may trust to be re-run after a crash (``trustedReadCommands``): the
+#: commands whose every invocation the classifier can prove a read of the workspace. Not ``git``:
+#: it runs programs a repository's own config names (``core.fsmonitor``, ``diff.external``), and
+#: bash may have written that config.
+TRUSTABLE_READ_COMMANDS: frozenset[str] = _READ_COMMANDS
+
+#: Bash's reserved words: as a command's first word they start a compound command or modify a
+#: pipeline; they are not programs.
+_RESERVED_WORDS = frozenset(
+    {
+        "!", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function", "if",
+        "in", "select", "then", "time", "until", "while", "{", "}", "[[", "]]",
+    }
+)  # fmt: skip
+#: Builtins that evaluate an argument as code (``eval``, ``source``), run another command
+#: (``exec``, ``command``), evaluate an array subscript in one (``let``, ``declare``, ``test -v``,
+#: ``printf -v``, ``read``, ``unset``...) or change how later commands are read (``alias``,
+#: ``shopt``, ``set``, ``enable``, ``trap``): a literal argument may still hide a command.
+_EVALUATING_BUILTINS = frozenset(
+    {
+        ".", "alias", "bind", "builtin", "command", "compgen", "complete", "declare", "enable",
+        "eval", "exec", "export", "fc", "getopts", "hash", "history", "let", "local", "mapfile",
+        "printf", "read", "readarray", "readonly", "set", "shopt", "source", "test", "trap",
+        "typeset", "unalias", "unset", "wait",
+    }
+)  # fmt: skip
+#: Characters of an unquoted word that bash takes literally in every position: no expansion
+#: (``$``, tilde, globbing, braces, history), no quoting, no operator, no comment.
+_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./,:=+-@%")
+#: What bash still reads inside double quotes (expansions, escapes, history, the closing quote).
+_DOUBLE_QUOTE_SPECIAL = frozenset('$`\\!"')
+_BLANKS = frozenset(" \t")
+_OPERATORS = ("&&", "||", ";", "|", "\n")
+#: Where output may go without touching a file: the null device, or another standard stream.
+_NULL_DEVICE = "/dev/null"
+_STANDARD_STREAMS = frozenset({"1", "2"})
 
 
 def normalize_command_name(command: str) -> str:
@@ -120,6 +163,22 @@ class CommandClass:
     traits: frozenset[Trait]
 
 
+def _git_reads(args: list[str] | tuple[str, ...]) -> bool:
+    """``git`` reads: a read subcommand, no global option that configures (``-c`` can name a
+    program git runs), no option that writes a file, and ``branch``/``tag`` only listing."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] not in _GIT_GLOBAL_READ_OPTIONS:
+            return False
+        i += 2 if args[i] == "-C" else 1
+    if i >= len(args) or args[i] not in _READ_GIT:
+        return False
+    rest = args[i + 1 :]
+    if any(a.startswith(_GIT_WRITING_OPTIONS) for a in rest):
+        return False
+    return args[i] not in ("branch", "tag") or all(a in _GIT_LISTING_OPTIONS for a in rest)
+
+
 def classify_command(command: str, args: list[str] | tuple[str, ...]) -> CommandClass:
     """MELRA's ``classifyCommand`` (plus our destructive set) for one program and its arguments."""
     name = normalize_command_name(command)
@@ -138,7 +197,12 @@ def classify_command(command: str, args: list[str] | tuple[str, ...]) -> Command
             # A package manager's read still asks its registry, so it keeps ``network``.
             traits.add("network")
             return CommandClass(name, True, False, frozenset(traits))
-    read = name in _READ_COMMANDS or (name == "git" and sub in _READ_GIT)
+    if name == "git":
+        read = _git_reads(args)
+    elif name == "rg":
+        read = not any(a.startswith("--pre") for a in args)  # --pre runs the program it names
+    else:
+        read = name in _READ_COMMANDS
     return CommandClass(name, read, name in _DESTRUCTIVE_COMMANDS, frozenset(traits))
 
 
@@ -147,18 +211,12 @@ class CommandLine:
     """A ``bash`` command line as its simple commands; ``opaque`` when they cannot all be seen."""
 
     commands: tuple[CommandClass, ...]
-    writes_by_redirect: bool
     opaque: str | None  # why the line cannot be analysed, or None
 
     @property
     def read(self) -> bool:
-        """Every simple command is a known read and nothing is redirected into a file."""
-        return (
-            self.opaque is None
-            and bool(self.commands)
-            and not self.writes_by_redirect
-            and all(c.read for c in self.commands)
-        )
+        """The line was analysed and every simple command is a known read."""
+        return self.opaque is None and bool(self.commands) and all(c.read for c in self.commands)
 
     @property
     def traits(self) -> frozenset[Trait]:
@@ -168,58 +226,155 @@ class CommandLine:
         return out
 
 
-def _is_assignment(token: str) -> bool:
-    name, eq, _ = token.partition("=")
-    return bool(eq) and name.isidentifier()
+class _Unanalysable(Exception):
+    """The line holds something the tokenizer does not model, so it proves nothing about it."""
+
+
+def _quoted(line: str, i: int) -> tuple[str, int]:
+    """The literal a quote at ``i`` opens, and the index after its closing quote."""
+    quote = line[i]
+    close = line.find(quote, i + 1)
+    if close < 0:
+        raise _Unanalysable("an unterminated quote")
+    body = line[i + 1 : close]
+    if quote == '"' and any(c in _DOUBLE_QUOTE_SPECIAL for c in body):
+        raise _Unanalysable("an expansion or escape inside double quotes")
+    # Non-ASCII is literal inside quotes (no UTF-8 continuation byte is a quote, $ or \\);
+    # control characters, a newline included, are refused.
+    if not body.isprintable():
+        raise _Unanalysable("a control character inside quotes")
+    return body, close + 1
+
+
+def _redirection(line: str, i: int) -> int:
+    """Skip one output redirection at ``i`` that touches no file (``>/dev/null``, ``>>/dev/null``,
+    ``&>/dev/null``, ``>&1``, ``>&2``); return the index after it."""
+    op = next(o for o in ("&>>", "&>", ">>", ">&", ">|", ">") if line.startswith(o, i))
+    j = i + len(op)
+    while j < len(line) and line[j] in _BLANKS:
+        j += 1
+    k = j
+    while k < len(line) and line[k] in _WORD_CHARS:
+        k += 1
+    target = line[j:k]
+    if k < len(line) and line[k] not in _BLANKS and line[k] not in ";|&\n":
+        raise _Unanalysable("a redirection target that is not a plain word")
+    if (op == ">&" and target in _STANDARD_STREAMS) or (
+        op in ("&>>", "&>", ">>", ">") and target == _NULL_DEVICE
+    ):
+        return k
+    raise _Unanalysable(f"the redirection {op}{target} (a file, or a descriptor)")
+
+
+def _tokens(line: str) -> list[tuple[bool, str]]:
+    """``(is_operator, text)`` for each word and operator (``;`` ``&&`` ``||`` ``|`` newline);
+    comments and harmless redirections are dropped; anything else raises ``_Unanalysable``."""
+    out: list[tuple[bool, str]] = []
+    word: list[str] = []
+    in_word = quoted = False
+    i, n = 0, len(line)
+
+    def end_word() -> None:
+        nonlocal in_word, quoted
+        if in_word:
+            out.append((False, "".join(word)))
+        word.clear()
+        in_word = quoted = False
+
+    while i < n:
+        ch = line[i]
+        if ch in _WORD_CHARS:
+            word.append(ch)
+            in_word = True
+            i += 1
+        elif ch in "'\"":
+            body, i = _quoted(line, i)
+            word.append(body)
+            in_word = quoted = True
+        elif ch in _BLANKS:
+            end_word()
+            i += 1
+        elif ch == "#":
+            # A comment starts a word; bash reads a "#" anywhere else as a literal character.
+            if in_word or (i > 0 and line[i - 1] not in " \t\n"):
+                raise _Unanalysable("a '#' that does not start a word")
+            newline = line.find("\n", i)
+            i = n if newline < 0 else newline
+        elif ch == ">" or line.startswith("&>", i):
+            if in_word and not quoted and "".join(word).isdigit():
+                word.clear()
+                in_word = False  # "2>x": the 2 names a descriptor, it is not a word
+            end_word()
+            i = _redirection(line, i)
+        elif (op := next((o for o in _OPERATORS if line.startswith(o, i)), None)) is not None:
+            if line.startswith(("|&", ";;", ";&"), i):
+                raise _Unanalysable(f"the operator {line[i : i + 2]!r}")
+            end_word()
+            out.append((True, op))
+            i += len(op)
+        elif ch == "&":
+            raise _Unanalysable("'&' (a background job)")
+        elif ch == "<":
+            raise _Unanalysable("an input redirection, here-document or process substitution")
+        elif ch in "$`":
+            raise _Unanalysable(f"{ch!r} (an expansion or a substitution)")
+        elif ch == "\\":
+            raise _Unanalysable("a backslash escape")
+        elif ch in "()":
+            raise _Unanalysable(f"{ch!r} (a subshell, a group, arithmetic or a substitution)")
+        elif ch.isascii() and ch.isprintable():
+            raise _Unanalysable(f"{ch!r} (globbing, braces, tilde or history)")
+        else:
+            raise _Unanalysable(f"the character {ch!r} outside quotes")
+    end_word()
+    return out
+
+
+def _simple_commands(line: str) -> list[list[str]]:
+    """The words of each simple command, in order; a syntax error is unanalysable (bash would
+    refuse the line, or run only the part before it)."""
+    commands: list[list[str]] = []
+    current: list[str] = []
+    ended_by = ""  # the operator after the last command
+    for is_op, text in _tokens(line):
+        if not is_op:
+            current.append(text)
+        elif current:
+            commands.append(current)
+            current = []
+            ended_by = text
+        elif text != "\n":  # a blank line, or bash reading on after && || | for the next command
+            raise _Unanalysable(f"an empty command before {text!r}")
+    if current:
+        commands.append(current)
+    elif ended_by in ("&&", "||", "|"):
+        raise _Unanalysable(f"a line that ends in {ended_by!r}")
+    return commands
+
+
+def _simple_command(words: list[str]) -> CommandClass:
+    first = words[0]
+    if first in _RESERVED_WORDS:
+        raise _Unanalysable(f"the reserved word {first!r}")
+    if "=" in first or not first:
+        raise _Unanalysable("an assignment or an empty command name")
+    if "/" not in first and normalize_command_name(first) in _EVALUATING_BUILTINS:
+        raise _Unanalysable(f"the builtin {first!r}, which may run code its arguments hold")
+    command = classify_command(first, words[1:])
+    # A read is a program found on PATH by its bare name; "./ls" is whatever the workspace holds.
+    return dataclasses.replace(command, read=False) if "/" in first else command
 
 
 def parse_command_line(line: str) -> CommandLine:
-    """Split a ``bash -c`` line into simple commands and classify each one."""
-    for marker in _OPAQUE:
-        if marker in line:
-            return CommandLine((), False, f"the line uses {marker!r}, which the allowlist does not analyse")
-    lexer = shlex.shlex(line.replace("\n", " ; "), posix=True, punctuation_chars=";&|<>()")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
+    """Split a ``bash -c`` line into simple commands and classify each one, or say why the line
+    is unanalysable (then it names no command, and is judged as a mutation of unknown target)."""
     try:
-        tokens = list(lexer)
-    except ValueError as exc:
-        return CommandLine((), False, f"the line does not parse: {exc}")
-    commands: list[CommandClass] = []
-    current: list[str] = []
-    writes = False
-    redirect: str | None = None
-
-    def flush() -> None:
-        words = list(current)
-        while words and _is_assignment(words[0]):
-            words.pop(0)
-        if words:
-            commands.append(classify_command(words[0], words[1:]))
-        current.clear()
-
-    for token in tokens:
-        if redirect is not None:
-            fd_copy = redirect.endswith("&") and (token.isdigit() or token == "-")
-            if redirect in _REDIRECT_WRITE and not fd_copy and token not in _HARMLESS_TARGETS:
-                writes = True
-            redirect = None
-        elif token in _SEPARATORS:
-            flush()
-        elif token in _GROUPING:
-            return CommandLine((), False, f"the line uses {token!r}, which the allowlist cannot see into")
-        elif token in _REDIRECT_WRITE or token in _REDIRECT_READ:
-            if current and current[-1].isdigit():
-                current.pop()  # "2>x" lexes as "2", ">", "x": the 2 is a descriptor, not a word
-            redirect = token
-        elif token.strip(_PUNCTUATION) == "":
-            return CommandLine((), False, f"the line uses {token!r}, which is not analysed")
-        else:
-            current.append(token)
-    flush()
+        commands = tuple(_simple_command(words) for words in _simple_commands(line))
+    except _Unanalysable as exc:
+        return CommandLine((), f"the line is not analysable: {exc}")
     if not commands:
-        return CommandLine((), writes, "the line names no command")
-    return CommandLine(tuple(commands), writes, None)
+        return CommandLine((), "the line names no command")
+    return CommandLine(commands, None)
 
 
 def command_allowed(name: str, allowed: frozenset[str] | None) -> bool:

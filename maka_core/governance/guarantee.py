@@ -2,7 +2,10 @@
 
 The guarantee is derived from the classified effect and the tool's own declared reconciliation,
 never from the caller: a caller that could call its own write retry-safe would buy a retry it
-is not entitled to. Only ``read-only`` (and the two values nothing derives yet,
+is not entitled to. A tool that declares ``never_auto_retry`` (``bash``) keeps ``at-most-once``
+whatever its classification says: a parse of a command line is not evidence enough to run it
+twice. Only a call the session's policy trusts (``trustedReadCommands``, ``trusted_read``) is
+``read-only``. Only ``read-only`` (and the two values nothing derives yet,
 ``at-least-once`` and ``provider-idempotent``) allow a retry.
 
 After a restart: planned and approval-waiting work stays executable; an interrupted read goes
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 from maka_core.facts.events import RecoveryMode
+from maka_core.governance.classify import Classification
+from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
 from maka_core.tools.base import Effect
 
@@ -53,8 +58,24 @@ def derive_guarantee(effect: Effect, *, declares_reconciliation: bool) -> Execut
     return "reconciliation-required" if declares_reconciliation else "at-most-once"
 
 
-def guarantee_for_tool(effect: Effect, recovery_mode: RecoveryMode) -> ExecutionGuarantee:
-    """The guarantee of one classified call of a tool with ``recovery_mode``."""
+def trusted_read(classification: Classification, trusted: frozenset[str]) -> bool:
+    """A command line the classifier proved to be only reads, every one named in ``trusted`` (and
+    trustable at all: a policy cannot name another, and neither can a caller here)."""
+    return (
+        classification.unanalysable is None
+        and classification.possible_effects == {"read"}
+        and bool(classification.commands)
+        and all(n in trusted and n in TRUSTABLE_READ_COMMANDS for n in classification.commands or ())
+    )
+
+
+def guarantee_for_tool(
+    effect: Effect, recovery_mode: RecoveryMode, *, trusted: bool = False
+) -> ExecutionGuarantee:
+    """The guarantee of one classified call of a tool with ``recovery_mode``; a
+    ``never_auto_retry`` tool's read is ``read-only`` only when ``trusted`` (``trusted_read``)."""
+    if recovery_mode == "never_auto_retry":
+        return "read-only" if effect == "read" and trusted else "at-most-once"
     return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
 
 

@@ -3,7 +3,9 @@
 MELRA's fields where MELRA has one (``mutations``, ``capabilities``, ``deniedTraits``,
 ``unhinged``, ``allowedCommands``, ``approvalTtlMs``, the policy ``version``), and ours:
 ``forbiddenEffects`` (worker-wide, where MELRA has them per request), ``defaultEvidence`` per
-tool, and ``mutations: "allow"`` (MELRA knows only deny and confirm). A file is parsed strictly:
+tool, ``mutations: "allow"`` (MELRA knows only deny and confirm), and ``trustedReadCommands``:
+the read commands whose ``bash`` lines may run again after a crash (none by default: a ``bash``
+call is ``at-most-once``, however harmless its line looks). A file is parsed strictly:
 an unknown key, a malformed grant or a lossy JSON value refuses the whole file with
 ``policy_invalid`` and the path of the offending field, because a grant that silently matched
 nothing (or everything) would be worse than no policy.
@@ -20,13 +22,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, StringConstraints, ValidationError, field_validator
+from pydantic import AfterValidator, Field, StringConstraints, ValidationError, field_validator
 
 from maka_core.errors import CodecError, ConfigError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import digest as sha256_digest
 from maka_core.governance.classify import GovernanceModel
-from maka_core.governance.commands import Trait, normalize_command_name
+from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS, Trait, normalize_command_name
 from maka_core.governance.evidence import EvidencePredicate
 from maka_core.tools.base import Effect
 
@@ -36,6 +38,17 @@ MutationsMode = Literal["allow", "confirm", "deny"]
 PrincipalKind = Literal["organization", "human", "harness", "agent", "session", "subagent", "service"]
 
 _Id = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+def _trustable(name: str) -> str:
+    if name not in TRUSTABLE_READ_COMMANDS:
+        raise ValueError(
+            f"{name!r} is not a command maka can prove a read; one of {sorted(TRUSTABLE_READ_COMMANDS)}"
+        )
+    return name
+
+
+_TrustedRead = Annotated[str, AfterValidator(_trustable)]
 
 
 class Principal(GovernanceModel):
@@ -112,6 +125,10 @@ class GovernancePolicy(GovernanceModel):
     allowed_commands: tuple[Annotated[str, StringConstraints(min_length=1, max_length=512)], ...] | None = (
         None
     )
+    #: Read commands a crash may run again: a ``bash`` line is ``read-only`` for recovery only
+    #: when the classifier proves it is nothing but these commands (each a read) with literal
+    #: arguments; every other ``bash`` call is ``at-most-once``. Empty: none (the default).
+    trusted_read_commands: tuple[_TrustedRead, ...] = Field(default=(), max_length=64)
     approval_ttl_ms: int = Field(default=DEFAULT_APPROVAL_TTL_MS, ge=1_000, le=24 * 3_600_000)
     default_evidence: dict[str, tuple[EvidencePredicate, ...]] = Field(default_factory=dict)
     unhinged: bool = False
@@ -122,6 +139,10 @@ class GovernancePolicy(GovernanceModel):
             return None
         return frozenset(normalize_command_name(c) for c in self.allowed_commands)
 
+    @property
+    def trusted_reads(self) -> frozenset[str]:
+        return frozenset(self.trusted_read_commands)
+
     def to_json(self) -> dict[str, Any]:
         """The normalized policy (defaults filled in) as JSON: what ``digest`` covers."""
         value: dict[str, Any] = self.model_dump(mode="json", by_alias=True)
@@ -131,6 +152,9 @@ class GovernancePolicy(GovernanceModel):
         ]
         if value["allowedCommands"] is None:
             del value["allowedCommands"]
+        # Absent before it existed: an empty list must not change the digest of older policies.
+        if not value["trustedReadCommands"]:
+            del value["trustedReadCommands"]
         return value
 
     @cached_property

@@ -112,7 +112,7 @@ def admit(
         grant_usage=rt.ledger.grant_usage(ids.session_id) if counted else {},
         now=now,
     )
-    record = governed.decision_record(decision, tool)
+    record = governed.decision_record(decision, tool, policy.trusted_reads)
     subject = governed.subject_of(tool)
     if subject is not None and subject.exhausted:
         # The task controller's stop, recorded like a decision so it is counted and receipted.
@@ -208,7 +208,7 @@ def _resume(
         now=now,
     )
     if again.outcome == "deny":
-        redecided = governed.decision_record(again, tool)
+        redecided = governed.decision_record(again, tool, gov.policy.trusted_reads)
         return Refused(governed.blocked_result(redecided), redecided, fresh=False)
     if (
         action_digest(held["operationId"], operation_of(str(record["toolName"]), args))

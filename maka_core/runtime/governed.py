@@ -4,9 +4,11 @@ Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the sessio
 principal (recorded in ``session_policies`` when the session started; the built-in default when
 none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
 derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
-one derivation, read back by recovery from the recorded decision). After the effect, before T2:
-the decision's evidence predicates are evaluated (``verify``), a succeeded tool whose predicate
-failed becomes ``partial`` in the result the model sees, and the receipt is sealed for T2.
+one derivation, read back by recovery from the recorded decision; a ``bash`` call is
+``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
+After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
+succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the
+receipt is sealed for T2.
 
 The default policy when a session has none keeps what every session had before policies existed
 (the workspace tools run without asking) in MELRA's terms: mutations are allowed, and a ``bash``
@@ -47,7 +49,7 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import ExitCode, TaskStatus
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
+from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Effect, tool_effects
@@ -117,15 +119,19 @@ def subject_of(tool: Tool) -> TaskSubject | None:
     return tool.subject if isinstance(tool, BoundExecute) else None
 
 
-def guarantee_of(tool: Tool, classification: Classification) -> ExecutionGuarantee:
+def guarantee_of(
+    tool: Tool, classification: Classification, trusted_reads: frozenset[str] = frozenset()
+) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
-    do nothing but read (a command line we cannot see into is not a read), else from the tool's
+    do nothing but read (a command line we cannot see into is not a read) and its tool may be
+    retried (``bash`` only for the session policy's ``trusted_reads``), else from the tool's
     declared reconciliation (a task's: from its declared reconciliation predicates)."""
     effect: Effect = "read" if classification.possible_effects == {"read"} else "mutate"
     subject = subject_of(tool)
     if subject is not None:
         return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
-    return guarantee_for_tool(effect, tool.recovery_mode)
+    trusted = trusted_read(classification, trusted_reads)
+    return guarantee_for_tool(effect, tool.recovery_mode, trusted=trusted)
 
 
 def judge(
@@ -158,8 +164,11 @@ def judge(
     return decide(gov.policy, call, now=now, grant_usage=grant_usage)
 
 
-def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[str, Any]:
-    """The decision as ``tool_decisions`` records it (and recovery reads it back)."""
+def decision_record(
+    decision: PolicyDecision, tool: Tool, trusted_reads: frozenset[str] = frozenset(), **extra: Any
+) -> dict[str, Any]:
+    """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
+    trusts the reads the session's policy names (``GovernancePolicy.trusted_reads``)."""
     c = decision.classification
     record = {
         "outcome": decision.outcome,
@@ -171,7 +180,7 @@ def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[
         "effect": c.effect,
         "capability": c.capability,
         "target": c.target,
-        "executionGuarantee": guarantee_of(tool, c),
+        "executionGuarantee": guarantee_of(tool, c, trusted_reads),
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
     }
@@ -184,6 +193,21 @@ def decision_record(decision: PolicyDecision, tool: Tool, **extra: Any) -> dict[
 def recorded_guarantee(record: Mapping[str, Any] | None) -> ExecutionGuarantee | None:
     value = None if record is None else record.get("decision", {}).get("executionGuarantee")
     return value if isinstance(value, str) else None  # type: ignore[return-value]
+
+
+def recovery_guarantee(
+    record: Mapping[str, Any] | None, tool: Tool, args: Mapping[str, Any], trusted_reads: frozenset[str]
+) -> ExecutionGuarantee:
+    """The guarantee recovery acts on: the one recorded with T1 (derived now for an operation
+    dispatched before decisions were recorded). A command line's recorded ``read-only`` holds only
+    while today's derivation agrees: before issue 23 a ``bash`` line was recorded ``read-only`` on
+    the strength of a parse that misread it, and such a record must not buy a second run."""
+    classification = classify(tool, args)
+    derived = guarantee_of(tool, classification, trusted_reads)
+    recorded = recorded_guarantee(record)
+    if recorded is None or (recorded == "read-only" and classification.commands is not None):
+        return derived
+    return recorded
 
 
 def required_evidence(record: Mapping[str, Any]) -> list[EvidencePredicate]:

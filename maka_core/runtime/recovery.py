@@ -6,7 +6,9 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 - definitely not dispatched (new protocol, no T1) -> the tool never ran; it may be dispatched again;
 - dispatched without outcome -> what the call's execution guarantee allows, as recorded with its
   T1 decision (``runtime.governed.guarantee_of`` derives it, once; an operation dispatched before
-  decisions were recorded gets the same derivation now): ``read-only`` reads again and commits T2;
+  decisions were recorded gets the same derivation now, and a command line's recorded
+  ``read-only`` holds only while that derivation agrees, ``governed.recovery_guarantee``):
+  ``read-only`` reads again and commits T2;
   ``reconciliation-required`` observes the target against the evidence committed with T1 (a MELRA
   task: against its declared reconciliation predicates, ``runtime.melra.reconcile_task``) and
   commits one atomic recovery bundle (finalize-only: completed when it holds the expected state,
@@ -109,9 +111,8 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     if ws.identity != inp.workspace_identity:
         return _parked(inp, "workspace_identity_mismatch")
     held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
-    guarantee = governed.recorded_guarantee(held) or governed.guarantee_of(
-        tool, governed.classify(tool, args)
-    )
+    session_gov = await rt.on_ledger(lambda: rt.session_governance(inp.session_id), attempt=attempt)
+    guarantee = governed.recovery_guarantee(held, tool, args, session_gov.policy.trusted_reads)
     if guarantee == "read-only":
         # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
         record = None if held is None else held["decision"]

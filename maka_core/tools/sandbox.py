@@ -1,7 +1,7 @@
 """The ``bash`` tool's sandbox: Linux namespaces through bubblewrap (``bwrap``).
 
 What a sandboxed command gets: the whole root filesystem read-only, the workspace read-write at
-its own path (its ``.git`` and the workspace marker read-only over it), a private ``/tmp``, a
+its own path (its git repositories and the workspace marker read-only over it), a private ``/tmp``, a
 fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
 namespace (so every process it starts dies with it), and a minimal environment. The ledger and
 ``MAKA_HOME`` (``hidden_paths``) are covered by empty read-only mounts (see ``plan_hiding``).
@@ -191,8 +191,12 @@ def bwrap_argv(
     network: bool = False,
     env: Mapping[str, str],
     marker_name: str,
+    read_only: Iterable[Path] = (),
 ) -> tuple[list[str], list[int]]:
     """The ``bwrap`` command line for ``command`` in workspace ``root``, and the fds to pass.
+
+    ``read_only``: paths inside the workspace bound read-only over it (its git repositories, see
+    ``maka_core.tools.git_guard``); the workspace marker always is.
 
     The caller passes the fds to the child (``pass_fds``) and closes them after it started.
     Raises ``HiddenPathError`` when a hidden path cannot be hidden (see ``plan_hiding``).
@@ -200,8 +204,7 @@ def bwrap_argv(
     root = Path(os.path.realpath(root))
     before, after = plan_hiding(root, hidden_paths)
     protected: list[str] = []
-    for name in (".git", marker_name):
-        target = root / name
+    for target in dict.fromkeys([*read_only, root / marker_name]):
         if target.exists():
             protected += ["--ro-bind", str(target), str(target)]
     fds: list[int] = []

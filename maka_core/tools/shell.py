@@ -39,6 +39,7 @@ from maka_core.tools.base import (
     check_args,
     enforce_result_limit,
 )
+from maka_core.tools.git_guard import GitSurvey, refuse_new, survey
 from maka_core.tools.sandbox import (
     SANDBOX_TMP,
     HiddenPathError,
@@ -189,14 +190,32 @@ class BashTool:
             if sandboxed
             else tempfile.TemporaryDirectory(prefix="maka-bash-home-")
         )
+        repos = self.git_survey(ws.root)
         with home as home_dir:
             try:
-                proc = self._start(command, ws, home_dir, sandboxed)
+                proc = self._start(command, ws, home_dir, sandboxed, repos)
             except OSError as exc:
                 return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
-            return self._wait(proc, heartbeat)
+            try:
+                result = self._wait(proc, heartbeat)
+            finally:
+                # Every process of the call is gone (``_wait`` kills and reaps): nothing can
+                # plant a repository behind the check. It runs on cancellation too.
+                planted = self.refuse_git(ws.root, repos)
+        failpoints.hit("P4", tag=self.name)
+        return _refused_repositories(result, planted, self.result_byte_limit) if planted else result
 
-    def _start(self, command: str, ws: Workspace, home: str, sandboxed: bool) -> subprocess.Popen[bytes]:
+    def git_survey(self, root: Path) -> GitSurvey:
+        """The workspace's git repositories before a call: bound read-only inside the sandbox."""
+        return survey(root)
+
+    def refuse_git(self, root: Path, before: GitSurvey) -> tuple[str, ...]:
+        """Remove the repositories the call created (see ``git_guard``); the paths removed."""
+        return refuse_new(root, before)
+
+    def _start(
+        self, command: str, ws: Workspace, home: str, sandboxed: bool, repos: GitSurvey
+    ) -> subprocess.Popen[bytes]:
         from maka_core.workspace import MARKER_NAME  # workspace imports tools: not at module level
 
         env = minimal_env(home)
@@ -211,6 +230,7 @@ class BashTool:
                 network=self.network,
                 env=env,
                 marker_name=MARKER_NAME,
+                read_only=repos.read_only,
             )
         try:
             return subprocess.Popen(
@@ -274,7 +294,6 @@ class BashTool:
             _kill_group(proc)
             out.join()
             err.join()
-        failpoints.hit("P4", tag=self.name)
         if timed_out:
             return ToolResult.error(
                 "tool_timeout",
@@ -323,6 +342,25 @@ class BashTool:
         for proc in procs:
             _kill_group(proc)
         return len(procs)
+
+
+def _refused_repositories(result: ToolResult, planted: tuple[str, ...], limit: int) -> ToolResult:
+    """The call's result as ``git_repository_refused``: what was removed, and what the command
+    said (its output only while the result stays within the byte limit)."""
+    value = result.result.get("value") if isinstance(result.result, dict) else None
+    said = dict(value) if isinstance(value, dict) else {}
+    if "code" in said:
+        said["commandCode"] = said.pop("code")
+        said.pop("message", None)
+    message = (
+        "bash may not create git repositories in the workspace (the operator's git would run "
+        f"their configuration on the host); removed: {', '.join(planted)}"
+    )
+    refused = ToolResult.error("git_repository_refused", message, paths=list(planted), **said)
+    if refused.serialized_size() > limit:
+        said = {k: v for k, v in said.items() if k not in ("stdout", "stderr")}
+        refused = ToolResult.error("git_repository_refused", message, paths=list(planted), **said)
+    return refused
 
 
 def _text(capture: _Capture) -> str:

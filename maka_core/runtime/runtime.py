@@ -61,6 +61,7 @@ from maka_core.runtime.ledger_executor import LedgerExecutor
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
+from maka_core.tools.bash_limits import BashLimits
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -104,6 +105,8 @@ class RuntimeSettings:
     provider_call_log: str | None = None
     #: Let bash run unsandboxed where bubblewrap cannot run (``maka worker --unsafe-no-sandbox``).
     unsafe_no_sandbox: bool = False
+    #: Memory, processes, /tmp and file size of one bash call (``MAKA_BASH_*``).
+    bash_limits: BashLimits = field(default_factory=BashLimits)
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.
     maka_home: Path | None = None
     ledger_file: Path | None = None

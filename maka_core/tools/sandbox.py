@@ -29,6 +29,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 SANDBOX_TMP = "/tmp"
 PROBE_TIMEOUT_S = 10.0
+PROBE_TMP_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,10 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
     return SandboxStatus(True, bwrap=path, version=version or None)
 
 
-def _base_mounts() -> list[str]:
-    return ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP]
+def _base_mounts(tmp_bytes: int | None = PROBE_TMP_BYTES) -> list[str]:
+    # The probe sizes its /tmp too: a bubblewrap without ``--size`` cannot bound a call's /tmp.
+    size = [] if tmp_bytes is None else ["--size", str(tmp_bytes)]
+    return ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", SANDBOX_TMP]
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -192,11 +195,13 @@ def bwrap_argv(
     env: Mapping[str, str],
     marker_name: str,
     read_only: Iterable[Path] = (),
+    tmp_bytes: int | None = None,
 ) -> tuple[list[str], list[int]]:
     """The ``bwrap`` command line for ``command`` in workspace ``root``, and the fds to pass.
 
     ``read_only``: paths inside the workspace bound read-only over it (its git repositories, see
-    ``maka_core.tools.git_guard``); the workspace marker always is.
+    ``maka_core.tools.git_guard``); the workspace marker always is. ``tmp_bytes``: the size of
+    the private ``/tmp`` (RAM-backed; ``None``: the kernel's default, half the RAM).
 
     The caller passes the fds to the child (``pass_fds``) and closes them after it started.
     Raises ``HiddenPathError`` when a hidden path cannot be hidden (see ``plan_hiding``).
@@ -208,7 +213,7 @@ def bwrap_argv(
         if target.exists():
             protected += ["--ro-bind", str(target), str(target)]
     fds: list[int] = []
-    argv = [bwrap, *_base_mounts(), *_materialize(before, fds), "--bind", str(root), str(root)]
+    argv = [bwrap, *_base_mounts(tmp_bytes), *_materialize(before, fds), "--bind", str(root), str(root)]
     argv += [*protected, *_materialize(after, fds)]
     argv += _namespace_flags(network)
     argv += ["--clearenv"]

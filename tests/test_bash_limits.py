@@ -188,3 +188,20 @@ def test_a_bad_limit_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, name: s
     with pytest.raises(ConfigError) as refused:
         load_settings()
     assert refused.value.code == "config_invalid" and refused.value.detail["setting"] == name
+
+
+def test_a_bubblewrap_without_size_still_sandboxes_and_says_tmp_is_unbounded(ws: Workspace) -> None:
+    """bubblewrap before 0.7 (or setuid) refuses ``--size``: bash still runs, without a sized /tmp."""
+    fake = ws.root.parent / "bwrap-without-size"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a; do [ "$a" = --size ] && { echo "bwrap: Unknown option --size" >&2; exit 1; }; done\n'
+        f'exec {STATUS.bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    tool = BashTool(bwrap=str(fake), limits=SMALL)
+    assert tool.sandbox.available and not tool.sandbox.sized_tmp, tool.sandbox
+    assert "/tmp unbounded" in tool.isolation()
+    result = bash(tool, "head -c 24M /dev/zero > /tmp/x; stat -c %s /tmp/x", ws)
+    assert not result.is_error and result.result["value"]["stdout"] == f"{24 * MiB}\n", result
+    assert BashTool(limits=SMALL).sandbox.sized_tmp  # the real one here sizes it (negative control)

@@ -40,6 +40,9 @@ class SandboxStatus:
     bwrap: str | None = None
     version: str | None = None
     reason: str | None = None
+    #: Whether this bubblewrap can size the sandbox's /tmp (``--size``: 0.7 and later, and not
+    #: in setuid mode); without it, a call's /tmp is bounded only by its memory limit.
+    sized_tmp: bool = True
 
     def describe(self) -> str:
         """One line for ``maka worker`` status and logs."""
@@ -87,23 +90,10 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
         version = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
         ).stdout.strip()
-        trial = subprocess.run(
-            [
-                path,
-                *_base_mounts(),
-                *_namespace_flags(network=False),
-                "--clearenv",
-                "--",
-                "/bin/sh",
-                "-c",
-                "exit 0",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        trial = _trial(path, PROBE_TMP_BYTES)
+        sized_tmp = trial.returncode == 0
+        if not sized_tmp:
+            trial = _trial(path, None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return SandboxStatus(False, bwrap=path, reason=f"cannot run {path}: {exc}")
     if trial.returncode != 0:
@@ -112,11 +102,30 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
         if os.geteuid() != 0:
             why += " (not root: bwrap needs unprivileged user namespaces or a setuid bwrap)"
         return SandboxStatus(False, bwrap=path, version=version or None, reason=why)
-    return SandboxStatus(True, bwrap=path, version=version or None)
+    return SandboxStatus(True, bwrap=path, version=version or None, sized_tmp=sized_tmp)
 
 
-def _base_mounts(tmp_bytes: int | None = PROBE_TMP_BYTES) -> list[str]:
-    # The probe sizes its /tmp too: a bubblewrap without ``--size`` cannot bound a call's /tmp.
+def _trial(bwrap: str, tmp_bytes: int | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            bwrap,
+            *_base_mounts(tmp_bytes),
+            *_namespace_flags(network=False),
+            "--clearenv",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def _base_mounts(tmp_bytes: int | None = None) -> list[str]:
     size = [] if tmp_bytes is None else ["--size", str(tmp_bytes)]
     return ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", SANDBOX_TMP]
 

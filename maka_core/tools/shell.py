@@ -146,9 +146,7 @@ class BashTool:
         if self.unsafe_no_sandbox:
             return (
                 f"UNSANDBOXED (unsafe_no_sandbox; {status.reason}): commands can reach everything, "
-                + dataclasses.replace(
-                    self.enforcement, limits=dataclasses.replace(self.limits, tmp_bytes=None)
-                ).describe()
+                f"{self.enforcement.describe()}"
             )
         return f"bash refused: {status.describe()}"
 
@@ -224,7 +222,7 @@ class BashTool:
                     # Every process of the call is gone (``_wait`` kills and reaps): nothing can
                     # plant a repository behind the check. It runs on cancellation too.
                     planted = self.refuse_git(ws.root, repos)
-                hits = self._limits_hit(outcome, cgroups, _read_report(report_read), sandboxed)
+                hits = self._limits_hit(outcome, cgroups, _read_report(report_read))
             finally:
                 os.close(report_read)
         failpoints.hit("P4", tag=self.name)
@@ -234,7 +232,10 @@ class BashTool:
     @property
     def enforcement(self) -> Enforcement:
         """How this tool's limits are enforced on this machine (cgroups probed once per process)."""
-        return Enforcement.here(self.limits)
+        limits = self.limits
+        if not (self.sandbox.available and self.sandbox.sized_tmp):
+            limits = dataclasses.replace(limits, tmp_bytes=None)  # no sized /tmp to give
+        return Enforcement.here(limits)
 
     def git_survey(self, root: Path) -> GitSurvey:
         """The workspace's git repositories before a call: bound read-only inside the sandbox."""
@@ -269,7 +270,7 @@ class BashTool:
                 env=env,
                 marker_name=MARKER_NAME,
                 read_only=repos.read_only,
-                tmp_bytes=self.limits.tmp_bytes,
+                tmp_bytes=cgroups.enforcement.limits.tmp_bytes,
             )
         try:
             return subprocess.Popen(
@@ -335,11 +336,9 @@ class BashTool:
             err.join()
         return _Outcome(proc.returncode, out, err, timed_out)
 
-    def _limits_hit(
-        self, outcome: _Outcome, cgroups: CallCgroups, report: bytes, sandboxed: bool
-    ) -> list[Limit]:
+    def _limits_hit(self, outcome: _Outcome, cgroups: CallCgroups, report: bytes) -> list[Limit]:
         hits = cgroups.hit()
-        if self.limits.tmp_bytes is not None and sandboxed and tmp_full(report):
+        if cgroups.enforcement.limits.tmp_bytes is not None and tmp_full(report):
             hits.append("tmp_size")
         if self.limits.file_bytes is not None and outcome.returncode == EXIT_SIGXFSZ:
             hits.append("file_size")

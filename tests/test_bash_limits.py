@@ -22,6 +22,7 @@ from maka_core.tools.bash_limits import (
     CGROUP_PREFIX,
     NO_LIMITS,
     BashLimits,
+    CgroupParent,
     Enforcement,
     MiB,
     cgroup_parents,
@@ -205,3 +206,16 @@ def test_a_bubblewrap_without_size_still_sandboxes_and_says_tmp_is_unbounded(ws:
     result = bash(tool, "head -c 24M /dev/zero > /tmp/x; stat -c %s /tmp/x", ws)
     assert not result.is_error and result.result["value"]["stdout"] == f"{24 * MiB}\n", result
     assert BashTool(limits=SMALL).sandbox.sized_tmp  # the real one here sizes it (negative control)
+
+
+def test_a_cgroup_that_cannot_be_made_refuses_the_call_before_it_runs(ws: Workspace) -> None:
+    class GoneCgroupBashTool(BashTool):
+        @property
+        def enforcement(self) -> Enforcement:
+            gone = CgroupParent(ws.root.parent / "no-such-cgroup", 2)
+            return Enforcement(self.limits, {"pids": gone}, os.geteuid() == 0)
+
+    result = bash(GoneCgroupBashTool(limits=SMALL), "echo ran > ran.txt", ws)
+    assert result.error_code == "sandbox_unavailable", result
+    assert "cgroup" in result.result["value"]["message"], result
+    assert not (ws.root / "ran.txt").exists()

@@ -220,3 +220,29 @@ def test_a_folder_that_becomes_a_git_directory_loses_only_what_is_new(place: Pat
     assert (ws.root / "config").exists()
     operator_git(place, ws.root, "status")
     assert not canary.exists()
+
+
+@pytest.mark.parametrize("include_exists", [False, True], ids=["include_missing", "include_exists"])
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative_control"])
+def test_a_config_file_the_operators_repository_includes(
+    place: Path, include_exists: bool, fixed: bool
+) -> None:
+    ws = new_ws(place, repo=True)
+    # Relative to the config's folder (.git): the team's shared config, kept in the workspace.
+    subprocess.run(["git", "-C", str(ws.root), "config", "include.path", "../team.gitconfig"], check=True)
+    if include_exists:
+        (ws.root / "team.gitconfig").write_text("[user]\n\tname = team\n")
+    canary = place / "canary"
+    tool = BashTool() if fixed else TodaysBashTool()
+    result = bash(tool, f"printf '[core]\\n\\tfsmonitor = touch {canary}\\n' >> team.gitconfig", ws)
+    operator_git(place, ws.root, "status")
+    if not fixed:
+        assert canary.exists(), "the included config bash wrote runs in the operator's git status"
+        return
+    assert not canary.exists(), "the operator's git ran a command from a config bash wrote"
+    if include_exists:
+        assert result.is_error and "Read-only file system" in result.result["value"]["stderr"], result
+        assert (ws.root / "team.gitconfig").read_text() == "[user]\n\tname = team\n"
+    else:
+        assert result.error_code == "git_repository_refused", result
+        assert result.result["value"]["paths"] == ["team.gitconfig"]

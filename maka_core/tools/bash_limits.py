@@ -35,7 +35,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -225,14 +225,19 @@ class CallCgroups:
     dirs: dict[Controller, Path] = field(default_factory=dict)
 
     @classmethod
-    @contextlib.contextmanager
-    def open(cls, enforcement: Enforcement) -> Iterator[CallCgroups]:
+    def create(cls, enforcement: Enforcement) -> CallCgroups:
+        """The call's cgroups, made with their limits; ``close`` removes them.
+
+        Raises:
+            OSError: a cgroup could not be made (what was made is removed).
+        """
         call = cls(enforcement)
         try:
             call._create()
-            yield call
-        finally:
-            call._remove()
+        except OSError:
+            call.close()
+            raise
+        return call
 
     def _create(self) -> None:
         name = f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -289,7 +294,8 @@ class CallCgroups:
             found.append("processes")
         return found
 
-    def _remove(self) -> None:
+    def close(self) -> None:
+        """Remove the call's cgroups once its processes are gone (killing any that linger)."""
         deadline = time.monotonic() + CGROUP_DRAIN_S
         for path in dict.fromkeys(self.dirs.values()):
             while True:

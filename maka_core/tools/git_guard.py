@@ -13,13 +13,14 @@ What this module does around every bash call:
 
 - before it, ``survey`` walks the workspace (symlinks not followed) and records each such
   repository; the sandbox binds each existing one read-only (its ``.git``, the ``gitdir:``
-  target of a ``.git`` file inside the workspace, a bare repository's directory), and each hooks
-  folder an existing repository's own ``core.hooksPath`` names inside the workspace;
+  target of a ``.git`` file inside the workspace, a bare repository's directory), and what an
+  existing repository's own config names inside the workspace as more of itself: a
+  ``core.hooksPath`` folder, an ``include.path`` or ``includeIf.*.path`` file;
 - after it, with every process of the call gone (the sandbox's PID namespace), ``refuse_new``
   walks again and removes each repository entry that was not there before: a new ``.git`` of any
   kind at any depth, what made a folder a new bare repository (those of its ``HEAD``,
-  ``objects``, ``refs`` and ``config`` that are new), a hooks folder that a
-  configured ``core.hooksPath`` names and that did not exist. The call's result is then
+  ``objects``, ``refs`` and ``config`` that are new), a hooks folder or included config file
+  that an existing repository's config names and that did not exist. The call's result is then
   ``git_repository_refused`` naming them.
 
 Why not prevent the creation instead: no kernel mechanism bubblewrap offers refuses a *name*
@@ -50,6 +51,8 @@ DOT_GIT = ".git"
 GIT_DIR_SHAPE = frozenset({"HEAD", "objects", "refs"})
 GIT_DIR_ENTRIES = GIT_DIR_SHAPE | {"config"}
 GIT_CONFIG_TIMEOUT_S = 5.0
+# Config keys naming files or folders that act as part of the repository's configuration.
+CONFIG_PATH_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
 
 # One piece of repository material: its path relative to the workspace, and its inode.
 Stamp = tuple[str, int, int]
@@ -63,7 +66,7 @@ class GitSurvey:
     material: frozenset[Stamp] = frozenset()
     git_dirs: frozenset[str] = frozenset()
     read_only: tuple[Path, ...] = ()
-    hooks_paths: tuple[Path, ...] = ()
+    config_paths: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,15 +125,16 @@ def _gitfile_target(dot_git: Path) -> Path | None:
     return Path(os.path.realpath(dot_git.parent / line.removeprefix("gitdir:").strip()))
 
 
-def _hooks_paths(git_dir: Path, worktree: Path) -> list[Path]:
-    """The repository's own ``core.hooksPath`` values, resolved (relative to the worktree)."""
+def _config_paths(git_dir: Path, worktree: Path) -> list[Path]:
+    """What the repository's own config names as more of itself: ``core.hooksPath`` (relative to
+    the worktree) and ``include.path`` / ``includeIf.*.path`` files (relative to the config)."""
     config = git_dir / "config"
     if not config.is_file():
         return []
     try:
         # ``--file`` only parses that file (includes off): nothing in it is run.
         found = subprocess.run(
-            ["git", "config", "--file", str(config), "--get-all", "core.hooksPath"],
+            ["git", "config", "--file", str(config), "--get-regexp", CONFIG_PATH_KEYS],
             capture_output=True,
             text=True,
             timeout=GIT_CONFIG_TIMEOUT_S,
@@ -139,7 +143,13 @@ def _hooks_paths(git_dir: Path, worktree: Path) -> list[Path]:
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [Path(os.path.realpath(worktree / Path(v).expanduser())) for v in found.splitlines() if v]
+    paths: list[Path] = []
+    for line in found.splitlines():
+        key, _, value = line.partition(" ")
+        if value:
+            base = worktree if key == "core.hookspath" else git_dir
+            paths.append(Path(os.path.realpath(base / Path(value).expanduser())))
+    return paths
 
 
 def survey(root: Path) -> GitSurvey:
@@ -148,7 +158,7 @@ def survey(root: Path) -> GitSurvey:
     found = _walk(root)
     material: set[Stamp] = set()
     read_only: list[Path] = []
-    hooks: list[Path] = []
+    named: list[Path] = []
     git_dirs: list[tuple[Path, Path]] = []  # (git directory, worktree its hooks path is relative to)
     for dot_git in found.dot_gits:
         read_only.append(dot_git)
@@ -169,13 +179,13 @@ def survey(root: Path) -> GitSurvey:
         if (stamp := _stamp(root, path)) is not None:
             material.add(stamp)
     for git_dir, worktree in git_dirs:
-        hooks += [h for h in _hooks_paths(git_dir, worktree) if _inside(h, root) and h != root]
-    read_only += [h for h in hooks if h.exists()]
+        named += [p for p in _config_paths(git_dir, worktree) if _inside(p, root) and p != root]
+    read_only += [p for p in named if p.exists()]
     return GitSurvey(
         material=frozenset(material),
         git_dirs=frozenset(str(f.relative_to(root)) for f in found.git_dirs),
         read_only=tuple(dict.fromkeys(read_only)),
-        hooks_paths=tuple(dict.fromkeys(hooks)),
+        config_paths=tuple(dict.fromkeys(named)),
     )
 
 
@@ -208,7 +218,7 @@ def refuse_new(root: Path, before: GitSurvey) -> tuple[str, ...]:
             if stamp is not None and stamp not in before.material:
                 planted.append(path)
     existed = set(before.read_only)
-    planted += [h for h in before.hooks_paths if h not in existed and os.path.lexists(h)]
+    planted += [p for p in before.config_paths if p not in existed and os.path.lexists(p)]
     for path in planted:
         _remove(path)
     return tuple(sorted(str(p.relative_to(root)) for p in dict.fromkeys(planted)))

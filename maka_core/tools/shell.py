@@ -45,6 +45,7 @@ from maka_core.tools.bash_limits import (
     CallCgroups,
     Enforcement,
     Limit,
+    cgroup_parents,
     entering,
     supervised,
     tmp_full,
@@ -124,7 +125,9 @@ class BashTool:
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
 
     def __post_init__(self) -> None:
-        sandbox_status(self.bwrap)  # probe at construction (worker start), not at the first call
+        # Probe at construction (worker start), not at the first call.
+        sandbox_status(self.bwrap)
+        cgroup_parents()
 
     @property
     def sandbox(self) -> SandboxStatus:
@@ -206,7 +209,12 @@ class BashTool:
             else tempfile.TemporaryDirectory(prefix="maka-bash-home-")
         )
         repos = self.git_survey(ws.root)
-        with home as home_dir, CallCgroups.open(self.enforcement) as cgroups:
+        try:
+            cgroups = CallCgroups.create(self.enforcement)
+        except OSError as exc:
+            why = f"cannot create the call's cgroups: {exc}"
+            return ToolResult.error("sandbox_unavailable", why, reason=why)
+        with home as home_dir, contextlib.closing(cgroups):
             report_read, report_write = os.pipe()
             try:
                 os.set_blocking(report_read, False)

@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,3 +248,40 @@ def test_a_config_file_the_operators_repository_includes(
     else:
         assert result.error_code == "git_repository_refused", result
         assert result.result["value"]["paths"] == ["team.gitconfig"]
+
+
+def test_a_dangling_git_symlink_replaced_by_a_repository_is_refused(place: Path) -> None:
+    """A dangling ``.git`` cannot be bound read-only; a repository put in its place goes."""
+    ws = new_ws(place)
+    (ws.root / "sub").mkdir()
+    (ws.root / "sub" / ".git").symlink_to(place / "gone")
+    canary = place / "canary"
+    attack = f"cd sub && rm .git && git init -q . && git config core.fsmonitor 'touch {canary}'"
+    result = bash(BashTool(), attack, ws)
+    assert result.error_code == "git_repository_refused" and result.result["value"]["paths"] == ["sub/.git"]
+    operator_git(place, ws.root / "sub", "status")
+    assert not canary.exists()
+
+
+def test_the_operators_own_git_during_a_call_is_left_alone(place: Path) -> None:
+    """The operator commits while a call runs: their repository changes, and nothing is refused."""
+    ws = new_ws(place, repo=True)
+    (ws.root / "vendor").mkdir()
+    subprocess.run(["git", "init", "-q", str(ws.root / "vendor")], check=True)
+    results: list[ToolResult] = []
+    call = threading.Thread(target=lambda: results.append(bash(BashTool(), "touch started; sleep 1.5", ws)))
+    call.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not (ws.root / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (ws.root / "started").exists(), "the call never started"
+        for where in (ws.root, ws.root / "vendor"):
+            commit = operator_git(place, where, "commit", "-q", "--allow-empty", "-m", "during the call")
+            assert commit.returncode == 0, commit.stderr
+    finally:
+        call.join(timeout=30)
+    assert results and not results[0].is_error, results
+    for where in (ws.root, ws.root / "vendor"):
+        log = operator_git(place, where, "log", "--oneline")
+        assert "during the call" in log.stdout, log

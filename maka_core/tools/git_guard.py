@@ -54,8 +54,11 @@ GIT_CONFIG_TIMEOUT_S = 5.0
 # Config keys naming files or folders that act as part of the repository's configuration.
 CONFIG_PATH_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
 
-# One piece of repository material: its path relative to the workspace, and its inode.
-Stamp = tuple[str, int, int]
+# One piece of repository material: its path relative to the workspace, its inode, its type and
+# a symlink's target. The type and target catch an entry that was not bound read-only (a dangling
+# ``.git`` symlink) replaced by one reusing its inode. No times: the operator's own git changes
+# those of the real ``.git`` while a call runs.
+Stamp = tuple[str, int, int, int, str]
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,10 @@ def _walk(root: Path) -> _Found:
 def _stamp(root: Path, path: Path) -> Stamp | None:
     try:
         st = path.lstat()
+        target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
     except OSError:
         return None
-    return (str(path.relative_to(root)), st.st_dev, st.st_ino)
+    return (str(path.relative_to(root)), st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), target)
 
 
 def _inside(path: Path, root: Path) -> bool:

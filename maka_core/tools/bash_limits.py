@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import resource
 import signal
 import time
 import uuid
@@ -164,6 +165,11 @@ def cgroup_parents() -> Mapping[Controller, CgroupParent]:
     return usable
 
 
+def _within(which: int, wanted: int) -> int:
+    hard = resource.getrlimit(which)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
 @dataclass(frozen=True)
 class Enforcement:
     """How ``limits`` are enforced here: cgroup controllers where the worker has them, rlimits
@@ -182,15 +188,17 @@ class Enforcement:
         return wanted is not None and controller in self.cgroups
 
     def rlimits(self) -> dict[str, int]:
-        """The supervisor's ``ulimit`` options: {flag: value in ulimit's units}."""
+        """The supervisor's ``ulimit`` options: {flag: value in ulimit's units}, each no higher
+        than the worker's own hard limit (which the supervisor could not raise)."""
         lim = self.limits
         found: dict[str, int] = {}
         if lim.memory_bytes is not None and not self.by_cgroup("memory"):
-            found["-v"] = max(1, lim.memory_bytes // 1024)  # KiB
+            found["-v"] = _within(resource.RLIMIT_AS, lim.memory_bytes) // 1024  # KiB
         if lim.processes is not None and not self.by_cgroup("pids"):
-            found["-u"] = lim.processes
+            found["-u"] = _within(resource.RLIMIT_NPROC, lim.processes)
         if lim.file_bytes is not None:
-            found["-f"] = max(1, lim.file_bytes // 1024)  # 1024-byte blocks (bash, not POSIX mode)
+            # 1024-byte blocks (bash, not in POSIX mode).
+            found["-f"] = _within(resource.RLIMIT_FSIZE, lim.file_bytes) // 1024
         return found
 
     def describe(self) -> str:

@@ -26,6 +26,7 @@ from maka_core.tools.bash_limits import (
     Enforcement,
     MiB,
     cgroup_parents,
+    own_cgroups,
 )
 from maka_core.workspace import Workspace
 
@@ -219,3 +220,26 @@ def test_a_cgroup_that_cannot_be_made_refuses_the_call_before_it_runs(ws: Worksp
     assert result.error_code == "sandbox_unavailable", result
     assert "cgroup" in result.result["value"]["message"], result
     assert not (ws.root / "ran.txt").exists()
+
+
+def test_the_workersown_cgroups_are_found_on_v1_and_v2(tmp_path: Path) -> None:
+    """Read as the kernel writes them; v2 counts only controllers the worker's cgroup delegates."""
+    v1_cgroup = "8:pids:/\n4:memory:/svc/worker\n1:cpu:/\n0::/\n"
+    v1_mounts = (
+        "30 25 0:26 / /sys/fs/cgroup/pids rw,relatime shared:9 - cgroup cgroup rw,pids\n"
+        "31 25 0:27 / /sys/fs/cgroup/memory rw,relatime shared:10 - cgroup cgroup rw,memory\n"
+        "32 25 0:28 / /sys/fs/cgroup/unified rw,relatime shared:11 - cgroup2 cgroup2 rw\n"
+    )
+    found = own_cgroups(v1_cgroup, v1_mounts)
+    assert found["pids"] == CgroupParent(Path("/sys/fs/cgroup/pids"), 1)
+    assert found["memory"] == CgroupParent(Path("/sys/fs/cgroup/memory/svc/worker"), 1)
+    worker = tmp_path / "user.slice" / "maka.service"
+    worker.mkdir(parents=True)
+    (worker / "cgroup.subtree_control").write_text("memory pids\n")
+    v2_mounts = f"40 1 0:30 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw\n"
+    assert own_cgroups("0::/user.slice/maka.service\n", v2_mounts) == {
+        "memory": CgroupParent(worker, 2),
+        "pids": CgroupParent(worker, 2),
+    }
+    (worker / "cgroup.subtree_control").write_text("cpu\n")
+    assert own_cgroups("0::/user.slice/maka.service\n", v2_mounts) == {}

@@ -86,7 +86,7 @@ class CgroupParent:
     version: Literal[1, 2]
 
 
-def _own_cgroups(proc_cgroup: str, mountinfo: str) -> dict[Controller, CgroupParent]:
+def own_cgroups(proc_cgroup: str, mountinfo: str) -> dict[Controller, CgroupParent]:
     """This process's cgroup per controller, from ``/proc/self/cgroup`` and ``mountinfo``."""
     v1_mounts: dict[str, Path] = {}
     v2_mount: Path | None = None
@@ -156,7 +156,7 @@ def _alive(pid: int) -> bool:
 def cgroup_parents() -> Mapping[Controller, CgroupParent]:
     """The controllers this worker can give a call its own cgroup for (probed once per process)."""
     try:
-        own = _own_cgroups(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+        own = own_cgroups(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
     except OSError:
         return {}
     usable = {c: p for c, p in own.items() if _writable(p)}

@@ -1,8 +1,8 @@
 """The ``bash`` tool's sandbox: Linux namespaces through bubblewrap (``bwrap``).
 
 What a sandboxed command gets: the whole root filesystem read-only, the workspace read-write at
-its own path (its git repositories and the workspace marker read-only over it), a private ``/tmp``, a
-fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
+its own path (its git repositories and the workspace marker read-only over it), a private, sized
+``/tmp``, a fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
 namespace (so every process it starts dies with it), and a minimal environment. The ledger and
 ``MAKA_HOME`` (``hidden_paths``) are covered by empty read-only mounts (see ``plan_hiding``).
 

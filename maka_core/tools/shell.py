@@ -8,7 +8,10 @@ the byte limit is ``tool_result_too_large``, never silently truncated.
 
 Every command runs in the bubblewrap sandbox of ``maka_core.tools.sandbox`` (workspace the only
 writable place, ledger and ``MAKA_HOME`` hidden, no network unless granted, minimal environment,
-own PID namespace so nothing it starts outlives the call). Where no sandbox can be had, ``bash``
+own PID namespace so nothing it starts outlives the call), under the resource limits of
+``maka_core.tools.bash_limits`` (``bash_resource_limit`` when one is hit), and no git repository it
+creates in the workspace survives the call (``maka_core.tools.git_guard``,
+``git_repository_refused``). Where no sandbox can be had, ``bash``
 is refused (``sandbox_unavailable``) unless the operator opted out with ``unsafe_no_sandbox``;
 even then the environment is minimal and the command's process group is killed when it returns.
 """

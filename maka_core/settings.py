@@ -15,15 +15,29 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, PositiveFloat, ValidationError, field_validator
+from pydantic import ByteSize, Field, PositiveFloat, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from maka_core.errors import ConfigError
+from maka_core.tools.bash_limits import (
+    DEFAULT_FILE_BYTES,
+    DEFAULT_MEMORY_BYTES,
+    DEFAULT_PROCESSES,
+    DEFAULT_TMP_BYTES,
+    BashLimits,
+    MiB,
+)
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import RuntimeSettings
 
 DEFAULT_TASK_QUEUE = "maka"
+BASH_LIMIT_MINIMUM = {
+    "bash_memory": 32 * MiB,
+    "bash_processes": 8,
+    "bash_tmp_size": MiB,
+    "bash_file_size": MiB,
+}
 ENV_PREFIX = "MAKA_"
 
 
@@ -86,6 +100,15 @@ class MakaSettings(BaseSettings):
     #: session after its startup repair; ``0`` disables resume altogether (``resume_feature_disabled``);
     #: unset, ``maka resume`` works and workers do not resume on their own.
     runtime_safe_boundary_resume: bool | None = None
+    #: ``MAKA_BASH_MEMORY``: memory of one bash call, all its processes and its ``/tmp`` together
+    #: (bytes, or with a unit: ``512MiB``, ``2GiB``); ``0``: unbounded. See ``tools.bash_limits``.
+    bash_memory: ByteSize = ByteSize(DEFAULT_MEMORY_BYTES)
+    #: ``MAKA_BASH_PROCESSES``: processes (and threads) one bash call may have at once; ``0``: unbounded.
+    bash_processes: int = Field(default=DEFAULT_PROCESSES, ge=0)
+    #: ``MAKA_BASH_TMP_SIZE``: size of a bash call's private, RAM-backed ``/tmp``; ``0``: unbounded.
+    bash_tmp_size: ByteSize = ByteSize(DEFAULT_TMP_BYTES)
+    #: ``MAKA_BASH_FILE_SIZE``: the largest file a bash call may write; ``0``: unbounded.
+    bash_file_size: ByteSize = ByteSize(DEFAULT_FILE_BYTES)
 
     @field_validator("home", mode="after")
     @classmethod
@@ -112,6 +135,25 @@ class MakaSettings(BaseSettings):
                 raise ValueError(f"not a valid policy: {exc}") from None
         return value
 
+    @field_validator("bash_memory", "bash_processes", "bash_tmp_size", "bash_file_size", mode="after")
+    @classmethod
+    def _bash_limit_usable(cls, value: int, info: Any) -> int:
+        # Below these, the sandbox itself (bwrap, its supervisor shell, bash) cannot start.
+        least = BASH_LIMIT_MINIMUM[info.field_name]
+        if 0 < value < least:
+            raise ValueError(f"must be 0 (unbounded) or at least {least}")
+        return value
+
+    @property
+    def bash_limits(self) -> BashLimits:
+        """The resource limits of one bash call (``0`` settings are unbounded: ``None``)."""
+        return BashLimits(
+            memory_bytes=int(self.bash_memory) or None,
+            processes=self.bash_processes or None,
+            tmp_bytes=int(self.bash_tmp_size) or None,
+            file_bytes=int(self.bash_file_size) or None,
+        )
+
     @property
     def ledger(self) -> str | Path:
         """The ledger target: a URL string, or a path (default under ``home``)."""
@@ -131,6 +173,7 @@ class MakaSettings(BaseSettings):
             provider_call_log=self.provider_call_log,
             model_output_max_bytes=self.model_output_max_bytes,
             unsafe_no_sandbox=unsafe_no_sandbox,
+            bash_limits=self.bash_limits,
         )
 
 

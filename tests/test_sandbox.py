@@ -25,6 +25,7 @@ import pytest
 
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import ENV_ALLOWLIST, BashTool, ToolResult, sandbox_status
+from maka_core.tools.bash_limits import NO_LIMITS
 from maka_core.workspace import MARKER_NAME, Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +229,8 @@ def test_no_process_outlives_the_call(ws: Workspace, how: str) -> None:
 def test_negative_control_unsandboxed_setsid_child_survives(ws: Workspace) -> None:
     tag = f"30{uuid.uuid4().int % 1000}.{os.getpid()}"
     command = f"setsid sleep {tag} >/dev/null 2>&1 & sleep {tag}1 & sleep 0.3; echo started"
-    result = bash(unsandboxed(), command, ws)
+    # No limits, so no call cgroup either: where the worker has one, it reaps the escape too.
+    result = bash(unsandboxed(limits=NO_LIMITS), command, ws)
     assert not result.is_error
     try:
         deadline = time.monotonic() + 3

@@ -231,7 +231,11 @@ async def _run_all(pollers: list[Worker]) -> None:
 def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
     hidden from it), ``MAKA_POLICY`` (or the default policy)."""
-    tools = default_tools(hidden_paths=settings.protected_paths, unsafe_no_sandbox=settings.unsafe_no_sandbox)
+    tools = default_tools(
+        hidden_paths=settings.protected_paths,
+        unsafe_no_sandbox=settings.unsafe_no_sandbox,
+        bash_limits=settings.bash_limits,
+    )
     return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings)
 
 

@@ -62,6 +62,7 @@ from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
+from maka_core.tools.bash_limits import BashLimits
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -107,6 +108,8 @@ class RuntimeSettings:
     model_output_max_bytes: int = 1_048_576
     #: Let bash run unsandboxed where bubblewrap cannot run (``maka worker --unsafe-no-sandbox``).
     unsafe_no_sandbox: bool = False
+    #: Memory, processes, /tmp and file size of one bash call (``MAKA_BASH_*``).
+    bash_limits: BashLimits = field(default_factory=BashLimits)
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.
     maka_home: Path | None = None
     ledger_file: Path | None = None

@@ -25,6 +25,7 @@ from maka_core.tools.base import (
     enforce_result_limit,
     tool_effects,
 )
+from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from maka_core.tools.sandbox import ENV_ALLOWLIST, SandboxStatus, sandbox_status
 from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
@@ -60,12 +61,14 @@ def default_tools(
     hidden_paths: Iterable[str | os.PathLike[str]] = (),
     bash_network: bool = False,
     unsafe_no_sandbox: bool = False,
+    bash_limits: BashLimits | None = None,
 ) -> dict[str, Tool]:
     """The five built-in tools and the MELRA tool family (``tools.melra``) by name, each with its
     own fresh state.
 
     ``hidden_paths`` (the ledger file, ``MAKA_HOME``) are invisible to ``bash``; ``bash_network``
-    grants it the network; ``unsafe_no_sandbox`` lets it run unsandboxed where bwrap cannot.
+    grants it the network; ``unsafe_no_sandbox`` lets it run unsandboxed where bwrap cannot;
+    ``bash_limits`` bounds one bash call (default: ``BashLimits()``).
     """
     # Imported here: the MELRA tools build on governance, which builds on ``tools.base``.
     from maka_core.tools.melra import melra_tools
@@ -81,6 +84,7 @@ def default_tools(
             hidden_paths=tuple(Path(p) for p in hidden_paths),
             network=bash_network,
             unsafe_no_sandbox=unsafe_no_sandbox,
+            limits=bash_limits or BashLimits(),
         ),
         *melra_tools(),
     ]

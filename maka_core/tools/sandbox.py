@@ -1,8 +1,8 @@
 """The ``bash`` tool's sandbox: Linux namespaces through bubblewrap (``bwrap``).
 
 What a sandboxed command gets: the whole root filesystem read-only, the workspace read-write at
-its own path (its ``.git`` and the workspace marker read-only over it), a private ``/tmp``, a
-fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
+its own path (its git repositories and the workspace marker read-only over it), a private, sized
+``/tmp``, a fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
 namespace (so every process it starts dies with it), and a minimal environment. The ledger and
 ``MAKA_HOME`` (``hidden_paths``) are covered by empty read-only mounts (see ``plan_hiding``).
 
@@ -29,6 +29,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 SANDBOX_TMP = "/tmp"
 PROBE_TIMEOUT_S = 10.0
+PROBE_TMP_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class SandboxStatus:
     bwrap: str | None = None
     version: str | None = None
     reason: str | None = None
+    #: Whether this bubblewrap can size the sandbox's /tmp (``--size``: 0.7 and later, and not
+    #: in setuid mode); without it, a call's /tmp is bounded only by its memory limit.
+    sized_tmp: bool = True
 
     def describe(self) -> str:
         """One line for ``maka worker`` status and logs."""
@@ -86,23 +90,10 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
         version = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
         ).stdout.strip()
-        trial = subprocess.run(
-            [
-                path,
-                *_base_mounts(),
-                *_namespace_flags(network=False),
-                "--clearenv",
-                "--",
-                "/bin/sh",
-                "-c",
-                "exit 0",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        trial = _trial(path, PROBE_TMP_BYTES)
+        sized_tmp = trial.returncode == 0
+        if not sized_tmp:
+            trial = _trial(path, None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return SandboxStatus(False, bwrap=path, reason=f"cannot run {path}: {exc}")
     if trial.returncode != 0:
@@ -111,11 +102,32 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
         if os.geteuid() != 0:
             why += " (not root: bwrap needs unprivileged user namespaces or a setuid bwrap)"
         return SandboxStatus(False, bwrap=path, version=version or None, reason=why)
-    return SandboxStatus(True, bwrap=path, version=version or None)
+    return SandboxStatus(True, bwrap=path, version=version or None, sized_tmp=sized_tmp)
 
 
-def _base_mounts() -> list[str]:
-    return ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP]
+def _trial(bwrap: str, tmp_bytes: int | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            bwrap,
+            *_base_mounts(tmp_bytes),
+            *_namespace_flags(network=False),
+            "--clearenv",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def _base_mounts(tmp_bytes: int | None = None) -> list[str]:
+    size = [] if tmp_bytes is None else ["--size", str(tmp_bytes)]
+    return ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", SANDBOX_TMP]
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -191,8 +203,14 @@ def bwrap_argv(
     network: bool = False,
     env: Mapping[str, str],
     marker_name: str,
+    read_only: Iterable[Path] = (),
+    tmp_bytes: int | None = None,
 ) -> tuple[list[str], list[int]]:
     """The ``bwrap`` command line for ``command`` in workspace ``root``, and the fds to pass.
+
+    ``read_only``: paths inside the workspace bound read-only over it (its git repositories, see
+    ``maka_core.tools.git_guard``); the workspace marker always is. ``tmp_bytes``: the size of
+    the private ``/tmp`` (RAM-backed; ``None``: the kernel's default, half the RAM).
 
     The caller passes the fds to the child (``pass_fds``) and closes them after it started.
     Raises ``HiddenPathError`` when a hidden path cannot be hidden (see ``plan_hiding``).
@@ -200,12 +218,11 @@ def bwrap_argv(
     root = Path(os.path.realpath(root))
     before, after = plan_hiding(root, hidden_paths)
     protected: list[str] = []
-    for name in (".git", marker_name):
-        target = root / name
+    for target in dict.fromkeys([*read_only, root / marker_name]):
         if target.exists():
             protected += ["--ro-bind", str(target), str(target)]
     fds: list[int] = []
-    argv = [bwrap, *_base_mounts(), *_materialize(before, fds), "--bind", str(root), str(root)]
+    argv = [bwrap, *_base_mounts(tmp_bytes), *_materialize(before, fds), "--bind", str(root), str(root)]
     argv += [*protected, *_materialize(after, fds)]
     argv += _namespace_flags(network)
     argv += ["--clearenv"]

@@ -8,7 +8,10 @@ the byte limit is ``tool_result_too_large``, never silently truncated.
 
 Every command runs in the bubblewrap sandbox of ``maka_core.tools.sandbox`` (workspace the only
 writable place, ledger and ``MAKA_HOME`` hidden, no network unless granted, minimal environment,
-own PID namespace so nothing it starts outlives the call). Where no sandbox can be had, ``bash``
+own PID namespace so nothing it starts outlives the call), under the resource limits of
+``maka_core.tools.bash_limits`` (``bash_resource_limit`` when one is hit), and no git repository it
+creates in the workspace survives the call (``maka_core.tools.git_guard``,
+``git_repository_refused``). Where no sandbox can be had, ``bash``
 is refused (``sandbox_unavailable``) unless the operator opted out with ``unsafe_no_sandbox``;
 even then the environment is minimal and the command's process group is killed when it returns.
 """
@@ -39,6 +42,18 @@ from maka_core.tools.base import (
     check_args,
     enforce_result_limit,
 )
+from maka_core.tools.bash_limits import (
+    EXIT_SIGXFSZ,
+    BashLimits,
+    CallCgroups,
+    Enforcement,
+    Limit,
+    cgroup_parents,
+    entering,
+    supervised,
+    tmp_full,
+)
+from maka_core.tools.git_guard import GitSurvey, refuse_new, survey
 from maka_core.tools.sandbox import (
     SANDBOX_TMP,
     HiddenPathError,
@@ -92,6 +107,8 @@ class BashTool:
     #: A MELRA terminal task's ``maxOutputChars``: each stream is cut to this many characters and
     #: the result says so (``truncated``), instead of refusing output over the byte limit.
     max_output_chars: int | None = None
+    #: Memory, processes, /tmp and file size of one call (``bash_limits``; ``MAKA_BASH_*``).
+    limits: BashLimits = field(default_factory=BashLimits)
     _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -111,7 +128,9 @@ class BashTool:
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
 
     def __post_init__(self) -> None:
-        sandbox_status(self.bwrap)  # probe at construction (worker start), not at the first call
+        # Probe at construction (worker start), not at the first call.
+        sandbox_status(self.bwrap)
+        cgroup_parents()
 
     @property
     def sandbox(self) -> SandboxStatus:
@@ -129,9 +148,12 @@ class BashTool:
         status = self.sandbox
         if status.available:
             net = "network granted" if self.network else "no network"
-            return f"{status.describe()}, {net}"
+            return f"{status.describe()}, {net}, {self.enforcement.describe()}"
         if self.unsafe_no_sandbox:
-            return f"UNSANDBOXED (unsafe_no_sandbox; {status.reason}): commands can reach everything"
+            return (
+                f"UNSANDBOXED (unsafe_no_sandbox; {status.reason}): commands can reach everything, "
+                f"{self.enforcement.describe()}"
+            )
         return f"bash refused: {status.describe()}"
 
     def _refusal(self) -> ToolRefusal | None:
@@ -189,18 +211,65 @@ class BashTool:
             if sandboxed
             else tempfile.TemporaryDirectory(prefix="maka-bash-home-")
         )
-        with home as home_dir:
+        repos = self.git_survey(ws.root)
+        try:
+            cgroups = CallCgroups.create(self.enforcement)
+        except OSError as exc:
+            why = f"cannot create the call's cgroups: {exc}"
+            return ToolResult.error("sandbox_unavailable", why, reason=why)
+        with home as home_dir, contextlib.closing(cgroups):
+            report_read, report_write = os.pipe()
             try:
-                proc = self._start(command, ws, home_dir, sandboxed)
-            except OSError as exc:
-                return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
-            return self._wait(proc, heartbeat)
+                os.set_blocking(report_read, False)
+                try:
+                    proc = self._start(command, ws, home_dir, sandboxed, repos, cgroups, report_write)
+                except OSError as exc:
+                    return ToolResult.error("tool_io_failed", f"cannot start bash: {exc.strerror}")
+                finally:
+                    os.close(report_write)
+                try:
+                    outcome = self._wait(proc, heartbeat)
+                finally:
+                    # Every process of the call is gone (``_wait`` kills and reaps): nothing can
+                    # plant a repository behind the check. It runs on cancellation too.
+                    planted = self.refuse_git(ws.root, repos)
+                hits = self._limits_hit(outcome, cgroups, _read_report(report_read))
+            finally:
+                os.close(report_read)
+        failpoints.hit("P4", tag=self.name)
+        result = self._result(outcome, hits)
+        return _refused_repositories(result, planted, self.result_byte_limit) if planted else result
 
-    def _start(self, command: str, ws: Workspace, home: str, sandboxed: bool) -> subprocess.Popen[bytes]:
+    @property
+    def enforcement(self) -> Enforcement:
+        """How this tool's limits are enforced on this machine (cgroups probed once per process)."""
+        limits = self.limits
+        if not (self.sandbox.available and self.sandbox.sized_tmp):
+            limits = dataclasses.replace(limits, tmp_bytes=None)  # no sized /tmp to give
+        return Enforcement.here(limits)
+
+    def git_survey(self, root: Path) -> GitSurvey:
+        """The workspace's git repositories before a call: bound read-only inside the sandbox."""
+        return survey(root)
+
+    def refuse_git(self, root: Path, before: GitSurvey) -> tuple[str, ...]:
+        """Remove the repositories the call created (see ``git_guard``); the paths removed."""
+        return refuse_new(root, before)
+
+    def _start(
+        self,
+        command: str,
+        ws: Workspace,
+        home: str,
+        sandboxed: bool,
+        repos: GitSurvey,
+        cgroups: CallCgroups,
+        report_fd: int,
+    ) -> subprocess.Popen[bytes]:
         from maka_core.workspace import MARKER_NAME  # workspace imports tools: not at module level
 
         env = minimal_env(home)
-        argv = ["/bin/bash", "-c", command]
+        argv = supervised(command, cgroups.enforcement, report_fd)
         fds: list[int] = []
         if sandboxed:
             argv, fds = bwrap_argv(
@@ -211,23 +280,25 @@ class BashTool:
                 network=self.network,
                 env=env,
                 marker_name=MARKER_NAME,
+                read_only=repos.read_only,
+                tmp_bytes=cgroups.enforcement.limits.tmp_bytes,
             )
         try:
             return subprocess.Popen(
-                argv,
+                entering(argv, cgroups),
                 cwd=ws.root,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, so a timeout kills every child
                 env=env,
-                pass_fds=fds,
+                pass_fds=[*fds, report_fd],
             )
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _wait(self, proc: subprocess.Popen[bytes], heartbeat: Heartbeat) -> ToolResult:
+    def _wait(self, proc: subprocess.Popen[bytes], heartbeat: Heartbeat) -> _Outcome:
         with self._lock:
             self._running.add(proc)
         assert proc.stdout is not None and proc.stderr is not None
@@ -274,8 +345,39 @@ class BashTool:
             _kill_group(proc)
             out.join()
             err.join()
-        failpoints.hit("P4", tag=self.name)
-        if timed_out:
+        return _Outcome(proc.returncode, out, err, timed_out)
+
+    def _limits_hit(self, outcome: _Outcome, cgroups: CallCgroups, report: bytes) -> list[Limit]:
+        hits = cgroups.hit()
+        if cgroups.enforcement.limits.tmp_bytes is not None and tmp_full(report):
+            hits.append("tmp_size")
+        if self.limits.file_bytes is not None and outcome.returncode == EXIT_SIGXFSZ:
+            hits.append("file_size")
+        return hits
+
+    def _result(self, outcome: _Outcome, hits: list[Limit]) -> ToolResult:
+        out, err, returncode = outcome.out, outcome.err, outcome.returncode
+        if hits:
+            said: dict[str, Any] = {"exitCode": returncode, "timedOut": outcome.timed_out or None}
+            limits = {hit: self.limits.value(hit) for hit in hits}
+            message = "the command hit the sandbox's " + ", ".join(
+                f"{k} limit ({v})" for k, v in limits.items()
+            )
+            refused = ToolResult.error(
+                "bash_resource_limit",
+                message,
+                limit=hits[0],
+                limits=limits,
+                **said,
+                stdout=_text(out),
+                stderr=_text(err),
+            )
+            if refused.serialized_size() > self.result_byte_limit:
+                refused = ToolResult.error(
+                    "bash_resource_limit", message, limit=hits[0], limits=limits, **said
+                )
+            return refused
+        if outcome.timed_out:
             return ToolResult.error(
                 "tool_timeout",
                 f"the command did not finish within {self.timeout_s:g} s",
@@ -289,16 +391,16 @@ class BashTool:
                 f"{self.result_byte_limit}-byte limit; redirect it to a file or ask for less",
                 size=out.total + err.total,
                 limit=self.result_byte_limit,
-                exitCode=proc.returncode,
+                exitCode=returncode,
             )
         value: dict[str, Any] = {
-            "exitCode": proc.returncode,
+            "exitCode": returncode,
             "stdout": _text(out),
             "stderr": _text(err),
         }
         if clipped is not None:
             value.update(clipped)
-        result = ToolResult.json(value, is_error=proc.returncode != 0)
+        result = ToolResult.json(value, is_error=returncode != 0)
         limited = enforce_result_limit(result, self.result_byte_limit)
         if limited is not result:
             limited = ToolResult.error(
@@ -307,7 +409,7 @@ class BashTool:
                 f"{self.result_byte_limit}-byte limit",
                 size=result.serialized_size(),
                 limit=self.result_byte_limit,
-                exitCode=proc.returncode,
+                exitCode=returncode,
             )
         return limited
 
@@ -323,6 +425,41 @@ class BashTool:
         for proc in procs:
             _kill_group(proc)
         return len(procs)
+
+
+def _refused_repositories(result: ToolResult, planted: tuple[str, ...], limit: int) -> ToolResult:
+    """The call's result as ``git_repository_refused``: what was removed, and what the command
+    said (its output only while the result stays within the byte limit)."""
+    value = result.result.get("value") if isinstance(result.result, dict) else None
+    said = dict(value) if isinstance(value, dict) else {}
+    if "code" in said:
+        said["commandCode"] = said.pop("code")
+        said.pop("message", None)
+    message = (
+        "bash may not create git repositories in the workspace (the operator's git would run "
+        f"their configuration on the host); removed: {', '.join(planted)}"
+    )
+    refused = ToolResult.error("git_repository_refused", message, paths=list(planted), **said)
+    if refused.serialized_size() > limit:
+        said = {k: v for k, v in said.items() if k not in ("stdout", "stderr")}
+        refused = ToolResult.error("git_repository_refused", message, paths=list(planted), **said)
+    return refused
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    returncode: int
+    out: _Capture
+    err: _Capture
+    timed_out: bool
+
+
+def _read_report(fd: int) -> bytes:
+    """What the supervisor reported (non-blocking: a leftover writer must not hold the call)."""
+    try:
+        return os.read(fd, 4096)
+    except (BlockingIOError, OSError):
+        return b""
 
 
 def _text(capture: _Capture) -> str:

@@ -313,6 +313,25 @@ async def test_http_errors_are_classified_and_never_retried_by_the_sdk(
     assert len(server.requests) == 1  # the SDK did not retry: Temporal owns retries
     if status == 429:
         assert info.value.detail["retryAfter"] == "7"
+        assert info.value.retry_after_s == 7.0  # the next attempt waits for it (pacing)
+
+
+async def test_context_length_is_permanent_with_its_own_code(server: ChatServer) -> None:
+    body = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    server.reply(400, body)
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert (info.value.code, info.value.retryable) == ("provider_context_length_exceeded", False)
+    server.reply(400, {"error": {"message": "maximum context length exceeded", "type": "BadRequestError"}})
+    with pytest.raises(ProviderError) as info:  # a compatible server says it in words only
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert info.value.code == "provider_context_length_exceeded"
 
 
 async def test_timeout_is_retryable_and_not_retried(server: ChatServer) -> None:

@@ -469,6 +469,18 @@ def test_invalid_specs_are_refused_with_one_code(raw: Any) -> None:
     assert info.value.code == "provider_spec_invalid"
 
 
+def test_a_new_session_takes_no_base_url_but_a_recorded_one_keeps_it() -> None:
+    from maka_core.providers.spec import new_session_spec
+
+    legacy = {"kind": "openai", "model": "m", "baseUrl": "http://user:pw@127.0.0.1:9/v1"}
+    assert parse_provider_spec(legacy).to_json() == legacy
+    assert provider_from_spec(legacy).base_url == legacy["baseUrl"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as info:
+        new_session_spec(legacy)
+    assert info.value.code == "provider_spec_invalid"
+    assert new_session_spec({"kind": "openai", "model": "m"}) == OpenAISpec(model="m")
+
+
 @pytest.mark.parametrize(
     ("text", "spec"),
     [

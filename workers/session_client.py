@@ -207,7 +207,7 @@ async def start_session(
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from maka_core.providers.spec import parse_provider_spec
+    from maka_core.providers.spec import new_session_spec
     from maka_core.workspace import Workspace
     from workflows.contracts import SessionInput, workflow_id_for
     from workflows.session import SessionWorkflow, initial_search_attributes
@@ -223,7 +223,7 @@ async def start_session(
         session_id=session_id,
         workspace=str(ws.root),
         workspace_identity=ws.identity,
-        provider=parse_provider_spec(provider),  # provider_spec_invalid before anything starts
+        provider=new_session_spec(provider),  # provider_spec_invalid before anything starts
         task_queue=task_queue,
         continue_as_new_after_turns=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,

@@ -113,6 +113,22 @@ def parse_provider_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
         ) from None
 
 
+def new_session_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
+    """The spec of a session being started now: ``parse_provider_spec``, and no ``baseUrl`` (a
+    recorded spec keeps decoding with its own; a new session's endpoint is the worker's
+    ``OPENAI_BASE_URL``, so no URL, with or without credentials in it, enters a history).
+
+    Raises:
+        ConfigError: ``provider_spec_invalid``.
+    """
+    spec = parse_provider_spec(raw)
+    if isinstance(spec, OpenAISpec) and spec.base_url is not None:
+        raise ConfigError(
+            "provider_spec_invalid", "a new session's base URL comes from the worker's OPENAI_BASE_URL"
+        )
+    return spec
+
+
 def model_spec(text: str) -> OpenAISpec | AnthropicSpec:
     """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``).
 

@@ -445,6 +445,29 @@ def test_every_recorded_spec_decodes_to_the_same_json() -> None:
 
 
 @pytest.mark.parametrize(
+    "raw", [{}, {"kind": "script"}, {"kind": "openai", "model": "m", "apiKey": "x"}, {"kind": "llama"}]
+)
+def test_an_invalid_recorded_object_still_decodes_and_fails_the_step_as_before(raw: dict[str, Any]) -> None:
+    """Before the union any object entered a workflow input and a bad one failed the model step
+    (``provider_spec_invalid``); such a history must decode (a workflow task that cannot decode is
+    stuck) and the step must fail the same way."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from maka_core.providers.spec import UnrecognizedSpec
+    from workflows.contracts import SessionInput
+
+    converter = pydantic_data_converter.payload_converter
+    inp = SessionInput(session_id="s", workspace="/w", workspace_identity="i", provider=raw, task_queue="q")
+    (payload,) = converter.to_payloads([inp])
+    (back,) = converter.from_payloads([payload], [SessionInput])
+    assert isinstance(back.provider, UnrecognizedSpec) and back.provider.to_json() == raw
+    assert json.loads(payload.data)["provider"] == raw
+    with pytest.raises(ConfigError) as info:
+        provider_from_spec(back.provider)
+    assert info.value.code == "provider_spec_invalid"
+
+
+@pytest.mark.parametrize(
     "raw",
     [
         "openai:m",

@@ -25,7 +25,7 @@ from maka_core.errors import MakaError
 from maka_core.settings import load_settings
 
 if TYPE_CHECKING:
-    from maka_core.providers.spec import ProviderSpec
+    from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec
 
 #: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
 ROUND_S = 10.0
@@ -436,7 +436,7 @@ async def start_execution(
     *,
     workspace: str,
     workspace_identity: str,
-    provider: ProviderSpec | dict[str, Any],
+    provider: ProviderSpec | UnrecognizedSpec | dict[str, Any],
     task_queue: str,
     continuation: Any = None,
     host: str | None = None,
@@ -458,7 +458,6 @@ async def start_execution(
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from maka_core.providers.spec import parse_provider_spec
     from workflows.contracts import SessionInput, workflow_id_for
     from workflows.session import SessionWorkflow, initial_search_attributes
 
@@ -466,7 +465,7 @@ async def start_execution(
         session_id=session_id,
         workspace=workspace,
         workspace_identity=workspace_identity,
-        provider=parse_provider_spec(provider),
+        provider=provider,  # as recorded: a new execution keeps the session's spec
         task_queue=task_queue,
         continuation=continuation,
         host=host,

@@ -15,7 +15,13 @@ from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import FunctionResponseContent
 from maka_core.providers import pacing
-from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec, parse_provider_spec
+from maka_core.providers.spec import (
+    AnthropicSpec,
+    OpenAISpec,
+    ScriptSpec,
+    UnrecognizedSpec,
+    parse_provider_spec,
+)
 
 if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
@@ -136,7 +142,9 @@ class Provider(Protocol):
         ...
 
 
-def provider_from_spec(spec: ScriptSpec | OpenAISpec | AnthropicSpec | dict[str, Any]) -> Provider:
+def provider_from_spec(
+    spec: ScriptSpec | OpenAISpec | AnthropicSpec | UnrecognizedSpec | dict[str, Any],
+) -> Provider:
     """Build the provider a spec names (``maka_core.providers.spec``; a JSON object is parsed first).
 
     ``script`` -> ``ScriptedProvider``; ``openai`` -> ``OpenAICompatibleProvider``; ``anthropic``

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
@@ -93,14 +94,34 @@ ProviderSpec = Annotated[ScriptSpec | OpenAISpec | AnthropicSpec, Field(discrimi
 _ADAPTER: TypeAdapter[ScriptSpec | OpenAISpec | AnthropicSpec] = TypeAdapter(ProviderSpec)
 
 
+class UnrecognizedSpec(RootModel[dict[str, Any]]):
+    """A recorded JSON object that is no valid spec, kept verbatim.
+
+    Before the union a workflow input took any object, and a bad one failed the model step with
+    ``provider_spec_invalid``; such a history must keep replaying, and still fail there, not on
+    decoding (a workflow task that cannot decode its input is stuck, not failed). Never written
+    by maka: a new session's spec is checked first (``new_session_spec``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.root)
+
+
+#: What a workflow or activity input holds: a spec, or (histories only) an unrecognized object.
+RecordedSpec = Annotated[ProviderSpec | UnrecognizedSpec, Field(union_mode="left_to_right")]
+
+
 def parse_provider_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
-    """A spec from its JSON object (or a spec, returned as is).
+    """A spec from its JSON object (or a spec, returned as is; an ``UnrecognizedSpec`` is judged).
 
     Raises:
         ConfigError: ``provider_spec_invalid``, naming the first problem.
     """
     if isinstance(raw, ScriptSpec | OpenAISpec | AnthropicSpec):
         return raw
+    if isinstance(raw, UnrecognizedSpec):
+        raw = raw.to_json()
     if not isinstance(raw, dict):
         raise ConfigError("provider_spec_invalid", "a provider spec is a JSON object")
     try:

@@ -55,7 +55,7 @@ from maka_core.errors import MakaError
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
-from maka_core.providers.spec import ProviderSpec, parse_provider_spec
+from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec, parse_provider_spec
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
@@ -382,7 +382,7 @@ class Runtime:
             )
         return gov
 
-    def provider(self, spec: ProviderSpec | Mapping[str, Any]) -> Provider:
+    def provider(self, spec: ProviderSpec | UnrecognizedSpec | Mapping[str, Any]) -> Provider:
         """The provider for ``spec`` (cached by its canonical JSON)."""
         parsed = parse_provider_spec(dict(spec) if isinstance(spec, Mapping) else spec)
         key = json.dumps(parsed.to_json(), sort_keys=True)

@@ -129,6 +129,14 @@ async def test_a_claude_session_from_the_cli_and_the_canary_key_reaches_only_the
         assert [t["status"] for t in status["turns"]] == ["completed"], status
         (op,) = status["operations"]
         assert (op["toolName"], op["status"]) == ("write_file", "completed")
+        # Each step's usage is on the ledger; status sums it per turn and per session.
+        again = maka("session", "status", status["sessionId"], "--json", env=env)
+        assert again.returncode == 0, again.stderr
+        totals = {"input": 61, "output": 7, "total": 68}
+        for shape in (status, json.loads(again.stdout)):
+            assert shape["turns"][0]["usage"] == totals and shape["usage"] == totals, shape
+        audited = maka("audit", status["sessionId"], "--json", env=env)  # the ledger agrees with Temporal
+        assert audited.returncode == 0 and json.loads(audited.stdout)["ok"] is True, audited.stdout
         shown = maka("session", "show", status["sessionId"], env=env)
         assert shown.returncode == 0, shown.stderr
         history, workflow_input = await _history_text(temporal_client, status["sessionId"])
@@ -167,7 +175,10 @@ async def test_a_claude_session_from_the_cli_and_the_canary_key_reaches_only_the
                 assert CANARY not in repr(row), table
     assert CANARY not in history
     assert CANARY.encode() not in log and b"polling task queue" in log
-    assert CANARY not in started.stdout + started.stderr + shown.stdout + shown.stderr
+    assert (
+        CANARY
+        not in started.stdout + started.stderr + shown.stdout + shown.stderr + again.stdout + audited.stdout
+    )
 
     # A spec that tries to carry a key is refused before any workflow exists (a dict used to pass
     # through into the history untouched).

@@ -84,7 +84,10 @@ class MessagesServer:
                     )
                 data = json.dumps(reply.body).encode()
                 try:
-                    self.send_response(reply.status)
+                    if any(k.lower() == "date" for k in reply.headers):
+                        self.send_response_only(reply.status)  # the reply's own Date, not the clock's
+                    else:
+                        self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     for k, v in reply.headers.items():

@@ -313,3 +313,11 @@ def test_openai_429_carries_the_delay_too() -> None:
         1.2,
     )
     assert json.loads(json.dumps(err.to_json()))["retryable"] is True
+
+
+async def test_a_key_echoed_by_the_vendor_is_cut_out_of_the_error(server: MessagesServer) -> None:
+    server.reply(error(401, "authentication_error", "invalid x-api-key: sk-ant-test"))
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert "sk-ant-test" not in repr(info.value.to_json()) and "[redacted]" in info.value.message
+    assert info.value.code == "provider_auth_failed"

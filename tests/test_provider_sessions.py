@@ -18,6 +18,7 @@ import base64
 import contextlib
 import io
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -369,3 +370,72 @@ async def test_a_sessions_legal_history_reaches_either_vendor_with_the_same_call
     assert [r["content"] for r in results] == [r["content"] for r in openai_results]
     assert [m["role"] for m in to_claude] == ["user", "assistant", "user", "assistant"]
     assert to_claude[-1]["content"] == [{"type": "text", "text": "wrote and read it"}]
+
+
+# --- a vendor that echoes the key it refused -----------------------------------------------------
+
+
+class UnredactedAnthropic(AnthropicProvider):
+    """Today's error path before redaction: the vendor's message goes out as the vendor wrote it."""
+
+    async def complete(
+        self, history: Sequence[Any], tools: Sequence[dict[str, Any]], *, step_index: int
+    ) -> ModelOutput:
+        try:
+            return await super().complete(history, tools, step_index=step_index)
+        except ProviderError as exc:
+            raise ProviderError(
+                exc.code, exc.message.replace("[redacted]", CANARY), retryable=exc.retryable, **exc.detail
+            ) from None
+
+
+class UnredactedRuntime(Runtime):
+    def provider(self, spec: ProviderSpec | Any) -> Provider:
+        return UnredactedAnthropic(model="claude-test")
+
+
+def _unredacted(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+    base = default_runtime(store, settings)
+    return UnredactedRuntime(store, tools=base.tools, policy=base.policy, settings=settings)
+
+
+@pytest.mark.parametrize(("make_runtime", "leaks"), [(default_runtime, False), (_unredacted, True)])
+async def test_a_key_the_vendor_echoes_in_its_refusal_is_redacted_everywhere(
+    temporal_client: Client,
+    tmp_path: Path,
+    ws_dir: Path,
+    claude: MessagesServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_runtime: Any,
+    leaks: bool,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)
+    claude.reply(error(401, "authentication_error", f"invalid x-api-key: {CANARY}"))
+    db, queue = tmp_path / "ledger.sqlite", f"echo-{tmp_path.name}"
+    async with worker(temporal_client, db, queue, make_runtime):
+        session_id, accepted = await start_session(
+            temporal_client,
+            workspace=ws_dir,
+            provider={"kind": "anthropic", "model": "claude-test"},
+            task_queue=queue,
+            message="hi",
+        )
+        settled = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+        history, _ = await _history_text(temporal_client, session_id)
+    assert settled.state == "failed", settled  # 401: permanent, not retried
+    assert len(claude.requests) == 1
+    assert "provider_auth_failed" in history  # the refusal did travel into the history
+    found = {
+        "history": CANARY in history,
+        "ledger": CANARY.encode() in _ledger_bytes(db),
+        "log": CANARY in caplog.text,
+    }
+    print(f"key found (unredacted={leaks}): {found}")
+    if leaks:  # negative control: the same test sees the key the old path let through
+        assert found == {"history": True, "ledger": True, "log": True}
+    else:
+        assert found == {"history": False, "ledger": False, "log": False}
+        assert "[redacted]" in history

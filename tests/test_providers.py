@@ -316,6 +316,13 @@ async def test_http_errors_are_classified_and_never_retried_by_the_sdk(
         assert info.value.retry_after_s == 7.0  # the next attempt waits for it (pacing)
 
 
+async def test_a_key_echoed_by_the_server_is_cut_out_of_the_error(server: ChatServer) -> None:
+    server.reply(401, error(401, "Incorrect API key provided: sk-test"))
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert "sk-test" not in repr(info.value.to_json()) and "[redacted]" in info.value.message
+
+
 async def test_context_length_is_permanent_with_its_own_code(server: ChatServer) -> None:
     body = {
         "error": {

@@ -222,7 +222,7 @@ class AnthropicProvider:
         try:
             message = await client.messages.create(**request)
         except anthropic.AnthropicError as exc:
-            raise _classify(exc) from None
+            raise _classify(exc).redacted(self._api_key) from None
         return _output(message)
 
     async def aclose(self) -> None:

@@ -85,6 +85,20 @@ class ProviderError(MakaError):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "retryable": self.retryable}
 
+    def redacted(self, secret: str | None) -> ProviderError:
+        """This error with ``secret`` (the worker's key) cut out of its message and detail: a vendor
+        may echo the key it refused, and the error goes to Temporal's history and the logs."""
+        if not secret or secret not in repr((self.message, self.detail)):
+            return self
+
+        def cut(value: Any) -> Any:
+            return value.replace(secret, "[redacted]") if isinstance(value, str) else value
+
+        detail = {k: cut(v) for k, v in self.detail.items() if k != "retryDelaySeconds"}
+        return ProviderError(
+            self.code, cut(self.message), retryable=self.retryable, retry_after_s=self.retry_after_s, **detail
+        )
+
 
 def status_error(
     status: int, message: str, headers: Mapping[str, str], *, context_exceeded: bool, **detail: Any

@@ -162,7 +162,7 @@ class OpenAICompatibleProvider:
         try:
             response = await client.chat.completions.create(**request)
         except openai.OpenAIError as exc:
-            raise _classify(exc) from None
+            raise _classify(exc).redacted(self._api_key) from None
         if not response.choices:
             raise ProviderError("provider_invalid_response", "the response has no choices", retryable=True)
         message = response.choices[0].message

@@ -103,6 +103,7 @@ def test_ids_the_api_would_refuse_are_projected_the_same_way_on_both_sides() -> 
         _event(2, "model", FunctionCallContent(id="functions.bash:0", name="bash", args={"command": "ls"})),
         _event(3, "tool", FunctionResponseContent(id="functions.bash:0", name="bash", result="ok")),
         _event(4, "model", TextContent(text="")),  # an empty final text: never an empty block
+        _event(5, "model", TextContent(text=" \n")),  # nor a blank one
     ]
     messages = history_to_messages(odd)
     use, result = messages[1]["content"][0], messages[2]["content"][0]

@@ -70,7 +70,7 @@ def history_to_messages(history: Sequence[RuntimeEvent]) -> list[dict[str, Any]]
 
     Consecutive blocks of one role join one message, so roles alternate as the API requires, and
     a tool step's results lead the next user message. Partial, hidden, thinking and error events
-    are not shown, nor empty text (the API refuses an empty text block).
+    are not shown, nor blank text (the API refuses a blank text block).
     """
     messages: list[dict[str, Any]] = []
 
@@ -85,7 +85,7 @@ def history_to_messages(history: Sequence[RuntimeEvent]) -> list[dict[str, Any]]
         if content is None or event.partial or event.hidden:
             continue
         if isinstance(content, TextContent):
-            if not content.text:
+            if not content.text.strip():  # the API refuses a blank text block
                 continue
             if event.role == "user":
                 add("user", {"type": "text", "text": content.text})

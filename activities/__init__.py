@@ -5,7 +5,9 @@ No domain decision lives here; what an activity adds is Temporal's view of the a
 recorded beside T1/T2 for audit, and a heartbeat from the event loop) and one error mapping.
 
 Error classification (``MakaError`` -> ``ApplicationError``, the only place it happens):
-- ``ProviderError``: retryable or not as the provider says (429/5xx/timeouts retry; 4xx do not).
+- ``ProviderError``: retryable or not as the provider says (429/5xx/timeouts retry; 4xx do not);
+  a vendor's ``Retry-After`` (or rate-limit reset) becomes ``next_retry_delay``, so Temporal's
+  next attempt starts when the vendor said (its policy still bounds the attempts).
 - ``DispatchWithoutOutcome`` (type ``DispatchWithoutOutcome``) and ``CallNotFound``: non-retryable;
   the workflow sends the call to recovery, which settles it from the ledger.
 - ``LedgerRejection``: non-retryable (the same write will be refused again).
@@ -18,6 +20,7 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -65,7 +68,14 @@ def to_application_error(exc: MakaError) -> ApplicationError:
     """The ApplicationError Temporal should see for a maka error (see the module docstring)."""
     detail = exc.to_json()
     if isinstance(exc, ProviderError):
-        return ApplicationError(str(exc), detail, type="ProviderError", non_retryable=not exc.retryable)
+        delay = exc.retry_after_s if exc.retryable and exc.retry_after_s else None
+        return ApplicationError(
+            str(exc),
+            detail,
+            type="ProviderError",
+            non_retryable=not exc.retryable,
+            next_retry_delay=timedelta(seconds=delay) if delay else None,
+        )
     if isinstance(exc, DispatchWithoutOutcome):
         return ApplicationError(exc.message, detail, type=DISPATCH_WITHOUT_OUTCOME, non_retryable=True)
     if isinstance(exc, CallNotFound):

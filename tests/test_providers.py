@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import socket
 import threading
@@ -22,11 +24,15 @@ from maka_core.facts.events import (
 )
 from maka_core.providers import (
     FINISHED_TEXT,
+    AnthropicSpec,
     ModelOutput,
     ModelToolCall,
+    OpenAISpec,
     ProviderError,
     ScriptedProvider,
     demo_script_path,
+    model_spec,
+    parse_provider_spec,
     provider_from_spec,
 )
 from maka_core.providers.openai_compat import OpenAICompatibleProvider, history_to_messages
@@ -248,7 +254,7 @@ async def test_text_reply(server: ChatServer) -> None:
     server.reply(200, completion({"content": "Hello there"}))
     out = await provider(server).complete(HISTORY[:1], [], step_index=0)
     assert out == ModelOutput("Hello there", ())
-    assert out.usage == {"promptTokens": 11, "completionTokens": 7, "totalTokens": 18}
+    assert out.usage == {"input": 11, "output": 7, "total": 18, "rawFinishReason": "stop"}
     [request] = server.requests
     assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
     assert request["body"]["model"] == "test-model"
@@ -307,6 +313,32 @@ async def test_http_errors_are_classified_and_never_retried_by_the_sdk(
     assert len(server.requests) == 1  # the SDK did not retry: Temporal owns retries
     if status == 429:
         assert info.value.detail["retryAfter"] == "7"
+        assert info.value.retry_after_s == 7.0  # the next attempt waits for it (pacing)
+
+
+async def test_a_key_echoed_by_the_server_is_cut_out_of_the_error(server: ChatServer) -> None:
+    server.reply(401, error(401, "Incorrect API key provided: sk-test"))
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert "sk-test" not in repr(info.value.to_json()) and "[redacted]" in info.value.message
+
+
+async def test_context_length_is_permanent_with_its_own_code(server: ChatServer) -> None:
+    body = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    server.reply(400, body)
+    with pytest.raises(ProviderError) as info:
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert (info.value.code, info.value.retryable) == ("provider_context_length_exceeded", False)
+    server.reply(400, {"error": {"message": "maximum context length exceeded", "type": "BadRequestError"}})
+    with pytest.raises(ProviderError) as info:  # a compatible server says it in words only
+        await provider(server).complete(HISTORY[:1], [], step_index=0)
+    assert info.value.code == "provider_context_length_exceeded"
 
 
 async def test_timeout_is_retryable_and_not_retried(server: ChatServer) -> None:
@@ -345,3 +377,172 @@ async def test_missing_key_for_the_default_endpoint_is_not_retryable(monkeypatch
     with pytest.raises(ProviderError) as info:
         await OpenAICompatibleProvider(model="m").complete([], [], step_index=0)
     assert (info.value.code, info.value.retryable) == ("provider_not_configured", False)
+
+
+# --- the provider spec union ----------------------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden_histories"
+
+
+def _recorded_specs() -> list[dict[str, Any]]:
+    """Every provider spec the golden histories recorded (workflow and activity inputs)."""
+    specs: list[dict[str, Any]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("provider"), dict):
+                specs.append(value["provider"])
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for path in sorted(GOLDEN.glob("*.json")):
+
+        def payloads(node: Any) -> None:
+            if isinstance(node, dict):
+                if set(node) >= {"metadata", "data"} and isinstance(node["data"], str):
+                    with contextlib.suppress(ValueError):  # not a JSON payload
+                        walk(json.loads(base64.b64decode(node["data"])))
+                for v in node.values():
+                    payloads(v)
+            elif isinstance(node, list):
+                for v in node:
+                    payloads(v)
+
+        payloads(json.loads(path.read_text()))
+    return specs
+
+
+#: Specs a library caller could record before the union (``provider_from_spec`` accepted them).
+LEGACY_SPECS: list[dict[str, Any]] = [
+    {"kind": "script", "steps": [{"text": "hi"}]},
+    {"kind": "script", "path": "/tmp/s.json"},
+    {"kind": "openai", "model": "gpt-4.1-mini"},
+    {
+        "kind": "openai",
+        "model": "m",
+        "baseUrl": "http://127.0.0.1:9/v1",
+        "system": "be brief",
+        "timeoutSeconds": 30,
+    },
+    {"kind": "openai", "model": "m", "timeoutSeconds": 7.5},
+]
+
+
+def test_every_recorded_spec_decodes_to_the_same_json() -> None:
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from workflows.contracts import SessionInput
+
+    recorded = _recorded_specs()
+    assert len(recorded) > 20 and {s["kind"] for s in recorded} == {"script"}
+    for raw in recorded + LEGACY_SPECS:
+        assert parse_provider_spec(raw).to_json() == raw
+        # Through the workflow input and the data converter, as a worker decodes a history.
+        inp = SessionInput(
+            session_id="s", workspace="/w", workspace_identity="i", provider=raw, task_queue="q"
+        )
+        converter = pydantic_data_converter.payload_converter
+        (payload,) = converter.to_payloads([inp])
+        assert json.loads(payload.data)["provider"] == raw
+        (back,) = converter.from_payloads([payload], [SessionInput])
+        assert back == inp and back.provider.to_json() == raw
+
+
+@pytest.mark.parametrize(
+    "raw", [{}, {"kind": "script"}, {"kind": "openai", "model": "m", "apiKey": "x"}, {"kind": "llama"}]
+)
+def test_an_invalid_recorded_object_still_decodes_and_fails_the_step_as_before(raw: dict[str, Any]) -> None:
+    """Before the union any object entered a workflow input and a bad one failed the model step
+    (``provider_spec_invalid``); such a history must decode (a workflow task that cannot decode is
+    stuck) and the step must fail the same way."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from maka_core.providers.spec import UnrecognizedSpec
+    from workflows.contracts import SessionInput
+
+    converter = pydantic_data_converter.payload_converter
+    inp = SessionInput(session_id="s", workspace="/w", workspace_identity="i", provider=raw, task_queue="q")
+    (payload,) = converter.to_payloads([inp])
+    (back,) = converter.from_payloads([payload], [SessionInput])
+    assert isinstance(back.provider, UnrecognizedSpec) and back.provider.to_json() == raw
+    assert json.loads(payload.data)["provider"] == raw
+    with pytest.raises(ConfigError) as info:
+        provider_from_spec(back.provider)
+    assert info.value.code == "provider_spec_invalid"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "openai:m",
+        {"kind": "script"},
+        {"kind": "script", "path": "x", "steps": []},
+        {"kind": "openai"},
+        {"kind": "openai", "model": ""},
+        {"kind": "openai", "model": "m", "apiKey": "secret"},
+        {"kind": "anthropic", "model": "claude", "apiKey": "secret"},
+        {"kind": "anthropic", "model": "claude", "baseUrl": "http://x"},
+        {"kind": "anthropic", "model": "claude", "maxTokens": 0},
+        {"kind": "llama", "model": "x"},
+        {"model": "x"},
+    ],
+)
+def test_invalid_specs_are_refused_with_one_code(raw: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_provider_spec(raw)
+    assert info.value.code == "provider_spec_invalid"
+    with pytest.raises(ConfigError) as info:
+        provider_from_spec(raw)
+    assert info.value.code == "provider_spec_invalid"
+
+
+def test_a_new_session_takes_no_base_url_but_a_recorded_one_keeps_it() -> None:
+    from maka_core.providers.spec import new_session_spec
+
+    legacy = {"kind": "openai", "model": "m", "baseUrl": "http://user:pw@127.0.0.1:9/v1"}
+    assert parse_provider_spec(legacy).to_json() == legacy
+    assert provider_from_spec(legacy).base_url == legacy["baseUrl"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as info:
+        new_session_spec(legacy)
+    assert info.value.code == "provider_spec_invalid"
+    assert new_session_spec({"kind": "openai", "model": "m"}) == OpenAISpec(model="m")
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("openai:gpt-4.1-mini", {"kind": "openai", "model": "gpt-4.1-mini"}),
+        ("anthropic:claude-sonnet-4-5", {"kind": "anthropic", "model": "claude-sonnet-4-5"}),
+        ("gpt-4o", {"kind": "openai", "model": "gpt-4o"}),  # a bare name stays openai
+        ("llama3:8b", {"kind": "openai", "model": "llama3:8b"}),  # a tag, not a provider
+        ("openai:llama3:8b", {"kind": "openai", "model": "llama3:8b"}),
+    ],
+)
+def test_model_flag_names_provider_and_model(text: str, spec: dict[str, Any]) -> None:
+    assert model_spec(text).to_json() == spec
+
+
+@pytest.mark.parametrize("text", ["openai:", "anthropic: ", " "])
+def test_model_flag_without_a_name_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        model_spec(text)
+    assert info.value.code == "config_invalid"
+
+
+def test_the_factory_builds_each_kind_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from maka_core.providers.anthropic_messages import DEFAULT_MAX_TOKENS, AnthropicProvider
+
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    p = provider_from_spec(AnthropicSpec(model="claude-x", system="sys"))
+    assert isinstance(p, AnthropicProvider)
+    assert (p.model, p.system, p.max_tokens, p.base_url) == (
+        "claude-x",
+        "sys",
+        DEFAULT_MAX_TOKENS,
+        "http://127.0.0.1:9",
+    )
+    assert provider_from_spec({"kind": "anthropic", "model": "c", "maxTokens": 99}).max_tokens == 99  # type: ignore[attr-defined]
+    assert isinstance(provider_from_spec(OpenAISpec(model="m")), OpenAICompatibleProvider)

@@ -14,7 +14,7 @@ import asyncio
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -56,6 +56,9 @@ from workers.session_client import (
     wait_settled,
 )
 
+if TYPE_CHECKING:
+    from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
+
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
 
@@ -83,8 +86,9 @@ def _message(text: str) -> str:
     return text
 
 
-def _provider_spec(script: Path | None, model: str | None) -> dict[str, Any]:
+def _provider_spec(script: Path | None, model: str | None) -> ScriptSpec | OpenAISpec | AnthropicSpec:
     from maka_core.providers.scripted import ScriptedProvider
+    from maka_core.providers.spec import ScriptSpec, model_spec
 
     if script is not None and model is not None:
         raise ConfigError("config_invalid", "give either --script or --model")
@@ -93,10 +97,10 @@ def _provider_spec(script: Path | None, model: str | None) -> dict[str, Any]:
             ScriptedProvider.from_file(script)  # the whole script, before anything starts
         except RecursionError:
             raise ConfigError("script_invalid", f"{script} is nested too deeply", path=str(script)) from None
-        return {"kind": "script", "path": str(script.resolve())}
+        return ScriptSpec(path=str(script.resolve()))
     if not model or not model.strip():
-        raise ConfigError("config_invalid", "give --script FILE or --model NAME")
-    return {"kind": "openai", "model": model}
+        raise ConfigError("config_invalid", "give --script FILE or --model PROVIDER:NAME")
+    return model_spec(model)
 
 
 def _workspace(path: Path, s: MakaSettings) -> Path:
@@ -120,7 +124,13 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
 @click.option(
     "--script", type=click.Path(path_type=Path), default=None, help="scripted provider: a JSON script file"
 )
-@click.option("--model", default=None, help="OpenAI-compatible model name (OPENAI_BASE_URL, OPENAI_API_KEY)")
+@click.option(
+    "--model",
+    default=None,
+    metavar="PROVIDER:NAME",
+    help="openai:NAME (OPENAI_API_KEY, OPENAI_BASE_URL) or anthropic:NAME (ANTHROPIC_API_KEY, "
+    "ANTHROPIC_BASE_URL), read by the worker; a bare NAME is openai",
+)
 @click.option(
     "--session-id",
     default=None,

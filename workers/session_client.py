@@ -19,10 +19,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maka_core.errors import MakaError
 from maka_core.settings import load_settings
+
+if TYPE_CHECKING:
+    from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec
 
 #: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
 ROUND_S = 10.0
@@ -172,7 +175,7 @@ async def start_session(
     client: Any,
     *,
     workspace: Path,
-    provider: dict[str, Any],
+    provider: ProviderSpec | dict[str, Any],
     task_queue: str,
     message: str,
     session_id: str | None = None,
@@ -204,6 +207,7 @@ async def start_session(
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
+    from maka_core.providers.spec import new_session_spec
     from maka_core.workspace import Workspace
     from workflows.contracts import SessionInput, workflow_id_for
     from workflows.session import SessionWorkflow, initial_search_attributes
@@ -219,7 +223,7 @@ async def start_session(
         session_id=session_id,
         workspace=str(ws.root),
         workspace_identity=ws.identity,
-        provider=provider,
+        provider=new_session_spec(provider),  # provider_spec_invalid before anything starts
         task_queue=task_queue,
         continue_as_new_after_turns=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,
@@ -432,7 +436,7 @@ async def start_execution(
     *,
     workspace: str,
     workspace_identity: str,
-    provider: dict[str, Any],
+    provider: ProviderSpec | UnrecognizedSpec | dict[str, Any],
     task_queue: str,
     continuation: Any = None,
     host: str | None = None,
@@ -461,7 +465,7 @@ async def start_execution(
         session_id=session_id,
         workspace=workspace,
         workspace_identity=workspace_identity,
-        provider=provider,
+        provider=provider,  # as recorded: a new execution keeps the session's spec
         task_queue=task_queue,
         continuation=continuation,
         host=host,

@@ -9,10 +9,11 @@ pins them). Nothing here carries a transcript or a tool result: activities pass 
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
+from maka_core.providers.spec import RecordedSpec
 from maka_core.runtime.contracts import (
     ACTIVITY_NAMES,
     BEGIN_CONTINUATION,
@@ -150,7 +151,10 @@ class SessionInput(Contract):
     session_id: str
     workspace: str
     workspace_identity: str
-    provider: dict[str, Any]
+    #: The model the session talks to (``maka_core.providers.spec``: tagged by ``kind``; every
+    #: object recorded as a plain dict before the union decodes unchanged, an invalid one as an
+    #: ``UnrecognizedSpec`` that fails the model step, as it always did).
+    provider: RecordedSpec
     task_queue: str
     #: Continue-as-new after this many turns in one execution (``None``: only when Temporal suggests).
     continue_as_new_after_turns: int | None = None

@@ -1,4 +1,5 @@
-"""Model providers: the protocol, a scripted provider and an OpenAI-compatible one."""
+"""Model providers: the spec union, the protocol, a scripted provider, an OpenAI-compatible one and
+Anthropic's Messages API."""
 
 from __future__ import annotations
 
@@ -10,9 +11,23 @@ from maka_core.providers.base import (
     provider_from_spec,
 )
 from maka_core.providers.scripted import FINISHED_TEXT, ScriptedProvider
+from maka_core.providers.spec import (
+    AnthropicSpec,
+    OpenAISpec,
+    ProviderSpec,
+    ScriptSpec,
+    model_spec,
+    parse_provider_spec,
+)
 
 __all__ = [
     "FINISHED_TEXT",
+    "AnthropicSpec",
+    "OpenAISpec",
+    "ProviderSpec",
+    "ScriptSpec",
+    "model_spec",
+    "parse_provider_spec",
     "ModelOutput",
     "ModelToolCall",
     "Provider",

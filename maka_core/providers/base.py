@@ -7,11 +7,21 @@ ledger (never from workflow state). It must not retry on its own: Temporal owns 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from maka_core.errors import ConfigError, MakaError
+from maka_core.errors import MakaError
+from maka_core.facts import canonical_json
+from maka_core.facts.events import FunctionResponseContent
+from maka_core.providers import pacing
+from maka_core.providers.spec import (
+    AnthropicSpec,
+    OpenAISpec,
+    ScriptSpec,
+    UnrecognizedSpec,
+    parse_provider_spec,
+)
 
 if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
@@ -28,7 +38,12 @@ class ModelToolCall:
 
 @dataclass(frozen=True)
 class ModelOutput:
-    """One model step's output: optional text and zero or more tool calls, in order."""
+    """One model step's output: optional text and zero or more tool calls, in order.
+
+    ``usage``: the vendor's token counts in Maka's ``tokenUsage`` action shape (``input`` and
+    ``output`` always, ``input`` counting every prompt token, cached ones included; ``total``,
+    ``cacheRead``, ``cacheCreation``, ``reasoning``, ``rawFinishReason`` when the vendor says).
+    """
 
     text: str | None
     tool_calls: tuple[ModelToolCall, ...] = ()
@@ -43,20 +58,84 @@ class ModelOutput:
 class ProviderError(MakaError):
     """A model call failed; ``retryable`` is the deliberate retry decision.
 
-    Retryable: rate limits (429), server errors (5xx), timeouts, connection failures, malformed
-    output. Not retryable: authentication, permission, bad request, unknown model, bad config.
+    Retryable: rate limits (429), overload and server errors (5xx, Anthropic's 529), timeouts,
+    connection failures, malformed output. Not retryable: authentication, permission, bad request,
+    a request past the model's context window (``provider_context_length_exceeded``), unknown
+    model, bad config. ``retry_after_s``: how long the vendor asked us to wait (``pacing``); the
+    next attempt is scheduled after it.
     """
 
     default_code = "provider_error"
 
     def __init__(
-        self, code: str | None = None, message: str = "", *, retryable: bool = False, **detail: Any
+        self,
+        code: str | None = None,
+        message: str = "",
+        *,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        **detail: Any,
     ) -> None:
+        if retry_after_s is not None:
+            detail["retryDelaySeconds"] = retry_after_s
         super().__init__(code, message, **detail)
         self.retryable = retryable
+        self.retry_after_s = retry_after_s
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "retryable": self.retryable}
+
+    def redacted(self, secret: str | None) -> ProviderError:
+        """This error with ``secret`` (the worker's key) cut out of its message and detail: a vendor
+        may echo the key it refused, and the error goes to Temporal's history and the logs."""
+        if not secret or secret not in repr((self.message, self.detail)):
+            return self
+
+        def cut(value: Any) -> Any:
+            return value.replace(secret, "[redacted]") if isinstance(value, str) else value
+
+        detail = {k: cut(v) for k, v in self.detail.items() if k != "retryDelaySeconds"}
+        return ProviderError(
+            self.code, cut(self.message), retryable=self.retryable, retry_after_s=self.retry_after_s, **detail
+        )
+
+
+def status_error(
+    status: int, message: str, headers: Mapping[str, str], *, context_exceeded: bool, **detail: Any
+) -> ProviderError:
+    """The one retry decision for an HTTP error status, shared by every vendor's provider.
+
+    ``context_exceeded``: the vendor said (in its own words) that the request is past the model's
+    context window; a retry would send the same request, so it is permanent, with its own code.
+    """
+    detail = {"status": status, "retryAfter": headers.get("retry-after"), **detail}
+    retryable = status == 429 or status >= 500 or status in (408, 409)
+    if retryable:
+        code = "provider_rate_limited" if status == 429 else "provider_unavailable"
+        delay = pacing.retry_delay_s(headers, rate_limited=status == 429)
+        return ProviderError(code, message, retryable=True, retry_after_s=delay, **detail)
+    if context_exceeded:
+        code = "provider_context_length_exceeded"
+    elif status in (401, 403):
+        code = "provider_auth_failed"
+    elif status == 404:
+        code = "provider_not_found"
+    else:
+        code = "provider_bad_request"
+    return ProviderError(code, message, retryable=False, **detail)
+
+
+def result_text(content: FunctionResponseContent, *, prefix_errors: bool = True) -> str:
+    """A function response as the model reads it (an error prefixed ``Error:`` unless the vendor
+    has its own error flag)."""
+    result = content.result
+    if isinstance(result, dict) and result.get("kind") == "text" and isinstance(result.get("text"), str):
+        text: str = result["text"]
+    elif isinstance(result, dict) and result.get("kind") == "json" and "value" in result:
+        text = canonical_json.dumps(result["value"])
+    else:
+        text = canonical_json.dumps(result)
+    return f"Error: {text}" if content.is_error and prefix_errors else text
 
 
 @runtime_checkable
@@ -77,43 +156,33 @@ class Provider(Protocol):
         ...
 
 
-def provider_from_spec(spec: dict[str, Any]) -> Provider:
-    """Build a provider from its small JSON spec (what the workflow input carries).
+def provider_from_spec(
+    spec: ScriptSpec | OpenAISpec | AnthropicSpec | UnrecognizedSpec | dict[str, Any],
+) -> Provider:
+    """Build the provider a spec names (``maka_core.providers.spec``; a JSON object is parsed first).
 
-    ``{"kind": "script", "steps": [...]}`` or ``{"kind": "script", "path": "..."}`` ->
-    ``ScriptedProvider``; ``{"kind": "openai", "model": "...", "baseUrl"?: "...", "system"?: "..."}``
-    -> ``OpenAICompatibleProvider`` (key from ``OPENAI_API_KEY``, base URL from
-    ``OPENAI_BASE_URL`` unless given).
+    ``script`` -> ``ScriptedProvider``; ``openai`` -> ``OpenAICompatibleProvider``; ``anthropic``
+    -> ``AnthropicProvider``. Keys and base URLs come from the worker's environment.
 
     Raises:
         ConfigError: ``provider_spec_invalid``; ``ScriptedProvider`` raises ``script_invalid``.
     """
-    if not isinstance(spec, dict):
-        raise ConfigError("provider_spec_invalid", "a provider spec is a JSON object")
-    kind = spec.get("kind")
-    if kind == "script":
+    spec = parse_provider_spec(spec)
+    if isinstance(spec, ScriptSpec):
         from maka_core.providers.scripted import ScriptedProvider
 
-        has_steps, has_path = "steps" in spec, "path" in spec
-        if has_steps == has_path or set(spec) - {"kind", "steps", "path"}:
-            raise ConfigError("provider_spec_invalid", "a script spec has exactly one of steps or path")
-        if has_path:
-            return ScriptedProvider.from_file(spec["path"])
-        return ScriptedProvider.from_json({"steps": spec["steps"]})
-    if kind == "openai":
-        from maka_core.providers.openai_compat import OpenAICompatibleProvider
+        if spec.path is not None:
+            return ScriptedProvider.from_file(spec.path)
+        return ScriptedProvider.from_json({"steps": spec.steps})
+    if isinstance(spec, OpenAISpec):
+        from maka_core.providers.openai_compat import DEFAULT_TIMEOUT_S, OpenAICompatibleProvider
 
-        allowed = {"kind", "model", "baseUrl", "system", "timeoutSeconds"}
-        model = spec.get("model")
-        if not isinstance(model, str) or not model or set(spec) - allowed:
-            raise ConfigError(
-                "provider_spec_invalid",
-                f"an openai spec is {{kind, model, and optionally {sorted(allowed)}}}",
-            )
         return OpenAICompatibleProvider(
-            model=model,
-            base_url=spec.get("baseUrl"),
-            system=spec.get("system"),
-            timeout_s=float(spec.get("timeoutSeconds", 120.0)),
+            model=spec.model,
+            base_url=spec.base_url,
+            system=spec.system,
+            timeout_s=float(spec.timeout_seconds or DEFAULT_TIMEOUT_S),
         )
-    raise ConfigError("provider_spec_invalid", f"unknown provider kind {kind!r} (script or openai)")
+    from maka_core.providers.anthropic_messages import AnthropicProvider
+
+    return AnthropicProvider.from_spec(spec)

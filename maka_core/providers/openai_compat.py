@@ -17,7 +17,7 @@ import openai
 from maka_core.errors import CodecError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
-from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError
+from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError, result_text, status_error
 
 if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
@@ -56,19 +56,8 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(content, FunctionResponseContent):
-            messages.append({"role": "tool", "tool_call_id": content.id, "content": _result_text(content)})
+            messages.append({"role": "tool", "tool_call_id": content.id, "content": result_text(content)})
     return messages
-
-
-def _result_text(content: FunctionResponseContent) -> str:
-    result = content.result
-    if isinstance(result, dict) and result.get("kind") == "text" and isinstance(result.get("text"), str):
-        text: str = result["text"]
-    elif isinstance(result, dict) and result.get("kind") == "json" and "value" in result:
-        text = canonical_json.dumps(result["value"])
-    else:
-        text = canonical_json.dumps(result)
-    return f"Error: {text}" if content.is_error else text
 
 
 def _parse_args(raw: str | None, name: str) -> dict[str, Any]:
@@ -87,28 +76,43 @@ def _parse_args(raw: str | None, name: str) -> dict[str, Any]:
     return value
 
 
+def _context_exceeded(exc: openai.APIStatusError) -> bool:
+    # OpenAI says ``context_length_exceeded``; compatible servers (vLLM, LiteLLM) often say it in words.
+    return exc.code == "context_length_exceeded" or "maximum context length" in exc.message.lower()
+
+
 def _classify(exc: Exception) -> ProviderError:
-    """The deliberate retry decision for each SDK failure."""
+    """The deliberate retry decision for each SDK failure (the status table is ``status_error``'s)."""
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError("provider_timeout", str(exc), retryable=True)
     if isinstance(exc, openai.APIConnectionError):
         return ProviderError("provider_connection_failed", str(exc), retryable=True)
     if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retry_after = exc.response.headers.get("retry-after") if exc.response is not None else None
-        detail: dict[str, Any] = {"status": status, "retryAfter": retry_after}
-        if status == 429:
-            return ProviderError("provider_rate_limited", exc.message, retryable=True, **detail)
-        if status >= 500 or status in (408, 409):
-            return ProviderError("provider_unavailable", exc.message, retryable=True, **detail)
-        if status in (401, 403):
-            return ProviderError("provider_auth_failed", exc.message, retryable=False, **detail)
-        if status == 404:
-            return ProviderError("provider_not_found", exc.message, retryable=False, **detail)
-        return ProviderError("provider_bad_request", exc.message, retryable=False, **detail)
+        headers = exc.response.headers if exc.response is not None else {}
+        return status_error(exc.status_code, exc.message, headers, context_exceeded=_context_exceeded(exc))
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError("provider_invalid_response", str(exc), retryable=True)
     return ProviderError("provider_error", f"{type(exc).__name__}: {exc}", retryable=False)
+
+
+def _usage(usage: Any, finish_reason: str | None) -> dict[str, Any] | None:
+    """The response's usage in Maka's ``tokenUsage`` shape (``prompt_tokens`` counts cached ones)."""
+    if usage is None:
+        return None
+    out: dict[str, Any] = {
+        "input": usage.prompt_tokens,
+        "output": usage.completion_tokens,
+        "total": usage.total_tokens,
+    }
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    if isinstance(cached, int):
+        out["cacheRead"] = cached
+    reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+    if isinstance(reasoning, int):
+        out["reasoning"] = reasoning
+    if finish_reason:
+        out["rawFinishReason"] = finish_reason
+    return out
 
 
 class OpenAICompatibleProvider:
@@ -158,7 +162,7 @@ class OpenAICompatibleProvider:
         try:
             response = await client.chat.completions.create(**request)
         except openai.OpenAIError as exc:
-            raise _classify(exc) from None
+            raise _classify(exc).redacted(self._api_key) from None
         if not response.choices:
             raise ProviderError("provider_invalid_response", "the response has no choices", retryable=True)
         message = response.choices[0].message
@@ -176,13 +180,7 @@ class OpenAICompatibleProvider:
                     args=_parse_args(function.arguments, function.name),
                 )
             )
-        usage = None
-        if response.usage is not None:
-            usage = {
-                "promptTokens": response.usage.prompt_tokens,
-                "completionTokens": response.usage.completion_tokens,
-                "totalTokens": response.usage.total_tokens,
-            }
+        usage = _usage(response.usage, response.choices[0].finish_reason)
         return ModelOutput(text=message.content or None, tool_calls=tuple(calls), usage=usage)
 
     async def aclose(self) -> None:

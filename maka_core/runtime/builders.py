@@ -67,6 +67,20 @@ def model_text(ids: RunIds, step_id: str, text: str, ts: int) -> RuntimeEvent:
     )
 
 
+def step_usage(ids: RunIds, step_id: str, usage: dict[str, Any], ts: int) -> RuntimeEvent:
+    """A step's token usage: Maka's ``tokenUsage`` action alone on a model-invisible system event
+    (a call event may carry no action but ``stateDelta``, and a call-only step has no text event),
+    committed in the step's own transaction. Raises ``ValueError`` for a shape Maka refuses."""
+    return RuntimeEvent(
+        **_base(ids, f"{step_id}:usage", ts),
+        role="system",
+        author="system",
+        model_visibility="hidden",
+        actions=Actions(token_usage=usage),
+        refs=Refs(step_id=step_id),
+    )
+
+
 def model_call(
     ids: RunIds,
     step_id: str,

@@ -15,6 +15,8 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from maka_core.providers.spec import RecordedSpec
+
 #: A session as people see it (the workflow's state; the ledger derives the same one).
 SessionState = Literal["idle", "running", "parked", "failed"]
 #: How a run ended, as the workflow reports it to ``finish_run``.
@@ -145,7 +147,7 @@ class BeginRunInput(Contract):
     #: The session's settings, recorded on the user event (``lost_run.session_record``) so the
     #: ledger alone can carry the session when its Temporal history is gone.
     workspace_identity: str | None = None
-    provider: dict[str, Any] | None = None
+    provider: RecordedSpec | None = None
     #: The session's workspace host and host wait (seconds), recorded beside the workspace.
     host: str | None = None
     host_wait_s: float | None = None
@@ -170,7 +172,7 @@ class ModelStepInput(Contract):
     ids: RunIds
     step: int = Field(ge=0)
     workspace: str
-    provider: dict[str, Any]
+    provider: RecordedSpec
     #: True when the previous step of this run produced tool results (failpoint P7's place).
     after_tools: bool = False
 
@@ -198,7 +200,7 @@ class NextStep(Contract):
     holds only the step index and the provider spec."""
 
     step: int = Field(ge=0)
-    provider: dict[str, Any]
+    provider: RecordedSpec
 
 
 class ToolInput(Contract):

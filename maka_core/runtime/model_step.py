@@ -151,6 +151,13 @@ async def model_step(
     for index, call in enumerate(output.tool_calls):
         op = f"op-{uuid.uuid4()}"
         batch.append(builders.model_call(ids, step_id, index, call.id, call.name, dict(call.args), op, ts))
+    if output.usage is not None:
+        try:
+            batch.append(builders.step_usage(ids, step_id, dict(output.usage), ts))
+        except ValueError:
+            # Usage is an account, not the step's output: a shape Maka refuses is not committed, and
+            # the step still is.
+            log.warning("step %s: provider usage not in Maka's tokenUsage shape; not recorded", step_id)
     if output.tool_calls:
         failpoints.hit("P0")
     try:

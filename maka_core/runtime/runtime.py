@@ -55,6 +55,7 @@ from maka_core.errors import MakaError
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
+from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec, parse_provider_spec
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
@@ -392,12 +393,13 @@ class Runtime:
             )
         return gov
 
-    def provider(self, spec: Mapping[str, Any]) -> Provider:
+    def provider(self, spec: ProviderSpec | UnrecognizedSpec | Mapping[str, Any]) -> Provider:
         """The provider for ``spec`` (cached by its canonical JSON)."""
-        key = json.dumps(spec, sort_keys=True)
+        parsed = parse_provider_spec(dict(spec) if isinstance(spec, Mapping) else spec)
+        key = json.dumps(parsed.to_json(), sort_keys=True)
         provider = self._providers.get(key)
         if provider is None:
-            provider = self._providers[key] = provider_from_spec(dict(spec))
+            provider = self._providers[key] = provider_from_spec(parsed)
         return provider
 
     def tool_specs(self) -> list[dict[str, Any]]:

@@ -23,12 +23,44 @@ if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
 
 
+#: The ``tokenUsage`` counts a turn's and a session's totals sum (Maka's names); ``None`` where no
+#: step recorded usage (a scripted provider reports none: unknown is not zero).
+USAGE_COUNTS = ("input", "output", "total", "cacheRead", "cacheCreation", "reasoning")
+
+
+def usage_by_run(events: list[RuntimeEvent]) -> dict[str, dict[str, int | float]]:
+    """Each run's summed ``tokenUsage`` (every model step commits its own), by run id."""
+    totals: dict[str, dict[str, int | float]] = {}
+    for e in events:
+        usage = e.actions.token_usage if e.actions is not None else None
+        if not usage:
+            continue
+        run = totals.setdefault(e.run_id, {})
+        for key in USAGE_COUNTS:
+            value = usage.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                run[key] = run.get(key, 0) + value
+    return totals
+
+
+def sum_usage(parts: list[dict[str, int | float]]) -> dict[str, int | float] | None:
+    if not parts:
+        return None
+    out: dict[str, int | float] = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
 @dataclass(frozen=True)
 class TurnView:
     turn_id: str
     run_id: str
     status: str
     park_reason: str | None
+    #: The turn's token usage, summed over its model steps (``None``: none recorded).
+    usage: dict[str, int | float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +68,7 @@ class TurnView:
             "runId": self.run_id,
             "status": self.status,
             "parkReason": self.park_reason,
+            "usage": self.usage,
         }
 
 
@@ -80,6 +113,8 @@ class SessionView:
     event_count: int
     #: Operator resolutions, beside the parks they answer (operation id -> what was recorded).
     resolutions: dict[str, dict[str, Any]] | None = None
+    #: The session's token usage over all its turns (``None``: none recorded).
+    usage: dict[str, int | float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``maka session status --json`` contract object."""
@@ -91,6 +126,7 @@ class SessionView:
             "turns": [t.to_json() for t in self.turns],
             "operations": [o.to_json() for o in self.operations],
             "eventCount": self.event_count,
+            "usage": self.usage,
             **({"resolutions": self.resolutions} if self.resolutions else {}),
         }
 
@@ -184,12 +220,14 @@ def session_view(
     derived, derived_reason = derive_state(runs, ops)
     if state is None:
         state, park_reason = derived, derived_reason
+    usage = usage_by_run(events)
     turns = tuple(
         TurnView(
             turn_id=r.turn_id,
             run_id=r.run_id,
             status="parked" if r.park_reason else r.status,
             park_reason=r.park_reason,
+            usage=usage.get(r.run_id),
         )
         for r in runs
         if not is_resolution_run(r.run_id)
@@ -203,6 +241,7 @@ def session_view(
         operations=tuple(ops),
         event_count=len(events),
         resolutions=resolutions_of(events) or None,
+        usage=sum_usage(list(usage.values())),
     )
 
 

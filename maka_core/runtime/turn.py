@@ -95,7 +95,7 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
             record = SessionRecord(
                 inp.workspace,
                 inp.workspace_identity,
-                dict(inp.provider),
+                inp.provider.to_json(),
                 inp.task_queue,
                 inp.host,
                 inp.host_wait_s,

@@ -1,0 +1,169 @@
+"""The provider spec: which model a session talks to, as one pydantic union tagged by ``kind``.
+
+Declared once; the workflow input (``SessionInput.provider`` and the activity inputs that carry
+it), the CLI's ``--model PROVIDER:NAME`` and the factory (``provider_from_spec``) all use it. It
+is persisted data: it is written into Temporal histories and onto each run's user event
+(``lost_run.SessionRecord``), so every spec recorded before this union existed (plain dicts)
+decodes to a model whose JSON is that same dict.
+
+A spec never carries a credential: keys and base URLs come from the worker's environment
+(``OPENAI_API_KEY``/``OPENAI_BASE_URL``, ``ANTHROPIC_API_KEY``/``ANTHROPIC_BASE_URL``), so no key
+can reach a history, a ledger row or a log through the session. An unknown field (``apiKey``) is
+refused, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from maka_core.errors import ConfigError
+
+ProviderKind = Literal["script", "openai", "anthropic"]
+#: ``--model PROVIDER:NAME`` prefixes: the model-serving kinds (a script is ``--script FILE``).
+MODEL_KINDS: Final[tuple[str, ...]] = ("openai", "anthropic")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True
+    )
+
+    @model_serializer(mode="wrap")
+    def _drop_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A recorded spec names only what was set: absent stays absent, so old dicts round-trip.
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec's JSON object, as histories and ledger rows hold it."""
+        out: dict[str, Any] = self.model_dump(mode="json")
+        return out
+
+
+class ScriptSpec(_Spec):
+    """A scripted provider: the steps inline, or the path of a script file (exactly one)."""
+
+    kind: Literal["script"] = "script"
+    steps: list[Any] | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScriptSpec:
+        if (self.steps is None) == (self.path is None):
+            raise ValueError("a script spec has exactly one of steps or path")
+        return self
+
+
+class OpenAISpec(_Spec):
+    """An OpenAI-compatible chat-completions model (key and base URL from the environment)."""
+
+    kind: Literal["openai"] = "openai"
+    model: str = Field(min_length=1)
+    system: str | None = None
+    timeout_seconds: int | float | None = Field(default=None, gt=0)
+    #: Kept only so specs recorded before the environment became the one source keep decoding
+    #: (and keep their endpoint); nothing in maka writes it, and a new spec should not.
+    base_url: str | None = None
+
+
+class AnthropicSpec(_Spec):
+    """A Claude model on Anthropic's Messages API (key and base URL from the environment)."""
+
+    kind: Literal["anthropic"] = "anthropic"
+    model: str = Field(min_length=1)
+    system: str | None = None
+    #: The Messages API requires a bound on output tokens (``DEFAULT_MAX_TOKENS`` when absent).
+    max_tokens: int | None = Field(default=None, gt=0)
+    timeout_seconds: int | float | None = Field(default=None, gt=0)
+
+
+ProviderSpec = Annotated[ScriptSpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[ScriptSpec | OpenAISpec | AnthropicSpec] = TypeAdapter(ProviderSpec)
+
+
+class UnrecognizedSpec(RootModel[dict[str, Any]]):
+    """A recorded JSON object that is no valid spec, kept verbatim.
+
+    Before the union a workflow input took any object, and a bad one failed the model step with
+    ``provider_spec_invalid``; such a history must keep replaying, and still fail there, not on
+    decoding (a workflow task that cannot decode its input is stuck, not failed). Never written
+    by maka: a new session's spec is checked first (``new_session_spec``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.root)
+
+
+#: What a workflow or activity input holds: a spec, or (histories only) an unrecognized object.
+RecordedSpec = Annotated[ProviderSpec | UnrecognizedSpec, Field(union_mode="left_to_right")]
+
+
+def parse_provider_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
+    """A spec from its JSON object (or a spec, returned as is; an ``UnrecognizedSpec`` is judged).
+
+    Raises:
+        ConfigError: ``provider_spec_invalid``, naming the first problem.
+    """
+    if isinstance(raw, ScriptSpec | OpenAISpec | AnthropicSpec):
+        return raw
+    if isinstance(raw, UnrecognizedSpec):
+        raw = raw.to_json()
+    if not isinstance(raw, dict):
+        raise ConfigError("provider_spec_invalid", "a provider spec is a JSON object")
+    try:
+        return _ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "spec"
+        raise ConfigError(
+            "provider_spec_invalid", f"provider spec {where}: {first['msg']}", kind=str(raw.get("kind"))
+        ) from None
+
+
+def new_session_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
+    """The spec of a session being started now: ``parse_provider_spec``, and no ``baseUrl`` (a
+    recorded spec keeps decoding with its own; a new session's endpoint is the worker's
+    ``OPENAI_BASE_URL``, so no URL, with or without credentials in it, enters a history).
+
+    Raises:
+        ConfigError: ``provider_spec_invalid``.
+    """
+    spec = parse_provider_spec(raw)
+    if isinstance(spec, OpenAISpec) and spec.base_url is not None:
+        raise ConfigError(
+            "provider_spec_invalid", "a new session's base URL comes from the worker's OPENAI_BASE_URL"
+        )
+    return spec
+
+
+def model_spec(text: str) -> OpenAISpec | AnthropicSpec:
+    """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``).
+
+    A bare name (no known ``PROVIDER:`` prefix) stays ``openai``, as ``--model`` always meant.
+
+    Raises:
+        ConfigError: ``config_invalid`` for an empty name.
+    """
+    kind, sep, name = text.partition(":")
+    if not sep or kind not in MODEL_KINDS:
+        kind, name = "openai", text
+    name = name.strip()
+    if not name:
+        raise ConfigError("config_invalid", "give --model PROVIDER:NAME (openai:... or anthropic:...)")
+    if kind == "anthropic":
+        return AnthropicSpec(model=name)
+    return OpenAISpec(model=name)

@@ -149,21 +149,26 @@ async def settle_lost_run(rt: Runtime, run_id: str, record: SessionRecord | None
                 reason: ParkReason = park_reason_for(op) if record is not None else "workspace_unavailable"
                 park, parked_op = park or reason, parked_op or op.operation_id
                 continue
-            result = await recover_operation(
-                rt,
-                RecoverInput(
-                    session_id=session_id,
-                    run_id=run_id,
-                    call=CallRef(
-                        tool_call_id=op.tool_call_id,
-                        operation_id=op.operation_id,
-                        tool_name=op.tool_name or "",
+            try:
+                result = await recover_operation(
+                    rt,
+                    RecoverInput(
+                        session_id=session_id,
+                        run_id=run_id,
+                        call=CallRef(
+                            tool_call_id=op.tool_call_id,
+                            operation_id=op.operation_id,
+                            tool_name=op.tool_name or "",
+                        ),
+                        workspace=record.workspace,
+                        workspace_identity=record.workspace_identity,
                     ),
-                    workspace=record.workspace,
-                    workspace_identity=record.workspace_identity,
-                ),
-                Attempt(),
-            )
+                    Attempt(),
+                )
+            except LedgerRejection as exc:
+                if exc.code != "run_already_terminal":
+                    raise
+                break  # another repairer settled the run meanwhile: its terminal fact stands
             if result.status == "completed":
                 recovered.append(op.operation_id)
             elif result.status == "parked" and park is None:

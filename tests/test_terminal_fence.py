@@ -11,6 +11,8 @@ a terminal fact stays admitted.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,17 @@ from maka_core.errors import LedgerRejection
 from maka_core.facts import codec
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
+from maka_core.runtime import tool_call
+from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.resolution import resolve_operation
+from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import CommitResult, LedgerStore
+from maka_core.tools import default_tools
+from maka_core.tools.sandbox import sandbox_status
+from maka_core.workspace import Workspace
 from tests.drills import maka_cli
 from tests.ledger_factory import call, dispatch, response, t1, terminal, text, user
+from tests.test_runtime import ATTEMPT, one_call, op_status, run, tool_input
 
 
 class OldWriter(LedgerStore):
@@ -158,3 +167,62 @@ def test_audit_reports_an_imported_event_after_the_terminal_fact_as_drift(tmp_pa
                 "message": "2 event(s) after terminal fact evt-terminal-1, first op-call-1_response",
             }
         ]
+
+
+# --- a cancelled attempt stops its tool -------------------------------------------------------
+
+
+class DeafBash:
+    """Today's effect leg before the fix: the tool runs with a heartbeat nobody can stop
+    (``no_heartbeat``), so a cancelled attempt's bash goes on and its T2 commits later."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> Any:
+        return self.inner.run(args, ws, lambda: None)
+
+
+def _cancel_mid_command(rt: Runtime, ws: Workspace) -> CallRef:
+    """A bash call that sleeps, then appends to log.txt; its attempt is cancelled one second in
+    (what Temporal does once a heartbeat learns that the workflow execution is gone)."""
+    ref = one_call(rt, ws, "bash", {"command": "sleep 3; echo ran >> log.txt"})
+
+    async def main() -> None:
+        task = asyncio.create_task(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # Past the command's own end: had it gone on, its line and its T2 would be there by now.
+        await asyncio.sleep(3.5)
+
+    run(main())
+    return ref
+
+
+@pytest.mark.skipif(not sandbox_status().available, reason="bubblewrap sandbox unavailable")
+@pytest.mark.parametrize("variant", ["stops", "deaf"])
+def test_a_cancelled_attempt_kills_its_command_and_commits_no_outcome(
+    tmp_path: Path, ws: Workspace, variant: str
+) -> None:
+    store = LedgerStore.open(tmp_path / "ledger.sqlite")
+    tools = default_tools()
+    if variant == "deaf":
+        tools = {**tools, "bash": DeafBash(tools["bash"])}  # type: ignore[dict-item]
+    rt = Runtime(store, tools=tools)
+    try:
+        ref = _cancel_mid_command(rt, ws)
+        ran = (ws.root / "log.txt").exists()
+        status = op_status(rt, ref)
+    finally:
+        rt.close()
+        store.close()
+    if variant == "deaf":  # the negative control: the zombie goes on and commits its outcome
+        assert ran and status == ("completed", "matching_response")
+        return
+    assert not ran, "the cancelled attempt's command ran to its end"
+    assert status == ("indeterminate", "dispatch_without_response")

@@ -4,7 +4,8 @@ The zombie of issue 23: ``temporal workflow terminate`` does not stop a running 
 repair that settles the run (its terminal fact) races the old attempt's T2 and next model step.
 The refusal lives inside the writer transaction (the scanner is synced under the write lock), so
 a second handle that synced before the terminal committed is refused all the same. Negative
-control: the old writer (no refusal, ``OldWriter``) admits the late T2 and the run is wedged.
+control: the old writer (no refusal, ``OldWriter``) admits the late T2 and the run is wedged; the
+old effect leg (``DeafBash``: a heartbeat that never says stop) lets a cancelled attempt's bash run on.
 What an exact retry, an operator resolution, a continuation and an import may still commit after
 a terminal fact stays admitted.
 """
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection
 
 from activities import to_application_error
 from maka_core.audit.model import read_ledger
@@ -31,21 +31,14 @@ from maka_core.runtime import tool_call
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.resolution import resolve_operation
 from maka_core.runtime.runtime import Runtime
-from maka_core.store.writer import CommitResult, LedgerStore
+from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
 from maka_core.tools.sandbox import sandbox_status
 from maka_core.workspace import Workspace
+from tests.children.old_writer_worker import DeafBash, OldWriter
 from tests.drills import maka_cli
 from tests.ledger_factory import call, dispatch, response, t1, terminal, text, user
 from tests.test_runtime import ATTEMPT, one_call, op_status, run, tool_input
-
-
-class OldWriter(LedgerStore):
-    """Today's writer before the fix: a live write never asks whether its run has ended."""
-
-    def _admit_group(self, conn: Connection, transition: Any, batch: Any, **kwargs: Any) -> CommitResult:
-        kwargs["live"] = False
-        return super()._admit_group(conn, transition, batch, **kwargs)
 
 
 def _ended_with_op_in_flight(store: LedgerStore) -> None:
@@ -170,20 +163,6 @@ def test_audit_reports_an_imported_event_after_the_terminal_fact_as_drift(tmp_pa
 
 
 # --- a cancelled attempt stops its tool -------------------------------------------------------
-
-
-class DeafBash:
-    """Today's effect leg before the fix: the tool runs with a heartbeat nobody can stop
-    (``no_heartbeat``), so a cancelled attempt's bash goes on and its T2 commits later."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> Any:
-        return self.inner.run(args, ws, lambda: None)
 
 
 def _cancel_mid_command(rt: Runtime, ws: Workspace) -> CallRef:

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
 
 from maka_core.errors import MakaError
+from maka_core.facts.run_header import RunHeader
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
 from maka_core.runtime.inspect import inspect_host
-from maka_core.runtime.lost_run import settle_lost_run
+from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
+from workers.attempt_fence import AttemptFence
 from workers.cli_base import (
     db_option,
     finish,
@@ -66,9 +69,14 @@ def _quiet(event: str, **fields: Any) -> None:
     log.info("%s %s", event, fields)
 
 
-async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
+#: Waits until a lost run's tool attempt cannot still be running (``workers.attempt_fence``).
+Fence = Callable[[RunHeader, list[str]], Awaitable[None]]
+
+
+async def settle_lost_runs(rt: Runtime, session_id: str, fence: Fence | None = None) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
-    except a claimed continuation that has not run yet (the resume executes it)."""
+    except a claimed continuation that has not run yet (the resume executes it). A run with a tool
+    in flight (T1, no T2) first goes through ``fence``."""
     session = await rt.on_ledger(lambda: read_session(rt.ledger, session_id))  # type: ignore[arg-type]
     settled = []
     for run in session.runs:
@@ -79,6 +87,9 @@ async def settle_lost_runs(rt: Runtime, session_id: str) -> list[str]:
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
             continue
+        in_flight = in_flight_operations(events)
+        if fence is not None and in_flight:
+            await fence(run, in_flight)
         await settle_lost_run(rt, run.run_id, session.record)
         settled.append(run.run_id)
     return settled
@@ -133,11 +144,14 @@ async def resume_lost_session(
     repair_grace_ms: int = 10_000,
     announce: Announce = _quiet,
     host: str | None = None,
+    fence: Fence | None = None,
 ) -> dict[str, Any]:
     """Resume one session whose execution is closed or gone, or whose open execution is parked
     with ``workspace_host_unavailable`` (``resume_on_host``); returns the output object.
     ``host``: only a host park of a session pinned to this host is resumed (a worker's
-    auto-resume takes its own host's sessions, never another's).
+    auto-resume takes its own host's sessions, never another's). ``fence``: how a lost run's
+    tool attempt is waited out before the run is settled (default: ``AttemptFence``, announcing
+    its progress).
 
     Raises:
         MakaError: ``session_busy``, ``session_not_found``, ``resume_not_needed``,
@@ -166,7 +180,13 @@ async def resume_lost_session(
     runs = await rt.on_ledger(lambda: rt.ledger.list_runs(session_id=session_id))
     if not runs:
         raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
-    await settle_lost_runs(rt, session_id)
+    if fence is None:
+        fence = AttemptFence(
+            client,
+            rt.settings.tool_heartbeat_timeout_s,
+            say=lambda message: announce("attempt_fence", sessionId=session_id, message=message),
+        )
+    await settle_lost_runs(rt, session_id, fence)
     tools = tuple(rt.tools.keys())
     decision: ResumeDecision = await rt.on_ledger(
         lambda: resume_session(
@@ -373,8 +393,13 @@ def cmd_resume(
         client = await connect(address, namespace)
         store = open_ledger(s.ledger, create=False)
         rt = default_runtime(store, s.runtime_settings())
+        fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
-            out = await resume_lost_session(client, rt, session_id, task_queue=queue, feature_enabled=feature)
+            out = await resume_lost_session(
+                client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
+            )
+            if fence.waited:
+                out["attemptFenceS"] = round(fence.waited, 1)
             if wait and out["decision"] == "continue":
                 out = await wait_continued(client, rt, out)
         finally:
@@ -389,6 +414,10 @@ def cmd_resume(
         return 0 if not wait or out["state"] == "idle" else 1
 
     finish(run_async(main()))
+
+
+def _progress(message: str) -> None:
+    print(f"maka: {message}", file=sys.stderr, flush=True)
 
 
 def _print(out: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
+from workers.attempt_fence import AttemptFence
 from workers.ledger_guard import open_checked, watch, worker_identity
 from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
 from workers.sandbox_runner import CompiledOnceSandboxRunner
@@ -121,13 +122,16 @@ async def startup_repair(
         repaired = [(r.run_id, next(h.session_id for h in runs if h.run_id == r.run_id)) for r in results]
     else:
         repaired = []
+        fence = AttemptFence(
+            client, runtime.settings.tool_heartbeat_timeout_s, say=lambda message: log.info("%s", message)
+        )
         for run in runs:
             if run.status not in ("running", "parked") or run.run_id in open_runs:
                 continue
             if await asyncio.to_thread(_pinned_elsewhere, store, run.session_id, host):
                 report.left_to_host.append(run.run_id)
                 continue
-            settled = await settle_lost_runs(runtime, run.session_id)
+            settled = await settle_lost_runs(runtime, run.session_id, fence)
             repaired.extend((run_id, run.session_id) for run_id in settled)
             if not settled and run.session_id not in report.sessions_to_resume:
                 report.sessions_to_resume.append(run.session_id)  # a claimed continuation to execute

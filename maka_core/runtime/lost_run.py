@@ -89,6 +89,19 @@ def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:
     return None
 
 
+def in_flight_operations(events: list[RuntimeEvent]) -> list[str]:
+    """Operations of a run with T1 and no outcome: their tool may still be running somewhere (a
+    zombie attempt of a closed execution), so the run is settled only once it cannot be
+    (``workers.attempt_fence``)."""
+    return [
+        op.operation_id
+        for op in resolve(scan(events)).operations
+        if op.operation_id is not None
+        and op.status == "indeterminate"
+        and op.reason == "dispatch_without_response"
+    ]
+
+
 @dataclass(frozen=True)
 class LostRunResult:
     """What settling a lost run did: the repair, and the park it recorded (if any)."""

@@ -16,6 +16,8 @@ without the fence reproduce the wedge, caught by the same consistency check.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import pytest
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from tests.drills import Sandbox, ready, stop
+from tests.drills import Sandbox, maka_cli, ready, stop
 from tests.temporal_support import WorkerProcess, start, write_script
 from tests.test_resume_temporal import cli
 from workers.resume_cli import resume_lost_session
@@ -94,6 +96,36 @@ async def _terminate_mid_command(
     return session_id, op_id
 
 
+#: The command the zombie runs: it appends its line once the test releases it (``ws/go``), so the
+#: drills decide, independent of how fast a process starts on a loaded machine, whether it ends
+#: before or after the settlement began.
+COMMAND = "until [ -e go ]; do sleep 0.1; done; echo ran >> log.txt"
+
+
+def _release(box: Sandbox) -> None:
+    (box.ws / "go").write_text("")
+
+
+async def _resume_releasing(box: Sandbox, session_id: str) -> tuple[int, dict[str, Any], str]:
+    """``maka resume SESSION --wait --json``; the zombie's command is released as soon as the
+    resume says (on stderr) that it waits out the old attempt."""
+    env = {**os.environ, "MAKA_HOME": str(box.root), "TEMPORAL_ADDRESS": box.server.address}
+    proc = await asyncio.create_subprocess_exec(
+        *maka_cli(), "resume", session_id, "--wait", "--db", str(box.db), "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    err = []
+    async for raw in proc.stderr:
+        line = raw.decode()
+        err.append(line)
+        if "has T1 and no T2; waiting" in line:
+            _release(box)
+    out = (await proc.stdout.read()).decode()
+    code = await proc.wait()
+    return code, json.loads(out) if out.strip() else {}, "".join(err)
+
+
 def _log_lines(box: Sandbox) -> list[str]:
     path = box.ws / "log.txt"
     return path.read_text().splitlines() if path.exists() else []
@@ -127,22 +159,23 @@ async def test_a_zombie_whose_command_finishes_first_is_waited_out_and_the_conti
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
     box = Sandbox(temporal_server, tmp_path / "finishes")
-    # A 10 s heartbeat timeout: the SDK sends the attempt's first heartbeat at once (about 1 s in)
-    # and the next one 8 s later, so terminated 1.5 s in, the worker learns the execution is gone
-    # only after its 5 s command finished: its T2 and next step commit while the resume waits.
-    worker = _worker(box, heartbeat_s=10.0)
+    # A 30 s heartbeat timeout: the SDK sends the attempt's first heartbeat at once (about 1 s in)
+    # and the next one 24 s later, so terminated 3 s in, the worker learns the execution is gone
+    # only then; the command is released as the resume begins to wait, so it ends first and its T2
+    # and next step commit while the resume waits.
+    worker = _worker(box, heartbeat_s=30.0)
     await ready(worker)
     try:
-        script = _script(tmp_path / "script.json", "sleep 5; echo ran >> log.txt")
-        session_id, op_id = await _terminate_mid_command(temporal_client, box, script, after_s=1.5)
+        script = _script(tmp_path / "script.json", COMMAND)
+        session_id, op_id = await _terminate_mid_command(temporal_client, box, script, after_s=3.0)
         began = time.monotonic()
-        code, out, err = await cli(box, "resume", session_id, "--wait")
+        code, out, err = await _resume_releasing(box, session_id)
         took = time.monotonic() - began
         print(f"zombie drill (finishes first): resume took {took:.1f}s, fence {out.get('attemptFenceS')}s")
         assert code == 0, (out, err)
         assert out["decision"] == "continue" and out["state"] == "idle", out
-        assert 4.0 <= out["attemptFenceS"] <= 14.0, out
-        assert "has T1 and no T2; waiting" in err and "fenced after" in err, err
+        assert 15.0 <= out["attemptFenceS"] <= 34.0, out
+        assert "fenced after" in err, err
         assert _log_lines(box) == ["ran"]
         code, status, _ = await cli(box, "session", "status", session_id)
         assert status["state"] == "idle", status
@@ -158,24 +191,61 @@ async def test_a_zombie_whose_command_finishes_first_is_waited_out_and_the_conti
     assert _log_lines(box) == ["ran"]
 
 
+async def test_a_new_workers_startup_repair_waits_out_the_zombie_too(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """The other settler: a worker started right after the terminate settles the lost run in its
+    startup repair, beside the old worker whose bash still runs (timing as above; the command is
+    released once the new worker says it waits)."""
+    box = Sandbox(temporal_server, tmp_path / "startup")
+    zombie = _worker(box, heartbeat_s=30.0)
+    await ready(zombie)
+    fresh = None
+    try:
+        script = _script(tmp_path / "script.json", COMMAND)
+        session_id, op_id = await _terminate_mid_command(temporal_client, box, script, after_s=3.0)
+        began = time.monotonic()
+        fresh = _worker(box, heartbeat_s=30.0)
+        await _until("the new worker's fence", lambda: "has T1 and no T2; waiting" in fresh.log.read_text())
+        _release(box)
+        await ready(fresh, timeout=90)  # it polls once its startup repair is done
+        waited = time.monotonic() - began
+        print(f"zombie drill (startup repair): worker ready {waited:.1f}s after the terminate")
+        assert "fenced after" in fresh.log.read_text()
+        assert waited >= 25.0, waited  # 30 s + 3 s after the close
+        (op,) = [o for o in resolve(_events(box, session_id)).operations if o.operation_id == op_id]
+        assert op.status == "completed", op  # the zombie's T2 landed before the repair's terminal fact
+        assert inconsistencies(box, session_id, {}) == []
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["decision"] == "continue" and out["state"] == "idle", (out, err)
+        assert _log_lines(box) == ["ran"]
+        code, audit, err = await cli(box, "audit", session_id)
+        assert code == 0 and audit["ok"], (audit.get("findings"), err)
+    finally:
+        await stop(zombie)
+        if fresh is not None:
+            await stop(fresh)
+
+
 async def test_a_zombie_whose_heartbeat_learns_first_is_killed_and_its_operation_parks_resolvably(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
     box = Sandbox(temporal_server, tmp_path / "killed")
-    # Terminated at once (before the attempt's first heartbeat, sent at once), the worker learns
-    # the execution is gone long before its 6 s command would append its line; the cancelled
-    # attempt kills bash and commits no T2.
+    # Terminated at once, before the attempt's first heartbeat (sent about 0.5 s in): the worker
+    # learns the execution is gone from it; the cancelled attempt kills bash (never released until
+    # the resume is over) and commits no T2.
     worker = _worker(box, heartbeat_s=2.0)
     await ready(worker)
     try:
-        script = _script(tmp_path / "script.json", "sleep 6; echo ran >> log.txt")
+        script = _script(tmp_path / "script.json", COMMAND)
         session_id, op_id = await _terminate_mid_command(temporal_client, box, script)
         code, out, err = await cli(box, "resume", session_id, "--wait")
+        _release(box)
         assert code == 1, (out, err)
         # As any lost bash with T1 and no T2 (test_resume_temporal): the planner parks the source.
         assert out["decision"] == "park" and out["parkReason"] == "source_run_unreadable", out
         assert 2.0 <= out["attemptFenceS"] <= 6.0, out
-        await asyncio.sleep(7.0)  # past the command's own end: a live bash would have written by now
+        await asyncio.sleep(3.0)  # released: a bash still alive would have written by now
         assert _log_lines(box) == []
         code, status, _ = await cli(box, "session", "status", session_id)
         assert status["state"] == "parked" and status["parkReason"] == "dispatch_without_response", status
@@ -205,7 +275,7 @@ async def test_negative_control_the_old_writer_and_an_unfenced_resume_wedge_the_
     worker = _worker(box, heartbeat_s=10.0, entry=OLD_WORKER)
     await ready(worker)
     try:
-        script = _script(tmp_path / "script.json", "sleep 3; echo ran >> log.txt")
+        script = _script(tmp_path / "script.json", COMMAND)
         session_id, op_id = await _terminate_mid_command(temporal_client, box, script, after_s=1.5)
         with LedgerStore.open(box.db) as store:
             rt = Runtime(store)
@@ -216,6 +286,7 @@ async def test_negative_control_the_old_writer_and_an_unfenced_resume_wedge_the_
             finally:
                 rt.close()
         assert out["decision"] == "park" and out["parkReason"] == "source_run_unreadable", out
+        _release(box)  # the zombie's command ends after the settlement
 
         def zombie_t2() -> bool:
             ops = resolve(_events(box, session_id)).operations

@@ -99,7 +99,12 @@ def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> 
 
 
 async def startup_repair(
-    client: Client, store: LedgerStore, runtime: Runtime | None = None, *, host: str | None = None
+    client: Client,
+    store: LedgerStore,
+    runtime: Runtime | None = None,
+    *,
+    host: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> RepairReport:
     """Repair every non-terminal run whose hosting execution is closed or gone.
 
@@ -107,7 +112,9 @@ async def startup_repair(
     (``lost_run.settle_lost_run``: re-read, reconcile or park each unsettled operation), and a
     claimed continuation that never ran is left for resume to execute. With ``host``, a run of a
     session pinned to another host is left alone: its recovery reads a workspace that lives there,
-    so that host's worker (or ``maka resume`` run there) settles it.
+    so that host's worker (or ``maka resume`` run there) settles it. A lost run with a tool in
+    flight is settled once its old attempt cannot still be running (``workers.attempt_fence``;
+    ``say`` reports the wait).
     """
     report = RepairReport()
     runs = await asyncio.to_thread(store.list_runs, nonterminal=True)
@@ -123,7 +130,7 @@ async def startup_repair(
     else:
         repaired = []
         fence = AttemptFence(
-            client, runtime.settings.tool_heartbeat_timeout_s, say=lambda message: log.info("%s", message)
+            client, runtime.settings.tool_heartbeat_timeout_s, say=say or (lambda m: log.info("%s", m))
         )
         for run in runs:
             if run.status not in ("running", "parked") or run.run_id in open_runs:
@@ -295,7 +302,9 @@ async def serve(
     report = RepairReport()
     try:
         if repair:
-            report = await startup_repair(client, store, runtime, host=host)
+            report = await startup_repair(
+                client, store, runtime, host=host, say=lambda m: announce("attempt_fence", m, message=m)
+            )
             if report.repaired or json_events:
                 announce(
                     "repaired",

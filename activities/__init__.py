@@ -10,7 +10,11 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   next attempt starts when the vendor said (its policy still bounds the attempts).
 - ``DispatchWithoutOutcome`` (type ``DispatchWithoutOutcome``) and ``CallNotFound``: non-retryable;
   the workflow sends the call to recovery, which settles it from the ledger.
-- ``LedgerRejection``: non-retryable (the same write will be refused again).
+- ``LedgerRejection``: non-retryable (the same write will be refused again); a zombie attempt's
+  write after its run's terminal fact is one (``run_already_terminal``).
+- a cancellation because nobody waits for the attempt any more (its execution is gone, or the server
+  timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
+  tool was stopped (``runtime.tool_call``) and it committed no T2.
 - ``StoreError``: retryable (a locked or briefly unavailable database), except ``schema_too_new``,
   ``row_payload_identity_mismatch`` and ``run_not_found``, which will not heal by waiting.
 - any other ``MakaError`` (``ConfigError``: a missing workspace, an invalid script): non-retryable.
@@ -19,18 +23,19 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from maka_core.errors import LedgerRejection, MakaError, StoreError
 from maka_core.providers import ProviderError
 from maka_core.runtime import model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
-from maka_core.runtime.tool_call import CallNotFound, DispatchWithoutOutcome
+from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
 from workflows.contracts import (
     BEGIN_CONTINUATION,
@@ -80,6 +85,11 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(exc.message, detail, type=DISPATCH_WITHOUT_OUTCOME, non_retryable=True)
     if isinstance(exc, CallNotFound):
         return ApplicationError(exc.message, detail, type="CallNotFound", non_retryable=True)
+    if isinstance(exc, AttemptCancelled):
+        benign = ApplicationErrorCategory.BENIGN
+        return ApplicationError(
+            exc.message, detail, type="AttemptCancelled", non_retryable=True, category=benign
+        )
     if isinstance(exc, LedgerRejection) and exc.code == "resume_required":
         return ApplicationError(str(exc), detail, type=RESUME_REQUIRED, non_retryable=True)
     if isinstance(exc, LedgerRejection) and exc.code == "ledger_chain_broken":
@@ -109,6 +119,15 @@ async def _mapped(call: Awaitable[T]) -> T:
         return await call
     except MakaError as exc:
         raise to_application_error(exc) from exc
+    except asyncio.CancelledError:
+        details = activity.cancellation_details()
+        if details is None or not (details.not_found or details.timed_out):
+            raise  # a cancellation someone asked for (or a worker shutdown) stays one
+        gone = AttemptCancelled(
+            message="the attempt was cancelled: its workflow execution is gone or timed it out",
+            reason="not_found" if details.not_found else "timed_out",
+        )
+        raise to_application_error(gone) from None
 
 
 class MakaActivities:

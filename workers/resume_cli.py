@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,12 +30,14 @@ from typing import Any
 import click
 
 from maka_core.errors import MakaError
+from maka_core.facts.run_header import RunHeader
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
-from maka_core.runtime.lost_run import settle_lost_run
+from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
+from workers.attempt_fence import AttemptFence
 from workers.cli_base import (
     db_option,
     finish,
@@ -69,14 +72,23 @@ def _quiet(event: str, **fields: Any) -> None:
     log.info("%s %s", event, fields)
 
 
+#: Waits until a lost run's tool attempt cannot still be running (``workers.attempt_fence``).
+Fence = Callable[[RunHeader, list[str]], Awaitable[None]]
+
+
 async def settle_lost_runs(
-    rt: Runtime, session_id: str, still_lost: Callable[[], Awaitable[bool]] | None = None
+    rt: Runtime,
+    session_id: str,
+    still_lost: Callable[[], Awaitable[bool]] | None = None,
+    fence: Fence | None = None,
 ) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
-    except a claimed continuation that has not run yet (the resume executes it).
+    except a claimed continuation that has not run yet (the resume executes it). A run with a tool
+    in flight (T1, no T2) first goes through ``fence``.
 
-    ``still_lost``: asked right before each settlement; False (a concurrent resumer started an
-    execution since the caller looked) refuses ``session_busy`` instead of settling a live run.
+    ``still_lost``: asked right before each settlement (after the fence); False (a concurrent
+    resumer started an execution since the caller looked) refuses ``session_busy`` instead of
+    settling a live run.
 
     The session's chain is checked first: a row edited behind the writers parks every lost run
     with ``ledger_chain_broken`` and no operation is recovered (nothing read from it is acted on).
@@ -94,6 +106,9 @@ async def settle_lost_runs(
         events = session.events.get(run.run_id, [])
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
             continue
+        in_flight = in_flight_operations(events)
+        if fence is not None and in_flight:
+            await fence(run, in_flight)
         if still_lost is not None and not await still_lost():
             raise MakaError(
                 "session_busy", f"session {session_id} has an open execution (started by another resume)",
@@ -167,11 +182,14 @@ async def resume_lost_session(
     announce: Announce = _quiet,
     host: str | None = None,
     claim_wait_s: float | None = None,
+    fence: Fence | None = None,
 ) -> dict[str, Any]:
     """Resume one session whose execution is closed or gone, or whose open execution is parked
     with ``workspace_host_unavailable`` (``resume_on_host``); returns the output object.
     ``host``: only a host park of a session pinned to this host is resumed (a worker's
-    auto-resume takes its own host's sessions, never another's).
+    auto-resume takes its own host's sessions, never another's). ``fence``: how a lost run's
+    tool attempt is waited out before the run is settled (default: ``AttemptFence``, announcing
+    its progress).
 
     A concurrent resumer that won the claim is never reported as a park: a claim whose start
     fact is not yet written is waited for (``claim_wait_s``, default the repair grace and a
@@ -220,7 +238,13 @@ async def resume_lost_session(
         now = await describe_execution(client, session_id)
         return not now.open and now.run_id == execution.run_id
 
-    await settle_lost_runs(rt, session_id, still_lost)
+    if fence is None:
+        fence = AttemptFence(
+            client,
+            rt.settings.tool_heartbeat_timeout_s,
+            say=lambda message: announce("attempt_fence", sessionId=session_id, message=message),
+        )
+    await settle_lost_runs(rt, session_id, still_lost, fence=fence)
     tools = tuple(rt.tools.keys())
 
     def decide() -> ResumeDecision:
@@ -468,8 +492,13 @@ def cmd_resume(
         client = await connect(address, namespace)
         store = open_ledger(s.ledger, create=False)
         rt = default_runtime(store, s.runtime_settings())
+        fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
-            out = await resume_lost_session(client, rt, session_id, task_queue=queue, feature_enabled=feature)
+            out = await resume_lost_session(
+                client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
+            )
+            if fence.waited:
+                out["attemptFenceS"] = round(fence.waited, 1)
             if wait and out["decision"] == "continue":
                 out = await wait_continued(client, rt, out)
         finally:
@@ -484,6 +513,10 @@ def cmd_resume(
         return 0 if not wait or out["state"] == "idle" else 1
 
     finish(run_async(main()))
+
+
+def _progress(message: str) -> None:
+    print(f"maka: {message}", file=sys.stderr, flush=True)
 
 
 def _print(out: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
+from workers.attempt_fence import AttemptFence
 from workers.ledger_guard import open_checked, watch, worker_identity
 from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
 from workers.sandbox_runner import CompiledOnceSandboxRunner
@@ -98,7 +99,12 @@ def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> 
 
 
 async def startup_repair(
-    client: Client, store: LedgerStore, runtime: Runtime | None = None, *, host: str | None = None
+    client: Client,
+    store: LedgerStore,
+    runtime: Runtime | None = None,
+    *,
+    host: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> RepairReport:
     """Repair every non-terminal run whose hosting execution is closed or gone.
 
@@ -106,7 +112,9 @@ async def startup_repair(
     (``lost_run.settle_lost_run``: re-read, reconcile or park each unsettled operation), and a
     claimed continuation that never ran is left for resume to execute. With ``host``, a run of a
     session pinned to another host is left alone: its recovery reads a workspace that lives there,
-    so that host's worker (or ``maka resume`` run there) settles it.
+    so that host's worker (or ``maka resume`` run there) settles it. A lost run with a tool in
+    flight is settled once its old attempt cannot still be running (``workers.attempt_fence``;
+    ``say`` reports the wait).
     """
     report = RepairReport()
     runs = await asyncio.to_thread(store.list_runs, nonterminal=True)
@@ -121,13 +129,16 @@ async def startup_repair(
         repaired = [(r.run_id, next(h.session_id for h in runs if h.run_id == r.run_id)) for r in results]
     else:
         repaired = []
+        fence = AttemptFence(
+            client, runtime.settings.tool_heartbeat_timeout_s, say=say or (lambda m: log.info("%s", m))
+        )
         for run in runs:
             if run.status not in ("running", "parked") or run.run_id in open_runs:
                 continue
             if await asyncio.to_thread(_pinned_elsewhere, store, run.session_id, host):
                 report.left_to_host.append(run.run_id)
                 continue
-            settled = await settle_lost_runs(runtime, run.session_id)
+            settled = await settle_lost_runs(runtime, run.session_id, fence=fence)
             repaired.extend((run_id, run.session_id) for run_id in settled)
             if not settled and run.session_id not in report.sessions_to_resume:
                 report.sessions_to_resume.append(run.session_id)  # a claimed continuation to execute
@@ -295,7 +306,9 @@ async def serve(
     report = RepairReport()
     try:
         if repair:
-            report = await startup_repair(client, store, runtime, host=host)
+            report = await startup_repair(
+                client, store, runtime, host=host, say=lambda m: announce("attempt_fence", m, message=m)
+            )
             if report.repaired or json_events:
                 announce(
                     "repaired",

@@ -380,6 +380,7 @@ def _started_after(
 def check_ledger(ix: AuditIndex) -> Iterator[Finding]:
     for problem in ix.ledger.verify_problems[:MAX_LEDGER_FINDINGS]:
         yield Finding("ledger_verify", problem)
+    yield from _after_terminal(ix)
     seen = 0
     for issue in ix.resolution.issues:
         if seen < MAX_LEDGER_FINDINGS:
@@ -395,6 +396,24 @@ def check_ledger(ix: AuditIndex) -> Iterator[Finding]:
                 "ledger_corruption", f"operation {op.operation_id}: {op.reason}", operation_id=op.operation_id
             )
             seen += 1
+
+
+def _after_terminal(ix: AuditIndex) -> Iterator[Finding]:
+    """A run's terminal fact is its last: the live writers refuse anything after it
+    (``run_already_terminal``), so what follows one came from an import or an older writer (a zombie
+    attempt's T2 after a repair settled its run), and the run's story no longer holds together."""
+    for run_id, events in ix.run_events.items():
+        at = next((i for i, e in enumerate(events) if e.is_terminal), len(events))
+        late = events[at + 1 :]
+        if not late:
+            continue
+        ops = [e.refs.operation_id for e in late if e.refs is not None and e.refs.operation_id is not None]
+        yield Finding(
+            "event_after_terminal",
+            f"{len(late)} event(s) after terminal fact {events[at].id}, first {late[0].id}",
+            run_id=run_id,
+            operation_id=ops[0] if ops else None,
+        )
 
 
 #: Every check, in report order.

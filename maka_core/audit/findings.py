@@ -46,6 +46,7 @@ CheckId = Literal[
     # 6. the ledger itself
     "ledger_verify",
     "ledger_corruption",
+    "event_after_terminal",
     # 7. what cannot be seen
     "history_unavailable",
     "run_repaired",
@@ -93,6 +94,7 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     ),
     "ledger_verify": ("drift", "the ledger's projections do not rebuild equal (maka ledger verify)"),
     "ledger_corruption": ("drift", "the Resolver finds corruption in the ledger"),
+    "event_after_terminal": ("drift", "a run has events after its terminal fact (nothing may follow it)"),
     "history_unavailable": ("notice", "an execution's history is gone: only the ledger was audited"),
     "run_repaired": ("notice", "a run's terminal fact was written by startup repair, not finish_run"),
 }

@@ -28,12 +28,16 @@ class CommittedView:
     steps: dict[str, list[RuntimeEvent]] = field(default_factory=dict)
     #: session id -> how many model steps the session has committed (a provider's step index).
     step_counts: dict[str, int] = field(default_factory=dict)
+    #: run id -> the id of the run's first terminal event (nothing may follow it: ``store.writer``).
+    terminal_of_run: dict[str, str] = field(default_factory=dict)
 
     def fold(self, event: RuntimeEvent, *, scanned: bool = False) -> None:
         """Fold one committed event (``scanned``: the scanner already folded it, in ``admit``)."""
         if not scanned:
             self.scanner.apply(event)
         self.first_of_run.setdefault(event.run_id, event)
+        if event.is_terminal:
+            self.terminal_of_run.setdefault(event.run_id, event.id)
         if event.role == "model" and event.refs is not None and event.refs.step_id is not None:
             step = self.steps.get(event.refs.step_id)
             if step is None:

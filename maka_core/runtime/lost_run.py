@@ -89,6 +89,19 @@ def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:
     return None
 
 
+def in_flight_operations(events: list[RuntimeEvent]) -> list[str]:
+    """Operations of a run with T1 and no outcome: their tool may still be running somewhere (a
+    zombie attempt of a closed execution), so the run is settled only once it cannot be
+    (``workers.attempt_fence``)."""
+    return [
+        op.operation_id
+        for op in resolve(scan(events)).operations
+        if op.operation_id is not None
+        and op.status == "indeterminate"
+        and op.reason == "dispatch_without_response"
+    ]
+
+
 @dataclass(frozen=True)
 class LostRunResult:
     """What settling a lost run did: the repair, and the park it recorded (if any)."""
@@ -152,21 +165,26 @@ async def settle_lost_run(
                 reason: ParkReason = park_reason_for(op) if record is not None else "workspace_unavailable"
                 park, parked_op = park or reason, parked_op or op.operation_id
                 continue
-            result = await recover_operation(
-                rt,
-                RecoverInput(
-                    session_id=session_id,
-                    run_id=run_id,
-                    call=CallRef(
-                        tool_call_id=op.tool_call_id,
-                        operation_id=op.operation_id,
-                        tool_name=op.tool_name or "",
+            try:
+                result = await recover_operation(
+                    rt,
+                    RecoverInput(
+                        session_id=session_id,
+                        run_id=run_id,
+                        call=CallRef(
+                            tool_call_id=op.tool_call_id,
+                            operation_id=op.operation_id,
+                            tool_name=op.tool_name or "",
+                        ),
+                        workspace=record.workspace,
+                        workspace_identity=record.workspace_identity,
                     ),
-                    workspace=record.workspace,
-                    workspace_identity=record.workspace_identity,
-                ),
-                Attempt(),
-            )
+                    Attempt(),
+                )
+            except LedgerRejection as exc:
+                if exc.code != "run_already_terminal":
+                    raise
+                break  # another repairer settled the run meanwhile: its terminal fact stands
             if result.status == "completed":
                 recovered.append(op.operation_id)
             elif result.status == "parked" and park is None:

@@ -10,14 +10,21 @@ outcome; an operation with a dispatch fact and no outcome is never run again fro
 indeterminate: only recovery may settle it, by evidence or by parking). Only a call the Resolver
 proves ``definitely_not_dispatched`` reaches preflight. Arguments are read from the committed call
 (never carried by the orchestrator), and the result goes to the ledger before anyone sees it.
+
+An attempt that is cancelled while its effect runs (Temporal cancels it when a heartbeat learns
+that its workflow execution is gone: ``temporal workflow terminate``, a heartbeat timeout) stops
+the effect: the tool's heartbeat raises ``AttemptCancelled`` from then on (``bash`` kills its
+process group), the effect leg ends as ``Abandoned`` and T2 never commits, so a repair that waited
+out the heartbeat timeout (``workers.attempt_fence``) settles a run whose tool is no longer running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -33,7 +40,7 @@ from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
-from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot, no_heartbeat
+from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
@@ -51,6 +58,47 @@ class DispatchWithoutOutcome(MakaError):
     """The call has a dispatch fact and no outcome: running it again could repeat its effect."""
 
     default_code = "dispatch_without_outcome"
+
+
+class AttemptCancelled(MakaError):
+    """Raised by a cancelled attempt's tool heartbeat, inside the tool thread: stop the effect."""
+
+    default_code = "attempt_cancelled"
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """The effect leg of a cancelled attempt: the tool stopped (or never started) and nobody waits
+    for its outcome. T2 does not commit; the operation stays dispatched without a response."""
+
+    operation_id: str
+
+
+class Cancellation:
+    """Set when the attempt awaiting a relay is cancelled; the tool's heartbeat then raises."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+
+    def cancel(self) -> None:
+        self._set.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set.is_set()
+
+    def heartbeat(self) -> None:
+        if self._set.is_set():
+            raise AttemptCancelled(message="the attempt was cancelled; the tool is stopped")
+
+
+async def _cancelling(work: Awaitable[T], cancellation: Cancellation) -> T:
+    """Await a relay; a cancelled attempt tells its tool to stop before the cancellation goes on."""
+    try:
+        return await work
+    except asyncio.CancelledError:
+        cancellation.cancel()
+        raise
 
 
 @dataclass(frozen=True)
@@ -86,8 +134,9 @@ class AwaitingApproval:
     expires_at: datetime
 
 
-#: A call that did not run here: settled or refused (its outcome), or waiting for an approval.
-NotRun = ToolOutcome | AwaitingApproval
+#: A call that did not run here: settled or refused (its outcome), waiting for an approval, or
+#: abandoned by a cancelled attempt.
+NotRun = ToolOutcome | AwaitingApproval | Abandoned
 
 
 def run_ids(view: CommittedView, session_id: str, run_id: str) -> RunIds | None:
@@ -159,13 +208,15 @@ async def _execute(
     def admit(_: None) -> Dispatched | NotRun:
         return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt))
 
+    cancellation = Cancellation()
+
     def effect(slot: ToolSlot) -> Callable[[Dispatched | NotRun], Ran | NotRun]:
         def run(admitted: Dispatched | NotRun) -> Ran | NotRun:
             try:
                 if not isinstance(admitted, Dispatched):
                     return admitted  # settled, refused or waiting: nothing runs
                 failpoints.hit("P2", tag=inp.call.tool_name)
-                return _run_effect(admitted, inp.call)
+                return _run_effect(admitted, inp.call, cancellation)
             finally:
                 slot.give_back()  # the thread is free: the next call may begin its T1
 
@@ -174,7 +225,7 @@ async def _execute(
     while True:
         # The call's tool thread is reserved before T1, so a durable T1 never queues for one.
         slot = await rt.tool_slots.take(attempt, rt.settings.heartbeat_interval)
-        settled = await rt.relay(
+        relay = rt.relay(
             [
                 Leg("ledger", admit, "t1"),
                 Leg("tool_pool", effect(slot), "effect"),
@@ -184,11 +235,14 @@ async def _execute(
             # T1 failed and the effect leg never ran: the relay's end gives the slot back.
             finished=slot.give_back,
         )
+        settled = await _cancelling(relay, cancellation)
         if not isinstance(settled, AwaitingApproval):
             break
         await _await_answer(rt, settled, attempt)
     if isinstance(settled, ToolOutcome):
         return settled, None
+    if isinstance(settled, Abandoned):  # only a cancelled attempt abandons, and its await raised
+        raise AttemptCancelled(message="the attempt was cancelled", operationId=settled.operation_id)
     ran, after = settled
     rt.call_ledger_s.append(sum(spent))
     failpoints.hit("P5", tag=inp.call.tool_name)
@@ -332,21 +386,29 @@ async def run_and_commit_outcome(
 ) -> tuple[ToolResult, RuntimeEvent]:
     """Run the effect, verify its evidence, then T2: the outcome and its receipt commit before
     anyone sees the result (one relay: tool pool, then ledger thread)."""
-    ran, _ = await rt.relay(
+    cancellation = Cancellation()
+    relay = rt.relay(
         [
-            Leg("tool_pool", lambda _: _run_effect(call, ref), "effect"),
+            Leg("tool_pool", lambda _: _run_effect(call, ref, cancellation), "effect"),
             Leg("ledger", _t2(rt, attempt, None, None), "t2"),
         ],
         attempt=attempt,
     )
+    ran, _ = await _cancelling(relay, cancellation)
     assert isinstance(ran, Ran)
     return ran.result, ran.response
 
 
-def _run_effect(call: Dispatched, ref: CallRef) -> Ran:
+def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> Ran | Abandoned:
     """On the tool pool: the effect, its evidence verified and its receipt sealed, and the response
-    event that will carry the result."""
-    result = call.tool.run(call.args, call.ws, no_heartbeat)
+    event that will carry the result; ``Abandoned`` when the attempt was cancelled meanwhile (the
+    tool's heartbeat stopped it)."""
+    if cancellation.cancelled:
+        return Abandoned(ref.operation_id)
+    try:
+        result = call.tool.run(call.args, call.ws, cancellation.heartbeat)
+    except AttemptCancelled:
+        return Abandoned(ref.operation_id)
     receipt = None
     if call.decision is not None and call.gov is not None:
         status, items = governed.verify(call.decision, result, call.ws)

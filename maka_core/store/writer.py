@@ -338,6 +338,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         synced: bool = False,
         strict: bool = True,
         partial_retry: bool = False,
+        live: bool = False,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
         scanner = self._view.scanner if synced and self._view is not None else self._sync(conn)
@@ -366,6 +367,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         ids = tuple(e.id for e in batch)
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
+        if live:
+            _refuse_after_terminal(self._view, [e for e, _ in fresh])
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
             # Only T1 may find its call already committed; any other partial retry is a conflict.
@@ -489,7 +492,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         def body(conn: Connection) -> CommitResult:
             if precheck is not None:
                 precheck(conn)
-            result = self._admit_group(conn, transition, batch, **kwargs)
+            result = self._admit_group(conn, transition, batch, live=True, **kwargs)
             if post is not None and result.created:
                 post(conn)
             return result
@@ -513,7 +516,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             created: list[str] = []
             seq = 0
             for i, event in enumerate(events):
-                r = self._admit_group(conn, "generic_append", [event], synced=i > 0)
+                r = self._admit_group(conn, "generic_append", [event], synced=i > 0, live=True)
                 created.extend(r.created_ids)
                 seq = max(seq, r.ledger_seq)
             return CommitResult(bool(created), tuple(e.id for e in events), seq, tuple(created))
@@ -665,6 +668,25 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
 
         result: ImportResult = self._write(body)
         return result
+
+
+def _refuse_after_terminal(view: CommittedView | None, fresh: Sequence[RuntimeEvent]) -> None:
+    """A live writer's new event of a run that already has a terminal fact is refused
+    (``run_already_terminal``): the view was synced inside this writer transaction, under the write
+    lock, so a racing terminal commit is either seen here or serialized after this one. An exact
+    retry never gets here (it is not fresh); ``import_events`` admits as the reference does, and
+    ``maka audit`` reports what it let in (``event_after_terminal``)."""
+    assert view is not None
+    for event in fresh:
+        terminal = view.terminal_of_run.get(event.run_id)
+        if terminal is not None and terminal != event.id:
+            raise LedgerRejection(
+                "run_already_terminal",
+                "the run already has a terminal event; nothing may follow it",
+                eventId=event.id,
+                runId=event.run_id,
+                terminalEventId=terminal,
+            )
 
 
 def _decision_hook(

@@ -289,6 +289,7 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun
     record = admitted.record
     started = now_ms()
     try:
+        tool = governed.bound_network(tool, record)  # the sandbox is built per call, from its decision
         evidence = tool.capture_evidence(args, ws)
     except ToolRefusal as exc:  # the target changed after preflight so the call no longer applies
         return _commit_refusal(rt, ids, call, exc.to_result())

@@ -8,28 +8,32 @@ a granted call's decision (recorded with T1) and receipt say ``network``, and it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from maka_core.errors import ConfigError
+from maka_core.facts import canonical_json
 from maka_core.governance import parse_policy
-from maka_core.runtime import tool_call
-from maka_core.runtime.governed import DEFAULT_SESSION_POLICY
+from maka_core.runtime import approvals, recovery, tool_call
+from maka_core.runtime.governed import DEFAULT_SESSION_POLICY, decision_record, judge, network_for
 from maka_core.runtime.runtime import Runtime
 from maka_core.settings import load_settings
+from maka_core.store.schema import tool_decisions
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools, sandbox_status
 from maka_core.workspace import Workspace
-from tests.test_governed_execution import receipts, result_of, with_policy
-from tests.test_runtime import ATTEMPT, one_call, run, tool_input
+from tests.test_governed_execution import _until_pending, receipts, result_of, with_policy
+from tests.test_runtime import ATTEMPT, one_call, prepare_only, recover_input, run, tool_input
 
 STATUS = sandbox_status()
 needs_bwrap = pytest.mark.skipif(not STATUS.available, reason=f"bwrap cannot run here: {STATUS.reason}")
@@ -186,6 +190,85 @@ def test_a_networked_call_is_at_most_once_even_for_a_trusted_read(
     # The control (no worker key, so no network): the same trusted read is read-only as before.
     expected = "at-most-once" if worker_flag else "read-only"
     assert held["decision"]["executionGuarantee"] == expected
+
+
+@needs_bwrap
+@pytest.mark.parametrize("store_url", ["sqlite-file"], indirect=True)
+@pytest.mark.parametrize("second_flag", [False, True], ids=["keyless-worker", "control"])
+def test_an_approved_networked_call_on_a_worker_without_the_key_is_refused_before_t1(
+    store: LedgerStore, ws: Workspace, server: LoopbackServer, second_flag: bool
+) -> None:
+    """The call is decided (and waits for its approval) on a worker with the key; the worker that
+    picks it up after the approval has none: refused before T1, nothing connects. The control: a
+    second worker with the key runs it once, with the network."""
+    rt = networked_runtime(store, worker_flag=True)
+    with_policy(rt, {**BASH_EVIDENCE, "mutations": "confirm", "allowNetwork": True})
+    ref = one_call(rt, ws, "bash", {"command": server.command()})
+
+    async def first() -> dict[str, Any]:
+        task = asyncio.create_task(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+        pending = await _until_pending(rt)
+        task.cancel()  # as a killed worker's attempt is
+        return pending
+
+    try:
+        pending = run(first())
+    finally:
+        rt.close()
+    held = store.decision(ref.operation_id)
+    assert held is not None and held["decision"]["network"] is True
+    approvals.answer(store, "s1", pending["approvalId"], allow=True, phrase=pending["phrase"])
+    second = networked_runtime(store, worker_flag=second_flag)
+    try:
+        outcome = run(tool_call.execute_tool(second, tool_input(ws, ref), ATTEMPT))
+        value = result_of(second, outcome.response_event_id)
+    finally:
+        second.close()
+    dispatched = [e for e in store.events(run_id="r1") if e.actions and e.actions.tool_dispatch]
+    if second_flag:
+        assert outcome.status == "completed" and value["stdout"].strip() == GREETING, value
+        assert server.accepted == ["127.0.0.1"] and len(dispatched) == 1
+    else:
+        assert outcome.status == "refused" and value["code"] == "bash_network_unavailable", value
+        assert server.accepted == [] and dispatched == []
+
+
+@needs_bwrap
+@pytest.mark.parametrize("store_url", ["sqlite-file"], indirect=True)
+@pytest.mark.parametrize("worker_flag", [True, False], ids=["networked", "control"])
+def test_recovery_parks_a_networked_trusted_read_and_rereads_an_unnetworked_one(
+    store: LedgerStore, ws: Workspace, worker_flag: bool
+) -> None:
+    """T1 (with its decision) and no T2, as a crash after the effect leaves it: the networked call
+    parks; the control, the same line without the network, is read again as before."""
+    (ws.root / "a.txt").write_text("a\n")
+    rt = networked_runtime(store, worker_flag=worker_flag)
+    try:
+        gov = with_policy(rt, {**BASH_EVIDENCE, "allowNetwork": True, "trustedReadCommands": ["cat"]})
+        args = {"command": "cat a.txt"}
+        ref = one_call(rt, ws, "bash", args)
+        tool = rt.tools["bash"]
+        decided = judge(gov, tool, args, worker_forbidden=frozenset(), grant_usage={}, now=datetime.now(UTC))
+        record = decision_record(
+            decided, tool, gov.policy.trusted_reads, network=network_for(gov.policy, tool)
+        )
+        prepare_only(rt, ws, ref, args)
+        with store.engine.begin() as conn:
+            conn.execute(
+                tool_decisions.insert().values(
+                    operation_id=ref.operation_id, session_id="s1", run_id="r1", state="decided",
+                    decision_json=canonical_json.dumps(record), recorded_at=1, updated_at=1,
+                )
+            )  # fmt: skip
+        result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    finally:
+        rt.close()
+    if worker_flag:
+        assert record["network"] is True and record["executionGuarantee"] == "at-most-once"
+        assert (result.status, result.reason) == ("parked", "dispatch_without_response")
+    else:
+        assert "network" not in record and record["executionGuarantee"] == "read-only"
+        assert (result.status, result.reason) == ("completed", "replay_safe_reread")
 
 
 def test_the_sandbox_argv_differs_by_unshare_net_alone(ws: Workspace) -> None:

@@ -405,3 +405,65 @@ def test_a_session_with_allow_network_on_a_bash_network_worker(
     else:
         assert value["exitCode"] != 0 and server.accepted == [], value
         assert "network" not in receipt["observedEffect"]
+
+
+@needs_bwrap
+@pytest.mark.temporal
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("line", "worker_flag", "settles"),
+    [("connect", True, "parked"), ("cat", True, "parked"), ("cat", False, "idle")],
+    ids=["networked-connect", "networked-trusted-read", "control-unnetworked-trusted-read"],
+)
+def test_a_worker_killed_after_a_networked_call_parks_it_and_nothing_runs_twice(
+    temporal_server: Any,
+    tmp_path: Path,
+    ws_dir: Path,
+    server: LoopbackServer,
+    line: str,
+    worker_flag: bool,
+    settles: str,
+) -> None:
+    """P4 (the effect returned, T2 not committed) on a real ``maka worker``; a fresh one settles the
+    call. With the network it parks ``dispatch_without_response`` and the server saw one connection;
+    the control, the same trusted read without the worker's key, is read again and the turn ends."""
+    from tests.temporal_support import WorkerProcess, tool_step, write_script
+    from tests.test_cli_session import _env, maka
+
+    (ws_dir / "a.txt").write_text("a\n")
+    command = server.command() if line == "connect" else "cat a.txt"
+    home = tmp_path / "home"
+    env = _env(home, temporal_server.address)
+    script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": command})), {"text": "done"}])
+    policy = tmp_path / "p.json"
+    policy.write_text(json.dumps({**BASH_EVIDENCE, "allowNetwork": True, "trustedReadCommands": ["cat"]}))
+    entry = ("-m", "workers.cli", "worker", *(["--bash-network"] if worker_flag else []))
+    db, queue = home / "ledger.sqlite", env["MAKA_TASK_QUEUE"]
+    first = WorkerProcess(
+        temporal_server, db, queue, home=home, entry=entry, failpoint="P4", failpoint_tag="bash"
+    )
+    try:
+        first.wait_ready()
+        started = maka(
+            "session", "start", "--workspace", str(ws_dir), "--script", str(script),
+            "--policy", str(policy), "--json", "go", env=env,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        session = json.loads(started.stdout)["sessionId"]
+        assert run(first.wait_exit(60)) != 0  # SIGKILLed at P4
+    finally:
+        first.stop()
+    with WorkerProcess(temporal_server, db, queue, home=home, entry=entry) as second:
+        second.wait_ready()
+        deadline = time.monotonic() + 90
+        while True:
+            status = json.loads(maka("session", "status", session, "--json", env=env).stdout)
+            if status["state"] in ("parked", "idle"):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.3)
+    assert status["state"] == settles, status
+    if settles == "parked":
+        assert status["parkReason"] == "dispatch_without_response", status
+    if line == "connect":
+        assert server.accepted == ["127.0.0.1"]  # once, by the killed worker; never again

@@ -294,6 +294,7 @@ def test_the_sandbox_argv_differs_by_unshare_net_alone(ws: Workspace) -> None:
         ({"allowNetwork": "true"}, "allowNetwork"),
         ({"allowNetwork": 1}, "allowNetwork"),
         ({"deniedTraits": ["network"], "allowNetwork": True}, "allowNetwork"),
+        ({"allowNetwork": True, "deniedTraits": ["package-install", "network"]}, "allowNetwork"),
     ],
 )
 def test_allow_network_is_validated_with_its_field_path(policy: dict[str, Any], where: str) -> None:
@@ -399,6 +400,10 @@ def test_a_session_with_allow_network_on_a_bash_network_worker(
     assert exported.returncode == 0, exported.stderr
     lines = [json.loads(line) for line in exported.stdout.splitlines() if line.strip()]
     (receipt,) = [line for line in lines if "observedEffect" in line]  # beside it: the certificate
+    export = tmp_path / "receipts.jsonl"
+    export.write_text(exported.stdout)
+    verified = maka("receipts", "verify", str(export), env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     if worker_flag:
         assert value["stdout"].strip() == GREETING and server.accepted == ["127.0.0.1"], value
         assert receipt["observedEffect"]["network"] is True
@@ -467,3 +472,42 @@ def test_a_worker_killed_after_a_networked_call_parks_it_and_nothing_runs_twice(
         assert status["parkReason"] == "dispatch_without_response", status
     if line == "connect":
         assert server.accepted == ["127.0.0.1"]  # once, by the killed worker; never again
+
+
+@pytest.mark.temporal
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", [True, False], ids=["bash-network", "control"])
+def test_maka_dev_takes_the_worker_key(tmp_path: Path, flag: bool) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.temporal_support import REPO
+    from workers.devserver import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKA_BASH_NETWORK", "MAKA_DB", "MAKA_POLICY")}
+    env.update({"MAKA_HOME": str(tmp_path / "home"), "MAKA_TASK_QUEUE": f"dev-net-{port}"})
+    argv = [sys.executable, "-m", "workers.cli", "dev", "--json", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, *(["--bash-network"] if flag else [])],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[dict[str, Any]] = []
+    try:
+        assert proc.stdout is not None
+        for text in proc.stdout:  # ends at EOF if the process exits
+            seen.append(json.loads(text))
+            if seen[-1].get("event") == "ready":
+                break
+        assert seen and seen[-1].get("event") == "ready", (seen, proc.poll())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    ready = seen[-1]
+    assert ready["bashNetwork"] is flag, ready
+    assert ("allowNetwork" in ready["bash"]) is (flag and STATUS.available), ready

@@ -64,9 +64,6 @@ class NetworkSwitch(Protocol):
     @property
     def network_permitted(self) -> bool: ...
 
-    @property
-    def network(self) -> bool: ...
-
     def with_network(self, granted: bool) -> Self: ...
 
 

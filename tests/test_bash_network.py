@@ -151,6 +151,20 @@ def test_bash_has_the_network_only_with_both_keys(
 
 @needs_bwrap
 @pytest.mark.parametrize("store_url", ["sqlite-file"], indirect=True)
+def test_a_denied_call_is_given_no_network(store: LedgerStore, ws: Workspace, server: LoopbackServer) -> None:
+    rt = networked_runtime(store, worker_flag=True)
+    try:
+        with_policy(rt, {**BASH_EVIDENCE, "allowNetwork": True, "allowedCommands": ["ls"]})
+        op_id, value = call_bash(rt, ws, server.command())
+        held = rt.ledger.decision(op_id)
+    finally:
+        rt.close()
+    assert value["code"] == "policy_blocked" and server.accepted == []
+    assert held is not None and "network" not in held["decision"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("store_url", ["sqlite-file"], indirect=True)
 def test_one_worker_serves_a_networked_and_an_unnetworked_call_side_by_side(
     store: LedgerStore, ws: Workspace, server: LoopbackServer
 ) -> None:

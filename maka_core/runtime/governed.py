@@ -206,8 +206,10 @@ def decision_record(
 ) -> dict[str, Any]:
     """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
     trusts the reads the session's policy names (``GovernancePolicy.trusted_reads``), except in a
-    call given the network (``network_for``): that one is ``at-most-once`` and says ``network``."""
+    call given the network (``network_for``; a denied call is given nothing): that one is
+    ``at-most-once`` and says ``network``."""
     c = decision.classification
+    network = network and decision.outcome != "deny"
     if network:
         trusted_reads = frozenset()
     record = {

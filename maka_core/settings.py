@@ -100,6 +100,9 @@ class MakaSettings(BaseSettings):
     #: session after its startup repair; ``0`` disables resume altogether (``resume_feature_disabled``);
     #: unset, ``maka resume`` works and workers do not resume on their own.
     runtime_safe_boundary_resume: bool | None = None
+    #: ``MAKA_BASH_NETWORK`` / ``maka worker --bash-network``: the operator's key to the network for
+    #: bash; a call has it only when its session's policy also sets ``allowNetwork``.
+    bash_network: bool = False
     #: ``MAKA_BASH_MEMORY``: memory of one bash call, all its processes and its ``/tmp`` together
     #: (bytes, or with a unit: ``512MiB``, ``2GiB``); ``0``: unbounded. See ``tools.bash_limits``.
     bash_memory: ByteSize = ByteSize(DEFAULT_MEMORY_BYTES)
@@ -173,6 +176,7 @@ class MakaSettings(BaseSettings):
             provider_call_log=self.provider_call_log,
             model_output_max_bytes=self.model_output_max_bytes,
             unsafe_no_sandbox=unsafe_no_sandbox,
+            bash_network=self.bash_network,
             bash_limits=self.bash_limits,
         )
 

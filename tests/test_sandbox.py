@@ -271,8 +271,12 @@ def test_a_killed_worker_takes_the_command_with_it(ws: Workspace) -> None:
 
 
 @needs_bwrap
-@pytest.mark.parametrize("network", [False, True])
-def test_network_only_when_granted(ws: Workspace, network: bool) -> None:
+@pytest.mark.parametrize(
+    ("permitted", "granted"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_network_only_when_granted(ws: Workspace, permitted: bool, granted: bool) -> None:
+    # Two keys (the worker's --bash-network, the call's policy grant): one alone is no network.
+    network = permitted and granted
     accepted: list[bool] = []
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -291,7 +295,7 @@ def test_network_only_when_granted(ws: Workspace, network: bool) -> None:
         waiter = threading.Thread(target=accept)
         waiter.start()
         command = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
-        result = bash(BashTool(network=network), command, ws)
+        result = bash(BashTool(network_permitted=permitted).with_network(granted), command, ws)
         if not network:
             # Unblock the accept without a client from inside the sandbox.
             with socket.create_connection(("127.0.0.1", port)):

@@ -30,6 +30,13 @@ heartbeat_option = click.option(
     metavar="SECONDS",
     help="tool activities' heartbeat timeout (MAKA_TOOL_HEARTBEAT_TIMEOUT; default 20)",
 )
+bash_network_option = click.option(
+    "--bash-network",
+    is_flag=True,
+    default=None,
+    help="the operator's key to the network for bash: a call has it only when its session's policy "
+    "also sets allowNetwork (MAKA_BASH_NETWORK; default off)",
+)
 host_option = click.option(
     "--host",
     default=None,
@@ -67,6 +74,7 @@ host_option = click.option(
     help="the IP address /metrics binds (MAKA_METRICS_HOST; default 127.0.0.1, loopback only; "
     "0.0.0.0 or :: for every interface, e.g. a scraper in another pod)",
 )
+@bash_network_option
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -79,6 +87,7 @@ def cmd_worker(
     unsafe_no_sandbox: bool,
     metrics_port: int | None,
     metrics_host: str | None,
+    bash_network: bool | None,
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
@@ -93,6 +102,7 @@ def cmd_worker(
         host=host,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        bash_network=bash_network,
     )
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
@@ -126,6 +136,7 @@ def cmd_worker(
 )
 @click.option("--no-worker", is_flag=True, help="bring up the server alone")
 @heartbeat_option
+@bash_network_option
 @json_option("server and worker lifecycle events as JSON lines")
 def cmd_dev(
     db: str | None,
@@ -136,6 +147,7 @@ def cmd_dev(
     ui_port: int | None,
     no_worker: bool,
     tool_heartbeat_timeout: float | None,
+    bash_network: bool | None,
     as_json: bool,
 ) -> None:
     """Run the embedded Temporal dev server (+ a worker)."""
@@ -143,7 +155,9 @@ def cmd_dev(
     from workers.client import connect
     from workers.worker import serve
 
-    s = settings(db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout)
+    s = settings(
+        db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, bash_network=bash_network
+    )
     if not no_worker:
         open_ledger(s.ledger, create=True).close()
     server = devserver.start(
@@ -206,5 +220,3 @@ def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json
     from workers import demo  # imported late: the demo module builds on this one
 
     finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))
-
-

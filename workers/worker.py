@@ -245,6 +245,7 @@ def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
     tools = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
+        bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
     return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings)
@@ -344,6 +345,7 @@ async def serve(
             db=str(db),
             bash=isolation,
             unsafeNoSandbox=settings.unsafe_no_sandbox,
+            bashNetwork=settings.bash_network,
             ledgerId=store.health.ledger_id,
             **(
                 {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}

@@ -3,9 +3,11 @@
 MELRA's fields where MELRA has one (``mutations``, ``capabilities``, ``deniedTraits``,
 ``unhinged``, ``allowedCommands``, ``approvalTtlMs``, the policy ``version``), and ours:
 ``forbiddenEffects`` (worker-wide, where MELRA has them per request), ``defaultEvidence`` per
-tool, ``mutations: "allow"`` (MELRA knows only deny and confirm), and ``trustedReadCommands``:
+tool, ``mutations: "allow"`` (MELRA knows only deny and confirm), ``trustedReadCommands``:
 the read commands whose ``bash`` lines may run again after a crash (none by default: a ``bash``
-call is ``at-most-once``, however harmless its line looks). A file is parsed strictly:
+call is ``at-most-once``, however harmless its line looks), and ``allowNetwork``: the session's
+half of the two-key switch that gives ``bash`` the network (the worker's ``--bash-network`` is
+the other; ``runtime.governed.network_for``). A file is parsed strictly:
 an unknown key, a malformed grant or a lossy JSON value refuses the whole file with
 ``policy_invalid`` and the path of the offending field, because a grant that silently matched
 nothing (or everything) would be worse than no policy.
@@ -22,7 +24,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field, StringConstraints, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from maka_core.errors import CodecError, ConfigError
 from maka_core.facts import canonical_json
@@ -132,6 +141,16 @@ class GovernancePolicy(GovernanceModel):
     approval_ttl_ms: int = Field(default=DEFAULT_APPROVAL_TTL_MS, ge=1_000, le=24 * 3_600_000)
     default_evidence: dict[str, tuple[EvidencePredicate, ...]] = Field(default_factory=dict)
     unhinged: bool = False
+    #: The session's key to the network for ``bash`` (the worker's ``--bash-network`` is the other
+    #: key): its sandbox keeps the host's network namespace. Contradicts ``deniedTraits: network``.
+    allow_network: bool = False
+
+    @field_validator("allow_network")
+    @classmethod
+    def _network_not_denied(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and "network" in info.data.get("denied_traits", ()):
+            raise ValueError("allowNetwork contradicts deniedTraits: network (say one or the other)")
+        return value
 
     @property
     def allowed_command_names(self) -> frozenset[str] | None:
@@ -155,6 +174,8 @@ class GovernancePolicy(GovernanceModel):
         # Absent before it existed: an empty list must not change the digest of older policies.
         if not value["trustedReadCommands"]:
             del value["trustedReadCommands"]
+        if not value["allowNetwork"]:
+            del value["allowNetwork"]
         return value
 
     @cached_property

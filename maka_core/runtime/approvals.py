@@ -112,7 +112,9 @@ def admit(
         grant_usage=rt.ledger.grant_usage(ids.session_id) if counted else {},
         now=now,
     )
-    record = governed.decision_record(decision, tool, policy.trusted_reads)
+    record = governed.decision_record(
+        decision, tool, policy.trusted_reads, network=governed.network_for(policy, tool)
+    )
     subject = governed.subject_of(tool)
     if subject is not None and subject.exhausted:
         # The task controller's stop, recorded like a decision so it is counted and receipted.
@@ -208,7 +210,9 @@ def _resume(
         now=now,
     )
     if again.outcome == "deny":
-        redecided = governed.decision_record(again, tool, gov.policy.trusted_reads)
+        redecided = governed.decision_record(
+            again, tool, gov.policy.trusted_reads, network=governed.network_for(gov.policy, tool)
+        )
         return Refused(governed.blocked_result(redecided), redecided, fresh=False)
     if (
         action_digest(held["operationId"], operation_of(str(record["toolName"]), args))

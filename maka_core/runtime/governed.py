@@ -6,6 +6,12 @@ none was), the call's classification, MELRA's decision (``decide``), and the exe
 derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
 one derivation, read back by recovery from the recorded decision; a ``bash`` call is
 ``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
+The network for ``bash`` takes two keys, decided per call here (``network_for``): the worker's
+(``--bash-network``, ``NetworkSwitch.network_permitted``) and the session policy's
+(``allowNetwork``). A granted call's decision records ``"network": true`` with T1, the tool is bound
+to that record (``bound_network``), the receipt says so, and its guarantee is ``at-most-once``
+whatever ``trustedReadCommands`` says (what it sent cannot be read back).
+
 After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
 succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the
 receipt is sealed for T2.
@@ -51,9 +57,10 @@ from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import ExitCode, TaskStatus
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
-from maka_core.tools import Tool, ToolResult
+from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.base import Effect, tool_effects
 from maka_core.tools.melra import BoundExecute, TaskSubject
+from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
 
 DEFAULT_SESSION_POLICY = GovernancePolicy(
@@ -134,6 +141,31 @@ def guarantee_of(
     return guarantee_for_tool(effect, tool.recovery_mode, trusted=trusted)
 
 
+def network_for(policy: GovernancePolicy, tool: Tool) -> bool:
+    """Whether this call's sandbox gets the network: the session policy allows it
+    (``allowNetwork``) and the worker does (``--bash-network``); either key alone changes nothing."""
+    return policy.allow_network and isinstance(tool, NetworkSwitch) and tool.network_permitted
+
+
+def bound_network(tool: Tool, record: Mapping[str, Any] | None) -> Tool:
+    """``tool`` for the call its decision ``record`` admitted: with the network exactly when the
+    record says so.
+
+    Raises:
+        ToolRefusal: ``bash_network_unavailable`` for a record that grants the network (decided by
+            a worker with ``--bash-network``, e.g. before an approval) on a worker without it.
+    """
+    if not isinstance(tool, NetworkSwitch):
+        return tool
+    granted = record is not None and record.get("network") is True
+    if granted and not tool.network_permitted:
+        raise ToolRefusal(
+            "bash_network_unavailable",
+            "this call was granted the network, and this worker runs bash without it (no --bash-network)",
+        )
+    return tool.with_network(granted)
+
+
 def judge(
     gov: SessionGovernance,
     tool: Tool,
@@ -165,11 +197,21 @@ def judge(
 
 
 def decision_record(
-    decision: PolicyDecision, tool: Tool, trusted_reads: frozenset[str] = frozenset(), **extra: Any
+    decision: PolicyDecision,
+    tool: Tool,
+    trusted_reads: frozenset[str] = frozenset(),
+    *,
+    network: bool = False,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
-    trusts the reads the session's policy names (``GovernancePolicy.trusted_reads``)."""
+    trusts the reads the session's policy names (``GovernancePolicy.trusted_reads``), except in a
+    call given the network (``network_for``; a denied call is given nothing): that one is
+    ``at-most-once`` and says ``network``."""
     c = decision.classification
+    network = network and decision.outcome != "deny"
+    if network:
+        trusted_reads = frozenset()
     record = {
         "outcome": decision.outcome,
         "reason": decision.reason,
@@ -183,6 +225,8 @@ def decision_record(
         "executionGuarantee": guarantee_of(tool, c, trusted_reads),
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
+        # Only when granted: a decision without the network reads as every one before it did.
+        **({"network": True} if network else {}),
     }
     subject = subject_of(tool)
     if subject is not None:
@@ -325,7 +369,7 @@ def receipt(
         started_at=_iso(started_ms),
         ended_at=_iso(ended_ms),
         success=status == "verified_success",
-        observed_effect={"status": status},
+        observed_effect={"status": status, **({"network": True} if record.get("network") is True else {})},
         evidence=items,
         redactions=redactions,
         error=error,

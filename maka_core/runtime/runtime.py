@@ -109,6 +109,9 @@ class RuntimeSettings:
     model_output_max_bytes: int = 1_048_576
     #: Let bash run unsandboxed where bubblewrap cannot run (``maka worker --unsafe-no-sandbox``).
     unsafe_no_sandbox: bool = False
+    #: The operator's key to the network for bash (``maka worker --bash-network``,
+    #: ``MAKA_BASH_NETWORK``); a call has it only when its session's policy also sets ``allowNetwork``.
+    bash_network: bool = False
     #: Memory, processes, /tmp and file size of one bash call (``MAKA_BASH_*``).
     bash_limits: BashLimits = field(default_factory=BashLimits)
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.

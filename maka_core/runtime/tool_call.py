@@ -343,8 +343,9 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun
     record = admitted.record
     started = now_ms()
     try:
+        tool = governed.bound_network(tool, record)  # the sandbox is built per call, from its decision
         evidence = tool.capture_evidence(args, ws)
-    except ToolRefusal as exc:  # the target changed after preflight so the call no longer applies
+    except ToolRefusal as exc:  # the target changed after preflight, or a network grant this worker lacks
         return _commit_refusal(rt, ids, call, exc.to_result())
     if op.dispatch_event_id is not None:
         # Only a broken guard admits a call that already has its dispatch fact (a second T1 would be

@@ -27,7 +27,7 @@ from maka_core.tools.base import (
 )
 from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
-from maka_core.tools.sandbox import ENV_ALLOWLIST, SandboxStatus, sandbox_status
+from maka_core.tools.sandbox import ENV_ALLOWLIST, NetworkSwitch, SandboxStatus, sandbox_status
 from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "FileEvidence",
     "FileIdentity",
     "ListDirTool",
+    "NetworkSwitch",
     "ReadFileTool",
     "Reconciliation",
     "SandboxStatus",
@@ -67,7 +68,9 @@ def default_tools(
     own fresh state.
 
     ``hidden_paths`` (the ledger file, ``MAKA_HOME``) are invisible to ``bash``; ``bash_network``
-    grants it the network; ``unsafe_no_sandbox`` lets it run unsandboxed where bwrap cannot;
+    is the operator's key to the network for ``bash`` (a call has it only when its session's
+    policy also allows it, ``allowNetwork``); ``unsafe_no_sandbox`` lets it run unsandboxed where
+    bwrap cannot;
     ``bash_limits`` bounds one bash call (default: ``BashLimits()``).
     """
     # Imported here: the MELRA tools build on governance, which builds on ``tools.base``.
@@ -82,7 +85,7 @@ def default_tools(
             result_byte_limit,
             bash_timeout_s,
             hidden_paths=tuple(Path(p) for p in hidden_paths),
-            network=bash_network,
+            network_permitted=bash_network,
             unsafe_no_sandbox=unsafe_no_sandbox,
             limits=bash_limits or BashLimits(),
         ),

@@ -3,7 +3,9 @@
 What a sandboxed command gets: the whole root filesystem read-only, the workspace read-write at
 its own path (its git repositories and the workspace marker read-only over it), a private, sized
 ``/tmp``, a fresh minimal ``/proc`` and ``/dev``, no network unless granted, no capabilities, its own PID
-namespace (so every process it starts dies with it), and a minimal environment. The ledger and
+namespace (so every process it starts dies with it), and a minimal environment. With the network
+(``NetworkSwitch``: both keys) only ``--unshare-net`` is left out; every mount, limit and the
+environment stay as they are. The ledger and
 ``MAKA_HOME`` (``hidden_paths``) are covered by empty read-only mounts (see ``plan_hiding``).
 
 What it does not get hidden: the rest of the filesystem stays readable (``/etc``, other users'
@@ -19,6 +21,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Self, runtime_checkable
 
 # Variables copied from the worker's environment into a command's, besides PATH and LANG (copied,
 # with defaults), HOME (private) and TERM (always ``dumb``). Nothing else crosses: the worker's
@@ -49,6 +52,19 @@ class SandboxStatus:
         if self.available:
             return f"sandboxed ({self.version or 'bwrap'} at {self.bwrap})"
         return f"no sandbox: {self.reason}"
+
+
+@runtime_checkable
+class NetworkSwitch(Protocol):
+    """A tool whose sandbox may be given the network per call (``bash``): two keys, the worker's
+    (``network_permitted``, ``maka worker --bash-network``) and the call's (``with_network``, from
+    its session policy's ``allowNetwork``). The sandbox's command line is built per call, so one
+    worker serves a networked and an un-networked session side by side."""
+
+    @property
+    def network_permitted(self) -> bool: ...
+
+    def with_network(self, granted: bool) -> Self: ...
 
 
 def minimal_env(home: str, source: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -7,7 +7,8 @@ timeout (``tool_timeout``), and keeps at most a bounded amount of output in memo
 the byte limit is ``tool_result_too_large``, never silently truncated.
 
 Every command runs in the bubblewrap sandbox of ``maka_core.tools.sandbox`` (workspace the only
-writable place, ledger and ``MAKA_HOME`` hidden, no network unless granted, minimal environment,
+writable place, ledger and ``MAKA_HOME`` hidden, no network unless both keys grant it (the
+worker's ``network_permitted`` and the call's ``network_granted``), minimal environment,
 own PID namespace so nothing it starts outlives the call), under the resource limits of
 ``maka_core.tools.bash_limits`` (``bash_resource_limit`` when one is hit), and no git repository it
 creates in the workspace survives the call (``maka_core.tools.git_guard``,
@@ -99,7 +100,12 @@ class BashTool:
     # The ledger file and MAKA_HOME: covered inside the sandbox so a command can neither read
     # nor rewrite the authority on tool outcomes.
     hidden_paths: tuple[Path, ...] = ()
-    network: bool = False
+    #: The operator's key to the network (``maka worker --bash-network``): without it no call
+    #: ever has the network, whatever a policy says.
+    network_permitted: bool = False
+    #: This call's grant (``with_network``, from the session policy's ``allowNetwork`` as the
+    #: decision recorded with T1 says); it counts only together with ``network_permitted``.
+    network_granted: bool = False
     # The operator's explicit, loud opt-out (``--unsafe-no-sandbox``): where no sandbox can run,
     # run commands without one instead of refusing them. Where one can run, it is used anyway.
     unsafe_no_sandbox: bool = False
@@ -143,11 +149,25 @@ class BashTool:
         timeout_s = self.timeout_s if timeout_ms is None else min(self.timeout_s, timeout_ms / 1000)
         return dataclasses.replace(self, timeout_s=timeout_s, max_output_chars=max_output_chars)
 
+    @property
+    def network(self) -> bool:
+        """Whether this call's sandbox keeps the host's network: both keys, or none."""
+        return self.network_permitted and self.network_granted
+
+    def with_network(self, granted: bool) -> BashTool:
+        """This tool for one call whose decision did (or did not) grant the network; the copy
+        shares the running set, so shutdown still kills it."""
+        return self if granted == self.network_granted else dataclasses.replace(self, network_granted=granted)
+
     def isolation(self) -> str:
         """One line for worker status and logs: how commands run, or why ``bash`` is refused."""
         status = self.sandbox
         if status.available:
-            net = "network granted" if self.network else "no network"
+            net = (
+                "network for sessions whose policy sets allowNetwork (--bash-network)"
+                if self.network_permitted
+                else "no network"
+            )
             return f"{status.describe()}, {net}, {self.enforcement.describe()}"
         if self.unsafe_no_sandbox:
             return (

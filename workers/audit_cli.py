@@ -93,5 +93,3 @@ def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: P
     if many:
         bad = sum(not r["ok"] for r in reports)
         click.echo(f"\n{len(reports)} session(s) audited, {bad} with drift")
-
-

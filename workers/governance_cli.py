@@ -262,4 +262,3 @@ def cmd_verify(file: Path, as_json: bool) -> None:
             click.echo(f"line {p.line}: {p.code}: {p.message}")
         click.echo(f"{count} lines, {len(problems)} problems")
     finish(1 if problems else 0)
-

@@ -112,6 +112,15 @@ class CapabilityGrant(GovernanceModel):
         return value
 
 
+class UsageLimits(GovernanceModel):
+    """Token caps (``usage`` in a policy): each counts a step's vendor-reported ``total`` (input,
+    cached input included, plus output), checked before every provider call (see
+    ``maka_core.runtime.usage_limits``). Unset: no cap."""
+
+    max_tokens_per_turn: int | None = Field(default=None, ge=1)
+    max_tokens_per_session: int | None = Field(default=None, ge=1)
+
+
 class GovernancePolicy(GovernanceModel):
     """Which calls may run, and on what terms. The defaults are MELRA's."""
 
@@ -132,6 +141,8 @@ class GovernancePolicy(GovernanceModel):
     approval_ttl_ms: int = Field(default=DEFAULT_APPROVAL_TTL_MS, ge=1_000, le=24 * 3_600_000)
     default_evidence: dict[str, tuple[EvidencePredicate, ...]] = Field(default_factory=dict)
     unhinged: bool = False
+    #: Token caps per turn and per session (None: none).
+    usage: UsageLimits | None = None
 
     @property
     def allowed_command_names(self) -> frozenset[str] | None:
@@ -155,6 +166,10 @@ class GovernancePolicy(GovernanceModel):
         # Absent before it existed: an empty list must not change the digest of older policies.
         if not value["trustedReadCommands"]:
             del value["trustedReadCommands"]
+        # Likewise for token caps: only a set cap is part of what the digest covers.
+        usage = {k: v for k, v in (value.pop("usage") or {}).items() if v is not None}
+        if usage:
+            value["usage"] = usage
         return value
 
     @cached_property

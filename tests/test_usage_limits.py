@@ -30,15 +30,19 @@ from maka_core.runtime.contracts import PARK_REASONS
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view, transcript_lines
+from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from tests.temporal_support import run_maka, wait_turn
+from tests.temporal_support import in_process_worker, run_maka, wait_turn
 from tests.test_providers import ChatServer, completion
 from tests.test_runtime import IDS, begin, step
 from tests.test_telemetry import delta, observed_worker, scrape
 from workers.client import connect
+from workers.resume_cli import resume_lost_session, wait_continued
 from workers.session_client import start_session
 from workers.telemetry import Telemetry
+from workers.worker import default_runtime
+from workflows.contracts import workflow_id_for
 
 MODEL = "usage-model"
 SPEC: dict[str, Any] = {"kind": "openai", "model": MODEL}
@@ -308,3 +312,46 @@ async def test_a_session_parks_before_the_call_that_would_pass_its_turn_cap(
     )
     if capped:
         assert "usage_limit_reached --" in shown.stdout, shown.stdout
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_turn_parked_on_its_cap_goes_on_through_maka_resume(
+    temporal_server: Any, tmp_path: Path, ws_dir: Path, task_queue: str, chat: ChatServer
+) -> None:
+    """The way forward the README gives: terminate the parked execution and ``maka resume``; the
+    continuation run is a turn of its own, with its own budget, and makes the call that was held."""
+    (ws_dir / "a.txt").write_text("alpha\n")
+    db = tmp_path / "ledger.sqlite"
+    session_id = f"usage-{tmp_path.name}"[-60:]
+    _record_policy(db, session_id, parse_policy({"usage": {"maxTokensPerTurn": 100}}))
+    chat.reply(200, _reply(_read("call_1"), _usage(30, 10), "tool_calls"))
+    chat.reply(200, _reply(_read("call_2"), _usage(30, 10), "tool_calls"))
+    chat.reply(200, _reply({"content": "done"}, _usage(30, 10)))
+    client: Client = await connect(temporal_server.address)
+    async with in_process_worker(client, db, task_queue):
+        _, accepted = await start_session(
+            client,
+            workspace=ws_dir,
+            provider=SPEC,
+            task_queue=task_queue,
+            message="go",
+            session_id=session_id,
+        )
+        status = await wait_turn(client, session_id, accepted.run_id)
+        assert status.park_reason == "usage_limit_reached" and len(chat.requests) == 2, status
+        await client.get_workflow_handle(workflow_id_for(session_id)).terminate(reason="go on")
+        with LedgerStore.open(db) as store:
+            rt = default_runtime(store, load_settings().runtime_settings())
+            try:
+                out = await resume_lost_session(client, rt, session_id, task_queue=task_queue)
+                assert out["decision"] == "continue", out
+                out = await wait_continued(client, rt, out, lambda *a, **k: None)
+            finally:
+                rt.close()
+    assert out["state"] == "idle", out
+    assert len(chat.requests) == 3, "the held call was made once, in the continuation"
+    with LedgerStore.open(db) as store:
+        view = session_view(store, session_id, workflow_id="wf").to_json()
+    by_run = {t["runId"]: t["usage"] for t in view["turns"]}
+    assert by_run[out["sourceRunId"]]["total"] == 80 and by_run[out["continuationRunId"]]["total"] == 40

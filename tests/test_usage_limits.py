@@ -36,11 +36,11 @@ from maka_core.workspace import Workspace
 from tests.temporal_support import in_process_worker, run_maka, wait_turn
 from tests.test_providers import ChatServer, completion
 from tests.test_runtime import IDS, begin, step
-from tests.test_telemetry import delta, observed_worker, scrape
+from tests.test_telemetry import delta, observed_worker, parse, scrape
 from workers.client import connect
 from workers.resume_cli import resume_lost_session, wait_continued
 from workers.session_client import start_session
-from workers.telemetry import Telemetry
+from workers.telemetry import Metrics, OtelPromObserver, Telemetry
 from workers.worker import default_runtime
 from workflows.contracts import workflow_id_for
 
@@ -205,12 +205,17 @@ def test_a_session_cap_parks_the_step_that_would_pass_it(
     if capped:
         _record_policy(db, IDS.session_id, parse_policy({"usage": {"maxTokensPerSession": 100}}))
     store = LedgerStore.open(db)
-    rt = Runtime(store)
+    metrics = Metrics()
+    rt = Runtime(store, observer=OtelPromObserver(None, metrics))
     for _ in range(3):
         chat.reply(200, _reply({"content": "ok"}, _usage(30, 10)))
     try:
         begin(rt, ws)
         step(rt, ws, 0, SPEC)  # 0 used: runs (40)
+        assert step(rt, ws, 0, SPEC).replayed  # a retried step: no call, and no count
+        counted = parse(metrics.text().decode())
+        key = f'maka_model_tokens_total{{kind="input",model="{MODEL}",provider="openai"}}'
+        assert counted[key] == 30
         step(rt, ws, 1, SPEC)  # 40 used, ~40 next: 80 <= 100, runs (80)
         if capped:
             with pytest.raises(UsageLimitReached) as err:
@@ -235,9 +240,17 @@ def test_a_session_cap_parks_the_step_that_would_pass_it(
 
 @pytest.mark.temporal
 @pytest.mark.asyncio(loop_scope="session")
-@pytest.mark.parametrize("capped", [True, False])
+@pytest.mark.parametrize(
+    ("mode", "capped"), [("with_tool", True), ("with_tool", False), ("local", True), ("activity", True)]
+)
 async def test_a_session_parks_before_the_call_that_would_pass_its_turn_cap(
-    temporal_server: Any, tmp_path: Path, ws_dir: Path, task_queue: str, chat: ChatServer, capped: bool
+    temporal_server: Any,
+    tmp_path: Path,
+    ws_dir: Path,
+    task_queue: str,
+    chat: ChatServer,
+    mode: str,
+    capped: bool,
 ) -> None:
     (ws_dir / "a.txt").write_text("alpha\n")
     db = tmp_path / "ledger.sqlite"
@@ -260,6 +273,7 @@ async def test_a_session_parks_before_the_call_that_would_pass_its_turn_cap(
             task_queue=task_queue,
             message="read it twice",
             session_id=session_id,
+            model_step_mode=mode,
         )
         status = await wait_turn(client, session_id, accepted.run_id)
         after = scrape(port)

@@ -51,8 +51,13 @@ from temporalio.worker import (
 )
 
 from maka_core.errors import ConfigError
-from maka_core.observe import CONTINUATIONS, LEDGER_COMMIT_SECONDS, AttrValue, ObservedLedger
-from maka_core.runtime.model_step import MODEL_TOKENS
+from maka_core.observe import (
+    CONTINUATIONS,
+    LEDGER_COMMIT_SECONDS,
+    MODEL_TOKENS,
+    AttrValue,
+    ObservedLedger,
+)
 from maka_core.runtime.runtime import Runtime
 from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, RECOVER_OPERATION
 

@@ -4,6 +4,8 @@ The step's identity is ``<runId>:<k>`` (``refs.stepId`` on every event it commit
 a crash, a timeout, a lost response, or a local activity re-run on replay — finds the committed
 output in the committed view and returns it without calling the provider again. Provider history
 comes from the ledger (``legal_replay``), never from workflow state; the result carries ids only.
+The step's token usage commits with its output; a policy's token caps are checked from that
+committed usage before the provider is called (``check_usage``), never during a call.
 
 A step runs in its own activity (a local one by default) or, in ``with_tool`` mode, in the tool
 activity of the previous step's last call (``execute_tool_then_step``), after that call's T2: the
@@ -24,6 +26,7 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.usage import step_tokens
 from maka_core.governance.policy_file import UsageLimits
 from maka_core.ledger.resume_plan import legal_replay
+from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import parse_provider_spec
 from maka_core.runtime import builders, governed, tool_call
@@ -96,9 +99,6 @@ def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
         )
 
 
-#: The Prometheus counter of committed tokens, by ``provider`` (the spec's kind), ``model`` and
-#: ``kind`` (``input``, ``output``, ``cached``); counted once, when a step's usage commits.
-MODEL_TOKENS = "maka_model_tokens_total"
 #: Maka's ``tokenUsage`` counts the counter reports, by its ``kind`` label.
 _TOKEN_KINDS = (("input", "input"), ("output", "output"), ("cached", "cacheRead"))
 

@@ -326,6 +326,8 @@ async def test_a_session_parks_before_the_call_that_would_pass_its_turn_cap(
     )
     if capped:
         assert "usage_limit_reached --" in shown.stdout, shown.stdout
+    listed = run_maka("session", "receipts", session_id, "--db", str(db), env=env)
+    assert f"tokens={totals['total']}" in listed.stdout, listed.stdout + listed.stderr
 
 
 @pytest.mark.temporal

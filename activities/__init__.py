@@ -15,6 +15,7 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
 - a cancellation because nobody waits for the attempt any more (its execution is gone, or the server
   timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
   tool was stopped (``runtime.tool_call``) and it committed no T2.
+- ``UsageLimitReached`` (type ``UsageLimitReached``): non-retryable; the workflow parks the turn.
 - ``StoreError``: retryable (a locked or briefly unavailable database), except ``schema_too_new``,
   ``row_payload_identity_mismatch`` and ``run_not_found``, which will not heal by waiting.
 - any other ``MakaError`` (``ConfigError``: a missing workspace, an invalid script): non-retryable.
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from maka_core.errors import LedgerRejection, MakaError, StoreError
+from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached
 from maka_core.providers import ProviderError
 from maka_core.runtime import model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
@@ -48,6 +49,7 @@ from workflows.contracts import (
     MODEL_STEP,
     RECOVER_OPERATION,
     RESUME_REQUIRED,
+    USAGE_LIMIT_REACHED,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
@@ -94,6 +96,8 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(str(exc), detail, type=RESUME_REQUIRED, non_retryable=True)
     if isinstance(exc, LedgerRejection) and exc.code == "ledger_chain_broken":
         return ApplicationError(str(exc), detail, type=LEDGER_CHAIN_BROKEN, non_retryable=True)
+    if isinstance(exc, UsageLimitReached):
+        return ApplicationError(str(exc), detail, type=USAGE_LIMIT_REACHED, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):

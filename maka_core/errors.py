@@ -51,3 +51,10 @@ class ConfigError(MakaError):
     """Bad configuration or command-line input."""
 
     default_code = "config_invalid"
+
+
+class UsageLimitReached(MakaError):
+    """A model step would take its turn or session past a token cap of the session's policy; no
+    provider call was made. The turn parks ``usage_limit_reached``."""
+
+    default_code = "usage_limit_reached"

@@ -35,6 +35,9 @@ CommitKind = Literal["t1", "t2", "recovery", "terminal", "append"]
 LEDGER_COMMIT_SECONDS = "maka_ledger_commit_seconds"
 #: The counter of continuation runs admitted to the ledger (a run header with a continuation source).
 CONTINUATIONS = "maka_continuations_total"
+#: The counter of committed model tokens, by ``provider`` (the spec's kind), ``model`` and ``kind``
+#: (``input``, ``output``, ``cached``); counted once, when a step's usage commits.
+MODEL_TOKENS = "maka_model_tokens_total"
 
 
 class Observer(Protocol):

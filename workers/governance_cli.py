@@ -227,7 +227,10 @@ def cmd_session_receipts(db: str | None, session_id: str, as_json: bool) -> None
                 f"{row['observedEffect'].get('status')}"
             )
         else:
-            click.echo(f"certificate {row['turnId']}  {row['result']}  receipts={len(row['receiptIds'])}")
+            tokens = f"  tokens={row['usage'].get('total')}" if row.get("usage") else ""
+            click.echo(
+                f"certificate {row['turnId']}  {row['result']}  receipts={len(row['receiptIds'])}{tokens}"
+            )
 
 
 @click.group("receipts")

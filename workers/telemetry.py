@@ -51,7 +51,13 @@ from temporalio.worker import (
 )
 
 from maka_core.errors import ConfigError
-from maka_core.observe import CONTINUATIONS, LEDGER_COMMIT_SECONDS, AttrValue, ObservedLedger
+from maka_core.observe import (
+    CONTINUATIONS,
+    LEDGER_COMMIT_SECONDS,
+    MODEL_TOKENS,
+    AttrValue,
+    ObservedLedger,
+)
 from maka_core.runtime.runtime import Runtime
 from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, RECOVER_OPERATION
 
@@ -89,6 +95,12 @@ class Metrics:
             TURNS: prometheus_client.Counter(TURNS, "Finished turns by status", ["status"], registry=reg),
             CONTINUATIONS: prometheus_client.Counter(
                 CONTINUATIONS, "Continuation runs admitted to the ledger", registry=reg
+            ),
+            MODEL_TOKENS: prometheus_client.Counter(
+                MODEL_TOKENS,
+                "Tokens of committed model steps by provider kind, model and kind (input, output, cached)",
+                ["provider", "model", "kind"],
+                registry=reg,
             ),
         }
         self.histograms: dict[str, prometheus_client.Histogram] = {
@@ -408,6 +420,7 @@ class Telemetry:
     def instrument(self, runtime: Runtime) -> None:
         """Time and trace the runtime's ledger commits (see ``maka_core.observe.ObservedLedger``)."""
         runtime.ledger = ObservedLedger(runtime.ledger, self.observer)
+        runtime.observer = self.observer
 
     def emit_turn_root(self, run_id: str, ids: dict[str, str]) -> None:
         if self.provider is None:

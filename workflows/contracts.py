@@ -94,6 +94,7 @@ __all__ = [
     "WAIT_SETTLED",
     "WaitSettled",
     "TurnStatus",
+    "USAGE_LIMIT_REACHED",
     "host_queue",
     "workflow_id_for",
 ]
@@ -123,6 +124,9 @@ RESUME_REQUIRED: Final = "ResumeRequired"
 #: ``begin_run`` / ``begin_continuation`` found a row of the session edited behind the writers
 #: (``ledger_chain_broken``): the turn parks with that reason before anything acts on the session.
 LEDGER_CHAIN_BROKEN: Final = "LedgerChainBroken"
+#: ``model_step`` refused a call that would pass a token cap of the session's policy: the turn
+#: parks ``usage_limit_reached`` (no provider call was made).
+USAGE_LIMIT_REACHED: Final = "UsageLimitReached"
 
 
 def workflow_id_for(session_id: str) -> str:

@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         SEND_MESSAGE,
         SESSION_WORKFLOW,
         STATUS_QUERY,
+        USAGE_LIMIT_REACHED,
         WAIT_SETTLED,
         BeginContinuationInput,
         BeginRunInput,
@@ -418,7 +419,15 @@ class SessionWorkflow:
             if step >= self._inp.max_steps_per_turn:
                 raise _Park("max_steps_exceeded", None)
             if carried is None:
-                carried = await self._model_step(self._step_input(ids, step, after_tools))
+                try:
+                    carried = await self._model_step(self._step_input(ids, step, after_tools))
+                except (ActivityError, ApplicationError) as err:
+                    # The step refused a call past a token cap, before the call. Raised only since
+                    # issue 20, so no recorded history takes this branch.
+                    cause = err.cause if isinstance(err, ActivityError) else err
+                    if isinstance(cause, ApplicationError) and cause.type == USAGE_LIMIT_REACHED:
+                        raise _Park("usage_limit_reached", None) from None
+                    raise
             output, carried = carried, None
             if output.final:
                 return

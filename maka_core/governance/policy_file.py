@@ -121,6 +121,15 @@ class CapabilityGrant(GovernanceModel):
         return value
 
 
+class UsageLimits(GovernanceModel):
+    """Token caps (``usage`` in a policy): each counts a step's vendor-reported ``total`` (input,
+    cached input included, plus output), checked before every provider call (see
+    ``maka_core.runtime.usage_limits``). Unset: no cap."""
+
+    max_tokens_per_turn: int | None = Field(default=None, ge=1)
+    max_tokens_per_session: int | None = Field(default=None, ge=1)
+
+
 class GovernancePolicy(GovernanceModel):
     """Which calls may run, and on what terms. The defaults are MELRA's."""
 
@@ -141,6 +150,8 @@ class GovernancePolicy(GovernanceModel):
     approval_ttl_ms: int = Field(default=DEFAULT_APPROVAL_TTL_MS, ge=1_000, le=24 * 3_600_000)
     default_evidence: dict[str, tuple[EvidencePredicate, ...]] = Field(default_factory=dict)
     unhinged: bool = False
+    #: Token caps per turn and per session (None: none).
+    usage: UsageLimits | None = None
     #: The session's key to the network for ``bash`` (the worker's ``--bash-network`` is the other
     #: key): its sandbox keeps the host's network namespace. Contradicts ``deniedTraits: network``.
     allow_network: bool = False
@@ -176,6 +187,10 @@ class GovernancePolicy(GovernanceModel):
             del value["trustedReadCommands"]
         if not value["allowNetwork"]:
             del value["allowNetwork"]
+        # Likewise for token caps: only a set cap is part of what the digest covers.
+        usage = {k: v for k, v in (value.pop("usage") or {}).items() if v is not None}
+        if usage:
+            value["usage"] = usage
         return value
 
     @cached_property

@@ -6,6 +6,7 @@ the arguments), what was observed and which evidence held. A certificate closes 
 receipts. MELRA seals only the certificate; we seal both, so ``verify_receipts`` can catch an
 edited receipt as well as an edited certificate. Each ``digest`` is ``sha256:<hex>`` of the
 canonical JSON of the object without its ``digest`` field; a file of receipts is JSON lines.
+A certificate also carries its run's token usage (``usage``), sealed with the rest.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class ExecutionCertificate(_Sealed):
     receipt_ids: tuple[str, ...]
     evidence: tuple[EvidenceItem, ...]
     created_at: str
+    #: The run's token usage, summed over its model steps in Maka's ``tokenUsage`` names
+    #: (``input``, ``output``, ``total``, ``cacheRead``...). Absent when no step reported usage,
+    #: and in every certificate sealed before it existed: an absent field is outside the digest,
+    #: so those still verify.
+    usage: dict[str, int | float] | None = None
 
 
 def receipt_id_for(operation_id: str) -> str:

@@ -4,7 +4,11 @@ Script format (a contract shared with the CLI and the drills)::
 
     {"steps": [ {"text": "..."} | {"toolCalls": [{"name": "write_file", "args": {...}}, ...]} ]}
 
-A step may carry both ``text`` and ``toolCalls``. Step k is returned on the session's k-th model
+A step may carry both ``text`` and ``toolCalls``, and an optional ``usage``: the token counts the
+step reports as if a vendor had, in Maka's ``tokenUsage`` shape (``{"input": 30, "output": 10}``;
+keys ``input``, ``output``, ``total``, ``cacheRead``, ``cacheCreation``, ``reasoning``, each a
+non-negative integer), committed with the step like a vendor's usage. Without it a step reports
+none. Step k is returned on the session's k-th model
 step (``step_index``, counted across the whole session, so a continuation resumes at the next
 unused step); tool call ids are ``call-<k>-<i>``, deterministic so that a retried or replayed step
 produces the same calls; past the end the script answers ``(script finished)``.
@@ -39,10 +43,34 @@ def _invalid(where: str, message: str) -> ConfigError:
     return ConfigError("script_invalid", f"{where}: {message}", where=where)
 
 
-def _parse_step(k: int, step: Any) -> tuple[str | None, tuple[tuple[str, dict[str, Any]], ...]]:
+_USAGE_KEYS = frozenset({"input", "output", "total", "cacheRead", "cacheCreation", "reasoning"})
+
+#: A parsed step: its text, its calls (name, args) and the usage it reports.
+Step = tuple[str | None, tuple[tuple[str, dict[str, Any]], ...], dict[str, int] | None]
+
+
+def _parse_usage(where: str, usage: Any) -> dict[str, int]:
+    if not isinstance(usage, dict) or not usage or set(usage) - _USAGE_KEYS:
+        raise _invalid(f"{where}.usage", f"usage is an object of counts named {sorted(_USAGE_KEYS)}")
+    for key, value in usage.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _invalid(f"{where}.usage.{key}", "a count is a non-negative integer")
+    return dict(usage)
+
+
+def _parse_step(k: int, step: Any) -> Step:
     where = f"steps[{k}]"
-    if not isinstance(step, dict) or not step or set(step) - {"text", "toolCalls"}:
-        raise _invalid(where, 'a step is {"text": ...} and/or {"toolCalls": [...]}')
+    if (
+        not isinstance(step, dict)
+        or not set(step) & {"text", "toolCalls"}
+        or set(step)
+        - {
+            "text",
+            "toolCalls",
+            "usage",
+        }
+    ):
+        raise _invalid(where, 'a step is {"text": ...} and/or {"toolCalls": [...]} (and an optional usage)')
     text = step.get("text")
     if "text" in step and not isinstance(text, str):
         raise _invalid(where, "text must be a string")
@@ -64,7 +92,8 @@ def _parse_step(k: int, step: Any) -> tuple[str | None, tuple[tuple[str, dict[st
             except CodecError as exc:
                 raise _invalid(at, exc.message) from None
             calls.append((call["name"], call["args"]))
-    return text, tuple(calls)
+    usage = _parse_usage(where, step["usage"]) if "usage" in step else None
+    return text, tuple(calls), usage
 
 
 class ScriptedProvider:
@@ -78,7 +107,7 @@ class ScriptedProvider:
         self.calls = 0
         #: Whether any call refers to an earlier result (only then does a step need the history).
         self.refers_to_results = any(
-            _RESULT_REF.search(canonical_json.dumps(args)) for _, calls in self._steps for _, args in calls
+            _RESULT_REF.search(canonical_json.dumps(args)) for _, calls, _ in self._steps for _, args in calls
         )
 
     @classmethod
@@ -112,13 +141,14 @@ class ScriptedProvider:
             raise ValueError("step_index is 0-based and non-negative")
         if step_index >= len(self._steps):
             return ModelOutput(text=FINISHED_TEXT)
-        text, calls = self._steps[step_index]
+        text, calls, usage = self._steps[step_index]
         return ModelOutput(
             text=text,
             tool_calls=tuple(
                 ModelToolCall(id=f"call-{step_index}-{i}", name=name, args=copy.deepcopy(args))
                 for i, (name, args) in enumerate(calls)
             ),
+            usage=dict(usage) if usage is not None else None,
         )
 
     async def complete(
@@ -133,7 +163,7 @@ class ScriptedProvider:
         calls = tuple(
             ModelToolCall(id=c.id, name=c.name, args=_resolve(c.args, results)) for c in output.tool_calls
         )
-        return ModelOutput(text=output.text, tool_calls=calls)
+        return ModelOutput(text=output.text, tool_calls=calls, usage=output.usage)
 
 
 def _results(history: Sequence[RuntimeEvent]) -> dict[str, Any]:

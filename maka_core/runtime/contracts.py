@@ -65,6 +65,9 @@ ParkReason = Literal[
     "dispatch_attempts_exhausted",
     # the turn asked for more model steps than the session allows (``max_steps_per_turn``)
     "max_steps_exceeded",
+    # the next model call would take the turn or session past a token cap of its policy
+    # (``usage.maxTokensPerTurn``/``maxTokensPerSession``); checked before the call, never mid-call
+    "usage_limit_reached",
     # the ledger holds a contradiction for this operation (the Resolver's code is on the operation)
     "ledger_corruption",
     # a parked recovery decision with a reason code this runtime does not write (an imported ledger)

@@ -4,6 +4,8 @@ The step's identity is ``<runId>:<k>`` (``refs.stepId`` on every event it commit
 a crash, a timeout, a lost response, or a local activity re-run on replay — finds the committed
 output in the committed view and returns it without calling the provider again. Provider history
 comes from the ledger (``legal_replay``), never from workflow state; the result carries ids only.
+The step's token usage commits with its output; a policy's token caps are checked from that
+committed usage before the provider is called (``check_usage``), never during a call.
 
 A step runs in its own activity (a local one by default) or, in ``with_tool`` mode, in the tool
 activity of the previous step's last call (``execute_tool_then_step``), after that call's T2: the
@@ -17,12 +19,16 @@ import time
 import uuid
 
 from maka_core import failpoints
-from maka_core.errors import CodecError, LedgerRejection
+from maka_core.errors import CodecError, LedgerRejection, UsageLimitReached
 from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.usage import step_tokens
+from maka_core.governance.policy_file import UsageLimits
 from maka_core.ledger.resume_plan import legal_replay
+from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
+from maka_core.providers.spec import parse_provider_spec
 from maka_core.runtime import builders, governed, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
@@ -93,6 +99,51 @@ def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
         )
 
 
+#: Maka's ``tokenUsage`` counts the counter reports, by its ``kind`` label.
+_TOKEN_KINDS = (("input", "input"), ("output", "output"), ("cached", "cacheRead"))
+
+
+def check_usage(limits: UsageLimits | None, events: list[RuntimeEvent], ids: RunIds, step_id: str) -> None:
+    """Refuse the next provider call when it would take the turn or the session past a cap.
+
+    From committed usage only: the turn's and session's summed ``step_tokens``, plus the next call
+    estimated at the session's last step (the history a call sends only grows, so the next call
+    costs at least what the last one did). Checked before the call, so a cap is never passed
+    mid-call and never by a call this check could foresee.
+
+    Raises:
+        UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap``,
+            ``used`` and ``next`` (the estimate).
+    """
+    if limits is None or (limits.max_tokens_per_turn is None and limits.max_tokens_per_session is None):
+        return
+    session = turn = last = 0
+    for e in events:
+        usage = e.actions.token_usage if e.actions is not None else None
+        if not usage:
+            continue
+        last = step_tokens(usage)
+        session += last
+        if e.run_id == ids.run_id:
+            turn += last
+    for field, cap, used in (
+        ("usage.maxTokensPerTurn", limits.max_tokens_per_turn, turn),
+        ("usage.maxTokensPerSession", limits.max_tokens_per_session, session),
+    ):
+        if cap is not None and (used >= cap or used + last > cap):
+            raise UsageLimitReached(
+                message=(
+                    f"step {step_id}: {used} tokens used and about {last} more for the next call "
+                    f"would pass the policy's {field} of {cap}; no provider call was made"
+                ),
+                stepId=step_id,
+                limit=field,
+                cap=cap,
+                used=used,
+                next=last,
+            )
+
+
 #: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
 #: session-wide step index, and the provider history (empty when the provider does not read it).
 Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent]]
@@ -109,10 +160,13 @@ def _lookup(rt: Runtime, ids: RunIds, step_id: str, needs_history: bool) -> Foun
     view = rt.ledger.view()
     committed = view.step_events(step_id)
     history: list[RuntimeEvent] = []
-    if needs_history and not committed:
+    limits = rt.session_governance(ids.session_id).policy.usage if not committed else None
+    if (needs_history or limits is not None) and not committed:
         events = rt.ledger.events(session_id=ids.session_id)
-        # An operator-resolved call is shown with a result stating the decision (never re-run).
-        history = resolved_history(legal_replay(events), events)
+        check_usage(limits, events, ids, step_id)
+        if needs_history:
+            # An operator-resolved call is shown with a result stating the decision (never re-run).
+            history = resolved_history(legal_replay(events), events)
     # Session-wide step index: the script (or any provider) continues where the session is.
     return committed, view.step_count(ids.session_id), history
 
@@ -173,7 +227,22 @@ async def model_step(
         return _result(rt, step_id, committed, replayed=True)
     if output.tool_calls:
         failpoints.hit("P1")
+    _count_tokens(rt, inp, batch)
     return _result(rt, step_id, tuple(batch), replayed=False)
+
+
+def _count_tokens(rt: Runtime, inp: ModelStepInput, batch: list[RuntimeEvent]) -> None:
+    """Count the usage this step just committed (a replayed step counts nothing). Labels: the
+    spec's kind and model name only, never a key or base URL."""
+    usage = next((e.actions.token_usage for e in batch if e.actions and e.actions.token_usage), None)
+    if not usage:
+        return
+    spec = parse_provider_spec(inp.provider)  # the step's provider was built from it: it parses
+    provider, model = spec.kind, getattr(spec, "model", None) or spec.kind
+    for kind, key in _TOKEN_KINDS:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            rt.observer.count(MODEL_TOKENS, value, provider=provider, model=model, kind=kind)
 
 
 async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:

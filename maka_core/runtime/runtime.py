@@ -53,6 +53,7 @@ from typing import Any, Literal, TypeVar
 
 from maka_core.errors import MakaError
 from maka_core.ledger.resolver import OperationResolution
+from maka_core.observe import NOOP, Observer
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
 from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec, parse_provider_spec
@@ -261,6 +262,8 @@ class Runtime:
     tool_threads: int = 8
     #: Run queued ledger work of several sessions in one transaction (``runtime.ledger_executor``).
     group_commit: bool = True
+    #: Where the runtime's own counters go (a worker plugs in Prometheus: ``workers/telemetry.py``).
+    observer: Observer = NOOP
 
     def __post_init__(self) -> None:
         self._ledger_thread: Executor = LedgerExecutor(self.ledger.group if self.group_commit else None)

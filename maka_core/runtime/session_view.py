@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
+from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.contracts import PARK_REASONS, SessionState
@@ -23,34 +24,15 @@ if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
 
 
-#: The ``tokenUsage`` counts a turn's and a session's totals sum (Maka's names); ``None`` where no
-#: step recorded usage (a scripted provider reports none: unknown is not zero).
-USAGE_COUNTS = ("input", "output", "total", "cacheRead", "cacheCreation", "reasoning")
-
-
-def usage_by_run(events: list[RuntimeEvent]) -> dict[str, dict[str, int | float]]:
-    """Each run's summed ``tokenUsage`` (every model step commits its own), by run id."""
-    totals: dict[str, dict[str, int | float]] = {}
+def usage_by_run(events: list[RuntimeEvent]) -> dict[str, Usage]:
+    """Each run's summed ``tokenUsage`` (every model step commits its own), by run id; a run no
+    step of which recorded usage is absent (a scripted provider reports none: unknown is not zero)."""
+    totals: dict[str, Usage] = {}
     for e in events:
         usage = e.actions.token_usage if e.actions is not None else None
-        if not usage:
-            continue
-        run = totals.setdefault(e.run_id, {})
-        for key in USAGE_COUNTS:
-            value = usage.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                run[key] = run.get(key, 0) + value
+        if usage:
+            add_usage(totals.setdefault(e.run_id, {}), usage)
     return totals
-
-
-def sum_usage(parts: list[dict[str, int | float]]) -> dict[str, int | float] | None:
-    if not parts:
-        return None
-    out: dict[str, int | float] = {}
-    for part in parts:
-        for key, value in part.items():
-            out[key] = out.get(key, 0) + value
-    return out
 
 
 @dataclass(frozen=True)
@@ -60,7 +42,7 @@ class TurnView:
     status: str
     park_reason: str | None
     #: The turn's token usage, summed over its model steps (``None``: none recorded).
-    usage: dict[str, int | float] | None = None
+    usage: Usage | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,7 +96,7 @@ class SessionView:
     #: Operator resolutions, beside the parks they answer (operation id -> what was recorded).
     resolutions: dict[str, dict[str, Any]] | None = None
     #: The session's token usage over all its turns (``None``: none recorded).
-    usage: dict[str, int | float] | None = None
+    usage: Usage | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``maka session status --json`` contract object."""
@@ -241,7 +223,7 @@ def session_view(
         operations=tuple(ops),
         event_count=len(events),
         resolutions=resolutions_of(events) or None,
-        usage=sum_usage(list(usage.values())),
+        usage=sum_usage(usage.values()),
     )
 
 
@@ -268,9 +250,19 @@ def _result_text(result: Any) -> Any:
     return result
 
 
+def usage_text(usage: Usage) -> str:
+    """``total 52 (input 41, output 11, cacheRead 20)``: the counts a step or sum recorded."""
+    parts = [f"{key} {usage[key]}" for key in USAGE_COUNTS if key in usage and key != "total"]
+    total = usage.get("total")
+    head = f"total {total}" if total is not None else "tokens"
+    return f"{head} ({', '.join(parts)})" if parts else head
+
+
 def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[str]:
-    """A readable transcript: user and model text, tool calls, results, recovery and run ends."""
+    """A readable transcript: user and model text, tool calls, results, recovery and run ends;
+    each ended turn's token usage under its end, and the session's at the bottom."""
     lines: list[str] = []
+    usage = usage_by_run(events)
     for e in events:
         if e.partial or e.hidden:
             continue
@@ -310,4 +302,9 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 # The wire format ends a parked run "failed"; its failure class says it parked.
                 parked = isinstance(delta, dict) and delta.get("failureClass") == "parked"
                 lines.append(f"-- turn {'parked' if parked else e.status or 'ended'}: {why} --")
+            if e.run_id in usage:
+                lines.append(f"   usage: {usage_text(usage[e.run_id])}")
+    session = sum_usage(usage.values())
+    if session is not None:
+        lines.append(f"-- session usage: {usage_text(session)} --")
     return lines

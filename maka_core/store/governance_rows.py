@@ -24,6 +24,7 @@ from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, PermissionClosureAccepted, RuntimeEvent
 from maka_core.facts.run_header import header_status_for
+from maka_core.facts.usage import sum_usage
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.receipts import seal_certificate
 from maka_core.store.hot_sql import HotSQL
@@ -120,6 +121,18 @@ def insert_certificate(conn: Connection, terminal: RuntimeEvent) -> None:
     if user is not None:
         content = canonical_json.loads(user).get("content") or {}
         goal = str(content.get("text", ""))[:500]
+    # The run's token usage: each model step's ``<stepId>:usage`` event (``<runId>:<k>:usage``).
+    usage_rows = conn.execute(
+        select(runtime_events.c.event_id, runtime_events.c.payload_json).where(
+            runtime_events.c.run_id == terminal.run_id,
+            runtime_events.c.event_id.like(f"{terminal.run_id}:%:usage"),
+        )
+    ).all()
+    usage = sum_usage(
+        (canonical_json.loads(r.payload_json).get("actions") or {}).get("tokenUsage") or {}
+        for r in usage_rows
+        if r.event_id.endswith(":usage")
+    )
     versions = {str(r["policyDecision"]["policyVersion"]) for r in receipts}
     version = (
         str(policy)
@@ -135,6 +148,7 @@ def insert_certificate(conn: Connection, terminal: RuntimeEvent) -> None:
         receipt_ids=tuple(str(r["receiptId"]) for r in receipts),
         evidence=tuple(item for r in receipts for item in r.get("evidence", ())),
         created_at=iso_ms_from(terminal.ts),
+        usage=usage or None,
     )
     conn.execute(
         execution_certificates.insert().values(

@@ -303,10 +303,8 @@ async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
         session_id,
         workspace=record.workspace,
         workspace_identity=record.workspace_identity,
-        provider=record.provider,
+        config=record.config,  # the session's settings, as recorded at its start
         task_queue=record.task_queue or s.task_queue,
-        host=record.host,
-        host_wait_s=record.host_wait_s,
     )
 
 
@@ -481,7 +479,7 @@ def _session_host(db: Any, session_id: str) -> tuple[str | None, float | None]:
             record = session_record(store.events(session_id=session_id))
     except MakaError:
         return None, None
-    return (record.host, record.host_wait_s) if record is not None else (None, None)
+    return (record.config.host, record.config.host_wait_s) if record is not None else (None, None)
 
 
 def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from workers.governance_cli import (
 )
 from workers.session_client import (
     START_NEVER_HAPPENED,
+    check_step_timeout,
     describe_execution,
     new_session_config,
     query_status,
@@ -284,6 +285,7 @@ def cmd_start(
     text = _message(message)
     if session_id is not None:
         check_session_id(session_id)
+    check_step_timeout(step_timeout)  # before it becomes the provider's HTTP timeout too
     provider = _provider_spec(
         script,
         model,

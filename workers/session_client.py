@@ -178,6 +178,20 @@ async def _peek_state(client: Any, session_id: str) -> str:
 # --- start, send, query --------------------------------------------------------------------------
 
 
+def check_step_timeout(seconds: float) -> float:
+    """A new session's model-step timeout, within ``STEP_TIMEOUT_BOUNDS_S``.
+
+    Raises:
+        ConfigError: ``config_invalid`` (``setting`` = ``step_timeout_s``).
+    """
+    low, high = STEP_TIMEOUT_BOUNDS_S
+    if not low <= seconds <= high:
+        raise ConfigError(
+            "config_invalid", f"the step timeout is {low:g}..{high:g} seconds", setting="step_timeout_s"
+        )
+    return seconds
+
+
 def new_session_config(
     provider: Any,
     *,
@@ -198,11 +212,7 @@ def new_session_config(
     from maka_core.providers.spec import new_session_spec
 
     spec = new_session_spec(provider)  # provider_spec_invalid before anything starts
-    low, high = STEP_TIMEOUT_BOUNDS_S
-    if not low <= step_timeout_s <= high:
-        raise ConfigError(
-            "config_invalid", f"the step timeout is {low:g}..{high:g} seconds", setting="step_timeout_s"
-        )
+    check_step_timeout(step_timeout_s)
     modes: tuple[ModelStepMode, ...] = ("with_tool", "local", "activity")
     if model_step_mode not in modes:
         raise ConfigError("config_invalid", f"model_step_mode is one of {modes}", setting="model_step_mode")

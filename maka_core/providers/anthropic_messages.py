@@ -169,7 +169,6 @@ class AnthropicProvider:
         model: str,
         system: str | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        temperature: float | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         api_key: str | None = None,
         base_url: str | None = None,
@@ -179,7 +178,6 @@ class AnthropicProvider:
         self.model = model
         self.system = system
         self.max_tokens = max_tokens
-        self.temperature = temperature
         self.timeout_s = timeout_s
         self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
         self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
@@ -191,7 +189,6 @@ class AnthropicProvider:
             model=spec.model,
             system=spec.system,
             max_tokens=spec.max_tokens or DEFAULT_MAX_TOKENS,
-            temperature=spec.temperature,
             timeout_s=float(spec.timeout_seconds or DEFAULT_TIMEOUT_S),
         )
 
@@ -220,8 +217,6 @@ class AnthropicProvider:
         }
         if self.system:
             request["system"] = self.system
-        if self.temperature is not None:
-            request["temperature"] = self.temperature
         if tools:
             request["tools"] = tools_to_anthropic(tools)
         try:

@@ -91,8 +91,6 @@ class AnthropicSpec(_Spec):
     model: str = Field(min_length=1)
     #: The session's system prompt (``--system``): the request's ``system``, never a message.
     system: str | None = None
-    #: Sampling temperature (the Messages API takes 0..1); absent: the API's default.
-    temperature: float | None = Field(default=None, ge=0, le=1)
     #: The Messages API requires a bound on output tokens (``DEFAULT_MAX_TOKENS`` when absent).
     max_tokens: int | None = Field(default=None, gt=0)
     timeout_seconds: int | float | None = Field(default=None, gt=0)
@@ -167,8 +165,8 @@ def model_spec(
     timeout_seconds: float | None = None,
 ) -> OpenAISpec | AnthropicSpec:
     """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``)
-    with the model's parameters (``--system``, ``--temperature``, ``--max-tokens``; the HTTP
-    timeout of ``--step-timeout``).
+    with the model's parameters (``--system``, ``--temperature`` (openai only), ``--max-tokens``;
+    the HTTP timeout of ``--step-timeout``).
 
     A bare name (no known ``PROVIDER:`` prefix) stays ``openai``, as ``--model`` always meant.
 
@@ -182,13 +180,14 @@ def model_spec(
     name = name.strip()
     if not name:
         raise ConfigError("config_invalid", "give --model PROVIDER:NAME (openai:... or anthropic:...)")
-    params: dict[str, Any] = {
-        "model": name,
-        "system": system,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-        "timeout_seconds": timeout_seconds,
-    }
+    if kind == "anthropic" and temperature is not None:
+        # The Messages API of the anthropic SDK maka runs on takes no temperature: refused, not dropped.
+        raise ConfigError(
+            "config_invalid", "anthropic models take no --temperature", setting="temperature", kind=kind
+        )
+    given = {"system": system, "temperature": temperature, "max_tokens": max_tokens}
+    params: dict[str, Any] = {"model": name, "timeout_seconds": timeout_seconds}
+    params.update({k: v for k, v in given.items() if v is not None})
     try:
         if kind == "anthropic":
             return AnthropicSpec(**params)

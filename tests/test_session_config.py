@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -28,14 +29,16 @@ from click.testing import CliRunner, Result
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from maka_core.errors import MakaError
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord, session_record
 from maka_core.store.writer import LedgerStore
 from tests.anthropic_server import MessagesServer, message, text
-from tests.temporal_support import WorkerProcess, run_maka
+from tests.temporal_support import WorkerProcess, in_process_worker, run_maka, start, wait_turn, write_script
 from tests.test_providers import ChatServer, completion
 from workers.cli import maka
 from workers.devserver import free_port
-from workflows.contracts import SessionConfig, SessionInput, workflow_id_for
+from workers.session_client import send_message
+from workflows.contracts import MODEL_STEP, SessionConfig, SessionInput, workflow_id_for
 
 SYSTEM = "You are the release bot. Answer in one line.\n"
 #: The settings of the pinned session, as its SessionInput must hold them (all non-default).
@@ -209,6 +212,61 @@ async def test_the_system_prompt_and_max_tokens_reach_the_messages_request(
     body = request.body
     assert (body["system"], body["max_tokens"]) == (SYSTEM, 321) and "temperature" not in body, body
     assert all(SYSTEM not in json.dumps(m) for m in body["messages"])
+
+
+async def _step_timeouts(client: Client, session_id: str) -> list[list[str]]:
+    """Per execution (oldest first), the start-to-close of every scheduled model step."""
+    out: list[tuple[Any, list[str]]] = []
+    async for execution in client.list_workflows(f"WorkflowId = '{workflow_id_for(session_id)}'"):
+        history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
+        scheduled = [
+            e["activityTaskScheduledEventAttributes"]
+            for e in json.loads(history.to_json())["events"]
+            if "activityTaskScheduledEventAttributes" in e
+        ]
+        steps = [a["startToCloseTimeout"] for a in scheduled if a["activityType"]["name"] == MODEL_STEP]
+        out.append((execution.start_time, steps))
+    return [steps for _, steps in sorted(out, key=lambda pair: pair[0])]
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("variant", ["session", "fixed_timeout"])
+async def test_the_step_timeout_and_settings_carry_across_continue_as_new(
+    variant: str, temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """Each execution schedules its model steps with the session's step timeout. Negative control:
+    the workflow with the timeout fixed at 120 s (as before the config) fails the same check."""
+    from tests.children.fixed_step_timeout_workflow import FixedStepTimeoutWorkflow
+    from workflows.session import SessionWorkflow
+
+    script = write_script(tmp_path / "script.json", [{"text": "one"}, {"text": "two"}])
+    workflow = SessionWorkflow if variant == "session" else FixedStepTimeoutWorkflow
+    settings = {"model_step_mode": "activity", "max_steps_per_turn": 7, "model_step_timeout_s": 33.0}
+    async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue, workflow=workflow):
+        session_id, first = await start(
+            temporal_client, ws_dir, script, task_queue, continue_as_new_after=1,
+            model_step_mode="activity", max_steps_per_turn=7, step_timeout_s=33.0,
+        )  # fmt: skip
+        await wait_turn(temporal_client, session_id, first.run_id)
+        second = None
+        for _ in range(100):  # the execution continues as new after its one turn
+            try:
+                second = await send_message(temporal_client, session_id, "again", refusals=True)
+                break
+            except MakaError as exc:
+                assert exc.code in ("continuing_as_new", "turn_in_flight"), exc.code
+                await asyncio.sleep(0.1)
+        assert second is not None, "the continued execution never took the message"
+        await wait_turn(temporal_client, session_id, second.run_id)
+    inputs = await _inputs(temporal_client, session_id)
+    assert len(inputs) >= 2 and inputs[1].continued_runs == 1
+    for inp in inputs:
+        assert {k: getattr(inp.config, k) for k in settings} == settings
+        assert inp.config.continue_as_new_after_turns == 1
+    timeouts = await _step_timeouts(temporal_client, session_id)
+    kept = timeouts[:2] == [["33s"], ["33s"]]
+    assert kept is (variant == "session"), timeouts
 
 
 # --- refusals ------------------------------------------------------------------------------------

@@ -474,7 +474,7 @@ class SessionWorkflow:
             MODEL_STEP,
             inp,
             result_type=ModelStepResult,
-            start_to_close_timeout=timedelta(seconds=120),
+            start_to_close_timeout=self._step_timeout(),
             retry_policy=MODEL_RETRY,
         )
         return remote

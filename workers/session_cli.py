@@ -226,7 +226,10 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     help="the system prompt (or @FILE: the file's UTF-8 text), sent as the model's system message",
 )
 @click.option(
-    "--temperature", type=float, default=None, help="sampling temperature (openai 0..2, anthropic 0..1)"
+    "--temperature",
+    type=float,
+    default=None,
+    help="sampling temperature (openai 0..2; anthropic models take none)",
 )
 @click.option(
     "--max-tokens", type=int, default=None, metavar="N", help="bound on each model step's output tokens"

@@ -154,7 +154,9 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(
     # Three executions (start, resume, send): each runs with the settings the session started with.
     assert len(inputs) == 3, [i.continuation for i in inputs]
     assert inputs[1].continuation is not None and inputs[2].continuation is None
+    assert inputs[0].config.host is not None and inputs[0].config.host_wait_s is not None
     for inp in inputs:
+        assert inp.config == inputs[0].config  # the host and host wait too
         assert _settings(inp.config) == EXPECTED, (inp.continuation, inp.config)
         assert inp.config.provider.to_json() == {
             "kind": "openai", "model": "test-model", "system": SYSTEM,

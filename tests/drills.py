@@ -38,7 +38,14 @@ from maka_core.workspace import Workspace
 from tests.pg_support import fresh_pg_schema
 from tests.temporal_support import WorkerProcess, start
 from workers.session_cli import query_status
-from workflows.contracts import SEND_MESSAGE, SendMessage, SessionInput, TurnAccepted, workflow_id_for
+from workflows.contracts import (
+    SEND_MESSAGE,
+    SendMessage,
+    SessionConfig,
+    SessionInput,
+    TurnAccepted,
+    workflow_id_for,
+)
 from workflows.session import SessionWorkflow, initial_search_attributes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -273,10 +280,12 @@ async def open_session(
         session_id=session_id,
         workspace=str(ident.root),
         workspace_identity=ident.identity,
-        provider={"kind": "script", "path": str(script)},
         task_queue=queue,
-        host=host,
-        host_wait_s=host_wait_s if host else None,
+        config=SessionConfig(
+            provider={"kind": "script", "path": str(script)},
+            host=host,
+            host_wait_s=host_wait_s if host else None,
+        ),
     )
     await client.start_workflow(
         SessionWorkflow.run,

@@ -16,7 +16,14 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from maka_core.errors import ConfigError
 from maka_core.runtime import turn
-from maka_core.runtime.contracts import PARK_REASONS, BeginRunInput, FinishRunInput, HostParkInput, RunIds
+from maka_core.runtime.contracts import (
+    PARK_REASONS,
+    BeginRunInput,
+    FinishRunInput,
+    HostParkInput,
+    RunIds,
+    SessionConfig,
+)
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord, session_record
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
@@ -83,15 +90,17 @@ def test_host_and_host_wait_come_from_the_environment_and_bad_values_are_refused
 
 
 def test_the_session_record_carries_host_and_host_wait_and_older_records_read_without() -> None:
-    record = SessionRecord("/w", "id-1", {"kind": "script"}, "maka", "a", 3.0)
+    spec = {"kind": "script", "path": "/s.json"}
+    config = SessionConfig(provider=spec, host="a", host_wait_s=3.0)
+    record = SessionRecord("/w", "id-1", config, "maka")
     assert SessionRecord.from_json(record.to_json()) == record
-    older = {"workspace": "/w", "workspaceIdentity": "id-1", "provider": {"kind": "script"}}
-    assert SessionRecord.from_json(older) == SessionRecord("/w", "id-1", {"kind": "script"})
+    older = {"workspace": "/w", "workspaceIdentity": "id-1", "provider": spec}
+    assert SessionRecord.from_json(older) == SessionRecord("/w", "id-1", SessionConfig(provider=spec))
     # The workflow input is history: an input written before host affinity decodes without a host.
     old_input = SessionInput.model_validate(
         {"session_id": "s", "workspace": "/w", "workspace_identity": "i", "provider": {}, "task_queue": "q"}
     )
-    assert (old_input.host, old_input.host_wait_s) == (None, None)
+    assert (old_input.config.host, old_input.config.host_wait_s) == (None, None)
 
 
 def test_a_host_park_is_recorded_on_the_run_header_and_lifted_on_resume(
@@ -110,7 +119,7 @@ def test_a_host_park_is_recorded_on_the_run_header_and_lifted_on_resume(
             )
         )  # fmt: skip
         record = session_record(store.events(session_id="s1"))
-        assert record is not None and (record.host, record.host_wait_s) == ("a", 3.0)
+        assert record is not None and (record.config.host, record.config.host_wait_s) == ("a", 3.0)
         user = store.events(session_id="s1")[0]
         assert user.actions is not None and user.actions.state_delta is not None
         assert user.actions.state_delta[SESSION_KEY]["host"] == "a"

@@ -448,7 +448,7 @@ def test_every_recorded_spec_decodes_to_the_same_json() -> None:
         (payload,) = converter.to_payloads([inp])
         assert json.loads(payload.data)["provider"] == raw
         (back,) = converter.from_payloads([payload], [SessionInput])
-        assert back == inp and back.provider.to_json() == raw
+        assert back == inp and back.config.provider.to_json() == raw
 
 
 @pytest.mark.parametrize(
@@ -467,10 +467,10 @@ def test_an_invalid_recorded_object_still_decodes_and_fails_the_step_as_before(r
     inp = SessionInput(session_id="s", workspace="/w", workspace_identity="i", provider=raw, task_queue="q")
     (payload,) = converter.to_payloads([inp])
     (back,) = converter.from_payloads([payload], [SessionInput])
-    assert isinstance(back.provider, UnrecognizedSpec) and back.provider.to_json() == raw
+    assert isinstance(back.config.provider, UnrecognizedSpec) and back.config.provider.to_json() == raw
     assert json.loads(payload.data)["provider"] == raw
     with pytest.raises(ConfigError) as info:
-        provider_from_spec(back.provider)
+        provider_from_spec(back.config.provider)
     assert info.value.code == "provider_spec_invalid"
 
 

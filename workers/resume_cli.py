@@ -311,11 +311,9 @@ async def resume_lost_session(
                 session_id,
                 workspace=cwd,
                 workspace_identity=identity,
-                provider=decision.record.provider,
+                config=decision.record.config,  # the session's settings, as recorded at its start
                 task_queue=queue,
                 continuation=decision.execute,
-                host=decision.record.host,
-                host_wait_s=decision.record.host_wait_s,
             )
             announce(
                 "execution_started",

@@ -20,6 +20,7 @@ import click
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.session_id import check_session_id
+from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.workspace import check_workspace_location
@@ -47,7 +48,9 @@ from workers.governance_cli import (
 )
 from workers.session_client import (
     START_NEVER_HAPPENED,
+    check_step_timeout,
     describe_execution,
+    new_session_config,
     query_status,
     send_message,
     start_execution,
@@ -58,6 +61,7 @@ from workers.session_client import (
 
 if TYPE_CHECKING:
     from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
+    from maka_core.runtime.contracts import SessionConfig
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -86,13 +90,65 @@ def _message(text: str) -> str:
     return text
 
 
-def _provider_spec(script: Path | None, model: str | None) -> ScriptSpec | OpenAISpec | AnthropicSpec:
+#: The longest system prompt a session takes: the prompt rides in the provider spec, which every
+#: model-step and tool activity input carries into the workflow's history.
+MAX_SYSTEM_BYTES = 16 * 1024
+
+
+def _system_prompt(value: str | None) -> str | None:
+    """``--system TEXT`` or ``--system @FILE`` (the file's UTF-8 text).
+
+    Raises:
+        ConfigError: ``system_file_unreadable`` (missing, unreadable or not UTF-8);
+            ``config_invalid`` (empty, or longer than ``MAX_SYSTEM_BYTES``).
+    """
+    if value is None:
+        return None
+    text = ensure_utf8(value, "system_prompt")
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError(
+                "system_file_unreadable", f"cannot read the system prompt {path}: {why}", path=str(path)
+            ) from None
+    if not text.strip():
+        raise ConfigError("config_invalid", "the system prompt is empty", setting="system")
+    if len(text.encode("utf-8")) > MAX_SYSTEM_BYTES:
+        raise ConfigError(
+            "config_invalid", f"the system prompt is over {MAX_SYSTEM_BYTES} bytes", setting="system"
+        )
+    return text
+
+
+def _provider_spec(
+    script: Path | None,
+    model: str | None,
+    *,
+    system: str | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    step_timeout: float | None = None,
+) -> ScriptSpec | OpenAISpec | AnthropicSpec:
     from maka_core.providers.scripted import ScriptedProvider
     from maka_core.providers.spec import ScriptSpec, model_spec
 
     if script is not None and model is not None:
         raise ConfigError("config_invalid", "give either --script or --model")
     if script is not None:
+        given = [
+            f
+            for f, v in (("--system", system), ("--temperature", temperature), ("--max-tokens", max_tokens))
+            if v is not None
+        ]
+        if given:
+            # A script answers for the model: it has no prompt or sampling to set, and a setting
+            # accepted and then dropped would be input lost.
+            raise ConfigError(
+                "config_invalid", f"{', '.join(given)} set a model (--model), not a script", setting=given[0]
+            )
         try:
             ScriptedProvider.from_file(script)  # the whole script, before anything starts
         except RecursionError:
@@ -100,7 +156,10 @@ def _provider_spec(script: Path | None, model: str | None) -> ScriptSpec | OpenA
         return ScriptSpec(path=str(script.resolve()))
     if not model or not model.strip():
         raise ConfigError("config_invalid", "give --script FILE or --model PROVIDER:NAME")
-    return model_spec(model)
+    # The provider's HTTP timeout follows the step's own, so a long call is not cut short below it.
+    return model_spec(
+        model, system=system, temperature=temperature, max_tokens=max_tokens, timeout_seconds=step_timeout
+    )
 
 
 def _workspace(path: Path, s: MakaSettings) -> Path:
@@ -144,7 +203,45 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     metavar="TURNS",
     help="continue-as-new after this many turns (default: when Temporal suggests)",
 )
+@click.option(
+    "--continue-as-new-after-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="STEPS",
+    help="within a long turn, continue-as-new after this many model steps (default: when Temporal suggests)",
+)
 @click.option("--model-step-mode", type=click.Choice(["with_tool", "local", "activity"]), default="with_tool")
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_STEPS_PER_TURN,
+    show_default=True,
+    metavar="STEPS",
+    help="model steps a turn may take before it parks (max_steps_exceeded)",
+)
+@click.option(
+    "--system",
+    default=None,
+    metavar="TEXT|@FILE",
+    help="the system prompt (or @FILE: the file's UTF-8 text), sent as the model's system message",
+)
+@click.option(
+    "--temperature",
+    type=float,
+    default=None,
+    help="sampling temperature (openai 0..2; anthropic models take none)",
+)
+@click.option(
+    "--max-tokens", type=int, default=None, metavar="N", help="bound on each model step's output tokens"
+)
+@click.option(
+    "--step-timeout",
+    type=float,
+    default=DEFAULT_STEP_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="the model step's start-to-close (1..3600), also the provider's HTTP timeout",
+)
 @click.option(
     "--host",
     default=None,
@@ -167,7 +264,13 @@ def cmd_start(
     model: str | None,
     session_id: str | None,
     continue_as_new_after: int | None,
+    continue_as_new_after_steps: int | None,
     model_step_mode: str,
+    max_steps: int,
+    system: str | None,
+    temperature: float | None,
+    max_tokens: int | None,
+    step_timeout: float,
     host: str | None,
     wait: bool,
     wait_timeout: float | None,
@@ -185,7 +288,23 @@ def cmd_start(
     text = _message(message)
     if session_id is not None:
         check_session_id(session_id)
-    provider = _provider_spec(script, model)
+    check_step_timeout(step_timeout)  # before it becomes the provider's HTTP timeout too
+    provider = _provider_spec(
+        script,
+        model,
+        system=_system_prompt(system),
+        temperature=temperature,
+        max_tokens=max_tokens,
+        step_timeout=step_timeout if step_timeout != DEFAULT_STEP_TIMEOUT_S else None,
+    )
+    new_session_config(  # every setting checked before anything is written
+        provider,
+        model_step_mode=model_step_mode,
+        step_timeout_s=step_timeout,
+        max_steps_per_turn=max_steps,
+        continue_as_new_after_turns=continue_as_new_after,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+    )
     _workspace(workspace, s)
     governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
 
@@ -201,7 +320,10 @@ def cmd_start(
                 message=text,
                 session_id=governed.session_id,
                 continue_as_new_after=continue_as_new_after,
+                continue_as_new_after_steps=continue_as_new_after_steps,
                 model_step_mode=model_step_mode,
+                max_steps_per_turn=max_steps,
+                step_timeout_s=step_timeout,
                 accept_timeout=s.wait_timeout,
                 refusals=True,
                 host=s.host,
@@ -303,10 +425,8 @@ async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
         session_id,
         workspace=record.workspace,
         workspace_identity=record.workspace_identity,
-        provider=record.provider,
+        config=record.config,  # the session's settings, as recorded at its start
         task_queue=record.task_queue or s.task_queue,
-        host=record.host,
-        host_wait_s=record.host_wait_s,
     )
 
 
@@ -438,8 +558,9 @@ def cmd_status(
             print(note, file=sys.stderr)
         health = _ledger_health(s.ledger)
         governed = _governance_status(s.ledger, session_id, view.state)
-        host, host_wait = _session_host(s.ledger, session_id)
-        host = host or (status.host if status is not None else None)
+        config = _session_config(s.ledger, session_id)
+        host_wait = config.host_wait_s if config is not None else None
+        host = (config.host if config is not None else None) or (status.host if status is not None else None)
         if execution is not None and not execution.open and view.state == "running":
             print(
                 f"maka: session {session_id} lost its execution before its run settled; a worker's "
@@ -453,6 +574,7 @@ def cmd_status(
                     **(execution.to_json() if execution else {}),
                     "host": host,
                     "hostWait": host_wait,
+                    "config": config.to_json() if config is not None else None,
                     "ledger": health,
                     **governed,
                     **({"resume": resume_refusal} if resume_refusal else {}),
@@ -472,16 +594,16 @@ def cmd_status(
     finish(run_async(main()))
 
 
-def _session_host(db: Any, session_id: str) -> tuple[str | None, float | None]:
-    """The workspace host and host wait the session recorded at start (from the ledger)."""
+def _session_config(db: Any, session_id: str) -> SessionConfig | None:
+    """The settings the session recorded at start (from the ledger)."""
     from maka_core.runtime.lost_run import session_record
 
     try:
         with open_ledger(db, create=False) as store:
             record = session_record(store.events(session_id=session_id))
     except MakaError:
-        return None, None
-    return (record.host, record.host_wait_s) if record is not None else (None, None)
+        return None
+    return record.config if record is not None else None
 
 
 def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:

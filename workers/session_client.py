@@ -21,11 +21,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maka_core.errors import MakaError
+from maka_core.errors import ConfigError, MakaError
+from maka_core.runtime.contracts import (
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
+    STEP_TIMEOUT_BOUNDS_S,
+    ModelStepMode,
+    SessionConfig,
+)
 from maka_core.settings import load_settings
 
 if TYPE_CHECKING:
-    from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec
+    from maka_core.providers.spec import ProviderSpec
 
 #: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
 ROUND_S = 10.0
@@ -171,6 +178,65 @@ async def _peek_state(client: Any, session_id: str) -> str:
 # --- start, send, query --------------------------------------------------------------------------
 
 
+def check_step_timeout(seconds: float) -> float:
+    """A new session's model-step timeout, within ``STEP_TIMEOUT_BOUNDS_S``.
+
+    Raises:
+        ConfigError: ``config_invalid`` (``setting`` = ``step_timeout_s``).
+    """
+    low, high = STEP_TIMEOUT_BOUNDS_S
+    if not low <= seconds <= high:
+        raise ConfigError(
+            "config_invalid", f"the step timeout is {low:g}..{high:g} seconds", setting="step_timeout_s"
+        )
+    return seconds
+
+
+def new_session_config(
+    provider: Any,
+    *,
+    model_step_mode: str = "with_tool",
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    max_steps_per_turn: int = DEFAULT_MAX_STEPS_PER_TURN,
+    continue_as_new_after_turns: int | None = None,
+    continue_as_new_after_steps: int | None = None,
+    host: str | None = None,
+    host_wait_s: float | None = None,
+) -> SessionConfig:
+    """The config of a session being started now, every value checked (a recorded config is taken
+    as it was written; this is where a new one enters).
+
+    Raises:
+        ConfigError: ``provider_spec_invalid``; ``config_invalid`` naming the setting.
+    """
+    from maka_core.providers.spec import new_session_spec
+
+    spec = new_session_spec(provider)  # provider_spec_invalid before anything starts
+    check_step_timeout(step_timeout_s)
+    modes: tuple[ModelStepMode, ...] = ("with_tool", "local", "activity")
+    if model_step_mode not in modes:
+        raise ConfigError("config_invalid", f"model_step_mode is one of {modes}", setting="model_step_mode")
+    for name, value in (
+        ("max_steps_per_turn", max_steps_per_turn),
+        ("continue_as_new_after_turns", continue_as_new_after_turns),
+        ("continue_as_new_after_steps", continue_as_new_after_steps),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError("config_invalid", f"{name} is at least 1", setting=name)
+    if host_wait_s is not None and host_wait_s <= 0:
+        raise ConfigError("config_invalid", "the host wait is positive", setting="host_wait_s")
+    return SessionConfig(
+        provider=spec,
+        model_step_mode=model_step_mode,
+        model_step_timeout_s=step_timeout_s,
+        max_steps_per_turn=max_steps_per_turn,
+        continue_as_new_after_turns=continue_as_new_after_turns,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+        host=host,
+        host_wait_s=host_wait_s if host else None,
+    )
+
+
 async def start_session(
     client: Any,
     *,
@@ -182,6 +248,8 @@ async def start_session(
     continue_as_new_after: int | None = None,
     continue_as_new_after_steps: int | None = None,
     model_step_mode: str = "with_tool",
+    max_steps_per_turn: int = DEFAULT_MAX_STEPS_PER_TURN,
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     task_timeout: Any = None,
     accept_timeout: float | None = None,
     refusals: bool = False,
@@ -190,8 +258,10 @@ async def start_session(
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
-    ``host`` pins the session to a workspace host (its tools and recoveries run only on that
-    host's queue); ``host_wait_s`` bounds how long the host has to start one (default
+    The settings (provider, step mode and timeout, step limit, continue-as-new thresholds, host and
+    host wait) become the session's ``SessionConfig``: every later execution of the session runs
+    with them. ``host`` pins the session to a workspace host (its tools and recoveries run only on
+    that host's queue); ``host_wait_s`` bounds how long the host has to start one (default
     ``MAKA_HOST_WAIT``, read now and recorded with the session). No ``host``: an unpinned session
     whose tools run on ``task_queue`` (library callers, as before host affinity).
 
@@ -199,6 +269,8 @@ async def start_session(
     callers get Temporal's own exceptions, as before.
 
     Raises:
+        ConfigError: ``provider_spec_invalid``, ``config_invalid`` (a setting out of its bounds),
+            before anything is written or started.
         MakaError: ``wait_timeout`` (no worker accepted the message within ``accept_timeout``; the
             session keeps it), workspace codes; with ``refusals`` also ``session_exists`` and the
             codes of ``send_message``.
@@ -207,11 +279,20 @@ async def start_session(
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from maka_core.providers.spec import new_session_spec
     from maka_core.workspace import Workspace
     from workflows.contracts import SessionInput, workflow_id_for
     from workflows.session import SessionWorkflow, initial_search_attributes
 
+    config = new_session_config(
+        provider,
+        model_step_mode=model_step_mode,
+        step_timeout_s=step_timeout_s,
+        max_steps_per_turn=max_steps_per_turn,
+        continue_as_new_after_turns=continue_as_new_after,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+        host=host,
+        host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
+    )
     ws = Workspace.open(workspace, create=True)
     if task_timeout is None:
         env_timeout = load_settings().workflow_task_timeout
@@ -223,13 +304,8 @@ async def start_session(
         session_id=session_id,
         workspace=str(ws.root),
         workspace_identity=ws.identity,
-        provider=new_session_spec(provider),  # provider_spec_invalid before anything starts
         task_queue=task_queue,
-        continue_as_new_after_turns=continue_as_new_after,
-        continue_as_new_after_steps=continue_as_new_after_steps,
-        model_step_mode=model_step_mode,
-        host=host,
-        host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
+        config=config,
     )
     try:
         await client.start_workflow(
@@ -436,20 +512,18 @@ async def start_execution(
     *,
     workspace: str,
     workspace_identity: str,
-    provider: ProviderSpec | UnrecognizedSpec | dict[str, Any],
+    config: SessionConfig,
     task_queue: str,
     continuation: Any = None,
-    host: str | None = None,
-    host_wait_s: float | None = None,
 ) -> str:
     """Start a NEW execution of a session whose previous one is closed or gone (same workflow id).
 
     Only two callers: ``maka resume`` after the planner approved and claimed a continuation
     (``continuation`` = its run ids), and ``maka session send`` after the ledger shows the last
     run ended cleanly. The reuse policy allows a closed id, the conflict policy refuses an open
-    one: a running execution is never replaced. ``host`` and ``host_wait_s`` are the session's
-    recorded ones (a new execution never moves a session to another host). Returns the new
-    execution's run id.
+    one: a running execution is never replaced. ``config`` is the session's recorded one, whole
+    (a new execution never moves a session to another host, nor changes its model or limits).
+    Returns the new execution's run id.
 
     Raises:
         MakaError: ``session_busy`` (an execution is open), ``temporal_unavailable``.
@@ -465,11 +539,9 @@ async def start_execution(
         session_id=session_id,
         workspace=workspace,
         workspace_identity=workspace_identity,
-        provider=provider,  # as recorded: a new execution keeps the session's spec
         task_queue=task_queue,
+        config=config,
         continuation=continuation,
-        host=host,
-        host_wait_s=host_wait_s if host else None,
     )
     env_timeout = load_settings().workflow_task_timeout
     try:

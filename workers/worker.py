@@ -95,7 +95,7 @@ def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> 
     from maka_core.runtime.lost_run import session_record
 
     record = session_record(store.events(session_id=session_id))
-    return record is not None and record.host is not None and record.host != host
+    return record is not None and record.config.host is not None and record.config.host != host
 
 
 async def startup_repair(

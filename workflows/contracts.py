@@ -13,11 +13,12 @@ from typing import Final
 
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
-from maka_core.providers.spec import RecordedSpec
 from maka_core.runtime.contracts import (
     ACTIVITY_NAMES,
     BEGIN_CONTINUATION,
     BEGIN_RUN,
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
     EXECUTE_TOOL,
     FINISH_RUN,
     HOST_PARK,
@@ -30,6 +31,7 @@ from maka_core.runtime.contracts import (
     Contract,
     FinishRunInput,
     FinishRunResult,
+    HoldsConfig,
     HostParkInput,
     ModelStepInput,
     ModelStepMode,
@@ -39,6 +41,7 @@ from maka_core.runtime.contracts import (
     RecoverInput,
     RecoverResult,
     RunIds,
+    SessionConfig,
     SessionState,
     ToolInput,
     ToolOutcome,
@@ -54,6 +57,8 @@ __all__ = [
     "BeginRunInput",
     "BeginRunResult",
     "CallRef",
+    "DEFAULT_MAX_STEPS_PER_TURN",
+    "DEFAULT_STEP_TIMEOUT_S",
     "Contract",
     "DISPATCH_WITHOUT_OUTCOME",
     "EXECUTE_TOOL",
@@ -61,6 +66,7 @@ __all__ = [
     "FinishRunInput",
     "FinishRunResult",
     "HOST_PARK",
+    "HoldsConfig",
     "HostParkInput",
     "InFlightTurn",
     "LEDGER_CHAIN_BROKEN",
@@ -84,6 +90,7 @@ __all__ = [
     "SESSION_WORKFLOW",
     "STATUS_QUERY",
     "SendMessage",
+    "SessionConfig",
     "SessionInput",
     "SessionState",
     "SessionStatus",
@@ -149,26 +156,17 @@ class InFlightTurn(Contract):
     settings: ToolSettings
 
 
-class SessionInput(Contract):
-    """Workflow input; also the carried state for continue-as-new (small by construction)."""
+class SessionInput(HoldsConfig):
+    """Workflow input; also the carried state for continue-as-new (small by construction).
+
+    The session's settings are ``config`` (``SessionConfig``), whose fields the history holds at
+    this object's top level, as it always did (``HoldsConfig``)."""
 
     session_id: str
     workspace: str
     workspace_identity: str
-    #: The model the session talks to (``maka_core.providers.spec``: tagged by ``kind``; every
-    #: object recorded as a plain dict before the union decodes unchanged, an invalid one as an
-    #: ``UnrecognizedSpec`` that fails the model step, as it always did).
-    provider: RecordedSpec
     task_queue: str
-    #: Continue-as-new after this many turns in one execution (``None``: only when Temporal suggests).
-    continue_as_new_after_turns: int | None = None
-    #: Within a long turn, continue-as-new at a step boundary after this many model steps in one
-    #: execution (``None``: only when Temporal suggests it).
-    continue_as_new_after_steps: int | None = None
-    #: Every recorded input spells its mode out (defaults are serialized), so this default reaches
-    #: only new sessions and continuations, never a history recorded in ``local``.
-    model_step_mode: ModelStepMode = "with_tool"
-    max_steps_per_turn: int = 100_000
+    config: SessionConfig
     # carried state
     state: SessionState = "idle"
     park_reason: str | None = None
@@ -180,13 +178,6 @@ class SessionInput(Contract):
     #: A new execution started by ``maka resume``: its first turn is this claimed and started
     #: continuation run (never set by continue-as-new).
     continuation: RunIds | None = None
-    #: The session's workspace host (``maka session start --host``, ``MAKA_HOST``): every tool and
-    #: recovery activity goes to ``host_queue(task_queue, host)``. ``None`` (sessions started before
-    #: host affinity): tools stay on ``task_queue``, as they always did.
-    host: str | None = None
-    #: Seconds the host has to pick a tool or recovery activity up (schedule-to-start) before the
-    #: session parks with ``workspace_host_unavailable`` (``MAKA_HOST_WAIT`` at session start).
-    host_wait_s: float | None = None
 
 
 class SendMessage(Contract):

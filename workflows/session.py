@@ -7,7 +7,7 @@ Each turn is a new Maka run: ``begin_run`` -> ``model_step`` -> ``execute_tool``
 ... -> ``finish_run``. No transcript, argument or tool output ever enters this workflow's history:
 activities read and write the ledger and return ids.
 
-Where a model step runs (``SessionInput.model_step_mode``):
+Where a model step runs (``SessionConfig.model_step_mode``):
 - ``with_tool`` (the default for new sessions): the turn's first step is a local activity; every
   later step rides in the tool activity of the previous step's last call (``ToolInput.next_step``),
   which runs it after that call's T2 and returns it on the outcome. A call then costs one activity
@@ -22,7 +22,7 @@ workflow-task timeout finds the committed output and never calls the provider ag
 calls are fine (the SDK heartbeats the workflow task; a riding step heartbeats its tool activity);
 tools are never local activities.
 
-Host affinity: a session pinned to a workspace host (``SessionInput.host``) sends every tool and
+Host affinity: a session pinned to a workspace host (``SessionConfig.host``) sends every tool and
 recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
 host wait; the ledger-only activities and a turn's first model step stay on the shared queue (a
 step may run on any host: one that rides with a tool runs on the tool's host). Nothing ever sends a
@@ -220,7 +220,7 @@ class SessionWorkflow:
             last_turn=self._last_turn,
             accepting=self._accepting(),
             continued_runs=self._inp.continued_runs,
-            host=self._inp.host,
+            host=self._inp.config.host,
         )
 
     @workflow.update(name=RESUME_HOST)
@@ -305,7 +305,7 @@ class SessionWorkflow:
         return self.status()
 
     def _should_continue(self) -> bool:
-        limit = self._inp.continue_as_new_after_turns
+        limit = self._inp.config.continue_as_new_after_turns
         return (
             limit is not None and self._turns_here >= limit
         ) or workflow.info().is_continue_as_new_suggested()
@@ -402,9 +402,7 @@ class SessionWorkflow:
                 task_queue=self._inp.task_queue,
                 workspace=self._inp.workspace,
                 workspace_identity=self._inp.workspace_identity,
-                provider=self._inp.provider,
-                host=self._inp.host,
-                host_wait_s=self._inp.host_wait_s if self._inp.host else None,
+                config=self._inp.config,
             ),
             result_type=BeginRunResult,
             start_to_close_timeout=LEDGER_TIMEOUT,
@@ -416,7 +414,7 @@ class SessionWorkflow:
         after_tools = step > 0
         carried: ModelStepResult | None = None
         while True:
-            if step >= self._inp.max_steps_per_turn:
+            if step >= self._inp.config.max_steps_per_turn:
                 raise _Park("max_steps_exceeded", None)
             if carried is None:
                 try:
@@ -440,7 +438,7 @@ class SessionWorkflow:
             step += 1
             after_tools = True
             self._steps_here += 1
-            limit = self._inp.continue_as_new_after_steps
+            limit = self._inp.config.continue_as_new_after_steps
             if workflow.info().is_continue_as_new_suggested() or (
                 limit is not None and self._steps_here >= limit
             ):
@@ -453,26 +451,31 @@ class SessionWorkflow:
             ids=ids,
             step=step,
             workspace=self._inp.workspace,
-            provider=self._inp.provider,
+            provider=self._inp.config.provider,
             after_tools=after_tools,
         )
 
     def _ride(self, step: int) -> NextStep | None:
         """The model step to run in the tool activity of a step's last call, or ``None``: not in
         ``with_tool`` mode, or the turn parks before that step (``max_steps_exceeded``)."""
-        if self._inp.model_step_mode != "with_tool" or step >= self._inp.max_steps_per_turn:
+        if self._inp.config.model_step_mode != "with_tool" or step >= self._inp.config.max_steps_per_turn:
             return None
-        return NextStep(step=step, provider=self._inp.provider)
+        return NextStep(step=step, provider=self._inp.config.provider)
+
+    def _step_timeout(self) -> timedelta:
+        # The session's own (``--step-timeout``); a history recorded before it existed decodes
+        # with the 120 s it was always given, so its commands are unchanged.
+        return timedelta(seconds=self._inp.config.model_step_timeout_s)
 
     async def _model_step(self, inp: ModelStepInput) -> ModelStepResult:
-        if self._inp.model_step_mode != "activity":
+        if self._inp.config.model_step_mode != "activity":
             # Local: one server round trip less and no input in history. Safe because the step is
             # idempotent through the ledger (a re-run returns the committed output).
             local: ModelStepResult = await workflow.execute_local_activity(
                 MODEL_STEP,
                 inp,
                 result_type=ModelStepResult,
-                start_to_close_timeout=timedelta(seconds=120),
+                start_to_close_timeout=self._step_timeout(),
                 retry_policy=MODEL_RETRY,
             )
             return local
@@ -480,7 +483,7 @@ class SessionWorkflow:
             MODEL_STEP,
             inp,
             result_type=ModelStepResult,
-            start_to_close_timeout=timedelta(seconds=120),
+            start_to_close_timeout=self._step_timeout(),
             retry_policy=MODEL_RETRY,
         )
         return remote
@@ -562,13 +565,13 @@ class SessionWorkflow:
         """Where tool and recovery activities go: the session's host queue, so a tool only ever
         runs where its workspace lives. ``None`` (the workflow's own queue, and the same command
         bytes as before host affinity) for a session without a host."""
-        return host_queue(self._inp.task_queue, self._inp.host) if self._inp.host else None
+        return host_queue(self._inp.task_queue, self._inp.config.host) if self._inp.config.host else None
 
     def _host_wait(self) -> timedelta | None:
         """The schedule-to-start bound of host-queue activities (``None``: unbounded, as before)."""
-        if not self._inp.host or self._inp.host_wait_s is None:
+        if not self._inp.config.host or self._inp.config.host_wait_s is None:
             return None
-        return timedelta(seconds=self._inp.host_wait_s)
+        return timedelta(seconds=self._inp.config.host_wait_s)
 
     async def _wait_for_host(self, ids: RunIds, call: CallRef) -> None:
         """Park the turn on its host until ``resume_host``; the run stays open.

@@ -181,6 +181,8 @@ def provider_from_spec(
             model=spec.model,
             base_url=spec.base_url,
             system=spec.system,
+            temperature=spec.temperature,
+            max_tokens=spec.max_tokens,
             timeout_s=float(spec.timeout_seconds or DEFAULT_TIMEOUT_S),
         )
     from maka_core.providers.anthropic_messages import AnthropicProvider

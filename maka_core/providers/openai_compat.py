@@ -125,9 +125,13 @@ class OpenAICompatibleProvider:
         base_url: str | None = None,
         api_key: str | None = None,
         system: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
         self.system = system
@@ -157,6 +161,11 @@ class OpenAICompatibleProvider:
             "model": self.model,
             "messages": history_to_messages(history, self.system),
         }
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            # ``max_tokens`` is deprecated by OpenAI and refused by its reasoning models.
+            request["max_completion_tokens"] = self.max_tokens
         if tools:
             request["tools"] = list(tools)
         try:

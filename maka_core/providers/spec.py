@@ -72,7 +72,12 @@ class OpenAISpec(_Spec):
 
     kind: Literal["openai"] = "openai"
     model: str = Field(min_length=1)
+    #: The session's system prompt (``--system``): the request's first message, never a user event.
     system: str | None = None
+    #: Sampling temperature (chat completions take 0..2); absent: the server's default.
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    #: The bound on a step's output tokens, sent as ``max_completion_tokens``; absent: none sent.
+    max_tokens: int | None = Field(default=None, gt=0)
     timeout_seconds: int | float | None = Field(default=None, gt=0)
     #: Kept only so specs recorded before the environment became the one source keep decoding
     #: (and keep their endpoint); nothing in maka writes it, and a new spec should not.
@@ -84,6 +89,7 @@ class AnthropicSpec(_Spec):
 
     kind: Literal["anthropic"] = "anthropic"
     model: str = Field(min_length=1)
+    #: The session's system prompt (``--system``): the request's ``system``, never a message.
     system: str | None = None
     #: The Messages API requires a bound on output tokens (``DEFAULT_MAX_TOKENS`` when absent).
     max_tokens: int | None = Field(default=None, gt=0)
@@ -150,13 +156,23 @@ def new_session_spec(raw: Any) -> ScriptSpec | OpenAISpec | AnthropicSpec:
     return spec
 
 
-def model_spec(text: str) -> OpenAISpec | AnthropicSpec:
-    """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``).
+def model_spec(
+    text: str,
+    *,
+    system: str | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    timeout_seconds: float | None = None,
+) -> OpenAISpec | AnthropicSpec:
+    """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``)
+    with the model's parameters (``--system``, ``--temperature`` (openai only), ``--max-tokens``;
+    the HTTP timeout of ``--step-timeout``).
 
     A bare name (no known ``PROVIDER:`` prefix) stays ``openai``, as ``--model`` always meant.
 
     Raises:
-        ConfigError: ``config_invalid`` for an empty name.
+        ConfigError: ``config_invalid`` for an empty name or a parameter out of the vendor's range
+            (``setting`` names it).
     """
     kind, sep, name = text.partition(":")
     if not sep or kind not in MODEL_KINDS:
@@ -164,6 +180,21 @@ def model_spec(text: str) -> OpenAISpec | AnthropicSpec:
     name = name.strip()
     if not name:
         raise ConfigError("config_invalid", "give --model PROVIDER:NAME (openai:... or anthropic:...)")
-    if kind == "anthropic":
-        return AnthropicSpec(model=name)
-    return OpenAISpec(model=name)
+    if kind == "anthropic" and temperature is not None:
+        # The Messages API of the anthropic SDK maka runs on takes no temperature: refused, not dropped.
+        raise ConfigError(
+            "config_invalid", "anthropic models take no --temperature", setting="temperature", kind=kind
+        )
+    given = {"system": system, "temperature": temperature, "max_tokens": max_tokens}
+    params: dict[str, Any] = {"model": name, "timeout_seconds": timeout_seconds}
+    params.update({k: v for k, v in given.items() if v is not None})
+    try:
+        if kind == "anthropic":
+            return AnthropicSpec(**params)
+        return OpenAISpec(**params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        setting = str(first["loc"][0]) if first["loc"] else "model"
+        raise ConfigError(
+            "config_invalid", f"{kind} {setting}: {first['msg']}", setting=setting, kind=kind
+        ) from None

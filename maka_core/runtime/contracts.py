@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from maka_core.providers.spec import RecordedSpec
 
@@ -136,10 +145,110 @@ class ToolSettings(Contract):
     start_to_close_timeout_s: float = 900.0
 
 
+# --- the session's settings -------------------------------------------------------------------
+
+#: The model step's start-to-close when a session names none (what every session had before
+#: ``--step-timeout``; a recorded history without the field replays with exactly this one).
+DEFAULT_STEP_TIMEOUT_S: Final = 120.0
+#: The bounds of a new session's ``--step-timeout`` (a recorded value is taken as it is).
+STEP_TIMEOUT_BOUNDS_S: Final = (1.0, 3600.0)
+DEFAULT_MAX_STEPS_PER_TURN: Final = 100_000
+
+
+class SessionConfig(Contract):
+    """Every setting of a session, declared once: what the session was started with, as opposed to
+    the state it carries. ``SessionInput`` (workflow histories), ``BeginRunInput`` and the ledger's
+    session record (``lost_run.SessionRecord``) hold this one model, so every new execution of a
+    session (``maka resume``, a ``session send`` over a closed one, a continue-as-new) runs with the
+    settings it was started with.
+
+    The model's parameters (system prompt, temperature, max tokens, the HTTP timeout) live in the
+    provider spec, where the provider reads them. Field names are the history's keys (the flat keys
+    ``SessionInput`` always had); ``to_json`` gives the camelCase keys of the ledger record and of
+    ``session status --json`` (no pydantic aliases: Temporal's converter serializes by alias). No
+    bound is checked here: a recorded value must always decode, so a new session's values are
+    checked where they enter (``session_client.new_session_config``)."""
+
+    #: The model the session talks to (``maka_core.providers.spec``: tagged by ``kind``; every
+    #: object recorded as a plain dict before the union decodes unchanged, an invalid one as an
+    #: ``UnrecognizedSpec`` that fails the model step, as it always did).
+    provider: RecordedSpec
+    #: Every recorded input spells its mode out (defaults are serialized), so this default reaches
+    #: only new sessions and continuations, never a history recorded in ``local``.
+    model_step_mode: ModelStepMode = "with_tool"
+    #: The model step's start-to-close, in seconds (a riding step is bounded by its tool activity).
+    model_step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
+    max_steps_per_turn: int = DEFAULT_MAX_STEPS_PER_TURN
+    #: Continue-as-new after this many turns in one execution (``None``: only when Temporal suggests).
+    continue_as_new_after_turns: int | None = None
+    #: Within a long turn, continue-as-new at a step boundary after this many model steps in one
+    #: execution (``None``: only when Temporal suggests it).
+    continue_as_new_after_steps: int | None = None
+    #: The session's workspace host (``maka session start --host``, ``MAKA_HOST``): every tool and
+    #: recovery activity goes to ``host_queue(task_queue, host)``. ``None`` (sessions started before
+    #: host affinity): tools stay on ``task_queue``, as they always did.
+    host: str | None = None
+    #: Seconds the host has to pick a tool or recovery activity up (schedule-to-start) before the
+    #: session parks with ``workspace_host_unavailable`` (``MAKA_HOST_WAIT`` at session start).
+    host_wait_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The camelCase object of the ledger record and of ``session status --json``."""
+        return {_JSON_KEYS[k]: v for k, v in self.model_dump(mode="json").items()}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SessionConfig | None:
+        """The config of a camelCase object (``to_json``; older records hold only its first keys),
+        or ``None`` when it holds no provider or a value of the wrong type."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("provider"), dict):
+            return None
+        try:
+            return cls.model_validate({k: raw[j] for k, j in _JSON_KEYS.items() if j in raw})
+        except ValidationError:
+            return None
+
+
+#: The keys of the config's fields in a flat history object.
+_CONFIG_KEYS: Final = tuple(SessionConfig.model_fields)
+#: Their camelCase keys (``hostWait`` as the record has always spelled it).
+_JSON_KEYS: Final = {
+    k: {"host_wait_s": "hostWait", "model_step_timeout_s": "modelStepTimeout"}.get(k, to_camel(k))
+    for k in _CONFIG_KEYS
+}
+
+
+class HoldsConfig(Contract):
+    """A contract whose history object keeps the config's fields at its top level.
+
+    ``SessionInput`` and ``BeginRunInput`` spelled the settings out as their own fields before
+    ``SessionConfig`` existed; keeping that flat shape means every recorded history decodes into
+    the model (the flat keys are gathered into ``config``) and an older worker still reads what a
+    newer one writes (the same keys, and new ones it ignores)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_config(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "config" in data:
+            return data
+        flat = {k: v for k, v in data.items() if k not in _CONFIG_KEYS}
+        if data.get("provider") is not None:
+            flat["config"] = {k: data[k] for k in _CONFIG_KEYS if k in data}
+        return flat
+
+    @model_serializer(mode="wrap")
+    def _drop_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # The config's fields spread at the top level, as the history has always held them.
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        config = data.pop("config", None) or {}
+        return {k: v for k, v in {**data, **config}.items() if v is not None}
+
+
 # --- activities -------------------------------------------------------------------------------
 
 
-class BeginRunInput(Contract):
+class BeginRunInput(HoldsConfig):
     ids: RunIds
     text: str
     ts: int
@@ -148,12 +257,10 @@ class BeginRunInput(Contract):
     task_queue: str
     workspace: str
     #: The session's settings, recorded on the user event (``lost_run.session_record``) so the
-    #: ledger alone can carry the session when its Temporal history is gone.
+    #: ledger alone can carry the session when its Temporal history is gone (absent in histories
+    #: recorded before the record existed).
     workspace_identity: str | None = None
-    provider: RecordedSpec | None = None
-    #: The session's workspace host and host wait (seconds), recorded beside the workspace.
-    host: str | None = None
-    host_wait_s: float | None = None
+    config: SessionConfig | None = None
 
 
 class BeginContinuationInput(Contract):

@@ -7,7 +7,7 @@ reconciled from its committed evidence (one atomic bundle), and a tool without a
 parks. The terminal fact then records the first park (``failureClass: parked``), so the session
 shows ``parked`` with a stable reason, never ``failed``.
 
-The session's own settings (workspace, its identity, the provider) ride on each run's user event
+The session's own settings (workspace, its identity, its ``SessionConfig``) ride on each run's user event
 as ``stateDelta.makaSession`` (``session_record``), so the ledger alone can carry a session whose
 Temporal history is gone.
 """
@@ -22,7 +22,7 @@ from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
-from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput
+from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput, SessionConfig
 from maka_core.runtime.recovery import park_reason_for, recover_operation
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.settle import RepairResult, _header_anchor, recovered_terminal_event, settle_run
@@ -35,47 +35,42 @@ _SETTLED: Final[frozenset[str]] = frozenset({"completed", "definitely_not_dispat
 
 @dataclass(frozen=True)
 class SessionRecord:
-    """What a new execution of a session needs, as the ledger recorded it."""
+    """What a new execution of a session needs, as the ledger recorded it: where the session works,
+    the queue its workflow ran on, and its settings (``SessionConfig``), so a new execution (``maka
+    resume``, ``session send`` over a closed one) runs with the settings it was started with.
+
+    Stored as one flat camelCase object: ``workspace``, ``workspaceIdentity``, ``taskQueue`` and
+    the config's keys (``provider``, ``host``, ``hostWait``, ``modelStepMode``...). Records written
+    before the config held more than the provider and the host decode with the defaults of the
+    rest (those sessions ran with the defaults), and an older reader finds the keys it knows."""
 
     workspace: str
     workspace_identity: str
-    provider: dict[str, Any]
+    config: SessionConfig
     task_queue: str | None = None
-    #: The workspace host the session is pinned to and its host wait (seconds): a new execution
-    #: (``maka resume``, ``session send`` over a closed one) keeps both.
-    host: str | None = None
-    host_wait_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "workspace": self.workspace,
             "workspaceIdentity": self.workspace_identity,
-            "provider": self.provider,
+            **self.config.to_json(),
         }
         if self.task_queue:
             out["taskQueue"] = self.task_queue
-        if self.host:
-            out["host"] = self.host
-        if self.host_wait_s is not None:
-            out["hostWait"] = self.host_wait_s
         return out
 
     @classmethod
     def from_json(cls, raw: Any) -> SessionRecord | None:
         if not isinstance(raw, Mapping):
             return None
-        ws, ident, provider = raw.get("workspace"), raw.get("workspaceIdentity"), raw.get("provider")
-        if not isinstance(ws, str) or not isinstance(ident, str) or not isinstance(provider, Mapping):
+        ws, ident, queue = raw.get("workspace"), raw.get("workspaceIdentity"), raw.get("taskQueue")
+        if not isinstance(ws, str) or not isinstance(ident, str):
             return None
-        queue, host, wait = raw.get("taskQueue"), raw.get("host"), raw.get("hostWait")
-        return cls(
-            ws,
-            ident,
-            dict(provider),
-            queue if isinstance(queue, str) else None,
-            host if isinstance(host, str) and host else None,
-            float(wait) if isinstance(wait, int | float) and not isinstance(wait, bool) else None,
-        )
+        # An empty host was never a pin (the record left it out): read it as none, as before.
+        config = SessionConfig.from_json({k: v for k, v in raw.items() if not (k == "host" and not v)})
+        if config is None:
+            return None
+        return cls(ws, ident, config, queue if isinstance(queue, str) and queue else None)
 
 
 def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:

@@ -91,15 +91,8 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
                 )
             )
         user = builders.user_event(ids, inp.text, inp.ts)
-        if inp.provider is not None and inp.workspace_identity is not None and user.actions is not None:
-            record = SessionRecord(
-                inp.workspace,
-                inp.workspace_identity,
-                inp.provider.to_json(),
-                inp.task_queue,
-                inp.host,
-                inp.host_wait_s,
-            )
+        if inp.config is not None and inp.workspace_identity is not None and user.actions is not None:
+            record = SessionRecord(inp.workspace, inp.workspace_identity, inp.config, inp.task_queue)
             delta = {SESSION_KEY: record.to_json()}
             user = user.model_copy(update={"actions": user.actions.model_copy(update={"state_delta": delta})})
         store.append([user])

@@ -14,7 +14,7 @@ from typing import Any
 
 from maka_core.facts import canonical_json
 from maka_core.governance import verify_receipts
-from maka_core.governance.tasks import task_id_for
+from maka_core.governance.tasks import executions_from, task_id_for, task_status
 from maka_core.runtime import approvals, recovery, tool_call, turn
 from maka_core.runtime.contracts import CallRef, FinishRunInput
 from maka_core.runtime.runtime import Runtime
@@ -277,8 +277,17 @@ def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, 
     assert not (ws.root / "out.txt").exists()  # at-most-once: the write is not repeated by recovery
     again = s.call("melra_execute", {"taskId": planned["taskId"]})
     assert (again["code"], again["status"]) == ("duplicate_attempt_prevented", "running")
+    # Control: a read task interrupted the same way is read again by recovery.
+    (ws.root / "r.txt").write_text("r")
+    read = s.plan({"kind": "file", "action": "read", "path": "r.txt"})
+    read_ref = s.ask("melra_execute", {"taskId": read["taskId"]})
+    assert isinstance(tool_call._admit(rt, tool_input(ws, read_ref), ATTEMPT), tool_call.Dispatched)
+    reread = run(recovery.recover_operation(rt, recover_input(ws, read_ref), ATTEMPT))
+    assert (reread.status, reread.reason) == ("completed", "replay_safe_reread")
+    assert result_of(rt, reread.response_event_id)["status"] == "verified_success"
     # The workflow parks the run: the park commits no receipt, and the task says an operator must
-    # settle it (a later run, e.g. after `maka resume`, reads this).
+    # settle it. The run is over (nothing may follow its terminal fact), so the status is read as a
+    # later run's melra_task_status reads it (after `maka resume`, say): from the ledger.
     finish = FinishRunInput(
         ids=IDS,
         status="failed",
@@ -287,14 +296,6 @@ def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, 
         parked_operation_id=ref.operation_id,
     )
     run(turn.finish_run(rt, finish))
-    status = s.call("melra_task_status", {"taskId": planned["taskId"]})
-    assert status["status"] == "recovery_required", status
+    executions = executions_from(rt.ledger.melra_executions(IDS.session_id, planned["taskId"]))
+    assert task_status(planned["status"], executions) == "recovery_required"
     assert not (ws.root / "out.txt").exists()
-    # Control: a read task interrupted the same way is read again by recovery.
-    (ws.root / "r.txt").write_text("r")
-    read = s.plan({"kind": "file", "action": "read", "path": "r.txt"})
-    ref = s.ask("melra_execute", {"taskId": read["taskId"]})
-    assert isinstance(tool_call._admit(rt, tool_input(ws, ref), ATTEMPT), tool_call.Dispatched)
-    reread = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
-    assert (reread.status, reread.reason) == ("completed", "replay_safe_reread")
-    assert result_of(rt, reread.response_event_id)["status"] == "verified_success"

@@ -108,7 +108,8 @@ class MakaSettings(BaseSettings):
     bash_memory: ByteSize = ByteSize(DEFAULT_MEMORY_BYTES)
     #: ``MAKA_BASH_PROCESSES``: processes (and threads) one bash call may have at once; ``0``: unbounded.
     bash_processes: int = Field(default=DEFAULT_PROCESSES, ge=0)
-    #: ``MAKA_BASH_TMP_SIZE``: size of a bash call's private, RAM-backed ``/tmp``; ``0``: unbounded.
+    #: ``MAKA_BASH_TMP_SIZE``: size of a bash call's private, RAM-backed ``/tmp``; ``0``: no size of
+    #: its own (the kernel's tmpfs default, within the memory limit).
     bash_tmp_size: ByteSize = ByteSize(DEFAULT_TMP_BYTES)
     #: ``MAKA_BASH_FILE_SIZE``: the largest file a bash call may write; ``0``: unbounded.
     bash_file_size: ByteSize = ByteSize(DEFAULT_FILE_BYTES)

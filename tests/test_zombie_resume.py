@@ -24,13 +24,15 @@ from typing import Any
 
 import pytest
 
+from maka_core.errors import MakaError
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from tests.drills import Sandbox, maka_cli, ready, stop
 from tests.temporal_support import WorkerProcess, start, write_script
 from tests.test_resume_temporal import cli
-from workers.resume_cli import resume_lost_session
+from workers.resume_cli import resume_lost_session, settle_lost_runs
+from workers.worker import execution_lost
 from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -306,4 +308,46 @@ async def test_negative_control_the_old_writer_and_an_unfenced_resume_wedge_the_
         code, audit, _ = await cli(box, "audit", session_id)
         assert code == 1 and "event_after_terminal" in {f["check"] for f in audit["findings"]}, audit
     finally:
+        await stop(worker)
+
+
+async def test_a_repair_never_settles_a_run_whose_execution_is_open_again(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """A startup repair lists the lost runs once, then settles a session's runs one by one, each
+    after its attempt fence (seconds to minutes): by then a resume elsewhere may have started a
+    run of that session. ``settle_lost_runs`` asks the worker's ``execution_lost`` about each run
+    again, before the fence and right before settling, and refuses ``session_busy`` for a live
+    one. Negative control: the same call without the re-check writes a terminal fact on the live
+    run, whose own next write is then refused."""
+    box = Sandbox(temporal_server, tmp_path / "live")
+    worker = _worker(box, heartbeat_s=10.0)
+    await ready(worker)
+    try:
+        script = _script(tmp_path / "script.json", COMMAND)
+        session_id, _ = await start(
+            temporal_client, box.ws, script, box.queue, session_id=f"live-{box.queue}"
+        )
+        await _until(
+            "the bash call's T1",
+            lambda: any(e.actions and e.actions.tool_dispatch for e in _events(box, session_id)),
+        )
+
+        def terminal_facts() -> int:
+            return sum(1 for e in _events(box, session_id) if e.is_terminal)
+
+        with LedgerStore.open(box.db) as store:
+            rt = Runtime(store)
+            try:
+                with pytest.raises(MakaError) as refused:
+                    await settle_lost_runs(rt, session_id, execution_lost(temporal_client))
+                assert refused.value.code == "session_busy", refused.value
+                assert terminal_facts() == 0
+                # Negative control: no re-check settles the live run.
+                settled = await settle_lost_runs(rt, session_id)
+            finally:
+                rt.close()
+        assert len(settled) == 1 and terminal_facts() == 1
+    finally:
+        _release(box)
         await stop(worker)

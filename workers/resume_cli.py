@@ -79,16 +79,16 @@ Fence = Callable[[RunHeader, list[str]], Awaitable[None]]
 async def settle_lost_runs(
     rt: Runtime,
     session_id: str,
-    still_lost: Callable[[], Awaitable[bool]] | None = None,
+    still_lost: Callable[[RunHeader], Awaitable[bool]] | None = None,
     fence: Fence | None = None,
 ) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
     except a claimed continuation that has not run yet (the resume executes it). A run with a tool
     in flight (T1, no T2) first goes through ``fence``.
 
-    ``still_lost``: asked right before each settlement (after the fence); False (a concurrent
-    resumer started an execution since the caller looked) refuses ``session_busy`` instead of
-    settling a live run.
+    ``still_lost(run)``: asked before each run's fence and again right before its settlement; False
+    (the run's execution is open: a concurrent resumer started it since the caller looked)
+    refuses ``session_busy`` instead of settling a live run.
 
     The session's chain is checked first: a row edited behind the writers parks every lost run
     with ``ledger_chain_broken`` and no operation is recovered (nothing read from it is acted on).
@@ -107,17 +107,24 @@ async def settle_lost_runs(
         if session.claim_for_target(run.run_id) is not None and len(events) <= 1:
             continue
         in_flight = in_flight_operations(events)
+        await _refuse_live(still_lost, run, session_id)
         if fence is not None and in_flight:
             await fence(run, in_flight)
-        if still_lost is not None and not await still_lost():
-            raise MakaError(
-                "session_busy", f"session {session_id} has an open execution (started by another resume)",
-                sessionId=session_id,
-            )  # fmt: skip
+            await _refuse_live(still_lost, run, session_id)
         untrusted: ParkReason | None = "ledger_chain_broken" if broken is not None else None
         await settle_lost_run(rt, run.run_id, session.record, untrusted=untrusted)
         settled.append(run.run_id)
     return settled
+
+
+async def _refuse_live(
+    still_lost: Callable[[RunHeader], Awaitable[bool]] | None, run: RunHeader, session_id: str
+) -> None:
+    if still_lost is not None and not await still_lost(run):
+        raise MakaError(
+            "session_busy", f"session {session_id} has an open execution (started by another resume)",
+            sessionId=session_id, runId=run.run_id,
+        )  # fmt: skip
 
 
 def lost_sessions(store: Any) -> list[str]:
@@ -234,7 +241,7 @@ async def resume_lost_session(
             raise runs_missing(session_id, events)
         raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
 
-    async def still_lost() -> bool:
+    async def still_lost(_run: RunHeader) -> bool:
         now = await describe_execution(client, session_id)
         return not now.open and now.run_id == execution.run_id
 

@@ -14,7 +14,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -98,6 +98,16 @@ def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> 
     return record is not None and record.config.host is not None and record.config.host != host
 
 
+def execution_lost(client: Client) -> Callable[[RunHeader], Awaitable[bool]]:
+    """Whether a run's hosting execution is (still) closed or gone: asked again right before a
+    repair settles the run, since a resume elsewhere may have started it after the repair looked."""
+
+    async def lost(run: RunHeader) -> bool:
+        return not await _execution_open(client, run)
+
+    return lost
+
+
 async def startup_repair(
     client: Client,
     store: LedgerStore,
@@ -132,13 +142,22 @@ async def startup_repair(
         fence = AttemptFence(
             client, runtime.settings.tool_heartbeat_timeout_s, say=say or (lambda m: log.info("%s", m))
         )
+        still_lost = execution_lost(client)
         for run in runs:
             if run.status not in ("running", "parked") or run.run_id in open_runs:
                 continue
             if await asyncio.to_thread(_pinned_elsewhere, store, run.session_id, host):
                 report.left_to_host.append(run.run_id)
                 continue
-            settled = await settle_lost_runs(runtime, run.session_id, fence=fence)
+            try:
+                settled = await settle_lost_runs(runtime, run.session_id, still_lost, fence=fence)
+            except MakaError as exc:
+                if exc.code != "session_busy":
+                    raise
+                # A run of the session is live again (a resume elsewhere started it since this
+                # repair looked): its workflow owns it now, and nothing of it is settled here.
+                report.left_to_workflow.append(run.run_id)
+                continue
             repaired.extend((run_id, run.session_id) for run_id in settled)
             if not settled and run.session_id not in report.sessions_to_resume:
                 report.sessions_to_resume.append(run.session_id)  # a claimed continuation to execute

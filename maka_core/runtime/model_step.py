@@ -280,6 +280,8 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
             if ids is None:
                 return None
             return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history)
+        except UsageLimitReached:
+            return None  # an expected park: the step's own activity raises it for the workflow
         except Exception:
             log.exception("reading model step %s:%d after its call failed", inp.run_id, after.step)
             return None

@@ -46,6 +46,10 @@ class DeafBash:
     def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> Any:
         return self.inner.run(args, ws, lambda: None)
 
+    def with_network(self, granted: bool) -> DeafBash:
+        """The per-call binding (``governed.bound_network``) keeps the wrapper: still deaf."""
+        return DeafBash(self.inner.with_network(granted))
+
 
 def old_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
     old = OldWriter.open(store.url)  # the same ledger, through the old writer

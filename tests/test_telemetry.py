@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import re
 import socket
 import time
@@ -284,15 +285,29 @@ def test_maka_worker_serves_metrics_on_its_port(
 # --- where /metrics listens (issue 23, 1.6) --------------------------------------------------------
 
 
-def _listening(port: int) -> set[str]:
-    """The local addresses with a listening TCP socket on ``port``, read from the kernel's table."""
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def _listening(port: int, pid: int) -> set[str]:
+    """The local addresses on which process ``pid`` has a listening TCP socket on ``port``, read
+    from the kernel's table (another process may listen on the same port at another address)."""
+    owned = _socket_inodes(pid)
     found: set[str] = set()
     for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
         with contextlib.suppress(FileNotFoundError), open(table) as fh:
             for line in list(fh)[1:]:
-                local, state = line.split()[1], line.split()[3]
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
                 address, _, hex_port = local.partition(":")
-                if state == "0A" and int(hex_port, 16) == port and len(address) == width:
+                if state == "0A" and int(hex_port, 16) == port and len(address) == width and inode in owned:
                     raw = bytes.fromhex(address)
                     if width == 8:
                         found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
@@ -360,7 +375,7 @@ def test_metrics_bind_loopback_unless_asked(
         ready = _ready_line(worker)
         port = int(ready["metricsPort"])
         assert ready["metricsHost"] == bound
-        assert _listening(port) == {bound}, _listening(port)
+        assert _listening(port, worker.proc.pid) == {bound}, _listening(port, worker.proc.pid)
         assert _answers("127.0.0.1", port)
         # 127.0.0.2 is this machine's loopback too, but not the address bound by default; and a
         # non-loopback address of this machine (when it has one) reaches only an all-interfaces bind.
@@ -410,5 +425,5 @@ def test_an_address_this_machine_lacks_is_refused_config_invalid() -> None:
         port = v6.start()
     except Exception as exc:  # a machine without IPv6 loopback
         pytest.skip(f"no ::1 here: {exc}")
-    assert port is not None and _listening(port) == {"::1"}
+    assert port is not None and _listening(port, os.getpid()) == {"::1"}
     v6.stop()

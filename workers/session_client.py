@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.runtime.contracts import (
@@ -213,7 +213,7 @@ def new_session_config(
 
     spec = new_session_spec(provider)  # provider_spec_invalid before anything starts
     check_step_timeout(step_timeout_s)
-    modes: tuple[ModelStepMode, ...] = ("with_tool", "local", "activity")
+    modes: tuple[ModelStepMode, ...] = get_args(ModelStepMode)  # the one declaration of the set
     if model_step_mode not in modes:
         raise ConfigError("config_invalid", f"model_step_mode is one of {modes}", setting="model_step_mode")
     for name, value in (

@@ -38,7 +38,7 @@ from maka_core.runtime import model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
-from workflows.contracts import (
+from maka_temporal.workflows.contracts import (
     BEGIN_CONTINUATION,
     BEGIN_RUN,
     DISPATCH_WITHOUT_OUTCOME,

@@ -40,7 +40,7 @@ from temporalio.exceptions import TerminatedError  # noqa: E402
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-from workers.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
+from maka_temporal.workers.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
 
 #: Temporal's default per-execution history limits (``limits.historySize.error``,
 #: ``limits.historyCount.error``): past either the server terminates the workflow.

@@ -40,9 +40,9 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from benchmarks.bench_server import bench_server  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
+from maka_temporal.workers.client import connect as maka_connect  # noqa: E402
 from tests.drills import open_session, send, settle  # noqa: E402
 from tests.temporal_support import WorkerProcess  # noqa: E402
-from workers.client import connect as maka_connect  # noqa: E402
 
 
 def _script(path: Path, calls: int) -> Path:

@@ -52,7 +52,6 @@ if str(ROOT) not in sys.path:
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from activities import MakaActivities  # noqa: E402
 from benchmarks.bench_server import (  # noqa: E402
     SAMPLE_FILE,
     bench_server,
@@ -66,10 +65,11 @@ from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_tempo
 from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.ledger import Ledger  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
-from workers.session_cli import query_status, start_session  # noqa: E402
-from workers.session_client import wait_settled  # noqa: E402
-from workers.worker import build_host_worker, build_worker  # noqa: E402
-from workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
+from maka_temporal.activities import MakaActivities  # noqa: E402
+from maka_temporal.workers.session_cli import query_status, start_session  # noqa: E402
+from maka_temporal.workers.session_client import wait_settled  # noqa: E402
+from maka_temporal.workers.worker import build_host_worker, build_worker  # noqa: E402
+from maka_temporal.workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
 
 #: The benchmark's one workspace host (its host queue is polled by this process).
 HOST = "bench-host"

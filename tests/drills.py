@@ -35,10 +35,8 @@ from temporalio.client import WorkflowUpdateFailedError
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from tests.pg_support import fresh_pg_schema
-from tests.temporal_support import WorkerProcess, start
-from workers.session_cli import query_status
-from workflows.contracts import (
+from maka_temporal.workers.session_cli import query_status
+from maka_temporal.workflows.contracts import (
     SEND_MESSAGE,
     SendMessage,
     SessionConfig,
@@ -46,7 +44,9 @@ from workflows.contracts import (
     TurnAccepted,
     workflow_id_for,
 )
-from workflows.session import SessionWorkflow, initial_search_attributes
+from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
+from tests.pg_support import fresh_pg_schema
+from tests.temporal_support import WorkerProcess, start
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DRILL_SCRIPT = FIXTURES / "drill_script.json"
@@ -192,7 +192,7 @@ class Sandbox:
 
 def maka_cli() -> list[str]:
     script = Path(sys.executable).parent / "maka"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "workers.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "maka_temporal"]
 
 
 async def verify_ledger(db: Path | str) -> tuple[bool, str]:

@@ -21,11 +21,11 @@ from typing import Any
 from temporalio.client import Client
 
 from maka_core.runtime.runtime import RuntimeSettings
-from workers.client import connect
-from workers.devserver import DevServer
-from workers.session_cli import query_status, send_message, start_session
-from workers.worker import serve
-from workflows.session import SessionWorkflow
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.devserver import DevServer
+from maka_temporal.workers.session_cli import query_status, send_message, start_session
+from maka_temporal.workers.worker import serve
+from maka_temporal.workflows.session import SessionWorkflow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_maka(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``maka ARGS`` as a real process from the repository, its output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "maka_temporal", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -106,7 +106,7 @@ class WorkerProcess:
         heartbeat_timeout: float = 2.0,
         extra_env: dict[str, str] | None = None,
         log: Path | None = None,
-        entry: tuple[str, ...] = ("-m", "workers.cli", "worker"),
+        entry: tuple[str, ...] = ("-m", "maka_temporal", "worker"),
     ) -> None:
         """``entry``: the worker's command after the interpreter (a test may run its own build of the
         worker, e.g. ``tests.children.naive_worker``, with the same flags)."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 from temporalio.activity import _Definition as ActivityDefinition
 from temporalio.workflow import _Definition as WorkflowDefinition
 
-from activities import MakaActivities
-from workflows import contracts
-from workflows.session import SessionWorkflow
+from maka_temporal.activities import MakaActivities
+from maka_temporal.workflows import contracts
+from maka_temporal.workflows.session import SessionWorkflow
 
 
 def test_activity_names_are_pinned() -> None:

@@ -22,9 +22,9 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import recovered_terminal_event, repair_run, settle_run
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from maka_temporal.workers.governance_cli import governance_status
 from tests.test_governed_execution import CONFIRM, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input
-from workers.governance_cli import governance_status
 
 
 def open_request(rt: Runtime, ws: Workspace) -> tuple[CallRef, dict[str, Any]]:

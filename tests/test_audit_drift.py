@@ -18,9 +18,9 @@ import pytest
 from maka_core.audit.html import render_html
 from maka_core.facts import codec
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.audit import audit_session
 from tests.drills import Cell, Kill, maka_cli, run_cells
 from tests.temporal_support import in_process_worker, send_message, start, tool_step, wait_turn, write_script
-from workers.audit import audit_session
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 

@@ -342,7 +342,7 @@ def test_a_policy_without_the_field_keeps_its_digest(text: str) -> None:
 
 
 def test_the_worker_key_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.worker import default_runtime
+    from maka_temporal.workers.worker import default_runtime
 
     monkeypatch.delenv("MAKA_BASH_NETWORK", raising=False)
     assert load_settings().runtime_settings().bash_network is False
@@ -384,7 +384,7 @@ def test_a_session_with_allow_network_on_a_bash_network_worker(
     )
     policy = tmp_path / "p.json"
     policy.write_text(json.dumps({**BASH_EVIDENCE, "allowNetwork": True}))
-    entry = ("-m", "workers.cli", "worker", *(["--bash-network"] if worker_flag else []))
+    entry = ("-m", "maka_temporal", "worker", *(["--bash-network"] if worker_flag else []))
     with WorkerProcess(
         temporal_server, home / "ledger.sqlite", env["MAKA_TASK_QUEUE"], home=home, entry=entry
     ) as worker:
@@ -456,7 +456,7 @@ def test_a_worker_killed_after_a_networked_call_parks_it_and_nothing_runs_twice(
     script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": command})), {"text": "done"}])
     policy = tmp_path / "p.json"
     policy.write_text(json.dumps({**BASH_EVIDENCE, "allowNetwork": True, "trustedReadCommands": ["cat"]}))
-    entry = ("-m", "workers.cli", "worker", *(["--bash-network"] if worker_flag else []))
+    entry = ("-m", "maka_temporal", "worker", *(["--bash-network"] if worker_flag else []))
     db, queue = home / "ledger.sqlite", env["MAKA_TASK_QUEUE"]
     first = WorkerProcess(
         temporal_server, db, queue, home=home, entry=entry, failpoint="P4", failpoint_tag="bash"
@@ -496,13 +496,13 @@ def test_maka_dev_takes_the_worker_key(tmp_path: Path, flag: bool) -> None:
     import subprocess
     import sys
 
+    from maka_temporal.workers.devserver import free_port
     from tests.temporal_support import REPO
-    from workers.devserver import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MAKA_BASH_NETWORK", "MAKA_DB", "MAKA_POLICY")}
     env.update({"MAKA_HOME": str(tmp_path / "home"), "MAKA_TASK_QUEUE": f"dev-net-{port}"})
-    argv = [sys.executable, "-m", "workers.cli", "dev", "--json", "--port", str(port)]
+    argv = [sys.executable, "-m", "maka_temporal", "dev", "--json", "--port", str(port)]
     proc = subprocess.Popen(
         [*argv, *(["--bash-network"] if flag else [])],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -26,7 +26,7 @@ from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, w
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
 ATTACK = "ls a#b; echo ran >> log.txt"
-TODAY = ("-m", "workers.cli", "worker")
+TODAY = ("-m", "maka_temporal", "worker")
 SHLEX_DERIVATION = ("-m", "tests.children.shlex_worker")
 
 

@@ -27,11 +27,11 @@ from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, RunIds
 from maka_core.runtime.runtime import ResolverGuard, Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.children.unchecked_chain_worker import UncheckedChainGuard
 from tests.drills import Kill, Sandbox, ready, stop
 from tests.temporal_support import WorkerProcess, start, write_script
 from tests.test_resume_temporal import cli
-from workflows.contracts import workflow_id_for
 
 FORGED = "pwned.txt"
 UNCHECKED_WORKER = ("-m", "tests.children.unchecked_chain_worker")

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.devserver import free_port
+from maka_temporal.workflows.contracts import MODEL_STEP, workflow_id_for
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
 from tests.temporal_support import run_maka as maka
-from workers.devserver import free_port
-from workflows.contracts import MODEL_STEP, workflow_id_for
 
 pytestmark = pytest.mark.temporal
 
@@ -62,7 +62,7 @@ async def _history_kinds(address: str, session_id: str) -> tuple[list[str], int,
     step) of the session's workflow history."""
     from temporalio.api.enums.v1 import EventType
 
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     client = await connect(address)
     history = await client.get_workflow_handle(workflow_id_for(session_id)).fetch_history()
@@ -140,7 +140,7 @@ async def _namespace_ready(address: str, namespace: str) -> None:
     from google.protobuf.duration_pb2 import Duration
     from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest, RegisterNamespaceRequest
 
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     client = await connect(address)
     retention = Duration()
@@ -165,8 +165,8 @@ async def _add_search_attributes(address: str, namespace: str) -> None:
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 
-    from workers.client import connect
-    from workers.devserver import SEARCH_ATTRIBUTES
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.devserver import SEARCH_ATTRIBUTES
 
     client = await connect(address)
     keyword = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
@@ -180,7 +180,7 @@ async def _add_search_attributes(address: str, namespace: str) -> None:
 async def _exists(address: str, namespace: str, session_id: str) -> bool:
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     client = await connect(address, namespace)
     try:
@@ -241,7 +241,7 @@ def _ready_event(args: list[str], env: dict[str, str], log: Path) -> dict[str, A
     """Start ``maka worker ARGS --json``, read its ready event, stop it (SIGTERM to its own pid)."""
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--no-repair", "--json", *args],
+            [sys.executable, "-m", "maka_temporal", "worker", "--no-repair", "--json", *args],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -276,7 +276,7 @@ def test_dev_serves_its_web_ui_on_the_ui_port_flag(tmp_path: Path) -> None:
     assert ui_port != port + 1000  # the default would not pass for the flag
     env = _env(tmp_path / "home", f"127.0.0.1:{port}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "dev", "--no-worker", "--json", "--port", str(port),
+        [sys.executable, "-m", "maka_temporal", "dev", "--no-worker", "--json", "--port", str(port),
          "--ui-port", str(ui_port)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -303,7 +303,8 @@ def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
     port = free_port()
     env = _env(tmp_path / "home", f"127.0.0.1:{port}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "dev", "--json", "--port", str(port), "--namespace", "team-a"],
+        [sys.executable, "-m", "maka_temporal", "dev", "--json", "--port", str(port),
+         "--namespace", "team-a"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     seen: list[dict[str, Any]] = []
@@ -318,7 +319,7 @@ def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
         async def attributes() -> list[str]:
             from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
-            from workers.client import connect
+            from maka_temporal.workers.client import connect
 
             client = await connect(f"127.0.0.1:{port}", "team-a")
             listed = await client.operator_service.list_search_attributes(
@@ -338,10 +339,10 @@ async def test_the_sticky_timeout_comes_from_the_settings_model(
     # from the environment by the worker; an explicit option still wins, and unset is the SDK's 5 s.
     from datetime import timedelta
 
-    from activities import MakaActivities
     from maka_core.errors import ConfigError
     from maka_core.runtime.runtime import Runtime
-    from workers.worker import build_worker
+    from maka_temporal.activities import MakaActivities
+    from maka_temporal.workers.worker import build_worker
 
     def sticky(**options: Any) -> Any:
         with LedgerStore.open(tmp_path / f"{uuid.uuid4().hex}.sqlite") as store:

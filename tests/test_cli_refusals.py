@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.cli import maka
+from maka_temporal.workers.devserver import free_port
 from tests.temporal_support import REPO, tool_step, write_script
-from workers.cli import maka
-from workers.devserver import free_port
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "maka_examples").glob("*.jsonl"))
 
@@ -132,7 +132,7 @@ def test_dev_refuses_a_port_out_of_range(env: dict[str, str | None]) -> None:
 
 def test_devserver_start_refuses_a_port_out_of_range() -> None:
     from maka_core.errors import ConfigError
-    from workers import devserver
+    from maka_temporal.workers import devserver
 
     with pytest.raises(ConfigError) as info:
         devserver.start(port=99999)
@@ -221,7 +221,7 @@ def test_valid_input_reaches_temporal(env: dict[str, str | None], tmp_path: Path
 def test_an_invalid_utf8_argument_from_a_real_shell(tmp_path: Path) -> None:
     environ = {**os.environ, "MAKA_HOME": str(tmp_path), "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "session", "send", "--json", "sess-x", b"caf\xe9"],
+        [sys.executable, "-m", "maka_temporal", "session", "send", "--json", "sess-x", b"caf\xe9"],
         cwd=REPO,
         env=environ,
         capture_output=True,
@@ -298,7 +298,7 @@ def test_import_of_a_huge_bad_file_caps_the_errors_it_reports(
 
 def test_streamed_reader_agrees_with_parse_jsonl(tmp_path: Path) -> None:
     from maka_core.store.jsonl import parse_jsonl
-    from workers.ledger_cli import read_jsonl_streamed
+    from maka_temporal.workers.ledger_cli import read_jsonl_streamed
 
     lines = FIXTURES[0].read_bytes().splitlines()
     data = lines[0] + b"\r\n\n" + lines[1][:-3] + b"\n" + b"\n".join(lines[2:]) + b"\n \n\n"
@@ -320,7 +320,7 @@ def test_streamed_reader_agrees_with_parse_jsonl(tmp_path: Path) -> None:
 def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path, command: str) -> None:
     db = tmp_path / "l.sqlite"
     environ = {**os.environ, "MAKA_HOME": str(tmp_path), "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
-    maka = [sys.executable, "-m", "workers.cli"]
+    maka = [sys.executable, "-m", "maka_temporal"]
     subprocess.run(
         [*maka, "ledger", "import", "--db", str(db), str(FIXTURES[0])], cwd=REPO, env=environ, check=True
     )

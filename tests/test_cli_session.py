@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from maka_temporal.workers.devserver import free_port
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
 from tests.temporal_support import run_maka as maka
-from workers.devserver import free_port
 
 pytestmark = pytest.mark.temporal
 
@@ -143,7 +143,7 @@ def test_maka_dev_serves_and_runs_a_worker(tmp_path: Path, ws_dir: Path) -> None
     log = tmp_path / "dev.log"
     with open(log, "w") as fh:
         dev = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "dev", "--port", str(port)],
+            [sys.executable, "-m", "maka_temporal", "dev", "--port", str(port)],
             cwd=REPO,
             env=env,
             stdout=fh,
@@ -181,7 +181,7 @@ def test_worker_json_lifecycle_events(temporal_server: Any, tmp_path: Path) -> N
     home = tmp_path / "home"
     env = _env(home, temporal_server.address)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", "--json"],
+        [sys.executable, "-m", "maka_temporal", "worker", "--json"],
         cwd=REPO,
         env=env,
         stderr=subprocess.PIPE,

@@ -14,9 +14,9 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from workers.session_client import update_error
-from workflows.contracts import SendMessage, SessionInput
-from workflows.session import SessionWorkflow
+from maka_temporal.workers.session_client import update_error
+from maka_temporal.workflows.contracts import SendMessage, SessionInput
+from maka_temporal.workflows.session import SessionWorkflow
 
 
 def _workflow() -> SessionWorkflow:

@@ -19,14 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from workers.devserver import free_port
+from maka_temporal.workers.devserver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 CONTROL = """
 import sys, threading, time
 from pathlib import Path
-from workers import devserver
+from maka_temporal.workers import devserver
 box = {}
 t = threading.Thread(target=lambda: box.update(s=devserver.start(ui=False, db_file=None)))
 t.start(); t.join()
@@ -60,7 +60,7 @@ def _children(pid: int) -> list[int]:
 def _dev(home: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "MAKA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "dev", "--no-worker", "--json", *args],
+        [sys.executable, "-m", "maka_temporal", "dev", "--no-worker", "--json", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

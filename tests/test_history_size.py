@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
-from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 

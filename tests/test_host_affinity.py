@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.session_client import query_status
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import HEARTBEAT_S, Kill, file_effects, log_lines, maka_cli, ready, stop, verify_ledger
 from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 from tests.temporal_support import WorkerProcess, start, tool_step, write_script
-from workers.session_client import query_status
-from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
@@ -89,7 +89,7 @@ class Fleet:
             extra_env=env,
             log=self.root / f"worker-{host}-{self._started}.log",
             # The real worker gets its host as an operator gives it: ``maka worker --host``.
-            entry=entry or ("-m", "workers.cli", "worker", "--host", host),
+            entry=entry or ("-m", "maka_temporal", "worker", "--host", host),
         )
 
     async def session(self, client: Any, host: str, label: str) -> str:
@@ -283,7 +283,7 @@ async def test_startup_repair_leaves_a_lost_run_of_another_hosts_session_to_that
     from maka_core.runtime import turn
     from maka_core.runtime.contracts import BeginRunInput, RunIds
     from maka_core.runtime.runtime import Runtime
-    from workers.worker import startup_repair
+    from maka_temporal.workers.worker import startup_repair
 
     ids = RunIds(session_id="lost-b", turn_id="t1", run_id="run-lost-b", invocation_id="i1")
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:

@@ -24,7 +24,7 @@ def maka(*args: str | Path, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MAKA_HOME": str(home), "PYTHONPATH": str(REPO)}
     env.pop("MAKA_FAILPOINT", None)
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *map(str, args)],
+        [sys.executable, "-m", "maka_temporal", *map(str, args)],
         cwd=REPO,
         env=env,
         capture_output=True,

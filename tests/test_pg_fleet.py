@@ -25,7 +25,6 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from activities import to_application_error
 from maka_core import failpoints
 from maka_core.errors import StoreError
 from maka_core.runtime import recovery, tool_call
@@ -37,6 +36,7 @@ from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
 from maka_core.workspace import Workspace
+from maka_temporal.activities import to_application_error
 from tests.drills import file_effects
 from tests.ledger_factory import ids, user
 from tests.ledger_factory import text as model_text
@@ -222,7 +222,7 @@ def maka(
     full = {**os.environ, "MAKA_HOME": str(home), "PYTHONPATH": str(REPO), **(env or {})}
     full.pop("MAKA_FAILPOINT", None)
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *map(str, args)],
+        [sys.executable, "-m", "maka_temporal", *map(str, args)],
         cwd=REPO,
         env=full,
         capture_output=True,

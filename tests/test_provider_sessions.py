@@ -40,14 +40,14 @@ from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools, provider_tool_specs
+from maka_temporal.workers.session_cli import start_session
+from maka_temporal.workers.session_client import wait_settled
+from maka_temporal.workers.worker import default_runtime, serve
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.anthropic_server import MessagesServer, error, message, text, tool_use
 from tests.temporal_support import WorkerProcess
 from tests.temporal_support import run_maka as maka
 from tests.test_providers import ChatServer, completion
-from workers.session_cli import start_session
-from workers.session_client import wait_settled
-from workers.worker import default_runtime, serve
-from workflows.contracts import workflow_id_for
 
 pytestmark = pytest.mark.temporal
 

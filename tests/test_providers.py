@@ -434,7 +434,7 @@ LEGACY_SPECS: list[dict[str, Any]] = [
 def test_every_recorded_spec_decodes_to_the_same_json() -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from workflows.contracts import SessionInput
+    from maka_temporal.workflows.contracts import SessionInput
 
     recorded = _recorded_specs()
     assert len(recorded) > 20 and {s["kind"] for s in recorded} == {"script"}
@@ -461,7 +461,7 @@ def test_an_invalid_recorded_object_still_decodes_and_fails_the_step_as_before(r
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     from maka_core.providers.spec import UnrecognizedSpec
-    from workflows.contracts import SessionInput
+    from maka_temporal.workflows.contracts import SessionInput
 
     converter = pydantic_data_converter.payload_converter
     inp = SessionInput(session_id="s", workspace="/w", workspace_identity="i", provider=raw, task_queue="q")

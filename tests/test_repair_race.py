@@ -32,9 +32,9 @@ from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Backend, Sandbox, log_lines, open_session, ready, send, settle, stop
 from tests.pg_support import SKIP_REASON, pg_base_url
-from workflows.contracts import workflow_id_for
 
 pytestmark = [
     pytest.mark.slow,

@@ -13,8 +13,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.contracts import SessionInput
-from workflows.session import SessionWorkflow
+from maka_temporal.workflows.contracts import SessionInput
+from maka_temporal.workflows.session import SessionWorkflow
 
 GOLDEN = sorted((Path(__file__).parent / "golden_histories").glob("*.json"))
 

@@ -144,7 +144,7 @@ def test_refusals_write_nothing(rt: Runtime, ws: Workspace) -> None:
 
 def _maka(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "maka_temporal", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
 
 

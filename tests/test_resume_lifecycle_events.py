@@ -13,11 +13,11 @@ import pytest
 
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
+from maka_temporal.workers.worker import default_runtime
 from tests.drills import Kill, Sandbox
 from tests.temporal_support import in_process_worker
 from tests.test_resume_temporal import _script, lose_execution
-from workers.resume_cli import resume_lost_session, wait_continued
-from workers.worker import default_runtime
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Kill, Sandbox, maka_cli, ready, stop
 from tests.temporal_support import start, write_script
-from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
@@ -291,8 +291,8 @@ async def test_a_resume_beside_a_winner_between_its_claim_and_its_start_waits_an
     import sys
 
     from maka_core.settings import load_settings
-    from workers.resume_cli import resume_lost_session
-    from workers.worker import default_runtime
+    from maka_temporal.workers.resume_cli import resume_lost_session
+    from maka_temporal.workers.worker import default_runtime
 
     box = Sandbox(temporal_server, tmp_path / "window")
     script = _script(tmp_path / "script.json")
@@ -449,8 +449,8 @@ async def test_a_workflow_stuck_on_an_incompatible_deploy_is_reported_then_termi
 
 @pytest.mark.slow
 async def test_the_ledger_alone_carries_a_session_whose_server_database_was_deleted(tmp_path: Path) -> None:
-    from workers import devserver
-    from workers.client import connect
+    from maka_temporal.workers import devserver
+    from maka_temporal.workers.client import connect
 
     db_file = tmp_path / "temporal.db"
     server = devserver.start(ui=False, db_file=db_file, log_path=tmp_path / "temporal.log")

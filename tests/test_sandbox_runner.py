@@ -22,14 +22,14 @@ from temporalio.worker.workflow_sandbox import (
 from temporalio.worker.workflow_sandbox._runner import _Instance
 from temporalio.workflow import _Definition
 
-from tests.children.sandbox_probe_clock import ImportsTheClock
-from tests.children.sandbox_probe_runs import CountsRuns
-from workers.sandbox_runner import (
+from maka_temporal.workers.sandbox_runner import (
     CompiledOnceSandboxRunner,
     WorkflowModules,
     compiled,
     compiled_module,
 )
+from tests.children.sandbox_probe_clock import ImportsTheClock
+from tests.children.sandbox_probe_runs import CountsRuns
 
 
 def _prepare(runner: WorkflowRunner, cls: type[Any]) -> None:

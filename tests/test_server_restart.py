@@ -22,6 +22,9 @@ import pytest
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers import devserver
+from maka_temporal.workers.client import connect
+from maka_temporal.workflows.contracts import EXECUTE_TOOL, RECOVER_OPERATION, workflow_id_for
 from tests.drills import (
     DRILL_SCRIPT,
     NOTES_AFTER_TURN,
@@ -33,9 +36,6 @@ from tests.drills import (
     settle,
     stop,
 )
-from workers import devserver
-from workers.client import connect
-from workflows.contracts import EXECUTE_TOOL, RECOVER_OPERATION, workflow_id_for
 
 pytestmark = [
     pytest.mark.slow,

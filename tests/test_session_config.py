@@ -32,13 +32,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from maka_core.errors import MakaError
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord, session_record
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.cli import maka
+from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.session_client import send_message
+from maka_temporal.workflows.contracts import MODEL_STEP, SessionConfig, SessionInput, workflow_id_for
 from tests.anthropic_server import MessagesServer, message, text
 from tests.temporal_support import WorkerProcess, in_process_worker, run_maka, start, wait_turn, write_script
 from tests.test_providers import ChatServer, completion
-from workers.cli import maka
-from workers.devserver import free_port
-from workers.session_client import send_message
-from workflows.contracts import MODEL_STEP, SessionConfig, SessionInput, workflow_id_for
 
 SYSTEM = "You are the release bot. Answer in one line.\n"
 #: The settings of the pinned session, as its SessionInput must hold them (all non-default).
@@ -239,8 +239,8 @@ async def test_the_step_timeout_and_settings_carry_across_continue_as_new(
 ) -> None:
     """Each execution schedules its model steps with the session's step timeout. Negative control:
     the workflow with the timeout fixed at 120 s (as before the config) fails the same check."""
+    from maka_temporal.workflows.session import SessionWorkflow
     from tests.children.fixed_step_timeout_workflow import FixedStepTimeoutWorkflow
-    from workflows.session import SessionWorkflow
 
     script = write_script(tmp_path / "script.json", [{"text": "one"}, {"text": "two"}])
     workflow = SessionWorkflow if variant == "session" else FixedStepTimeoutWorkflow

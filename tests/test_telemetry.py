@@ -28,9 +28,8 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.observe import NOOP, ObservedLedger, timed_span
 from maka_core.runtime.contracts import FinishRunInput, HostParkInput, RecoverResult, RunIds, ToolOutcome
 from maka_core.store.writer import LedgerStore
-from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
-from workers.client import connect
-from workers.telemetry import (
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.telemetry import (
     Metrics,
     OtelPromObserver,
     Telemetry,
@@ -38,8 +37,16 @@ from workers.telemetry import (
     scrub,
     turn_span_context,
 )
-from workers.worker import serve
-from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, MODEL_STEP, RECOVER_OPERATION
+from maka_temporal.workers.worker import serve
+from maka_temporal.workflows.contracts import (
+    BEGIN_RUN,
+    EXECUTE_TOOL,
+    FINISH_RUN,
+    HOST_PARK,
+    MODEL_STEP,
+    RECOVER_OPERATION,
+)
+from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 
 ARG_CANARY = "CANARY-ARG-7f3a1c"
 OUT_CANARY = "CANARY-OUT-9b2e44"
@@ -367,7 +374,7 @@ def test_metrics_bind_loopback_unless_asked(
     env: dict[str, str],
     bound: str,
 ) -> None:
-    entry = ("-m", "workers.cli", "worker", "--json", "--no-repair", "--metrics-port", "0", *flags)
+    entry = ("-m", "maka_temporal", "worker", "--json", "--no-repair", "--metrics-port", "0", *flags)
     extra = {"MAKA_METRICS_HOST": "", **env}
     with WorkerProcess(
         temporal_server, tmp_path / "ledger.sqlite", task_queue, home=tmp_path, entry=entry, extra_env=extra
@@ -400,7 +407,7 @@ def test_a_bad_metrics_host_is_refused_config_invalid(
 
     from click.testing import CliRunner
 
-    from workers.cli import maka
+    from maka_temporal.workers.cli import maka
 
     db = tmp_path / "ledger.sqlite"
     result = CliRunner().invoke(

@@ -16,9 +16,9 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from maka_core.runtime.session_view import operations, session_view
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.worker import startup_repair
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import WorkerProcess, send_message, start, tool_step, wait_turn, write_script
-from workers.worker import startup_repair
-from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 

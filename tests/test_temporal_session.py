@@ -12,13 +12,14 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import MakaActivities
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from maka_temporal.activities import MakaActivities
+from maka_temporal.workflows.contracts import CallRef, RunIds, ToolInput, workflow_id_for
 from tests.temporal_support import (
     WorkerProcess,
     in_process_worker,
@@ -29,7 +30,6 @@ from tests.temporal_support import (
     wait_turn,
     write_script,
 )
-from workflows.contracts import CallRef, RunIds, ToolInput, workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 
@@ -228,7 +228,7 @@ async def test_a_long_turn_continues_as_new_mid_turn_without_losing_its_place(
     """A turn longer than one execution's budget carries itself into fresh histories at step
     boundaries (the 10,000-call case), with one Maka run, every call once, and the run's hosting
     execution (continued as new) still counted open by startup repair."""
-    from workers.worker import startup_repair
+    from maka_temporal.workers.worker import startup_repair
 
     db = tmp_path / "ledger.sqlite"
     steps = [tool_step(("bash", {"command": f"echo {i} >> calls.txt"})) for i in range(6)]
@@ -331,7 +331,7 @@ async def test_two_racing_attempts_of_one_model_step_commit_one_output(tmp_path:
 
     from maka_core.providers.base import ModelOutput
     from maka_core.runtime import builders as facts
-    from workflows.contracts import ModelStepInput
+    from maka_temporal.workflows.contracts import ModelStepInput
 
     ws = Workspace.open(ws_dir)
     ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
@@ -401,9 +401,15 @@ async def test_a_wait_that_arrives_with_a_continuations_start_waits_for_its_turn
     from temporalio.client import WithStartWorkflowOperation
     from temporalio.common import WorkflowIDConflictPolicy
 
+    from maka_temporal.workflows.contracts import (
+        SESSION_WORKFLOW,
+        WAIT_SETTLED,
+        SessionInput,
+        SessionStatus,
+        WaitSettled,
+    )
+    from maka_temporal.workflows.session import SessionWorkflow
     from tests.children.early_settling_workflow import EarlySettlingSessionWorkflow
-    from workflows.contracts import SESSION_WORKFLOW, WAIT_SETTLED, SessionInput, SessionStatus, WaitSettled
-    from workflows.session import SessionWorkflow
 
     session_id = f"early-wait-{task_queue}"
     ids = RunIds(session_id=session_id, turn_id="turn-c", run_id="run-c", invocation_id="inv-c")

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from activities import to_application_error
 from maka_core.audit.model import read_ledger
 from maka_core.audit.report import audit
 from maka_core.errors import LedgerRejection
@@ -36,6 +35,7 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
 from maka_core.tools.sandbox import sandbox_status
 from maka_core.workspace import Workspace
+from maka_temporal.activities import to_application_error
 from tests.children.old_writer_worker import DeafBash, OldWriter
 from tests.drills import maka_cli
 from tests.ledger_factory import call, dispatch, response, t1, terminal, text, user

@@ -33,16 +33,16 @@ from maka_core.runtime.session_view import session_view, transcript_lines
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
+from maka_temporal.workers.session_client import start_session
+from maka_temporal.workers.telemetry import Metrics, OtelPromObserver, Telemetry
+from maka_temporal.workers.worker import default_runtime
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import in_process_worker, run_maka, wait_turn
 from tests.test_providers import ChatServer, completion
 from tests.test_runtime import IDS, begin, step
 from tests.test_telemetry import delta, observed_worker, parse, scrape
-from workers.client import connect
-from workers.resume_cli import resume_lost_session, wait_continued
-from workers.session_client import start_session
-from workers.telemetry import Metrics, OtelPromObserver, Telemetry
-from workers.worker import default_runtime
-from workflows.contracts import workflow_id_for
 
 MODEL = "usage-model"
 SPEC: dict[str, Any] = {"kind": "openai", "model": MODEL}

@@ -28,10 +28,9 @@ from temporalio.worker import Worker
 
 from maka_core.errors import MakaError
 from maka_core.store.writer import LedgerStore
-from tests.temporal_support import REPO, in_process_worker
-from workers.client import connect
-from workers.devserver import DevServer
-from workers.ledger_guard import (
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.devserver import DevServer
+from maka_temporal.workers.ledger_guard import (
     fingerprint,
     is_legacy,
     ledger_of,
@@ -39,9 +38,10 @@ from workers.ledger_guard import (
     refuse_mismatch,
     worker_identity,
 )
-from workers.worker import serve
+from maka_temporal.workers.worker import serve
+from tests.temporal_support import REPO, in_process_worker
 
-WORKER = (sys.executable, "-m", "workers.cli", "worker", "--json", "--no-repair")
+WORKER = (sys.executable, "-m", "maka_temporal", "worker", "--json", "--no-repair")
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 

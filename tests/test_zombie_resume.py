@@ -28,12 +28,12 @@ from maka_core.errors import MakaError
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.resume_cli import resume_lost_session, settle_lost_runs
+from maka_temporal.workers.worker import execution_lost
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Sandbox, maka_cli, ready, stop
 from tests.temporal_support import WorkerProcess, start, write_script
 from tests.test_resume_temporal import cli
-from workers.resume_cli import resume_lost_session, settle_lost_runs
-from workers.worker import execution_lost
-from workflows.contracts import workflow_id_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

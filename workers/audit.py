@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from maka_core.audit.model import ActivityFact, ActivityOutcome, Execution, ExecutionStatus, read_ledger
 from maka_core.audit.report import AuditReport, audit
 from maka_core.errors import MakaError
-from workflows.contracts import (
+from maka_temporal.workflows.contracts import (
     BEGIN_CONTINUATION,
     BEGIN_RUN,
     EXECUTE_TOOL,

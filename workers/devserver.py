@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from maka_core.errors import ConfigError
-from workflows.contracts import SEARCH_ATTRIBUTES
+from maka_temporal.workflows.contracts import SEARCH_ATTRIBUTES
 
 DYNAMIC_CONFIG: tuple[str, ...] = (
     "history.transferProcessorMaxPollRPS=1000",

@@ -31,7 +31,7 @@ import click
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
-from workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+from maka_temporal.workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
 
 __all__ = ["SessionPolicy", "governance_status", "policy_options", "session_policy"]
 

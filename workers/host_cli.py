@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from workers.cli_base import (
+from maka_temporal.workers.cli_base import (
     db_option,
     finish,
     json_option,
@@ -91,9 +91,9 @@ def cmd_worker(
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
-    from workers.client import connect
-    from workers.telemetry import Telemetry
-    from workers.worker import serve
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.telemetry import Telemetry
+    from maka_temporal.workers.worker import serve
 
     s = settings(
         db=db,
@@ -151,9 +151,9 @@ def cmd_dev(
     as_json: bool,
 ) -> None:
     """Run the embedded Temporal dev server (+ a worker)."""
-    from workers import devserver
-    from workers.client import connect
-    from workers.worker import serve
+    from maka_temporal.workers import devserver
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.worker import serve
 
     s = settings(
         db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, bash_network=bash_network
@@ -217,6 +217,6 @@ def cmd_dev(
 @json_option()
 def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json: bool) -> None:
     """Run a scripted session on a sample workspace."""
-    from workers import demo  # imported late: the demo module builds on this one
+    from maka_temporal.workers import demo  # imported late: the demo module builds on this one
 
     finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))

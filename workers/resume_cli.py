@@ -37,8 +37,8 @@ from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
-from workers.attempt_fence import AttemptFence
-from workers.cli_base import (
+from maka_temporal.workers.attempt_fence import AttemptFence
+from maka_temporal.workers.cli_base import (
     db_option,
     finish,
     json_option,
@@ -48,7 +48,7 @@ from workers.cli_base import (
     settings,
     temporal_options,
 )
-from workers.session_client import Execution, describe_execution, start_execution, wait_settled
+from maka_temporal.workers.session_client import Execution, describe_execution, start_execution, wait_settled
 
 log = logging.getLogger("maka.resume")
 
@@ -210,7 +210,7 @@ async def resume_lost_session(
             open execution, whose parked turn would go on over an edited row; a closed one parks
             with that reason instead).
     """
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     workflow_id = workflow_id_for(session_id)
     lost_at = time.monotonic()
@@ -383,8 +383,8 @@ async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]
     messages; nothing in it will move again, so the way on is to terminate it and resume from the
     ledger (after ``maka session resolve`` when the park needs a human's word).
     """
-    from workers.session_client import query_status
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workers.session_client import query_status
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
         status = await query_status(client, session_id)
@@ -414,9 +414,9 @@ async def resume_on_host(
     """
     from temporalio.client import WorkflowUpdateFailedError
 
-    from workers.session_client import query_status
-    from workers.session_client import resume_host as send_resume_host
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workers.session_client import query_status
+    from maka_temporal.workers.session_client import resume_host as send_resume_host
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
         status = await query_status(client, session_id)
@@ -453,7 +453,7 @@ async def wait_continued(
     client: Any, rt: Runtime, out: dict[str, Any], announce: Announce = _quiet
 ) -> dict[str, Any]:
     """Wait for the continued turn to settle; ``state`` becomes its settled state."""
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     session_id = out["sessionId"]
     status = await wait_settled(client, session_id, out["continuationRunId"], timeout=settings().wait_timeout)
@@ -486,8 +486,8 @@ def cmd_resume(
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
-    from workers.client import connect
-    from workers.worker import default_runtime
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.worker import default_runtime
 
     s = settings(db=db, task_queue=task_queue)
     feature = s.runtime_safe_boundary_resume is not False

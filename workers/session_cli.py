@@ -24,7 +24,7 @@ from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.workspace import check_workspace_location
-from workers.cli_base import (
+from maka_temporal.workers.cli_base import (
     console,
     db_option,
     ensure_utf8,
@@ -38,7 +38,7 @@ from workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from workers.governance_cli import (
+from maka_temporal.workers.governance_cli import (
     cmd_approve,
     cmd_deny,
     cmd_session_receipts,
@@ -46,7 +46,7 @@ from workers.governance_cli import (
     policy_options,
     session_policy,
 )
-from workers.session_client import (
+from maka_temporal.workers.session_client import (
     START_NEVER_HAPPENED,
     check_step_timeout,
     describe_execution,
@@ -282,7 +282,7 @@ def cmd_start(
     unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
     text = _message(message)
@@ -360,7 +360,7 @@ def cmd_send(
     as_json: bool,
 ) -> None:
     """Send a message (one new turn)."""
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     s = settings(db=db, wait_timeout=wait_timeout)
     text = _message(message)
@@ -386,7 +386,7 @@ async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
     """
     from maka_core.runtime.continuation import read_session
     from maka_core.runtime.session_view import session_view
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
         store = open_ledger(s.ledger, create=False)
@@ -459,7 +459,7 @@ async def _after_send(
 
 def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
     from maka_core.runtime.session_view import session_view
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     with open_ledger(db, create=create) as store:
         return session_view(
@@ -510,7 +510,7 @@ def cmd_status(
     db: str | None, address: str | None, namespace: str | None, session_id: str, as_json: bool
 ) -> None:
     """State, turns and every tool call's facts."""
-    from workers.client import connect
+    from maka_temporal.workers.client import connect
 
     s = settings(db=db)
 
@@ -549,7 +549,7 @@ def cmd_status(
         resume_refusal = None
         if status is None and not view.turns:
             # Events without run headers (an imported ledger): resume refuses, and says so here too.
-            from workers.resume_cli import runs_missing
+            from maka_temporal.workers.resume_cli import runs_missing
 
             refusal = runs_missing(session_id, view.event_count)
             resume_refusal = refusal.to_json()

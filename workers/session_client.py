@@ -105,7 +105,7 @@ async def wait_settled(
     from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.contracts import WAIT_SETTLED, SessionStatus, WaitSettled, workflow_id_for
+    from maka_temporal.workflows.contracts import WAIT_SETTLED, SessionStatus, WaitSettled, workflow_id_for
 
     shown = Progress(progress)
     deadline = time.monotonic() + timeout
@@ -280,8 +280,8 @@ async def start_session(
     from temporalio.service import RPCError
 
     from maka_core.workspace import Workspace
-    from workflows.contracts import SessionInput, workflow_id_for
-    from workflows.session import SessionWorkflow, initial_search_attributes
+    from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
+    from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
 
     config = new_session_config(
         provider,
@@ -353,7 +353,7 @@ async def send_message(
     """
     from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
-    from workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
+    from maka_temporal.workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
 
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     update = handle.execute_update(SEND_MESSAGE, SendMessage(text=message), result_type=TurnAccepted)
@@ -383,14 +383,14 @@ async def send_message(
 async def resume_host(client: Any, session_id: str) -> Any:
     """Tell a session parked with ``workspace_host_unavailable`` that its host is back (the
     ``resume_host`` Update); returns its status. Raises the Update's failure (``NotParkedOnHost``)."""
-    from workflows.contracts import RESUME_HOST, SessionStatus, workflow_id_for
+    from maka_temporal.workflows.contracts import RESUME_HOST, SessionStatus, workflow_id_for
 
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     return await handle.execute_update(RESUME_HOST, result_type=SessionStatus)
 
 
 async def query_status(client: Any, session_id: str) -> Any:
-    from workflows.contracts import STATUS_QUERY, SessionStatus, workflow_id_for
+    from maka_temporal.workflows.contracts import STATUS_QUERY, SessionStatus, workflow_id_for
 
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     return await handle.query(STATUS_QUERY, result_type=SessionStatus)
@@ -486,7 +486,7 @@ async def describe_execution(client: Any, session_id: str) -> Execution:
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.contracts import workflow_id_for
+    from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
         desc = await client.get_workflow_handle(workflow_id_for(session_id)).describe()
@@ -532,8 +532,8 @@ async def start_execution(
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from workflows.contracts import SessionInput, workflow_id_for
-    from workflows.session import SessionWorkflow, initial_search_attributes
+    from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
+    from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
 
     inp = SessionInput(
         session_id=session_id,

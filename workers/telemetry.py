@@ -59,7 +59,13 @@ from maka_core.observe import (
     ObservedLedger,
 )
 from maka_core.runtime.runtime import Runtime
-from workflows.contracts import BEGIN_RUN, EXECUTE_TOOL, FINISH_RUN, HOST_PARK, RECOVER_OPERATION
+from maka_temporal.workflows.contracts import (
+    BEGIN_RUN,
+    EXECUTE_TOOL,
+    FINISH_RUN,
+    HOST_PARK,
+    RECOVER_OPERATION,
+)
 
 log = logging.getLogger("maka.telemetry")
 

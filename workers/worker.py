@@ -25,7 +25,6 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities import MakaActivities
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.paths import maka_home
@@ -36,15 +35,21 @@ from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
-from workers.attempt_fence import AttemptFence
-from workers.ledger_guard import open_checked, watch, worker_identity
-from workers.resume_cli import lost_sessions, resume_lost_session, settle_lost_runs, wait_continued
-from workers.sandbox_runner import CompiledOnceSandboxRunner
-from workflows.contracts import host_queue
-from workflows.session import SessionWorkflow
+from maka_temporal.activities import MakaActivities
+from maka_temporal.workers.attempt_fence import AttemptFence
+from maka_temporal.workers.ledger_guard import open_checked, watch, worker_identity
+from maka_temporal.workers.resume_cli import (
+    lost_sessions,
+    resume_lost_session,
+    settle_lost_runs,
+    wait_continued,
+)
+from maka_temporal.workers.sandbox_runner import CompiledOnceSandboxRunner
+from maka_temporal.workflows.contracts import host_queue
+from maka_temporal.workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
-    from workers.telemetry import Telemetry
+    from maka_temporal.workers.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
 
@@ -420,7 +425,7 @@ async def serve(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m workers.worker`` = ``maka worker``."""
-    from workers.cli import main as cli_main
+    from maka_temporal.workers.cli import main as cli_main
 
     return cli_main(["worker", *(argv if argv is not None else sys.argv[1:])])
 

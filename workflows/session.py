@@ -54,7 +54,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import (
+    from maka_temporal.workflows.contracts import (
         BEGIN_CONTINUATION,
         BEGIN_RUN,
         EXECUTE_TOOL,

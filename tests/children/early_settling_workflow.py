@@ -10,8 +10,8 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus
-    from workflows.session import SessionWorkflow
+    from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus
+    from maka_temporal.workflows.session import SessionWorkflow
 
 
 @workflow.defn(name=SESSION_WORKFLOW)

@@ -79,7 +79,7 @@ def status(root: Path, ledger: Path, control: bool) -> dict[str, Any]:
     disk is nearly full, then on a read-only file system."""
     from click.testing import CliRunner
 
-    from workers.cli import maka
+    from maka_temporal.workers.cli import maka
 
     with LedgerStore.open(ledger) as store:
         store.append([user()])

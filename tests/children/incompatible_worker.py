@@ -11,8 +11,8 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.worker import Worker
 
-from workers.client import connect
-from workflows.contracts import SESSION_WORKFLOW, SessionInput
+from maka_temporal.workers.client import connect
+from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput
 
 
 @workflow.defn(name=SESSION_WORKFLOW, sandboxed=False)

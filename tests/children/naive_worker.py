@@ -18,8 +18,8 @@ from maka_core.policy import Policy
 from maka_core.runtime.runtime import ResolverGuard, Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from workers.client import connect
-from workers.worker import serve
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.worker import serve
 
 
 class NaiveRetryGuard(ResolverGuard):

@@ -19,9 +19,9 @@ import sys
 
 from maka_core import failpoints
 from maka_core.settings import load_settings
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.worker import serve
 from tests.pg_support import terminate_backends
-from workers.client import connect
-from workers.worker import serve
 
 
 def arm(point: str, armed_tag: str, skip: int, app: str) -> None:

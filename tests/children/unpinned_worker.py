@@ -14,9 +14,9 @@ import asyncio
 import sys
 
 from maka_core.settings import load_settings
+from maka_temporal.workers.client import connect
+from maka_temporal.workers.worker import serve
 from tests.children.unpinned_workflow import UnpinnedSessionWorkflow
-from workers.client import connect
-from workers.worker import serve
 
 
 async def main(args: argparse.Namespace) -> None:

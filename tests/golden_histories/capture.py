@@ -22,6 +22,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from maka_temporal.workers import devserver  # noqa: E402
+from maka_temporal.workers.client import connect  # noqa: E402
+from maka_temporal.workflows.contracts import workflow_id_for  # noqa: E402
 from tests.temporal_support import (  # noqa: E402
     WorkerProcess,
     in_process_worker,
@@ -31,9 +34,6 @@ from tests.temporal_support import (  # noqa: E402
     wait_turn,
     write_script,
 )
-from workers import devserver  # noqa: E402
-from workers.client import connect  # noqa: E402
-from workflows.contracts import workflow_id_for  # noqa: E402
 
 
 async def _save(client: Any, session_id: str, name: str, *, all_runs: bool = False) -> list[Path]:

@@ -1,0 +1,8 @@
+"""``python -m maka_temporal``: the ``maka`` command."""
+
+import sys
+
+from maka_temporal.workers.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,3 +58,10 @@ class UsageLimitReached(MakaError):
     provider call was made. The turn parks ``usage_limit_reached``."""
 
     default_code = "usage_limit_reached"
+
+
+class CheckpointError(MakaError):
+    """A workspace checkpoint cannot be captured, verified, compared or materialized as asked
+    (``checkpoint_*``, ``workspace_content_changed``, ``restore_destination_*``)."""
+
+    default_code = "checkpoint_failed"

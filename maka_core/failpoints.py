@@ -66,7 +66,19 @@ CONTINUATION: Final[dict[str, str]] = {
     "after_terminal_header_committed": "continuation_already_exists",
 }
 
-CATALOG: Final[frozenset[str]] = frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION)
+#: Phase 4 commit points (``maka_core.checkpoints``, ``maka_core.tools.guarded_replace``): point -> what
+#: a kill there must leave (the seed's order: artifact before fact; nothing half-visible).
+CHECKPOINT: Final[dict[str, str]] = {
+    "checkpoint_capture_after_objects": "objects stored, no ref: unreachable, gc collects them",
+    "checkpoint_capture_after_ref": "ref created, its fact not committed: an orphan gc collects",
+    "checkpoint_during_materialize": "files staged, not in place: no destination; the next restore clears it",
+    "guarded_replace_before_exchange": "side file written, target untouched: the next call removes it",
+    "guarded_replace_after_exchange": "names exchanged, not checked: the next call checks, keeps or undoes",
+}
+
+CATALOG: Final[frozenset[str]] = (
+    frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION) | frozenset(CHECKPOINT)
+)
 
 _name = os.environ.get("MAKA_FAILPOINT") or None
 _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None

@@ -1,0 +1,710 @@
+"""The Git checkpoint carrier: capture a workspace into a Maka-owned repository, read-only for the
+user's own.
+
+What a capture holds: every file of the workspace that the user's Git tracks or would track
+(``ls-files --cached`` and ``--others --exclude-standard``: untracked, not ignored), with the bytes
+on disk, the executable bit and symlinks as links. Empty directories are not held (Git's model),
+nor is the workspace marker (a restore gets its own identity).
+
+Where it goes: a bare repository per workspace under Maka's state directory
+(``<state>/git/<workspace id>.git``), one commit per checkpoint under
+``refs/maka/checkpoints/<session>/<n>``. The seed allows "Maka-owned refs or separate object
+ownership"; a separate store gives both and keeps the user's repository byte-for-byte unchanged,
+its objects and packs included: no loose objects that trigger the user's ``gc --auto``, no ref a
+user's ``git gc``, ``prune`` or history rewrite could break, no reflog. The user's repository is
+only read (``rev-parse``, ``ls-files``), with optional locks off.
+
+Why the ``git`` binary rather than a library: what "ignored" means must be exactly what the
+user's own Git says (``.gitignore`` negations, ``info/exclude``, ``core.excludesFile``, sparse and
+split indexes), and no dependency the project has reads all of that the same way. Git is run
+with a scrubbed environment (no ``GIT_*`` from the caller) and settings that keep it from running
+anything a repository configures: ``core.fsmonitor=false`` (ls-files would run it),
+``core.hooksPath=/dev/null`` (``update-ref`` runs the reference-transaction hook), no pager, no
+untracked cache. Nothing here runs a filter (``filter.*`` clean/smudge, ``core.autocrlf``, ``eol``
+attributes) or a diff program (``diff.external``, textconv): contents are read and written by this
+module, blobs are hashed as raw bytes and stored through ``fast-import``, and a restore writes the
+stored bytes itself, so a checkpoint round-trips the exact bytes and a repository's
+``.gitattributes`` cannot make Maka run a program. The store's own commands see no global or system
+config at all.
+
+Incremental capture: a stat cache per workspace (path -> mode, size, mtime, ctime, inode, blob id)
+under the state directory means only files whose stat changed are read and hashed; a file whose
+timestamps are within ``RACY_NS`` of the scan is not trusted next time (Git's "racy clean" rule).
+The private index (``GIT_INDEX_FILE`` in a temporary directory) only turns the entry list into a
+tree. Concurrent writers of the cache lose optimisations, never correctness: an entry is a stat
+observed together with the hash of the bytes read after it.
+
+Crash order (the seed's): objects, then the ref, then the caller's fact. A ref whose fact never
+committed is an orphan ``gc`` collects once it is older than the grace period; a fact whose ref is
+missing fails ``verify`` and closes the gate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+from maka_core import failpoints
+from maka_core.checkpoints.contract import (
+    Carrier,
+    ChangeKind,
+    Checkpoint,
+    CheckpointPolicy,
+    NoCheckpoint,
+    NoCheckpointCode,
+    PathChange,
+    Verification,
+    WorkspaceDiff,
+)
+from maka_core.errors import CheckpointError
+from maka_core.facts.session_id import check_session_id
+from maka_core.tools.beneath import MARKER_NAME, escape_name
+from maka_core.workspace import Workspace
+
+REF_PREFIX: Final = "refs/maka/checkpoints/"
+GIT_TIMEOUT_S: Final = 300.0
+#: A file modified this close to a scan may change again within the same timestamp tick.
+RACY_NS: Final = 50_000_000
+CACHE_VERSION: Final = 1
+#: Settings for every command: nothing the repository configures is run, nothing is paged.
+SAFE_CONFIG: Final = (
+    "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.untrackedCache=false",
+    "-c", "core.pager=cat", "-c", "core.logAllRefUpdates=false", "-c", "gc.auto=0",
+    "-c", "commit.gpgSign=false",
+)  # fmt: skip
+#: Files in a git directory that mean an operation left the work tree half-done.
+IN_PROGRESS: Final = ("MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-merge", "rebase-apply")
+MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = "100644", "100755", "120000", "160000"
+_KIND = {MODE_FILE: "file", MODE_EXEC: "file", MODE_LINK: "link"}
+_ZERO = "0" * 40
+_REF_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-@")
+
+
+class _Ineligible(Exception):
+    def __init__(self, code: NoCheckpointCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code: NoCheckpointCode = code
+        self.detail = detail
+
+
+@dataclass
+class _Entry:
+    """One file of the workspace now: its path (bytes, relative), mode, stat key and blob id."""
+
+    path: bytes
+    mode: str
+    key: tuple[int, int, int, int, int]  # size, mtime_ns, ctime_ns, ino, dev
+    blob: str | None = None  # None: not known from the cache, read it
+
+
+def ref_component(session_id: str) -> str:
+    """A session id as one ref name component: characters a ref may not hold (``:``, ``.``, which
+    could make ``..`` or ``.lock``) are percent-encoded, so the mapping is one-to-one."""
+    check_session_id(session_id)
+    return "".join(c if c in _REF_SAFE else f"%{ord(c):02X}" for c in session_id)
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _display(path: bytes) -> str:
+    return escape_name(os.fsdecode(path))[0]
+
+
+class GitCheckpointProvider:
+    """``CheckpointProvider`` on Git; ``state_dir`` is Maka's (for example ``MAKA_HOME/checkpoints``),
+    never inside a workspace."""
+
+    carrier: Carrier = "git"
+
+    def __init__(
+        self, state_dir: str | Path, *, policy: CheckpointPolicy | None = None, git: str = "git"
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.policy = policy or CheckpointPolicy()
+        self.git = git
+        base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        base |= {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
+        self._user_env = base
+        self._store_env_base = base | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+    # --- running git -----------------------------------------------------------------------
+
+    def store(self, workspace: Workspace) -> Path:
+        """The Maka-owned bare repository of ``workspace``."""
+        return self.state_dir / "git" / f"{workspace.workspace_id}.git"
+
+    def _run(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        cwd: Path | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[bytes]:
+        data = stdin if isinstance(stdin, bytes) else None
+        source = subprocess.DEVNULL if stdin is None else None if isinstance(stdin, bytes) else stdin
+        try:
+            proc = subprocess.run(
+                [self.git, *SAFE_CONFIG, *args],
+                env=env,
+                cwd=cwd,
+                input=data,
+                stdin=source,
+                capture_output=True,
+                timeout=GIT_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CheckpointError("checkpoint_git_failed", f"git {args[0]}: {exc}") from None
+        if check and proc.returncode != 0:
+            said = proc.stderr.decode(errors="replace").strip()[:500]
+            raise CheckpointError("checkpoint_git_failed", f"git {args[0]} exited {proc.returncode}: {said}")
+        return proc
+
+    def _store_env(self, store: Path, **extra: str) -> dict[str, str]:
+        return self._store_env_base | {"GIT_DIR": str(store)} | extra
+
+    def _git_store(
+        self, workspace: Workspace, args: list[str], *, stdin: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[bytes]:
+        return self._run(args, env=self._store_env(self.store(workspace)), stdin=stdin, check=check)
+
+    def _open_store(self, workspace: Workspace) -> Path:
+        store = self.store(workspace)
+        if not (store / "HEAD").exists():
+            store.parent.mkdir(parents=True, exist_ok=True)
+            # Initialised beside and renamed into place: a racing initialiser's store is adopted.
+            tmp = store.parent / f".{store.name}.{uuid.uuid4().hex}.tmp"
+            self._run(
+                ["init", "--quiet", "--bare", "--object-format=sha1", str(tmp)], env=self._store_env(tmp)
+            )
+            for key, value in (("core.logAllRefUpdates", "false"), ("gc.auto", "0")):
+                self._run(["config", key, value], env=self._store_env(tmp))
+            try:
+                os.rename(tmp, store)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise CheckpointError(
+                        "checkpoint_store_failed", f"cannot create {store}: {exc}"
+                    ) from None
+        return store
+
+    # --- observing the workspace -----------------------------------------------------------
+
+    def eligibility(self, workspace: Workspace) -> NoCheckpoint | None:
+        """None when the workspace can be captured; else why not."""
+        try:
+            self._check_repository(workspace)
+        except _Ineligible as why:
+            return NoCheckpoint(code=why.code, detail=why.detail)
+        return None
+
+    def _check_repository(self, workspace: Workspace) -> None:
+        if shutil.which(self.git) is None:
+            raise _Ineligible("git_unavailable", f"no {self.git} binary on PATH")
+        proc = self._run(
+            ["rev-parse", "--is-bare-repository", "--is-inside-work-tree", "--absolute-git-dir"],
+            env=self._user_env,
+            cwd=workspace.root,
+            check=False,
+        )
+        err = proc.stderr.decode(errors="replace").strip()
+        if proc.returncode != 0:
+            if "not a git repository" in err:
+                raise _Ineligible("workspace_not_git", "the workspace is not in a Git work tree")
+            raise _Ineligible("repository_unreadable", err[:500])
+        bare, inside, git_dir = [*proc.stdout.decode(errors="surrogateescape").splitlines(), "", "", ""][:3]
+        if bare == "true" or inside != "true":
+            raise _Ineligible(
+                "repository_bare", "the workspace is a bare repository or inside a git directory"
+            )
+        for name in IN_PROGRESS:
+            if os.path.lexists(os.path.join(git_dir, name)):
+                raise _Ineligible(
+                    "repository_operation_in_progress", f"{name} exists: finish or abort it first"
+                )
+
+    def _scan(self, workspace: Workspace) -> list[_Entry]:
+        """The workspace's capturable files now, with blob ids the cache still vouches for."""
+        self._check_repository(workspace)
+        staged = self._run(["ls-files", "-z", "--stage"], env=self._user_env, cwd=workspace.root).stdout
+        others = self._run(
+            ["ls-files", "-z", "--others", "--exclude-standard"], env=self._user_env, cwd=workspace.root
+        ).stdout
+        paths: set[bytes] = set()
+        for record in filter(None, staged.split(b"\0")):
+            meta, _, path = record.partition(b"\t")
+            raw_mode, _, rest = meta.partition(b" ")
+            if raw_mode.decode() == MODE_GITLINK:
+                raise _Ineligible("repository_has_submodules", f"submodule {_display(path)}")
+            if not rest.endswith(b" 0"):
+                raise _Ineligible("repository_operation_in_progress", f"unmerged entry {_display(path)}")
+            paths.add(path)
+        for path in filter(None, others.split(b"\0")):
+            if path.endswith(b"/"):  # git lists a nested repository as a directory it stops at
+                raise _Ineligible("repository_has_submodules", f"nested repository {_display(path)}")
+            paths.add(path)
+        if len(paths) > self.policy.max_files:
+            raise _Ineligible("workspace_too_large", f"{len(paths)} files, over {self.policy.max_files}")
+        cache = self._load_cache(workspace)
+        root = os.fsencode(workspace.root)
+        entries: list[_Entry] = []
+        total = 0
+        for path in sorted(paths):
+            if os.path.basename(path) == MARKER_NAME.encode():
+                continue
+            try:
+                st = os.lstat(os.path.join(root, path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # tracked but deleted from the work tree: not in the workspace now
+            if stat.S_ISLNK(st.st_mode):
+                mode = MODE_LINK
+            elif stat.S_ISREG(st.st_mode):
+                mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
+            elif stat.S_ISDIR(st.st_mode):
+                raise _Ineligible("repository_has_submodules", f"{_display(path)} is a directory git tracks")
+            else:
+                continue  # FIFOs, sockets, devices: git does not hold them either
+            total += st.st_size
+            if total > self.policy.max_bytes:
+                raise _Ineligible("workspace_too_large", f"over {self.policy.max_bytes} bytes")
+            entry = _Entry(path, mode, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev))
+            hit = cache.get(os.fsdecode(path))
+            if (
+                hit is not None
+                and hit[0] == mode
+                and tuple(hit[1:6]) == entry.key
+                and isinstance(hit[6], str)
+            ):
+                entry.blob = hit[6]
+            entries.append(entry)
+        return entries
+
+    def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
+        """The entry's bytes now (None: it vanished or changed kind); refreshes its stat key."""
+        full = os.path.join(os.fsencode(workspace.root), entry.path)
+        try:
+            if entry.mode == MODE_LINK:
+                data = os.readlink(full)
+                st = os.lstat(full)
+                if not stat.S_ISLNK(st.st_mode):
+                    return None
+            else:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        return None
+                    chunks = []
+                    while chunk := os.read(fd, 1 << 20):
+                        chunks.append(chunk)
+                    data = b"".join(chunks)
+                finally:
+                    os.close(fd)
+                entry.mode = MODE_EXEC if st.st_mode & stat.S_IXUSR else MODE_FILE
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # became a symlink
+                return None
+            raise CheckpointError("checkpoint_read_failed", f"{_display(entry.path)}: {exc}") from None
+        entry.key = (len(data), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+        entry.blob = _blob_id(data)
+        return data
+
+    def _hash_missing(
+        self, workspace: Workspace, entries: list[_Entry], sink: IO[bytes] | None
+    ) -> list[_Entry]:
+        """Read and hash every entry the cache did not vouch for (streaming new blobs to ``sink``);
+        the entries still present, and the cache updated."""
+        present: list[_Entry] = []
+        for entry in entries:
+            if entry.blob is None:
+                data = self._read(workspace, entry)
+                if data is None:
+                    continue
+                if sink is not None:
+                    sink.write(b"blob\ndata %d\n" % len(data) + data + b"\n")
+            present.append(entry)
+        self._save_cache(workspace, present, time.time_ns())
+        return present
+
+    # --- the stat cache --------------------------------------------------------------------
+
+    def _cache_path(self, workspace: Workspace) -> Path:
+        return self.state_dir / "git" / f"{workspace.workspace_id}.stat-cache.json"
+
+    def _load_cache(self, workspace: Workspace) -> dict[str, list[object]]:
+        try:
+            value = json.loads(self._cache_path(workspace).read_text("utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(value, dict) or value.get("version") != CACHE_VERSION:
+            return {}
+        entries = value.get("entries")
+        return entries if isinstance(entries, dict) else {}
+
+    def _save_cache(self, workspace: Workspace, entries: list[_Entry], scanned_ns: int) -> None:
+        racy = scanned_ns - RACY_NS
+        value = {
+            "version": CACHE_VERSION,
+            "entries": {
+                os.fsdecode(e.path): [e.mode, *e.key, e.blob]
+                for e in entries
+                if e.blob is not None and e.key[1] < racy and e.key[2] < racy
+            },
+        }
+        path = self._cache_path(workspace)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps(value, separators=(",", ":")), "utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a cache that cannot be saved only costs hashing next time
+
+    # --- capture ---------------------------------------------------------------------------
+
+    def capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
+        """Capture ``workspace`` as the next checkpoint of ``session_id``.
+
+        Raises:
+            CheckpointError: ``checkpoint_git_failed``, ``checkpoint_read_failed``,
+                ``checkpoint_store_failed``: the capture did not happen (no ref was created).
+        """
+        component = ref_component(session_id)
+        try:
+            entries = self._scan(workspace)
+        except _Ineligible as why:
+            return NoCheckpoint(code=why.code, detail=why.detail)
+        store = self._open_store(workspace)
+        try:
+            present, tree = self._write_tree(workspace, store, entries)
+        except CheckpointError:
+            # A blob the cache named may have been collected since: capture once more from the bytes.
+            self._cache_path(workspace).unlink(missing_ok=True)
+            for entry in entries:
+                entry.blob = None
+            present, tree = self._write_tree(workspace, store, entries)
+        failpoints.hit("checkpoint_capture_after_objects")
+        byte_count = sum(e.key[0] for e in present)
+        for _ in range(100):
+            sequence = self._next_sequence(workspace, component)
+            ref = f"{REF_PREFIX}{component}/{sequence}"
+            message = (
+                f"maka checkpoint {sequence}\n\nsession: {session_id}\nworkspace: {workspace.identity}\n"
+                f"files: {len(present)}\nbytes: {byte_count}\n"
+            )
+            commit_env = self._store_env(
+                store,
+                GIT_AUTHOR_NAME="Maka", GIT_AUTHOR_EMAIL="maka@localhost",
+                GIT_COMMITTER_NAME="Maka", GIT_COMMITTER_EMAIL="maka@localhost",
+            )  # fmt: skip
+            commit = (
+                self._run(["commit-tree", "--no-gpg-sign", tree], env=commit_env, stdin=message.encode())
+                .stdout.decode()
+                .strip()
+            )
+            # Old value zero: the ref is created, never moved; a racing capture takes n + 1.
+            made = self._run(["update-ref", ref, commit, _ZERO], env=self._store_env(store), check=False)
+            if made.returncode == 0:
+                failpoints.hit("checkpoint_capture_after_ref")
+                return Checkpoint(
+                    ref=ref, commit=commit, tree=tree, file_count=len(present), byte_count=byte_count
+                )
+        raise CheckpointError("checkpoint_store_failed", f"no free checkpoint number for {session_id}")
+
+    def _write_tree(
+        self, workspace: Workspace, store: Path, entries: list[_Entry]
+    ) -> tuple[list[_Entry], str]:
+        """Store the blobs the cache did not vouch for, then the tree of all entries through a
+        private index (``write-tree`` refuses a tree naming an object the store lacks)."""
+        present = self._write_blobs(workspace, store, entries)
+        with tempfile.TemporaryDirectory(prefix="maka-ckpt-", dir=self.state_dir) as tmp:
+            env = self._store_env(store, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+            index_info = b"".join(
+                b"%s %s\t%s\0" % (e.mode.encode(), str(e.blob).encode(), e.path) for e in present
+            )
+            self._run(["update-index", "-z", "--index-info"], env=env, stdin=index_info)
+            tree = self._run(["write-tree"], env=env).stdout.decode().strip()
+        return present, tree
+
+    def _write_blobs(self, workspace: Workspace, store: Path, entries: list[_Entry]) -> list[_Entry]:
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(
+                [self.git, *SAFE_CONFIG, "fast-import", "--quiet", "--done"],
+                env=self._store_env(store),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+            assert proc.stdin is not None
+            try:
+                present = self._hash_missing(workspace, entries, proc.stdin)
+                proc.stdin.write(b"done\n")
+                proc.stdin.close()
+                code = proc.wait(timeout=GIT_TIMEOUT_S)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            if code != 0:
+                err.seek(0)
+                raise CheckpointError(
+                    "checkpoint_git_failed", f"git fast-import exited {code}: {err.read()[:500]!r}"
+                )
+        return present
+
+    def _next_sequence(self, workspace: Workspace, component: str) -> int:
+        prefix = f"{REF_PREFIX}{component}/"
+        out = self._git_store(workspace, ["for-each-ref", "--format=%(refname)", prefix]).stdout.decode()
+        numbers = [int(r[len(prefix) :]) for r in out.split() if r[len(prefix) :].isdigit()]
+        return max(numbers, default=0) + 1
+
+    # --- verify, diff, materialize ---------------------------------------------------------
+
+    def verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
+        """Is ``checkpoint`` backed: its ref names its commit, the commit its tree, and every object
+        of the tree is present and hashes to its id (the whole Merkle tree is re-hashed)."""
+
+        def fail(code: str, detail: str) -> Verification:
+            return Verification.model_validate(
+                {"checkpointRef": checkpoint.ref, "code": code, "detail": detail}
+            )
+
+        if not (self.store(workspace) / "HEAD").exists():
+            return fail("checkpoint_missing", "the workspace has no checkpoint store")
+        resolved = self._git_store(workspace, ["rev-parse", "-q", "--verify", checkpoint.ref], check=False)
+        if resolved.returncode != 0:
+            return fail("checkpoint_missing", f"{checkpoint.ref} does not exist")
+        if resolved.stdout.decode().strip() != checkpoint.commit:
+            return fail("checkpoint_ref_moved", f"{checkpoint.ref} names another commit")
+        tree = self._git_store(
+            workspace, ["rev-parse", "-q", "--verify", f"{checkpoint.commit}^{{tree}}"], check=False
+        )
+        if tree.returncode != 0 or tree.stdout.decode().strip() != checkpoint.tree:
+            return fail("checkpoint_tree_mismatch", "the commit does not hold the recorded tree")
+        listed = self._git_store(
+            workspace, ["rev-list", "--objects", "--no-object-names", checkpoint.commit], check=False
+        )
+        if listed.returncode != 0:
+            return fail("checkpoint_objects_missing", "the commit's objects cannot be listed")
+        ids = listed.stdout.split()
+        for oid, kind, data in self._cat_objects(workspace, ids):
+            if kind == b"missing":
+                return fail("checkpoint_objects_missing", f"object {oid} is missing")
+            actual = hashlib.sha1(b"%s %d\0" % (kind, len(data)) + data, usedforsecurity=False).hexdigest()
+            if actual != oid:
+                return fail("checkpoint_objects_corrupt", f"object {oid} hashes to {actual}")
+        return Verification(checkpoint_ref=checkpoint.ref)
+
+    def _cat_objects(self, workspace: Workspace, ids: list[bytes]) -> Iterator[tuple[str, bytes, bytes]]:
+        """(id, type, content) for each id, streamed from one ``cat-file --batch``."""
+        with tempfile.TemporaryFile() as requests:
+            requests.write(b"".join(oid + b"\n" for oid in ids))
+            requests.seek(0)
+            proc = subprocess.Popen(
+                [self.git, *SAFE_CONFIG, "cat-file", "--batch"],
+                env=self._store_env(self.store(workspace)),
+                stdin=requests,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            assert proc.stdout is not None
+            try:
+                for _ in ids:
+                    header = proc.stdout.readline().split()
+                    if len(header) == 2 and header[1] == b"missing":
+                        yield header[0].decode(), b"missing", b""
+                        continue
+                    if len(header) != 3:
+                        raise CheckpointError("checkpoint_git_failed", f"git cat-file said {header!r}")
+                    size = int(header[2])
+                    data = proc.stdout.read(size)
+                    proc.stdout.read(1)
+                    yield header[0].decode(), header[1], data
+            finally:
+                proc.kill()
+                proc.wait()
+
+    def _tree_entries(self, workspace: Workspace, checkpoint: Checkpoint) -> dict[bytes, tuple[str, str]]:
+        out = self._git_store(workspace, ["ls-tree", "-r", "-z", "--full-tree", checkpoint.tree]).stdout
+        entries: dict[bytes, tuple[str, str]] = {}
+        for record in filter(None, out.split(b"\0")):
+            meta, _, path = record.partition(b"\t")
+            mode, _kind, oid = meta.decode().split(" ")
+            entries[path] = (mode, oid)
+        return entries
+
+    def diff(self, workspace: Workspace, checkpoint: Checkpoint) -> WorkspaceDiff:
+        """The paths whose entry differs between ``checkpoint`` and what a capture would hold now.
+
+        Raises:
+            CheckpointError: ``checkpoint_workspace_ineligible`` (the workspace cannot be compared
+                now, with its ``reason``), ``checkpoint_git_failed``.
+        """
+        try:
+            entries = self._scan(workspace)
+        except _Ineligible as why:
+            raise CheckpointError(
+                "checkpoint_workspace_ineligible", why.detail, reason=why.code, checkpointRef=checkpoint.ref
+            ) from None
+        now = {e.path: (e.mode, e.blob) for e in self._hash_missing(workspace, entries, None)}
+        then = self._tree_entries(workspace, checkpoint)
+        changes: list[PathChange] = []
+        for path in sorted(now.keys() | then.keys()):
+            kind: ChangeKind | None = None
+            if path not in then:
+                kind = "added"
+            elif path not in now:
+                kind = "deleted"
+            elif _KIND.get(now[path][0]) != _KIND.get(then[path][0]):
+                kind = "type_changed"
+            elif now[path] != then[path]:
+                kind = "modified"
+            if kind is not None:
+                changes.append(PathChange(path=_display(path), kind=kind))
+        return WorkspaceDiff(checkpoint_ref=checkpoint.ref, changes=tuple(changes))
+
+    def materialize(self, workspace: Workspace, checkpoint: Checkpoint, dest: Path) -> Path:
+        """Build ``checkpoint``'s files in the new directory ``dest``, all at once or not at all.
+
+        The files are written into a hidden sibling of ``dest`` that is renamed into place last,
+        so ``dest`` never holds a partial restore; a crash leaves only a ``.<name>.maka-restore-*``
+        directory, which the next restore to ``dest`` removes. The workspace is never written.
+
+        Raises:
+            CheckpointError: ``restore_destination_exists``, ``restore_destination_inside_workspace``,
+                ``checkpoint_tree_invalid``, ``checkpoint_git_failed``, ``restore_failed``.
+        """
+        dest = Path(os.path.abspath(dest))
+        real_parent = os.path.realpath(dest.parent)
+        root = str(workspace.root)
+        if real_parent == root or real_parent.startswith(root + os.sep):
+            raise CheckpointError(
+                "restore_destination_inside_workspace", f"{dest} is inside the workspace", path=str(dest)
+            )
+        if os.path.lexists(dest):
+            raise CheckpointError("restore_destination_exists", f"{dest} exists", path=str(dest))
+        entries = self._tree_entries(workspace, checkpoint)
+        for path in entries:
+            parts = path.split(b"/")
+            if any(p in (b"", b".", b"..", b".git") for p in parts):
+                raise CheckpointError("checkpoint_tree_invalid", f"the tree holds the path {_display(path)}")
+        for stale in dest.parent.glob(f".{glob.escape(dest.name)}.maka-restore-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # an interrupted restore to the same place
+        staging = dest.parent / f".{dest.name}.maka-restore-{uuid.uuid4().hex[:12]}"
+        try:
+            os.mkdir(staging)
+            base = os.fsencode(staging)
+            ordered = sorted(entries.items())
+            objects = self._cat_objects(workspace, [oid.encode() for _, (_, oid) in ordered])
+            for (path, (mode, oid)), (got, kind, data) in zip(ordered, objects, strict=True):
+                if got != oid or kind != b"blob":
+                    raise CheckpointError("checkpoint_objects_missing", f"object {oid} for {_display(path)}")
+                full = os.path.join(base, path)
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                if mode == MODE_LINK:
+                    os.symlink(data, full)
+                    continue
+                perm = 0o777 if mode == MODE_EXEC else 0o666  # the umask applies, as for git checkout
+                fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perm)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
+            failpoints.hit("checkpoint_during_materialize")
+            _rename_noreplace(staging, dest)
+        except CheckpointError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise CheckpointError(
+                    "restore_destination_exists", f"{dest} exists", path=str(dest)
+                ) from None
+            raise CheckpointError(
+                "restore_failed", f"cannot restore into {dest}: {exc}", path=str(dest)
+            ) from None
+        return dest
+
+    # --- retention -------------------------------------------------------------------------
+
+    def refs(self, workspace: Workspace) -> dict[str, tuple[str, int]]:
+        """Every checkpoint ref of the workspace: ref -> (commit, committer time in seconds)."""
+        if not (self.store(workspace) / "HEAD").exists():
+            return {}
+        out = self._git_store(
+            workspace, ["for-each-ref", "--format=%(refname) %(objectname) %(committerdate:unix)", REF_PREFIX]
+        ).stdout.decode()
+        refs: dict[str, tuple[str, int]] = {}
+        for line in out.splitlines():
+            name, oid, when = line.split(" ")
+            refs[name] = (oid, int(when or 0))
+        return refs
+
+    def gc(
+        self,
+        workspace: Workspace,
+        keep: Collection[str],
+        *,
+        grace_seconds: float = 3600.0,
+        prune: str = "1.hour.ago",
+    ) -> tuple[str, ...]:
+        """Delete the checkpoint refs not in ``keep`` and older than ``grace_seconds`` (a capture
+        whose fact is being committed right now is young), then let Git drop what no ref reaches
+        and is older than ``prune``; also remove restore leftovers a crash left. ``keep`` must be
+        every ref a live lineage of any session still references.
+
+        Returns the refs deleted.
+        """
+        keep = frozenset(keep)
+        now = time.time()
+        doomed = sorted(
+            (ref, oid)
+            for ref, (oid, when) in self.refs(workspace).items()
+            if ref not in keep and now - when >= grace_seconds
+        )
+        if doomed:
+            # Each delete names the old value: a ref is only ever created, so this deletes what was seen.
+            script = b"".join(b"delete %s\0%s\0" % (ref.encode(), oid.encode()) for ref, oid in doomed)
+            self._git_store(workspace, ["update-ref", "-z", "--stdin"], stdin=script)
+        if (self.store(workspace) / "HEAD").exists():
+            self._git_store(workspace, ["gc", "--quiet", f"--prune={prune}"])
+            self._cache_path(workspace).unlink(missing_ok=True)  # it may name a collected blob
+        return tuple(ref for ref, _ in doomed)
+
+
+def _rename_noreplace(src: Path, dest: Path) -> None:
+    from maka_core.tools.guarded_replace import RENAME_NOREPLACE, renameat2
+
+    try:
+        renameat2(os.fsencode(src), os.fsencode(dest), RENAME_NOREPLACE)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EINVAL):
+            raise
+        if os.path.lexists(dest):  # no renameat2 here: check, then rename (an empty dir could be replaced)
+            raise FileExistsError(errno.EEXIST, "exists", str(dest)) from None
+        os.rename(src, dest)

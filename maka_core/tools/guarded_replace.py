@@ -1,0 +1,275 @@
+"""A conditional file replacement: new content replaces a target only if the target is still
+exactly its recorded before-identity at the moment of replacement.
+
+An atomic rename prevents torn files but replaces whatever is there, so matching the prior state
+could never authorize a redo ("without CAS, matching the prior state cannot authorize automatic
+redo"). Here the compare and the swap are one kernel step plus a check that can be undone:
+
+1. the new content is written and fsynced beside the target, under a name derived from the
+   target and the new content's digest (so a crashed attempt is found again);
+2. ``renameat2(RENAME_EXCHANGE)`` through the directory descriptor swaps the two names
+   atomically: the target name holds the new content, the side name holds what was there;
+3. what was swapped out is checked: no process has it open (its descriptors are found through
+   ``/proc``: after the exchange nobody can open it by the target name, so the set can only
+   shrink) and its bytes still hash to the recorded before-identity (sha256 and size);
+4. only then is the old file removed; otherwise the names are swapped back, and an outside
+   write that arrived meanwhile is kept, never unlinked.
+
+An outside writer therefore either wrote before the exchange (its content is what was swapped
+out: it fails the check and is swapped back) or after it (it writes over the new content, as any
+later write does). A crash anywhere leaves the target with either the old or the new content and
+the side file beside it; the next call with the same arguments finds the side file and repairs
+(``repaired``) or refuses, deleting only bytes whose identity it knows.
+
+Linux only (``renameat2`` through ctypes). A filesystem without ``RENAME_EXCHANGE`` is
+``exchange_unsupported`` with nothing changed. What is not seen: processes of other users
+(their ``/proc`` entries are unreadable) and writable shared memory maps of the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from maka_core import failpoints
+from maka_core.tools.base import DEFAULT_MAX_FILE_BYTES, FileIdentity, ToolRefusal
+from maka_core.tools.beneath import locate, read_bytes
+
+RENAME_NOREPLACE: Final = 1
+RENAME_EXCHANGE: Final = 2
+AT_FDCWD: Final = -100
+
+Outcome = Literal["replaced", "created", "repaired"]
+RefusalCode = Literal[
+    "target_diverged",  # the target is not the recorded before-state (before, or at, the exchange)
+    "target_in_use",  # a process holds the target open: a write may still land in it
+    "exchange_unsupported",  # no renameat2 / RENAME_EXCHANGE on this system or filesystem
+    "redo_leftover_unresolved",  # an earlier attempt left a side file whose content is unknown
+]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)
+
+
+def renameat2(
+    src: bytes, dst: bytes, flags: int, *, src_dir_fd: int = AT_FDCWD, dst_dir_fd: int = AT_FDCWD
+) -> None:
+    """``renameat2(2)``; raises OSError (``ENOSYS`` when libc lacks it)."""
+    if _renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if _renameat2(src_dir_fd, src, dst_dir_fd, dst, flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+@dataclass(frozen=True)
+class GuardedReplace:
+    """What happened: ``outcome`` when the new content is in place, else ``code`` (nothing of
+    the target changed). ``observed`` is the identity that decided a refusal, when known."""
+
+    outcome: Outcome | None = None
+    code: RefusalCode | None = None
+    observed: FileIdentity | None = None
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+def side_name(name: str, after: FileIdentity) -> str:
+    """The side file of a redo of ``name`` to ``after``: one per (target, new content)."""
+    return f".{name[:180]}.maka-redo-{after.sha256.removeprefix('sha256:')[:16]}.tmp"
+
+
+def _identity_at(dir_fd: int, name: str, max_bytes: int) -> FileIdentity | None:
+    """The identity of the regular file ``name`` (None: absent); a symlink or other kind refuses."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ToolRefusal("path_is_symlink", "the target is a symlink", path=name) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolRefusal("not_regular_file", "the target is not a regular file", path=name)
+        return FileIdentity.of(read_bytes(fd, st.st_size, max_bytes, name))
+    finally:
+        os.close(fd)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _open_elsewhere(dir_fd: int, name: str) -> bool:
+    """Does any process we can see (this one included) hold ``name`` in ``dir_fd`` open?"""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    key = (st.st_dev, st.st_ino)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    held = os.stat(f"/proc/{pid}/fd/{fd}")
+                    if (held.st_dev, held.st_ino) == key:
+                        return True
+    return False
+
+
+def _write_side(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    fd = os.open(
+        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+    )
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(dir_fd: int, a: str, b: str) -> None:
+    renameat2(os.fsencode(a), os.fsencode(b), RENAME_EXCHANGE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def guarded_replace(
+    root: str, rel: str, before: FileIdentity | None, data: bytes, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> GuardedReplace:
+    """Put ``data`` at ``rel`` (beneath ``root``) only if it holds ``before`` now (None: absent).
+
+    Raises:
+        ToolRefusal: the path refusals of ``beneath.locate`` (for a write), ``path_is_symlink``,
+            ``not_regular_file``, ``file_too_large``.
+    """
+    after = FileIdentity.of(data)
+    with locate(root, rel, for_write=True, create_parents=False) as target:
+        if target.dir_fd is None:
+            return GuardedReplace(code="target_diverged", detail="the target's folder does not exist")
+        dir_fd, name = target.dir_fd, target.name
+        side = side_name(name, after)
+        if _exists(dir_fd, side):
+            repaired = _repair(dir_fd, name, side, before, after, max_bytes)
+            if repaired is not None:
+                return repaired
+        current = _identity_at(dir_fd, name, max_bytes)
+        if current != before:
+            return GuardedReplace(
+                code="target_diverged", observed=current, detail="the target is not its before-state"
+            )
+        mode = 0o644
+        with contextlib.suppress(FileNotFoundError):
+            mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        _write_side(dir_fd, side, data, mode)
+        failpoints.hit("guarded_replace_before_exchange")
+        if before is None:
+            return _create(dir_fd, name, side)
+        try:
+            _exchange(dir_fd, side, name)
+        except OSError as exc:
+            os.unlink(side, dir_fd=dir_fd)
+            if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                return GuardedReplace(code="exchange_unsupported", detail=str(exc))
+            if exc.errno == errno.ENOENT:  # the target vanished since it was read
+                return GuardedReplace(code="target_diverged", detail="the target vanished")
+            raise
+        failpoints.hit("guarded_replace_after_exchange")
+        return _settle(dir_fd, name, side, before, after, max_bytes)
+
+
+def _create(dir_fd: int, name: str, side: str) -> GuardedReplace:
+    try:
+        renameat2(
+            os.fsencode(side), os.fsencode(name), RENAME_NOREPLACE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd
+        )
+    except OSError as exc:
+        os.unlink(side, dir_fd=dir_fd)
+        if exc.errno == errno.EEXIST:
+            return GuardedReplace(code="target_diverged", detail="the target appeared")
+        if exc.errno in (errno.EINVAL, errno.ENOSYS):
+            return GuardedReplace(code="exchange_unsupported", detail=str(exc))
+        raise
+    os.fsync(dir_fd)
+    return GuardedReplace(outcome="created")
+
+
+def _settle(
+    dir_fd: int, name: str, side: str, before: FileIdentity, after: FileIdentity, max_bytes: int
+) -> GuardedReplace:
+    """After the exchange: keep it if what was swapped out is the before-state, else undo it."""
+    # Descriptors first, bytes second: once nobody holds the old file, its bytes cannot change.
+    in_use = _open_elsewhere(dir_fd, side)
+    old = _identity_at(dir_fd, side, max_bytes)
+    if not in_use and old == before:
+        os.unlink(side, dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return GuardedReplace(outcome="replaced")
+    code: RefusalCode = "target_in_use" if in_use else "target_diverged"
+    return _swap_back(dir_fd, name, side, after, code, old, max_bytes)
+
+
+def _swap_back(
+    dir_fd: int,
+    name: str,
+    side: str,
+    after: FileIdentity,
+    code: RefusalCode,
+    observed: FileIdentity | None,
+    max_bytes: int,
+) -> GuardedReplace:
+    """Undo the exchange; if the target was written meanwhile, keep that write where it is."""
+    _exchange(dir_fd, side, name)
+    if _identity_at(dir_fd, side, max_bytes) == after:
+        os.unlink(side, dir_fd=dir_fd)  # only our own new content is ever removed
+        os.fsync(dir_fd)
+        return GuardedReplace(code=code, observed=observed)
+    # An outside write replaced our new content after the exchange: it is the latest write, so it
+    # goes back to the target; the old content it replaced stays beside it, not deleted.
+    _exchange(dir_fd, side, name)
+    os.fsync(dir_fd)
+    return GuardedReplace(
+        code="redo_leftover_unresolved", observed=observed, detail=f"an outside write arrived; {side} kept"
+    )
+
+
+def _repair(
+    dir_fd: int, name: str, side: str, before: FileIdentity | None, after: FileIdentity, max_bytes: int
+) -> GuardedReplace | None:
+    """Settle a side file an interrupted attempt left: None means it is gone and a fresh attempt
+    may start; otherwise the outcome."""
+    target = _identity_at(dir_fd, name, max_bytes)
+    left = _identity_at(dir_fd, side, max_bytes)
+    if left == after and target != after:
+        # Killed before the exchange (or after a swap back): the side file is only our content.
+        os.unlink(side, dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return None
+    if target == after and left == before and before is not None:
+        settled = _settle(dir_fd, name, side, before, after, max_bytes)
+        return GuardedReplace(outcome="repaired") if settled.outcome == "replaced" else settled
+    if left is None:
+        return None  # gone meanwhile
+    if target == after:
+        # The exchange swapped out something other than the before-state: put it back.
+        return _swap_back(dir_fd, name, side, after, "target_diverged", left, max_bytes)
+    return GuardedReplace(
+        code="redo_leftover_unresolved", observed=left, detail=f"{side} holds unknown content"
+    )

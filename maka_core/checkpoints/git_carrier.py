@@ -210,9 +210,9 @@ class GitCheckpointProvider:
     # --- observing the workspace -----------------------------------------------------------
 
     def eligibility(self, workspace: Workspace) -> NoCheckpoint | None:
-        """None when the workspace can be captured; else why not."""
+        """None when the workspace can be captured now; else why not (nothing is hashed)."""
         try:
-            self._check_repository(workspace)
+            self._scan(workspace)
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)
         return None

@@ -155,16 +155,10 @@ class CheckpointBundle(CheckpointModel):
         """The bundle for a capture's ``outcome``; ``boundary_fields`` are the Runtime half
         (``workspace_identity``, ``workspace_epoch``, ``immutable_runtime_high_water``,
         ``immutable_runtime_digest``)."""
-        checkpoint = outcome if isinstance(outcome, Checkpoint) else None
-        boundary = WorkspaceBoundary(
-            **boundary_fields,
-            checkpoint_ref=None if checkpoint is None else checkpoint.ref,
-            checkpoint_policy_hash=policy.policy_hash(),
-        )
-        if checkpoint is not None:
-            return cls(boundary=boundary, checkpoint=checkpoint)
-        assert isinstance(outcome, NoCheckpoint)
-        return cls(boundary=boundary, no_checkpoint=outcome)
+        fields = {**boundary_fields, "checkpoint_policy_hash": policy.policy_hash()}
+        if isinstance(outcome, Checkpoint):
+            return cls(boundary=WorkspaceBoundary(**fields, checkpoint_ref=outcome.ref), checkpoint=outcome)
+        return cls(boundary=WorkspaceBoundary(**fields), no_checkpoint=outcome)
 
     def encode(self) -> str:
         """The canonical JSON text (JavaScript key order and numbers, no whitespace)."""

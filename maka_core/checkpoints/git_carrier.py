@@ -94,6 +94,16 @@ _ZERO = "0" * 40
 _REF_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-@")
 
 
+@dataclass
+class _Scan:
+    """The workspace's files at one moment (``started_ns``: before anything was listed) and the
+    stat cache as it was loaded."""
+
+    entries: list[_Entry]
+    started_ns: int
+    cache: dict[str, list[object]]
+
+
 class _Ineligible(Exception):
     def __init__(self, code: NoCheckpointCode, detail: str) -> None:
         super().__init__(detail)
@@ -242,8 +252,9 @@ class GitCheckpointProvider:
                     "repository_operation_in_progress", f"{name} exists: finish or abort it first"
                 )
 
-    def _scan(self, workspace: Workspace) -> list[_Entry]:
+    def _scan(self, workspace: Workspace) -> _Scan:
         """The workspace's capturable files now, with blob ids the cache still vouches for."""
+        started_ns = time.time_ns()
         self._check_repository(workspace)
         staged = self._run(["ls-files", "-z", "--stage"], env=self._user_env, cwd=workspace.root).stdout
         others = self._run(
@@ -296,7 +307,7 @@ class GitCheckpointProvider:
             ):
                 entry.blob = hit[6]
             entries.append(entry)
-        return entries
+        return _Scan(entries, started_ns, cache)
 
     def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
         """The entry's bytes now (None: it vanished or changed kind); refreshes its stat key."""
@@ -330,13 +341,11 @@ class GitCheckpointProvider:
         entry.blob = _blob_id(data)
         return data
 
-    def _hash_missing(
-        self, workspace: Workspace, entries: list[_Entry], sink: IO[bytes] | None
-    ) -> list[_Entry]:
+    def _hash_missing(self, workspace: Workspace, scan: _Scan, sink: IO[bytes] | None) -> list[_Entry]:
         """Read and hash every entry the cache did not vouch for (streaming new blobs to ``sink``);
         the entries still present, and the cache updated."""
         present: list[_Entry] = []
-        for entry in entries:
+        for entry in scan.entries:
             if entry.blob is None:
                 data = self._read(workspace, entry)
                 if data is None:
@@ -344,7 +353,7 @@ class GitCheckpointProvider:
                 if sink is not None:
                     sink.write(b"blob\ndata %d\n" % len(data) + data + b"\n")
             present.append(entry)
-        self._save_cache(workspace, present, time.time_ns())
+        self._save_cache(workspace, present, scan)
         return present
 
     # --- the stat cache --------------------------------------------------------------------
@@ -362,16 +371,17 @@ class GitCheckpointProvider:
         entries = value.get("entries")
         return entries if isinstance(entries, dict) else {}
 
-    def _save_cache(self, workspace: Workspace, entries: list[_Entry], scanned_ns: int) -> None:
-        racy = scanned_ns - RACY_NS
-        value = {
-            "version": CACHE_VERSION,
-            "entries": {
-                os.fsdecode(e.path): [e.mode, *e.key, e.blob]
-                for e in entries
-                if e.blob is not None and e.key[1] < racy and e.key[2] < racy
-            },
+    def _save_cache(self, workspace: Workspace, entries: list[_Entry], scan: _Scan) -> None:
+        # Racy relative to the scan's start: a write after any stat gets a later timestamp tick.
+        racy = scan.started_ns - RACY_NS
+        fresh: dict[str, list[object]] = {
+            os.fsdecode(e.path): [e.mode, *e.key, e.blob]
+            for e in entries
+            if e.blob is not None and e.key[1] < racy and e.key[2] < racy
         }
+        if fresh == scan.cache:
+            return
+        value = {"version": CACHE_VERSION, "entries": fresh}
         path = self._cache_path(workspace)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -393,18 +403,19 @@ class GitCheckpointProvider:
         """
         component = ref_component(session_id)
         try:
-            entries = self._scan(workspace)
+            scan = self._scan(workspace)
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)
         store = self._open_store(workspace)
         try:
-            present, tree = self._write_tree(workspace, store, entries)
+            present, tree = self._write_tree(workspace, store, scan)
         except CheckpointError:
             # A blob the cache named may have been collected since: capture once more from the bytes.
             self._cache_path(workspace).unlink(missing_ok=True)
-            for entry in entries:
+            for entry in scan.entries:
                 entry.blob = None
-            present, tree = self._write_tree(workspace, store, entries)
+            scan.cache = {}
+            present, tree = self._write_tree(workspace, store, scan)
         failpoints.hit("checkpoint_capture_after_objects")
         byte_count = sum(e.key[0] for e in present)
         for _ in range(100):
@@ -433,12 +444,13 @@ class GitCheckpointProvider:
                 )
         raise CheckpointError("checkpoint_store_failed", f"no free checkpoint number for {session_id}")
 
-    def _write_tree(
-        self, workspace: Workspace, store: Path, entries: list[_Entry]
-    ) -> tuple[list[_Entry], str]:
+    def _write_tree(self, workspace: Workspace, store: Path, scan: _Scan) -> tuple[list[_Entry], str]:
         """Store the blobs the cache did not vouch for, then the tree of all entries through a
         private index (``write-tree`` refuses a tree naming an object the store lacks)."""
-        present = self._write_blobs(workspace, store, entries)
+        if any(e.blob is None for e in scan.entries):
+            present = self._write_blobs(workspace, store, scan)
+        else:
+            present = self._hash_missing(workspace, scan, None)  # nothing to read or store
         with tempfile.TemporaryDirectory(prefix="maka-ckpt-", dir=self.state_dir) as tmp:
             env = self._store_env(store, GIT_INDEX_FILE=os.path.join(tmp, "index"))
             index_info = b"".join(
@@ -448,7 +460,7 @@ class GitCheckpointProvider:
             tree = self._run(["write-tree"], env=env).stdout.decode().strip()
         return present, tree
 
-    def _write_blobs(self, workspace: Workspace, store: Path, entries: list[_Entry]) -> list[_Entry]:
+    def _write_blobs(self, workspace: Workspace, store: Path, scan: _Scan) -> list[_Entry]:
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
                 [self.git, *SAFE_CONFIG, "fast-import", "--quiet", "--done"],
@@ -459,7 +471,7 @@ class GitCheckpointProvider:
             )
             assert proc.stdin is not None
             try:
-                present = self._hash_missing(workspace, entries, proc.stdin)
+                present = self._hash_missing(workspace, scan, proc.stdin)
                 proc.stdin.write(b"done\n")
                 proc.stdin.close()
                 code = proc.wait(timeout=GIT_TIMEOUT_S)
@@ -563,12 +575,12 @@ class GitCheckpointProvider:
                 now, with its ``reason``), ``checkpoint_git_failed``.
         """
         try:
-            entries = self._scan(workspace)
+            scan = self._scan(workspace)
         except _Ineligible as why:
             raise CheckpointError(
                 "checkpoint_workspace_ineligible", why.detail, reason=why.code, checkpointRef=checkpoint.ref
             ) from None
-        now = {e.path: (e.mode, e.blob) for e in self._hash_missing(workspace, entries, None)}
+        now = {e.path: (e.mode, e.blob) for e in self._hash_missing(workspace, scan, None)}
         then = self._tree_entries(workspace, checkpoint)
         changes: list[PathChange] = []
         for path in sorted(now.keys() | then.keys()):

@@ -183,6 +183,7 @@ def test_a_checkpoint_holds_the_bytes_on_disk_and_restores_them_elsewhere(
     assert restored["src/app.py"] == ("file", b"print('on disk')\n", False)  # disk, not the index
     assert restored["run.sh"][2] is True and restored["link"] == ("link", "src/app.py")
     assert restored["notes.txt"] == ("file", b"untracked\n", False)
+    assert Workspace.open(dest).identity != repo.identity  # a restore is another workspace
     assert checkpoint.file_count == len(expected)
     assert checkpoint.byte_count == sum(len(v[1]) for v in expected.values() if v[0] == "file") + len(
         "src/app.py"
@@ -196,6 +197,13 @@ def test_a_checkpoint_holds_the_bytes_on_disk_and_restores_them_elsewhere(
             provider.materialize(repo, checkpoint, dest_bad)
         assert refused.value.code == code
     assert not (repo.root / "r").exists()
+
+
+def test_a_store_inside_the_workspace_is_refused(repo: Workspace) -> None:
+    with pytest.raises(CheckpointError) as refused:
+        GitCheckpointProvider(repo.root / ".maka-state").capture(repo, "s-1")
+    assert refused.value.code == "checkpoint_store_inside_workspace"
+    assert not (repo.root / ".maka-state").exists()
 
 
 def test_non_utf8_and_quoted_names_round_trip(provider: GitCheckpointProvider, tmp_path: Path) -> None:
@@ -213,6 +221,47 @@ def test_non_utf8_and_quoted_names_round_trip(provider: GitCheckpointProvider, t
     assert provider.diff(ws, checkpoint).unchanged
     os.unlink(os.path.join(os.fsencode(root), b"raw\xff.txt"))
     assert [(c.path, c.kind) for c in provider.diff(ws, checkpoint).changes] == [("raw\\xff.txt", "deleted")]
+
+
+class SwapBeforeRead(GitCheckpointProvider):
+    """Swaps ``src`` for a symlink to a folder outside, after the listing and before the reads."""
+
+    outside: Path
+
+    def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
+        src = workspace.root / "src"
+        if not src.is_symlink():
+            src.rename(workspace.root / "src.moved")
+            src.symlink_to(self.outside)
+        return super()._read(workspace, entry)
+
+
+class PathReader(SwapBeforeRead):
+    """Negative control: reads each file by its full path, as a plain ``open`` would."""
+
+    def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
+        super()._read(workspace, entry)  # the swap, and the stat key
+        data = (workspace.root / os.fsdecode(entry.path)).read_bytes()
+        entry.blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        return data
+
+
+@pytest.mark.parametrize("carrier", [SwapBeforeRead, PathReader])
+def test_a_folder_swapped_for_a_symlink_mid_capture_never_pulls_in_outside_files(
+    carrier: type[SwapBeforeRead], repo: Workspace, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "app.py").write_text("OUTSIDE SECRET\n")
+    provider = carrier(tmp_path / "state")
+    provider.outside = outside
+    checkpoint = provider.capture(repo, "s-1")
+    assert isinstance(checkpoint, Checkpoint)
+    restored = tree_files(provider.materialize(repo, checkpoint, tmp_path / "restored"))
+    leaked = restored.get("src/app.py") == ("file", b"OUTSIDE SECRET\n", False)
+    assert leaked is (carrier is PathReader)  # the control does read the outside file
+    if carrier is SwapBeforeRead:
+        assert "src/app.py" not in restored  # the path changed while captured: not in it
 
 
 # --- nothing the repository configures runs ----------------------------------------------------

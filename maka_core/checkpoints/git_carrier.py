@@ -72,6 +72,7 @@ from maka_core.checkpoints.contract import (
 )
 from maka_core.errors import CheckpointError
 from maka_core.facts.session_id import check_session_id
+from maka_core.paths import maka_home
 from maka_core.tools.beneath import MARKER_NAME, escape_name
 from maka_core.workspace import Workspace
 
@@ -145,13 +146,18 @@ class GitCheckpointProvider:
     def __init__(
         self, state_dir: str | Path, *, policy: CheckpointPolicy | None = None, git: str = "git"
     ) -> None:
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(os.path.abspath(state_dir))
         self.policy = policy or CheckpointPolicy()
         self.git = git
         base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         base |= {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
         self._user_env = base
         self._store_env_base = base | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+    @classmethod
+    def at_maka_home(cls, *, policy: CheckpointPolicy | None = None) -> GitCheckpointProvider:
+        """The provider over ``MAKA_HOME/checkpoints``."""
+        return cls(maka_home() / "checkpoints", policy=policy)
 
     # --- running git -----------------------------------------------------------------------
 
@@ -319,7 +325,7 @@ class GitCheckpointProvider:
                 if not stat.S_ISLNK(st.st_mode):
                     return None
             else:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                fd = _open_no_symlinks(workspace.root, entry.path)
                 try:
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode):
@@ -399,9 +405,16 @@ class GitCheckpointProvider:
 
         Raises:
             CheckpointError: ``checkpoint_git_failed``, ``checkpoint_read_failed``,
-                ``checkpoint_store_failed``: the capture did not happen (no ref was created).
+                ``checkpoint_store_failed``: the capture did not happen (no ref was created);
+                ``checkpoint_store_inside_workspace``: the state directory is in the workspace.
         """
         component = ref_component(session_id)
+        state, root = os.path.realpath(self.state_dir), str(workspace.root)
+        if state == root or state.startswith(root + os.sep):
+            # A tool could rewrite what recovery trusts, and every capture would hold the last one.
+            raise CheckpointError(
+                "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
+            )
         try:
             scan = self._scan(workspace)
         except _Ineligible as why:
@@ -687,8 +700,8 @@ class GitCheckpointProvider:
     ) -> tuple[str, ...]:
         """Delete the checkpoint refs not in ``keep`` and older than ``grace_seconds`` (a capture
         whose fact is being committed right now is young), then let Git drop what no ref reaches
-        and is older than ``prune``; also remove restore leftovers a crash left. ``keep`` must be
-        every ref a live lineage of any session still references.
+        and is older than ``prune``. ``keep`` must be every ref a live lineage of any session still
+        references.
 
         Returns the refs deleted.
         """
@@ -707,6 +720,22 @@ class GitCheckpointProvider:
             self._git_store(workspace, ["gc", "--quiet", f"--prune={prune}"])
             self._cache_path(workspace).unlink(missing_ok=True)  # it may name a collected blob
         return tuple(ref for ref, _ in doomed)
+
+
+def _open_no_symlinks(root: Path, path: bytes) -> int:
+    """Open ``path`` under ``root`` one directory at a time, following no symlink on the way: a
+    folder swapped for a symlink meanwhile cannot make a capture read outside the workspace (Git
+    itself never lists a path through a symlink). ELOOP and ENOTDIR mean the path changed."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        *folders, name = path.split(b"/")
+        for folder in folders:
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _rename_noreplace(src: Path, dest: Path) -> None:

@@ -51,6 +51,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator
@@ -174,21 +175,40 @@ class GitCheckpointProvider:
         stdin: bytes | IO[bytes] | None = None,
         check: bool = True,
     ) -> subprocess.CompletedProcess[bytes]:
-        data = stdin if isinstance(stdin, bytes) else None
-        source = subprocess.DEVNULL if stdin is None else None if isinstance(stdin, bytes) else stdin
+        data: bytes | None = None
+        source: int | IO[bytes] = subprocess.DEVNULL
+        if isinstance(stdin, bytes):
+            data, source = stdin, subprocess.PIPE
+        elif stdin is not None:
+            source = stdin
         try:
-            proc = subprocess.run(
+            child = subprocess.Popen(
                 [self.git, *SAFE_CONFIG, *args],
                 env=env,
                 cwd=cwd,
-                input=data,
                 stdin=source,
-                capture_output=True,
-                timeout=GIT_TIMEOUT_S,
-                check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:
             raise CheckpointError("checkpoint_git_failed", f"git {args[0]}: {exc}") from None
+        # A timer kills a hung git; communicate() without a timeout then returns at its exit
+        # instead of polling for it (subprocess's timeout path sleeps in steps of up to 50 ms).
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            child.kill()
+
+        timer = threading.Timer(GIT_TIMEOUT_S, expire)
+        timer.start()
+        try:
+            out, err = child.communicate(data)
+        finally:
+            timer.cancel()
+        proc = subprocess.CompletedProcess(child.args, child.returncode, out, err)
+        if expired.is_set():
+            raise CheckpointError("checkpoint_git_failed", f"git {args[0]}: killed after {GIT_TIMEOUT_S} s")
         if check and proc.returncode != 0:
             said = proc.stderr.decode(errors="replace").strip()[:500]
             raise CheckpointError("checkpoint_git_failed", f"git {args[0]} exited {proc.returncode}: {said}")
@@ -487,7 +507,7 @@ class GitCheckpointProvider:
                 present = self._hash_missing(workspace, scan, proc.stdin)
                 proc.stdin.write(b"done\n")
                 proc.stdin.close()
-                code = proc.wait(timeout=GIT_TIMEOUT_S)
+                code = proc.wait()
             except BaseException:
                 proc.kill()
                 proc.wait()

@@ -16,6 +16,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -309,13 +310,20 @@ def test_no_filter_hook_or_fsmonitor_runs_and_crlf_bytes_survive(
 
 
 class CountingReads(GitCheckpointProvider):
-    """Counts the files a capture reads and hashes."""
+    """Counts the files a capture reads and hashes, and the trees it writes."""
 
     reads: list[bytes]
+    trees_written = 0
 
     def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
         self.reads.append(entry.path)
         return super()._read(workspace, entry)
+
+    def _run(self, args: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
+        done = super()._run(args, **kw)
+        if args[0] == "mktree":
+            self.trees_written += len(done.stdout.split())
+        return done
 
 
 def test_an_incremental_capture_reads_only_what_changed(repo: Workspace, tmp_path: Path) -> None:
@@ -323,10 +331,18 @@ def test_an_incremental_capture_reads_only_what_changed(repo: Workspace, tmp_pat
     provider.reads = []
     first = provider.capture(repo, "s-1")
     assert isinstance(first, Checkpoint) and len(provider.reads) == first.file_count
+    assert provider.trees_written == 2  # the root and src/
     (repo.root / "notes.txt").write_text("edited\n")
-    provider.reads = []
+    provider.reads, provider.trees_written = [], 0
     second = provider.capture(repo, "s-1")
     assert isinstance(second, Checkpoint) and provider.reads == [b"notes.txt"]
+    assert provider.trees_written == 1  # only the root: src/ is the same tree
+    assert (
+        second.tree
+        == git(
+            repo.root, "--git-dir", str(provider.store(repo)), "rev-parse", f"{second.commit}^{{tree}}"
+        ).strip()
+    )
     assert second.tree != first.tree and second.ref.endswith("/2")
     # Same size, mtime set back: the ctime still tells, so the cache does not hide the change.
     notes = repo.root / "notes.txt"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import glob
 import hashlib
 import json
@@ -57,7 +58,7 @@ import uuid
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 from maka_core import failpoints
 from maka_core.checkpoints.contract import (
@@ -81,7 +82,7 @@ REF_PREFIX: Final = "refs/maka/checkpoints/"
 GIT_TIMEOUT_S: Final = 300.0
 #: A file modified this close to a scan may change again within the same timestamp tick.
 RACY_NS: Final = 50_000_000
-CACHE_VERSION: Final = 1
+CACHE_VERSION: Final = 2
 #: Settings for every command: nothing the repository configures is run, nothing is paged.
 SAFE_CONFIG: Final = (
     "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.untrackedCache=false",
@@ -104,6 +105,7 @@ class _Scan:
     entries: list[_Entry]
     started_ns: int
     cache: dict[str, list[object]]
+    trees: frozenset[str]  # trees the last capture left in the store
 
 
 class _Ineligible(Exception):
@@ -301,7 +303,7 @@ class GitCheckpointProvider:
             paths.add(path)
         if len(paths) > self.policy.max_files:
             raise _Ineligible("workspace_too_large", f"{len(paths)} files, over {self.policy.max_files}")
-        cache = self._load_cache(workspace)
+        cache, trees = self._load_cache(workspace)
         root = os.fsencode(workspace.root)
         entries: list[_Entry] = []
         total = 0
@@ -333,7 +335,7 @@ class GitCheckpointProvider:
             ):
                 entry.blob = hit[6]
             entries.append(entry)
-        return _Scan(entries, started_ns, cache)
+        return _Scan(entries, started_ns, cache, trees)
 
     def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
         """The entry's bytes now (None: it vanished or changed kind); refreshes its stat key."""
@@ -379,7 +381,6 @@ class GitCheckpointProvider:
                 if sink is not None:
                     sink.write(b"blob\ndata %d\n" % len(data) + data + b"\n")
             present.append(entry)
-        self._save_cache(workspace, present, scan)
         return present
 
     # --- the stat cache --------------------------------------------------------------------
@@ -387,17 +388,21 @@ class GitCheckpointProvider:
     def _cache_path(self, workspace: Workspace) -> Path:
         return self.state_dir / "git" / f"{workspace.workspace_id}.stat-cache.json"
 
-    def _load_cache(self, workspace: Workspace) -> dict[str, list[object]]:
+    def _load_cache(self, workspace: Workspace) -> tuple[dict[str, list[object]], frozenset[str]]:
         try:
             value = json.loads(self._cache_path(workspace).read_text("utf-8"))
         except (OSError, ValueError):
-            return {}
+            return {}, frozenset()
         if not isinstance(value, dict) or value.get("version") != CACHE_VERSION:
-            return {}
-        entries = value.get("entries")
-        return entries if isinstance(entries, dict) else {}
+            return {}, frozenset()
+        entries, trees = value.get("entries"), value.get("trees")
+        if not isinstance(entries, dict) or not isinstance(trees, list):
+            return {}, frozenset()
+        return entries, frozenset(t for t in trees if isinstance(t, str))
 
-    def _save_cache(self, workspace: Workspace, entries: list[_Entry], scan: _Scan) -> None:
+    def _save_cache(
+        self, workspace: Workspace, entries: list[_Entry], scan: _Scan, trees: frozenset[str]
+    ) -> None:
         # Racy relative to the scan's start: a write after any stat gets a later timestamp tick.
         racy = scan.started_ns - RACY_NS
         fresh: dict[str, list[object]] = {
@@ -405,9 +410,9 @@ class GitCheckpointProvider:
             for e in entries
             if e.blob is not None and e.key[1] < racy and e.key[2] < racy
         }
-        if fresh == scan.cache:
+        if fresh == scan.cache and trees == scan.trees:
             return
-        value = {"version": CACHE_VERSION, "entries": fresh}
+        value = {"version": CACHE_VERSION, "entries": fresh, "trees": sorted(trees)}
         path = self._cache_path(workspace)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -420,7 +425,47 @@ class GitCheckpointProvider:
 
     # --- capture ---------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _locked(self, workspace: Workspace, *, exclusive: bool = False) -> Iterator[None]:
+        """Captures, comparisons and restores share the store; retention holds it alone, so it
+        never collects an object a capture is about to reuse from the cache, nor one a restore
+        or a verification is reading."""
+        path = self.state_dir / "git" / f"{workspace.workspace_id}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
     def capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
+        """Capture ``workspace`` as the next checkpoint of ``session_id`` (see ``_capture``)."""
+        state, root = os.path.realpath(self.state_dir), str(workspace.root)
+        if state == root or state.startswith(root + os.sep):
+            # A tool could rewrite what recovery trusts, and every capture would hold the last one.
+            raise CheckpointError(
+                "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
+            )
+        with self._locked(workspace):
+            return self._capture(workspace, session_id)
+
+    def verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
+        """Is ``checkpoint`` backed by its objects (see ``_verify``)."""
+        with self._locked(workspace):
+            return self._verify(workspace, checkpoint)
+
+    def diff(self, workspace: Workspace, checkpoint: Checkpoint) -> WorkspaceDiff:
+        """What differs between ``checkpoint`` and the workspace now (see ``_diff``)."""
+        with self._locked(workspace):
+            return self._diff(workspace, checkpoint)
+
+    def materialize(self, workspace: Workspace, checkpoint: Checkpoint, dest: Path) -> Path:
+        """Build ``checkpoint``'s files in the new directory ``dest`` (see ``_materialize``)."""
+        with self._locked(workspace):
+            return self._materialize(workspace, checkpoint, dest)
+
+    def _capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
         """Capture ``workspace`` as the next checkpoint of ``session_id``.
 
         Raises:
@@ -429,12 +474,6 @@ class GitCheckpointProvider:
                 ``checkpoint_store_inside_workspace``: the state directory is in the workspace.
         """
         component = ref_component(session_id)
-        state, root = os.path.realpath(self.state_dir), str(workspace.root)
-        if state == root or state.startswith(root + os.sep):
-            # A tool could rewrite what recovery trusts, and every capture would hold the last one.
-            raise CheckpointError(
-                "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
-            )
         try:
             scan = self._scan(workspace)
         except _Ineligible as why:
@@ -447,7 +486,7 @@ class GitCheckpointProvider:
             self._cache_path(workspace).unlink(missing_ok=True)
             for entry in scan.entries:
                 entry.blob = None
-            scan.cache = {}
+            scan.cache, scan.trees = {}, frozenset()
             present, tree = self._write_tree(workspace, store, scan)
         failpoints.hit("checkpoint_capture_after_objects")
         byte_count = sum(e.key[0] for e in present)
@@ -478,20 +517,27 @@ class GitCheckpointProvider:
         raise CheckpointError("checkpoint_store_failed", f"no free checkpoint number for {session_id}")
 
     def _write_tree(self, workspace: Workspace, store: Path, scan: _Scan) -> tuple[list[_Entry], str]:
-        """Store the blobs the cache did not vouch for, then the tree of all entries through a
-        private index (``write-tree`` refuses a tree naming an object the store lacks)."""
+        """Store the blobs the cache did not vouch for, then the trees the store does not hold yet.
+
+        Tree ids are computed here (Git's tree format), so an incremental capture writes only the
+        trees on the path of a change. ``mktree`` refuses a tree naming an object the store lacks,
+        and its ids must equal the computed ones."""
         if any(e.blob is None for e in scan.entries):
             present = self._write_blobs(workspace, store, scan)
         else:
             present = self._hash_missing(workspace, scan, None)  # nothing to read or store
-        with tempfile.TemporaryDirectory(prefix="maka-ckpt-", dir=self.state_dir) as tmp:
-            env = self._store_env(store, GIT_INDEX_FILE=os.path.join(tmp, "index"))
-            index_info = b"".join(
-                b"%s %s\t%s\0" % (e.mode.encode(), str(e.blob).encode(), e.path) for e in present
-            )
-            self._run(["update-index", "-z", "--index-info"], env=env, stdin=index_info)
-            tree = self._run(["write-tree"], env=env).stdout.decode().strip()
-        return present, tree
+        root, trees = _trees(present)
+        new = [(oid, record) for oid, record in trees if oid not in scan.trees]
+        if new:
+            made = self._run(
+                ["mktree", "-z", "--batch"], env=self._store_env(store), stdin=b"".join(r for _, r in new)
+            ).stdout.split()
+            if [m.decode() for m in made] != [oid for oid, _ in new]:
+                raise CheckpointError("checkpoint_git_failed", "git mktree made other trees than computed")
+        else:
+            self._run(["cat-file", "-e", root], env=self._store_env(store))  # still there?
+        self._save_cache(workspace, present, scan, frozenset(oid for oid, _ in trees))
+        return present, root
 
     def _write_blobs(self, workspace: Workspace, store: Path, scan: _Scan) -> list[_Entry]:
         with tempfile.TemporaryFile() as err:
@@ -527,7 +573,7 @@ class GitCheckpointProvider:
 
     # --- verify, diff, materialize ---------------------------------------------------------
 
-    def verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
+    def _verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
         """Is ``checkpoint`` backed: its ref names its commit, the commit its tree, and every object
         of the tree is present and hashes to its id (the whole Merkle tree is re-hashed)."""
 
@@ -600,7 +646,7 @@ class GitCheckpointProvider:
             entries[path] = (mode, oid)
         return entries
 
-    def diff(self, workspace: Workspace, checkpoint: Checkpoint) -> WorkspaceDiff:
+    def _diff(self, workspace: Workspace, checkpoint: Checkpoint) -> WorkspaceDiff:
         """The paths whose entry differs between ``checkpoint`` and what a capture would hold now.
 
         Raises:
@@ -613,7 +659,9 @@ class GitCheckpointProvider:
             raise CheckpointError(
                 "checkpoint_workspace_ineligible", why.detail, reason=why.code, checkpointRef=checkpoint.ref
             ) from None
-        now = {e.path: (e.mode, e.blob) for e in self._hash_missing(workspace, scan, None)}
+        present = self._hash_missing(workspace, scan, None)
+        self._save_cache(workspace, present, scan, scan.trees)
+        now = {e.path: (e.mode, e.blob) for e in present}
         then = self._tree_entries(workspace, checkpoint)
         changes: list[PathChange] = []
         for path in sorted(now.keys() | then.keys()):
@@ -630,7 +678,7 @@ class GitCheckpointProvider:
                 changes.append(PathChange(path=_display(path), kind=kind))
         return WorkspaceDiff(checkpoint_ref=checkpoint.ref, changes=tuple(changes))
 
-    def materialize(self, workspace: Workspace, checkpoint: Checkpoint, dest: Path) -> Path:
+    def _materialize(self, workspace: Workspace, checkpoint: Checkpoint, dest: Path) -> Path:
         """Build ``checkpoint``'s files in the new directory ``dest``, all at once or not at all.
 
         The files are written into a hidden sibling of ``dest`` that is renamed into place last,
@@ -725,7 +773,12 @@ class GitCheckpointProvider:
 
         Returns the refs deleted.
         """
-        keep = frozenset(keep)
+        with self._locked(workspace, exclusive=True):
+            return self._gc(workspace, frozenset(keep), grace_seconds, prune)
+
+    def _gc(
+        self, workspace: Workspace, keep: frozenset[str], grace_seconds: float, prune: str
+    ) -> tuple[str, ...]:
         now = time.time()
         doomed = sorted(
             (ref, oid)
@@ -740,6 +793,37 @@ class GitCheckpointProvider:
             self._git_store(workspace, ["gc", "--quiet", f"--prune={prune}"])
             self._cache_path(workspace).unlink(missing_ok=True)  # it may name a collected blob
         return tuple(ref for ref, _ in doomed)
+
+
+def _trees(entries: list[_Entry]) -> tuple[str, list[tuple[str, bytes]]]:
+    """The root tree id of ``entries`` and every tree, children before parents, each with its
+    ``mktree -z --batch`` record."""
+    root: dict[bytes, Any] = {}
+    for entry in entries:
+        *folders, name = entry.path.split(b"/")
+        node = root
+        for folder in folders:
+            node = node.setdefault(folder, {})
+        node[name] = entry
+    out: list[tuple[str, bytes]] = []
+
+    def visit(node: dict[bytes, Any]) -> str:
+        items: list[tuple[bytes, bytes, bytes, bytes, str]] = []
+        for name, child in node.items():
+            if isinstance(child, dict):
+                items.append((name + b"/", b"40000", b"tree", name, visit(child)))
+            else:
+                items.append((name, child.mode.encode(), b"blob", name, str(child.blob)))
+        items.sort()  # Git's order: bytewise, a folder as its name followed by "/"
+        raw = b"".join(mode + b" " + name + b"\0" + bytes.fromhex(oid) for _, mode, _, name, oid in items)
+        oid = hashlib.sha1(b"tree %d\0" % len(raw) + raw, usedforsecurity=False).hexdigest()
+        record = b"".join(
+            b"%s %s %s\t%s\0" % (mode, kind, o.encode(), name) for _, mode, kind, name, o in items
+        )
+        out.append((oid, record + b"\0"))
+        return oid
+
+    return visit(root), out
 
 
 def _open_no_symlinks(root: Path, path: bytes) -> int:

@@ -30,9 +30,13 @@ config at all.
 Incremental capture: a stat cache per workspace (path -> mode, size, mtime, ctime, inode, blob id)
 under the state directory means only files whose stat changed are read and hashed; a file whose
 timestamps are within ``RACY_NS`` of the scan is not trusted next time (Git's "racy clean" rule).
-The private index (``GIT_INDEX_FILE`` in a temporary directory) only turns the entry list into a
-tree. Concurrent writers of the cache lose optimisations, never correctness: an entry is a stat
-observed together with the hash of the bytes read after it.
+No index is used, not even a private one (``GIT_INDEX_FILE``): Git's index refreshes its stat
+cache by re-reading a file through the repository's filters, so this cache is kept here instead,
+and tree ids are computed from the entries in Git's tree format, so only the trees on the path of
+a change are written (``mktree``, which refuses a tree naming a missing object and must agree with
+every computed id). Concurrent writers of the cache lose optimisations, never correctness: an
+entry is a stat observed together with the hash of the bytes read after it. Retention holds the
+store's lock alone and drops the cache, so nothing a capture reuses is collected under it.
 
 Crash order (the seed's): objects, then the ref, then the caller's fact. A ref whose fact never
 committed is an orphan ``gc`` collects once it is older than the grace period; a fact whose ref is

@@ -98,6 +98,8 @@ IN_PROGRESS: Final = ("MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-m
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = "100644", "100755", "120000", "160000"
 _KIND = {MODE_FILE: "file", MODE_EXEC: "file", MODE_LINK: "link"}
 _ZERO = "0" * 40
+_MARKER = MARKER_NAME.encode()
+_SLASH_MARKER = b"/" + _MARKER
 _REF_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-@")
 
 
@@ -312,7 +314,7 @@ class GitCheckpointProvider:
         entries: list[_Entry] = []
         total = 0
         for path in sorted(paths):
-            if os.path.basename(path) == MARKER_NAME.encode():
+            if path == _MARKER or path.endswith(_SLASH_MARKER):
                 continue
             try:
                 st = os.lstat(os.path.join(root, path))

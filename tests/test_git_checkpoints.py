@@ -641,3 +641,28 @@ def test_a_restore_killed_while_staging_leaves_no_destination_and_the_next_one_c
     provider.materialize(repo, checkpoint, dest)
     assert not list(tmp_path.glob(".restored.maka-restore-*"))
     assert tree_files(dest)["src/app.py"] == ("file", b"print('on disk')\n", False)
+
+
+def test_racing_captures_of_one_session_take_distinct_numbers(
+    repo: Workspace, provider: GitCheckpointProvider
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda _: provider.capture(repo, "s-1"), range(8)))
+    assert all(isinstance(m, Checkpoint) for m in made)
+    refs = sorted(m.ref for m in made if isinstance(m, Checkpoint))
+    assert refs == sorted(f"refs/maka/checkpoints/s-1/{n}" for n in range(1, 9))
+    assert all(provider.verify(repo, m).verified for m in made if isinstance(m, Checkpoint))
+
+
+def test_a_workspace_that_became_ineligible_cannot_be_compared(
+    repo: Workspace, provider: GitCheckpointProvider
+) -> None:
+    checkpoint = provider.capture(repo, "s-1")
+    assert isinstance(checkpoint, Checkpoint)
+    (repo.root / ".git" / "MERGE_HEAD").write_text(git(repo.root, "rev-parse", "HEAD"))
+    with pytest.raises(CheckpointError) as refused:
+        provider.diff(repo, checkpoint)
+    assert refused.value.code == "checkpoint_workspace_ineligible"
+    assert refused.value.detail["reason"] == "repository_operation_in_progress"

@@ -16,5 +16,7 @@ runtime/    the turn protocol: begin/finish a run, a model step, a tool call fro
 tools/      the built-in tools with their evidence and reconcilers, the bash sandbox, the race-free
             path resolver.   providers/  scripted and OpenAI-compatible models.
 governance/ MELRA's policy, approval challenge, evidence, guarantees and receipts (pure).
+checkpoints/ Phase 4 workspace checkpoints: the boundary contract and bundle, the Git carrier
+            (capture, verify, diff, isolated restore, retention). Not wired into the runtime yet.
 policy, workspace, settings, observe, failpoints, paths, errors: one module each.
 """

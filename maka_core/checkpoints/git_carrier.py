@@ -80,6 +80,7 @@ from maka_core.errors import CheckpointError
 from maka_core.facts.session_id import check_session_id
 from maka_core.paths import maka_home
 from maka_core.tools.beneath import MARKER_NAME, escape_name
+from maka_core.tools.guarded_replace import RENAME_NOREPLACE, renameat2
 from maka_core.workspace import Workspace
 
 REF_PREFIX: Final = "refs/maka/checkpoints/"
@@ -849,8 +850,6 @@ def _open_no_symlinks(root: Path, path: bytes) -> int:
 
 
 def _rename_noreplace(src: Path, dest: Path) -> None:
-    from maka_core.tools.guarded_replace import RENAME_NOREPLACE, renameat2
-
     try:
         renameat2(os.fsencode(src), os.fsencode(dest), RENAME_NOREPLACE)
     except OSError as exc:

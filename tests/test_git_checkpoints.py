@@ -612,7 +612,16 @@ def count_objects(provider: GitCheckpointProvider, ws: Workspace) -> int:
     return int(fields["count"]) + int(fields["in-pack"])
 
 
-@pytest.mark.parametrize("point", ["checkpoint_capture_after_objects", "checkpoint_capture_after_ref"])
+CAPTURE_POINTS = ("checkpoint_capture_after_objects", "checkpoint_capture_after_ref")
+
+
+def test_every_checkpoint_failpoint_is_drilled() -> None:
+    from tests.test_guarded_replace import POINTS
+
+    assert {*CAPTURE_POINTS, "checkpoint_during_materialize", *POINTS} == set(failpoints.CHECKPOINT)
+
+
+@pytest.mark.parametrize("point", CAPTURE_POINTS)
 def test_a_capture_killed_at_its_commit_points_leaves_nothing_half_visible(
     point: str, repo: Workspace, provider: GitCheckpointProvider
 ) -> None:

@@ -182,7 +182,11 @@ def kill_at(point: str, root: Path) -> None:
     assert proc.returncode == -9, proc.stderr
 
 
-@pytest.mark.parametrize("point", ["guarded_replace_before_exchange", "guarded_replace_after_exchange"])
+#: The failpoints these drills kill at (tests/test_git_checkpoints.py checks the catalog is covered).
+POINTS = ("guarded_replace_before_exchange", "guarded_replace_after_exchange")
+
+
+@pytest.mark.parametrize("point", POINTS)
 def test_killed_mid_replace_it_leaves_old_or_new_and_the_next_call_repairs(point: str, root: Path) -> None:
     kill_at(point, root)
     side = side_name("f.txt", FileIdentity.of(NEW))
@@ -195,7 +199,7 @@ def test_killed_mid_replace_it_leaves_old_or_new_and_the_next_call_repairs(point
     assert (root / "f.txt").read_bytes() == NEW and leftovers(root) == []
 
 
-@pytest.mark.parametrize("point", ["guarded_replace_before_exchange", "guarded_replace_after_exchange"])
+@pytest.mark.parametrize("point", POINTS)
 def test_an_outside_write_after_the_crash_is_never_lost(point: str, root: Path) -> None:
     kill_at(point, root)
     (root / "f.txt").write_bytes(b"written by the user after the crash\n")

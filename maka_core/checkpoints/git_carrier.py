@@ -62,7 +62,7 @@ import uuid
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from maka_core import failpoints
 from maka_core.checkpoints.contract import (
@@ -70,6 +70,7 @@ from maka_core.checkpoints.contract import (
     ChangeKind,
     Checkpoint,
     CheckpointPolicy,
+    CheckpointProvider,
     NoCheckpoint,
     NoCheckpointCode,
     PathChange,
@@ -858,3 +859,7 @@ def _rename_noreplace(src: Path, dest: Path) -> None:
         if os.path.lexists(dest):  # no renameat2 here: check, then rename (an empty dir could be replaced)
             raise FileExistsError(errno.EEXIST, "exists", str(dest)) from None
         os.rename(src, dest)
+
+
+if TYPE_CHECKING:  # the carrier is a CheckpointProvider (mypy checks it here)
+    _conforms: CheckpointProvider = GitCheckpointProvider(".")

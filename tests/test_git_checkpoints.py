@@ -22,12 +22,16 @@ import pytest
 
 from maka_core import failpoints
 from maka_core.checkpoints import (
+    BOUNDARY_CODES,
     NO_CHECKPOINT_CODES,
     Checkpoint,
+    CheckpointBundle,
     CheckpointPolicy,
     GitCheckpointProvider,
     NoCheckpoint,
+    SourceBoundary,
     Verification,
+    observe_boundary,
     ref_component,
 )
 from maka_core.checkpoints.git_carrier import _Entry
@@ -684,3 +688,53 @@ def test_a_workspace_that_became_ineligible_cannot_be_compared(
         provider.diff(repo, checkpoint)
     assert refused.value.code == "checkpoint_workspace_ineligible"
     assert refused.value.detail["reason"] == "repository_operation_in_progress"
+
+
+# --- what a continuation would observe -------------------------------------------------------------
+
+SOURCE_DIGEST = "sha256:" + "5e" * 32
+
+
+def bundle_for(repo: Workspace, outcome: Checkpoint | NoCheckpoint, high_water: int = 7) -> CheckpointBundle:
+    runtime = {
+        "workspace_identity": repo.identity,
+        "workspace_epoch": 0,
+        "immutable_runtime_high_water": high_water,
+        "immutable_runtime_digest": SOURCE_DIGEST,
+    }
+    return CheckpointBundle.of(runtime, outcome, CheckpointPolicy())
+
+
+def test_observing_a_boundary_names_what_a_continuation_would_find(
+    repo: Workspace, provider: GitCheckpointProvider, tmp_path: Path
+) -> None:
+    source = SourceBoundary(
+        workspace_identity=repo.identity,
+        immutable_runtime_high_water=7,
+        immutable_runtime_digest=SOURCE_DIGEST,
+    )
+    checkpoint = provider.capture(repo, "s-1")
+    assert isinstance(checkpoint, Checkpoint)
+    bundle = CheckpointBundle.decode(bundle_for(repo, checkpoint).encode())  # as stored and read back
+
+    def code(b: CheckpointBundle = bundle, ws: Workspace = repo) -> str:
+        return observe_boundary(provider, ws, source, b).code
+
+    assert code() == "workspace_matches_checkpoint"
+    assert code(bundle_for(repo, checkpoint, high_water=8)) == "checkpoint_boundary_mismatch"
+    other = make_repo(tmp_path / "other")
+    assert code(ws=other) == "checkpoint_workspace_mismatch"
+    absent = observe_boundary(provider, repo, source, bundle_for(repo, NoCheckpoint(code="repository_bare")))
+    assert absent.code == "workspace_has_no_checkpoint" and absent.no_checkpoint is not None
+    (repo.root / "notes.txt").write_text("changed while parked\n")
+    changed = observe_boundary(provider, repo, source, bundle)
+    assert changed.code == "workspace_content_changed" and [c.path for c in changed.changes] == ["notes.txt"]
+    (repo.root / ".git" / "MERGE_HEAD").write_text(git(repo.root, "rev-parse", "HEAD"))
+    assert code() == "checkpoint_workspace_ineligible"
+    git(repo.root, "--git-dir", str(provider.store(repo)), "update-ref", "-d", checkpoint.ref)
+    assert code() == "checkpoint_missing"  # verified before anything is compared
+    assert {
+        "workspace_matches_checkpoint",
+        "checkpoint_missing",
+        "workspace_content_changed",
+    } <= BOUNDARY_CODES

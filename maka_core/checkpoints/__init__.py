@@ -1,4 +1,5 @@
-"""Phase 4 workspace checkpoints: the contract (``contract``) and the Git carrier (``git_carrier``).
+"""Phase 4 workspace checkpoints: the contract (``contract``), the Git carrier (``git_carrier``) and
+what a continuation would observe at a boundary (``observe``).
 
 Not wired into the runtime yet: nothing captures at a boundary, and the continuation planner does
 not read a checkpoint. Pure maka_core: no temporalio.
@@ -20,9 +21,17 @@ from maka_core.checkpoints.contract import (
     WorkspaceDiff,
 )
 from maka_core.checkpoints.git_carrier import REF_PREFIX, GitCheckpointProvider, ref_component
+from maka_core.checkpoints.observe import (
+    BOUNDARY_CODES,
+    BoundaryObservation,
+    SourceBoundary,
+    observe_boundary,
+)
 
 __all__ = [
+    "BOUNDARY_CODES",
     "CHECKPOINT_BUNDLE_SCHEMA",
+    "BoundaryObservation",
     "NO_CHECKPOINT_CODES",
     "REF_PREFIX",
     "VERIFY_FAILURES",
@@ -34,8 +43,10 @@ __all__ = [
     "GitCheckpointProvider",
     "NoCheckpoint",
     "PathChange",
+    "SourceBoundary",
     "Verification",
     "WorkspaceBoundary",
     "WorkspaceDiff",
+    "observe_boundary",
     "ref_component",
 ]

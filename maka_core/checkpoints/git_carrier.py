@@ -144,6 +144,17 @@ def _blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
+def _cache_key(path: bytes) -> str:
+    return path.decode("utf-8", "surrogateescape")
+
+
+def _lstat_at(dir_fd: int, path: bytes) -> os.stat_result | None:
+    try:
+        return os.lstat(path, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _display(path: bytes) -> str:
     return escape_name(os.fsdecode(path))[0]
 
@@ -312,16 +323,16 @@ class GitCheckpointProvider:
         if len(paths) > self.policy.max_files:
             raise _Ineligible("workspace_too_large", f"{len(paths)} files, over {self.policy.max_files}")
         cache, trees = self._load_cache(workspace)
-        root = os.fsencode(workspace.root)
         entries: list[_Entry] = []
         total = 0
-        for path in sorted(paths):
-            if path == _MARKER or path.endswith(_SLASH_MARKER):
-                continue
-            try:
-                st = os.lstat(os.path.join(root, path))
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # tracked but deleted from the work tree: not in the workspace now
+        root_fd = os.open(workspace.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            found = [(path, _lstat_at(root_fd, path)) for path in sorted(paths)]
+        finally:
+            os.close(root_fd)
+        for path, st in found:
+            if st is None or path == _MARKER or path.endswith(_SLASH_MARKER):
+                continue  # gone (tracked but deleted from the work tree), or the marker
             if stat.S_ISLNK(st.st_mode):
                 mode = MODE_LINK
             elif stat.S_ISREG(st.st_mode):
@@ -334,7 +345,7 @@ class GitCheckpointProvider:
             if total > self.policy.max_bytes:
                 raise _Ineligible("workspace_too_large", f"over {self.policy.max_bytes} bytes")
             entry = _Entry(path, mode, (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev))
-            hit = cache.get(os.fsdecode(path))
+            hit = cache.get(_cache_key(path))
             if (
                 hit is not None
                 and hit[0] == mode
@@ -414,7 +425,7 @@ class GitCheckpointProvider:
         # Racy relative to the scan's start: a write after any stat gets a later timestamp tick.
         racy = scan.started_ns - RACY_NS
         fresh: dict[str, list[object]] = {
-            os.fsdecode(e.path): [e.mode, *e.key, e.blob]
+            _cache_key(e.path): [e.mode, *e.key, e.blob]
             for e in entries
             if e.blob is not None and e.key[1] < racy and e.key[2] < racy
         }

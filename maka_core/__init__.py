@@ -17,6 +17,7 @@ tools/      the built-in tools with their evidence and reconcilers, the bash san
             path resolver.   providers/  scripted and OpenAI-compatible models.
 governance/ MELRA's policy, approval challenge, evidence, guarantees and receipts (pure).
 checkpoints/ Phase 4 workspace checkpoints: the boundary contract and bundle, the Git carrier
-            (capture, verify, diff, isolated restore, retention). Not wired into the runtime yet.
+            (capture, verify, diff, isolated restore, retention), what a continuation would observe
+            at a boundary. Not wired into the runtime yet.
 policy, workspace, settings, observe, failpoints, paths, errors: one module each.
 """

@@ -175,6 +175,9 @@ class GitCheckpointProvider:
         base |= {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
         self._user_env = base
         self._store_env_base = base | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+        # The stat cache as this provider last read or wrote it, by file identity: a long-lived
+        # worker does not parse its own cache again; another process's rewrite is a new file.
+        self._remembered: dict[str, tuple[tuple[int, int, int], dict[str, list[object]], frozenset[str]]] = {}
 
     @classmethod
     def at_maka_home(cls, *, policy: CheckpointPolicy | None = None) -> GitCheckpointProvider:
@@ -408,8 +411,15 @@ class GitCheckpointProvider:
         return self.state_dir / "git" / f"{workspace.workspace_id}.stat-cache.json"
 
     def _load_cache(self, workspace: Workspace) -> tuple[dict[str, list[object]], frozenset[str]]:
+        path = self._cache_path(workspace)
         try:
-            value = json.loads(self._cache_path(workspace).read_text("utf-8"))
+            with path.open("rb") as fh:
+                st = os.fstat(fh.fileno())
+                file_key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                remembered = self._remembered.get(str(path))
+                if remembered is not None and remembered[0] == file_key:
+                    return remembered[1], remembered[2]  # the file this provider last read or wrote
+                value = json.loads(fh.read())
         except (OSError, ValueError):
             return {}, frozenset()
         if not isinstance(value, dict) or value.get("version") != CACHE_VERSION:
@@ -417,7 +427,9 @@ class GitCheckpointProvider:
         entries, trees = value.get("entries"), value.get("trees")
         if not isinstance(entries, dict) or not isinstance(trees, list):
             return {}, frozenset()
-        return entries, frozenset(t for t in trees if isinstance(t, str))
+        known = frozenset(t for t in trees if isinstance(t, str))
+        self._remembered[str(path)] = (file_key, entries, known)
+        return entries, known
 
     def _save_cache(
         self, workspace: Workspace, entries: list[_Entry], scan: _Scan, trees: frozenset[str]
@@ -437,7 +449,9 @@ class GitCheckpointProvider:
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
             tmp.write_text(json.dumps(value, separators=(",", ":")), "utf-8")
+            st = tmp.stat()
             os.replace(tmp, path)
+            self._remembered[str(path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), fresh, trees)
         except OSError:
             with contextlib.suppress(OSError):
                 tmp.unlink()  # a cache that cannot be saved only costs hashing next time

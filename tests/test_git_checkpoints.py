@@ -738,3 +738,22 @@ def test_observing_a_boundary_names_what_a_continuation_would_find(
         "checkpoint_missing",
         "workspace_content_changed",
     } <= BOUNDARY_CODES
+
+
+def test_many_new_files_go_through_one_pack_and_round_trip(
+    provider: GitCheckpointProvider, tmp_path: Path
+) -> None:
+    from maka_core.checkpoints.git_carrier import FEW_BLOBS
+
+    root = tmp_path / "ws"
+    (root / "d").mkdir(parents=True)
+    git(root, "init", "-q")
+    for i in range(FEW_BLOBS * 2):
+        (root / "d" / f"{i}.txt").write_bytes(b"%d\n" % i * (i + 1))
+    ws = Workspace.open(root)
+    checkpoint = provider.capture(ws, "s-1")
+    assert isinstance(checkpoint, Checkpoint) and checkpoint.file_count == FEW_BLOBS * 2
+    assert list((provider.store(ws) / "objects" / "pack").glob("*.pack"))  # fast-import's pack
+    assert provider.verify(ws, checkpoint).verified and provider.diff(ws, checkpoint).unchanged
+    restored = provider.materialize(ws, checkpoint, tmp_path / "restored")
+    assert tree_files(restored) == {k: v for k, v in tree_files(root).items() if k != MARKER_NAME}

@@ -22,7 +22,8 @@ anything a repository configures: ``core.fsmonitor=false`` (ls-files would run i
 ``core.hooksPath=/dev/null`` (``update-ref`` runs the reference-transaction hook), no pager, no
 untracked cache. Nothing here runs a filter (``filter.*`` clean/smudge, ``core.autocrlf``, ``eol``
 attributes) or a diff program (``diff.external``, textconv): contents are read and written by this
-module, blobs are hashed as raw bytes and stored through ``fast-import``, and a restore writes the
+module, blobs are hashed as raw bytes and stored from private copies (``hash-object --no-filters``)
+or through ``fast-import``, and a restore writes the
 stored bytes itself, so a checkpoint round-trips the exact bytes and a repository's
 ``.gitattributes`` cannot make Maka run a program. The store's own commands see no global or system
 config at all.
@@ -59,7 +60,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -86,6 +87,8 @@ from maka_core.workspace import Workspace
 
 REF_PREFIX: Final = "refs/maka/checkpoints/"
 GIT_TIMEOUT_S: Final = 300.0
+#: Up to this many new blobs are stored as loose objects, more through one fast-import pack.
+FEW_BLOBS: Final = 64
 #: A file modified this close to a scan may change again within the same timestamp tick.
 RACY_NS: Final = 50_000_000
 CACHE_VERSION: Final = 2
@@ -391,9 +394,11 @@ class GitCheckpointProvider:
         entry.blob = _blob_id(data)
         return data
 
-    def _hash_missing(self, workspace: Workspace, scan: _Scan, sink: IO[bytes] | None) -> list[_Entry]:
-        """Read and hash every entry the cache did not vouch for (streaming new blobs to ``sink``);
-        the entries still present, and the cache updated."""
+    def _hash_missing(
+        self, workspace: Workspace, scan: _Scan, sink: Callable[[bytes], object] | None
+    ) -> list[_Entry]:
+        """Read and hash every entry the cache did not vouch for (handing each new blob's bytes to
+        ``sink``); the entries still present."""
         present: list[_Entry] = []
         for entry in scan.entries:
             if entry.blob is None:
@@ -401,7 +406,7 @@ class GitCheckpointProvider:
                 if data is None:
                     continue
                 if sink is not None:
-                    sink.write(b"blob\ndata %d\n" % len(data) + data + b"\n")
+                    sink(data)
             present.append(entry)
         return present
 
@@ -573,6 +578,36 @@ class GitCheckpointProvider:
         return present, root
 
     def _write_blobs(self, workspace: Workspace, store: Path, scan: _Scan) -> list[_Entry]:
+        """Store the blobs the cache did not vouch for: a few as loose objects (``hash-object`` of
+        copies in a private folder: it would follow a symlink in the workspace), many as one pack
+        (``fast-import``, which costs more to start)."""
+        if sum(e.blob is None for e in scan.entries) > FEW_BLOBS:
+            return self._import_blobs(workspace, store, scan)
+        with tempfile.TemporaryDirectory(prefix="maka-blobs-", dir=self.state_dir) as tmp:
+            copies: list[bytes] = []
+            expected: list[str] = []
+
+            def copy(data: bytes) -> None:
+                path = os.path.join(os.fsencode(tmp), b"%d" % len(copies))
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                copies.append(path)
+                expected.append(_blob_id(data))
+
+            present = self._hash_missing(workspace, scan, copy)
+            if copies:
+                stored = self._run(
+                    ["hash-object", "-w", "--no-filters", "--stdin-paths"],
+                    env=self._store_env(store),
+                    stdin=b"".join(path + b"\n" for path in copies),
+                ).stdout.decode()
+                if stored.split() != expected:
+                    raise CheckpointError(
+                        "checkpoint_git_failed", "git hash-object stored other blobs than read"
+                    )
+        return present
+
+    def _import_blobs(self, workspace: Workspace, store: Path, scan: _Scan) -> list[_Entry]:
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
                 [self.git, *SAFE_CONFIG, "fast-import", "--quiet", "--done"],
@@ -583,7 +618,10 @@ class GitCheckpointProvider:
             )
             assert proc.stdin is not None
             try:
-                present = self._hash_missing(workspace, scan, proc.stdin)
+                stream = proc.stdin
+                present = self._hash_missing(
+                    workspace, scan, lambda data: stream.write(b"blob\ndata %d\n" % len(data) + data + b"\n")
+                )
                 proc.stdin.write(b"done\n")
                 proc.stdin.close()
                 code = proc.wait()

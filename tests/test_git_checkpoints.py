@@ -757,3 +757,21 @@ def test_many_new_files_go_through_one_pack_and_round_trip(
     assert provider.verify(ws, checkpoint).verified and provider.diff(ws, checkpoint).unchanged
     restored = provider.materialize(ws, checkpoint, tmp_path / "restored")
     assert tree_files(restored) == {k: v for k, v in tree_files(root).items() if k != MARKER_NAME}
+
+
+@pytest.mark.parametrize("names", [[], ["a/x", "a.txt", "a-b", "a0", "a/b/c", "ab/d", "a.b/e"]])
+def test_tree_ids_agree_with_git_for_git_sort_order_and_an_empty_workspace(
+    names: list[str], provider: GitCheckpointProvider, tmp_path: Path
+) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    git(root, "init", "-q")
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    ws = Workspace.open(root)
+    checkpoint = provider.capture(ws, "s-1")  # mktree's ids must equal the computed ones
+    assert isinstance(checkpoint, Checkpoint) and checkpoint.file_count == len(names)
+    # The same files through git's own index give the same tree.
+    git(root, "add", "-A")
+    assert checkpoint.tree == git(root, "write-tree").strip()

@@ -775,3 +775,34 @@ def test_tree_ids_agree_with_git_for_git_sort_order_and_an_empty_workspace(
     # The same files through git's own index give the same tree.
     git(root, "add", "-A")
     assert checkpoint.tree == git(root, "write-tree").strip()
+
+
+def test_the_held_cache_lags_its_file_by_a_few_entries_at_most(repo: Workspace, tmp_path: Path) -> None:
+    from maka_core.checkpoints.git_carrier import CACHE_SLACK
+
+    worker = CountingReads(tmp_path / "state")
+    worker.reads = []
+    assert isinstance(worker.capture(repo, "s-1"), Checkpoint)
+    cache = worker.store(repo).parent / f"{repo.workspace_id}.stat-cache.json"
+    written = cache.stat().st_mtime_ns
+    (repo.root / "notes.txt").write_text("edited\n")
+    time.sleep(0.1)
+    worker.capture(repo, "s-1")
+    time.sleep(0.1)
+    worker.reads = []
+    worker.capture(repo, "s-1")
+    assert worker.reads == [] and cache.stat().st_mtime_ns == written  # held, not rewritten
+    other = CountingReads(tmp_path / "state")  # another process: reads the file
+    other.reads = []
+    assert isinstance(other.capture(repo, "s-1"), Checkpoint) and other.reads == [b"notes.txt"]
+    # More moved entries than the slack: the file is rewritten.
+    for i in range(CACHE_SLACK + 1):
+        (repo.root / f"new{i}.txt").write_text(str(i))
+    time.sleep(0.1)
+    worker.capture(repo, "s-1")
+    time.sleep(0.1)
+    worker.capture(repo, "s-1")
+    assert cache.stat().st_mtime_ns != written
+    third = CountingReads(tmp_path / "state")
+    third.reads = []
+    assert isinstance(third.capture(repo, "s-1"), Checkpoint) and third.reads == []

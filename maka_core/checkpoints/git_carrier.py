@@ -35,7 +35,9 @@ No index is used, not even a private one (``GIT_INDEX_FILE``): Git's index refre
 cache by re-reading a file through the repository's filters, so this cache is kept here instead,
 and tree ids are computed from the entries in Git's tree format, so only the trees on the path of
 a change are written (``mktree``, which refuses a tree naming a missing object and must agree with
-every computed id). Concurrent writers of the cache lose optimisations, never correctness: an
+every computed id). A provider holds the cache in memory and rewrites its file only once it differs
+by more than ``CACHE_SLACK`` entries (another process then re-reads at most that many files).
+Concurrent writers of the cache lose optimisations, never correctness: an
 entry is a stat observed together with the hash of the bytes read after it. Retention holds the
 store's lock alone and drops the cache, so nothing a capture reuses is collected under it.
 
@@ -89,6 +91,8 @@ REF_PREFIX: Final = "refs/maka/checkpoints/"
 GIT_TIMEOUT_S: Final = 300.0
 #: Up to this many new blobs are stored as loose objects, more through one fast-import pack.
 FEW_BLOBS: Final = 64
+#: How many entries the held stat cache may differ from its file before the file is rewritten.
+CACHE_SLACK: Final = 64
 #: A file modified this close to a scan may change again within the same timestamp tick.
 RACY_NS: Final = 50_000_000
 CACHE_VERSION: Final = 2
@@ -117,6 +121,18 @@ class _Scan:
     started_ns: int
     cache: dict[str, list[object]]
     trees: frozenset[str]  # trees the last capture left in the store
+    remembered: _Remembered | None = None
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    """The stat cache a provider holds: ``entries`` and ``trees`` now, ``on_disk`` the entries of
+    the file identified by ``file_key`` (inode, size, mtime)."""
+
+    file_key: tuple[int, int, int]
+    entries: dict[str, list[object]]
+    trees: frozenset[str]
+    on_disk: dict[str, list[object]]
 
 
 class _Ineligible(Exception):
@@ -180,7 +196,7 @@ class GitCheckpointProvider:
         self._store_env_base = base | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
         # The stat cache as this provider last read or wrote it, by file identity: a long-lived
         # worker does not parse its own cache again; another process's rewrite is a new file.
-        self._remembered: dict[str, tuple[tuple[int, int, int], dict[str, list[object]], frozenset[str]]] = {}
+        self._remembered: dict[str, _Remembered] = {}
 
     @classmethod
     def at_maka_home(cls, *, policy: CheckpointPolicy | None = None) -> GitCheckpointProvider:
@@ -328,7 +344,9 @@ class GitCheckpointProvider:
             paths.add(path)
         if len(paths) > self.policy.max_files:
             raise _Ineligible("workspace_too_large", f"{len(paths)} files, over {self.policy.max_files}")
-        cache, trees = self._load_cache(workspace)
+        remembered = self._load_cache(workspace)
+        cache = {} if remembered is None else remembered.entries
+        trees = frozenset() if remembered is None else remembered.trees
         entries: list[_Entry] = []
         total = 0
         root_fd = os.open(workspace.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -360,7 +378,7 @@ class GitCheckpointProvider:
             ):
                 entry.blob = hit[6]
             entries.append(entry)
-        return _Scan(entries, started_ns, cache, trees)
+        return _Scan(entries, started_ns, cache, trees, remembered)
 
     def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
         """The entry's bytes now (None: it vanished or changed kind); refreshes its stat key."""
@@ -415,26 +433,28 @@ class GitCheckpointProvider:
     def _cache_path(self, workspace: Workspace) -> Path:
         return self.state_dir / "git" / f"{workspace.workspace_id}.stat-cache.json"
 
-    def _load_cache(self, workspace: Workspace) -> tuple[dict[str, list[object]], frozenset[str]]:
+    def _load_cache(self, workspace: Workspace) -> _Remembered | None:
+        """The stat cache: as this provider holds it while the file is the one it last read or
+        wrote, else as the file says."""
         path = self._cache_path(workspace)
         try:
             with path.open("rb") as fh:
                 st = os.fstat(fh.fileno())
                 file_key = (st.st_ino, st.st_size, st.st_mtime_ns)
                 remembered = self._remembered.get(str(path))
-                if remembered is not None and remembered[0] == file_key:
-                    return remembered[1], remembered[2]  # the file this provider last read or wrote
+                if remembered is not None and remembered.file_key == file_key:
+                    return remembered
                 value = json.loads(fh.read())
         except (OSError, ValueError):
-            return {}, frozenset()
+            return None
         if not isinstance(value, dict) or value.get("version") != CACHE_VERSION:
-            return {}, frozenset()
+            return None
         entries, trees = value.get("entries"), value.get("trees")
         if not isinstance(entries, dict) or not isinstance(trees, list):
-            return {}, frozenset()
+            return None
         known = frozenset(t for t in trees if isinstance(t, str))
-        self._remembered[str(path)] = (file_key, entries, known)
-        return entries, known
+        loaded = self._remembered[str(path)] = _Remembered(file_key, entries, known, entries)
+        return loaded
 
     def _save_cache(
         self, workspace: Workspace, entries: list[_Entry], scan: _Scan, trees: frozenset[str]
@@ -448,15 +468,26 @@ class GitCheckpointProvider:
         }
         if fresh == scan.cache and trees == scan.trees:
             return
-        value = {"version": CACHE_VERSION, "entries": fresh, "trees": sorted(trees)}
         path = self._cache_path(workspace)
+        held = scan.remembered
+        if held is not None and self._remembered.get(str(path)) is held:
+            on_disk = held.on_disk
+            drift = sum(on_disk.get(k) != v for k, v in fresh.items()) + sum(k not in fresh for k in on_disk)
+            if drift <= CACHE_SLACK:
+                # A few entries moved: held here, the file lags by at most CACHE_SLACK re-reads
+                # for another process (rewriting 10,000 entries costs more than a capture's rest).
+                self._remembered[str(path)] = _Remembered(held.file_key, fresh, trees, on_disk)
+                return
+        value = {"version": CACHE_VERSION, "entries": fresh, "trees": sorted(trees)}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
             tmp.write_text(json.dumps(value, separators=(",", ":")), "utf-8")
             st = tmp.stat()
             os.replace(tmp, path)
-            self._remembered[str(path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), fresh, trees)
+            self._remembered[str(path)] = _Remembered(
+                (st.st_ino, st.st_size, st.st_mtime_ns), fresh, trees, fresh
+            )
         except OSError:
             with contextlib.suppress(OSError):
                 tmp.unlink()  # a cache that cannot be saved only costs hashing next time
@@ -524,7 +555,8 @@ class GitCheckpointProvider:
             self._cache_path(workspace).unlink(missing_ok=True)
             for entry in scan.entries:
                 entry.blob = None
-            scan.cache, scan.trees = {}, frozenset()
+            scan.cache, scan.trees, scan.remembered = {}, frozenset(), None
+            self._remembered.clear()
             present, tree = self._write_tree(workspace, store, scan)
         failpoints.hit("checkpoint_capture_after_objects")
         byte_count = sum(e.key[0] for e in present)

@@ -356,10 +356,9 @@ def plan_compaction(
     trigger: Trigger,
     estimate: int,
     budget: int | None,
-    overhead: int = 0,
 ) -> CompactionPlan | None:
-    """The compaction that brings the tail to ``target`` tokens (``overhead``: the tools and
-    system prompt), cutting as early as that allows; ``None`` when no cut covers anything new (all
+    """The compaction that brings the tail's history to ``target`` tokens, cutting as early as
+    that allows; ``None`` when no cut covers anything new (all
     that is left is pinned, one call pair, or the last event). The tail always keeps the last event."""
     if any(
         CompactionFact.of(e) is not None and e.refs is not None and e.refs.step_id == step_id for e in events
@@ -370,7 +369,7 @@ def plan_compaction(
     cuts = safe_cuts(history, view.covered, stop)
     if not cuts:
         return None
-    cut = next((c for c in cuts if overhead + estimate_tokens(history[c:]) <= target), cuts[-1])
+    cut = next((c for c in cuts if estimate_tokens(history[c:]) <= target), cuts[-1])
     covered = history[:cut]
     positions = {e.id: i + 1 for i, e in enumerate(events)}
     last = covered[-1]

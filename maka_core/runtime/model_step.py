@@ -204,17 +204,18 @@ def _plan(
     estimate = overhead + compaction.estimate_tokens(found.sent)
     if overflow is None and (budget is None or estimate <= budget):
         return None
-    limit = min(x for x in (budget, overflow if overflow is not None else estimate) if x is not None)
+    limit = min(x for x in (budget, overflow) if x is not None) if overflow is not None else budget
+    assert limit is not None
     return compaction.plan_compaction(
         ids,
         step_id,
         events,
         found,
-        target=int(limit * compaction.TAIL_SHARE),
+        # The tail keeps a share of what the tools and system prompt leave of the limit.
+        target=int(max(limit - overhead, 0) * compaction.TAIL_SHARE),
         trigger="budget" if overflow is None else "context_length_exceeded",
         estimate=estimate,
         budget=budget,
-        overhead=overhead,
     )
 
 
@@ -307,7 +308,9 @@ async def model_step(
         if exc.code != "provider_context_length_exceeded" or compacted:
             raise
         # Past the vendor's window: compact once, then send the shorter history.
-        sent = compaction.estimate_tokens(history)
+        sent = compaction.estimate_tokens(
+            history, tools, getattr(parse_provider_spec(inp.provider), "system", None)
+        )
         again = await rt.on_ledger(
             lambda: _lookup(rt, ids, step_id, needs_history, inp.provider, overflow=sent), attempt=attempt
         )

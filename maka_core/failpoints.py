@@ -66,7 +66,17 @@ CONTINUATION: Final[dict[str, str]] = {
     "after_terminal_header_committed": "continuation_already_exists",
 }
 
-CATALOG: Final[frozenset[str]] = frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION)
+#: A compaction's crash points (``runtime.model_step._compact``), in order: before the summarizing
+#: call, after its answer and before the fact commits, after the commit and before the step's call.
+COMPACTION: Final[dict[str, str]] = {
+    "compaction_started": "compaction planned, summarizing call not made",
+    "compaction_answered": "summary answered, compaction fact not committed",
+    "compaction_committed": "compaction fact committed, the step's own call not made",
+}
+
+CATALOG: Final[frozenset[str]] = (
+    frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION) | frozenset(COMPACTION)
+)
 
 _name = os.environ.get("MAKA_FAILPOINT") or None
 _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None

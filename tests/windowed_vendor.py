@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,8 +40,10 @@ def _usage(tokens: int, anthropic: bool) -> dict[str, int]:
 
 
 class WindowedVendor:
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, delay: float = 0.0) -> None:
         self.window = window
+        #: Seconds each answer takes (a turn that runs long enough to be watched).
+        self.delay = delay
         self.requests: list[Seen] = []
         self.summaries = 0
         self.overflows = 0
@@ -53,6 +56,7 @@ class WindowedVendor:
                 with server._lock:
                     server.requests.append(Seen(self.path, body))
                     status, reply = server.answer(self.path.endswith("/messages"), body)
+                time.sleep(server.delay)
                 data = json.dumps(reply).encode()
                 try:
                     self.send_response(status)

@@ -382,3 +382,49 @@ def test_the_planner_decides_the_same_with_and_without_compaction_facts(
         assert (replay.block, replay.items, replay.replay_events) == (
             replay_bare.block, replay_bare.items, replay_bare.replay_events,
         )  # fmt: skip
+
+
+def test_the_audit_check_catches_a_compaction_fact_the_ledger_does_not_bear_out(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+) -> None:
+    """Each fact is re-derived from the events before it; a fact naming another prefix (a digest, a
+    range, a high-water that is not the history's, or a cut inside a call pair) is reported."""
+    spec = _spec("openai")
+
+    async def go() -> None:
+        for n in range(20):
+            await _turn(rt, ws, n, spec)
+
+    asyncio.run(go())
+    events = rt.ledger.events(session_id=SESSION)
+    assert compaction.check_compactions(events) == []
+    at = next(i for i, e in enumerate(events) if compaction.CompactionFact.of(e) is not None)
+    fact = events[at]
+    delta = dict(fact.actions.state_delta[compaction.COMPACTION_KEY])  # type: ignore[index,union-attr]
+    history = compaction.history_view(events[:at]).history
+    end = next(i for i, e in enumerate(history) if e.id == delta["lastEventId"])
+    inside_pair = next(
+        i
+        for i in range(end - 1, 0, -1)
+        if history[i].content is not None and history[i].content.kind == "function_call"
+    )
+    tampered = {
+        "coveredDigest": {"coveredDigest": "sha256:" + "0" * 64},
+        "highWater": {"highWater": delta["highWater"] + 1},
+        "range": {"lastEventId": history[end - 4].id},
+        "pair": {
+            "lastEventId": history[inside_pair].id,
+            "coveredEvents": inside_pair + 1,
+            "coveredDigest": compaction.covered_digest(history[: inside_pair + 1]),
+        },
+    }
+    for what, change in tampered.items():
+        bad = fact.model_copy(
+            update={
+                "actions": fact.actions.model_copy(  # type: ignore[union-attr]
+                    update={"state_delta": {compaction.COMPACTION_KEY: {**delta, **change}}}
+                )
+            }
+        )
+        problems = compaction.check_compactions([*events[:at], bad, *events[at + 1 :]])
+        assert [p for p, _ in problems][:1] == [fact.id], (what, problems)

@@ -36,6 +36,7 @@ from maka_core.runtime import compaction
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers.session_client import send_message, start_session, wait_settled
 from maka_temporal.workers.worker import default_runtime, serve
+from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import REPO, WorkerProcess
 from tests.temporal_support import run_maka as maka
 from tests.windowed_vendor import WindowedVendor
@@ -113,11 +114,19 @@ async def test_a_long_session_compacts_and_its_transcript_export_and_audit_hold(
     with WorkerProcess(temporal_server, db, queue, home=home, extra_env=_vendor_env(vendor)) as worker:
         worker.wait_ready()
         session_id, accepted = await start_session(
-            temporal_client, workspace=ws_dir, provider=SPEC, task_queue=queue, message="turn 0"
+            temporal_client,
+            workspace=ws_dir,
+            provider=SPEC,
+            task_queue=queue,
+            message="turn 0",
+            continue_as_new_after=50,  # four executions: the summaries live in the ledger, not in one
         )
         status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120, progress=False)
         assert status.state == "idle", status
         await _turns(temporal_client, session_id, 1, LONG_TURNS - 1)
+        executions = [
+            e async for e in temporal_client.list_workflows(f"WorkflowId = '{workflow_id_for(session_id)}'")
+        ]
         elapsed = time.monotonic() - began
         env = _cli_env(temporal_server, home, queue)
         audited = maka("audit", session_id, "--json", env=env)
@@ -131,6 +140,7 @@ async def test_a_long_session_compacts_and_its_transcript_export_and_audit_hold(
         f"{LONG_TURNS} turns in {elapsed:.0f} s ({elapsed / LONG_TURNS * 1000:.0f} ms a turn), {len(events)} "
         f"events, history ~{whole} tokens for a {WINDOW}-token window, {len(facts)} compactions"
     )
+    assert len(executions) >= 4, len(executions)
     assert whole > 5 * WINDOW, whole
     assert len(facts) >= 10 and vendor.summaries == len(facts) and vendor.overflows == 0
     assert all(vendor.tokens(r.body) <= WINDOW for r in vendor.requests)
@@ -385,3 +395,43 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
         assert quiet.stdout == maka("session", "show", session_id, env=env).stdout
         missing = maka("session", "show", "no-such-session", "--follow", env=env)
         assert missing.returncode != 0 and "session_not_found" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+async def test_a_committed_compaction_survives_a_lost_execution_and_its_continuation(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, ws_dir: Path, vendor: WindowedVendor
+) -> None:
+    """Killed right after the fact commits, the execution terminated: ``maka resume`` continues the
+    run in a new execution, whose steps send the committed summary (no second one)."""
+    home, queue = tmp_path / "home", f"lost-{tmp_path.name}"
+    db = home / "ledger.sqlite"
+    env = _vendor_env(vendor)
+    cli = {**_cli_env(temporal_server, home, queue), **env}
+    with WorkerProcess(
+        temporal_server, db, queue, home=home, failpoint="compaction_committed", extra_env=env
+    ) as first:
+        first.wait_ready()
+        session_id, accepted = await start_session(
+            temporal_client, workspace=ws_dir, provider=SPEC, task_queue=queue, message="turn 0"
+        )
+        await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120, progress=False)
+        killed = await _until_killed(temporal_client, first, session_id, 1)
+    await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("execution lost")
+    with WorkerProcess(temporal_server, db, queue, home=home, extra_env=env) as second:
+        second.wait_ready()
+        resumed = maka("resume", session_id, "--wait", "--json", env=cli)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        out = json.loads(resumed.stdout)
+        assert (out["decision"], out["state"]) == ("continue", "idle"), out
+        await _turns(temporal_client, session_id, killed + 1, 2)
+        audited = maka("audit", session_id, "--json", env=cli)
+    events = _events(db, session_id)
+    facts = _facts(events)
+    assert vendor.summaries == len(facts), (vendor.summaries, len(facts))
+    first_step = f"{out['continuationRunId']}:0"
+    sent = compaction.step_request(events, first_step)
+    assert sent is not None and sent[0].id == facts[0].event_id  # the summary, committed before the loss
+    assert compaction.check_compactions(events) == []
+    assert [r.body["messages"] for r in vendor.requests] == _rebuilt(events)
+    assert audited.returncode == 0 and json.loads(audited.stdout)["ok"] is True, audited.stdout

@@ -428,3 +428,16 @@ def test_the_audit_check_catches_a_compaction_fact_the_ledger_does_not_bear_out(
         )
         problems = compaction.check_compactions([*events[:at], bad, *events[at + 1 :]])
         assert [p for p, _ in problems][:1] == [fact.id], (what, problems)
+
+
+def test_the_summarizer_reads_at_most_a_bounded_slice_of_one_huge_event() -> None:
+    """A tool result larger than the window is elided in the middle, so the compaction's own
+    request still fits; the tail, never rewritten, keeps what it keeps."""
+    big = "x" * 50_000
+    events = [
+        lf.user("turn 1", id="u1"),
+        *lf.t1("c1", "read_file", {"path": "big"}),
+        lf.response("c1", "read_file", {"kind": "text", "text": big}),
+    ]
+    text = compaction.transcript(compaction.history_view(events).history)
+    assert "characters elided" in text and len(text) < 2 * compaction.MAX_TRANSCRIPT_EVENT

@@ -53,6 +53,10 @@ TAIL_SHARE: Final[float] = 0.5
 #: tokenizers average about 4 bytes a token on English and code; 3 over-counts on purpose).
 BYTES_PER_TOKEN: Final[int] = 3
 
+#: The most characters of one event the summarizer reads (the middle of a longer one is elided):
+#: a huge tool result must not make the compaction's own request overflow the window.
+MAX_TRANSCRIPT_EVENT: Final[int] = 4000
+
 INSTRUCTION: Final[str] = (
     "You are compacting the history of a long agent session so that it fits the model's context "
     "window. Write a concise summary of the conversation below for the agent that continues it: "
@@ -196,7 +200,8 @@ def summary_event(fact_event: RuntimeEvent, fact: CompactionFact) -> RuntimeEven
 
 def transcript(events: Sequence[RuntimeEvent]) -> str:
     """The covered history as the summarizer reads it: one block per event, plain text (no tool
-    blocks, so the request needs no tool definitions on any vendor)."""
+    blocks, so the request needs no tool definitions on any vendor), each at most
+    ``MAX_TRANSCRIPT_EVENT`` characters."""
     lines: list[str] = []
     for event in events:
         content = event.content
@@ -211,7 +216,14 @@ def transcript(events: Sequence[RuntimeEvent]) -> str:
             lines.append(
                 f"tool {content.name} [{content.id}] {what}: {result_text(content, prefix_errors=False)}"
             )
-    return "\n".join(lines)
+    return "\n".join(_clip(line) for line in lines)
+
+
+def _clip(line: str) -> str:
+    if len(line) <= MAX_TRANSCRIPT_EVENT:
+        return line
+    keep = MAX_TRANSCRIPT_EVENT // 2
+    return f"{line[:keep]} [... {len(line) - 2 * keep} characters elided ...] {line[-keep:]}"
 
 
 def compaction_request(

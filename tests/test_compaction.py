@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from maka_core.errors import MakaError
+from maka_core.errors import ConfigError, MakaError
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.provider_replay import replay_segment
 from maka_core.ledger.resume_plan import plan_resume
 from maka_core.providers.anthropic_messages import history_to_messages as anthropic_messages
 from maka_core.providers.openai_compat import history_to_messages as openai_messages
-from maka_core.providers.spec import context_budget, parse_provider_spec
+from maka_core.providers.spec import context_budget, model_spec, parse_provider_spec
 from maka_core.runtime import compaction, model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
 from maka_core.runtime.runtime import Attempt, Runtime
@@ -153,6 +153,14 @@ def test_the_budget_is_the_window_less_a_reserve_with_defaults_per_known_model()
     assert context_budget(parse_provider_spec({"kind": "openai", "model": "gpt-4o-mini"})) == 102_400
     assert context_budget(parse_provider_spec({"kind": "openai", "model": "my-local-llama"})) is None
     assert context_budget(parse_provider_spec({"kind": "script", "steps": []})) is None
+    # What --context-window / --context-reserve record, and what they refuse.
+    assert model_spec("openai:m", context_window=9000, context_reserve=1000).to_json() == {
+        "kind": "openai", "model": "m", "contextWindow": 9000, "contextReserve": 1000,
+    }  # fmt: skip
+    for window, reserve in ((0, None), (9000, 9000), (None, -1)):
+        with pytest.raises(ConfigError) as info:
+            model_spec("anthropic:claude-x", context_window=window, context_reserve=reserve)
+        assert info.value.code == "config_invalid", (window, reserve)
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])

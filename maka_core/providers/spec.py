@@ -236,6 +236,13 @@ def model_spec(
         raise ConfigError(
             "config_invalid", "anthropic models take no --temperature", setting="temperature", kind=kind
         )
+    if context_window is not None and context_reserve is not None and context_reserve >= context_window:
+        raise ConfigError(
+            "config_invalid",
+            f"--context-reserve {context_reserve} leaves nothing of --context-window {context_window}",
+            setting="context_reserve",
+            kind=kind,
+        )
     given = {
         "system": system,
         "temperature": temperature,

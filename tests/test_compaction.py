@@ -8,8 +8,11 @@ against a local server with a small window (``tests/windowed_vendor.py``), real 
 - A model whose window is unknown to maka (no budget): the vendor's context-length 400 compacts
   once and the step succeeds; negative control: the same step with compaction off fails with
   ``provider_context_length_exceeded``, as every step did before.
-- A retried step reuses the committed summary (one summarizing call); negative control: a step
-  that regenerates instead sends a summary the ledger does not hold.
+- A retried step reuses the committed summary (no second summarizing call) and sends what the
+  ledger says; negative control: a step that does not see the committed fact (its ledger read
+  drops it) asks the model for a second summary of the same history.
+- ``maka audit``'s check re-derives each fact; a tampered one (digest, range, high-water, a cut
+  inside a call pair) is reported.
 - An unsettled call and a park stay verbatim in the tail; a cut never splits a call pair.
 """
 

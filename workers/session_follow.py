@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.facts import codec
@@ -38,29 +39,33 @@ def follow(
         MakaError: ``session_not_found`` when the ledger holds no event of the session (yet: a
             session whose first turn has not begun has nothing to follow); ``open_ledger``'s codes.
     """
-    shown_events = shown_lines = 0
+    events: list[Any] = []
+    cursor = shown_lines = 0
     footer: str | None = None
     with open_ledger(target, create=False) as store:
         while True:
             # The header first: a run seen settled has committed all its events before that read.
             runs = store.list_runs(session_id=session_id)
             settled = not runs or runs[-1].status != "running"
-            events = store.events(session_id=session_id)
-            if not events:
+            # Only what committed since the last read (``ledger_seq`` grows in commit order).
+            new = store.events_since(session_id, cursor)
+            if not events and not new:
                 raise MakaError(
                     "session_not_found", f"no events for session {session_id}", sessionId=session_id
                 )
-            if as_json:
-                for event in events[shown_events:]:
-                    write(codec.encode(event))
-                shown_events = len(events)
-            else:
-                lines = transcript_lines(events)
-                # The session's usage line sums every turn: printed once, at the end.
-                footer = lines.pop() if lines and lines[-1].startswith(_FOOTER) else None
-                for line in lines[shown_lines:]:
-                    write(line)
-                shown_lines = len(lines)
+            if new:
+                cursor = new[-1][0]
+                events.extend(event for _, event in new)
+                if as_json:
+                    for _, event in new:
+                        write(codec.encode(event))
+                else:
+                    lines = transcript_lines(events)
+                    # The session's usage line sums every turn: printed once, at the end.
+                    footer = lines.pop() if lines and lines[-1].startswith(_FOOTER) else None
+                    for line in lines[shown_lines:]:
+                        write(line)
+                    shown_lines = len(lines)
             if settled:
                 break
             time.sleep(poll_s)

@@ -236,6 +236,7 @@ async def _compact(
     rt.record_provider_call(compaction.compaction_id(step_id))
     answer = provider.complete([plan.request], [], step_index=step_index)
     output = await rt.heartbeating(answer, attempt)
+    _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
     summary = (output.text or "").strip()
     if not summary or output.tool_calls:
         raise ProviderError(

@@ -76,8 +76,20 @@ CHECKPOINT: Final[dict[str, str]] = {
     "guarded_replace_after_exchange": "names exchanged, not checked: the next call checks, keeps or undoes",
 }
 
+#: A compaction's crash points (``runtime.model_step._compact``), in order: before the summarizing
+#: call, after its answer and before the fact commits, after the commit and before the step's call.
+COMPACTION: Final[dict[str, str]] = {
+    "compaction_started": "compaction planned, summarizing call not made",
+    "compaction_answered": "summary answered, compaction fact not committed",
+    "compaction_committed": "compaction fact committed, the step's own call not made",
+}
+
 CATALOG: Final[frozenset[str]] = (
-    frozenset(PHASE0) | frozenset(STORE) | frozenset(CONTINUATION) | frozenset(CHECKPOINT)
+    frozenset(PHASE0)
+    | frozenset(STORE)
+    | frozenset(CONTINUATION)
+    | frozenset(CHECKPOINT)
+    | frozenset(COMPACTION)
 )
 
 _name = os.environ.get("MAKA_FAILPOINT") or None

@@ -131,6 +131,8 @@ def _provider_spec(
     temperature: float | None = None,
     max_tokens: int | None = None,
     step_timeout: float | None = None,
+    context_window: int | None = None,
+    context_reserve: int | None = None,
 ) -> ScriptSpec | OpenAISpec | AnthropicSpec:
     from maka_core.providers.scripted import ScriptedProvider
     from maka_core.providers.spec import ScriptSpec, model_spec
@@ -140,7 +142,13 @@ def _provider_spec(
     if script is not None:
         given = [
             f
-            for f, v in (("--system", system), ("--temperature", temperature), ("--max-tokens", max_tokens))
+            for f, v in (
+                ("--system", system),
+                ("--temperature", temperature),
+                ("--max-tokens", max_tokens),
+                ("--context-window", context_window),
+                ("--context-reserve", context_reserve),
+            )
             if v is not None
         ]
         if given:
@@ -158,7 +166,13 @@ def _provider_spec(
         raise ConfigError("config_invalid", "give --script FILE or --model PROVIDER:NAME")
     # The provider's HTTP timeout follows the step's own, so a long call is not cut short below it.
     return model_spec(
-        model, system=system, temperature=temperature, max_tokens=max_tokens, timeout_seconds=step_timeout
+        model,
+        system=system,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        timeout_seconds=step_timeout,
+        context_window=context_window,
+        context_reserve=context_reserve,
     )
 
 
@@ -235,6 +249,21 @@ def _workspace(path: Path, s: MakaSettings) -> Path:
     "--max-tokens", type=int, default=None, metavar="N", help="bound on each model step's output tokens"
 )
 @click.option(
+    "--context-window",
+    type=int,
+    default=None,
+    metavar="TOKENS",
+    help="the model's context window (default: the known model's); past it less the reserve, the "
+    "history is compacted first",
+)
+@click.option(
+    "--context-reserve",
+    type=int,
+    default=None,
+    metavar="TOKENS",
+    help="tokens kept free below the window (default: a fifth of it, or --max-tokens if larger)",
+)
+@click.option(
     "--step-timeout",
     type=float,
     default=DEFAULT_STEP_TIMEOUT_S,
@@ -270,6 +299,8 @@ def cmd_start(
     system: str | None,
     temperature: float | None,
     max_tokens: int | None,
+    context_window: int | None,
+    context_reserve: int | None,
     step_timeout: float,
     host: str | None,
     wait: bool,
@@ -296,6 +327,8 @@ def cmd_start(
         temperature=temperature,
         max_tokens=max_tokens,
         step_timeout=step_timeout if step_timeout != DEFAULT_STEP_TIMEOUT_S else None,
+        context_window=context_window,
+        context_reserve=context_reserve,
     )
     new_session_config(  # every setting checked before anything is written
         provider,
@@ -639,11 +672,23 @@ def _printable(text: str) -> str:
 @db_option
 @click.argument("session_id", metavar="SESSION")
 @json_option("the events as JSON lines")
-def cmd_show(db: str | None, session_id: str, as_json: bool) -> None:
+@click.option(
+    "--follow", is_flag=True, help="print facts as they commit, until the session's current turn settles"
+)
+def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> None:
     """The transcript, from the ledger."""
     from maka_core.facts import codec
     from maka_core.runtime.session_view import transcript_lines
 
+    if follow:
+        from maka_temporal.workers.session_follow import follow as follow_ledger
+
+        def write(line: str) -> None:
+            sys.stdout.write((line if as_json else _printable(line)) + "\n")
+            sys.stdout.flush()
+
+        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write)
+        return
     events = session_events(settings(db=db).ledger, session_id)
     if as_json:
         for event in events:

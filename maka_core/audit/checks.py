@@ -15,6 +15,7 @@ from maka_core.audit.model import Execution
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import header_status_for
 from maka_core.ledger.scanner import OperationFacts
+from maka_core.runtime.compaction import check_compactions
 from maka_core.runtime.contracts import EXECUTE_TOOL, FINISH_RUN, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 from maka_core.store.rows import prefix_digest
@@ -381,6 +382,7 @@ def check_ledger(ix: AuditIndex) -> Iterator[Finding]:
     for problem in ix.ledger.verify_problems[:MAX_LEDGER_FINDINGS]:
         yield Finding("ledger_verify", problem)
     yield from _after_terminal(ix)
+    yield from _compactions(ix)
     seen = 0
     for issue in ix.resolution.issues:
         if seen < MAX_LEDGER_FINDINGS:
@@ -396,6 +398,18 @@ def check_ledger(ix: AuditIndex) -> Iterator[Finding]:
                 "ledger_corruption", f"operation {op.operation_id}: {op.reason}", operation_id=op.operation_id
             )
             seen += 1
+
+
+def _compactions(ix: AuditIndex) -> Iterator[Finding]:
+    """Each compaction fact, re-derived from the session's events before it (``compaction``): what
+    a step sent the model is recomputable from the ledger alone only if these hold."""
+    by_session: dict[str, list[RuntimeEvent]] = {}
+    for event in ix.ledger.events:
+        by_session.setdefault(event.session_id, []).append(event)
+    for events in by_session.values():
+        runs = {e.id: e.run_id for e in events}
+        for event_id, problem in check_compactions(events)[:MAX_LEDGER_FINDINGS]:
+            yield Finding("compaction_mismatch", f"{event_id}: {problem}", run_id=runs.get(event_id))
 
 
 def _after_terminal(ix: AuditIndex) -> Iterator[Finding]:

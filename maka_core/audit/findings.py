@@ -47,6 +47,7 @@ CheckId = Literal[
     "ledger_verify",
     "ledger_corruption",
     "event_after_terminal",
+    "compaction_mismatch",
     # 7. what cannot be seen
     "history_unavailable",
     "run_repaired",
@@ -95,6 +96,10 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     "ledger_verify": ("drift", "the ledger's projections do not rebuild equal (maka ledger verify)"),
     "ledger_corruption": ("drift", "the Resolver finds corruption in the ledger"),
     "event_after_terminal": ("drift", "a run has events after its terminal fact (nothing may follow it)"),
+    "compaction_mismatch": (
+        "drift",
+        "a compaction fact's covered range or digest is not what the ledger before it holds",
+    ),
     "history_unavailable": ("notice", "an execution's history is gone: only the ledger was audited"),
     "run_repaired": ("notice", "a run's terminal fact was written by startup repair, not finish_run"),
 }

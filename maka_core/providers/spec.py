@@ -79,6 +79,12 @@ class OpenAISpec(_Spec):
     #: The bound on a step's output tokens, sent as ``max_completion_tokens``; absent: none sent.
     max_tokens: int | None = Field(default=None, gt=0)
     timeout_seconds: int | float | None = Field(default=None, gt=0)
+    #: The model's context window in tokens (``--context-window``); absent: the known model's
+    #: (``KNOWN_CONTEXT_WINDOWS``), else unknown (compaction only on the vendor's context-length error).
+    context_window: int | None = Field(default=None, gt=0)
+    #: Tokens kept free below the window (``--context-reserve``): the step's output and the
+    #: estimate's error. Absent: a fifth of the window, or the step's max tokens if larger.
+    context_reserve: int | None = Field(default=None, ge=0)
     #: Kept only so specs recorded before the environment became the one source keep decoding
     #: (and keep their endpoint); nothing in maka writes it, and a new spec should not.
     base_url: str | None = None
@@ -94,6 +100,12 @@ class AnthropicSpec(_Spec):
     #: The Messages API requires a bound on output tokens (``DEFAULT_MAX_TOKENS`` when absent).
     max_tokens: int | None = Field(default=None, gt=0)
     timeout_seconds: int | float | None = Field(default=None, gt=0)
+    #: The model's context window in tokens (``--context-window``); absent: the known model's
+    #: (``KNOWN_CONTEXT_WINDOWS``), else unknown (compaction only on the vendor's context-length error).
+    context_window: int | None = Field(default=None, gt=0)
+    #: Tokens kept free below the window (``--context-reserve``): the step's output and the
+    #: estimate's error. Absent: a fifth of the window, or the step's max tokens if larger.
+    context_reserve: int | None = Field(default=None, ge=0)
 
 
 ProviderSpec = Annotated[ScriptSpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
@@ -112,6 +124,43 @@ class UnrecognizedSpec(RootModel[dict[str, Any]]):
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.root)
+
+
+#: Context windows (tokens) of known models, by name prefix, longest prefix first: the default of
+#: a spec's ``contextWindow``. A model not listed has none (its vendor's context-length error is
+#: the only trigger of compaction).
+KNOWN_CONTEXT_WINDOWS: Final[tuple[tuple[str, int], ...]] = (
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4o", 128_000),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-5", 400_000),
+    ("gpt-3.5-turbo", 16_385),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4-mini", 200_000),
+    ("claude-", 200_000),
+)
+
+
+def context_window(spec: ScriptSpec | OpenAISpec | AnthropicSpec) -> int | None:
+    """The spec's context window in tokens: its own, else the known model's, else ``None``."""
+    if isinstance(spec, ScriptSpec):
+        return None
+    if spec.context_window is not None:
+        return spec.context_window
+    return next((size for prefix, size in KNOWN_CONTEXT_WINDOWS if spec.model.startswith(prefix)), None)
+
+
+def context_budget(spec: ScriptSpec | OpenAISpec | AnthropicSpec) -> int | None:
+    """The most tokens a step may send before the runtime compacts the history first: the window
+    minus the reserve (``None``: the window is unknown, or the spec is a script)."""
+    window = context_window(spec)
+    if window is None or isinstance(spec, ScriptSpec):
+        return None
+    reserve = spec.context_reserve
+    if reserve is None:
+        reserve = max(window // 5, spec.max_tokens or 0)
+    return max(window - reserve, 1)
 
 
 #: What a workflow or activity input holds: a spec, or (histories only) an unrecognized object.
@@ -163,10 +212,12 @@ def model_spec(
     temperature: float | None = None,
     max_tokens: int | None = None,
     timeout_seconds: float | None = None,
+    context_window: int | None = None,
+    context_reserve: int | None = None,
 ) -> OpenAISpec | AnthropicSpec:
     """The spec of ``--model PROVIDER:NAME`` (``openai:gpt-4.1-mini``, ``anthropic:claude-sonnet-4-5``)
-    with the model's parameters (``--system``, ``--temperature`` (openai only), ``--max-tokens``;
-    the HTTP timeout of ``--step-timeout``).
+    with the model's parameters (``--system``, ``--temperature`` (openai only), ``--max-tokens``,
+    ``--context-window``, ``--context-reserve``; the HTTP timeout of ``--step-timeout``).
 
     A bare name (no known ``PROVIDER:`` prefix) stays ``openai``, as ``--model`` always meant.
 
@@ -185,7 +236,20 @@ def model_spec(
         raise ConfigError(
             "config_invalid", "anthropic models take no --temperature", setting="temperature", kind=kind
         )
-    given = {"system": system, "temperature": temperature, "max_tokens": max_tokens}
+    if context_window is not None and context_reserve is not None and context_reserve >= context_window:
+        raise ConfigError(
+            "config_invalid",
+            f"--context-reserve {context_reserve} leaves nothing of --context-window {context_window}",
+            setting="context_reserve",
+            kind=kind,
+        )
+    given = {
+        "system": system,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "context_window": context_window,
+        "context_reserve": context_reserve,
+    }
     params: dict[str, Any] = {"model": name, "timeout_seconds": timeout_seconds}
     params.update({k: v for k, v in given.items() if v is not None})
     try:

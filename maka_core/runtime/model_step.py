@@ -7,6 +7,11 @@ comes from the ledger (``legal_replay``), never from workflow state; the result 
 The step's token usage commits with its output; a policy's token caps are checked from that
 committed usage before the provider is called (``check_usage``), never during a call.
 
+Before the call, a history past the step's budget is compacted (``compaction``): the model, offered
+no tools, summarizes the oldest part, and the summary commits as a fact (``<stepId>:compaction``)
+before the step sends it; a vendor's ``provider_context_length_exceeded`` compacts once the same
+way instead of failing the step. A retried step reuses the committed summary.
+
 A step runs in its own activity (a local one by default) or, in ``with_tool`` mode, in the tool
 activity of the previous step's last call (``execute_tool_then_step``), after that call's T2: the
 same function, so the same idempotence, with the tool attempt heartbeated while the provider answers.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Any
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection, UsageLimitReached
@@ -25,11 +31,10 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.usage import step_tokens
 from maka_core.governance.policy_file import UsageLimits
-from maka_core.ledger.resume_plan import legal_replay
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
-from maka_core.providers.spec import parse_provider_spec
-from maka_core.runtime import builders, governed, tool_call
+from maka_core.providers.spec import context_budget, parse_provider_spec
+from maka_core.runtime import builders, compaction, governed, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -38,7 +43,6 @@ from maka_core.runtime.contracts import (
     ToolInput,
     ToolOutcome,
 )
-from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Attempt, Runtime
 
 log = logging.getLogger(__name__)
@@ -145,8 +149,9 @@ def check_usage(limits: UsageLimits | None, events: list[RuntimeEvent], ids: Run
 
 
 #: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
-#: session-wide step index, and the provider history (empty when the provider does not read it).
-Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent]]
+#: session-wide step index, the provider history (empty when the provider does not read it), and
+#: the compaction to run first (``None``: the history fits its budget, or cannot be compacted).
+Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent], "compaction.CompactionPlan | None"]
 
 
 def _needs_history(provider: Provider) -> bool:
@@ -155,20 +160,119 @@ def _needs_history(provider: Provider) -> bool:
     return not isinstance(provider, ScriptedProvider) or provider.refers_to_results
 
 
-def _lookup(rt: Runtime, ids: RunIds, step_id: str, needs_history: bool) -> Found:
-    """On the ledger thread: the step's committed output, step index and history."""
+def _lookup(
+    rt: Runtime, ids: RunIds, step_id: str, needs_history: bool, spec: Any, overflow: int | None = None
+) -> Found:
+    """On the ledger thread: the step's committed output, step index, history, and the compaction
+    it needs first. ``overflow``: the vendor refused a request of about this many tokens as past
+    its window (the compaction then aims at half of it, or of the budget if smaller)."""
     view = rt.ledger.view()
     committed = view.step_events(step_id)
     history: list[RuntimeEvent] = []
+    plan = None
     limits = rt.session_governance(ids.session_id).policy.usage if not committed else None
     if (needs_history or limits is not None) and not committed:
         events = rt.ledger.events(session_id=ids.session_id)
         check_usage(limits, events, ids, step_id)
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
-            history = resolved_history(legal_replay(events), events)
+            found = compaction.history_view(events)
+            history = found.sent
+            plan = _plan(rt, ids, step_id, spec, events, found, overflow)
     # Session-wide step index: the script (or any provider) continues where the session is.
-    return committed, view.step_count(ids.session_id), history
+    return committed, view.step_count(ids.session_id), history, plan
+
+
+def _plan(
+    rt: Runtime,
+    ids: RunIds,
+    step_id: str,
+    spec: Any,
+    events: list[RuntimeEvent],
+    found: compaction.HistoryView,
+    overflow: int | None,
+) -> compaction.CompactionPlan | None:
+    """The compaction a step must run before its call, if its history passes the budget (or the
+    vendor said it passed the window)."""
+    try:
+        parsed = parse_provider_spec(spec)
+    except Exception:  # an unusable spec: the provider refuses it with its own code
+        return None
+    budget = context_budget(parsed)
+    system = getattr(parsed, "system", None)
+    overhead = compaction.estimate_tokens((), rt.tool_specs(), system)
+    estimate = overhead + compaction.estimate_tokens(found.sent)
+    if overflow is None and (budget is None or estimate <= budget):
+        return None
+    limit = min(x for x in (budget, overflow) if x is not None) if overflow is not None else budget
+    assert limit is not None
+    return compaction.plan_compaction(
+        ids,
+        step_id,
+        events,
+        found,
+        # The tail keeps a share of what the tools and system prompt leave of the limit.
+        target=int(max(limit - overhead, 0) * compaction.TAIL_SHARE),
+        trigger="budget" if overflow is None else "context_length_exceeded",
+        estimate=estimate,
+        budget=budget,
+    )
+
+
+async def _compact(
+    rt: Runtime,
+    spec: Any,
+    provider: Provider,
+    ids: RunIds,
+    step_id: str,
+    plan: compaction.CompactionPlan,
+    step_index: int,
+    attempt: Attempt | None,
+) -> list[RuntimeEvent]:
+    """Run one compaction: the summarizing call (no tools), then its fact, committed before any
+    step sends it. Returns the history the step sends. Another attempt's committed fact wins (a
+    worker presumed dead that got there first): its summary is the one used, never ours."""
+    failpoints.hit("compaction_started")
+    rt.record_provider_call(compaction.compaction_id(step_id))
+    answer = provider.complete([plan.request], [], step_index=step_index)
+    output = await rt.heartbeating(answer, attempt)
+    _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
+    summary = (output.text or "").strip()
+    if not summary or output.tool_calls:
+        raise ProviderError(
+            "provider_invalid_response",
+            f"step {step_id}: the compaction call answered no summary text",
+            retryable=True,
+            stepId=step_id,
+        )
+    fact = plan.fact(step_id, summary)
+    event = compaction.compaction_event(ids, step_id, fact, now_ms(), output.usage)
+    failpoints.hit("compaction_answered")
+    committed_here = True
+    try:
+        await rt.on_ledger(lambda: rt.ledger.append([event]), attempt=attempt)
+    except LedgerRejection as exc:
+        if exc.code != "duplicate_event_id":
+            raise
+        committed_here = False
+    found = await rt.on_ledger(
+        lambda: compaction.history_view(rt.ledger.events(session_id=ids.session_id)), attempt=attempt
+    )
+    if found.compaction is None or found.compaction.event_id != fact.event_id:
+        raise ProviderError(
+            "compaction_unusable", f"step {step_id}: the committed compaction is not in force", stepId=step_id
+        )
+    failpoints.hit("compaction_committed")
+    log.info(
+        "step %s: compacted %d history events (%s, about %d tokens)",
+        step_id,
+        fact.covered_events,
+        fact.trigger,
+        fact.estimate,
+    )
+    if committed_here:
+        _count_tokens(rt, spec, [event])
+    return found.sent
 
 
 async def model_step(
@@ -187,16 +291,35 @@ async def model_step(
     needs_history = _needs_history(provider)
 
     def lookup() -> Found:
-        return _lookup(rt, ids, step_id, needs_history)
+        return _lookup(rt, ids, step_id, needs_history, inp.provider)
 
     if found is None:
         found = await rt.on_ledger(lookup, attempt=attempt)
-    committed, step_index, history = found
+    committed, step_index, history, plan = found
     if committed:
         return _result(rt, step_id, committed, replayed=True)
+    compacted = plan is not None
+    tools = rt.tool_specs()
+    if plan is not None:
+        history = await _compact(rt, inp.provider, provider, ids, step_id, plan, step_index, attempt)
     rt.record_provider_call(step_id)
-    answer = provider.complete(history, rt.tool_specs(), step_index=step_index)
-    output = await rt.heartbeating(answer, attempt)
+    try:
+        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
+    except ProviderError as exc:
+        if exc.code != "provider_context_length_exceeded" or compacted:
+            raise
+        # Past the vendor's window: compact once, then send the shorter history.
+        sent = compaction.estimate_tokens(
+            history, tools, getattr(parse_provider_spec(inp.provider), "system", None)
+        )
+        again = await rt.on_ledger(
+            lambda: _lookup(rt, ids, step_id, needs_history, inp.provider, overflow=sent), attempt=attempt
+        )
+        if again[0] or again[3] is None:
+            raise
+        history = await _compact(rt, inp.provider, provider, ids, step_id, again[3], step_index, attempt)
+        rt.record_provider_call(step_id)
+        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
     _check_size(output, rt.settings.model_output_max_bytes, step_id)
     ts = now_ms()
     batch: list[RuntimeEvent] = []
@@ -221,23 +344,23 @@ async def model_step(
             raise
         # Another attempt of this step committed first (a worker presumed dead that was still
         # running): its output is the step's output; ours was never committed or acted on.
-        committed, _, _ = await rt.on_ledger(lookup)
+        committed, _, _, _ = await rt.on_ledger(lookup)
         if not committed:
             raise
         return _result(rt, step_id, committed, replayed=True)
     if output.tool_calls:
         failpoints.hit("P1")
-    _count_tokens(rt, inp, batch)
+    _count_tokens(rt, inp.provider, batch)
     return _result(rt, step_id, tuple(batch), replayed=False)
 
 
-def _count_tokens(rt: Runtime, inp: ModelStepInput, batch: list[RuntimeEvent]) -> None:
+def _count_tokens(rt: Runtime, recorded: Any, batch: list[RuntimeEvent]) -> None:
     """Count the usage this step just committed (a replayed step counts nothing). Labels: the
     spec's kind and model name only, never a key or base URL."""
     usage = next((e.actions.token_usage for e in batch if e.actions and e.actions.token_usage), None)
     if not usage:
         return
-    spec = parse_provider_spec(inp.provider)  # the step's provider was built from it: it parses
+    spec = parse_provider_spec(recorded)  # the step's provider was built from it: it parses
     provider, model = spec.kind, getattr(spec, "model", None) or spec.kind
     for kind, key in _TOKEN_KINDS:
         value = usage.get(key)
@@ -279,7 +402,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
             ids = tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id)
             if ids is None:
                 return None
-            return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history)
+            return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history, after.provider)
         except UsageLimitReached:
             return None  # an expected park: the step's own activity raises it for the workflow
         except Exception:

@@ -17,6 +17,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
+from maka_core.runtime.compaction import CompactionFact
 from maka_core.runtime.contracts import PARK_REASONS, SessionState
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
 
@@ -264,6 +265,12 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
     lines: list[str] = []
     usage = usage_by_run(events)
     for e in events:
+        fact = CompactionFact.of(e)
+        if fact is not None:
+            lines.append(
+                f"-- compacted {fact.covered_events} events through {fact.last_event_id} "
+                f"({fact.trigger}): {_one_line(fact.summary, width)} --"
+            )
         if e.partial or e.hidden:
             continue
         c = e.content

@@ -1,0 +1,31 @@
+"""Run your workflow; print how its maka session ended."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from workflows import ReleaseNotes
+
+from maka_temporal import SessionResult, connect
+
+HERE = Path(__file__).parent
+
+
+async def main(workspace: str) -> None:
+    client = await connect()
+    result = await client.execute_workflow(
+        ReleaseNotes.run,
+        args=[str(Path(workspace).resolve()), str(HERE / "script.json")],
+        id=f"release-notes-{uuid.uuid4().hex[:8]}",
+        task_queue=os.environ.get("MAKA_TASK_QUEUE", "maka-examples"),
+        result_type=SessionResult,
+    )
+    print(f"session {result.session_id}: {result.state}: {result.text}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

@@ -302,7 +302,7 @@ def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Work
     client = worker.client
     config: dict[str, Any] = {**client.config(), "plugins": []}
     bare = Client(**config)
-    own = worker.config()
+    own = worker.config(active_config=True)
     interceptors = list(own.get("interceptors") or [])
     return build_host_worker(
         bare,

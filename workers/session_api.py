@@ -69,6 +69,12 @@ async def _refusing(call: Awaitable[T]) -> T:
         raise
     except MakaError as exc:
         raise SessionError.of(exc) from None
+    except RuntimeError as exc:
+        # A lazy client (``Client.connect(..., lazy=True)``) connects on first use; the SDK's
+        # bridge reports a refused connection this way.
+        if "client connect" not in str(exc):
+            raise
+        raise SessionError("temporal_unavailable", f"no Temporal server answers: {exc}") from None
 
 
 class _Answer(BaseModel):

@@ -276,6 +276,7 @@ class SessionClient:
                     refusals=True,
                     host=config.host,
                     host_wait_s=config.host_wait_s,
+                    config=config,
                 )
             except MakaError as exc:
                 # The server refused the start outright (no workflow exists, nothing read the

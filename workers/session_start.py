@@ -213,4 +213,5 @@ def new_session(
     governed = session_policy(
         s, session_id, Path(policy) if policy is not None else None, principal, on_behalf_of, unhinged
     )
+    config = config.model_copy(update={"policy_digest": governed.record["digest"]})
     return NewSession(governed.session_id, text, path, config, governed, spec)

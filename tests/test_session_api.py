@@ -184,3 +184,47 @@ async def test_a_tool_that_takes_a_built_in_name_or_a_bad_ledger_is_refused_befo
     assert "echo" in plugin.runtime.tools and "bash" in plugin.runtime.tools
     assert worker.config(active_config=True)["identity"].rsplit("#", 1)[1] != "unknown"
     plugin.close()
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_session_through_the_client_start_wait_send_show_audit(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's answers on a real session, served by a plain ``Worker`` with ``MakaPlugin``
+    (the session is pinned to the machine's host, as from the CLI: the plugin serves its queue)."""
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json",
+        [tool_step(("write_file", {"path": "a.txt", "content": "A\n"}), text="writing"), {"text": "done"},
+         {"text": "again"}],
+    )  # fmt: skip
+    sessions = SessionClient(temporal_client, ledger=db, task_queue=task_queue)
+    async with Worker(temporal_client, task_queue=task_queue, plugins=[MakaPlugin(ledger=db)]):
+        started = await sessions.start(workspace=ws_dir, message="write a", script=script, session_id="lib-1")
+        assert started.session_id == "lib-1" and started.run_id.startswith("run-")
+        status = await sessions.wait("lib-1", started.run_id)
+        assert (status.state, status.park_reason) == ("idle", None)
+        assert [(o.tool_name, o.status, o.is_error) for o in status.operations] == [
+            ("write_file", "completed", False)
+        ]
+        assert (
+            status.config is not None
+            and status.config["policyDigest"] == status.raw["config"]["policyDigest"]
+        )
+        again = await sessions.send("lib-1", "once more")
+        assert (await sessions.wait("lib-1")).state == "idle" and again.run_id != started.run_id
+        with pytest.raises(SessionError) as err:
+            await sessions.start(workspace=ws_dir, message="x", script=script, session_id="lib-1")
+        assert err.value.code == "session_policy_conflict" or err.value.code == "session_exists"
+        shown = await sessions.show("lib-1")
+        assert "model: done" in shown.lines and "user: once more" in shown.lines
+        audited = await sessions.audit("lib-1")
+        assert audited.ok, audited.raw
+        with pytest.raises(SessionError) as err:
+            await sessions.resume("lib-1")
+        assert (
+            err.value.code == "session_busy"
+        )  # its execution is open (idle): nothing to resume, as the CLI says
+    assert (ws_dir / "a.txt").read_text() == "A\n"

@@ -222,3 +222,21 @@ def test_negative_control_the_repository_root_first_shadows_the_projects_workflo
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
     assert own.returncode == 0 and own.stdout.startswith(str(project / "workflows")), own.stdout + own.stderr
+
+
+def test_the_public_face_loads_on_first_use() -> None:
+    """``import maka_temporal`` loads neither the SDK nor the store (the workflow sandbox re-imports
+    it for every run); each name of ``__all__`` resolves on first use. Negative control: using one
+    loads them."""
+    probe = (
+        "import sys, maka_temporal\n"
+        "big = {'temporalio', 'sqlalchemy', 'maka_core'}\n"
+        "heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & big)\n"
+        "print(heavy())\n"
+        "missing = [n for n in maka_temporal.__all__ if getattr(maka_temporal, n, None) is None]\n"
+        "print(missing, heavy())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == ["[]", "[] ['maka_core', 'sqlalchemy', 'temporalio']"], done.stdout

@@ -194,9 +194,17 @@ def _answer(
     reason: str | None,
     as_json: bool,
 ) -> None:
-    done = answer_approval(
-        settings(db=db).ledger, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
-    )
+    import asyncio
+
+    # Imported at the command: the client module builds on this one (session_policy).
+    from maka_temporal.workers.session_api import SessionClient
+
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    if allow:
+        answer = asyncio.run(sessions.approve(session_id, approval_id, phrase=str(phrase), by=by))
+    else:
+        answer = asyncio.run(sessions.deny(session_id, approval_id, by=by, reason=reason))
+    done = answer.raw
     if as_json:
         print_json(done, indent=2)
     else:

@@ -410,10 +410,11 @@ def cmd_resolve(
     as_json: bool,
 ) -> None:
     """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
-    from maka_core.runtime.resolution import resolve_operation
-
-    with open_ledger(settings(db=db).ledger, create=False) as store:
-        recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    resolved = asyncio.run(
+        sessions.resolve(session_id, operation_id, decision=decision, by=resolved_by, reason=reason)  # type: ignore[arg-type]
+    )
+    recorded = resolved.raw
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
     else:

@@ -228,3 +228,27 @@ async def test_a_session_through_the_client_start_wait_send_show_audit(
             err.value.code == "session_busy"
         )  # its execution is open (idle): nothing to resume, as the CLI says
     assert (ws_dir / "a.txt").read_text() == "A\n"
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_without_its_host_queue_the_same_session_parks_on_its_host(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control of the flow test above: the plugin made to serve no host queue leaves the
+    session's tool unstarted, and the turn parks ``workspace_host_unavailable`` after its host
+    wait (the plugin's host worker is what ran the tool there)."""
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MAKA_HOST_WAIT", "1")
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("write_file", {"path": "a.txt", "content": "A\n"}))]
+    )
+    sessions = SessionClient(temporal_client, ledger=db, task_queue=task_queue)
+    async with Worker(
+        temporal_client, task_queue=task_queue, plugins=[MakaPlugin(ledger=db, serve_host_queue=False)]
+    ):
+        started = await sessions.start(workspace=ws_dir, message="write a", script=script)
+        status = await sessions.wait(started.session_id, started.run_id, timeout=60)
+    assert (status.state, status.park_reason) == ("parked", "workspace_host_unavailable")
+    assert not (ws_dir / "a.txt").exists()

@@ -73,15 +73,17 @@ FILES = {
 
         import activities
         import workflows
+        from temporalio.client import Client
         from temporalio.worker import Worker
 
-        from maka_temporal import MakaPlugin, connect
+        from maka_temporal import MakaPlugin
 
 
         async def main() -> None:
             print("project workflows:", workflows.__file__, flush=True)
             plugin = MakaPlugin(on_event=lambda event, _: print("worker:", event, flush=True))
-            client = await connect(plugins=[plugin])
+            # A plain SDK client: the plugin gives it the pydantic payload converter.
+            client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=[plugin])
             stop = asyncio.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 asyncio.get_running_loop().add_signal_handler(sig, stop.set)

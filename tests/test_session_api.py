@@ -252,3 +252,26 @@ async def test_without_its_host_queue_the_same_session_parks_on_its_host(
         status = await sessions.wait(started.session_id, started.run_id, timeout=60)
     assert (status.state, status.park_reason) == ("parked", "workspace_host_unavailable")
     assert not (ws_dir / "a.txt").exists()
+
+
+def test_the_plugin_gives_a_client_the_pydantic_payload_converter_and_keeps_the_rest() -> None:
+    import dataclasses
+
+    from temporalio.contrib.pydantic import PydanticPayloadConverter
+    from temporalio.converter import DataConverter, PayloadCodec
+
+    class Codec(PayloadCodec):
+        async def encode(self, payloads: Any) -> Any:
+            return payloads
+
+        async def decode(self, payloads: Any) -> Any:
+            return payloads
+
+    plugin = MakaPlugin()
+    mine = dataclasses.replace(DataConverter.default, payload_codec=Codec())
+    config = plugin.configure_client({"data_converter": mine})  # type: ignore[typeddict-item]
+    given = config["data_converter"]
+    assert (
+        given.payload_converter_class is PydanticPayloadConverter
+        and given.payload_codec is mine.payload_codec
+    )

@@ -22,6 +22,7 @@ as ``SessionError``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultPayloadConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker, WorkerConfig
 
@@ -142,7 +144,7 @@ class MakaPlugin(SimplePlugin):
         self.repair_report: Any = None
         super().__init__(
             "maka.MakaPlugin",
-            data_converter=lambda _existing: pydantic_data_converter,
+            data_converter=_with_pydantic,
             workflows=[workflow],
             activities=self._activities,
             run_context=None,
@@ -312,6 +314,17 @@ def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Work
         identity=own.get("identity"),
         **({"interceptors": interceptors} if interceptors else {}),
     )
+
+
+def _with_pydantic(existing: DataConverter | None) -> DataConverter:
+    """The client's converter with maka's payload converter: every maka contract is a pydantic model.
+    A converter of your own (a codec, a failure converter) is kept; only the SDK's default payload
+    converter is replaced (a custom payload converter must handle pydantic models itself)."""
+    if existing is None:
+        return pydantic_data_converter
+    if existing.payload_converter_class is DefaultPayloadConverter:
+        return dataclasses.replace(existing, payload_converter_class=PydanticPayloadConverter)
+    return existing
 
 
 def _report_fields(report: Any) -> dict[str, Any]:

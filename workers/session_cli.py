@@ -1,4 +1,5 @@
-"""``maka session start|send|status|show`` (the Temporal side is ``workers.session_client``).
+"""``maka session start|send|status|show|resolve|approve|deny``: each calls ``SessionClient``
+(``workers.session_api``), the library's own client, and prints its answer.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig
@@ -14,7 +15,7 @@ import asyncio
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -43,11 +44,7 @@ from maka_temporal.workers.session_client import (
     update_error,
     wait_settled,
 )
-from maka_temporal.workers.session_start import MAX_SYSTEM_BYTES as _MAX_SYSTEM_BYTES
-from maka_temporal.workers.session_start import check_message, new_session, provider_spec, system_prompt
-
-if TYPE_CHECKING:
-    pass
+from maka_temporal.workers.session_start import check_message, new_session
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -69,12 +66,8 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
-# The checks of a new session live in ``workers.session_start`` (the CLI, ``SessionClient`` and a
-# child session refuse the same inputs); these names stay for callers of this module.
-_message = check_message
-_system_prompt = system_prompt
-_provider_spec = provider_spec
-MAX_SYSTEM_BYTES = _MAX_SYSTEM_BYTES
+# The checks of a new session live in ``workers.session_start``: the CLI, ``SessionClient`` and a
+# child session refuse the same inputs.
 
 
 @session.command("start")

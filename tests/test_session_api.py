@@ -275,3 +275,41 @@ def test_the_plugin_gives_a_client_the_pydantic_payload_converter_and_keeps_the_
         given.payload_converter_class is PydanticPayloadConverter
         and given.payload_codec is mine.payload_codec
     )
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_child_session_id_is_taken_once(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_session`` with a session id already taken is refused ``session_exists`` (the first
+    session is untouched); the first run returned its result."""
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    from maka_temporal import SessionResult
+    from tests.children.child_session_workflow import ChildSessionWorkflow
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(tmp_path / "s.json", [{"text": "hello"}])
+    plugin = MakaPlugin(ledger=db)
+    args = [str(ws_dir), str(script), "child-1"]
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[ChildSessionWorkflow], plugins=[plugin]
+    ):
+        first = await temporal_client.execute_workflow(
+            ChildSessionWorkflow.run,
+            args=args,
+            id=f"p1-{task_queue}",
+            task_queue=task_queue,
+            result_type=SessionResult,
+        )
+        assert (first.session_id, first.state, first.text) == ("child-1", "idle", "hello")
+        with pytest.raises(WorkflowFailureError) as err:
+            await temporal_client.execute_workflow(
+                ChildSessionWorkflow.run, args=args, id=f"p2-{task_queue}", task_queue=task_queue
+            )
+        assert isinstance(err.value.cause, ApplicationError) and err.value.cause.type == "session_exists"
+        status = await SessionClient(temporal_client, ledger=db).status("child-1")
+        assert status.state == "idle" and len(status.turns) == 1

@@ -1,5 +1,5 @@
-"""``maka session start|send|status|show|resolve|approve|deny``: each calls ``SessionClient``
-(``workers.session_api``), the library's own client, and prints its answer.
+"""``maka session start|send|status|resolve|approve|deny`` answer through ``SessionClient``
+(``workers.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig

@@ -22,7 +22,7 @@ from datetime import timedelta
 from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.contracts import (
@@ -74,7 +74,7 @@ async def run_session(
     ``model``: ``openai:NAME`` or ``anthropic:NAME``; ``host``: the workspace's host (default the
     worker's). Refused inputs raise ``ApplicationError`` whose ``type`` is the CLI's code
     (``workspace_not_found``, ``config_invalid``, ``session_id_invalid``...), before any session
-    exists.
+    exists; a ``session_id`` already taken is ``session_exists``.
     """
     sid = session_id or f"sess-{workflow.uuid4()}"
     queue = workflow.info().task_queue
@@ -102,16 +102,23 @@ async def run_session(
             raise ApplicationError(cause.message, cause.details[0], type=code, non_retryable=True) from None
         raise
     child = inp.model_copy(update={"first_message": message, "close_after_turn": True})
-    status = await workflow.execute_child_workflow(
-        SESSION_WORKFLOW,
-        child,
-        id=workflow_id_for(sid),
-        task_queue=queue,
-        result_type=SessionStatus,
-        search_attributes=initial_search_attributes(sid),
-        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-    )
+    try:
+        handle = await workflow.start_child_workflow(
+            SESSION_WORKFLOW,
+            child,
+            id=workflow_id_for(sid),
+            task_queue=queue,
+            result_type=SessionStatus,
+            search_attributes=initial_search_attributes(sid),
+            # A session id names one session: a taken one is refused, as ``maka session start`` does.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+        )
+    except WorkflowAlreadyStartedError:
+        raise ApplicationError(
+            f"session {sid} already exists", type="session_exists", non_retryable=True
+        ) from None
+    status = await handle
     run_id = status.last_turn.run_id if status.last_turn is not None else None
     text = None
     if run_id is not None:

@@ -126,6 +126,8 @@ FILES = {
 
 
         asyncio.run(main(sys.argv[1], sys.argv[2]))
+        sys.stdout.flush()
+        os._exit(0)  # no interpreter finalization under the SDK's core threads (sdk-python issue 300)
     """,
 }
 

@@ -46,6 +46,7 @@ from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
 from maka_temporal.workers.ledger_guard import check_queue, watch, worker_identity
 from maka_temporal.workers.session_api import SessionError
+from maka_temporal.workers.telemetry import Telemetry
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
@@ -94,6 +95,11 @@ class MakaPlugin(SimplePlugin):
         workflow: the session workflow class (a test's variant).
         serve_host_queue: ``False``: no host-queue worker, and startup repair takes every host's
             runs (``maka worker`` without a host: older deployments and tests).
+        telemetry: traces, ledger commit timing and ``/metrics`` (``workers.telemetry.Telemetry``,
+            ``maka worker --metrics-port``): its interceptors join the worker's, its runtime
+            instrumentation the runtime's, and ``/metrics`` is served while the worker runs
+            (``metrics_port``). The SDK's own metrics need the client built on
+            ``telemetry.temporal_runtime()``.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class MakaPlugin(SimplePlugin):
         on_event: EventSink | None = None,
         workflow: type = SessionWorkflow,
         serve_host_queue: bool = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         try:
             self.settings: MakaSettings = load_settings(
@@ -142,9 +149,13 @@ class MakaPlugin(SimplePlugin):
         self._served: _Served | None = None
         self._preflown: _Served | None = None
         self.repair_report: Any = None
+        self.telemetry = telemetry
+        #: The port ``/metrics`` is served on while the worker runs (``None``: not served).
+        self.metrics_port: int | None = None
         super().__init__(
             "maka.MakaPlugin",
             data_converter=_with_pydantic,
+            interceptors=telemetry.interceptors() if telemetry is not None else None,
             workflows=[workflow],
             activities=self._activities,
             run_context=None,
@@ -223,6 +234,8 @@ class MakaPlugin(SimplePlugin):
         except MakaError as exc:
             store.close()
             raise SessionError.of(exc) from None
+        if self.telemetry is not None:
+            self.telemetry.instrument(runtime)
         return _Served(
             store=store,
             runtime=runtime,
@@ -268,6 +281,11 @@ class MakaPlugin(SimplePlugin):
                     say=lambda m: self._on_event("attempt_fence", {"message": m}),
                 )
                 self._on_event("repaired", _report_fields(self.repair_report))
+            if self.telemetry is not None:
+                try:
+                    self.metrics_port = self.telemetry.start()
+                except MakaError as exc:
+                    raise SessionError.of(exc) from None
             host_worker = self._host_worker(worker, served) if self.serve_host_queue else None
             fault = asyncio.Event()
             watchdog = asyncio.create_task(watch(served.store, fault))
@@ -292,6 +310,8 @@ class MakaPlugin(SimplePlugin):
                 self._on_event("ledger_unusable", served.store.health.failure.to_json())
                 raise SessionError.of(served.store.health.failure)
         finally:
+            if self.telemetry is not None:
+                self.telemetry.stop()
             served.acts.close(wait=True)
             served.store.close()
 

@@ -329,14 +329,6 @@ async def serve(
     settings = settings or load_settings().runtime_settings()
     if settings.unsafe_no_sandbox:
         log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
-    build = make_runtime or default_runtime
-
-    def runtime_for(store: LedgerStore, with_protected: RuntimeSettings) -> Runtime:
-        runtime = build(store, with_protected)
-        if telemetry is not None:
-            telemetry.instrument(runtime)
-        return runtime
-
     serving: list[asyncio.Task[None]] = []
 
     def on_event(event: str, fields: dict[str, Any]) -> None:
@@ -358,7 +350,7 @@ async def serve(
     async def _ready(plugin: MakaPlugin) -> None:
         runtime = plugin.runtime
         store = plugin.store
-        metrics_port = telemetry.start() if telemetry is not None else None
+        metrics_port = plugin.metrics_port
         bash = runtime.tools.get("bash")
         isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
         announce(
@@ -393,17 +385,17 @@ async def serve(
     plugin = MakaPlugin(
         ledger=db,
         settings=settings,
-        make_runtime=runtime_for,
+        make_runtime=make_runtime,
         repair=repair,
         host=host,
         serve_host_queue=host is not None,
         on_event=on_event,
         workflow=workflow,
+        telemetry=telemetry,
     )
     # How long a workflow task waits on this worker's sticky queue before any worker may take it:
     # after a worker dies, the next worker picks the session up only after this (``MAKA_STICKY_TIMEOUT``,
     # the settings model's; SDK default 5 s).
-    observed: dict[str, Any] = {} if telemetry is None else {"interceptors": telemetry.interceptors()}
     try:
         await plugin.preflight(client, task_queue)
         worker = Worker(
@@ -415,13 +407,10 @@ async def serve(
             workflow_runner=CompiledOnceSandboxRunner(),
             max_concurrent_activities=64,
             graceful_shutdown_timeout=timedelta(seconds=5),
-            **observed,
         )
     except MakaError as exc:
         announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
         plugin.close()
-        if telemetry is not None:
-            telemetry.stop()
         raise
     own_stop = stop is None
     if stop is None:
@@ -450,8 +439,6 @@ async def serve(
             failure = exc  # the plugin announced it; the process leaves with the code
         await asyncio.gather(*serving, return_exceptions=True)
     finally:
-        if telemetry is not None:
-            telemetry.stop()
         if own_stop:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -29,3 +29,7 @@ async def main(workspace: str) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main(sys.argv[1]))
+    # Leave without interpreter finalization: the Temporal SDK's core threads may still call into
+    # Python for a moment, which can abort a finished process (temporalio/sdk-python issue 300).
+    sys.stdout.flush()
+    os._exit(0)

@@ -8,7 +8,12 @@ server), and returns the session's result. The session is then read like any oth
 ``SessionClient``, ``maka audit`` agrees. A second run with a workspace that does not exist is
 refused with the CLI's code before any session exists (no workflow, no policy in the ledger).
 
-Negative control: with the repository's root first on ``sys.path`` (what an install that claimed
+A crash drill: the project's worker is SIGKILLed inside the child session's write (after the write,
+before its outcome); the next worker settles the call from its evidence and the parent gets its
+result, with one write in the effect journal. Negative control: the next worker built with a
+guard that lets a dispatched call run again writes twice.
+
+Negative control of the layout: with the repository's root first on ``sys.path`` (what an install that claimed
 the top-level names ``workflows`` and ``workers`` gave), the project's own ``workflows`` package is
 shadowed by maka's and its worker cannot import its workflow.
 """
@@ -94,6 +99,46 @@ FILES = {
                 activities=[activities.ticket_title],
             ):
                 await stop.wait()
+
+
+        asyncio.run(main())
+    """,
+    "workers/naive.py": """
+        # The kill matrix's negative control, in the project: the same worker with a Resolver guard
+        # that lets a dispatched call run again (what a runtime without a ledger does).
+        import asyncio
+        import os
+
+        import activities
+        import workflows
+        from temporalio.client import Client
+        from temporalio.worker import Worker
+
+        from maka_core.policy import Policy
+        from maka_core.runtime.runtime import ResolverGuard, Runtime
+        from maka_temporal import MakaPlugin
+
+
+        class NaiveRetryGuard(ResolverGuard):
+            def may_dispatch(self, op):
+                return op.status != "completed"
+
+            def may_redispatch(self, op):
+                return op.status != "completed"
+
+
+        def naive(store, settings):
+            return Runtime(store, policy=Policy.from_env(), settings=settings, guard=NaiveRetryGuard())
+
+
+        async def main() -> None:
+            say = lambda event, _: print("worker:", event, flush=True)  # noqa: E731
+            plugin = MakaPlugin(make_runtime=naive, on_event=say)
+            client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=[plugin])
+            queue = os.environ["MAKA_TASK_QUEUE"]
+            flows, acts = [workflows.Triage], [activities.ticket_title]
+            async with Worker(client, task_queue=queue, workflows=flows, activities=acts):
+                await asyncio.Event().wait()
 
 
         asyncio.run(main())
@@ -244,3 +289,83 @@ def test_the_public_face_loads_on_first_use() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.splitlines() == ["[]", "[] ['maka_core', 'sqlalchemy', 'temporalio']"], done.stdout
+
+
+def _serving(proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while "worker: serving" not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.crash
+@pytest.mark.slow
+@pytest.mark.parametrize("second", ["workers.main", "workers.naive"])
+def test_a_child_session_whose_worker_dies_after_the_write_never_writes_twice(
+    temporal_server: Any, tmp_path: Path, second: str
+) -> None:
+    """The project's worker is SIGKILLed inside the child session's ``write_file``, after the write
+    and before its outcome (P4). A second worker settles the call from the evidence recorded with
+    its dispatch, the child's turn ends and the parent gets the result: one write, in the effect
+    journal. Negative control: the second worker built with a guard that lets a dispatched call
+    run again (``workers.naive``) writes twice."""
+    project = _project(tmp_path / "proj")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = tmp_path / "script.json"
+    write = {"name": "write_file", "args": {"path": "TRIAGE.md", "content": "flaky test\n"}}
+    script.write_text(json.dumps({"steps": [{"toolCalls": [write]}, {"text": "Triaged."}]}))
+    effects = tmp_path / "effects.jsonl"
+    env = _env(temporal_server, tmp_path / "home", f"crash-{tmp_path.name}"[:60], str(project))
+    env.update({"MAKA_EFFECT_LOG": str(effects), "MAKA_TOOL_HEARTBEAT_TIMEOUT": "2"})
+    dying_env = {**env, "MAKA_FAILPOINT": "P4", "MAKA_FAILPOINT_TAG": "write_file"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        log1, log2 = tmp_path / "w1.log", tmp_path / "w2.log"
+        with open(log1, "wb") as fh:
+            dying = subprocess.Popen(
+                [sys.executable, "-m", "workers.main"],
+                cwd=project,
+                env=dying_env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(dying)
+        _serving(dying, log1)
+        starter = subprocess.Popen(
+            [sys.executable, "-m", "workers.start", str(ws), str(script)],
+            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert dying.wait(90) == -9, log1.read_text()  # SIGKILLed at P4, after the write landed
+        assert len(effects.read_text().splitlines()) == 1
+        with open(log2, "wb") as fh:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", second], cwd=project, env=env, stdout=fh, stderr=subprocess.STDOUT
+            )
+        procs.append(worker)
+        out, err = starter.communicate(timeout=180)
+        assert starter.returncode == 0, out + err + log2.read_text()
+    finally:
+        for proc in procs:
+            _stop(proc)
+    result = json.loads(out.splitlines()[0])["result"]
+    writes = [json.loads(line) for line in effects.read_text().splitlines()]
+    assert all(w["path"] == str(ws / "TRIAGE.md") for w in writes)
+    if second == "workers.main":
+        assert (result["state"], result["text"]) == ("idle", "Triaged."), result
+        assert len(writes) == 1, writes  # settled from the evidence: never written again
+        audited = run_maka("audit", result["session_id"], "--json", env=env)
+        assert audited.returncode == 0 and json.loads(audited.stdout)["ok"] is True, audited.stdout
+    else:
+        assert len(writes) == 2, writes  # the naive guard ran the dispatched call again

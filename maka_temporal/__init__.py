@@ -1,8 +1,100 @@
 """maka-temporal: durable agent sessions on Temporal that never run a tool twice.
 
+The public face of the library, the only names a user imports::
+
+    from maka_temporal import MakaPlugin, SessionClient, SessionError, connect
+    from maka_temporal.workflow import run_session          # inside your workflow code
+
+- ``MakaPlugin``: add it to ``Client.connect(..., plugins=[...])`` (or to your ``Worker``): your
+  worker then hosts maka sessions (the session workflow, its activities, startup repair, the host
+  queue of its tools).
+- ``SessionClient``: start, message, wait for, inspect, approve, deny, resolve, resume and audit
+  sessions from your code; every refusal is a ``SessionError`` whose ``.code`` is the CLI's.
+- ``maka_temporal.workflow.run_session``: a session as a child workflow of yours, for one message.
+- ``connect``: a Temporal client with maka's settings (``TEMPORAL_*``, envconfig profiles) and the
+  pydantic data converter.
+
 The installed distribution claims two top-level names, ``maka_temporal`` and ``maka_core``; the
 repository's ``workflows``, ``activities`` and ``workers`` folders are installed under this package
 (``maka_temporal.workflows`` ...) so a Temporal project with packages of those names keeps them.
+
+The names load on first use (module ``__getattr__``): ``import maka_temporal`` stays light, and
+the workflow sandbox, which re-imports ``maka_temporal`` (the parent of ``maka_temporal.workflow``)
+for every workflow run, never pulls in the store, the runtime or the Temporal client through it.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "ApprovalAnswer",
+    "AuditResult",
+    "MakaPlugin",
+    "Operation",
+    "Resolution",
+    "Resumed",
+    "SessionClient",
+    "SessionError",
+    "SessionResult",
+    "Status",
+    "Transcript",
+    "TurnInfo",
+    "TurnStarted",
+    "connect",
+]
+
+#: Where each public name lives (module, attribute), declared once.
+_PUBLIC: dict[str, str] = {
+    "MakaPlugin": "maka_temporal.workers.plugin",
+    "SessionResult": "maka_temporal.workflows.child",
+    "connect": "maka_temporal.workers.client",
+    **{
+        name: "maka_temporal.workers.session_api"
+        for name in (
+            "ApprovalAnswer",
+            "AuditResult",
+            "Operation",
+            "Resolution",
+            "Resumed",
+            "SessionClient",
+            "SessionError",
+            "Status",
+            "Transcript",
+            "TurnInfo",
+            "TurnStarted",
+        )
+    },
+}
+
+if TYPE_CHECKING:
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.plugin import MakaPlugin
+    from maka_temporal.workers.session_api import (
+        ApprovalAnswer,
+        AuditResult,
+        Operation,
+        Resolution,
+        Resumed,
+        SessionClient,
+        SessionError,
+        Status,
+        Transcript,
+        TurnInfo,
+        TurnStarted,
+    )
+    from maka_temporal.workflows.child import SessionResult
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'maka_temporal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -60,3 +60,16 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
     assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
     assert contracts.workflow_id_for("abc") == "maka-session-abc"
     assert contracts.DISPATCH_WITHOUT_OUTCOME == "DispatchWithoutOutcome"
+
+
+def test_child_session_activity_names_are_pinned() -> None:
+    from maka_temporal.activities.child import ChildSessionActivities
+
+    assert contracts.CHILD_ACTIVITY_NAMES == ("maka.prepare_session", "maka.session_reply")
+    names = []
+    for fn in (ChildSessionActivities.prepare_session, ChildSessionActivities.session_reply):
+        definition = ActivityDefinition.from_callable(fn)
+        assert definition is not None
+        names.append(definition.name)
+    assert tuple(names) == contracts.CHILD_ACTIVITY_NAMES
+    assert not set(names) & set(contracts.ACTIVITY_NAMES)

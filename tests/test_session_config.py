@@ -21,11 +21,14 @@ import asyncio
 import base64
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from click.testing import CliRunner, Result
+from pydantic.alias_generators import to_camel
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -91,24 +94,45 @@ def _model_params(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.temporal
-@pytest.mark.crash
-@pytest.mark.slow
-@pytest.mark.asyncio(loop_scope="session")
-async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(
-    temporal_server: Any, temporal_client: Client, tmp_path: Path, ws_dir: Path
-) -> None:
+#: The host and host wait the pinned session is started with (and its workers serve).
+HOST, HOST_WAIT = "cfg-host", "77"
+
+
+@dataclass(frozen=True)
+class Drill:
+    """What the pinned session left: every execution's input, the vendor's requests, the final
+    ``session status --json``, the ledger's session record (decoded and raw), the policy digest."""
+
+    inputs: list[SessionInput]
+    requests: list[dict[str, Any]]
+    status: dict[str, Any]
+    record: SessionRecord | None
+    raw: dict[str, Any]
+    policy_digest: str
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def drill(
+    temporal_server: Any, temporal_client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> Drill:
+    """Start (CLI), SIGKILL at P7 and terminate, ``maka resume``, terminate, ``session send``:
+    three executions of one session, run once for every test of this module that reads them."""
+    tmp_path = tmp_path_factory.mktemp("config-drill")
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
     home = tmp_path / "home"
     db = home / "ledger.sqlite"
     queue = f"config-{tmp_path.name}"[:60]
     chat = ChatServer()
-    vendor = {"OPENAI_BASE_URL": chat.url, "OPENAI_API_KEY": "sk-local"}
+    vendor = {"OPENAI_BASE_URL": chat.url, "OPENAI_API_KEY": "sk-local", "MAKA_HOST": HOST}
     env = {
         **os.environ,
         "MAKA_HOME": str(home),
         "MAKA_DB": str(db),
         "TEMPORAL_ADDRESS": temporal_server.address,
         "MAKA_TASK_QUEUE": queue,
+        "MAKA_HOST": HOST,
+        "MAKA_HOST_WAIT": HOST_WAIT,
     }
     for key in ("MAKA_FAILPOINT", "MAKA_FAILPOINT_TAG", "MAKA_FAILPOINT_SKIP"):
         env.pop(key, None)
@@ -150,7 +174,21 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(
     finally:
         chat.httpd.shutdown()
         chat.httpd.server_close()
+    record, raw = _record(db, session_id)
+    with LedgerStore.open(f"sqlite:///{db}") as store:
+        policy = store.session_policy(session_id)
+    assert policy is not None
+    return Drill(
+        inputs, list(chat.requests), json.loads(status.stdout), record, raw, str(policy["policyDigest"])
+    )
 
+
+@pytest.mark.temporal
+@pytest.mark.crash
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(drill: Drill) -> None:
+    inputs = drill.inputs
     # Three executions (start, resume, send): each runs with the settings the session started with.
     assert len(inputs) == 3, [i.continuation for i in inputs]
     assert inputs[1].continuation is not None and inputs[2].continuation is None
@@ -164,23 +202,64 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(
         }  # fmt: skip
     # The vendor saw the system prompt first, and the sampling settings, in every request:
     # the first step, the continuation's and the reopened session's.
-    assert len(chat.requests) == 3
-    for request in chat.requests:
+    assert len(drill.requests) == 3
+    for request in drill.requests:
         assert _model_params(request["body"]) == MODEL_PARAMS, request["body"]
         users = [m for m in request["body"]["messages"] if m["role"] == "user"]
         assert all(SYSTEM not in str(m["content"]) for m in users)  # never a user message
-    config = json.loads(status.stdout)["config"]
+    config = drill.status["config"]
     assert config["modelStepMode"] == "local" and config["maxStepsPerTurn"] == 9, config
     assert config["continueAsNewAfterTurns"] == 5 and config["modelStepTimeout"] == 45.0, config
 
     # Negative control: the record as the writer before SessionConfig wrote it (workspace, provider,
     # queue, host) decodes with the defaults: a new execution built from it loses the settings.
-    record, raw = _record(db, session_id)
+    record, raw = drill.record, drill.raw
     assert record is not None and _settings(record.config) == EXPECTED
-    legacy_keys = ("workspace", "workspaceIdentity", "provider", "taskQueue", "host", "hostWait")
-    legacy = SessionRecord.from_json({k: v for k, v in raw.items() if k in legacy_keys})
+    legacy = SessionRecord.from_json({k: v for k, v in raw.items() if k in LEGACY_KEYS})
     assert legacy is not None and _settings(legacy.config) != EXPECTED
     assert legacy.config.max_steps_per_turn == 100_000 and legacy.config.model_step_mode == "with_tool"
+
+
+#: The keys of the session record before ``SessionConfig`` (what it always carried).
+LEGACY_KEYS = ("workspace", "workspaceIdentity", "provider", "taskQueue", "host", "hostWait")
+#: Every setting of the config, as the pinned session was started with it.
+PER_SETTING: dict[str, Any] = {
+    "provider": {
+        "kind": "openai", "model": "test-model", "system": SYSTEM,
+        "temperature": 0.25, "maxTokens": 77, "timeoutSeconds": 45.0,
+    },
+    **EXPECTED,
+    "host": HOST,
+    "host_wait_s": float(HOST_WAIT),
+    "policy_digest": None,  # the digest the ledger recorded for the session (``Drill.policy_digest``)
+}  # fmt: skip
+
+
+@pytest.mark.temporal
+@pytest.mark.crash
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("setting", sorted(PER_SETTING))
+async def test_each_setting_survives_a_resume_and_a_send_after_close(drill: Drill, setting: str) -> None:
+    """One setting: the same in the start's, the resume's and the reopened execution's input, in
+    the ledger record and in ``session status --json``'s ``config`` (camelCase)."""
+    want = PER_SETTING[setting] if setting != "policy_digest" else drill.policy_digest
+
+    def value(config: SessionConfig) -> Any:
+        got = getattr(config, setting)
+        return got.to_json() if setting == "provider" else got
+
+    assert len(drill.inputs) == 3
+    assert [value(inp.config) for inp in drill.inputs] == [want] * 3, setting
+    assert drill.record is not None and value(drill.record.config) == want
+    camel = {"host_wait_s": "hostWait", "model_step_timeout_s": "modelStepTimeout"}.get(
+        setting, to_camel(setting)
+    )
+    assert drill.status["config"][camel] == want, (camel, drill.status["config"])
+    if camel not in LEGACY_KEYS:
+        # Negative control: the record as written before SessionConfig lacks it, and reads the default.
+        legacy = SessionRecord.from_json({k: v for k, v in drill.raw.items() if k in LEGACY_KEYS})
+        assert legacy is not None and value(legacy.config) != want, setting
 
 
 @pytest.mark.temporal

@@ -33,7 +33,7 @@ from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
 
-__all__ = ["SessionPolicy", "governance_status", "policy_options", "session_policy"]
+__all__ = ["SessionPolicy", "answer_approval", "governance_status", "policy_options", "session_policy"]
 
 
 def policy_options(fn: Any) -> Any:
@@ -79,13 +79,18 @@ class SessionPolicy:
             MakaError: ``session_policy_conflict`` when the session already has another.
         """
         with open_ledger(s.ledger, create=True) as store:
-            return store.put_session_policy(
-                self.session_id,
-                policy=self.record["policy"],
-                version=self.record["version"],
-                digest=self.record["digest"],
-                identity=self.record["identity"],
-            )
+            return self.record_to(store)
+
+    def record_to(self, store: Any) -> bool:
+        """``record_in`` over an open ledger (a worker's: a child session's policy)."""
+        recorded: bool = store.put_session_policy(
+            self.session_id,
+            policy=self.record["policy"],
+            version=self.record["version"],
+            digest=self.record["digest"],
+            identity=self.record["identity"],
+        )
+        return recorded
 
     def forget_in(self, s: MakaSettings) -> None:
         """Take back what ``record_in`` recorded, for a start the server refused before any workflow
@@ -189,21 +194,47 @@ def _answer(
     reason: str | None,
     as_json: bool,
 ) -> None:
+    import asyncio
+
+    # Imported at the command: the client module builds on this one (session_policy).
+    from maka_temporal.workers.session_api import SessionClient
+
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    if allow:
+        answer = asyncio.run(sessions.approve(session_id, approval_id, phrase=str(phrase), by=by))
+    else:
+        answer = asyncio.run(sessions.deny(session_id, approval_id, by=by, reason=reason))
+    done = answer.raw
+    if as_json:
+        print_json(done, indent=2)
+    else:
+        click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+
+
+def answer_approval(
+    ledger: Any,
+    session_id: str,
+    approval_id: str,
+    *,
+    allow: bool,
+    phrase: str | None = None,
+    by: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """Approve or deny through the ledger (``maka session approve|deny``, ``SessionClient``);
+    returns what was committed (``runtime.approvals.answer`` and its codes)."""
     from maka_core.runtime import approvals
 
-    with open_ledger(settings(db=db).ledger, create=False) as store:
+    with open_ledger(ledger, create=False) as store:
         # Every session start records its policy in the ledger before its workflow exists, so a
         # session the ledger has never heard of is one Temporal does not know either: say so, as
         # every other session command does, rather than blame the approval id.
         if store.session_policy(session_id) is None and not store.events(session_id=session_id):
             raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-        done = approvals.answer(
+        done: dict[str, Any] = approvals.answer(
             store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
         )
-    if as_json:
-        print_json(done, indent=2)
-    else:
-        click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+    return done
 
 
 @click.command("receipts")

@@ -1,4 +1,5 @@
-"""``maka session start|send|status|show`` (the Temporal side is ``workers.session_client``).
+"""``maka session start|send|status|resolve|approve|deny`` answer through ``SessionClient``
+(``workers.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig
@@ -14,20 +15,16 @@ import asyncio
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from maka_core.errors import ConfigError, MakaError
-from maka_core.facts.session_id import check_session_id
+from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings
-from maka_core.store.engine import sqlite_file
-from maka_core.workspace import check_workspace_location
 from maka_temporal.workers.cli_base import (
     console,
     db_option,
-    ensure_utf8,
     finish,
     json_option,
     open_ledger,
@@ -38,30 +35,16 @@ from maka_temporal.workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from maka_temporal.workers.governance_cli import (
-    cmd_approve,
-    cmd_deny,
-    cmd_session_receipts,
-    governance_status,
-    policy_options,
-    session_policy,
-)
+from maka_temporal.workers.governance_cli import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.session_api import SessionClient, session_status
 from maka_temporal.workers.session_client import (
-    START_NEVER_HAPPENED,
-    check_step_timeout,
-    describe_execution,
-    new_session_config,
     query_status,
     send_message,
-    start_execution,
     start_session,
     update_error,
     wait_settled,
 )
-
-if TYPE_CHECKING:
-    from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
-    from maka_core.runtime.contracts import SessionConfig
+from maka_temporal.workers.session_start import check_message, new_session
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -83,111 +66,8 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
-def _message(text: str) -> str:
-    ensure_utf8(text, "message")
-    if not text.strip():
-        raise MakaError("empty_message", "the message is empty")
-    return text
-
-
-#: The longest system prompt a session takes: the prompt rides in the provider spec, which every
-#: model-step and tool activity input carries into the workflow's history.
-MAX_SYSTEM_BYTES = 16 * 1024
-
-
-def _system_prompt(value: str | None) -> str | None:
-    """``--system TEXT`` or ``--system @FILE`` (the file's UTF-8 text).
-
-    Raises:
-        ConfigError: ``system_file_unreadable`` (missing, unreadable or not UTF-8);
-            ``config_invalid`` (empty, or longer than ``MAX_SYSTEM_BYTES``).
-    """
-    if value is None:
-        return None
-    text = ensure_utf8(value, "system_prompt")
-    if value.startswith("@"):
-        path = Path(value[1:]).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-            raise ConfigError(
-                "system_file_unreadable", f"cannot read the system prompt {path}: {why}", path=str(path)
-            ) from None
-    if not text.strip():
-        raise ConfigError("config_invalid", "the system prompt is empty", setting="system")
-    if len(text.encode("utf-8")) > MAX_SYSTEM_BYTES:
-        raise ConfigError(
-            "config_invalid", f"the system prompt is over {MAX_SYSTEM_BYTES} bytes", setting="system"
-        )
-    return text
-
-
-def _provider_spec(
-    script: Path | None,
-    model: str | None,
-    *,
-    system: str | None = None,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    step_timeout: float | None = None,
-    context_window: int | None = None,
-    context_reserve: int | None = None,
-) -> ScriptSpec | OpenAISpec | AnthropicSpec:
-    from maka_core.providers.scripted import ScriptedProvider
-    from maka_core.providers.spec import ScriptSpec, model_spec
-
-    if script is not None and model is not None:
-        raise ConfigError("config_invalid", "give either --script or --model")
-    if script is not None:
-        given = [
-            f
-            for f, v in (
-                ("--system", system),
-                ("--temperature", temperature),
-                ("--max-tokens", max_tokens),
-                ("--context-window", context_window),
-                ("--context-reserve", context_reserve),
-            )
-            if v is not None
-        ]
-        if given:
-            # A script answers for the model: it has no prompt or sampling to set, and a setting
-            # accepted and then dropped would be input lost.
-            raise ConfigError(
-                "config_invalid", f"{', '.join(given)} set a model (--model), not a script", setting=given[0]
-            )
-        try:
-            ScriptedProvider.from_file(script)  # the whole script, before anything starts
-        except RecursionError:
-            raise ConfigError("script_invalid", f"{script} is nested too deeply", path=str(script)) from None
-        return ScriptSpec(path=str(script.resolve()))
-    if not model or not model.strip():
-        raise ConfigError("config_invalid", "give --script FILE or --model PROVIDER:NAME")
-    # The provider's HTTP timeout follows the step's own, so a long call is not cut short below it.
-    return model_spec(
-        model,
-        system=system,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        timeout_seconds=step_timeout,
-        context_window=context_window,
-        context_reserve=context_reserve,
-    )
-
-
-def _workspace(path: Path, s: MakaSettings) -> Path:
-    # The same codes Workspace.open uses, checked before the marker file is written: a workspace is
-    # a project folder, never /, a home or system folder, nor one holding MAKA_HOME or the ledger.
-    if not path.exists():
-        raise ConfigError("workspace_not_found", f"no workspace at {path}", path=str(path))
-    if not path.is_dir():
-        raise ConfigError("invalid_workspace", f"{path} is not a directory", path=str(path))
-    ledger = s.ledger
-    check_workspace_location(
-        path, maka_home=s.home, ledger_path=ledger if isinstance(ledger, Path) else sqlite_file(ledger)
-    )
-    return path
+# The checks of a new session live in ``workers.session_start``: the CLI, ``SessionClient`` and a
+# child session refuse the same inputs.
 
 
 @session.command("start")
@@ -316,60 +196,35 @@ def cmd_start(
     from maka_temporal.workers.client import connect
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
-    text = _message(message)
-    if session_id is not None:
-        check_session_id(session_id)
-    check_step_timeout(step_timeout)  # before it becomes the provider's HTTP timeout too
-    provider = _provider_spec(
-        script,
-        model,
-        system=_system_prompt(system),
+
+    inputs: dict[str, Any] = dict(
+        workspace=workspace,
+        message=message,
+        script=script,
+        model=model,
+        policy=policy_file,
+        session_id=session_id,
+        system=system,
         temperature=temperature,
         max_tokens=max_tokens,
-        step_timeout=step_timeout if step_timeout != DEFAULT_STEP_TIMEOUT_S else None,
+        step_timeout=step_timeout,
         context_window=context_window,
         context_reserve=context_reserve,
-    )
-    new_session_config(  # every setting checked before anything is written
-        provider,
         model_step_mode=model_step_mode,
-        step_timeout_s=step_timeout,
-        max_steps_per_turn=max_steps,
-        continue_as_new_after_turns=continue_as_new_after,
+        max_steps=max_steps,
+        continue_as_new_after=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,
+        principal=principal,
+        on_behalf_of=on_behalf_of,
+        unhinged=unhinged,
     )
-    _workspace(workspace, s)
-    governed = session_policy(s, session_id, policy_file, principal, on_behalf_of, unhinged)
+    new_session(s, **inputs)  # every input refused before connecting (SessionClient checks again)
 
     async def main() -> int:
         client = await connect(address, namespace)
-        recorded = governed.record_in(s)
-        try:
-            sid, accepted = await start_session(
-                client,
-                workspace=workspace,
-                provider=provider,
-                task_queue=s.task_queue,
-                message=text,
-                session_id=governed.session_id,
-                continue_as_new_after=continue_as_new_after,
-                continue_as_new_after_steps=continue_as_new_after_steps,
-                model_step_mode=model_step_mode,
-                max_steps_per_turn=max_steps,
-                step_timeout_s=step_timeout,
-                accept_timeout=s.wait_timeout,
-                refusals=True,
-                host=s.host,
-                host_wait_s=s.host_wait,
-            )
-        except MakaError as exc:
-            # The server refused the start outright (no workflow exists, nothing read the policy):
-            # leave no policy behind, so a corrected start may choose another. Any other failure
-            # (``temporal_unavailable`` may hide a start that happened) keeps it.
-            if recorded and exc.code in START_NEVER_HAPPENED:
-                governed.forget_in(s)
-            raise
-        return await _after_send(client, s, sid, accepted, wait=wait, as_json=as_json)
+        sessions = SessionClient(client, ledger=s.ledger, task_queue=s.task_queue)
+        started = await sessions.start(host=s.host, accept_timeout=s.wait_timeout, **inputs)
+        return await _after_send(client, s, started.session_id, started, wait=wait, as_json=as_json)
 
     finish(run_async(main()))
 
@@ -396,71 +251,15 @@ def cmd_send(
     from maka_temporal.workers.client import connect
 
     s = settings(db=db, wait_timeout=wait_timeout)
-    text = _message(message)
+    check_message(message)  # before connecting: a bad message is refused without a server
 
     async def main() -> int:
         client = await connect(address, namespace)
-        if not (await describe_execution(client, session_id)).open:
-            await _reopen(client, s, session_id)
-        accepted = await send_message(client, session_id, text, accept_timeout=s.wait_timeout, refusals=True)
+        sessions = SessionClient(client, ledger=s.ledger, task_queue=s.task_queue)
+        accepted = await sessions.send(session_id, message, accept_timeout=s.wait_timeout)
         return await _after_send(client, s, session_id, accepted, wait=wait, as_json=as_json)
 
     finish(run_async(main()))
-
-
-async def _reopen(client: Any, s: MakaSettings, session_id: str) -> None:
-    """A new execution for a session whose execution is gone, only when its last run ended cleanly.
-
-    A run that a repair closed (its execution was lost mid-turn), a parked run, an unresolved
-    operation or a claimed continuation that never ran all need ``maka resume`` (the planner).
-
-    Raises:
-        MakaError: ``session_not_found``, ``resume_required``, ``session_busy``.
-    """
-    from maka_core.runtime.continuation import read_session
-    from maka_core.runtime.session_view import session_view
-    from maka_temporal.workflows.contracts import workflow_id_for
-
-    try:
-        store = open_ledger(s.ledger, create=False)
-    except MakaError as exc:
-        if exc.code != "ledger_not_found":
-            raise
-        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id) from None
-    with store:
-        session = read_session(store, session_id)
-        view = session_view(store, session_id, workflow_id=workflow_id_for(session_id))
-    latest = session.latest
-    if latest is None:
-        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-    events = session.events.get(latest.run_id, [])
-    terminal = next((e for e in reversed(events) if e.is_terminal), None)
-    delta = terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
-    recovered = isinstance(delta, dict) and bool(delta.get("recovered"))
-    pending_claim = any(
-        not any(e.is_terminal for e in session.events.get(c.target_run_id, [])) for c in session.claims
-    )
-    if view.state not in ("idle", "failed") or terminal is None or recovered or pending_claim:
-        raise MakaError(
-            "resume_required",
-            f"session {session_id} lost its execution before its last run settled; "
-            f"run `maka resume {session_id}`",
-            sessionId=session_id,
-            state=view.state,
-        )
-    record = session.record
-    if record is None:
-        raise MakaError(
-            "resume_required", "the ledger holds no session record to restart from", sessionId=session_id
-        )
-    await start_execution(
-        client,
-        session_id,
-        workspace=record.workspace,
-        workspace_identity=record.workspace_identity,
-        config=record.config,  # the session's settings, as recorded at its start
-        task_queue=record.task_queue or s.task_queue,
-    )
 
 
 async def _after_send(
@@ -548,115 +347,29 @@ def cmd_status(
     s = settings(db=db)
 
     async def main() -> int:
-        status = None
-        execution = None
-        # Notes wait until the session is known to exist: an unknown session or a missing ledger is
-        # one refusal, not a note about state "from the ledger" followed by it.
-        notes: list[str] = []
+        client, why = None, None
         try:
             client = await asyncio.wait_for(connect(address, namespace), 3)
-            execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
-            if execution.open:
-                status = await asyncio.wait_for(query_status(client, session_id), 5)
-            else:
-                # A closed execution's Query replays its last in-memory state ("running" for one
-                # terminated mid-turn): only the ledger knows what became of it.
-                notes.append(f"maka: execution {execution.status or 'not found'}; state from the ledger")
-        except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
+        except Exception as exc:  # unreachable server: the ledger still answers
             why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
-            notes.append(f"maka: workflow not reachable ({why}); state from the ledger")
-        if execution is not None and execution.task_failing:
-            notes.append(
-                f"maka: the workflow task of session {session_id} keeps failing "
-                f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
-                f"then `maka resume {session_id}`"
-            )
-        try:
-            view = _view(s.ledger, session_id, status, create=False)
-        except MakaError as exc:
-            if exc.code != "ledger_not_found" or status is None:
-                raise
-            view = _view("sqlite://", session_id, status, create=False)  # the workflow alone answers
-        if status is None and view.event_count == 0 and not view.turns:
-            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-        resume_refusal = None
-        if status is None and not view.turns:
-            # Events without run headers (an imported ledger): resume refuses, and says so here too.
-            from maka_temporal.workers.resume_cli import runs_missing
-
-            refusal = runs_missing(session_id, view.event_count)
-            resume_refusal = refusal.to_json()
-            notes.append(f"maka: {refusal.code}: {refusal.message}")
-        for note in notes:
+        st = await session_status(client, s, session_id, unreachable=why)
+        for note in st.notes:
             print(note, file=sys.stderr)
-        health = _ledger_health(s.ledger)
-        governed = _governance_status(s.ledger, session_id, view.state)
-        config = _session_config(s.ledger, session_id)
-        host_wait = config.host_wait_s if config is not None else None
-        host = (config.host if config is not None else None) or (status.host if status is not None else None)
-        if execution is not None and not execution.open and view.state == "running":
-            print(
-                f"maka: session {session_id} lost its execution before its run settled; a worker's "
-                f"startup repair or `maka resume {session_id}` settles it from the ledger",
-                file=sys.stderr,
-            )
         if as_json:
-            print_json(
-                {
-                    **view.to_json(),
-                    **(execution.to_json() if execution else {}),
-                    "host": host,
-                    "hostWait": host_wait,
-                    "config": config.to_json() if config is not None else None,
-                    "ledger": health,
-                    **governed,
-                    **({"resume": resume_refusal} if resume_refusal else {}),
-                },
-                indent=2,
-            )
-        else:
-            _print_view(view, state=governed.get("state"))
-            if host is not None:
-                click.echo(f"host {host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
-            for p in governed["pendingApprovals"]:
-                click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
-            if not health["ok"]:
-                click.echo(f"ledger unusable ({health['code']}): {health['message']}")
+            print_json(st.raw, indent=2)
+            return 0
+        _print_view(st, state=st.state)
+        if st.host is not None:
+            host_wait = st.raw["hostWait"]
+            click.echo(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
+        for p in st.pending_approvals:
+            click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
+        health = st.raw["ledger"]
+        if not health["ok"]:
+            click.echo(f"ledger unusable ({health['code']}): {health['message']}")
         return 0
 
     finish(run_async(main()))
-
-
-def _session_config(db: Any, session_id: str) -> SessionConfig | None:
-    """The settings the session recorded at start (from the ledger)."""
-    from maka_core.runtime.lost_run import session_record
-
-    try:
-        with open_ledger(db, create=False) as store:
-            record = session_record(store.events(session_id=session_id))
-    except MakaError:
-        return None
-    return record.config if record is not None else None
-
-
-def _governance_status(db: Any, session_id: str, state: str) -> dict[str, Any]:
-    try:
-        with open_ledger(db, create=False) as store:
-            return governance_status(store, session_id, state)
-    except MakaError:
-        return {"pendingApprovals": []}
-
-
-def _ledger_health(db: Any) -> dict[str, Any]:
-    """Whether the ledger can take the next write (read-only, full), without writing to it."""
-    from maka_core.store.engine import database_url, sqlite_file
-    from maka_core.store.health import probe_path, probe_url
-
-    url = database_url(db)
-    file = sqlite_file(url)
-    if file is not None:
-        return probe_path(file)
-    return probe_url(url) if url.startswith("postgresql") else {"ok": True}
 
 
 #: C0/C1 controls (but newline and tab), DEL, and the bidi overrides/isolates that reorder text.
@@ -721,10 +434,11 @@ def cmd_resolve(
     as_json: bool,
 ) -> None:
     """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
-    from maka_core.runtime.resolution import resolve_operation
-
-    with open_ledger(settings(db=db).ledger, create=False) as store:
-        recorded = resolve_operation(store, session_id, operation_id, decision, resolved_by, reason)
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    resolved = asyncio.run(
+        sessions.resolve(session_id, operation_id, decision=decision, by=resolved_by, reason=reason)  # type: ignore[arg-type]
+    )
+    recorded = resolved.raw
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
     else:

@@ -255,6 +255,7 @@ async def start_session(
     refusals: bool = False,
     host: str | None = None,
     host_wait_s: float | None = None,
+    config: SessionConfig | None = None,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
@@ -283,7 +284,8 @@ async def start_session(
     from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
     from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
 
-    config = new_session_config(
+    # ``config``: one checked already (``workers.session_start``: with the policy digest), taken whole.
+    config = config or new_session_config(
         provider,
         model_step_mode=model_step_mode,
         step_timeout_s=step_timeout_s,

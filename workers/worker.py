@@ -25,19 +25,17 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from maka_core.errors import MakaError
+from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.run_header import RunHeader
-from maka_core.paths import maka_home
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
-from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, default_tools
+from maka_core.tools.base import Tool
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.attempt_fence import AttemptFence
-from maka_temporal.workers.ledger_guard import open_checked, watch, worker_identity
 from maka_temporal.workers.resume_cli import (
     lost_sessions,
     resume_lost_session,
@@ -263,16 +261,27 @@ async def _run_all(pollers: list[Worker]) -> None:
     await asyncio.gather(*tasks)
 
 
-def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+def default_runtime(store: LedgerStore, settings: RuntimeSettings, *, tools: Sequence[Tool] = ()) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
-    hidden from it), ``MAKA_POLICY`` (or the default policy)."""
-    tools = default_tools(
+    hidden from it) and ``tools`` (a library user's own, ``MakaPlugin(tools=...)``; one may not take
+    a built-in's name), ``MAKA_POLICY`` (or the default policy).
+
+    Raises:
+        ConfigError: ``config_invalid`` (``setting`` = ``tools``) for a name taken twice.
+    """
+    offered = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
         bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
-    return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings)
+    for tool in tools:
+        if tool.name in offered:
+            raise ConfigError(
+                "config_invalid", f"a tool named {tool.name!r} is offered already", setting="tools"
+            )
+        offered[tool.name] = tool
+    return Runtime(store, tools=offered, policy=Policy.from_env(), settings=settings)
 
 
 async def serve(
@@ -291,11 +300,12 @@ async def serve(
     host: str | None = None,
     workflow: type = SessionWorkflow,
 ) -> RepairReport:
-    """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
+    """``maka worker``: one temporalio ``Worker`` with ``MakaPlugin`` (``workers.plugin``), run
+    until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
 
-    ``host`` (``maka worker --host``, ``MAKA_HOST``): the workspace host this worker serves; it
-    polls the shared queue and ``host_queue(task_queue, host)`` (two temporalio Workers over one
-    runtime). ``None``: the shared queue alone (library callers and older tests).
+    ``host`` (``maka worker --host``, ``MAKA_HOST``): the workspace host this worker serves; the
+    plugin also polls ``host_queue(task_queue, host)``. ``None``: the shared queue alone (older
+    tests), and startup repair takes every host's runs.
 
     Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
     line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
@@ -303,6 +313,8 @@ async def serve(
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
     ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
     """
+    from maka_temporal.workers.plugin import MakaPlugin
+
     out = out or sys.stderr
 
     def announce(event: str, text: str, **fields: Any) -> None:
@@ -314,49 +326,31 @@ async def serve(
         log.info("continuation %s %s", event, fields)
         announce(event, f"continuation {event}: " + " ".join(f"{k}={v}" for k, v in fields.items()), **fields)
 
-    try:
-        store = await open_checked(client, db, task_queue)
-    except MakaError as exc:
-        announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
-        raise
     settings = settings or load_settings().runtime_settings()
-    ledger_file = sqlite_file(database_url(db))
-    settings = settings.with_protected(maka_home(), ledger_file)
     if settings.unsafe_no_sandbox:
         log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
-    runtime = (make_runtime or default_runtime)(store, settings)
-    if telemetry is not None:
-        telemetry.instrument(runtime)
-    acts = MakaActivities(runtime)
-    report = RepairReport()
-    try:
-        if repair:
-            report = await startup_repair(
-                client, store, runtime, host=host, say=lambda m: announce("attempt_fence", m, message=m)
+    serving: list[asyncio.Task[None]] = []
+
+    def on_event(event: str, fields: dict[str, Any]) -> None:
+        if event == "attempt_fence":
+            announce("attempt_fence", fields["message"], message=fields["message"])
+        elif event == "repaired" and (fields["repairedRuns"] or json_events):
+            announce(
+                "repaired",
+                f"repaired {len(fields['repairedRuns'])} run(s) whose workflow is gone; "
+                f"sessions to resume: {', '.join(fields['sessionsToResume'])}",
+                **fields,
             )
-            if report.repaired or json_events:
-                announce(
-                    "repaired",
-                    f"repaired {len(report.repaired)} run(s) whose workflow is gone; "
-                    f"sessions to resume: {', '.join(report.sessions_to_resume)}",
-                    checked=report.checked,
-                    repairedRuns=report.repaired,
-                    leftToWorkflow=report.left_to_workflow,
-                    sessionsToResume=report.sessions_to_resume,
-                )
-        observed = {} if telemetry is None else {"interceptors": telemetry.interceptors()}
-        identity = worker_identity(store.health.ledger_id)
-        pollers = [build_worker(client, acts, task_queue, workflow=workflow, identity=identity, **observed)]
-        if host is not None:
-            pollers.append(build_host_worker(client, acts, task_queue, host, identity=identity, **observed))
-        metrics_port = telemetry.start() if telemetry is not None else None
-        own_stop = stop is None
-        if stop is None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-        runner = asyncio.create_task(_run_all(pollers))
+        elif event == "ledger_unusable":
+            log.error("the ledger is unusable (%s): stopping: %s", fields.get("code"), fields.get("message"))
+            announce("ledger_unusable", f"stopping: {fields.get('code')}: {fields.get('message')}", **fields)
+        elif event == "serving":
+            serving.append(asyncio.create_task(_ready(plugin)))
+
+    async def _ready(plugin: MakaPlugin) -> None:
+        runtime = plugin.runtime
+        store = plugin.store
+        metrics_port = plugin.metrics_port
         bash = runtime.tools.get("bash")
         isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
         announce(
@@ -368,8 +362,8 @@ async def serve(
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),
             bash=isolation,
-            unsafeNoSandbox=settings.unsafe_no_sandbox,
-            bashNetwork=settings.bash_network,
+            unsafeNoSandbox=runtime.settings.unsafe_no_sandbox,
+            bashNetwork=runtime.settings.bash_network,
             ledgerId=store.health.ledger_id,
             **(
                 {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
@@ -379,48 +373,81 @@ async def serve(
         )
         if ready is not None:
             ready.set()
-        resuming = None
-        resume_setting = load_settings().runtime_safe_boundary_resume
-        if repair and resume_setting:
+        if repair and load_settings().runtime_safe_boundary_resume:
+            report = plugin.repair_report or RepairReport()
             candidates = list(report.sessions_to_resume)
             for session_id in await asyncio.to_thread(lost_sessions, store):
                 if session_id not in candidates:
                     candidates.append(session_id)
             if candidates:
-                resuming = asyncio.create_task(
-                    auto_resume(client, runtime, candidates, task_queue, lifecycle, host)
-                )
+                await auto_resume(client, runtime, candidates, task_queue, lifecycle, host)
+
+    plugin = MakaPlugin(
+        ledger=db,
+        settings=settings,
+        make_runtime=make_runtime,
+        repair=repair,
+        host=host,
+        serve_host_queue=host is not None,
+        on_event=on_event,
+        workflow=workflow,
+        telemetry=telemetry,
+    )
+    # How long a workflow task waits on this worker's sticky queue before any worker may take it:
+    # after a worker dies, the next worker picks the session up only after this (``MAKA_STICKY_TIMEOUT``,
+    # the settings model's; SDK default 5 s).
+    try:
+        await plugin.preflight(client, task_queue)
+        worker = Worker(
+            client,
+            task_queue=task_queue,
+            plugins=[plugin],
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=load_settings().sticky_timeout),
+            # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
+            workflow_runner=CompiledOnceSandboxRunner(),
+            max_concurrent_activities=64,
+            graceful_shutdown_timeout=timedelta(seconds=5),
+        )
+    except MakaError as exc:
+        announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
+        plugin.close()
+        raise
+    own_stop = stop is None
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    failure: MakaError | None = None
+    try:
+        runner = asyncio.create_task(worker.run())
         stop_wait = asyncio.create_task(stop.wait())
-        watchdog = asyncio.create_task(watch(store, stop))
         await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
-        watchdog.cancel()
-        if watchdog.done() and not watchdog.cancelled():
-            fault = watchdog.result()
-            log.error("the ledger is unusable (%s): stopping: %s", fault.code, fault.message)
-            announce("ledger_unusable", f"stopping: {fault}", **fault.to_json())
-        if resuming is not None and not resuming.done():
-            resuming.cancel()
-        # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by the
-        # worker's graceful timeout), then the worker, then the store.
-        runtime.stop_tools()
+        for task in serving:
+            task.cancel()
         if not runner.done():
-            await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
-        await asyncio.gather(runner, return_exceptions=True)
+            # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by
+            # the worker's graceful timeout), then the workers, then the store (the plugin's).
+            plugin.runtime.stop_tools()
+            await worker.shutdown()
+        try:
+            await runner
+        except MakaError as exc:
+            if not serving:
+                raise
+            failure = exc  # the plugin announced it; the process leaves with the code
+        await asyncio.gather(*serving, return_exceptions=True)
+    finally:
         if own_stop:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    finally:
-        if telemetry is not None:
-            telemetry.stop()
-        acts.close(wait=True)
-        store.close()
     announce("stopped", "stopped")
-    if store.health.failure is not None:
+    if failure is not None:
         # The process leaves with the code (exit 2 through the CLI), never keeps serving.
-        raise store.health.failure
-    return report
+        raise failure
+    return plugin.repair_report or RepairReport()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,6 +54,12 @@ __all__ = [
     "BEGIN_CONTINUATION",
     "BEGIN_RUN",
     "BeginContinuationInput",
+    "CHILD_ACTIVITY_NAMES",
+    "PREPARE_SESSION",
+    "PrepareSession",
+    "SESSION_REPLY",
+    "SessionReply",
+    "SessionReplyInput",
     "BeginRunInput",
     "BeginRunResult",
     "CallRef",
@@ -113,6 +119,10 @@ STATUS_QUERY: Final = "status"
 #: A long-poll Update for clients waiting on a turn (``maka session ... --wait``). It changes no
 #: workflow state, so histories recorded before it existed replay unchanged.
 WAIT_SETTLED: Final = "wait_settled"
+#: The activities of a session run as a child of a user's workflow (``activities/child.py``).
+PREPARE_SESSION: Final = "maka.prepare_session"
+SESSION_REPLY: Final = "maka.session_reply"
+CHILD_ACTIVITY_NAMES: Final[tuple[str, ...]] = (PREPARE_SESSION, SESSION_REPLY)
 #: ``maka resume`` of a session parked with ``workspace_host_unavailable``: the operator says the
 #: host is back; the turn goes on in the same execution, on the same host.
 RESUME_HOST: Final = "resume_host"
@@ -178,6 +188,36 @@ class SessionInput(HoldsConfig):
     #: A new execution started by ``maka resume``: its first turn is this claimed and started
     #: continuation run (never set by continue-as-new).
     continuation: RunIds | None = None
+    #: A session run as a child workflow (``maka_temporal.workflow.run_session``): its first
+    #: message, taken as if sent (consumed: a continue-as-new carries ``None``) ...
+    first_message: str | None = None
+    #: ... and the execution closes once a turn has settled, returning its status to the parent
+    #: (the session goes on as any other: a ``send`` reopens it from the ledger).
+    close_after_turn: bool = False
+
+
+class PrepareSession(Contract):
+    """Input of ``maka.prepare_session``: a child session's inputs, checked as the CLI checks them."""
+
+    session_id: str
+    message: str
+    workspace: str
+    task_queue: str
+    script: str | None = None
+    model: str | None = None
+    policy: str | None = None
+    host: str | None = None
+
+
+class SessionReplyInput(Contract):
+    session_id: str
+    run_id: str
+
+
+class SessionReply(Contract):
+    """The final assistant text of a turn (``None``: the model gave none)."""
+
+    text: str | None = None
 
 
 class SendMessage(Contract):

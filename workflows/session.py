@@ -180,19 +180,25 @@ class SessionWorkflow:
         self._carried: InFlightTurn | None = inp.in_flight
         #: Set by ``resume_host`` while the turn waits for its workspace host.
         self._host_back = False
+        if inp.first_message is not None and inp.in_flight is None and inp.continuation is None:
+            # A child session's message, taken before any Update can be (as if sent first).
+            self._pending = (self._new_turn(), inp.first_message)
 
     # --- messages --------------------------------------------------------------------------
 
     @workflow.update(name=SEND_MESSAGE)
     def send_message(self, msg: SendMessage) -> TurnAccepted:
-        ids = RunIds(
+        ids = self._new_turn()
+        self._pending = (ids, msg.text)
+        return TurnAccepted(turn_id=ids.turn_id, run_id=ids.run_id, invocation_id=ids.invocation_id)
+
+    def _new_turn(self) -> RunIds:
+        return RunIds(
             session_id=self._inp.session_id,
             turn_id=f"turn-{workflow.uuid4()}",
             run_id=f"run-{workflow.uuid4()}",
             invocation_id=f"inv-{workflow.uuid4()}",
         )
-        self._pending = (ids, msg.text)
-        return TurnAccepted(turn_id=ids.turn_id, run_id=ids.run_id, invocation_id=ids.invocation_id)
 
     @send_message.validator
     def _validate_message(self, msg: SendMessage) -> None:
@@ -284,6 +290,8 @@ class SessionWorkflow:
             carried = self._carried
             await self._run_turn(carried.ids, None, carried.next_step, carried.settings)
             self._carried = None
+            if inp.close_after_turn:
+                return await self._close()
         while True:
             await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
             if self._pending is not None:
@@ -292,8 +300,16 @@ class SessionWorkflow:
                     await self._run_turn(ids, text, 0, None)
                 except _HandOff:
                     return await self._hand_off()
+                if inp.close_after_turn:
+                    return await self._close()
                 continue
             await self._continue_as_new(None)
+
+    async def _close(self) -> SessionStatus:
+        # A child session's turn has settled: its status goes to the parent. A parked turn waits
+        # for an operator as after any closed execution (``maka resume``).
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
 
     async def _hand_off(self) -> SessionStatus:
         # Closing lets ``maka resume`` continue the session from the ledger; running on would
@@ -325,6 +341,7 @@ class SessionWorkflow:
                 "in_flight": in_flight,
                 "continued_runs": self._inp.continued_runs + 1,
                 "continuation": None,
+                "first_message": None,
             }
         )
         workflow.continue_as_new(carried)

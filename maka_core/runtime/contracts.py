@@ -191,6 +191,10 @@ class SessionConfig(Contract):
     #: Seconds the host has to pick a tool or recovery activity up (schedule-to-start) before the
     #: session parks with ``workspace_host_unavailable`` (``MAKA_HOST_WAIT`` at session start).
     host_wait_s: float | None = None
+    #: The digest of the governance policy recorded for the session at its start
+    #: (``session_policies``): which policy every execution of the session decides by. ``None``:
+    #: a session started before the config held it (its policy row still says).
+    policy_digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""

@@ -1,0 +1,15 @@
+"""A user's workflow that runs a maka session as its child (``tests/test_session_api.py``)."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from maka_temporal.workflow import SessionResult, run_session
+
+
+@workflow.defn(name="test.child_session")
+class ChildSessionWorkflow:
+    @workflow.run
+    async def run(self, workspace: str, script: str, session_id: str) -> SessionResult:
+        return await run_session("go", workspace=workspace, script=script, session_id=session_id)

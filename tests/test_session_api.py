@@ -1,0 +1,315 @@
+"""``SessionClient`` refuses what the CLI refuses, with the same codes, before anything is started
+or written; ``MakaPlugin`` refuses a bad setting by name before its worker polls.
+
+Each bad start is given to ``maka session start`` (Click's runner) and to ``SessionClient.start``:
+the codes must be equal, and neither leaves a ledger, a policy or a workspace marker behind. The
+client here points at an address where nothing listens, so a call that got past its checks would
+say ``temporal_unavailable`` instead (the negative control: valid input does say that).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from maka_core.tools.base import ToolResult
+from maka_temporal import MakaPlugin, SessionClient, SessionError
+from maka_temporal.workers.cli import maka
+from maka_temporal.workers.devserver import free_port
+from tests.temporal_support import tool_step, write_script
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
+    values: dict[str, str | None] = {
+        "MAKA_HOME": str(tmp_path / "home"),
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+        "MAKA_DB": None,
+        "MAKA_TASK_QUEUE": None,
+        "MAKA_POLICY": None,
+    }
+    for key, value in values.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    return values
+
+
+def _cli_code(env: dict[str, str | None], args: list[str]) -> str:
+    result = CliRunner().invoke(maka, ["session", "start", "--json", *args], env=env, catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    return str(json.loads(result.stdout)["code"])
+
+
+def _bad_starts(tmp: Path) -> dict[str, tuple[list[str], dict[str, Any]]]:
+    ws = tmp / "ws"
+    ws.mkdir(exist_ok=True)
+    good = write_script(tmp / "good.json", [tool_step(("read_file", {"path": "a"}), text="x")])
+    bad = tmp / "bad.json"
+    bad.write_text("{not json")
+    policy = tmp / "policy.json"
+    policy.write_text('{"policyVersion": "1", "mutations": "sometimes"}')
+    base = {"workspace": ws, "script": good}
+    return {
+        "empty message": (["--workspace", str(ws), "--script", str(good), "  "], {**base, "message": "  "}),
+        "bad session id": (
+            ["--workspace", str(ws), "--script", str(good), "--session-id", "../x", "go"],
+            {**base, "message": "go", "session_id": "../x"},
+        ),
+        "malformed script": (
+            ["--workspace", str(ws), "--script", str(bad), "go"],
+            {"workspace": ws, "script": bad, "message": "go"},
+        ),
+        "no workspace": (
+            ["--workspace", str(tmp / "nope"), "--script", str(good), "go"],
+            {"workspace": tmp / "nope", "script": good, "message": "go"},
+        ),
+        "bad policy": (
+            ["--workspace", str(ws), "--script", str(good), "--policy", str(policy), "go"],
+            {**base, "message": "go", "policy": policy},
+        ),
+        "script and model": (
+            ["--workspace", str(ws), "--script", str(good), "--model", "openai:x", "go"],
+            {**base, "message": "go", "model": "openai:x"},
+        ),
+        "step timeout": (
+            ["--workspace", str(ws), "--script", str(good), "--step-timeout", "0", "go"],
+            {**base, "message": "go", "step_timeout": 0.0},
+        ),
+    }
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_every_bad_start_is_refused_with_the_clis_code_and_nothing_written(
+    env: dict[str, str | None], tmp_path: Path
+) -> None:
+    home = Path(str(env["MAKA_HOME"]))
+    client = await Client.connect(str(env["TEMPORAL_ADDRESS"]), lazy=True)
+    sessions = SessionClient(client)
+    for case, (args, kwargs) in _bad_starts(tmp_path).items():
+        cli = _cli_code(env, args)
+        with pytest.raises(SessionError) as err:
+            await sessions.start(**kwargs)
+        assert err.value.code == cli, (case, err.value.code, cli)
+        assert cli != "temporal_unavailable", case
+        assert not (home / "ledger.sqlite").exists(), case
+        assert not (tmp_path / "ws" / ".maka").exists(), case
+    # Negative control: valid input gets past every check and reaches for the server.
+    with pytest.raises(SessionError) as err:
+        await sessions.start(workspace=tmp_path / "ws", message="go", script=tmp_path / "good.json")
+    assert err.value.code == "temporal_unavailable"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_unknown_sessions_and_cancel_are_refused_by_code(
+    env: dict[str, str | None], tmp_path: Path
+) -> None:
+    sessions = SessionClient(None)
+    with pytest.raises(SessionError) as err:
+        await sessions.status("nobody")
+    assert err.value.code == "ledger_not_found"
+    with pytest.raises(SessionError) as err:
+        await sessions.approve("nobody", "appr-1", phrase="APPROVE 000000000000")
+    assert err.value.code == "ledger_not_found"
+    with pytest.raises(SessionError) as err:
+        await sessions.show("nobody")
+    assert err.value.code == "ledger_not_found"
+    with pytest.raises(SessionError) as err:
+        await sessions.cancel("nobody")
+    assert err.value.code == "cancel_not_supported"
+    with pytest.raises(SessionError) as err:
+        SessionClient(None, task_queue="")
+    assert err.value.code == "config_invalid"
+
+
+class _Echo:
+    name = "echo"
+    description = "Echo a text."
+    parameters: dict[str, Any] = {"type": "object", "properties": {"text": {"type": "string"}}}
+    recovery_mode = "replay_safe"
+    mutates = False
+
+    def preflight(self, args: dict[str, Any], ws: Any) -> None:
+        return None
+
+    def capture_evidence(self, args: dict[str, Any], ws: Any) -> None:
+        return None
+
+    def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> ToolResult:
+        return ToolResult.text(str(args.get("text")))
+
+    def reconcile(self, args: dict[str, Any], ws: Any, evidence: Any) -> None:
+        return None
+
+
+def test_the_plugin_refuses_a_bad_setting_by_name(env: dict[str, str | None]) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"host": "two words"}, "MAKA_HOST"),
+        ({"tool_heartbeat_timeout": -1.0}, "MAKA_TOOL_HEARTBEAT_TIMEOUT"),
+        ({"tools": [object()]}, "tools"),
+        ({"tools": [_Echo(), _Echo()]}, "tools"),
+        ({"mcp_config": "servers.json"}, "mcp_config"),
+    ]
+    for kwargs, setting in cases:
+        with pytest.raises(SessionError) as err:
+            MakaPlugin(**kwargs)
+        assert (err.value.code, err.value.detail.get("setting")) == ("config_invalid", setting), kwargs
+    MakaPlugin(tools=[_Echo()])  # negative control: a good tool is taken
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_tool_that_takes_a_built_in_name_or_a_bad_ledger_is_refused_before_polling(
+    env: dict[str, str | None], temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    client = temporal_client
+    shadow = _Echo()
+    shadow.name = "bash"
+    with pytest.raises(SessionError) as err:
+        Worker(client, task_queue=task_queue, plugins=[MakaPlugin(tools=[shadow])])
+    assert (err.value.code, err.value.detail.get("setting")) == ("config_invalid", "tools")
+    folder = tmp_path / "a-directory"
+    folder.mkdir()
+    with pytest.raises(SessionError) as err:
+        Worker(client, task_queue=task_queue, plugins=[MakaPlugin(ledger=folder)])
+    assert err.value.code == "store_unreadable"
+    plugin = MakaPlugin(ledger=tmp_path / "ledger.sqlite", tools=[_Echo()])
+    worker = Worker(client, task_queue=task_queue, plugins=[plugin])  # negative control: this one is built
+    assert "echo" in plugin.runtime.tools and "bash" in plugin.runtime.tools
+    assert worker.config(active_config=True)["identity"].rsplit("#", 1)[1] != "unknown"
+    plugin.close()
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_session_through_the_client_start_wait_send_show_audit(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's answers on a real session, served by a plain ``Worker`` with ``MakaPlugin``
+    (the session is pinned to the machine's host, as from the CLI: the plugin serves its queue)."""
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json",
+        [tool_step(("write_file", {"path": "a.txt", "content": "A\n"}), text="writing"), {"text": "done"},
+         {"text": "again"}],
+    )  # fmt: skip
+    sessions = SessionClient(temporal_client, ledger=db, task_queue=task_queue)
+    async with Worker(temporal_client, task_queue=task_queue, plugins=[MakaPlugin(ledger=db)]):
+        started = await sessions.start(workspace=ws_dir, message="write a", script=script, session_id="lib-1")
+        assert started.session_id == "lib-1" and started.run_id.startswith("run-")
+        status = await sessions.wait("lib-1", started.run_id)
+        assert (status.state, status.park_reason) == ("idle", None)
+        assert [(o.tool_name, o.status, o.is_error) for o in status.operations] == [
+            ("write_file", "completed", False)
+        ]
+        assert (
+            status.config is not None
+            and status.config["policyDigest"] == status.raw["config"]["policyDigest"]
+        )
+        again = await sessions.send("lib-1", "once more")
+        assert (await sessions.wait("lib-1")).state == "idle" and again.run_id != started.run_id
+        with pytest.raises(SessionError) as err:
+            await sessions.start(workspace=ws_dir, message="x", script=script, session_id="lib-1")
+        assert err.value.code == "session_policy_conflict" or err.value.code == "session_exists"
+        shown = await sessions.show("lib-1")
+        assert "model: done" in shown.lines and "user: once more" in shown.lines
+        audited = await sessions.audit("lib-1")
+        assert audited.ok, audited.raw
+        with pytest.raises(SessionError) as err:
+            await sessions.resume("lib-1")
+        assert (
+            err.value.code == "session_busy"
+        )  # its execution is open (idle): nothing to resume, as the CLI says
+    assert (ws_dir / "a.txt").read_text() == "A\n"
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_without_its_host_queue_the_same_session_parks_on_its_host(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control of the flow test above: the plugin made to serve no host queue leaves the
+    session's tool unstarted, and the turn parks ``workspace_host_unavailable`` after its host
+    wait (the plugin's host worker is what ran the tool there)."""
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MAKA_HOST_WAIT", "1")
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("write_file", {"path": "a.txt", "content": "A\n"}))]
+    )
+    sessions = SessionClient(temporal_client, ledger=db, task_queue=task_queue)
+    async with Worker(
+        temporal_client, task_queue=task_queue, plugins=[MakaPlugin(ledger=db, serve_host_queue=False)]
+    ):
+        started = await sessions.start(workspace=ws_dir, message="write a", script=script)
+        status = await sessions.wait(started.session_id, started.run_id, timeout=60)
+    assert (status.state, status.park_reason) == ("parked", "workspace_host_unavailable")
+    assert not (ws_dir / "a.txt").exists()
+
+
+def test_the_plugin_gives_a_client_the_pydantic_payload_converter_and_keeps_the_rest() -> None:
+    import dataclasses
+
+    from temporalio.contrib.pydantic import PydanticPayloadConverter
+    from temporalio.converter import DataConverter, PayloadCodec
+
+    class Codec(PayloadCodec):
+        async def encode(self, payloads: Any) -> Any:
+            return payloads
+
+        async def decode(self, payloads: Any) -> Any:
+            return payloads
+
+    plugin = MakaPlugin()
+    mine = dataclasses.replace(DataConverter.default, payload_codec=Codec())
+    config = plugin.configure_client({"data_converter": mine})  # type: ignore[typeddict-item]
+    given = config["data_converter"]
+    assert (
+        given.payload_converter_class is PydanticPayloadConverter
+        and given.payload_codec is mine.payload_codec
+    )
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_child_session_id_is_taken_once(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_session`` with a session id already taken is refused ``session_exists`` (the first
+    session is untouched); the first run returned its result."""
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    from maka_temporal import SessionResult
+    from tests.children.child_session_workflow import ChildSessionWorkflow
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(tmp_path / "s.json", [{"text": "hello"}])
+    plugin = MakaPlugin(ledger=db)
+    args = [str(ws_dir), str(script), "child-1"]
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[ChildSessionWorkflow], plugins=[plugin]
+    ):
+        first = await temporal_client.execute_workflow(
+            ChildSessionWorkflow.run,
+            args=args,
+            id=f"p1-{task_queue}",
+            task_queue=task_queue,
+            result_type=SessionResult,
+        )
+        assert (first.session_id, first.state, first.text) == ("child-1", "idle", "hello")
+        with pytest.raises(WorkflowFailureError) as err:
+            await temporal_client.execute_workflow(
+                ChildSessionWorkflow.run, args=args, id=f"p2-{task_queue}", task_queue=task_queue
+            )
+        assert isinstance(err.value.cause, ApplicationError) and err.value.cause.type == "session_exists"
+        status = await SessionClient(temporal_client, ledger=db).status("child-1")
+        assert status.state == "idle" and len(status.turns) == 1

@@ -1,0 +1,356 @@
+"""``MakaPlugin``: maka sessions inside your own Temporal worker (``maka worker`` runs on it too).
+
+Given to ``Client.connect(..., plugins=[MakaPlugin(...)])`` it sets the pydantic data converter
+(every maka contract is a pydantic model) and then configures every ``Worker`` built on that
+client; given to ``Worker(..., plugins=[...])`` alone, it configures that worker (its client must
+already use the pydantic converter: ``maka_temporal.connect``). On the worker it:
+
+- registers the session workflow, maka's activities and the two of a child session
+  (``maka_temporal.workflow.run_session``), over one runtime (the ledger, the tools, the policy);
+- opens the ledger when the worker is built (a bad ledger is refused there, by its code) and
+  names it in the worker's identity (``workers.ledger_guard``);
+- when the worker runs, before it polls: refuses a queue served against another ledger
+  (``ledger_mismatch``), runs startup repair (``workers.worker.startup_repair``), then serves the
+  host queue of ``host`` (``host_queue(task_queue, host)``: the tools of the sessions pinned to
+  that host) with a second, activity-only worker, for as long as yours runs; a ledger fault while
+  serving (``ledger_replaced``, ``ledger_unwritable``...) shuts your worker down with the code.
+
+Bad settings are refused by name (``config_invalid`` with ``setting``) when the plugin is made,
+as ``SessionError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultPayloadConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import Worker, WorkerConfig
+
+from maka_core.errors import MakaError
+from maka_core.paths import maka_home
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
+from maka_core.settings import MakaSettings, load_settings
+from maka_core.store.engine import database_url, sqlite_file
+from maka_core.store.writer import LedgerStore
+from maka_core.tools.base import Tool
+from maka_temporal.activities import MakaActivities
+from maka_temporal.activities.child import ChildSessionActivities
+from maka_temporal.workers.ledger_guard import check_queue, watch, worker_identity
+from maka_temporal.workers.session_api import SessionError
+from maka_temporal.workers.telemetry import Telemetry
+from maka_temporal.workflows.contracts import host_queue
+from maka_temporal.workflows.session import SessionWorkflow
+
+__all__ = ["MakaPlugin"]
+
+log = logging.getLogger("maka.plugin")
+
+#: ``(event, fields)``: what the plugin did, for a supervisor's log (``maka worker`` prints them).
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+def _refuse(setting: str, message: str) -> SessionError:
+    return SessionError("config_invalid", message, setting=setting)
+
+
+@dataclass
+class _Served:
+    """What one configured worker holds: its ledger, runtime and activities."""
+
+    store: LedgerStore
+    runtime: Runtime
+    acts: MakaActivities
+    child: ChildSessionActivities
+    task_queue: str
+
+
+class MakaPlugin(SimplePlugin):
+    """maka's sessions on your worker: see the module docstring.
+
+    Args:
+        ledger: the ledger, a SQLite path or a SQLAlchemy URL (default ``MAKA_DB``, else
+            ``$MAKA_HOME/ledger.sqlite``); every worker of a task queue must serve the same one.
+        tools: your own tools (``maka_core.tools.Tool`` objects), offered beside the built-in ones.
+        mcp_config: an MCP servers file: not supported by this build (refused when given).
+        host: the workspace host this worker serves (default ``MAKA_HOST``, the machine's name).
+        tool_heartbeat_timeout: tool activities' heartbeat timeout in seconds
+            (``MAKA_TOOL_HEARTBEAT_TIMEOUT``).
+        bash_network: the operator's key to the network for bash (``MAKA_BASH_NETWORK``).
+        unsafe_no_sandbox: run bash without a sandbox where bubblewrap cannot run.
+        repair: run startup repair before polling (default; ``maka worker --no-repair`` is for tests).
+        settings: the whole runtime settings instead of the three above (``maka worker``'s).
+        make_runtime: how the runtime is built over the opened ledger (default: the built-in tools
+            and yours, ``MAKA_POLICY``).
+        on_event: told what the plugin did: ``repaired`` (the report), ``serving`` (polling
+            starts), ``attempt_fence``, ``ledger_unusable``.
+        workflow: the session workflow class (a test's variant).
+        serve_host_queue: ``False``: no host-queue worker, and startup repair takes every host's
+            runs (``maka worker`` without a host: older deployments and tests).
+        telemetry: traces, ledger commit timing and ``/metrics`` (``workers.telemetry.Telemetry``,
+            ``maka worker --metrics-port``): its interceptors join the worker's, its runtime
+            instrumentation the runtime's, and ``/metrics`` is served while the worker runs
+            (``metrics_port``). The SDK's own metrics need the client built on
+            ``telemetry.temporal_runtime()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: str | Path | None = None,
+        tools: Sequence[Tool] = (),
+        mcp_config: str | Path | None = None,
+        host: str | None = None,
+        tool_heartbeat_timeout: float | None = None,
+        bash_network: bool | None = None,
+        unsafe_no_sandbox: bool = False,
+        repair: bool = True,
+        settings: RuntimeSettings | None = None,
+        make_runtime: Callable[[LedgerStore, RuntimeSettings], Runtime] | None = None,
+        on_event: EventSink | None = None,
+        workflow: type = SessionWorkflow,
+        serve_host_queue: bool = True,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        try:
+            self.settings: MakaSettings = load_settings(
+                db=str(ledger) if ledger is not None else None,
+                host=host,
+                tool_heartbeat_timeout=tool_heartbeat_timeout,
+                bash_network=bash_network,
+            )
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+        if mcp_config is not None and str(mcp_config):
+            raise _refuse("mcp_config", "MCP servers are not supported yet by this build")
+        self.tools = tuple(tools)
+        names = [getattr(t, "name", None) for t in self.tools]
+        for tool, name in zip(self.tools, names, strict=True):
+            if not isinstance(tool, Tool) or not isinstance(name, str) or not name:
+                raise _refuse("tools", f"{tool!r} is not a maka tool (maka_core.tools.Tool)")
+        if len(set(names)) != len(names):
+            raise _refuse("tools", "two tools share a name")
+        self.repair = repair
+        self.host: str = self.settings.host
+        self.serve_host_queue = serve_host_queue
+        self._runtime_settings = settings or self.settings.runtime_settings(
+            unsafe_no_sandbox=unsafe_no_sandbox
+        )
+        self._make_runtime = make_runtime
+        self._on_event = on_event or (lambda event, fields: log.info("%s %s", event, fields))
+        self._served: _Served | None = None
+        self._preflown: _Served | None = None
+        self.repair_report: Any = None
+        self.telemetry = telemetry
+        #: The port ``/metrics`` is served on while the worker runs (``None``: not served).
+        self.metrics_port: int | None = None
+        super().__init__(
+            "maka.MakaPlugin",
+            data_converter=_with_pydantic,
+            interceptors=telemetry.interceptors() if telemetry is not None else None,
+            workflows=[workflow],
+            activities=self._activities,
+            run_context=None,
+        )
+
+    @property
+    def ledger(self) -> str | Path:
+        return self.settings.ledger
+
+    # --- building ----------------------------------------------------------------------------
+
+    def _activities(self, existing: Sequence[Callable[..., Any]] | None) -> Sequence[Callable[..., Any]]:
+        served = self._served
+        assert served is not None  # set by configure_worker before the activities are resolved
+        return [*(existing or []), *served.acts.all(), *served.child.all()]
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        if self._served is not None:
+            raise _refuse("plugins", "one MakaPlugin serves one Worker (make one per worker)")
+        queue = str(config.get("task_queue"))
+        preflown = self._preflown
+        self._served = (
+            preflown if preflown is not None and preflown.task_queue == queue else self._open(queue)
+        )
+        config = super().configure_worker(config)
+        if not config.get("identity"):
+            # The ledger in the identity: another worker of the queue checks it (ledger_guard).
+            config["identity"] = worker_identity(self._served.store.health.ledger_id)
+        return config
+
+    async def preflight(self, client: Client, task_queue: str) -> None:
+        """Open the ledger and refuse a queue served against another one, before the ``Worker`` is
+        built (``maka worker``: the SDK refuses a second worker of one client on one queue at
+        construction, which would hide ``ledger_mismatch``). A worker built afterwards uses it.
+
+        Raises:
+            SessionError: ``ledger_mismatch`` and the store's codes.
+        """
+        served = self._open(task_queue)
+        try:
+            await check_queue(client, task_queue, served.store.health.ledger_id)
+        except MakaError as exc:
+            served.acts.close(wait=True)
+            served.store.close()
+            raise SessionError.of(exc) from None
+        self._preflown = served
+
+    def close(self) -> None:
+        """Close a ledger opened for a worker that never ran (its construction failed)."""
+        for served in {id(x): x for x in (self._preflown, self._served) if x is not None}.values():
+            served.acts.close(wait=True)
+            served.store.close()
+        self._preflown = self._served = None
+
+    def _open(self, task_queue: str) -> _Served:
+        """The ledger, opened and checked for a write, and the runtime over it.
+
+        Raises:
+            SessionError: ``ledger_unwritable``, ``ledger_full``, ``store_unreadable``... (the
+                store's codes).
+        """
+        from maka_temporal.workers.worker import default_runtime
+
+        try:
+            store = LedgerStore.open(self.settings.ledger)
+            store.check_health()
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+        ledger_file = sqlite_file(database_url(self.settings.ledger))
+        settings = self._runtime_settings.with_protected(maka_home(), ledger_file)
+        try:
+            if self._make_runtime is not None:
+                runtime = self._make_runtime(store, settings)
+            else:
+                runtime = default_runtime(store, settings, tools=self.tools)
+        except MakaError as exc:
+            store.close()
+            raise SessionError.of(exc) from None
+        if self.telemetry is not None:
+            self.telemetry.instrument(runtime)
+        return _Served(
+            store=store,
+            runtime=runtime,
+            acts=MakaActivities(runtime),
+            child=ChildSessionActivities(runtime, self.settings),
+            task_queue=task_queue,
+        )
+
+    # --- running -----------------------------------------------------------------------------
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime of the worker this plugin configured (after ``Worker(...)``)."""
+        return self._serving().runtime
+
+    @property
+    def store(self) -> LedgerStore:
+        """The ledger of the worker this plugin configured (after ``Worker(...)``)."""
+        return self._serving().store
+
+    def _serving(self) -> _Served:
+        if self._served is None:
+            raise SessionError("plugin_not_configured", "no Worker was built with this MakaPlugin yet")
+        return self._served
+
+    def _host_worker(self, worker: Worker, served: _Served) -> Worker:
+        return _host_worker_of(self, worker, served)
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        from maka_temporal.workers.worker import startup_repair
+
+        served = self._serving()
+        client: Client = worker.client
+        try:
+            if served is not self._preflown:
+                await check_queue(client, served.task_queue, served.store.health.ledger_id)
+            if self.repair:
+                self.repair_report = await startup_repair(
+                    client,
+                    served.store,
+                    served.runtime,
+                    host=self.host if self.serve_host_queue else None,
+                    say=lambda m: self._on_event("attempt_fence", {"message": m}),
+                )
+                self._on_event("repaired", _report_fields(self.repair_report))
+            if self.telemetry is not None:
+                try:
+                    self.metrics_port = self.telemetry.start()
+                except MakaError as exc:
+                    raise SessionError.of(exc) from None
+            host_worker = self._host_worker(worker, served) if self.serve_host_queue else None
+            fault = asyncio.Event()
+            watchdog = asyncio.create_task(watch(served.store, fault))
+            pollers = [worker] if host_worker is None else [worker, host_worker]
+            host_task = asyncio.create_task(host_worker.run()) if host_worker is not None else None
+            own: asyncio.Task[None] = asyncio.ensure_future(next(worker))
+            self._on_event("serving", {"hostQueue": host_queue(served.task_queue, self.host)})
+            faulted = asyncio.create_task(fault.wait())
+            await asyncio.wait(
+                {t for t in (own, host_task, faulted) if t is not None}, return_when=asyncio.FIRST_COMPLETED
+            )
+            # Either poller stopping, or a ledger fault, stops both: tools never run without the
+            # session queue, nor the reverse. Tools first (no new tool bodies), then the workers.
+            served.runtime.stop_tools()
+            await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
+            faulted.cancel()
+            watchdog.cancel()
+            if host_task is not None:
+                await asyncio.gather(host_task, return_exceptions=True)
+            await own
+            if served.store.health.failure is not None:
+                self._on_event("ledger_unusable", served.store.health.failure.to_json())
+                raise SessionError.of(served.store.health.failure)
+        finally:
+            if self.telemetry is not None:
+                self.telemetry.stop()
+            served.acts.close(wait=True)
+            served.store.close()
+
+
+def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Worker:
+    """The host-queue worker: on the same connection without plugins (this one configured it
+    already), with your worker's identity and interceptors."""
+    from maka_temporal.workers.worker import build_host_worker
+
+    client = worker.client
+    config: dict[str, Any] = {**client.config(), "plugins": []}
+    bare = Client(**config)
+    own = worker.config(active_config=True)
+    interceptors = list(own.get("interceptors") or [])
+    return build_host_worker(
+        bare,
+        served.acts,
+        served.task_queue,
+        plugin.host,
+        identity=own.get("identity"),
+        **({"interceptors": interceptors} if interceptors else {}),
+    )
+
+
+def _with_pydantic(existing: DataConverter | None) -> DataConverter:
+    """The client's converter with maka's payload converter: every maka contract is a pydantic model.
+    A converter of your own (a codec, a failure converter) is kept; only the SDK's default payload
+    converter is replaced (a custom payload converter must handle pydantic models itself)."""
+    if existing is None:
+        return pydantic_data_converter
+    if existing.payload_converter_class is DefaultPayloadConverter:
+        return dataclasses.replace(existing, payload_converter_class=PydanticPayloadConverter)
+    return existing
+
+
+def _report_fields(report: Any) -> dict[str, Any]:
+    return {
+        "checked": report.checked,
+        "repairedRuns": report.repaired,
+        "leftToWorkflow": report.left_to_workflow,
+        "sessionsToResume": report.sessions_to_resume,
+    }

@@ -1,0 +1,655 @@
+"""``SessionClient``: the sessions of a maka deployment, from your own code (the CLI's commands
+call it too).
+
+Each method refuses what the matching ``maka`` command refuses, with the same codes and before
+anything is started or written, by raising ``SessionError`` (one type; ``.code`` is the stable
+refusal code, ``.detail`` its fields). Each answer is a frozen pydantic model.
+
+The ledger a client names is the one its workers serve (default ``MAKA_DB``, else
+``$MAKA_HOME/ledger.sqlite``): a start records the session's policy there before its workflow
+exists, and status, show, approve, deny, resolve, resume and audit read or write it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from maka_core.errors import MakaError
+from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.settings import MakaSettings, load_settings
+from maka_temporal.workers.cli_base import open_ledger
+from maka_temporal.workers.session_client import (
+    START_NEVER_HAPPENED,
+    describe_execution,
+    query_status,
+    send_message,
+    start_session,
+    wait_settled,
+)
+from maka_temporal.workers.session_start import check_message, new_session
+
+__all__ = [
+    "ApprovalAnswer",
+    "AuditResult",
+    "Operation",
+    "Resolution",
+    "Resumed",
+    "SessionClient",
+    "SessionError",
+    "Status",
+    "Transcript",
+    "TurnInfo",
+    "TurnStarted",
+]
+
+T = TypeVar("T")
+
+
+class SessionError(MakaError):
+    """A refusal of ``SessionClient`` (and of ``MakaPlugin``): ``.code`` is the stable code the CLI
+    prints (``session_not_found``, ``config_invalid``, ``approval_phrase_mismatch``...)."""
+
+    default_code = "session_refused"
+
+    @classmethod
+    def of(cls, exc: MakaError) -> SessionError:
+        return exc if isinstance(exc, SessionError) else cls(exc.code, exc.message, **exc.detail)
+
+
+async def _refusing(call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except SessionError:
+        raise
+    except MakaError as exc:
+        raise SessionError.of(exc) from None
+    except RuntimeError as exc:
+        # A lazy client (``Client.connect(..., lazy=True)``) connects on first use; the SDK's
+        # bridge reports a refused connection this way.
+        if "client connect" not in str(exc):
+            raise
+        raise SessionError("temporal_unavailable", f"no Temporal server answers: {exc}") from None
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TurnStarted(_Answer):
+    """A message the session accepted: the turn it started."""
+
+    session_id: str
+    turn_id: str
+    run_id: str
+    invocation_id: str
+
+
+class TurnInfo(_Answer):
+    turn_id: str
+    run_id: str
+    status: str
+    park_reason: str | None = None
+
+
+class Operation(_Answer):
+    """One tool call's facts, from the ledger."""
+
+    operation_id: str | None
+    tool_call_id: str
+    tool_name: str | None
+    run_id: str
+    status: str
+    reason: str
+    is_error: bool
+
+
+class Status(_Answer):
+    """A session's state (``idle``, ``running``, ``parked``, ``failed``, ``awaiting_approval``), its
+    turns and tool calls."""
+
+    session_id: str
+    state: str
+    park_reason: str | None = None
+    turns: tuple[TurnInfo, ...] = ()
+    operations: tuple[Operation, ...] = ()
+    pending_approvals: tuple[dict[str, Any], ...] = ()
+    config: dict[str, Any] | None = None
+    host: str | None = None
+    execution_status: str | None = None
+    #: What the answer could not learn from Temporal (read from the ledger instead), one line each.
+    notes: tuple[str, ...] = ()
+    #: The object ``maka session status --json`` prints.
+    raw: dict[str, Any]
+
+
+class Transcript(_Answer):
+    session_id: str
+    lines: tuple[str, ...]
+    events: tuple[dict[str, Any], ...]
+
+
+class ApprovalAnswer(_Answer):
+    session_id: str
+    approval_id: str
+    decision: str
+    operation_id: str | None = None
+    raw: dict[str, Any]
+
+
+class Resolution(_Answer):
+    session_id: str
+    operation_id: str
+    decision: str
+    raw: dict[str, Any]
+
+
+class Resumed(_Answer):
+    """``decision``: ``continue`` (a continuation runs) or ``park``."""
+
+    session_id: str
+    decision: str
+    state: str | None = None
+    park_reason: str | None = None
+    raw: dict[str, Any]
+
+
+class AuditResult(_Answer):
+    session_id: str
+    ok: bool
+    raw: dict[str, Any]
+
+
+Decision = Literal["applied", "not_applied", "abandon"]
+
+
+class SessionClient:
+    """Sessions over a connected Temporal client (``temporalio.client.Client`` with the pydantic
+    data converter: ``maka_temporal.connect`` or a client given ``MakaPlugin``).
+
+    ``ledger``: the workers' ledger (path or SQLAlchemy URL); ``task_queue``: the queue their
+    workers poll (default ``MAKA_TASK_QUEUE`` or ``maka``). ``client`` may be ``None`` for the
+    ledger-only calls (``show``, ``approve``, ``deny``, ``resolve``) and for ``status``, which then
+    answers from the ledger.
+    """
+
+    def __init__(
+        self, client: Any, *, ledger: str | Path | None = None, task_queue: str | None = None
+    ) -> None:
+        self.client = client
+        self._ledger = str(ledger) if ledger is not None else None
+        self._task_queue = task_queue
+        self.settings().ledger  # noqa: B018  a bad ledger or queue is refused here, not at first use
+
+    def settings(self, **flags: Any) -> MakaSettings:
+        """The settings this client runs with (the environment, its ledger and queue, ``flags``)."""
+        try:
+            return load_settings(db=self._ledger, task_queue=self._task_queue, **flags)
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+
+    def _temporal(self) -> Any:
+        if self.client is None:
+            raise SessionError(
+                "temporal_unavailable", "this SessionClient was made without a Temporal client"
+            )
+        return self.client
+
+    # --- turns -------------------------------------------------------------------------------
+
+    async def start(
+        self,
+        *,
+        workspace: str | Path,
+        message: str,
+        script: str | Path | None = None,
+        model: str | None = None,
+        policy: str | Path | None = None,
+        session_id: str | None = None,
+        host: str | None = None,
+        system: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
+        context_window: int | None = None,
+        context_reserve: int | None = None,
+        model_step_mode: str = "with_tool",
+        max_steps: int = DEFAULT_MAX_STEPS_PER_TURN,
+        continue_as_new_after: int | None = None,
+        continue_as_new_after_steps: int | None = None,
+        principal: str | None = None,
+        on_behalf_of: tuple[str, ...] = (),
+        unhinged: bool = False,
+        accept_timeout: float | None = None,
+    ) -> TurnStarted:
+        """Start a session on ``workspace`` and send its first message (``maka session start``).
+
+        Every input is checked first; then the session's policy is recorded in the ledger, the
+        workspace marker written and the workflow started. ``host``: the workspace's host (default
+        ``MAKA_HOST``, the machine's name); ``accept_timeout``: how long a worker has to accept the
+        message (default ``MAKA_WAIT_TIMEOUT``).
+        """
+        s = self.settings(host=host, wait_timeout=accept_timeout)
+        client = self._temporal()
+
+        async def go() -> TurnStarted:
+            new = new_session(
+                s,
+                workspace=workspace,
+                message=message,
+                script=script,
+                model=model,
+                policy=policy,
+                session_id=session_id,
+                system=system,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                step_timeout=step_timeout,
+                context_window=context_window,
+                context_reserve=context_reserve,
+                model_step_mode=model_step_mode,
+                max_steps=max_steps,
+                continue_as_new_after=continue_as_new_after,
+                continue_as_new_after_steps=continue_as_new_after_steps,
+                principal=principal,
+                on_behalf_of=on_behalf_of,
+                unhinged=unhinged,
+            )
+            with open_ledger(s.ledger, create=True) as store:
+                recorded = new.record(store)
+            config = new.config
+            try:
+                sid, accepted = await start_session(
+                    client,
+                    workspace=new.workspace,
+                    provider=new.provider,
+                    task_queue=s.task_queue,
+                    message=new.message,
+                    session_id=new.session_id,
+                    continue_as_new_after=config.continue_as_new_after_turns,
+                    continue_as_new_after_steps=config.continue_as_new_after_steps,
+                    model_step_mode=config.model_step_mode,
+                    max_steps_per_turn=config.max_steps_per_turn,
+                    step_timeout_s=config.model_step_timeout_s,
+                    accept_timeout=s.wait_timeout,
+                    refusals=True,
+                    host=config.host,
+                    host_wait_s=config.host_wait_s,
+                    config=config,
+                )
+            except MakaError as exc:
+                # The server refused the start outright (no workflow exists, nothing read the
+                # policy): leave no policy behind, so a corrected start may choose another. Any
+                # other failure (``temporal_unavailable`` may hide a start that happened) keeps it.
+                if recorded and exc.code in START_NEVER_HAPPENED:
+                    new.policy.forget_in(s)
+                raise
+            return _started(sid, accepted)
+
+        return await _refusing(go())
+
+    async def send(
+        self, session_id: str, message: str, *, accept_timeout: float | None = None
+    ) -> TurnStarted:
+        """Send a message: one new turn (``maka session send``). A session whose execution closed
+        after a clean turn gets a new execution built from its recorded config; one lost mid-turn
+        is refused ``resume_required``."""
+        s = self.settings(wait_timeout=accept_timeout)
+        client = self._temporal()
+
+        async def go() -> TurnStarted:
+            text = check_message(message)
+            if not (await describe_execution(client, session_id)).open:
+                await reopen(client, s, session_id)
+            accepted = await send_message(
+                client, session_id, text, accept_timeout=s.wait_timeout, refusals=True
+            )
+            return _started(session_id, accepted)
+
+        return await _refusing(go())
+
+    async def wait(
+        self, session_id: str, run_id: str | None = None, *, timeout: float | None = None
+    ) -> Status:
+        """Wait until the turn ``run_id`` (default: the one running now) settles; its status.
+        ``wait_timeout`` when it takes longer than ``timeout`` (default ``MAKA_WAIT_TIMEOUT``)."""
+        s = self.settings(wait_timeout=timeout)
+        client = self._temporal()
+
+        async def go() -> Status:
+            target = run_id
+            if target is None:
+                now = await query_status(client, session_id)
+                turn = now.current_turn or now.last_turn
+                if turn is None:
+                    return await self.status(session_id)
+                target = turn.run_id
+            await wait_settled(client, session_id, target, timeout=s.wait_timeout, progress=False)
+            return await self.status(session_id)
+
+        return await _refusing(go())
+
+    async def cancel(self, session_id: str, *, reason: str | None = None) -> Status:
+        """Cancel the running turn: not in this build (the ``cancel_turn`` Update comes with it)."""
+        raise SessionError(
+            "cancel_not_supported", "cancelling a turn is not supported by this build", sessionId=session_id
+        )
+
+    # --- reading -----------------------------------------------------------------------------
+
+    async def status(self, session_id: str) -> Status:
+        """State, turns and every tool call's facts (``maka session status``): the workflow's state
+        while its execution is open, the ledger's otherwise (``notes`` says which)."""
+        return await _refusing(session_status(self.client, self.settings(), session_id))
+
+    async def show(self, session_id: str) -> Transcript:
+        """The transcript and events, from the ledger (``maka session show``)."""
+        from maka_core.facts import codec
+        from maka_core.runtime.session_view import transcript_lines
+        from maka_temporal.workers.cli_base import session_events
+
+        s = self.settings()
+
+        def read() -> Transcript:
+            events = session_events(s.ledger, session_id)
+            return Transcript(
+                session_id=session_id,
+                lines=tuple(transcript_lines(events)),
+                events=tuple(json.loads(codec.encode(e)) for e in events),
+            )
+
+        return await _refusing(asyncio.to_thread(read))
+
+    async def audit(self, session_id: str) -> AuditResult:
+        """The ledger's lineage against every execution that hosted it (``maka audit``)."""
+        from maka_temporal.workers.audit import audit_session
+
+        s = self.settings()
+        client = self._temporal()
+
+        async def go() -> AuditResult:
+            with open_ledger(s.ledger, create=False) as store:
+                report = await audit_session(client, store, session_id)
+            return AuditResult(session_id=session_id, ok=report.ok, raw=report.to_json())
+
+        return await _refusing(go())
+
+    # --- operators ---------------------------------------------------------------------------
+
+    async def approve(
+        self, session_id: str, approval_id: str, *, phrase: str, by: str | None = None
+    ) -> ApprovalAnswer:
+        """Approve a pending tool call with its challenge phrase (``maka session approve``)."""
+        return await _refusing(
+            asyncio.to_thread(self._answer, session_id, approval_id, allow=True, phrase=phrase, by=by)
+        )
+
+    async def deny(
+        self, session_id: str, approval_id: str, *, by: str | None = None, reason: str | None = None
+    ) -> ApprovalAnswer:
+        """Deny a pending tool call (``maka session deny``)."""
+        return await _refusing(
+            asyncio.to_thread(self._answer, session_id, approval_id, allow=False, by=by, reason=reason)
+        )
+
+    def _answer(self, session_id: str, approval_id: str, **how: Any) -> ApprovalAnswer:
+        from maka_temporal.workers.governance_cli import answer_approval
+
+        done = answer_approval(self.settings().ledger, session_id, approval_id, **how)
+        return ApprovalAnswer(
+            session_id=session_id,
+            approval_id=approval_id,
+            decision=str(done["decision"]),
+            operation_id=done.get("operationId"),
+            raw=done,
+        )
+
+    async def resolve(
+        self, session_id: str, operation_id: str, *, decision: Decision, by: str, reason: str
+    ) -> Resolution:
+        """Record an operator's resolution of a parked operation (``maka session resolve``); then
+        ``resume``."""
+        from maka_core.runtime.resolution import resolve_operation
+
+        s = self.settings()
+
+        def write() -> Resolution:
+            with open_ledger(s.ledger, create=False) as store:
+                done = resolve_operation(store, session_id, operation_id, decision, by, reason)
+            return Resolution(session_id=session_id, operation_id=operation_id, decision=decision, raw=done)
+
+        return await _refusing(asyncio.to_thread(write))
+
+    async def resume(self, session_id: str, *, wait: bool = False) -> Resumed:
+        """Continue a session whose execution is lost, through the planner, or one parked with
+        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles."""
+        from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
+        from maka_temporal.workers.worker import default_runtime
+
+        s = self.settings()
+        client = self._temporal()
+
+        async def go() -> Resumed:
+            store = open_ledger(s.ledger, create=False)
+            rt = default_runtime(store, s.runtime_settings())
+            try:
+                out = await resume_lost_session(
+                    client,
+                    rt,
+                    session_id,
+                    task_queue=self._task_queue,
+                    feature_enabled=s.runtime_safe_boundary_resume is not False,
+                )
+                if wait and out["decision"] == "continue":
+                    out = await wait_continued(client, rt, out)
+            finally:
+                rt.close()
+                store.close()
+            return Resumed(
+                session_id=session_id,
+                decision=str(out["decision"]),
+                state=out.get("state"),
+                park_reason=out.get("parkReason"),
+                raw=out,
+            )
+
+        return await _refusing(go())
+
+
+def _started(session_id: str, accepted: Any) -> TurnStarted:
+    return TurnStarted(
+        session_id=session_id,
+        turn_id=accepted.turn_id,
+        run_id=accepted.run_id,
+        invocation_id=accepted.invocation_id,
+    )
+
+
+async def reopen(client: Any, s: MakaSettings, session_id: str) -> None:
+    """A new execution for a session whose execution is gone, only when its last run ended cleanly.
+
+    A run that a repair closed (its execution was lost mid-turn), a parked run, an unresolved
+    operation or a claimed continuation that never ran all need ``maka resume`` (the planner).
+
+    Raises:
+        MakaError: ``session_not_found``, ``resume_required``, ``session_busy``.
+    """
+    from maka_core.runtime.continuation import read_session
+    from maka_core.runtime.session_view import session_view
+    from maka_temporal.workers.session_client import start_execution
+    from maka_temporal.workflows.contracts import workflow_id_for
+
+    try:
+        store = open_ledger(s.ledger, create=False)
+    except MakaError as exc:
+        if exc.code != "ledger_not_found":
+            raise
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id) from None
+    with store:
+        session = read_session(store, session_id)
+        view = session_view(store, session_id, workflow_id=workflow_id_for(session_id))
+    latest = session.latest
+    if latest is None:
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    events = session.events.get(latest.run_id, [])
+    terminal = next((e for e in reversed(events) if e.is_terminal), None)
+    delta = terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
+    recovered = isinstance(delta, dict) and bool(delta.get("recovered"))
+    pending_claim = any(
+        not any(e.is_terminal for e in session.events.get(c.target_run_id, [])) for c in session.claims
+    )
+    if view.state not in ("idle", "failed") or terminal is None or recovered or pending_claim:
+        raise MakaError(
+            "resume_required",
+            f"session {session_id} lost its execution before its last run settled; "
+            f"run `maka resume {session_id}`",
+            sessionId=session_id,
+            state=view.state,
+        )
+    record = session.record
+    if record is None:
+        raise MakaError(
+            "resume_required", "the ledger holds no session record to restart from", sessionId=session_id
+        )
+    await start_execution(
+        client,
+        session_id,
+        workspace=record.workspace,
+        workspace_identity=record.workspace_identity,
+        config=record.config,  # the session's settings, as recorded at its start
+        task_queue=record.task_queue or s.task_queue,
+    )
+
+
+async def session_status(
+    client: Any, s: MakaSettings, session_id: str, *, unreachable: str | None = None
+) -> Status:
+    """``SessionClient.status`` (and ``maka session status``): see there. ``unreachable``: why the
+    caller has no client (the code of its failed connect), for the note."""
+    from maka_core.runtime.lost_run import session_record
+    from maka_core.runtime.session_view import session_view
+    from maka_temporal.workers.governance_cli import governance_status
+    from maka_temporal.workflows.contracts import workflow_id_for
+
+    status = None
+    execution = None
+    # Notes wait until the session is known to exist: an unknown session or a missing ledger is
+    # one refusal, not a note about state "from the ledger" followed by it.
+    notes: list[str] = []
+    try:
+        if client is None:
+            raise MakaError(unreachable or "temporal_unavailable", "no Temporal client")
+        execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
+        if execution.open:
+            status = await asyncio.wait_for(query_status(client, session_id), 5)
+        else:
+            # A closed execution's Query replays its last in-memory state ("running" for one
+            # terminated mid-turn): only the ledger knows what became of it.
+            notes.append(f"maka: execution {execution.status or 'not found'}; state from the ledger")
+    except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
+        why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
+        notes.append(f"maka: workflow not reachable ({why}); state from the ledger")
+    if execution is not None and execution.task_failing:
+        notes.append(
+            f"maka: the workflow task of session {session_id} keeps failing "
+            f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
+            f"then `maka resume {session_id}`"
+        )
+
+    def view_of(db: Any) -> Any:
+        with open_ledger(db, create=False) as store:
+            return session_view(
+                store,
+                session_id,
+                workflow_id=workflow_id_for(session_id),
+                state=status.state if status is not None else None,
+                park_reason=status.park_reason if status is not None else None,
+            )
+
+    try:
+        view = view_of(s.ledger)
+    except MakaError as exc:
+        if exc.code != "ledger_not_found" or status is None:
+            raise
+        view = view_of("sqlite://")  # the workflow alone answers
+    if status is None and view.event_count == 0 and not view.turns:
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    resume_refusal = None
+    if status is None and not view.turns:
+        # Events without run headers (an imported ledger): resume refuses, and says so here too.
+        from maka_temporal.workers.resume_cli import runs_missing
+
+        refusal = runs_missing(session_id, view.event_count)
+        resume_refusal = refusal.to_json()
+        notes.append(f"maka: {refusal.code}: {refusal.message}")
+    health = _ledger_health(s.ledger)
+    governed: dict[str, Any] = {"pendingApprovals": []}
+    config = None
+    try:
+        with open_ledger(s.ledger, create=False) as store:
+            governed = governance_status(store, session_id, view.state)
+            record = session_record(store.events(session_id=session_id))
+            config = record.config if record is not None else None
+    except MakaError:
+        pass
+    host_wait = config.host_wait_s if config is not None else None
+    host = (config.host if config is not None else None) or (status.host if status is not None else None)
+    if execution is not None and not execution.open and view.state == "running":
+        notes.append(
+            f"maka: session {session_id} lost its execution before its run settled; a worker's "
+            f"startup repair or `maka resume {session_id}` settles it from the ledger"
+        )
+    out = {
+        **view.to_json(),
+        **(execution.to_json() if execution else {}),
+        "host": host,
+        "hostWait": host_wait,
+        "config": config.to_json() if config is not None else None,
+        "ledger": health,
+        **governed,
+        **({"resume": resume_refusal} if resume_refusal else {}),
+    }
+    return Status(
+        session_id=session_id,
+        state=str(governed.get("state") or view.state),
+        park_reason=view.park_reason,
+        turns=tuple(
+            TurnInfo(turn_id=t.turn_id, run_id=t.run_id, status=t.status, park_reason=t.park_reason)
+            for t in view.turns
+        ),
+        operations=tuple(
+            Operation(
+                operation_id=o.operation_id,
+                tool_call_id=o.tool_call_id,
+                tool_name=o.tool_name,
+                run_id=o.run_id,
+                status=o.status,
+                reason=o.reason,
+                is_error=o.is_error,
+            )
+            for o in view.operations
+        ),
+        pending_approvals=tuple(governed["pendingApprovals"]),
+        config=out["config"],
+        host=host,
+        execution_status=execution.status if execution is not None and execution.exists else None,
+        notes=tuple(notes),
+        raw=out,
+    )
+
+
+def _ledger_health(db: Any) -> dict[str, Any]:
+    """Whether the ledger can take the next write (read-only, full), without writing to it."""
+    from maka_core.store.engine import database_url, sqlite_file
+    from maka_core.store.health import probe_path, probe_url
+
+    url = database_url(db)
+    file = sqlite_file(url)
+    if file is not None:
+        return probe_path(file)
+    return probe_url(url) if url.startswith("postgresql") else {"ok": True}

@@ -1,0 +1,235 @@
+"""A new session, checked once: what ``maka session start``, ``SessionClient.start`` and a child
+session (``maka_temporal.workflow.run_session``) refuse, in one order, before anything is written
+or started.
+
+``new_session`` only reads (the script file, the policy file, the workspace folder); what a start
+then writes is the session's policy in the ledger (``NewSession.record``) and the workspace marker
+(``NewSession.session_input``), in that order, and only then does a workflow start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maka_core.errors import ConfigError, MakaError
+from maka_core.facts.session_id import check_session_id
+from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S, SessionConfig
+from maka_core.settings import MakaSettings
+from maka_core.store.engine import sqlite_file
+from maka_core.workspace import check_workspace_location
+from maka_temporal.workers.cli_base import ensure_utf8
+from maka_temporal.workers.governance_cli import SessionPolicy, session_policy
+from maka_temporal.workers.session_client import check_step_timeout, new_session_config
+
+if TYPE_CHECKING:
+    from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
+    from maka_temporal.workflows.contracts import SessionInput
+
+__all__ = ["MAX_SYSTEM_BYTES", "NewSession", "check_message", "new_session", "provider_spec", "system_prompt"]
+
+#: The longest system prompt a session takes: the prompt rides in the provider spec, which every
+#: model-step and tool activity input carries into the workflow's history.
+MAX_SYSTEM_BYTES = 16 * 1024
+
+
+def check_message(text: str) -> str:
+    """A user message: valid UTF-8 and not blank (``message_invalid``, ``empty_message``)."""
+    ensure_utf8(text, "message")
+    if not text.strip():
+        raise MakaError("empty_message", "the message is empty")
+    return text
+
+
+def system_prompt(value: str | None) -> str | None:
+    """``--system TEXT`` or ``--system @FILE`` (the file's UTF-8 text).
+
+    Raises:
+        ConfigError: ``system_file_unreadable`` (missing, unreadable or not UTF-8);
+            ``config_invalid`` (empty, or longer than ``MAX_SYSTEM_BYTES``).
+    """
+    if value is None:
+        return None
+    text = ensure_utf8(value, "system_prompt")
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError(
+                "system_file_unreadable", f"cannot read the system prompt {path}: {why}", path=str(path)
+            ) from None
+    if not text.strip():
+        raise ConfigError("config_invalid", "the system prompt is empty", setting="system")
+    if len(text.encode("utf-8")) > MAX_SYSTEM_BYTES:
+        raise ConfigError(
+            "config_invalid", f"the system prompt is over {MAX_SYSTEM_BYTES} bytes", setting="system"
+        )
+    return text
+
+
+def provider_spec(
+    script: Path | None,
+    model: str | None,
+    *,
+    system: str | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    step_timeout: float | None = None,
+    context_window: int | None = None,
+    context_reserve: int | None = None,
+) -> ScriptSpec | OpenAISpec | AnthropicSpec:
+    """The provider of a new session: a script (checked whole) or ``PROVIDER:NAME``."""
+    from maka_core.providers.scripted import ScriptedProvider
+    from maka_core.providers.spec import ScriptSpec, model_spec
+
+    if script is not None and model is not None:
+        raise ConfigError("config_invalid", "give either --script or --model")
+    if script is not None:
+        given = [
+            f
+            for f, v in (
+                ("--system", system),
+                ("--temperature", temperature),
+                ("--max-tokens", max_tokens),
+                ("--context-window", context_window),
+                ("--context-reserve", context_reserve),
+            )
+            if v is not None
+        ]
+        if given:
+            # A script answers for the model: it has no prompt or sampling to set, and a setting
+            # accepted and then dropped would be input lost.
+            raise ConfigError(
+                "config_invalid", f"{', '.join(given)} set a model (--model), not a script", setting=given[0]
+            )
+        try:
+            ScriptedProvider.from_file(script)  # the whole script, before anything starts
+        except RecursionError:
+            raise ConfigError("script_invalid", f"{script} is nested too deeply", path=str(script)) from None
+        return ScriptSpec(path=str(script.resolve()))
+    if not model or not model.strip():
+        raise ConfigError("config_invalid", "give --script FILE or --model PROVIDER:NAME")
+    # The provider's HTTP timeout follows the step's own, so a long call is not cut short below it.
+    return model_spec(
+        model,
+        system=system,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        timeout_seconds=step_timeout,
+        context_window=context_window,
+        context_reserve=context_reserve,
+    )
+
+
+def check_workspace(path: Path, s: MakaSettings) -> Path:
+    """The codes ``Workspace.open`` uses, checked before the marker file is written: a workspace is a
+    project folder, never /, a home or system folder, nor one holding MAKA_HOME or the ledger."""
+    if not path.exists():
+        raise ConfigError("workspace_not_found", f"no workspace at {path}", path=str(path))
+    if not path.is_dir():
+        raise ConfigError("invalid_workspace", f"{path} is not a directory", path=str(path))
+    ledger = s.ledger
+    check_workspace_location(
+        path, maka_home=s.home, ledger_path=ledger if isinstance(ledger, Path) else sqlite_file(ledger)
+    )
+    return path
+
+
+@dataclass(frozen=True)
+class NewSession:
+    """A session about to start, every input checked; nothing of it is written yet."""
+
+    session_id: str
+    message: str
+    workspace: Path
+    config: SessionConfig
+    policy: SessionPolicy
+    #: The provider as it was checked (``config.provider`` holds it too, as recorded).
+    provider: ScriptSpec | OpenAISpec | AnthropicSpec
+
+    def record(self, store: Any) -> bool:
+        """The session's policy into the ledger, before its workflow exists (every worker then
+        decides by it). Returns whether this call recorded it (``session_policy_conflict`` when the
+        session already has another)."""
+        return self.policy.record_to(store)
+
+    def session_input(self, task_queue: str) -> SessionInput:
+        """The workflow input; writes the workspace marker (``Workspace.open``)."""
+        from maka_core.workspace import Workspace
+        from maka_temporal.workflows.contracts import SessionInput
+
+        ws = Workspace.open(self.workspace, create=True)
+        return SessionInput(
+            session_id=self.session_id,
+            workspace=str(ws.root),
+            workspace_identity=ws.identity,
+            task_queue=task_queue,
+            config=self.config,
+        )
+
+
+def new_session(
+    s: MakaSettings,
+    *,
+    workspace: Path | str,
+    message: str,
+    script: Path | str | None = None,
+    model: str | None = None,
+    policy: Path | str | None = None,
+    session_id: str | None = None,
+    system: str | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
+    context_window: int | None = None,
+    context_reserve: int | None = None,
+    model_step_mode: str = "with_tool",
+    max_steps: int = DEFAULT_MAX_STEPS_PER_TURN,
+    continue_as_new_after: int | None = None,
+    continue_as_new_after_steps: int | None = None,
+    principal: str | None = None,
+    on_behalf_of: tuple[str, ...] = (),
+    unhinged: bool = False,
+) -> NewSession:
+    """Check a new session's every input, in the CLI's order (message, id, step timeout, provider,
+    settings, workspace, policy). ``s.host`` and ``s.host_wait`` pin it to a workspace host.
+
+    Raises:
+        MakaError: ``empty_message``, ``message_invalid``, ``session_id_invalid``,
+            ``config_invalid`` (naming the setting), ``provider_spec_invalid``, ``script_invalid``,
+            ``system_file_unreadable``, the workspace codes, ``policy_invalid``,
+            ``unhinged_not_confirmed``, ``principal_invalid``.
+    """
+    text = check_message(message)
+    if session_id is not None:
+        check_session_id(session_id)
+    check_step_timeout(step_timeout)  # before it becomes the provider's HTTP timeout too
+    spec = provider_spec(
+        Path(script) if script is not None else None,
+        model,
+        system=system_prompt(system),
+        temperature=temperature,
+        max_tokens=max_tokens,
+        step_timeout=step_timeout if step_timeout != DEFAULT_STEP_TIMEOUT_S else None,
+        context_window=context_window,
+        context_reserve=context_reserve,
+    )
+    config = new_session_config(
+        spec,
+        model_step_mode=model_step_mode,
+        step_timeout_s=step_timeout,
+        max_steps_per_turn=max_steps,
+        continue_as_new_after_turns=continue_as_new_after,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+        host=s.host,
+        host_wait_s=s.host_wait,
+    )
+    path = check_workspace(Path(workspace), s)
+    governed = session_policy(
+        s, session_id, Path(policy) if policy is not None else None, principal, on_behalf_of, unhinged
+    )
+    config = config.model_copy(update={"policy_digest": governed.record["digest"]})
+    return NewSession(governed.session_id, text, path, config, governed, spec)

@@ -75,6 +75,14 @@ host_option = click.option(
     "0.0.0.0 or :: for every interface, e.g. a scraper in another pod)",
 )
 @bash_network_option
+@click.option(
+    "--tools",
+    "tool_specs",
+    multiple=True,
+    metavar="MODULE[:ATTR]",
+    help="serve your own tools beside the built-ins: every @tool of MODULE, or the tool (or list of "
+    "tools) MODULE:ATTR; repeatable (MAKA_TOOLS, comma-separated)",
+)
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -88,9 +96,12 @@ def cmd_worker(
     metrics_port: int | None,
     metrics_host: str | None,
     bash_network: bool | None,
+    tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
+    from maka_core.tools import default_tools
+    from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client import connect
     from maka_temporal.workers.telemetry import Telemetry
     from maka_temporal.workers.worker import serve
@@ -103,7 +114,10 @@ def cmd_worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         bash_network=bash_network,
+        tools=tool_specs or None,
     )
+    # The worker's own tools are checked (tools_invalid) before anything is opened or polled.
+    user_tools = load_tools(s.tools, default_tools())
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
     telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
@@ -121,6 +135,7 @@ def cmd_worker(
             json_events=as_json,
             telemetry=telemetry,
             host=s.host,
+            tools=user_tools,
         )
         return 0
 

@@ -287,6 +287,13 @@ def tool_effects(tool: Tool) -> frozenset[str]:
     return frozenset({"mutate"}) if tool.mutates else frozenset({"read"})
 
 
+def permission_reason(tool: Tool) -> str:
+    """What a permission request for a call of ``tool`` says it is: its declared
+    ``permission_reason`` (``shell_dangerous``, ``file_write``), else ``custom``."""
+    declared = getattr(tool, "permission_reason", None)
+    return declared if isinstance(declared, str) else "custom"
+
+
 # --- argument checking shared by the built-in tools ----------------------------------------
 
 

@@ -172,6 +172,7 @@ class _ReadTool(_FileTool):
 @dataclass(frozen=True)
 class ReadFileTool(_ReadTool):
     name: ClassVar[str] = "read_file"
+    capability: ClassVar[str] = "file.read"
     description: ClassVar[str] = "Read a UTF-8 text file in the workspace and return its content."
 
     @_refused
@@ -198,6 +199,7 @@ class ReadFileTool(_ReadTool):
 @dataclass(frozen=True)
 class ListDirTool(_ReadTool):
     name: ClassVar[str] = "list_dir"
+    capability: ClassVar[str] = "file.list"
     description: ClassVar[str] = (
         "List a directory in the workspace: each entry's name, type (file, dir, symlink, other) "
         "and size for files. Use '.' for the workspace root."
@@ -275,6 +277,8 @@ class _WriteTool(_FileTool):
     mutates: ClassVar[bool] = True
     effects: ClassVar[frozenset[str]] = frozenset({"mutate"})
     captures_evidence: ClassVar[bool] = True  # policy: a reconcile-mode mutation needs evidence
+    #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
+    permission_reason: ClassVar[str] = "file_write"
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         raise NotImplementedError
@@ -341,6 +345,7 @@ class _WriteTool(_FileTool):
 @dataclass(frozen=True)
 class WriteFileTool(_WriteTool):
     name: ClassVar[str] = "write_file"
+    capability: ClassVar[str] = "file.write"
     transform: ClassVar[str] = "write_file/v1"
     description: ClassVar[str] = (
         "Create or replace a UTF-8 text file in the workspace with the given content "
@@ -368,6 +373,7 @@ class WriteFileTool(_WriteTool):
 @dataclass(frozen=True)
 class EditFileTool(_WriteTool):
     name: ClassVar[str] = "edit_file"
+    capability: ClassVar[str] = "file.edit"
     transform: ClassVar[str] = "edit_file/v1"
     description: ClassVar[str] = (
         "Edit a UTF-8 text file in the workspace: replace old_text, which must occur exactly once "

@@ -66,6 +66,7 @@ from maka_core.tools.sandbox import (
 )
 
 if TYPE_CHECKING:
+    from maka_core.governance.classify import Classification
     from maka_core.workspace import Workspace
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -132,6 +133,8 @@ class BashTool:
     mutates: ClassVar[bool] = True
     # A command line may read, change or destroy anything the worker can reach.
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
+    #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
+    permission_reason: ClassVar[str] = "shell_dangerous"
 
     def __post_init__(self) -> None:
         # Probe at construction (worker start), not at the first call.
@@ -205,6 +208,14 @@ class BashTool:
         if refusal is not None:
             raise refusal
         return command
+
+    def classify(self, args: dict[str, Any]) -> Classification:
+        """A command line is judged by what it runs, not by the tool (``classify_bash``)."""
+        # Imported here: governance builds on ``tools.base``, and this module is part of ``tools``.
+        from maka_core.governance.classify import classify_bash
+
+        command = args.get("command")
+        return classify_bash(command if isinstance(command, str) else "")
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:

@@ -3,8 +3,8 @@
 Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the session's policy and
 principal (recorded in ``session_policies`` when the session started; the built-in default when
 none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
-derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
-one derivation, read back by recovery from the recorded decision; a ``bash`` call is
+derived from the classified effect and the tool's declared reconciliation, or a contract tool's
+declared guarantee (``guarantee_of``: the one derivation, read back by recovery from the recorded decision; a ``bash`` call is
 ``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
 The network for ``bash`` takes two keys, decided per call here (``network_for``): the worker's
 (``--bash-network``, ``NetworkSwitch.network_permitted``) and the session policy's

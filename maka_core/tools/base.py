@@ -243,7 +243,15 @@ Heartbeat = Callable[[], None]
 
 @runtime_checkable
 class Tool(Protocol):
-    """One tool as the runtime sees it. Implementations are stateless apart from configuration."""
+    """One tool as the runtime sees it. Implementations are stateless apart from configuration.
+
+    Besides these members a tool may declare, and the runtime reads, never looking a tool up by
+    its name or class: ``effects``, ``capability`` (``file.read``; default ``tool.<name>``) or its
+    own ``classify(args)`` (``bash``), ``permission_reason``, ``guarantee`` (a contract tool's
+    ``ToolGuarantee``), ``for_call(CallContext)`` (bound per call: ``tools.contract``),
+    ``binds_to_session`` (the MELRA tools), and, once bound to a task, ``subject`` and
+    ``present``. Stored evidence reaches ``reconcile`` as ``parse_evidence`` reads it.
+    """
 
     # Read-only members, so tools may declare them as class constants.
     @property
@@ -275,7 +283,8 @@ class Tool(Protocol):
     def reconcile(
         self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
     ) -> Reconciliation | None:
-        """Observe, never write; None when the tool has no reconciler."""
+        """Observe, never write; None when the tool has no reconciler. ``evidence`` is what
+        ``parse_evidence`` makes of the evidence committed with T1 (a contract tool's own JSON)."""
         ...
 
 

@@ -1,16 +1,16 @@
 """Governed execution on the tool path: the glue between the pure ``governance`` modules and a call.
 
 Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the session's policy and
-principal (recorded in ``session_policies`` when the session started; the built-in default when
-none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
-derived from the classified effect and the tool's declared reconciliation, or a contract tool's
-declared guarantee (``guarantee_of``: the one derivation, read back by recovery from the recorded decision; a ``bash`` call is
-``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
-The network for ``bash`` takes two keys, decided per call here (``network_for``): the worker's
-(``--bash-network``, ``NetworkSwitch.network_permitted``) and the session policy's
-(``allowNetwork``). A granted call's decision records ``"network": true`` with T1, the tool is bound
-to that record (``bound_network``), the receipt says so, and its guarantee is ``at-most-once``
-whatever ``trustedReadCommands`` says (what it sent cannot be read back).
+principal (recorded in ``session_policies`` when the session started; the built-in default when none
+was), the call's classification, MELRA's decision (``decide``), and the execution guarantee derived
+from the classified effect and the tool's declared reconciliation, or a contract tool's declared
+guarantee (``guarantee_of``: the one derivation, read back by recovery from the recorded decision; a
+``bash`` call is ``at-most-once`` unless the session's policy trusts its line as a read,
+``trustedReadCommands``). The network for ``bash`` takes two keys, decided per call here
+(``network_for``): the worker's (``--bash-network``, ``NetworkSwitch.network_permitted``) and the
+session policy's (``allowNetwork``). A granted call's decision records ``"network": true`` with T1,
+the tool is bound to that record (``bound_network``), the receipt says so, and its guarantee is
+``at-most-once`` whatever ``trustedReadCommands`` says (what it sent cannot be read back).
 
 After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
 succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the

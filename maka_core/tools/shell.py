@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from pydantic import Field
+
 from maka_core import failpoints
 from maka_core.facts.events import RecoveryMode
 from maka_core.tools.base import (
@@ -38,8 +40,10 @@ from maka_core.tools.base import (
     FileEvidence,
     Heartbeat,
     Reconciliation,
+    ToolArgs,
     ToolRefusal,
     ToolResult,
+    args_schema,
     check_args,
     enforce_result_limit,
 )
@@ -91,6 +95,10 @@ class _Capture(threading.Thread):
                     self.data += chunk[:room]
 
 
+class BashArgs(ToolArgs):
+    command: str = Field(description="The bash command line.")
+
+
 @dataclass(frozen=True)
 class BashTool:
     """``bash {command}``: exit code, stdout and stderr; non-zero exit is an error result."""
@@ -123,12 +131,7 @@ class BashTool:
     description: ClassVar[str] = (
         "Run a command with /bin/bash -c in the workspace root; returns exitCode, stdout and stderr."
     )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"command": {"type": "string", "description": "The bash command line."}},
-        "required": ["command"],
-        "additionalProperties": False,
-    }
+    parameters: ClassVar[dict[str, Any]] = args_schema(BashArgs)
     recovery_mode: ClassVar[RecoveryMode] = "never_auto_retry"
     mutates: ClassVar[bool] = True
     # A command line may read, change or destroy anything the worker can reach.
@@ -198,7 +201,7 @@ class BashTool:
             raise ToolRefusal("sandbox_unavailable", str(exc), reason=str(exc)) from None
 
     def _check(self, args: Any) -> str:
-        check_args(args, {"command": str}, tool=self.name)
+        check_args(BashArgs, args, tool=self.name)
         command: str = args["command"]
         if not command.strip():
             raise ToolRefusal("invalid_args", "command must not be empty")

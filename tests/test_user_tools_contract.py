@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from maka_core.runtime import tool_call
+from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import (
     FunctionTool,
+    Reconciled,
     ToolContext,
     ToolRefusal,
     ToolsInvalid,
@@ -26,7 +27,7 @@ from maka_core.tools import (
     tool,
 )
 from maka_core.workspace import Workspace
-from tests.test_runtime import ATTEMPT, one_call, op_status, run, tool_input
+from tests.test_runtime import ATTEMPT, one_call, op_status, recover_input, run, tool_input
 
 
 class Greet(BaseModel):
@@ -265,6 +266,67 @@ def test_a_cancelled_attempt_stops_a_sync_or_async_tool_and_commits_no_outcome(
             assert time.monotonic() < deadline, f"the tool did not stop: {STOPPED}"
             time.sleep(0.01)
         assert op_status(rt, ref) == ("indeterminate", "dispatch_without_response")  # T1, never T2
+    finally:
+        rt.close()
+        store.close()
+
+
+async def _server_down(args: Greet, ctx: ToolContext) -> None:
+    await asyncio.sleep(0)
+    raise ToolRefusal("mcp_server_unavailable", "the server did not answer")
+
+
+@tool(guarantee="at-most-once", preflight=_server_down)
+def unreachable(args: Greet, ctx: ToolContext) -> str:
+    raise AssertionError("never runs: preflight refused")
+
+
+async def _evidence(args: Greet, ctx: ToolContext) -> dict[str, Any]:
+    await asyncio.sleep(0)
+    return {"schema": "tests.greeting/v1", "who": args.who}
+
+
+async def _reconcile(args: Greet, evidence: Any, ctx: ToolContext) -> Reconciled:
+    await asyncio.sleep(0)
+    return Reconciled.done({"greeted": evidence["who"]}, {"who": evidence["who"]})
+
+
+@tool(guarantee="reconciliation-required", evidence=_evidence, reconcile=_reconcile)
+def greet_once(args: Greet, ctx: ToolContext) -> dict[str, Any]:
+    return {"greeted": args.who}
+
+
+def test_an_async_preflight_refuses_before_t1(tmp_path: Path) -> None:
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rt = runtime_with(store, unreachable)
+    ws = workspace(tmp_path)
+    try:
+        ref = one_call(rt, ws, "unreachable", {"who": "x"})
+        outcome = run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+        result, is_error = committed(rt, outcome.response_event_id)
+        assert outcome.status == "refused" and is_error
+        assert result["value"]["code"] == "mcp_server_unavailable"
+        assert rt.ledger.decision(ref.operation_id) is None or outcome.dispatch_event_id is None  # no T1
+    finally:
+        rt.close()
+        store.close()
+
+
+def test_async_evidence_and_reconcile_settle_a_call_after_a_crash(tmp_path: Path) -> None:
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rt = runtime_with(store, greet_once)
+    ws = workspace(tmp_path)
+    try:
+        ref = one_call(rt, ws, "greet_once", {"who": "ada"})
+        admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 with the evidence; then a crash
+        assert isinstance(admitted, tool_call.Dispatched)
+        assert rt.ledger.evidence(ref.operation_id) == {"schema": "tests.greeting/v1", "who": "ada"}
+        result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+        assert (result.status, result.reason) == ("completed", "reconcile_matches_expected_state")
+        assert committed(rt, result.response_event_id) == (
+            {"kind": "json", "value": {"greeted": "ada"}},
+            False,
+        )
     finally:
         rt.close()
         store.close()

@@ -166,7 +166,9 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         )
     evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
     evidence = None if evidence_json is None else parse_evidence(evidence_json)
-    bound = contract.for_call(tool, contract.CallContext(inp.session_id, op_id))
+    bound = contract.for_call(
+        tool, contract.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
+    )
     return await _reconcile(rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence))
 
 

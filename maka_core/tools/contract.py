@@ -1,12 +1,13 @@
 """The one tool contract: what a tool declares, how the runtime calls it, and ``@tool``.
 
 A tool declares its name, a description, one argument model (a pydantic model: the provider-facing
-JSON schema is derived from it and arguments are validated by it), or, for a tool whose schema
-comes from elsewhere (an MCP server), a raw JSON schema and the validator that enforces it; its
-effects; and its execution guarantee in MELRA's words (``ToolGuarantee``). Optional hooks:
-``preflight`` (refuse before T1), ``evidence`` (any JSON object the tool defines, versioned by its
-``"schema"`` key, captured before T1, committed with it and handed back to ``reconcile`` after a
-crash), ``reconcile`` (observe, never write: finalize-only).
+JSON schema is derived from it and arguments are validated by it), or, for a tool whose schema comes
+from elsewhere (an MCP server), a raw JSON schema and the validator that enforces it; its effects;
+and its execution guarantee in MELRA's words (``ToolGuarantee``). Optional hooks: ``preflight``
+(refuse before T1 by raising ``ToolRefusal``: an ordinary committed error result, no T1),
+``evidence`` (any JSON object the tool defines, versioned by its ``"schema"`` key, captured before
+T1, committed with it and handed back to ``reconcile`` after a crash), ``reconcile`` (observe, never
+write: finalize-only). Each hook may be sync or async, like ``run``.
 
 What the guarantee buys after a crash between T1 (dispatch) and T2 (outcome):
 
@@ -177,7 +178,7 @@ Run = Callable[[Any, ToolContext], Any]
 Validate = Callable[[dict[str, Any]], Any]
 EvidenceHook = Callable[[Any, ToolContext], JsonValue]
 ReconcileHook = Callable[[Any, JsonValue, ToolContext], "Reconciled | Awaitable[Reconciled]"]
-PreflightHook = Callable[[Any, ToolContext], None]
+PreflightHook = Callable[[Any, ToolContext], "Awaitable[None] | None"]
 
 
 def _invalid(name: str, message: str) -> ToolsInvalid:
@@ -478,7 +479,8 @@ class BoundTool:
         try:
             parsed = self.tool.parse_args(args)
             if self.tool.preflight_fn is not None:
-                self.tool.preflight_fn(parsed, self.context(ws))
+                ctx = self.context(ws)
+                _resolve(self.tool.preflight_fn(parsed, ctx), ctx, None)
         except ToolRefusal as exc:
             return exc.to_result()
         return None

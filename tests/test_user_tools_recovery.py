@@ -156,3 +156,51 @@ def test_a_reconcile_hook_that_raises_parks_unreadable(tmp_path: Path, ws: Works
         assert (result.status, result.reason) == ("parked", "reconcile_unreadable")
     finally:
         rt.close()
+
+
+# --- a policy narrows a declared guarantee, never widens it ---------------------------------------
+
+
+def with_policy(rt: Runtime, policy: dict[str, Any]) -> None:
+    from maka_core.governance import parse_policy
+    from maka_core.runtime.governed import SessionGovernance
+
+    record = SessionGovernance(parse_policy(policy)).to_record()
+    rt.ledger.put_session_policy(  # type: ignore[attr-defined]
+        "s1",
+        policy=record["policy"],
+        version=record["version"],
+        digest=record["digest"],
+        identity=record["identity"],
+    )
+
+
+def test_a_policy_narrows_a_keyed_tool_to_at_most_once(honest: Runtime, ws: Workspace) -> None:
+    with_policy(honest, {"mutations": "allow", "toolGuarantees": {"charge": "at-most-once"}})
+    ref = crashed_after_effect(honest, ws, "charge", {"amount": 5})
+    held = honest.ledger.decision(ref.operation_id)
+    assert held is not None and held["decision"]["executionGuarantee"] == "at-most-once"
+    assert "idempotencyKey" not in held["decision"]
+    result = run(recovery.recover_operation(honest, recover_input(ws, ref), ATTEMPT))
+    assert (result.status, result.reason) == ("parked", "dispatch_without_response")
+    assert len(lines(ws, "provider/requests.log")) == 1  # never re-run
+
+
+def test_a_policy_cannot_widen_an_at_most_once_tool(honest: Runtime, ws: Workspace) -> None:
+    with_policy(honest, {"mutations": "allow", "toolGuarantees": {"append_entry": "read-only"}})
+    ref = crashed_after_effect(honest, ws, "append_entry", {"text": "pay"})
+    held = honest.ledger.decision(ref.operation_id)
+    assert held is not None and held["decision"]["executionGuarantee"] == "at-most-once"
+    result = run(recovery.recover_operation(honest, recover_input(ws, ref), ATTEMPT))
+    assert result.status == "parked" and lines(ws, "journal.log") == ["pay"]
+
+
+def test_an_empty_tool_guarantees_leaves_the_policy_digest_alone() -> None:
+    from maka_core.governance import parse_policy
+
+    assert (
+        parse_policy({"mutations": "allow"}).digest
+        == parse_policy({"mutations": "allow", "toolGuarantees": {}}).digest
+    )
+    with pytest.raises(Exception, match="policy_invalid"):
+        parse_policy({"toolGuarantees": {"charge": "sometimes"}})

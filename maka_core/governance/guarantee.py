@@ -76,6 +76,30 @@ def guarantee_for_tool(
     return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
 
 
+#: How much re-running a guarantee permits after a crash (a narrower one permits less).
+_RERUNS: dict[str, int] = {
+    "read-only": 2,
+    "at-least-once": 1,
+    "provider-idempotent": 1,
+    "reconciliation-required": 0,
+    "at-most-once": 0,
+    "compensatable": 0,
+}
+
+
+def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuarantee:
+    """``declared`` as a policy's ``toolGuarantees`` entry ``asked`` narrows it: ``at-most-once``
+    always (park rather than re-run); another guarantee permitting fewer re-runs; never a wider
+    one, and never ``reconciliation-required`` (only a tool that reconciles may promise it)."""
+    if asked is None or asked == declared:
+        return declared
+    if asked == "at-most-once":
+        return "at-most-once"
+    if asked == "reconciliation-required" or asked not in _RERUNS:
+        return declared
+    return asked if _RERUNS[asked] < _RERUNS[declared] else declared  # type: ignore[return-value]
+
+
 def allows_retry(guarantee: ExecutionGuarantee) -> bool:
     """Whether a second attempt is ever permitted under ``guarantee``."""
     return guarantee in _RETRIABLE

@@ -113,7 +113,11 @@ def admit(
         now=now,
     )
     record = governed.decision_record(
-        decision, tool, policy.trusted_reads, network=governed.network_for(policy, tool)
+        decision,
+        tool,
+        policy.trusted_reads,
+        network=governed.network_for(policy, tool),
+        tool_guarantees=policy.tool_guarantees,
     )
     subject = governed.subject_of(tool)
     if subject is not None and subject.exhausted:
@@ -211,7 +215,11 @@ def _resume(
     )
     if again.outcome == "deny":
         redecided = governed.decision_record(
-            again, tool, gov.policy.trusted_reads, network=governed.network_for(gov.policy, tool)
+            again,
+            tool,
+            gov.policy.trusted_reads,
+            network=governed.network_for(gov.policy, tool),
+            tool_guarantees=gov.policy.tool_guarantees,
         )
         return Refused(governed.blocked_result(redecided), redecided, fresh=False)
     if (

@@ -55,7 +55,7 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import TaskStatus, ToolSucceeded, default_evidence_for
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
+from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, narrowed, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
@@ -124,6 +124,19 @@ def subject_of(tool: Tool) -> TaskSubject | None:
 
 
 def guarantee_of(
+    tool: Tool,
+    classification: Classification,
+    trusted_reads: frozenset[str] = frozenset(),
+    tool_guarantees: Mapping[str, str] | None = None,
+) -> ExecutionGuarantee:
+    """The call's guarantee (``derived_guarantee``), narrowed by the session policy's
+    ``toolGuarantees`` entry for the tool (never widened: ``guarantee.narrowed``)."""
+    return narrowed(
+        derived_guarantee(tool, classification, trusted_reads), (tool_guarantees or {}).get(tool.name)
+    )
+
+
+def derived_guarantee(
     tool: Tool, classification: Classification, trusted_reads: frozenset[str] = frozenset()
 ) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
@@ -221,6 +234,7 @@ def decision_record(
     trusted_reads: frozenset[str] = frozenset(),
     *,
     network: bool = False,
+    tool_guarantees: Mapping[str, str] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
@@ -231,7 +245,7 @@ def decision_record(
     network = network and decision.outcome != "deny"
     if network:
         trusted_reads = frozenset()
-    guarantee = guarantee_of(tool, c, trusted_reads)
+    guarantee = guarantee_of(tool, c, trusted_reads, tool_guarantees)
     # A call that may run again presents one key on every run: recorded here, with T1.
     key = getattr(tool, "idempotency_key", None) if guarantee in KEYED_GUARANTEES else None
     record = {

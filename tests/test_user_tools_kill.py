@@ -41,6 +41,8 @@ pytestmark = [
 ]
 
 HONEST = "tests.user_tools_pkg.effects"
+#: The tools either module serves.
+TOOL_NAMES = ("lookup", "charge", "notify", "append_entry", "put_note")
 WIDE = "tests.user_tools_pkg.wide"
 
 
@@ -76,6 +78,7 @@ async def kill_at_p4_and_recover(
         )
     with WorkerProcess(server, db, queue, **kw) as worker:
         worker.wait_ready()
+        assert served(worker.log.read_text()) == set(TOOL_NAMES)  # what MAKA_TOOLS loaded
         status = await wait_turn(client, session_id, accepted.run_id, timeout=90)
     with LedgerStore.open(db) as store:
         assert store.verify() == []
@@ -92,6 +95,12 @@ async def kill_at_p4_and_recover(
         receipt=receipts[-1] if receipts else None,
         key=held["decision"].get("idempotencyKey"),
     )
+
+
+def served(log: str) -> set[str]:
+    """The user tools a worker's ready line names (``...; your tools: a, b``)."""
+    ready = next(line for line in log.splitlines() if "polling task queue" in line)
+    return set(ready.partition("your tools: ")[2].split(", ")) - {""}
 
 
 def lines(ws: Path, name: str) -> list[str]:

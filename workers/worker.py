@@ -376,7 +376,8 @@ async def serve(
             "ready",
             f"polling task queue {task_queue!r}"
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
-            + f" (ledger {db}); bash: {isolation}",
+            + f" (ledger {db}); bash: {isolation}"
+            + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else ""),
             taskQueue=task_queue,
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),
@@ -385,6 +386,7 @@ async def serve(
             bashNetwork=settings.bash_network,
             ledgerId=store.health.ledger_id,
             toolCatalog=tool_catalog(runtime.tools),
+            userTools=[t.name for t in tools],
             **(
                 {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
                 if metrics_port is not None and telemetry is not None

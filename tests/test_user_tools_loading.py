@@ -106,3 +106,12 @@ def test_the_catalog_is_names_and_argument_schema_digests() -> None:
     catalog = tool_catalog(with_tools(default_tools(), [effects.lookup]))
     assert catalog["lookup"] == schema_digest(effects.Key.model_json_schema())
     assert set(catalog) == {*default_tools(), "lookup"}
+
+
+def test_maka_dev_checks_its_workers_tools_before_the_server_starts(env: dict[str, str | None]) -> None:
+    result = CliRunner().invoke(
+        maka, ["dev", "--json", "--tools", f"{PKG}.broken"], env=env, catch_exceptions=False
+    )
+    body = refused(result)
+    assert body["entry"] == f"{PKG}.broken"
+    assert "server" not in result.stdout.split("\n", 1)[0]  # refused before the dev server started

@@ -7,7 +7,9 @@ and its execution guarantee in MELRA's words (``ToolGuarantee``). Optional hooks
 (refuse before T1 by raising ``ToolRefusal``: an ordinary committed error result, no T1),
 ``evidence`` (any JSON object the tool defines, versioned by its ``"schema"`` key, captured before
 T1, committed with it and handed back to ``reconcile`` after a crash), ``reconcile`` (observe, never
-write: finalize-only). Each hook may be sync or async, like ``run``.
+write: finalize-only). Each hook may be sync or async, like ``run``. ``preflight`` and ``evidence``
+run before T1 on the ledger's thread, which waits for them: keep them quick (no slow network round
+trip).
 
 What the guarantee buys after a crash between T1 (dispatch) and T2 (outcome):
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from pydantic import BaseModel
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from maka_core.tools.base import ToolResult
+from maka_core.tools import FunctionTool, ToolContext, tool
 from maka_temporal import MakaPlugin, SessionClient, SessionError
 from maka_temporal.workers.cli import maka
 from maka_temporal.workers.devserver import free_port
@@ -129,24 +130,19 @@ async def test_unknown_sessions_and_cancel_are_refused_by_code(
     assert err.value.code == "config_invalid"
 
 
-class _Echo:
-    name = "echo"
-    description = "Echo a text."
-    parameters: dict[str, Any] = {"type": "object", "properties": {"text": {"type": "string"}}}
-    recovery_mode = "replay_safe"
-    mutates = False
+class _EchoArgs(BaseModel):
+    text: str
 
-    def preflight(self, args: dict[str, Any], ws: Any) -> None:
-        return None
 
-    def capture_evidence(self, args: dict[str, Any], ws: Any) -> None:
-        return None
+def _echo(args: _EchoArgs, ctx: ToolContext) -> str:
+    """Echo a text."""
+    return args.text
 
-    def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> ToolResult:
-        return ToolResult.text(str(args.get("text")))
 
-    def reconcile(self, args: dict[str, Any], ws: Any, evidence: Any) -> None:
-        return None
+def _Echo(name: str = "echo") -> FunctionTool:
+    """A fresh ``@tool`` (a new object each call, so two of them are two tools of one name)."""
+    made: FunctionTool = tool(_echo, name=name)
+    return made
 
 
 def test_the_plugin_refuses_a_bad_setting_by_name(env: dict[str, str | None]) -> None:
@@ -169,11 +165,10 @@ async def test_a_tool_that_takes_a_built_in_name_or_a_bad_ledger_is_refused_befo
     env: dict[str, str | None], temporal_client: Client, tmp_path: Path, task_queue: str
 ) -> None:
     client = temporal_client
-    shadow = _Echo()
-    shadow.name = "bash"
+    shadow = _Echo("bash")
     with pytest.raises(SessionError) as err:
         Worker(client, task_queue=task_queue, plugins=[MakaPlugin(tools=[shadow])])
-    assert (err.value.code, err.value.detail.get("setting")) == ("config_invalid", "tools")
+    assert (err.value.code, err.value.detail.get("tool")) == ("tools_invalid", "bash")  # as --tools says
     folder = tmp_path / "a-directory"
     folder.mkdir()
     with pytest.raises(SessionError) as err:

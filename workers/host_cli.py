@@ -37,6 +37,14 @@ bash_network_option = click.option(
     help="the operator's key to the network for bash: a call has it only when its session's policy "
     "also sets allowNetwork (MAKA_BASH_NETWORK; default off)",
 )
+tools_option = click.option(
+    "--tools",
+    "tool_specs",
+    multiple=True,
+    metavar="MODULE[:ATTR]",
+    help="serve your own tools beside the built-ins: every @tool of MODULE, or the tool (or list of "
+    "tools) MODULE:ATTR; repeatable (MAKA_TOOLS, comma-separated)",
+)
 host_option = click.option(
     "--host",
     default=None,
@@ -75,6 +83,7 @@ host_option = click.option(
     "0.0.0.0 or :: for every interface, e.g. a scraper in another pod)",
 )
 @bash_network_option
+@tools_option
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -88,9 +97,12 @@ def cmd_worker(
     metrics_port: int | None,
     metrics_host: str | None,
     bash_network: bool | None,
+    tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
+    from maka_core.tools import default_tools
+    from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client import connect
     from maka_temporal.workers.telemetry import Telemetry
     from maka_temporal.workers.worker import serve
@@ -103,7 +115,10 @@ def cmd_worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         bash_network=bash_network,
+        tools=tool_specs or None,
     )
+    # The worker's own tools are checked (tools_invalid) before anything is opened or polled.
+    user_tools = load_tools(s.tools, default_tools())
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
     telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
@@ -121,6 +136,7 @@ def cmd_worker(
             json_events=as_json,
             telemetry=telemetry,
             host=s.host,
+            tools=user_tools,
         )
         return 0
 
@@ -137,6 +153,7 @@ def cmd_worker(
 @click.option("--no-worker", is_flag=True, help="bring up the server alone")
 @heartbeat_option
 @bash_network_option
+@tools_option
 @json_option("server and worker lifecycle events as JSON lines")
 def cmd_dev(
     db: str | None,
@@ -148,16 +165,25 @@ def cmd_dev(
     no_worker: bool,
     tool_heartbeat_timeout: float | None,
     bash_network: bool | None,
+    tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run the embedded Temporal dev server (+ a worker)."""
+    from maka_core.tools import default_tools
+    from maka_core.tools.loader import load_tools
     from maka_temporal.workers import devserver
     from maka_temporal.workers.client import connect
     from maka_temporal.workers.worker import serve
 
     s = settings(
-        db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, bash_network=bash_network
+        db=db,
+        task_queue=task_queue,
+        tool_heartbeat_timeout=tool_heartbeat_timeout,
+        bash_network=bash_network,
+        tools=tool_specs or None,
     )
+    # The worker's own tools are checked (tools_invalid) before the server starts.
+    user_tools = [] if no_worker else load_tools(s.tools, default_tools())
     if not no_worker:
         open_ledger(s.ledger, create=True).close()
     server = devserver.start(
@@ -201,6 +227,7 @@ def cmd_dev(
             out=sys.stdout,
             json_events=as_json,
             host=s.host,
+            tools=user_tools,
         )
         return 0
 

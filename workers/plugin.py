@@ -41,7 +41,7 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import MakaSettings, load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
-from maka_core.tools.base import Tool
+from maka_core.tools import FunctionTool
 from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
 from maka_temporal.workers.ledger_guard import check_queue, watch, worker_identity
@@ -79,7 +79,8 @@ class MakaPlugin(SimplePlugin):
     Args:
         ledger: the ledger, a SQLite path or a SQLAlchemy URL (default ``MAKA_DB``, else
             ``$MAKA_HOME/ledger.sqlite``); every worker of a task queue must serve the same one.
-        tools: your own tools (``maka_core.tools.Tool`` objects), offered beside the built-in ones.
+        tools: your own tools (``@tool`` functions or ``FunctionTool`` objects, ``maka_core.tools``),
+            offered beside the built-in ones (one taking a built-in's name: ``tools_invalid``).
         mcp_config: an MCP servers file: not supported by this build (refused when given).
         host: the workspace host this worker serves (default ``MAKA_HOST``, the machine's name).
         tool_heartbeat_timeout: tool activities' heartbeat timeout in seconds
@@ -106,7 +107,7 @@ class MakaPlugin(SimplePlugin):
         self,
         *,
         ledger: str | Path | None = None,
-        tools: Sequence[Tool] = (),
+        tools: Sequence[FunctionTool] = (),
         mcp_config: str | Path | None = None,
         host: str | None = None,
         tool_heartbeat_timeout: float | None = None,
@@ -134,8 +135,8 @@ class MakaPlugin(SimplePlugin):
         self.tools = tuple(tools)
         names = [getattr(t, "name", None) for t in self.tools]
         for tool, name in zip(self.tools, names, strict=True):
-            if not isinstance(tool, Tool) or not isinstance(name, str) or not name:
-                raise _refuse("tools", f"{tool!r} is not a maka tool (maka_core.tools.Tool)")
+            if not isinstance(tool, FunctionTool) or not isinstance(name, str) or not name:
+                raise _refuse("tools", f"{tool!r} is not a maka tool (@tool or FunctionTool)")
         if len(set(names)) != len(names):
             raise _refuse("tools", "two tools share a name")
         self.repair = repair

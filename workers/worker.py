@@ -25,15 +25,15 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from maka_core.errors import ConfigError, MakaError
+from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, default_tools
-from maka_core.tools.base import Tool
+from maka_core.tools import BashTool, FunctionTool, default_tools, tool_catalog
+from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.attempt_fence import AttemptFence
 from maka_temporal.workers.resume_cli import (
@@ -261,27 +261,19 @@ async def _run_all(pollers: list[Worker]) -> None:
     await asyncio.gather(*tasks)
 
 
-def default_runtime(store: LedgerStore, settings: RuntimeSettings, *, tools: Sequence[Tool] = ()) -> Runtime:
+def default_runtime(
+    store: LedgerStore, settings: RuntimeSettings, tools: Sequence[FunctionTool] = ()
+) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
-    hidden from it) and ``tools`` (a library user's own, ``MakaPlugin(tools=...)``; one may not take
-    a built-in's name), ``MAKA_POLICY`` (or the default policy).
-
-    Raises:
-        ConfigError: ``config_invalid`` (``setting`` = ``tools``) for a name taken twice.
-    """
-    offered = default_tools(
+    hidden from it) and ``tools``, the worker's own (``--tools``; ``tools_invalid`` for a name
+    taken twice), ``MAKA_POLICY`` (or the default policy)."""
+    builtin = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
         bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
-    for tool in tools:
-        if tool.name in offered:
-            raise ConfigError(
-                "config_invalid", f"a tool named {tool.name!r} is offered already", setting="tools"
-            )
-        offered[tool.name] = tool
-    return Runtime(store, tools=offered, policy=Policy.from_env(), settings=settings)
+    return Runtime(store, tools=with_tools(builtin, tools), policy=Policy.from_env(), settings=settings)
 
 
 async def serve(
@@ -299,6 +291,7 @@ async def serve(
     telemetry: Telemetry | None = None,
     host: str | None = None,
     workflow: type = SessionWorkflow,
+    tools: Sequence[FunctionTool] = (),
 ) -> RepairReport:
     """``maka worker``: one temporalio ``Worker`` with ``MakaPlugin`` (``workers.plugin``), run
     until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
@@ -312,6 +305,8 @@ async def serve(
     ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
     ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
+    ``tools``: the worker's own tools beside the built-ins (``maka worker --tools``), for the
+    default runtime.
     """
     from maka_temporal.workers.plugin import MakaPlugin
 
@@ -357,7 +352,8 @@ async def serve(
             "ready",
             f"polling task queue {task_queue!r}"
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
-            + f" (ledger {db}); bash: {isolation}",
+            + f" (ledger {db}); bash: {isolation}"
+            + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else ""),
             taskQueue=task_queue,
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),
@@ -365,6 +361,8 @@ async def serve(
             unsafeNoSandbox=runtime.settings.unsafe_no_sandbox,
             bashNetwork=runtime.settings.bash_network,
             ledgerId=store.health.ledger_id,
+            toolCatalog=tool_catalog(runtime.tools),
+            userTools=[t.name for t in tools],
             **(
                 {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
                 if metrics_port is not None and telemetry is not None
@@ -392,6 +390,7 @@ async def serve(
         on_event=on_event,
         workflow=workflow,
         telemetry=telemetry,
+        tools=tools,
     )
     # How long a workflow task waits on this worker's sticky queue before any worker may take it:
     # after a worker dies, the next worker picks the session up only after this (``MAKA_STICKY_TIMEOUT``,

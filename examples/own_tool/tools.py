@@ -1,39 +1,23 @@
-"""Your own tool: a plain object with the members of ``maka_core.tools.Tool``.
+"""Your own tool: a function with ``@tool``, its arguments one pydantic model.
 
-``word_count`` only reads its argument, so re-running it is safe (``recovery_mode = "replay_safe"``):
-after a crash between its dispatch and its outcome, recovery may simply run it again. A tool that
-changes the world declares ``mutates = True`` and a stricter recovery mode (see the README).
+``word_count`` only reads its argument, so its guarantee is ``read-only`` (the default for a tool
+that declares no effects): after a crash between its dispatch and its outcome, recovery may simply
+run it again. A tool that changes the world declares ``guarantee=`` (see the README's "Your own
+tools").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import BaseModel
 
-from maka_core.tools.base import ToolResult
+from maka_core.tools import ToolContext, tool
 
 
-class WordCount:
-    name = "word_count"
-    description = "Count the words of a text."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"text": {"type": "string"}},
-        "required": ["text"],
-        "additionalProperties": False,
-    }
-    recovery_mode = "replay_safe"
-    mutates = False
+class WordCountArgs(BaseModel):
+    text: str
 
-    def preflight(self, args: dict[str, Any], ws: Any) -> ToolResult | None:
-        if not isinstance(args.get("text"), str):
-            return ToolResult.error("invalid_args", "word_count takes {text: string}")
-        return None
 
-    def capture_evidence(self, args: dict[str, Any], ws: Any) -> None:
-        return None
-
-    def run(self, args: dict[str, Any], ws: Any, heartbeat: Any) -> ToolResult:
-        return ToolResult.json({"words": len(args["text"].split())})
-
-    def reconcile(self, args: dict[str, Any], ws: Any, evidence: Any) -> None:
-        return None
+@tool
+def word_count(args: WordCountArgs, ctx: ToolContext) -> dict[str, int]:
+    """Count the words of a text."""
+    return {"words": len(args.text.split())}

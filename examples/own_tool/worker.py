@@ -7,7 +7,7 @@ import os
 import signal
 
 from temporalio.worker import Worker
-from tools import WordCount
+from tools import word_count
 
 from maka_temporal import MakaPlugin, connect
 
@@ -16,7 +16,7 @@ TASK_QUEUE = os.environ.get("MAKA_TASK_QUEUE", "maka-examples")
 
 async def main() -> None:
     # The ledger is MAKA_DB (default $MAKA_HOME/ledger.sqlite); the host is MAKA_HOST.
-    plugin = MakaPlugin(tools=[WordCount()], on_event=lambda event, _: print(f"worker: {event}", flush=True))
+    plugin = MakaPlugin(tools=[word_count], on_event=lambda event, _: print(f"worker: {event}", flush=True))
     client = await connect(plugins=[plugin])
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,8 +5,9 @@ never from the caller: a caller that could call its own write retry-safe would b
 is not entitled to. A tool that declares ``never_auto_retry`` (``bash``) keeps ``at-most-once``
 whatever its classification says: a parse of a command line is not evidence enough to run it
 twice. Only a call the session's policy trusts (``trustedReadCommands``, ``trusted_read``) is
-``read-only``. Only ``read-only`` (and the two values nothing derives yet,
-``at-least-once`` and ``provider-idempotent``) allow a retry.
+``read-only``. A contract tool declares its own (``tools.contract.ToolGuarantee``). Only
+``read-only``, ``at-least-once`` and ``provider-idempotent`` allow a retry, the last two with the
+call's one idempotency key.
 
 After a restart: planned and approval-waiting work stays executable; an interrupted read goes
 back to planned and may run again; a mutation interrupted while verifying may still be settled,
@@ -24,15 +25,11 @@ from maka_core.governance.classify import Classification
 from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
 from maka_core.tools.base import Effect
+from maka_core.tools.contract import ToolGuarantee
 
-ExecutionGuarantee = Literal[
-    "read-only",
-    "at-most-once",
-    "at-least-once",
-    "provider-idempotent",
-    "reconciliation-required",
-    "compensatable",
-]
+#: A tool declares one of ``ToolGuarantee``; MELRA also names ``compensatable`` (nothing here
+#: derives it).
+ExecutionGuarantee = Literal[ToolGuarantee, "compensatable"]
 RestartAction = Literal["keep", "retry", "verify", "recovery_required", "settled"]
 OUTCOME_UNKNOWN_PREFIX = "effect_outcome_unknown:"
 
@@ -77,6 +74,30 @@ def guarantee_for_tool(
     if recovery_mode == "never_auto_retry":
         return "read-only" if effect == "read" and trusted else "at-most-once"
     return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
+
+
+#: How much re-running a guarantee permits after a crash (a narrower one permits less).
+_RERUNS: dict[str, int] = {
+    "read-only": 2,
+    "at-least-once": 1,
+    "provider-idempotent": 1,
+    "reconciliation-required": 0,
+    "at-most-once": 0,
+    "compensatable": 0,
+}
+
+
+def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuarantee:
+    """``declared`` as a policy's ``toolGuarantees`` entry ``asked`` narrows it: ``at-most-once``
+    always (park rather than re-run); another guarantee permitting fewer re-runs; never a wider
+    one, and never ``reconciliation-required`` (only a tool that reconciles may promise it)."""
+    if asked is None or asked == declared:
+        return declared
+    if asked == "at-most-once":
+        return "at-most-once"
+    if asked == "reconciliation-required" or asked not in _RERUNS:
+        return declared
+    return asked if _RERUNS[asked] < _RERUNS[declared] else declared  # type: ignore[return-value]
 
 
 def allows_retry(guarantee: ExecutionGuarantee) -> bool:

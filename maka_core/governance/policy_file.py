@@ -40,6 +40,7 @@ from maka_core.governance.classify import GovernanceModel
 from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS, Trait, normalize_command_name
 from maka_core.governance.evidence import EvidencePredicate
 from maka_core.tools.base import Effect
+from maka_core.tools.contract import ToolGuarantee
 
 DEFAULT_POLICY_VERSION = "maka-policy/v1"
 DEFAULT_APPROVAL_TTL_MS = 5 * 60_000
@@ -155,6 +156,12 @@ class GovernancePolicy(GovernanceModel):
     #: The session's key to the network for ``bash`` (the worker's ``--bash-network`` is the other
     #: key): its sandbox keeps the host's network namespace. Contradicts ``deniedTraits: network``.
     allow_network: bool = False
+    #: Per tool name, a guarantee narrower than the one the tool declares (``at-most-once`` for a
+    #: tool you would rather park than re-run); a wider one is ignored: a policy narrows, never
+    #: widens (``governance.guarantee.narrowed``). Left out of the digest when empty.
+    tool_guarantees: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], ToolGuarantee] = (
+        Field(default_factory=dict, max_length=500)
+    )
 
     @field_validator("allow_network")
     @classmethod
@@ -187,6 +194,8 @@ class GovernancePolicy(GovernanceModel):
             del value["trustedReadCommands"]
         if not value["allowNetwork"]:
             del value["allowNetwork"]
+        if not value["toolGuarantees"]:
+            del value["toolGuarantees"]
         # Likewise for token caps: only a set cap is part of what the digest covers.
         usage = {k: v for k, v in (value.pop("usage") or {}).items() if v is not None}
         if usage:
@@ -207,7 +216,15 @@ class GovernancePolicy(GovernanceModel):
 
 
 _UNION_TAGS = frozenset(
-    {"result_equals", "result_contains", "file_exists", "file_absent", "file_hash", "exit_code"}
+    {
+        "result_equals",
+        "result_contains",
+        "file_exists",
+        "file_absent",
+        "file_hash",
+        "exit_code",
+        "tool_succeeded",
+    }
 )
 
 

@@ -34,13 +34,13 @@ from maka_core.runtime import governed
 from maka_core.runtime.contracts import CallRef, RunIds
 from maka_core.store.governance_rows import permission_closure_event
 from maka_core.tools import Tool, ToolResult
+from maka_core.tools.base import permission_reason
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime
     from maka_core.store.ledger import Ledger
 
 POLL_S = 0.25
-_PERMISSION_REASON = {"bash": "shell_dangerous", "write_file": "file_write", "edit_file": "file_write"}
 
 
 class ApprovalRefused(MakaError):
@@ -113,7 +113,11 @@ def admit(
         now=now,
     )
     record = governed.decision_record(
-        decision, tool, policy.trusted_reads, network=governed.network_for(policy, tool)
+        decision,
+        tool,
+        policy.trusted_reads,
+        network=governed.network_for(policy, tool),
+        tool_guarantees=policy.tool_guarantees,
     )
     subject = governed.subject_of(tool)
     if subject is not None and subject.exhausted:
@@ -160,7 +164,7 @@ def admit(
                 "toolUseId": call.tool_call_id,
                 "toolName": call.tool_name,
                 "category": decision.classification.capability,
-                "reason": _PERMISSION_REASON.get(call.tool_name, "custom"),
+                "reason": permission_reason(tool),
                 "args": args,
                 "rememberForTurnAllowed": False,
                 "hint": f"{challenge.phrase} (expires {challenge.expires_at})",
@@ -211,7 +215,11 @@ def _resume(
     )
     if again.outcome == "deny":
         redecided = governed.decision_record(
-            again, tool, gov.policy.trusted_reads, network=governed.network_for(gov.policy, tool)
+            again,
+            tool,
+            gov.policy.trusted_reads,
+            network=governed.network_for(gov.policy, tool),
+            tool_guarantees=gov.policy.tool_guarantees,
         )
         return Refused(governed.blocked_result(redecided), redecided, fresh=False)
     if (

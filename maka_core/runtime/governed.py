@@ -1,16 +1,16 @@
 """Governed execution on the tool path: the glue between the pure ``governance`` modules and a call.
 
 Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the session's policy and
-principal (recorded in ``session_policies`` when the session started; the built-in default when
-none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
-derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
-one derivation, read back by recovery from the recorded decision; a ``bash`` call is
-``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
-The network for ``bash`` takes two keys, decided per call here (``network_for``): the worker's
-(``--bash-network``, ``NetworkSwitch.network_permitted``) and the session policy's
-(``allowNetwork``). A granted call's decision records ``"network": true`` with T1, the tool is bound
-to that record (``bound_network``), the receipt says so, and its guarantee is ``at-most-once``
-whatever ``trustedReadCommands`` says (what it sent cannot be read back).
+principal (recorded in ``session_policies`` when the session started; the built-in default when none
+was), the call's classification, MELRA's decision (``decide``), and the execution guarantee derived
+from the classified effect and the tool's declared reconciliation, or a contract tool's declared
+guarantee (``guarantee_of``: the one derivation, read back by recovery from the recorded decision; a
+``bash`` call is ``at-most-once`` unless the session's policy trusts its line as a read,
+``trustedReadCommands``). The network for ``bash`` takes two keys, decided per call here
+(``network_for``): the worker's (``--bash-network``, ``NetworkSwitch.network_permitted``) and the
+session policy's (``allowNetwork``). A granted call's decision records ``"network": true`` with T1,
+the tool is bound to that record (``bound_network``), the receipt says so, and its guarantee is
+``at-most-once`` whatever ``trustedReadCommands`` says (what it sent cannot be read back).
 
 After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
 succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the
@@ -45,7 +45,7 @@ from maka_core.governance import (
     PolicyDecision,
     ProbedFile,
     ToolObservation,
-    classify_tool_call,
+    classify_declared,
     decide,
     evaluate,
     governed_call,
@@ -54,20 +54,26 @@ from maka_core.governance import (
     verification_status,
 )
 from maka_core.governance.challenge import iso_ms
-from maka_core.governance.evidence import ExitCode, TaskStatus
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
+from maka_core.governance.evidence import TaskStatus, ToolSucceeded, default_evidence_for
+from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, narrowed, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
-from maka_core.tools import Tool, ToolRefusal, ToolResult
+from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
-from maka_core.tools.melra import BoundExecute, TaskSubject
+from maka_core.tools.contract import KEYED_GUARANTEES, TOOL_GUARANTEES
+from maka_core.tools.melra import TaskSubject
 from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
 
-DEFAULT_SESSION_POLICY = GovernancePolicy(
-    mutations="allow", default_evidence={"bash": (ExitCode(type="exit_code", value=0),)}
-)
-_EFFECTS: tuple[Effect, ...] = ("read", "mutate", "destructive")
 _PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
+#: The policy of a session that has none: mutations allowed, with the evidence the built-in tools
+#: declare for it (its digest is recorded with every decision it made: it must not change).
+DEFAULT_SESSION_POLICY = GovernancePolicy(
+    mutations="allow",
+    default_evidence={
+        name: tuple(_PREDICATES.validate_python(list(evidence)))
+        for name, evidence in builtin_default_evidence().items()
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -98,35 +104,39 @@ class SessionGovernance:
 
 
 def classify(tool: Tool, args: Mapping[str, Any]) -> Classification:
-    """The built-in classification; a tool governance does not know is judged by its declared
-    effects (the widest one decides, and the call may have any of them)."""
-    try:
-        return classify_tool_call(tool.name, dict(args))
-    except ValueError:
-        pass
-    declared = tool_effects(tool)
-    effects = frozenset(e for e in _EFFECTS if e in declared)
-    effect: Effect = (
-        "destructive" if "destructive" in effects else "mutate" if "mutate" in effects else "read"
-    )
-    path = args.get("path")
-    return Classification(
-        kind="tool",
-        name=tool.name,
-        effect=effect,
-        possible_effects=effects or frozenset({effect}),
-        risk="high" if effect == "destructive" else "low" if effect == "read" else "medium",
-        capability=f"tool.{tool.name}",
-        target=path if isinstance(path, str) else "",
+    """What the tool declares: its own ``classify(args)`` (``bash``: by its command line), else its
+    effects and ``capability`` (``file.read``...; default ``tool.<name>``)."""
+    own = getattr(tool, "classify", None)
+    if callable(own):
+        classified: Classification = own(dict(args))
+        return classified
+    capability = getattr(tool, "capability", None)
+    return classify_declared(
+        tool.name, tool_effects(tool), dict(args), capability if isinstance(capability, str) else None
     )
 
 
 def subject_of(tool: Tool) -> TaskSubject | None:
-    """The planned task a bound ``melra_execute`` runs (None for every other tool)."""
-    return tool.subject if isinstance(tool, BoundExecute) else None
+    """The planned task a tool bound to one runs (a bound ``melra_execute``: its ``subject``;
+    None for every other tool): it is judged, guaranteed and receipted by that task."""
+    subject: TaskSubject | None = getattr(tool, "subject", None)
+    return subject
 
 
 def guarantee_of(
+    tool: Tool,
+    classification: Classification,
+    trusted_reads: frozenset[str] = frozenset(),
+    tool_guarantees: Mapping[str, str] | None = None,
+) -> ExecutionGuarantee:
+    """The call's guarantee (``derived_guarantee``), narrowed by the session policy's
+    ``toolGuarantees`` entry for the tool (never widened: ``guarantee.narrowed``)."""
+    return narrowed(
+        derived_guarantee(tool, classification, trusted_reads), (tool_guarantees or {}).get(tool.name)
+    )
+
+
+def derived_guarantee(
     tool: Tool, classification: Classification, trusted_reads: frozenset[str] = frozenset()
 ) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
@@ -137,6 +147,10 @@ def guarantee_of(
     subject = subject_of(tool)
     if subject is not None:
         return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
+    declared = getattr(tool, "guarantee", None)
+    if declared in TOOL_GUARANTEES:
+        # A contract tool's own declaration (its effects agree with it: ``FunctionTool``).
+        return declared  # type: ignore[no-any-return]
     trusted = trusted_read(classification, trusted_reads)
     return guarantee_for_tool(effect, tool.recovery_mode, trusted=trusted)
 
@@ -191,9 +205,27 @@ def judge(
         return decide(gov.policy, task_call, now=now, grant_usage=grant_usage)
     classification = classify(tool, args)
     call = governed_call(
-        gov.policy, classification, args, identity=gov.identity, forbidden_effects=tuple(worker_forbidden)
+        gov.policy,
+        classification,
+        args,
+        identity=gov.identity,
+        forbidden_effects=tuple(worker_forbidden),
+        required_evidence=contract_evidence(gov.policy, tool, classification, args),
     )
     return decide(gov.policy, call, now=now, grant_usage=grant_usage)
+
+
+def contract_evidence(
+    policy: GovernancePolicy, tool: Tool, classification: Classification, args: Mapping[str, Any]
+) -> tuple[EvidencePredicate, ...]:
+    """The default evidence rule for a tool that declares its guarantee (a contract tool): the
+    policy's ``defaultEvidence`` for it when it names some, else ``tool_succeeded`` for a
+    mutation (the tool reported no error; the declared guarantee governs a crash). A tool that
+    declares none gets MELRA's derivation alone (nothing for a mutation: denied)."""
+    if getattr(tool, "guarantee", None) not in TOOL_GUARANTEES or classification.is_read:
+        return ()
+    configured = default_evidence_for(classification, args, policy.default_evidence)
+    return configured or (ToolSucceeded(type="tool_succeeded"),)
 
 
 def decision_record(
@@ -202,6 +234,7 @@ def decision_record(
     trusted_reads: frozenset[str] = frozenset(),
     *,
     network: bool = False,
+    tool_guarantees: Mapping[str, str] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The decision as ``tool_decisions`` records it (and recovery reads it back); its guarantee
@@ -212,6 +245,9 @@ def decision_record(
     network = network and decision.outcome != "deny"
     if network:
         trusted_reads = frozenset()
+    guarantee = guarantee_of(tool, c, trusted_reads, tool_guarantees)
+    # A call that may run again presents one key on every run: recorded here, with T1.
+    key = getattr(tool, "idempotency_key", None) if guarantee in KEYED_GUARANTEES else None
     record = {
         "outcome": decision.outcome,
         "reason": decision.reason,
@@ -222,11 +258,12 @@ def decision_record(
         "effect": c.effect,
         "capability": c.capability,
         "target": c.target,
-        "executionGuarantee": guarantee_of(tool, c, trusted_reads),
+        "executionGuarantee": guarantee,
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
         # Only when granted: a decision without the network reads as every one before it did.
         **({"network": True} if network else {}),
+        **({"idempotencyKey": key} if isinstance(key, str) else {}),
     }
     subject = subject_of(tool)
     if subject is not None:
@@ -279,7 +316,9 @@ def observation(result: ToolResult) -> ToolObservation:
     raw = result.result if isinstance(result.result, dict) else {}
     value: Any = raw.get("value") if raw.get("kind") == "json" else {"text": raw.get("text")}
     code = value.get("exitCode") if isinstance(value, dict) else None
-    return ToolObservation(result=value, exit_code=code if isinstance(code, int) else None)
+    return ToolObservation(
+        result=value, exit_code=code if isinstance(code, int) else None, is_error=result.is_error
+    )
 
 
 def probe_in(ws: Workspace, *, hashes: bool = True) -> Any:
@@ -349,8 +388,10 @@ def receipt(
     items: tuple[EvidenceItem, ...] = (),
     error: str | None = None,
     redactions: tuple[str, ...] = (),
+    attempts: int | None = None,
 ) -> dict[str, Any]:
-    """The sealed ``ActionReceipt`` of one decided call, as JSON."""
+    """The sealed ``ActionReceipt`` of one decided call, as JSON; ``attempts`` (a call whose
+    guarantee let it run again) lists its runs in ``observedEffect``."""
     return sealed_receipt_json(
         receipt_id=receipt_id_for(operation_id),
         task_id=operation_id,
@@ -369,7 +410,11 @@ def receipt(
         started_at=_iso(started_ms),
         ended_at=_iso(ended_ms),
         success=status == "verified_success",
-        observed_effect={"status": status, **({"network": True} if record.get("network") is True else {})},
+        observed_effect={
+            "status": status,
+            **({"network": True} if record.get("network") is True else {}),
+            **({"attempts": list(range(1, attempts + 1))} if attempts is not None else {}),
+        },
         evidence=items,
         redactions=redactions,
         error=error,

@@ -41,8 +41,7 @@ from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
-from maka_core.tools import Tool, ToolRefusal, ToolResult
-from maka_core.tools.melra import BoundExecute
+from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -123,6 +122,9 @@ class Dispatched:
     decision: dict[str, Any] | None = None
     gov: governed.SessionGovernance | None = None
     started_ms: int = 0
+    #: Which run of the effect this is, for a guarantee that may run it again (its receipt lists
+    #: the runs); None for every other call.
+    run_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,10 @@ async def _execute(
 ) -> tuple[ToolOutcome, T | None]:
     spent: list[float] = []
 
+    loop = asyncio.get_running_loop()  # an async tool is awaited here, on the worker's own loop
+
     def admit(_: None) -> Dispatched | NotRun:
-        return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt))
+        return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt, loop))
 
     cancellation = Cancellation()
 
@@ -281,7 +285,9 @@ async def _await_answer(rt: Runtime, waiting: AwaitingApproval, attempt: Attempt
         await asyncio.sleep(approvals.POLL_S)
 
 
-def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun:
+def _admit(
+    rt: Runtime, inp: ToolInput, attempt: Attempt, loop: asyncio.AbstractEventLoop | None = None
+) -> Dispatched | NotRun:
     """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
     view = rt.ledger.view()
@@ -309,6 +315,7 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun
             rt, ids, call, ToolResult.error("tool_not_found", f"no tool named {call.tool_name!r}")
         )
     tool = melra.bind(rt, tool, ids.session_id, call.operation_id)
+    tool = contract.for_call(tool, contract.CallContext(ids.session_id, call.operation_id, loop=loop))
     try:
         ws = rt.workspace(inp.workspace)
     except MakaError as exc:
@@ -368,7 +375,8 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun
         attempt=attempt.record,
         decision=record if admitted.fresh else None,
     )
-    return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started)
+    keyed = record.get("executionGuarantee") in contract.KEYED_GUARANTEES
+    return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started, 1 if keyed else None)
 
 
 @dataclass(frozen=True)
@@ -424,10 +432,12 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
             items=items,
             error=result.error_code,
             redactions=governed.redactions_of(result),
+            attempts=call.run_number,
         )
         result = governed.told(result, status, items)
-        if isinstance(call.tool, BoundExecute):
-            result = call.tool.present(result, status, items)
+        present = getattr(call.tool, "present", None)
+        if present is not None:  # a tool that tells its own outcome (a task: its status, receipt)
+            result = present(result, status, items)
     response = builders.response_event(
         call.ids,
         f"{ref.operation_id}_response",

@@ -37,6 +37,14 @@ bash_network_option = click.option(
     help="the operator's key to the network for bash: a call has it only when its session's policy "
     "also sets allowNetwork (MAKA_BASH_NETWORK; default off)",
 )
+mcp_config_option = click.option(
+    "--mcp-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help='the MCP servers file ({"mcpServers": {...}}): their tools are offered as mcp__<server>__<tool> '
+    "(MAKA_MCP_CONFIG; default none)",
+)
 host_option = click.option(
     "--host",
     default=None,
@@ -75,6 +83,7 @@ host_option = click.option(
     "0.0.0.0 or :: for every interface, e.g. a scraper in another pod)",
 )
 @bash_network_option
+@mcp_config_option
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -88,6 +97,7 @@ def cmd_worker(
     metrics_port: int | None,
     metrics_host: str | None,
     bash_network: bool | None,
+    mcp_config: str | None,
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
@@ -103,8 +113,11 @@ def cmd_worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         bash_network=bash_network,
+        mcp_config=mcp_config,
     )
-    open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
+    # Refuse a bad --mcp-config (mcp_config_invalid) and a bad --db before connecting.
+    runtime_settings = s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox)
+    open_ledger(s.ledger, create=True).close()
 
     telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
 
@@ -116,7 +129,7 @@ def cmd_worker(
             client,
             s.ledger,
             s.task_queue,
-            settings=s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox),
+            settings=runtime_settings,
             repair=not no_repair,
             json_events=as_json,
             telemetry=telemetry,
@@ -158,6 +171,8 @@ def cmd_dev(
     s = settings(
         db=db, task_queue=task_queue, tool_heartbeat_timeout=tool_heartbeat_timeout, bash_network=bash_network
     )
+    # A bad MAKA_MCP_CONFIG refuses here, before the server starts.
+    runtime_settings = None if no_worker else s.runtime_settings()
     if not no_worker:
         open_ledger(s.ledger, create=True).close()
     server = devserver.start(
@@ -197,7 +212,7 @@ def cmd_dev(
             client,
             s.ledger,
             s.task_queue,
-            settings=s.runtime_settings(),
+            settings=runtime_settings,
             out=sys.stdout,
             json_events=as_json,
             host=s.host,

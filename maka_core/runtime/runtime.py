@@ -65,6 +65,7 @@ from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
 from maka_core.tools.bash_limits import BashLimits
+from maka_core.tools.mcp.config import McpConfig
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -118,6 +119,8 @@ class RuntimeSettings:
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.
     maka_home: Path | None = None
     ledger_file: Path | None = None
+    #: The MCP servers file, parsed (``maka worker --mcp-config``); the worker runs its servers.
+    mcp_config: McpConfig | None = None
 
     def with_protected(self, maka_home: Path | None, ledger_file: Path | None) -> RuntimeSettings:
         return replace(self, maka_home=maka_home, ledger_file=ledger_file)

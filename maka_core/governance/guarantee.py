@@ -24,15 +24,11 @@ from maka_core.governance.classify import Classification
 from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
 from maka_core.tools.base import Effect
+from maka_core.tools.contract import ToolGuarantee
 
-ExecutionGuarantee = Literal[
-    "read-only",
-    "at-most-once",
-    "at-least-once",
-    "provider-idempotent",
-    "reconciliation-required",
-    "compensatable",
-]
+#: A tool declares one of ``ToolGuarantee``; MELRA also names ``compensatable`` (nothing here
+#: derives it).
+ExecutionGuarantee = Literal[ToolGuarantee, "compensatable"]
 RestartAction = Literal["keep", "retry", "verify", "recovery_required", "settled"]
 OUTCOME_UNKNOWN_PREFIX = "effect_outcome_unknown:"
 

@@ -41,7 +41,7 @@ from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
-from maka_core.tools import Tool, ToolRefusal, ToolResult
+from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
 from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
 
@@ -205,8 +205,10 @@ async def _execute(
 ) -> tuple[ToolOutcome, T | None]:
     spent: list[float] = []
 
+    loop = asyncio.get_running_loop()  # an async tool is awaited here, on the worker's own loop
+
     def admit(_: None) -> Dispatched | NotRun:
-        return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt))
+        return _timed(rt, "t1", spent, lambda: _admit(rt, inp, attempt, loop))
 
     cancellation = Cancellation()
 
@@ -281,7 +283,9 @@ async def _await_answer(rt: Runtime, waiting: AwaitingApproval, attempt: Attempt
         await asyncio.sleep(approvals.POLL_S)
 
 
-def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun:
+def _admit(
+    rt: Runtime, inp: ToolInput, attempt: Attempt, loop: asyncio.AbstractEventLoop | None = None
+) -> Dispatched | NotRun:
     """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
     view = rt.ledger.view()
@@ -309,6 +313,7 @@ def _admit(rt: Runtime, inp: ToolInput, attempt: Attempt) -> Dispatched | NotRun
             rt, ids, call, ToolResult.error("tool_not_found", f"no tool named {call.tool_name!r}")
         )
     tool = melra.bind(rt, tool, ids.session_id, call.operation_id)
+    tool = contract.for_call(tool, contract.CallContext(ids.session_id, call.operation_id, loop=loop))
     try:
         ws = rt.workspace(inp.workspace)
     except MakaError as exc:

@@ -26,12 +26,34 @@ from maka_core.tools.base import (
     tool_effects,
 )
 from maka_core.tools.bash_limits import BashLimits
+from maka_core.tools.contract import (
+    TOOL_GUARANTEES,
+    FunctionTool,
+    Reconciled,
+    ToolArgsInvalid,
+    ToolContext,
+    ToolGuarantee,
+    ToolsInvalid,
+    idempotency_key,
+    tool,
+    tool_catalog,
+)
 from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from maka_core.tools.sandbox import ENV_ALLOWLIST, NetworkSwitch, SandboxStatus, sandbox_status
 from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
 
 __all__ = [
     "ENV_ALLOWLIST",
+    "TOOL_GUARANTEES",
+    "FunctionTool",
+    "Reconciled",
+    "ToolArgsInvalid",
+    "ToolContext",
+    "ToolGuarantee",
+    "ToolsInvalid",
+    "idempotency_key",
+    "tool",
+    "tool_catalog",
     "BashTool",
     "EditFileTool",
     "Effect",

@@ -1,0 +1,191 @@
+"""The tool contract itself: ``@tool`` and ``FunctionTool`` declare a tool (or refuse it with
+``tools_invalid`` naming it), and the runtime runs one through the same path as every built-in:
+arguments checked by the model before T1, the result committed as JSON, a raising tool an error
+result, a non-JSON result ``tool_result_invalid``, an async ``run`` awaited on the worker's loop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from maka_core.runtime import tool_call
+from maka_core.runtime.runtime import Runtime
+from maka_core.store.writer import LedgerStore
+from maka_core.tools import FunctionTool, ToolContext, ToolsInvalid, default_tools, idempotency_key, tool
+from maka_core.workspace import Workspace
+from tests.test_runtime import ATTEMPT, one_call, run, tool_input
+
+
+class Greet(BaseModel):
+    who: str
+    times: int = 1
+
+
+class Blob:
+    """A type no JSON schema describes."""
+
+
+class Opaque(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    thing: Blob
+
+
+SEEN: list[ToolContext] = []
+
+
+@tool
+def greet(args: Greet, ctx: ToolContext) -> str:
+    """Say hello."""
+    SEEN.append(ctx)
+    return " ".join([f"hello {args.who}"] * args.times)
+
+
+@tool(name="agreet")
+async def async_greet(args: Greet, ctx: ToolContext) -> dict[str, Any]:
+    """Say hello, asynchronously."""
+    await asyncio.sleep(0)
+    return {"hello": args.who, "loop": asyncio.get_running_loop() is not None}
+
+
+@tool
+def explode(args: Greet, ctx: ToolContext) -> str:
+    raise RuntimeError(f"no {args.who}")
+
+
+@tool
+def not_json(args: Greet, ctx: ToolContext) -> Any:
+    return {"when": object()}
+
+
+def runtime_with(store: LedgerStore, *extra: FunctionTool) -> Runtime:
+    return Runtime(store, tools={**default_tools(), **{t.name: t for t in extra}})
+
+
+@pytest.fixture
+def urt(tmp_path: Path) -> Any:
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rt = runtime_with(store, greet, async_greet, explode, not_json)
+    yield rt
+    rt.close()
+    store.close()
+
+
+def committed(rt: Runtime, event_id: str | None) -> tuple[dict[str, Any], bool]:
+    event = next(e for e in rt.ledger.events(session_id="s1") if e.id == event_id)
+    assert event.content is not None and event.content.kind == "function_response"
+    return event.content.result, bool(event.content.is_error)  # type: ignore[return-value]
+
+
+def test_decorator_declares_schema_description_and_a_read_only_default() -> None:
+    assert greet.name == "greet"
+    assert greet.description == "Say hello."
+    assert greet.parameters == Greet.model_json_schema()
+    assert greet.guarantee == "read-only" and greet.effects == {"read"} and not greet.mutates
+    assert greet.recovery_mode == "replay_safe"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"effects": ["mutate"]}, "must declare guarantee="),
+        ({"guarantee": "read-only", "effects": ["destructive"]}, "cannot declare mutating"),
+        ({"guarantee": "reconciliation-required"}, "needs a reconcile="),
+        ({"guarantee": "sometimes"}, "guarantee must be one of"),
+        ({"name": "has space"}, "a name is"),
+    ],
+)
+def test_a_contradictory_declaration_is_tools_invalid_naming_the_tool(
+    kwargs: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ToolsInvalid) as caught:
+        tool(**kwargs)(greet.run_fn)
+    assert caught.value.code == "tools_invalid"
+    assert words in caught.value.message
+    assert caught.value.detail["tool"] == kwargs.get("name", "greet")
+
+
+def test_a_function_without_a_model_or_a_model_without_schema_is_refused() -> None:
+    def untyped(args, ctx):  # type: ignore[no-untyped-def]
+        return "x"
+
+    with pytest.raises(ToolsInvalid, match="pydantic model"):
+        tool(untyped)
+
+    def opaque(args: Opaque, ctx: ToolContext) -> str:
+        return "x"
+
+    with pytest.raises(ToolsInvalid, match="no JSON schema"):
+        tool(opaque)
+
+
+def test_a_programmatic_tool_takes_a_raw_schema_and_its_validator() -> None:
+    def check(args: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(args.get("q"), str):
+            raise ValueError("q must be a string")
+        return args
+
+    raw = FunctionTool(
+        name="mcp__srv__search",
+        description="search",
+        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+        validate=check,
+        guarantee="provider-idempotent",
+        run=lambda args, ctx: {"q": args["q"], "key": ctx.idempotency_key},
+    )
+    assert raw.effects == {"mutate"} and raw.recovery_mode == "idempotent"
+    with pytest.raises(ToolsInvalid, match="validate="):
+        FunctionTool(name="x", parameters={"type": "object"}, run=lambda a, c: None)
+
+
+def test_user_tools_run_through_the_tool_path(urt: Runtime, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    ref = one_call(urt, ws, "greet", {"who": "ada", "times": 2})
+    outcome = run(tool_call.execute_tool(urt, tool_input(ws, ref), ATTEMPT))
+    assert outcome.status == "completed" and not outcome.is_error
+    assert committed(urt, outcome.response_event_id) == (
+        {"kind": "text", "text": "hello ada hello ada"},
+        False,
+    )
+    ctx = SEEN[-1]
+    assert ctx.operation_id == ref.operation_id and ctx.session_id == "s1" and ctx.attempt == 1
+    assert ctx.idempotency_key == idempotency_key("s1", ref.operation_id)
+    assert ctx.workspace_root == ws.root
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "code"),
+    [
+        ("greet", {"who": 3}, "tool_args_invalid"),
+        ("explode", {"who": "x"}, "tool_failed"),
+        ("not_json", {"who": "x"}, "tool_result_invalid"),
+    ],
+)
+def test_bad_arguments_a_raising_tool_and_a_non_json_result_are_committed_errors(
+    urt: Runtime, tmp_path: Path, name: str, args: dict[str, Any], code: str
+) -> None:
+    ws = workspace(tmp_path)
+    ref = one_call(urt, ws, name, args)
+    outcome = run(tool_call.execute_tool(urt, tool_input(ws, ref), ATTEMPT))
+    result, is_error = committed(urt, outcome.response_event_id)
+    assert is_error and result["value"]["code"] == code, result
+    # Arguments are refused before T1: no dispatch fact; a run that failed has one.
+    assert (outcome.status == "refused") == (code == "tool_args_invalid")
+
+
+def test_an_async_tool_is_awaited(urt: Runtime, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    ref = one_call(urt, ws, "agreet", {"who": "bo"})
+    outcome = run(tool_call.execute_tool(urt, tool_input(ws, ref), ATTEMPT))
+    assert committed(urt, outcome.response_event_id) == (
+        {"kind": "json", "value": {"hello": "bo", "loop": True}},
+        False,
+    )
+
+
+def workspace(tmp_path: Path) -> Workspace:
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    return Workspace.open(tmp_path / "ws")

@@ -13,10 +13,10 @@ import ipaddress
 import json
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import ByteSize, Field, PositiveFloat, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from maka_core.errors import ConfigError
 from maka_core.tools.bash_limits import (
@@ -103,6 +103,9 @@ class MakaSettings(BaseSettings):
     #: ``MAKA_BASH_NETWORK`` / ``maka worker --bash-network``: the operator's key to the network for
     #: bash; a call has it only when its session's policy also sets ``allowNetwork``.
     bash_network: bool = False
+    #: ``MAKA_TOOLS`` (comma-separated) / ``maka worker --tools MODULE[:ATTR]`` (repeatable): the
+    #: worker's own tools besides the built-ins (``maka_core.tools.loader``).
+    tools: Annotated[tuple[str, ...], NoDecode] = ()
     #: ``MAKA_BASH_MEMORY``: memory of one bash call, all its processes and its ``/tmp`` together
     #: (bytes, or with a unit: ``512MiB``, ``2GiB``); ``0``: unbounded. See ``tools.bash_limits``.
     bash_memory: ByteSize = ByteSize(DEFAULT_MEMORY_BYTES)
@@ -116,6 +119,13 @@ class MakaSettings(BaseSettings):
     #: ``MAKA_MCP_CONFIG`` / ``maka worker --mcp-config``: the MCP servers file (``mcpServers``,
     #: ``maka_core.tools.mcp.config``), parsed when a worker's runtime settings are made.
     mcp_config: Path | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_entries(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @field_validator("home", mode="after")
     @classmethod

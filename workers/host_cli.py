@@ -84,6 +84,14 @@ host_option = click.option(
 )
 @bash_network_option
 @mcp_config_option
+@click.option(
+    "--tools",
+    "tool_specs",
+    multiple=True,
+    metavar="MODULE[:ATTR]",
+    help="serve your own tools beside the built-ins: every @tool of MODULE, or the tool (or list of "
+    "tools) MODULE:ATTR; repeatable (MAKA_TOOLS, comma-separated)",
+)
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -98,9 +106,12 @@ def cmd_worker(
     metrics_host: str | None,
     bash_network: bool | None,
     mcp_config: str | None,
+    tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
+    from maka_core.tools import default_tools
+    from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client import connect
     from maka_temporal.workers.telemetry import Telemetry
     from maka_temporal.workers.worker import serve
@@ -114,10 +125,13 @@ def cmd_worker(
         metrics_host=metrics_host,
         bash_network=bash_network,
         mcp_config=mcp_config,
+        tools=tool_specs or None,
     )
-    # Refuse a bad --mcp-config (mcp_config_invalid) and a bad --db before connecting.
+    # The worker's own tools are checked (tools_invalid), and a bad --mcp-config
+    # (mcp_config_invalid), before anything is opened or polled.
+    user_tools = load_tools(s.tools, default_tools())
     runtime_settings = s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox)
-    open_ledger(s.ledger, create=True).close()
+    open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
     telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
 
@@ -134,6 +148,7 @@ def cmd_worker(
             json_events=as_json,
             telemetry=telemetry,
             host=s.host,
+            tools=user_tools,
         )
         return 0
 

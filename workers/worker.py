@@ -34,7 +34,8 @@ from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, default_tools
+from maka_core.tools import BashTool, FunctionTool, default_tools, tool_catalog
+from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.attempt_fence import AttemptFence
 from maka_temporal.workers.ledger_guard import open_checked, watch, worker_identity
@@ -263,16 +264,19 @@ async def _run_all(pollers: list[Worker]) -> None:
     await asyncio.gather(*tasks)
 
 
-def default_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+def default_runtime(
+    store: LedgerStore, settings: RuntimeSettings, tools: Sequence[FunctionTool] = ()
+) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
-    hidden from it), ``MAKA_POLICY`` (or the default policy)."""
-    tools = default_tools(
+    hidden from it) and ``tools``, the worker's own (``--tools``; ``tools_invalid`` for a name
+    taken twice), ``MAKA_POLICY`` (or the default policy)."""
+    builtin = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
         bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
-    return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings)
+    return Runtime(store, tools=with_tools(builtin, tools), policy=Policy.from_env(), settings=settings)
 
 
 async def serve(
@@ -290,6 +294,7 @@ async def serve(
     telemetry: Telemetry | None = None,
     host: str | None = None,
     workflow: type = SessionWorkflow,
+    tools: Sequence[FunctionTool] = (),
 ) -> RepairReport:
     """Run a worker until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
 
@@ -302,6 +307,8 @@ async def serve(
     ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
     ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
+    ``tools``: the worker's own tools beside the built-ins (``maka worker --tools``), for the
+    default runtime.
     """
     out = out or sys.stderr
 
@@ -324,7 +331,13 @@ async def serve(
     settings = settings.with_protected(maka_home(), ledger_file)
     if settings.unsafe_no_sandbox:
         log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
-    runtime = (make_runtime or default_runtime)(store, settings)
+    try:
+        runtime = (
+            make_runtime(store, settings) if make_runtime else default_runtime(store, settings, tools)
+        )
+    except MakaError:
+        store.close()
+        raise
     if telemetry is not None:
         telemetry.instrument(runtime)
     acts = MakaActivities(runtime)
@@ -371,6 +384,7 @@ async def serve(
             unsafeNoSandbox=settings.unsafe_no_sandbox,
             bashNetwork=settings.bash_network,
             ledgerId=store.health.ledger_id,
+            toolCatalog=tool_catalog(runtime.tools),
             **(
                 {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
                 if metrics_port is not None and telemetry is not None

@@ -66,8 +66,16 @@ class ExitCode(GovernanceModel):
     value: int
 
 
+class ToolSucceeded(GovernanceModel):
+    """The tool reported no error: the default evidence of a contract tool's mutation (its
+    declared guarantee governs the rest; ``maka_core.tools.contract``)."""
+
+    type: Literal["tool_succeeded"]
+
+
 EvidencePredicate = Annotated[
-    ResultEquals | ResultContains | FileExists | FileAbsent | FileHash | ExitCode, Field(discriminator="type")
+    ResultEquals | ResultContains | FileExists | FileAbsent | FileHash | ExitCode | ToolSucceeded,
+    Field(discriminator="type"),
 ]
 
 #: The predicates that re-read the world instead of the tool's own report (MELRA's ``state``
@@ -110,6 +118,7 @@ class ToolObservation:
 
     result: Any
     exit_code: int | None = None
+    is_error: bool = False
 
 
 _MISSING = object()
@@ -164,6 +173,9 @@ def evaluate_predicate(
         return item(
             ok, f"{predicate.path} {'contains' if ok else 'does not contain'} the expected text", "result"
         )
+    if isinstance(predicate, ToolSucceeded):
+        ok = not observation.is_error
+        return item(ok, "the tool reported success" if ok else "the tool reported an error", "result")
     if isinstance(predicate, ExitCode):
         ok = observation.exit_code == predicate.value
         return item(ok, f"exit code {observation.exit_code}, expected {predicate.value}", "result")

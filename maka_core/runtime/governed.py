@@ -54,11 +54,12 @@ from maka_core.governance import (
     verification_status,
 )
 from maka_core.governance.challenge import iso_ms
-from maka_core.governance.evidence import ExitCode, TaskStatus
+from maka_core.governance.evidence import ExitCode, TaskStatus, ToolSucceeded, default_evidence_for
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.base import Effect, tool_effects
+from maka_core.tools.contract import KEYED_GUARANTEES, TOOL_GUARANTEES
 from maka_core.tools.melra import BoundExecute, TaskSubject
 from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
@@ -137,6 +138,10 @@ def guarantee_of(
     subject = subject_of(tool)
     if subject is not None:
         return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
+    declared = getattr(tool, "guarantee", None)
+    if declared in TOOL_GUARANTEES:
+        # A contract tool's own declaration (its effects agree with it: ``FunctionTool``).
+        return declared  # type: ignore[no-any-return]
     trusted = trusted_read(classification, trusted_reads)
     return guarantee_for_tool(effect, tool.recovery_mode, trusted=trusted)
 
@@ -191,9 +196,27 @@ def judge(
         return decide(gov.policy, task_call, now=now, grant_usage=grant_usage)
     classification = classify(tool, args)
     call = governed_call(
-        gov.policy, classification, args, identity=gov.identity, forbidden_effects=tuple(worker_forbidden)
+        gov.policy,
+        classification,
+        args,
+        identity=gov.identity,
+        forbidden_effects=tuple(worker_forbidden),
+        required_evidence=contract_evidence(gov.policy, tool, classification, args),
     )
     return decide(gov.policy, call, now=now, grant_usage=grant_usage)
+
+
+def contract_evidence(
+    policy: GovernancePolicy, tool: Tool, classification: Classification, args: Mapping[str, Any]
+) -> tuple[EvidencePredicate, ...]:
+    """The default evidence rule for a tool that declares its guarantee (a contract tool): the
+    policy's ``defaultEvidence`` for it when it names some, else ``tool_succeeded`` for a
+    mutation (the tool reported no error; the declared guarantee governs a crash). A tool that
+    declares none gets MELRA's derivation alone (nothing for a mutation: denied)."""
+    if getattr(tool, "guarantee", None) not in TOOL_GUARANTEES or classification.is_read:
+        return ()
+    configured = default_evidence_for(classification, args, policy.default_evidence)
+    return configured or (ToolSucceeded(type="tool_succeeded"),)
 
 
 def decision_record(
@@ -212,6 +235,9 @@ def decision_record(
     network = network and decision.outcome != "deny"
     if network:
         trusted_reads = frozenset()
+    guarantee = guarantee_of(tool, c, trusted_reads)
+    # A call that may run again presents one key on every run: recorded here, with T1.
+    key = getattr(tool, "idempotency_key", None) if guarantee in KEYED_GUARANTEES else None
     record = {
         "outcome": decision.outcome,
         "reason": decision.reason,
@@ -222,11 +248,12 @@ def decision_record(
         "effect": c.effect,
         "capability": c.capability,
         "target": c.target,
-        "executionGuarantee": guarantee_of(tool, c, trusted_reads),
+        "executionGuarantee": guarantee,
         "requiredEvidence": [p.model_dump(mode="json", by_alias=True) for p in decision.required_evidence],
         **({"grantId": decision.grant_id} if decision.grant_id else {}),
         # Only when granted: a decision without the network reads as every one before it did.
         **({"network": True} if network else {}),
+        **({"idempotencyKey": key} if isinstance(key, str) else {}),
     }
     subject = subject_of(tool)
     if subject is not None:
@@ -279,7 +306,9 @@ def observation(result: ToolResult) -> ToolObservation:
     raw = result.result if isinstance(result.result, dict) else {}
     value: Any = raw.get("value") if raw.get("kind") == "json" else {"text": raw.get("text")}
     code = value.get("exitCode") if isinstance(value, dict) else None
-    return ToolObservation(result=value, exit_code=code if isinstance(code, int) else None)
+    return ToolObservation(
+        result=value, exit_code=code if isinstance(code, int) else None, is_error=result.is_error
+    )
 
 
 def probe_in(ws: Workspace, *, hashes: bool = True) -> Any:
@@ -349,8 +378,10 @@ def receipt(
     items: tuple[EvidenceItem, ...] = (),
     error: str | None = None,
     redactions: tuple[str, ...] = (),
+    attempts: int | None = None,
 ) -> dict[str, Any]:
-    """The sealed ``ActionReceipt`` of one decided call, as JSON."""
+    """The sealed ``ActionReceipt`` of one decided call, as JSON; ``attempts`` (a call whose
+    guarantee let it run again) lists its runs in ``observedEffect``."""
     return sealed_receipt_json(
         receipt_id=receipt_id_for(operation_id),
         task_id=operation_id,
@@ -369,7 +400,11 @@ def receipt(
         started_at=_iso(started_ms),
         ended_at=_iso(ended_ms),
         success=status == "verified_success",
-        observed_effect={"status": status, **({"network": True} if record.get("network") is True else {})},
+        observed_effect={
+            "status": status,
+            **({"network": True} if record.get("network") is True else {}),
+            **({"attempts": list(range(1, attempts + 1))} if attempts is not None else {}),
+        },
         evidence=items,
         redactions=redactions,
         error=error,

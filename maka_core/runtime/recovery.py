@@ -18,6 +18,7 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +38,9 @@ from maka_core.runtime.tool_call import (
     committed_args,
     run_and_commit_outcome,
 )
-from maka_core.tools import FileEvidence, ToolResult
-from maka_core.tools.base import Reconciliation
+from maka_core.tools import ToolResult, contract
+from maka_core.tools.base import Reconciliation, parse_evidence
+from maka_core.tools.contract import KEYED_GUARANTEES
 from maka_core.tools.melra import execution_view
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
@@ -113,15 +115,34 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
     session_gov = await rt.on_ledger(lambda: rt.session_governance(inp.session_id), attempt=attempt)
     guarantee = governed.recovery_guarantee(held, tool, args, session_gov.policy.trusted_reads)
-    if guarantee == "read-only":
-        # A read with T1 and no T2: reading again is the recovery (there is no effect to repeat).
+    if guarantee == "read-only" or guarantee in KEYED_GUARANTEES:
+        # T1 and no T2: a read reads again (there is no effect to repeat); a keyed call runs again
+        # with the key recorded with its T1, its run recorded (and numbered) before it starts.
         record = None if held is None else held["decision"]
         gov = rt.session_governance(inp.session_id) if record is not None else None
-        # A MELRA tool re-read is bound to its call again (its task, its store) like the first run.
-        tool = melra.bind(rt, tool, inp.session_id, op_id)
-        dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov)
+        run_number = None
+        if guarantee in KEYED_GUARANTEES:
+            run_number = await rt.on_ledger(
+                lambda: rt.ledger.record_rerun(op_id, attempt=attempt.record), attempt=attempt
+            )
+        key = None if record is None else record.get("idempotencyKey")
+        # Bound to its call again (a MELRA tool: its task, its store) like the first run.
+        tool = contract.for_call(
+            melra.bind(rt, tool, inp.session_id, op_id),
+            contract.CallContext(
+                inp.session_id,
+                op_id,
+                attempt=run_number or 1,
+                loop=asyncio.get_running_loop(),
+                idempotency_key=key if isinstance(key, str) else None,
+            ),
+        )
+        dispatched = Dispatched(
+            state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov, run_number=run_number
+        )
         _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
-        return _completed(op_id, "replay_safe_reread", response)
+        reason = "replay_safe_reread" if guarantee == "read-only" else "idempotent_rerun"
+        return _completed(op_id, reason, response)
     if guarantee != "reconciliation-required":
         return _parked(inp, "dispatch_without_response")
     dispatched = Dispatched(state.ids, tool, args, ws, op.dispatch_event_id or "")
@@ -139,8 +160,9 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
             rt, inp, state, dispatched, attempt, lambda: melra.reconcile_task(task, ws), task_id
         )
     evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
-    evidence = None if evidence_json is None else FileEvidence.from_json(evidence_json)
-    return await _reconcile(rt, inp, state, dispatched, attempt, lambda: tool.reconcile(args, ws, evidence))
+    evidence = None if evidence_json is None else parse_evidence(evidence_json)
+    bound = contract.for_call(tool, contract.CallContext(inp.session_id, op_id))
+    return await _reconcile(rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence))
 
 
 def _recovery_receipt(

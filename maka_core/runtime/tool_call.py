@@ -123,6 +123,9 @@ class Dispatched:
     decision: dict[str, Any] | None = None
     gov: governed.SessionGovernance | None = None
     started_ms: int = 0
+    #: Which run of the effect this is, for a guarantee that may run it again (its receipt lists
+    #: the runs); None for every other call.
+    run_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -373,7 +376,8 @@ def _admit(
         attempt=attempt.record,
         decision=record if admitted.fresh else None,
     )
-    return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started)
+    keyed = record.get("executionGuarantee") in contract.KEYED_GUARANTEES
+    return Dispatched(ids, tool, args, ws, dispatch.id, record, gov, started, 1 if keyed else None)
 
 
 @dataclass(frozen=True)
@@ -429,6 +433,7 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
             items=items,
             error=result.error_code,
             redactions=governed.redactions_of(result),
+            attempts=call.run_number,
         )
         result = governed.told(result, status, items)
         if isinstance(call.tool, BoundExecute):

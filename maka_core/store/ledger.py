@@ -48,6 +48,10 @@ class Ledger(Protocol):
         """T1: the dispatch fact (and its evidence and policy decision) before the effect."""
         ...
 
+    def record_rerun(self, operation_id: str, *, attempt: AttemptArg = None) -> int:
+        """One more run of a dispatched operation, recorded before it starts; its number (T1's: 1)."""
+        ...
+
     def commit_tool_outcome(
         self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
     ) -> CommitResult:

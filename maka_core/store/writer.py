@@ -63,6 +63,7 @@ from maka_core.store.schema import (
     refuse_newer,
     runtime_events,
     sqlite_file_version,
+    tool_attempts,
 )
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
@@ -540,6 +541,29 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         batch = [dispatch] if call is None else [call, dispatch]
         post = _decision_hook(dispatch, decision, self._sql)
         return self._commit("t1_prepare", batch, post=post, evidence=evidence, attempt=_attempt(attempt))
+
+    def record_rerun(self, operation_id: str, *, attempt: AttemptArg = None) -> int:
+        """Record, durably and before it starts, one more run of a dispatched operation's effect
+        (what its guarantee allows after a crash: a ``recovery`` attempt row); returns the run's
+        number, T1's being 1. A rerun that crashes too still counts: the next one is numbered on."""
+        row = _attempt(attempt) or ToolAttempt()
+
+        def body(conn: Connection) -> int:
+            self._sql.attempt.run(
+                conn,
+                {
+                    "operation_id": operation_id,
+                    "phase": "recovery",
+                    "recorded_at": now_ms(),
+                    **_row_values(row),
+                },
+            )
+            query = select(tool_attempts.c.attempt_seq).where(
+                tool_attempts.c.operation_id == operation_id, tool_attempts.c.phase == "recovery"
+            )
+            return 1 + len(conn.execute(query).all())
+
+        return int(self._write(body))
 
     def commit_tool_outcome(
         self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None

@@ -216,6 +216,14 @@ class FileEvidence:
         )
 
 
+def parse_evidence(value: Any) -> Any:
+    """Stored evidence as its tool reads it: ``FileEvidence`` for the file tools' schema (parsed
+    strictly: ``evidence_invalid``), any other tool's JSON object as it was committed."""
+    if isinstance(value, dict) and value.get("schema") == FILE_EVIDENCE_SCHEMA:
+        return FileEvidence.from_json(value)
+    return value
+
+
 @dataclass(frozen=True)
 class Reconciliation:
     """What a reconciler observed for an operation that has T1 but no T2.

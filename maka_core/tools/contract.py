@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ValidationError
 
+from maka_core import failpoints
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import digest
@@ -355,6 +356,8 @@ class CallContext:
     operation_id: str
     attempt: int = 1
     loop: asyncio.AbstractEventLoop | None = None
+    #: The key recorded with T1 (None: derived, ``idempotency_key``; the two agree by construction).
+    idempotency_key: str | None = None
 
 
 def result_of(value: Any, tool_name: str) -> ToolResult:
@@ -428,6 +431,11 @@ class BoundTool:
         self.recovery_mode = tool.recovery_mode
         self.mutates = tool.mutates
 
+    @property
+    def idempotency_key(self) -> str:
+        """The key every run of this call presents."""
+        return self.call.idempotency_key or idempotency_key(self.call.session_id, self.call.operation_id)
+
     def context(self, ws: Workspace, heartbeat: Callable[[], None] | None = None) -> ToolContext:
         is_cancelled = _never
         if heartbeat is not None:
@@ -444,7 +452,7 @@ class BoundTool:
             tool_name=self.name,
             session_id=self.call.session_id,
             operation_id=self.call.operation_id,
-            idempotency_key=idempotency_key(self.call.session_id, self.call.operation_id),
+            idempotency_key=self.idempotency_key,
             workspace_root=ws.root,
             attempt=self.call.attempt,
             guarantee=self.guarantee,
@@ -481,9 +489,11 @@ class BoundTool:
             raise ToolRefusal("tool_evidence_invalid", f"{self.name}: evidence failed: {exc}") from None
         if value is None:
             return None
-        if not isinstance(value, dict) or not isinstance(value.get("schema"), str) or not value["schema"]:
+        schema = value.get("schema") if isinstance(value, dict) else None
+        if not isinstance(schema, str) or not schema or schema.startswith("maka."):
             raise ToolRefusal(
-                "tool_evidence_invalid", f'{self.name}: evidence is a JSON object with a "schema" string'
+                "tool_evidence_invalid",
+                f'{self.name}: evidence is a JSON object with a "schema" string of its own (not maka.*)',
             )
         try:
             canonical_json.dumps(value)
@@ -498,11 +508,13 @@ class BoundTool:
         ctx = self.context(ws, heartbeat)
         try:
             parsed = self.tool.parse_args(args)
+            failpoints.hit("P3", tag=self.name)
             value = _resolve(self.tool.run_fn(parsed, ctx), ctx, heartbeat)
-        except Exception as exc:
+        except Exception as exc:  # every failure of a tool is its committed result
             if ctx.cancelled:
                 heartbeat()  # raises: a cancelled attempt abandons its effect, whatever the tool raised
             return failed_result(exc, self.name)
+        failpoints.hit("P4", tag=self.name)
         return result_of(value, self.name)
 
     def reconcile(self, args: dict[str, Any], ws: Workspace, evidence: JsonValue) -> Reconciliation | None:

@@ -14,7 +14,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +34,7 @@ from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, FunctionTool, default_tools, tool_catalog
+from maka_core.tools import BashTool, FunctionTool, Tool, default_tools, tool_catalog
 from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.attempt_fence import AttemptFence
@@ -50,6 +50,7 @@ from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
+    from maka_core.tools.mcp.adapter import McpToolset
     from maka_temporal.workers.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
@@ -269,14 +270,30 @@ def default_runtime(
 ) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
     hidden from it) and ``tools``, the worker's own (``--tools``; ``tools_invalid`` for a name
-    taken twice), ``MAKA_POLICY`` (or the default policy)."""
+    taken twice), the MCP servers' tools (``--mcp-config``), ``MAKA_POLICY`` (or the default policy)."""
     builtin = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
         bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
-    return Runtime(store, tools=with_tools(builtin, tools), policy=Policy.from_env(), settings=settings)
+    served: Mapping[str, Tool] = with_tools(builtin, tools)
+    if settings.mcp_config is not None:
+        from maka_core.tools.mcp.adapter import McpToolset
+        from maka_core.tools.mcp.servers import McpServers
+
+        served = McpToolset(served, McpServers(settings.mcp_config))
+    return Runtime(store, tools=served, policy=Policy.from_env(), settings=settings)
+
+
+def _mcp_of(runtime: Runtime) -> McpToolset | None:
+    """The runtime's MCP servers and their tools, when it has any (``--mcp-config``; the SDK is
+    imported only then)."""
+    if runtime.settings.mcp_config is None:
+        return None
+    from maka_core.tools.mcp.adapter import McpToolset
+
+    return runtime.tools if isinstance(runtime.tools, McpToolset) else None
 
 
 async def serve(
@@ -342,7 +359,11 @@ async def serve(
         telemetry.instrument(runtime)
     acts = MakaActivities(runtime)
     report = RepairReport()
+    mcp = _mcp_of(runtime)
     try:
+        if mcp is not None:
+            # Before repair: recovery may read an MCP tool again.
+            await asyncio.to_thread(mcp.start)
         if repair:
             report = await startup_repair(
                 client, store, runtime, host=host, say=lambda m: announce("attempt_fence", m, message=m)
@@ -429,6 +450,8 @@ async def serve(
         if telemetry is not None:
             telemetry.stop()
         acts.close(wait=True)
+        if mcp is not None:
+            await asyncio.to_thread(mcp.close)
         store.close()
     announce("stopped", "stopped")
     if store.health.failure is not None:

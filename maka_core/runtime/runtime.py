@@ -276,6 +276,7 @@ class Runtime:
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
         self._tool_specs: list[dict[str, Any]] | None = None
+        self._tool_specs_version: int | None = None
         #: session id -> the policy and principal it decides by (recorded once, never changed).
         self._governance: dict[str, SessionGovernance] = {}
         #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call, the tool
@@ -412,8 +413,11 @@ class Runtime:
         return provider
 
     def tool_specs(self) -> list[dict[str, Any]]:
-        if self._tool_specs is None:
+        # A live mapping (MCP servers' tools) says when its tools changed by its ``version``.
+        version = getattr(self.tools, "version", None)
+        if self._tool_specs is None or version != self._tool_specs_version:
             self._tool_specs = provider_tool_specs(self.tools)
+            self._tool_specs_version = version
         return self._tool_specs
 
     def record_provider_call(self, step_id: str) -> None:

@@ -9,8 +9,8 @@ so a test counts how often an effect really ran and compares the keys of two att
 - ``bump`` (no annotations): add one to ``<state>/counter``;
 - ``grow`` (no annotations): add the tool ``extra`` and announce ``notifications/tools/list_changed``;
 - ``die`` (no annotations): record the call, then exit the server mid-call (no response);
-- ``token_digest`` (``readOnlyHint``): the sha256 of ``$COUNTER_TOKEN`` (the env reached the server,
-  while the token itself is never said).
+- ``token_echo`` (``readOnlyHint``): says ``$COUNTER_TOKEN`` in its result and on stderr (a server
+  leaking its secret; the call records the token's sha256, so a test sees the env reached it).
 
 ``python counter_server.py --state DIR`` serves stdio; ``--http PORT`` serves Streamable HTTP on
 127.0.0.1:PORT at ``/mcp``.
@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,12 @@ def build(state: Path) -> MCPServer:
         os._exit(3)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-    def token_digest(ctx: Context) -> str:
-        """The sha256 of this server's COUNTER_TOKEN."""
-        record("token_digest", {}, ctx)
-        return hashlib.sha256(os.environ.get("COUNTER_TOKEN", "").encode()).hexdigest()
+    def token_echo(ctx: Context) -> str:
+        """Say this server's COUNTER_TOKEN (on stderr too): a careless server leaking its secret."""
+        token = os.environ.get("COUNTER_TOKEN", "")
+        record("token_echo", {"sha256": hashlib.sha256(token.encode()).hexdigest()}, ctx)
+        print(f"token_echo: the token is {token}", file=sys.stderr, flush=True)
+        return f"the token is {token}"
 
     return server
 

@@ -194,7 +194,11 @@ class _Connection:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # an ExceptionGroup from the SDK's task groups, an OSError...
-                log.warning("mcp server %s: %s", self.label(), self.owner.secrets.redact(_describe(exc)))
+                why = self.owner.secrets.redact(_describe(exc))
+                if self.up.is_set():
+                    log.warning("mcp server %s: connection lost (%s); starting it again", self.label(), why)
+                elif failures % 12 == 0:  # a server that stays away is not news every few seconds
+                    log.warning("mcp server %s: cannot be reached (%s); trying again", self.label(), why)
             finally:
                 self.session = None
                 self.up.clear()

@@ -502,9 +502,9 @@ class McpServers:
                 raise McpServerUnavailable(message=f"MCP server {server!r} is not running", server=server)
             conn = self._open(server, workspace, publishes=False)  # a session's first call
         conn.last_used = time.monotonic()
-        if not conn.up.is_set():
+        if not conn.tried.is_set():  # a session's first call: its server is starting
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(conn.up.wait(), CONNECT_TIMEOUT_S if conn.starts == 0 else 0.0)
+                await asyncio.wait_for(conn.tried.wait(), CONNECT_TIMEOUT_S)
         session = conn.session
         if session is None or not conn.up.is_set():
             raise McpServerUnavailable(

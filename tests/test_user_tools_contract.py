@@ -6,6 +6,7 @@ result, a non-JSON result ``tool_result_invalid``, an async ``run`` awaited on t
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,17 @@ from pydantic import BaseModel, ConfigDict
 from maka_core.runtime import tool_call
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import FunctionTool, ToolContext, ToolsInvalid, default_tools, idempotency_key, tool
+from maka_core.tools import (
+    FunctionTool,
+    ToolContext,
+    ToolRefusal,
+    ToolsInvalid,
+    default_tools,
+    idempotency_key,
+    tool,
+)
 from maka_core.workspace import Workspace
-from tests.test_runtime import ATTEMPT, one_call, run, tool_input
+from tests.test_runtime import ATTEMPT, one_call, op_status, run, tool_input
 
 
 class Greet(BaseModel):
@@ -61,6 +70,16 @@ def not_json(args: Greet, ctx: ToolContext) -> Any:
     return {"when": object()}
 
 
+@tool
+def huge(args: Greet, ctx: ToolContext) -> str:
+    return args.who * (64 * 1024 + 1)
+
+
+@tool
+def refuse(args: Greet, ctx: ToolContext) -> str:
+    raise ToolRefusal("no_such_customer", f"nobody called {args.who}")
+
+
 def runtime_with(store: LedgerStore, *extra: FunctionTool) -> Runtime:
     return Runtime(store, tools={**default_tools(), **{t.name: t for t in extra}})
 
@@ -68,7 +87,7 @@ def runtime_with(store: LedgerStore, *extra: FunctionTool) -> Runtime:
 @pytest.fixture
 def urt(tmp_path: Path) -> Any:
     store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    rt = runtime_with(store, greet, async_greet, explode, not_json)
+    rt = runtime_with(store, greet, async_greet, explode, not_json, huge, refuse)
     yield rt
     rt.close()
     store.close()
@@ -162,6 +181,8 @@ def test_user_tools_run_through_the_tool_path(urt: Runtime, tmp_path: Path) -> N
         ("greet", {"who": 3}, "tool_args_invalid"),
         ("explode", {"who": "x"}, "tool_failed"),
         ("not_json", {"who": "x"}, "tool_result_invalid"),
+        ("huge", {"who": "x"}, "tool_result_too_large"),
+        ("refuse", {"who": "x"}, "no_such_customer"),
     ],
 )
 def test_bad_arguments_a_raising_tool_and_a_non_json_result_are_committed_errors(
@@ -189,3 +210,61 @@ def test_an_async_tool_is_awaited(urt: Runtime, tmp_path: Path) -> None:
 def workspace(tmp_path: Path) -> Workspace:
     (tmp_path / "ws").mkdir(exist_ok=True)
     return Workspace.open(tmp_path / "ws")
+
+
+STOPPED: list[str] = []
+
+
+@tool(guarantee="at-most-once")
+def spin(args: Greet, ctx: ToolContext) -> str:
+    """Work until cancelled, heartbeating."""
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            ctx.heartbeat()
+            time.sleep(0.01)
+    finally:
+        STOPPED.append(f"spin {ctx.cancelled}")
+    return "finished"
+
+
+@tool(guarantee="at-most-once")
+async def wait_long(args: Greet, ctx: ToolContext) -> str:
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        STOPPED.append("wait_long cancelled")
+        raise
+    return "finished"
+
+
+@pytest.mark.parametrize(("name", "said"), [("spin", "spin True"), ("wait_long", "wait_long cancelled")])
+def test_a_cancelled_attempt_stops_a_sync_or_async_tool_and_commits_no_outcome(
+    tmp_path: Path, name: str, said: str
+) -> None:
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rt = runtime_with(store, spin, wait_long)
+    ws = workspace(tmp_path)
+    try:
+        ref = one_call(rt, ws, name, {"who": "x"})
+
+        async def go() -> None:
+            call = asyncio.ensure_future(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+            deadline = time.monotonic() + 10
+            while rt.ledger.decision(ref.operation_id) is None:  # T1 (with its decision) committed
+                assert time.monotonic() < deadline, "T1 never committed"
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+
+        run(go())
+        deadline = time.monotonic() + 10
+        while said not in STOPPED:
+            assert time.monotonic() < deadline, f"the tool did not stop: {STOPPED}"
+            time.sleep(0.01)
+        assert op_status(rt, ref) == ("indeterminate", "dispatch_without_response")  # T1, never T2
+    finally:
+        rt.close()
+        store.close()

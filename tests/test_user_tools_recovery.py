@@ -77,7 +77,7 @@ def test_provider_idempotent_runs_again_with_the_key_recorded_with_t1(honest: Ru
     assert (result.status, result.reason) == ("completed", "idempotent_rerun")
     assert lines(ws, "provider/requests.log") == [key, key]  # both runs presented the same key
     assert lines(ws, "provider/charges.log") == [key]  # so the provider charged once
-    (receipt,) = [r for r in honest.ledger.receipts("s1") if r["taskId"] == ref.operation_id]  # type: ignore[attr-defined]
+    (receipt,) = [r for r in honest.ledger.receipts("s1") if r.get("taskId") == ref.operation_id]  # type: ignore[attr-defined]
     assert receipt["observedEffect"]["attempts"] == [1, 2]
     assert receipt["executionGuarantee"] == "provider-idempotent"
 
@@ -88,7 +88,7 @@ def test_a_second_crash_numbers_the_next_run_on(honest: Runtime, ws: Workspace) 
     assert honest.ledger.record_rerun(ref.operation_id) == 2
     result = run(recovery.recover_operation(honest, recover_input(ws, ref), ATTEMPT))
     assert result.status == "completed"
-    (receipt,) = [r for r in honest.ledger.receipts("s1") if r["taskId"] == ref.operation_id]  # type: ignore[attr-defined]
+    (receipt,) = [r for r in honest.ledger.receipts("s1") if r.get("taskId") == ref.operation_id]  # type: ignore[attr-defined]
     assert receipt["observedEffect"]["attempts"] == [1, 2, 3]
     assert len(lines(ws, "outbox.log")) == 2  # the first run and the third sent
 

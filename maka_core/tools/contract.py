@@ -44,7 +44,15 @@ from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import digest
 from maka_core.facts.events import Observation, RecoveryMode
-from maka_core.tools.base import EFFECTS, Effect, Reconciliation, ToolRefusal, ToolResult
+from maka_core.tools.base import (
+    DEFAULT_RESULT_BYTE_LIMIT,
+    EFFECTS,
+    Effect,
+    Reconciliation,
+    ToolRefusal,
+    ToolResult,
+    enforce_result_limit,
+)
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -217,6 +225,7 @@ class FunctionTool:
         evidence: EvidenceHook | None = None,
         reconcile: ReconcileHook | None = None,
         preflight: PreflightHook | None = None,
+        result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise _invalid(str(name), "a name is 1-64 of A-Z a-z 0-9 _ -")
@@ -270,6 +279,9 @@ class FunctionTool:
         self.evidence_fn = evidence
         self.reconcile_fn = reconcile
         self.preflight_fn = preflight
+        #: The largest result committed (canonical JSON bytes): a larger one is
+        #: ``tool_result_too_large``, as for every built-in.
+        self.result_byte_limit = result_byte_limit
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r}, guarantee={self.guarantee!r})"
@@ -524,7 +536,7 @@ class BoundTool:
                 heartbeat()  # raises: a cancelled attempt abandons its effect, whatever the tool raised
             return failed_result(exc, self.name)
         failpoints.hit("P4", tag=self.name)
-        return result_of(value, self.name)
+        return enforce_result_limit(result_of(value, self.name), self.tool.result_byte_limit)
 
     def reconcile(self, args: dict[str, Any], ws: Workspace, evidence: JsonValue) -> Reconciliation | None:
         """Observe through the tool's ``reconcile`` hook; a raising hook saw nothing (unreadable)."""
@@ -547,7 +559,7 @@ class BoundTool:
             observation_digest = digest(canonical_json.dumps(observed))
         recovered = None
         if seen.observation == "matches_expected_state":
-            recovered = result_of(seen.result, self.name)
+            recovered = enforce_result_limit(result_of(seen.result, self.name), self.tool.result_byte_limit)
         return Reconciliation(seen.observation, observation_digest, recovered, observed)
 
 

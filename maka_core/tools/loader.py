@@ -9,6 +9,8 @@ name a built-in tool already has is ``tools_invalid`` naming the entry or the to
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +18,11 @@ from maka_core.tools.contract import FunctionTool, ToolsInvalid
 
 
 def _import(spec: str, module_name: str) -> Any:
+    # As ``python -m`` and uvicorn do: a module in the directory the worker starts in imports even
+    # when ``maka`` is the console script (whose sys.path starts at its own bin directory).
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         return importlib.import_module(module_name)
     except ToolsInvalid as exc:  # a tool the module declares is refused as it is defined

@@ -8,8 +8,9 @@ per execution guarantee, each leaving a countable trace of every run in the sess
   (``provider/charges.log``): the provider's own idempotency, keyed by ``ctx.idempotency_key``;
 - ``notify`` (at-least-once) appends a line to ``outbox.log`` on every run, duplicates allowed;
 - ``append_entry`` (at-most-once) appends one line to ``journal.log``;
-- ``put_note`` (reconciliation-required) writes ``notes/<name>``; its evidence is the note's
-  digest, and ``reconcile`` reads the file back: present with that digest is done.
+- ``put_note`` (reconciliation-required) writes ``notes/<name>`` (one line per write in
+  ``note_writes.log``); its evidence is the note's digest, and ``reconcile`` reads the file back:
+  present with that digest is done.
 """
 
 from __future__ import annotations
@@ -110,4 +111,5 @@ def put_note(args: Note, ctx: ToolContext) -> dict[str, Any]:
     target = ctx.workspace_root / "notes" / args.name
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(args.text, encoding="utf-8")
+    _append(ctx.workspace_root / "note_writes.log", args.name)
     return {"written": args.name}

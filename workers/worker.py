@@ -10,11 +10,12 @@ the deterministic repair event (``maka_core.runtime.settle.repair_run``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -296,6 +297,38 @@ def _mcp_of(runtime: Runtime) -> McpToolset | None:
     return runtime.tools if isinstance(runtime.tools, McpToolset) else None
 
 
+class _AnnouncedLog(logging.Handler):
+    """The MCP servers' log (their stderr, connects, restarts) as the worker's own lines, where no
+    logging is configured: a supervisor reading the worker's stderr sees them (``mcp_log`` events
+    under ``--json``)."""
+
+    def __init__(self, announce: Callable[..., None]) -> None:
+        super().__init__(logging.INFO)
+        self._announce = announce
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self._announce("mcp_log", message, level=record.levelname.lower(), message=message)
+
+
+@contextlib.contextmanager
+def _mcp_log_to(announce: Callable[..., None]) -> Iterator[None]:
+    mcp_log = logging.getLogger("maka.mcp")
+    if logging.getLogger().handlers or mcp_log.handlers:
+        yield  # the embedding application routes logs itself
+        return
+    handler = _AnnouncedLog(announce)
+    mcp_log.addHandler(handler)
+    mcp_log.setLevel(logging.INFO)
+    mcp_log.propagate = False
+    try:
+        yield
+    finally:
+        mcp_log.removeHandler(handler)
+        mcp_log.propagate = True
+        mcp_log.setLevel(logging.NOTSET)
+
+
 async def serve(
     client: Client,
     db: Path | str,
@@ -360,6 +393,9 @@ async def serve(
     acts = MakaActivities(runtime)
     report = RepairReport()
     mcp = _mcp_of(runtime)
+    logs = contextlib.ExitStack()
+    if mcp is not None:
+        logs.enter_context(_mcp_log_to(announce))
     try:
         if mcp is not None:
             # Before repair: recovery may read an MCP tool again.
@@ -397,7 +433,8 @@ async def serve(
             "ready",
             f"polling task queue {task_queue!r}"
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
-            + f" (ledger {db}); bash: {isolation}",
+            + f" (ledger {db}); bash: {isolation}"
+            + (f"; mcp: {len(mcp.servers.tools())} tool(s)" if mcp is not None else ""),
             taskQueue=task_queue,
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),
@@ -452,6 +489,7 @@ async def serve(
         acts.close(wait=True)
         if mcp is not None:
             await asyncio.to_thread(mcp.close)
+        logs.close()
         store.close()
     announce("stopped", "stopped")
     if store.health.failure is not None:

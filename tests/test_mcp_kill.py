@@ -11,7 +11,9 @@ really ran, with which ``_meta`` key.
 Negative controls, built by the test's own servers file: the same tools narrowed to
 ``at-most-once`` park instead of re-running (the behaviour before MCP guarantees existed), and the
 plain tool widened with ``operatorTrust`` runs twice, failing the at-most-once drill's "one call".
-A server that dies in the middle of a call (no worker killed) leaves T1 without T2 the same way.
+The idempotent drill also runs over Streamable HTTP (both worker processes send the same key to one
+server process). A server that dies in the middle of a call (no worker killed) leaves T1 without T2
+the same way.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import pytest
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import idempotency_key
-from tests.mcp_support import calls, stdio_counter, write_config
+from tests.mcp_support import calls, http_counter, stdio_counter, write_config
 from tests.temporal_support import WorkerProcess, in_process_worker, start, tool_step, wait_turn, write_script
 from tests.test_mcp_session import settings_for
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 
 NARROW = {"guarantee": "at-most-once"}
+PUT = {"key": "k", "value": "v"}
 TRUSTED_READ = {"guarantee": "read-only", "operatorTrust": True}
 
 
@@ -43,10 +46,13 @@ async def _drill(
     tool: str,
     args: dict[str, Any],
     tools: Any,
+    url: str | None = None,
 ) -> tuple[str, Any, Any, Path]:
+    """``url``: the counter server over Streamable HTTP there (its state is ``tmp_path/state``)."""
     state = tmp_path / "state"
     extra = {"tools": {tool: tools}} if tools else {}
-    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state, **extra)})
+    entry = stdio_counter(state, **extra) if url is None else {"url": url, **extra}
+    config = write_config(tmp_path / "servers.json", {"counter": entry})
     env = {"MAKA_MCP_CONFIG": str(config)}
     db = tmp_path / "ledger.sqlite"
     script = write_script(tmp_path / "s.json", [tool_step((f"mcp__counter__{tool}", args)), {"text": "done"}])
@@ -109,6 +115,22 @@ async def test_p4_on_an_idempotent_mcp_tool_runs_it_again_with_the_same_key(
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
         (receipt,) = [r for r in store.receipts(session_id) if r.get("taskId") == op.operation_id]
     assert receipt["observedEffect"]["attempts"] == [1, 2], receipt["observedEffect"]  # the runs, listed
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+async def test_p4_on_an_idempotent_tool_over_streamable_http_sends_the_same_key_from_both_workers(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    state = tmp_path / "state"
+    with http_counter(state, tmp_path / "http.log") as url:
+        session_id, status, op, _ = await _drill(
+            temporal_server, temporal_client, tmp_path, ws_dir, task_queue, "put", PUT, None, url
+        )
+    seen = calls(state)
+    assert (status.state, op.status, [c["tool"] for c in seen]) == ("idle", "completed", ["put", "put"])
+    key = idempotency_key(session_id, op.operation_id)
+    assert [c["key"] for c in seen] == [key, key]  # one key, from two worker processes, over HTTP
 
 
 @pytest.mark.slow

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from maka_core.governance.classify import classify_tool_call
 from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.guarantee import trusted_read
 from maka_core.tools import BashTool, sandbox_status
 from maka_core.workspace import MARKER_NAME, Workspace
+from tests.builtin_classify import classify_tool_call
 from tests.shlex_command_line import shlex_parse_command_line
 
 STATUS = sandbox_status()

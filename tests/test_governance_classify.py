@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
-from maka_core.governance.classify import classify_operation, classify_tool_call
+from maka_core.governance.classify import classify_declared, classify_operation
 from maka_core.governance.commands import (
     classify_command,
     command_allowed,
     normalize_command_name,
     parse_command_line,
 )
+from tests.builtin_classify import classify_tool_call
 
 
 @pytest.mark.parametrize(
@@ -35,9 +36,13 @@ def test_tool_calls(
     assert (c.effect, c.risk, c.capability, c.target) == (effect, risk, capability, target)
 
 
-def test_unknown_tools_are_not_guessed() -> None:
-    with pytest.raises(ValueError):
-        classify_tool_call("launch_rockets", {})
+def test_a_tool_without_its_own_classification_is_judged_by_what_it_declares() -> None:
+    # The widest declared effect decides, the call may have any of them, and the capability is
+    # the tool's own or ``tool.<name>``: nothing is guessed from the name.
+    c = classify_declared("launch_rockets", frozenset({"read", "destructive"}), {"path": "pad"})
+    assert (c.effect, c.possible_effects, c.risk) == ("destructive", {"read", "destructive"}, "high")
+    assert (c.capability, c.target) == ("tool.launch_rockets", "pad")
+    assert classify_declared("peek", frozenset({"read"}), {}, "file.peek").capability == "file.peek"
 
 
 def test_a_bash_line_is_a_read_only_when_every_command_reads_and_nothing_is_written() -> None:

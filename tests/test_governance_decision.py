@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from maka_core.governance.classify import classify_operation, classify_tool_call
+from maka_core.governance.classify import classify_operation
 from maka_core.governance.decision import (
     DECISION_ORDER,
     decide,
@@ -17,6 +17,7 @@ from maka_core.governance.decision import (
 )
 from maka_core.governance.evidence import ExitCode
 from maka_core.governance.policy_file import GovernancePolicy, Identity, Principal, parse_policy
+from tests.builtin_classify import classify_tool_call
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 INSTALL = {"command": "npm install left-pad"}  # mutate, traits network + package-install

@@ -10,7 +10,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from maka_core.errors import MakaError
-from maka_core.governance.classify import classify_operation, classify_tool_call
+from maka_core.governance.classify import classify_operation
 from maka_core.governance.evidence import (
     EvidencePredicate,
     FileAbsent,
@@ -25,6 +25,7 @@ from maka_core.governance.evidence import (
     is_success,
     verification_status,
 )
+from tests.builtin_classify import classify_tool_call
 
 PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from maka_core.governance.classify import classify_tool_call
 from maka_core.governance.evidence import ExitCode, FileExists, FileHash
 from maka_core.governance.guarantee import (
     allows_retry,
@@ -16,6 +15,7 @@ from maka_core.governance.guarantee import (
     trusted_read,
 )
 from maka_core.tools import default_tools
+from tests.builtin_classify import classify_tool_call
 
 ARGS = {
     "read_file": {"path": "a"},

@@ -13,7 +13,11 @@ effects are counted in the workspace, outside the ledger.
 Negative controls, from the test's own tool module (``tests.user_tools_pkg.wide``: the same
 effects under the same names with a wrongly wide guarantee, or a fresh key per run): the journal
 entry and the note are written twice, the provider charges twice, and a read declared
-at-most-once parks where a re-read would have answered.
+at-most-once parks where a re-read would have answered; and, with the Resolver guard disabled
+(``tests.children.naive_worker``, a plain Temporal retry), the at-most-once entry runs twice.
+
+The kill matrix's user-tools column: every tool killed at P3 (T1 committed, the effect not begun)
+and at P5 (T2 committed), each effect counted.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pytest
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
+from tests.drills import NAIVE_WORKER
 from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 
 pytestmark = [
@@ -196,3 +201,77 @@ async def test_negative_control_a_note_declared_at_least_once_is_written_twice(
     )
     assert (d.guarantee, d.state) == ("at-least-once", "idle")
     assert lines(ws_dir, "note_writes.log") == ["n1", "n1"]
+
+
+# --- the kill matrix's user-tools column: P3 (the effect is starting) and P5 (after T2) ---------
+
+#: Each tool's args and the workspace file holding one line per real effect.
+COLUMN: dict[str, tuple[dict[str, Any], str]] = {
+    "lookup": ({"name": "ada"}, "lookups.log"),
+    "charge": ({"amount": 7}, "provider/charges.log"),
+    "notify": ({"text": "hi"}, "outbox.log"),
+    "append_entry": ({"text": "pay"}, "journal.log"),
+    "put_note": ({"name": "n1", "text": "hello"}, "note_writes.log"),
+}
+#: (tool, failpoint) -> (session state, park reason, effects). At P3 T1 is committed and the
+#: effect has not begun: a re-runnable guarantee runs it (once), reconciliation finds the prior
+#: state, at-most-once parks. At P5 T2 is committed: nothing runs again.
+EXPECTED: dict[tuple[str, str], tuple[str, str | None, int]] = {
+    ("lookup", "P3"): ("idle", None, 1),
+    ("charge", "P3"): ("idle", None, 1),
+    ("notify", "P3"): ("idle", None, 1),
+    ("append_entry", "P3"): ("parked", "dispatch_without_response", 0),
+    ("put_note", "P3"): ("parked", "reconcile_matches_prior_state", 0),
+    **{(name, "P5"): ("idle", None, 1) for name in COLUMN},
+}
+
+
+@pytest.mark.parametrize(("name", "point"), sorted(EXPECTED))
+async def test_kill_matrix_user_tools_column(
+    temporal_server: Any,
+    temporal_client: Any,
+    tmp_path: Path,
+    ws_dir: Path,
+    task_queue: str,
+    name: str,
+    point: str,
+) -> None:
+    args, effect_file = COLUMN[name]
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(tmp_path / "s.json", [tool_step((name, args)), {"text": "ok"}])
+    kw: dict[str, Any] = {"home": tmp_path, "extra_env": {"MAKA_TOOLS": HONEST}}
+    with WorkerProcess(temporal_server, db, task_queue, failpoint=point, failpoint_tag=name, **kw) as doomed:
+        doomed.wait_ready()
+        session_id, accepted = await start(temporal_client, ws_dir, script, task_queue)
+        assert await doomed.wait_exit() == -9, f"the armed worker did not die at {point}[{name}]"
+    with WorkerProcess(temporal_server, db, task_queue, **kw) as worker:
+        worker.wait_ready()
+        status = await wait_turn(temporal_client, session_id, accepted.run_id, timeout=90)
+    with LedgerStore.open(db) as store:
+        assert store.verify() == []
+        (op,) = operations(store.events(session_id=session_id))
+    state, reason, effects = EXPECTED[(name, point)]
+    assert (status.state, status.park_reason) == (state, reason), (op.status, op.reason)
+    assert len(lines(ws_dir, effect_file)) == effects
+    if name == "charge":  # every run the provider saw presented one key
+        assert len(set(lines(ws_dir, "provider/requests.log"))) == 1
+
+
+async def test_negative_control_without_the_resolver_guard_an_at_most_once_tool_runs_twice(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    # The kill matrix's own negative control, on a user tool: the guard disabled (a plain
+    # Temporal retry), the at-most-once entry killed at P4 is appended again.
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(tmp_path / "s.json", [tool_step(("append_entry", {"text": "pay"})), {"text": "ok"}])
+    kw: dict[str, Any] = {"home": tmp_path, "extra_env": {"MAKA_TOOLS": HONEST}, "entry": NAIVE_WORKER}
+    with WorkerProcess(
+        temporal_server, db, task_queue, failpoint="P4", failpoint_tag="append_entry", **kw
+    ) as doomed:
+        doomed.wait_ready()
+        session_id, accepted = await start(temporal_client, ws_dir, script, task_queue)
+        assert await doomed.wait_exit() == -9
+    with WorkerProcess(temporal_server, db, task_queue, **kw) as worker:
+        worker.wait_ready()
+        await wait_turn(temporal_client, session_id, accepted.run_id, timeout=90)
+    assert lines(ws_dir, "journal.log") == ["pay", "pay"]

@@ -3,7 +3,7 @@ evidence, execution guarantee and receipts. Pure: no store, no Temporal, no I/O 
 a policy file and whatever file probe the caller passes in."""
 
 from maka_core.governance.challenge import ApprovalChallenge, action_digest, check_answer, issue_challenge
-from maka_core.governance.classify import Classification, classify_operation, classify_tool_call
+from maka_core.governance.classify import Classification, classify_bash, classify_declared, classify_operation
 from maka_core.governance.decision import (
     DECISION_ORDER,
     GovernedCall,
@@ -70,7 +70,8 @@ __all__ = [
     "allows_retry",
     "check_answer",
     "classify_operation",
-    "classify_tool_call",
+    "classify_bash",
+    "classify_declared",
     "decide",
     "default_evidence_for",
     "evaluate",

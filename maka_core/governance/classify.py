@@ -1,7 +1,8 @@
 """Classification of one action before policy: effect, risk, traits, capability and target.
 
 Ported from MELRA's ``classifyOperation`` for the operation kinds we run (``file`` and
-``terminal`` operations of ``melra_plan``) and extended to our own tools. Policy, evidence
+``terminal`` operations of ``melra_plan``) and extended to tools: a ``bash`` line by what it runs
+(``classify_bash``), any other tool by what it declares (``classify_declared``). Policy, evidence
 defaults, the execution guarantee and the receipt all read the same classification, so an
 approver and an auditor see exactly what was judged.
 """
@@ -21,12 +22,6 @@ Risk = Literal["low", "medium", "high", "critical"]
 #: Every effect a shell line might have: what a command line can do when we cannot see it all.
 _ANY_EFFECT: frozenset[Effect] = frozenset({"read", "mutate", "destructive"})
 _FILE_READ_ACTIONS = frozenset({"list", "read", "stat", "hash"})
-_TOOL_CAPABILITY = {
-    "read_file": ("file.read", "read"),
-    "list_dir": ("file.list", "read"),
-    "write_file": ("file.write", "mutate"),
-    "edit_file": ("file.edit", "mutate"),
-}
 
 
 class GovernanceModel(BaseModel):
@@ -97,28 +92,23 @@ def classify_bash(command: str) -> Classification:
     )
 
 
-def classify_tool_call(tool_name: str, args: dict[str, Any]) -> Classification:
-    """Classify one call of a built-in tool with already-preflighted ``args``.
-
-    Raises:
-        ValueError: a tool this module does not know (policy must not guess an effect).
-    """
-    if tool_name == "bash":
-        command = args.get("command")
-        return classify_bash(command if isinstance(command, str) else "")
-    known = _TOOL_CAPABILITY.get(tool_name)
-    if known is None:
-        raise ValueError(f"no classification for tool {tool_name!r}")
-    capability, effect = known
+def classify_declared(
+    tool_name: str, effects: frozenset[str], args: dict[str, Any], capability: str | None = None
+) -> Classification:
+    """Classify one call of a tool by what it declares: its effects (the widest decides, and the
+    call may have any of them), its capability (default ``tool.<name>``) and, as the target, its
+    ``path`` argument when it has one. A tool whose calls differ by their arguments (``bash``)
+    classifies itself instead (``classify_bash``)."""
+    ordered: list[Effect] = [e for e in ("read", "mutate", "destructive") if e in effects]
+    effect: Effect = ordered[-1] if ordered else "read"  # the widest
     path = args.get("path")
-    read = effect == "read"
     return Classification(
         kind="tool",
         name=tool_name,
-        effect="read" if read else "mutate",
-        possible_effects=frozenset({"read" if read else "mutate"}),
-        risk="low" if read else "medium",
-        capability=capability,
+        effect=effect,
+        possible_effects=frozenset(ordered) or frozenset({effect}),
+        risk="high" if effect == "destructive" else "low" if effect == "read" else "medium",
+        capability=capability or f"tool.{tool_name}",
         target=path if isinstance(path, str) else "",
     )
 

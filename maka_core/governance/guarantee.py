@@ -5,8 +5,9 @@ never from the caller: a caller that could call its own write retry-safe would b
 is not entitled to. A tool that declares ``never_auto_retry`` (``bash``) keeps ``at-most-once``
 whatever its classification says: a parse of a command line is not evidence enough to run it
 twice. Only a call the session's policy trusts (``trustedReadCommands``, ``trusted_read``) is
-``read-only``. Only ``read-only`` (and the two values nothing derives yet,
-``at-least-once`` and ``provider-idempotent``) allow a retry.
+``read-only``. A contract tool declares its own (``tools.contract.ToolGuarantee``). Only
+``read-only``, ``at-least-once`` and ``provider-idempotent`` allow a retry, the last two with the
+call's one idempotency key.
 
 After a restart: planned and approval-waiting work stays executable; an interrupted read goes
 back to planned and may run again; a mutation interrupted while verifying may still be settled,

@@ -34,13 +34,13 @@ from maka_core.runtime import governed
 from maka_core.runtime.contracts import CallRef, RunIds
 from maka_core.store.governance_rows import permission_closure_event
 from maka_core.tools import Tool, ToolResult
+from maka_core.tools.base import permission_reason
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime
     from maka_core.store.ledger import Ledger
 
 POLL_S = 0.25
-_PERMISSION_REASON = {"bash": "shell_dangerous", "write_file": "file_write", "edit_file": "file_write"}
 
 
 class ApprovalRefused(MakaError):
@@ -160,7 +160,7 @@ def admit(
                 "toolUseId": call.tool_call_id,
                 "toolName": call.tool_name,
                 "category": decision.classification.capability,
-                "reason": _PERMISSION_REASON.get(call.tool_name, "custom"),
+                "reason": permission_reason(tool),
                 "args": args,
                 "rememberForTurnAllowed": False,
                 "hint": f"{challenge.phrase} (expires {challenge.expires_at})",

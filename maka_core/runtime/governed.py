@@ -1,16 +1,16 @@
 """Governed execution on the tool path: the glue between the pure ``governance`` modules and a call.
 
 Per call, in ``tool_call._admit`` (one ledger-thread hop, before T1): the session's policy and
-principal (recorded in ``session_policies`` when the session started; the built-in default when
-none was), the call's classification, MELRA's decision (``decide``), and the execution guarantee
-derived from the classified effect and the tool's declared reconciliation (``guarantee_of``: the
-one derivation, read back by recovery from the recorded decision; a ``bash`` call is
-``at-most-once`` unless the session's policy trusts its line as a read, ``trustedReadCommands``).
-The network for ``bash`` takes two keys, decided per call here (``network_for``): the worker's
-(``--bash-network``, ``NetworkSwitch.network_permitted``) and the session policy's
-(``allowNetwork``). A granted call's decision records ``"network": true`` with T1, the tool is bound
-to that record (``bound_network``), the receipt says so, and its guarantee is ``at-most-once``
-whatever ``trustedReadCommands`` says (what it sent cannot be read back).
+principal (recorded in ``session_policies`` when the session started; the built-in default when none
+was), the call's classification, MELRA's decision (``decide``), and the execution guarantee derived
+from the classified effect and the tool's declared reconciliation, or a contract tool's declared
+guarantee (``guarantee_of``: the one derivation, read back by recovery from the recorded decision; a
+``bash`` call is ``at-most-once`` unless the session's policy trusts its line as a read,
+``trustedReadCommands``). The network for ``bash`` takes two keys, decided per call here
+(``network_for``): the worker's (``--bash-network``, ``NetworkSwitch.network_permitted``) and the
+session policy's (``allowNetwork``). A granted call's decision records ``"network": true`` with T1,
+the tool is bound to that record (``bound_network``), the receipt says so, and its guarantee is
+``at-most-once`` whatever ``trustedReadCommands`` says (what it sent cannot be read back).
 
 After the effect, before T2: the decision's evidence predicates are evaluated (``verify``), a
 succeeded tool whose predicate failed becomes ``partial`` in the result the model sees, and the
@@ -45,7 +45,7 @@ from maka_core.governance import (
     PolicyDecision,
     ProbedFile,
     ToolObservation,
-    classify_tool_call,
+    classify_declared,
     decide,
     evaluate,
     governed_call,
@@ -60,14 +60,13 @@ from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult
 from maka_core.tools.base import Effect, tool_effects
 from maka_core.tools.contract import KEYED_GUARANTEES, TOOL_GUARANTEES
-from maka_core.tools.melra import BoundExecute, TaskSubject
+from maka_core.tools.melra import TaskSubject
 from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
 
 DEFAULT_SESSION_POLICY = GovernancePolicy(
     mutations="allow", default_evidence={"bash": (ExitCode(type="exit_code", value=0),)}
 )
-_EFFECTS: tuple[Effect, ...] = ("read", "mutate", "destructive")
 _PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
 
 
@@ -99,32 +98,23 @@ class SessionGovernance:
 
 
 def classify(tool: Tool, args: Mapping[str, Any]) -> Classification:
-    """The built-in classification; a tool governance does not know is judged by its declared
-    effects (the widest one decides, and the call may have any of them)."""
-    try:
-        return classify_tool_call(tool.name, dict(args))
-    except ValueError:
-        pass
-    declared = tool_effects(tool)
-    effects = frozenset(e for e in _EFFECTS if e in declared)
-    effect: Effect = (
-        "destructive" if "destructive" in effects else "mutate" if "mutate" in effects else "read"
-    )
-    path = args.get("path")
-    return Classification(
-        kind="tool",
-        name=tool.name,
-        effect=effect,
-        possible_effects=effects or frozenset({effect}),
-        risk="high" if effect == "destructive" else "low" if effect == "read" else "medium",
-        capability=f"tool.{tool.name}",
-        target=path if isinstance(path, str) else "",
+    """What the tool declares: its own ``classify(args)`` (``bash``: by its command line), else its
+    effects and ``capability`` (``file.read``...; default ``tool.<name>``)."""
+    own = getattr(tool, "classify", None)
+    if callable(own):
+        classified: Classification = own(dict(args))
+        return classified
+    capability = getattr(tool, "capability", None)
+    return classify_declared(
+        tool.name, tool_effects(tool), dict(args), capability if isinstance(capability, str) else None
     )
 
 
 def subject_of(tool: Tool) -> TaskSubject | None:
-    """The planned task a bound ``melra_execute`` runs (None for every other tool)."""
-    return tool.subject if isinstance(tool, BoundExecute) else None
+    """The planned task a tool bound to one runs (a bound ``melra_execute``: its ``subject``;
+    None for every other tool): it is judged, guaranteed and receipted by that task."""
+    subject: TaskSubject | None = getattr(tool, "subject", None)
+    return subject
 
 
 def guarantee_of(

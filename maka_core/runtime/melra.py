@@ -30,7 +30,7 @@ from maka_core.governance.tasks import TaskRequest
 from maka_core.runtime.governed import probe_in
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Reconciliation
-from maka_core.tools.melra import MelraContext, MelraTool
+from maka_core.tools.melra import MelraContext
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
     """``tool`` bound to this call when it is a MELRA tool; otherwise ``tool`` itself."""
-    if not isinstance(tool, MelraTool):
+    if not getattr(tool, "binds_to_session", False):
         return tool
     gov = rt.session_governance(session_id)
 
@@ -61,7 +61,8 @@ def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
         now=datetime.fromtimestamp(ms / 1000, tz=UTC),
         now_ms=ms,
     )
-    return tool.bind(ctx)
+    bound: Tool = tool.bind(ctx)  # type: ignore[attr-defined]
+    return bound
 
 
 def reconcile_task(task: Mapping[str, Any], ws: Workspace) -> Reconciliation:

@@ -1,4 +1,5 @@
-"""Settle a tool call whose attempt failed or timed out: from the ledger, never by running it again.
+"""Settle a tool call whose attempt failed or timed out: from the ledger, never by running it again
+unless its guarantee says a second run is safe.
 
 The orchestrator only knows the attempt ended badly; the ledger knows where it stopped:
 
@@ -8,11 +9,15 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
   T1 decision (``runtime.governed.guarantee_of`` derives it, once; an operation dispatched before
   decisions were recorded gets the same derivation now, and a command line's recorded
   ``read-only`` holds only while that derivation agrees, ``governed.recovery_guarantee``):
-  ``read-only`` reads again and commits T2;
-  ``reconciliation-required`` observes the target against the evidence committed with T1 (a MELRA
+  ``read-only`` reads again and commits T2; ``provider-idempotent`` and ``at-least-once`` (a
+  contract tool's declaration) run again with the idempotency key recorded with T1, each run
+  recorded (``record_rerun``) before it starts and listed in the receipt;
+  ``reconciliation-required`` observes the target against the evidence committed with T1 (a
+  contract tool: its own JSON, handed to its ``reconcile`` hook; a MELRA
   task: against its declared reconciliation predicates, ``runtime.melra.reconcile_task``) and
   commits one atomic recovery bundle (finalize-only: completed when it holds the expected state,
-  parked otherwise); ``at-most-once`` (bash) parks with ``dispatch_without_response``;
+  parked otherwise); ``at-most-once`` (bash, and any tool declaring it) parks with
+  ``dispatch_without_response``;
 - parked or corrupt -> park.
 """
 

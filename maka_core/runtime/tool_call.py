@@ -42,7 +42,6 @@ from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
-from maka_core.tools.melra import BoundExecute
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -436,8 +435,9 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
             attempts=call.run_number,
         )
         result = governed.told(result, status, items)
-        if isinstance(call.tool, BoundExecute):
-            result = call.tool.present(result, status, items)
+        present = getattr(call.tool, "present", None)
+        if present is not None:  # a tool that tells its own outcome (a task: its status, receipt)
+            result = present(result, status, items)
     response = builders.response_event(
         call.ids,
         f"{ref.operation_id}_response",

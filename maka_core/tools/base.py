@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import Observation, RecoveryMode
@@ -243,7 +245,15 @@ Heartbeat = Callable[[], None]
 
 @runtime_checkable
 class Tool(Protocol):
-    """One tool as the runtime sees it. Implementations are stateless apart from configuration."""
+    """One tool as the runtime sees it. Implementations are stateless apart from configuration.
+
+    Besides these members a tool may declare, and the runtime reads, never looking a tool up by
+    its name or class: ``effects``, ``capability`` (``file.read``; default ``tool.<name>``) or its
+    own ``classify(args)`` (``bash``), ``permission_reason``, ``guarantee`` (a contract tool's
+    ``ToolGuarantee``), ``for_call(CallContext)`` (bound per call: ``tools.contract``),
+    ``binds_to_session`` (the MELRA tools), and, once bound to a task, ``subject`` and
+    ``present``. Stored evidence reaches ``reconcile`` as ``parse_evidence`` reads it.
+    """
 
     # Read-only members, so tools may declare them as class constants.
     @property
@@ -275,7 +285,8 @@ class Tool(Protocol):
     def reconcile(
         self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
     ) -> Reconciliation | None:
-        """Observe, never write; None when the tool has no reconciler."""
+        """Observe, never write; None when the tool has no reconciler. ``evidence`` is what
+        ``parse_evidence`` makes of the evidence committed with T1 (a contract tool's own JSON)."""
         ...
 
 
@@ -287,23 +298,51 @@ def tool_effects(tool: Tool) -> frozenset[str]:
     return frozenset({"mutate"}) if tool.mutates else frozenset({"read"})
 
 
-# --- argument checking shared by the built-in tools ----------------------------------------
+def permission_reason(tool: Tool) -> str:
+    """What a permission request for a call of ``tool`` says it is: its declared
+    ``permission_reason`` (``shell_dangerous``, ``file_write``), else ``custom``."""
+    declared = getattr(tool, "permission_reason", None)
+    return declared if isinstance(declared, str) else "custom"
 
 
-def check_args(args: Any, required: dict[str, type], *, tool: str) -> dict[str, Any]:
-    """Exactly the ``required`` keys, each of its type; raises ``ToolRefusal(invalid_args)``."""
+# --- the built-in tools' arguments: one model each ------------------------------------------
+
+
+class ToolArgs(BaseModel):
+    """A built-in tool's arguments: exactly its fields, each strictly of its type."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def args_schema(model: type[ToolArgs]) -> dict[str, Any]:
+    """The provider-facing schema of a built-in's argument model, in the shape providers have
+    always been sent (``type``, ``properties`` with each field's type and description,
+    ``required``, ``additionalProperties: false``; no pydantic titles)."""
+    raw = model.model_json_schema()
+    properties = {
+        name: {"type": p["type"], **({"description": p["description"]} if "description" in p else {})}
+        for name, p in raw["properties"].items()
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(raw.get("required", [])),
+        "additionalProperties": False,
+    }
+
+
+def check_args(model: type[ToolArgs], args: Any, *, tool: str) -> dict[str, Any]:
+    """``args`` as ``model`` admits them (exactly its keys, each of its type); raises
+    ``ToolRefusal(invalid_args)`` naming what is wrong."""
     if not isinstance(args, dict):
         raise ToolRefusal("invalid_args", f"{tool} takes a JSON object of arguments")
-    missing = [k for k in required if k not in args]
-    extra = sorted(k for k in args if k not in required)
-    if missing or extra:
-        raise ToolRefusal(
-            "invalid_args",
-            f"{tool} takes exactly {sorted(required)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unexpected {extra}" if extra else ""),
+    try:
+        model.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)
         )
-    for key, kind in required.items():
-        if not isinstance(args[key], kind):
-            raise ToolRefusal("invalid_args", f"{tool}: {key} must be a {kind.__name__}")
+        fields = sorted(model.model_fields)
+        raise ToolRefusal("invalid_args", f"{tool} takes exactly {fields}: {problems}") from None
     return args

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
 
+from pydantic import Field
+
 from maka_core import failpoints
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.facts.events import RecoveryMode
@@ -26,8 +28,10 @@ from maka_core.tools.base import (
     FileIdentity,
     Heartbeat,
     Reconciliation,
+    ToolArgs,
     ToolRefusal,
     ToolResult,
+    args_schema,
     check_args,
     enforce_result_limit,
 )
@@ -46,7 +50,22 @@ if TYPE_CHECKING:
     from maka_core.workspace import Workspace
 
 P = ParamSpec("P")
-_PATH_SCHEMA = {"type": "string", "description": "Path relative to the workspace root."}
+_PATH = "Path relative to the workspace root."
+
+
+class PathArgs(ToolArgs):
+    path: str = Field(description=_PATH)
+
+
+class WriteArgs(ToolArgs):
+    path: str = Field(description=_PATH)
+    content: str
+
+
+class EditArgs(ToolArgs):
+    path: str = Field(description=_PATH)
+    old_text: str = Field(description="Exact text to replace; must occur once.")
+    new_text: str = Field(description="Replacement text.")
 
 
 def read_text_file(ws: Workspace, rel: str, max_bytes: int) -> bytes:
@@ -142,19 +161,14 @@ class _ReadTool(_FileTool):
     """A read-only tool on one workspace path: no evidence, and re-reading is its recovery."""
 
     name: ClassVar[str]
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"path": _PATH_SCHEMA},
-        "required": ["path"],
-        "additionalProperties": False,
-    }
+    parameters: ClassVar[dict[str, Any]] = args_schema(PathArgs)
     recovery_mode: ClassVar[RecoveryMode] = "replay_safe"
     mutates: ClassVar[bool] = False
     effects: ClassVar[frozenset[str]] = frozenset({"read"})
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
-            check_args(args, {"path": str}, tool=self.name)
+            check_args(PathArgs, args, tool=self.name)
             ws.resolve(args["path"])
         except ToolRefusal as refusal:
             return refusal.to_result()
@@ -172,11 +186,12 @@ class _ReadTool(_FileTool):
 @dataclass(frozen=True)
 class ReadFileTool(_ReadTool):
     name: ClassVar[str] = "read_file"
+    capability: ClassVar[str] = "file.read"
     description: ClassVar[str] = "Read a UTF-8 text file in the workspace and return its content."
 
     @_refused
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
-        check_args(args, {"path": str}, tool=self.name)
+        check_args(PathArgs, args, tool=self.name)
         failpoints.hit("P3", tag=self.name)
         # Read one byte past what could fit so an oversized file is refused, not truncated.
         limit = min(self.max_file_bytes, self.result_byte_limit)
@@ -198,6 +213,7 @@ class ReadFileTool(_ReadTool):
 @dataclass(frozen=True)
 class ListDirTool(_ReadTool):
     name: ClassVar[str] = "list_dir"
+    capability: ClassVar[str] = "file.list"
     description: ClassVar[str] = (
         "List a directory in the workspace: each entry's name, type (file, dir, symlink, other) "
         "and size for files. Use '.' for the workspace root."
@@ -205,7 +221,7 @@ class ListDirTool(_ReadTool):
 
     @_refused
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
-        check_args(args, {"path": str}, tool=self.name)
+        check_args(PathArgs, args, tool=self.name)
         failpoints.hit("P3", tag=self.name)
         try:
             target, fd, _ = open_beneath(str(ws.root), args["path"], directory=True)
@@ -275,6 +291,8 @@ class _WriteTool(_FileTool):
     mutates: ClassVar[bool] = True
     effects: ClassVar[frozenset[str]] = frozenset({"mutate"})
     captures_evidence: ClassVar[bool] = True  # policy: a reconcile-mode mutation needs evidence
+    #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
+    permission_reason: ClassVar[str] = "file_write"
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         raise NotImplementedError
@@ -341,20 +359,16 @@ class _WriteTool(_FileTool):
 @dataclass(frozen=True)
 class WriteFileTool(_WriteTool):
     name: ClassVar[str] = "write_file"
+    capability: ClassVar[str] = "file.write"
     transform: ClassVar[str] = "write_file/v1"
     description: ClassVar[str] = (
         "Create or replace a UTF-8 text file in the workspace with the given content "
         "(missing parent directories are created)."
     )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"path": _PATH_SCHEMA, "content": {"type": "string"}},
-        "required": ["path", "content"],
-        "additionalProperties": False,
-    }
+    parameters: ClassVar[dict[str, Any]] = args_schema(WriteArgs)
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
-        check_args(args, {"path": str, "content": str}, tool=self.name)
+        check_args(WriteArgs, args, tool=self.name)
         target, before = read_existing(ws, args["path"], self.max_file_bytes, for_write=True)
         try:
             after = args["content"].encode("utf-8")
@@ -368,24 +382,16 @@ class WriteFileTool(_WriteTool):
 @dataclass(frozen=True)
 class EditFileTool(_WriteTool):
     name: ClassVar[str] = "edit_file"
+    capability: ClassVar[str] = "file.edit"
     transform: ClassVar[str] = "edit_file/v1"
     description: ClassVar[str] = (
         "Edit a UTF-8 text file in the workspace: replace old_text, which must occur exactly once "
         "in the file, with new_text."
     )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "path": _PATH_SCHEMA,
-            "old_text": {"type": "string", "description": "Exact text to replace; must occur once."},
-            "new_text": {"type": "string", "description": "Replacement text."},
-        },
-        "required": ["path", "old_text", "new_text"],
-        "additionalProperties": False,
-    }
+    parameters: ClassVar[dict[str, Any]] = args_schema(EditArgs)
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
-        check_args(args, {"path": str, "old_text": str, "new_text": str}, tool=self.name)
+        check_args(EditArgs, args, tool=self.name)
         old, new = args["old_text"], args["new_text"]
         if not old:
             raise ToolRefusal("invalid_args", "old_text must not be empty")

@@ -164,6 +164,9 @@ def error_result(exc: MakaError) -> ToolResult:
 class MelraTool:
     """An unbound MELRA tool: it describes itself, and refuses to run until bound."""
 
+    #: The runtime binds it to its call's session (``runtime.melra.bind``: the ledger, the
+    #: session's terms, the sibling tools) before preflight.
+    binds_to_session: ClassVar[bool] = True
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from pydantic import Field
+
 from maka_core import failpoints
 from maka_core.facts.events import RecoveryMode
 from maka_core.tools.base import (
@@ -38,8 +40,10 @@ from maka_core.tools.base import (
     FileEvidence,
     Heartbeat,
     Reconciliation,
+    ToolArgs,
     ToolRefusal,
     ToolResult,
+    args_schema,
     check_args,
     enforce_result_limit,
 )
@@ -66,6 +70,7 @@ from maka_core.tools.sandbox import (
 )
 
 if TYPE_CHECKING:
+    from maka_core.governance.classify import Classification
     from maka_core.workspace import Workspace
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -88,6 +93,10 @@ class _Capture(threading.Thread):
                 room = self.cap - len(self.data)
                 if room > 0:
                     self.data += chunk[:room]
+
+
+class BashArgs(ToolArgs):
+    command: str = Field(description="The bash command line.")
 
 
 @dataclass(frozen=True)
@@ -122,16 +131,13 @@ class BashTool:
     description: ClassVar[str] = (
         "Run a command with /bin/bash -c in the workspace root; returns exitCode, stdout and stderr."
     )
-    parameters: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {"command": {"type": "string", "description": "The bash command line."}},
-        "required": ["command"],
-        "additionalProperties": False,
-    }
+    parameters: ClassVar[dict[str, Any]] = args_schema(BashArgs)
     recovery_mode: ClassVar[RecoveryMode] = "never_auto_retry"
     mutates: ClassVar[bool] = True
     # A command line may read, change or destroy anything the worker can reach.
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
+    #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
+    permission_reason: ClassVar[str] = "shell_dangerous"
 
     def __post_init__(self) -> None:
         # Probe at construction (worker start), not at the first call.
@@ -195,7 +201,7 @@ class BashTool:
             raise ToolRefusal("sandbox_unavailable", str(exc), reason=str(exc)) from None
 
     def _check(self, args: Any) -> str:
-        check_args(args, {"command": str}, tool=self.name)
+        check_args(BashArgs, args, tool=self.name)
         command: str = args["command"]
         if not command.strip():
             raise ToolRefusal("invalid_args", "command must not be empty")
@@ -205,6 +211,14 @@ class BashTool:
         if refusal is not None:
             raise refusal
         return command
+
+    def classify(self, args: dict[str, Any]) -> Classification:
+        """A command line is judged by what it runs, not by the tool (``classify_bash``)."""
+        # Imported here: governance builds on ``tools.base``, and this module is part of ``tools``.
+        from maka_core.governance.classify import classify_bash
+
+        command = args.get("command")
+        return classify_bash(command if isinstance(command, str) else "")
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:

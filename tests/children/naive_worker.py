@@ -18,6 +18,8 @@ from maka_core.policy import Policy
 from maka_core.runtime.runtime import ResolverGuard, Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
+from maka_core.tools import default_tools
+from maka_core.tools.loader import load_tools, with_tools
 from maka_temporal.workers.client import connect
 from maka_temporal.workers.worker import serve
 
@@ -33,7 +35,10 @@ class NaiveRetryGuard(ResolverGuard):
 
 
 def naive_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
-    return Runtime(store, policy=Policy.from_env(), settings=settings, guard=NaiveRetryGuard())
+    # The built-ins and the worker's own tools (``MAKA_TOOLS``), as ``maka worker`` serves them.
+    builtin = default_tools()
+    tools = with_tools(builtin, load_tools(load_settings().tools, builtin))
+    return Runtime(store, tools=tools, policy=Policy.from_env(), settings=settings, guard=NaiveRetryGuard())
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -171,6 +171,7 @@ class _Connection:
         self.last_used = time.monotonic()
         self.starts = 0
         self.task: asyncio.Task[None] | None = None
+        self._relisting: set[asyncio.Task[None]] = set()
 
     def label(self) -> str:
         return self.name if self.workspace is None or self.publishes else f"{self.name}@{self.workspace}"
@@ -260,7 +261,9 @@ class _Connection:
             session = self.session
             if session is not None:
                 # Not inline: the handler runs on the session's receive loop, which the list needs.
-                asyncio.get_running_loop().create_task(self._relist(session))
+                task = asyncio.get_running_loop().create_task(self._relist(session))
+                self._relisting.add(task)  # held until done: the loop keeps only weak references
+                task.add_done_callback(self._relisting.discard)
 
     async def _relist(self, session: ClientSession) -> None:
         try:

@@ -2,8 +2,9 @@
 
 ``config`` parses the ``mcpServers`` file, ``guarantee`` turns a tool's annotations (and the
 file's narrowing) into its execution guarantee, ``servers`` runs the servers on the official
-``mcp`` SDK. The SDK (and its HTTP stack) is imported only when ``servers`` is first used: every
-``maka`` command reads the settings, which parse the file, and only a worker talks to servers.
+``mcp`` SDK, ``adapter`` puts their tools on the tool contract. The SDK (and its HTTP stack) is
+imported only when ``servers`` or ``adapter`` is first used: every ``maka`` command reads the
+settings, which parse the file, and only a worker talks to servers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from maka_core.tools.mcp.config import (
 from maka_core.tools.mcp.guarantee import Annotations, GuaranteeChoice, annotated_guarantee, choose_guarantee
 
 _LAZY = {
+    "McpToolset": "adapter",
+    "mcp_tool": "adapter",
     "IDEMPOTENCY_META_KEY": "servers",
     "McpOutcomeUnknown": "servers",
     "McpServerUnavailable": "servers",
@@ -42,6 +45,7 @@ __all__ = [
     "McpOutcomeUnknown",
     "McpServerUnavailable",
     "McpServers",
+    "McpToolset",
     "Secrets",
     "ServerTool",
     "StdioServer",
@@ -49,6 +53,7 @@ __all__ = [
     "annotated_guarantee",
     "choose_guarantee",
     "load_mcp_config",
+    "mcp_tool",
     "parse_mcp_config",
     "tool_name",
 ]

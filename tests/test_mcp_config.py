@@ -9,6 +9,8 @@ from the annotations in the issue's order, and the file narrows it; it widens on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,17 @@ def test_maka_worker_refuses_a_bad_mcp_config_before_anything_starts(tmp_path: P
         assert body["code"] == "mcp_config_invalid" and body["field"] == "mcpServers.a.cwdd", body
         assert "Traceback" not in result.output
         assert not (home / "ledger.sqlite").exists()  # nothing written, Temporal never asked
+
+
+def test_reading_the_settings_and_the_file_never_imports_the_sdk(tmp_path: Path) -> None:
+    # Every maka command reads the settings (and so parses MAKA_MCP_CONFIG); only a worker talks
+    # to servers, so only a worker pays for the SDK and its HTTP stack.
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"a": {"command": "x"}}}))
+    probe = (
+        "import sys; from maka_core.settings import load_settings; "
+        f"load_settings(mcp_config={str(config)!r}).runtime_settings(); "
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'httpx2'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -26,6 +26,7 @@ from maka_core.tools.mcp import (
     load_mcp_config,
     parse_mcp_config,
 )
+from maka_core.tools.mcp.guarantee import effects_of
 from maka_temporal.workers.cli import maka
 from maka_temporal.workers.devserver import free_port
 
@@ -176,3 +177,19 @@ def test_reading_the_settings_and_the_file_never_imports_the_sdk(tmp_path: Path)
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize(
+    ("hints", "guarantee", "expected"),
+    [
+        (Annotations(read_only=True), "read-only", ("read",)),
+        (None, "at-most-once", ("mutate", "destructive")),  # MCP: destructiveHint defaults to true
+        (Annotations(idempotent=True), "provider-idempotent", ("mutate", "destructive")),
+        (Annotations(idempotent=True, destructive=False), "provider-idempotent", ("mutate",)),
+        (None, "read-only", ("read",)),  # an operator's trusted read is judged as a read
+    ],
+)
+def test_the_effects_policy_judges_follow_destructive_hint(
+    hints: Annotations | None, guarantee: Any, expected: tuple[str, ...]
+) -> None:
+    assert effects_of(hints, guarantee) == expected

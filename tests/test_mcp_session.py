@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 
+from maka_core.governance import parse_policy
+from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import idempotency_key
+from maka_core.tools import default_tools, idempotency_key
 from maka_core.tools.mcp import load_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
-from maka_core.tools.mcp.servers import McpServers, Secrets
+from maka_core.tools.mcp.servers import McpServers, Secrets, ServerTool
 from maka_temporal.workers.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.mcp_support import COUNTER, calls, http_counter, stdio_counter, write_config
@@ -114,6 +116,8 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
         "provider-idempotent",
         "at-most-once",
     ]
+    # destructiveHint (true, or absent: MCP's default) makes a mutation possibly destructive.
+    assert [d["decision"]["effect"] for d in decisions if d] == ["read", "destructive", "destructive"]
     assert [(e["schema"], e["tool"], e["guaranteeSource"]) for e in evidence if e] == [
         ("mcp.call/v1", "peek", "annotations"),
         ("mcp.call/v1", "put", "annotations"),
@@ -269,3 +273,51 @@ async def test_a_servers_env_never_reaches_the_ledger_the_history_the_log_or_a_r
     assert places == {"ledger": False, "history": False, "log": False, "result": False}
     assert _results(events)[0] == {"kind": "text", "text": "the token is [redacted]"}
     assert "token_echo: the token is [redacted]" in caplog.text  # its stderr reached the log
+
+
+class _NothingDestructive(McpServers):
+    """The broken variant: a manager that ignores destructiveHint (every mutation a plain one)."""
+
+    def tools(self) -> dict[str, ServerTool]:
+        return {
+            name: t if t.effects == ("read",) else t.model_copy(update={"effects": ("mutate",)})
+            for name, t in super().tools().items()
+        }
+
+
+def _blind_runtime(store: Any, settings: RuntimeSettings) -> Runtime:
+    assert settings.mcp_config is not None
+    tools = McpToolset(default_tools(), _NothingDestructive(settings.mcp_config))
+    return Runtime(store, tools=tools, settings=settings)
+
+
+@pytest.mark.parametrize("blind", [False, True], ids=["hints-read", "negative-control-hints-ignored"])
+async def test_a_policy_forbidding_destructive_effects_refuses_tools_that_may_destroy(
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, blind: bool
+) -> None:
+    state = tmp_path / "state"
+    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
+    db = tmp_path / "ledger.sqlite"
+    session_id = f"mcp-policy-{blind}-{time.monotonic_ns()}"
+    policy = parse_policy({"mutations": "allow", "forbiddenEffects": ["destructive"]})
+    with LedgerStore.open(db) as store:
+        store.put_session_policy(session_id, **SessionGovernance(policy).to_record())
+    steps = [tool_step(("mcp__counter__peek", {})), tool_step(("mcp__counter__bump", {}))]
+    script = write_script(tmp_path / "s.json", [*steps, {"text": "done"}])
+    make = _blind_runtime if blind else None
+    async with in_process_worker(
+        temporal_client, db, task_queue, settings=settings_for(config), make_runtime=make
+    ):
+        _, accepted = await start(temporal_client, ws_dir, script, task_queue, session_id=session_id)
+        await wait_turn(temporal_client, session_id, accepted.run_id)
+    events, ops = _events(db, session_id)
+    ran = [c["tool"] for c in calls(state)]
+    if blind:  # the same policy, a manager blind to the hint: the unannotated tool runs
+        assert ran == ["peek", "bump"]
+        return
+    assert ran == ["peek"]  # bump never reached the server
+    assert [(o.tool_name, o.is_error, bool(o.dispatch_event_id)) for o in ops] == [
+        ("mcp__counter__peek", False, True),
+        ("mcp__counter__bump", True, False),  # refused before T1
+    ]
+    assert _results(events)[1]["value"]["code"] == "policy_blocked"

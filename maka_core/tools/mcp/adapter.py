@@ -158,7 +158,7 @@ def mcp_tool(servers: McpServers, offered: ServerTool) -> FunctionTool:
         run=run,
         description=offered.description,
         guarantee=guarantee,
-        effects=("read",) if guarantee == "read-only" else ("mutate",),
+        effects=offered.effects,
         parameters=offered.input_schema
         if offered.input_schema.get("type") == "object"
         else {"type": "object"},

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from maka_core.tools.base import Effect
 from maka_core.tools.mcp.config import McpGuarantee, StdioServer
 from maka_core.tools.mcp.config import Server as ServerConfig
 
@@ -33,12 +34,24 @@ _LATITUDE: dict[McpGuarantee, int] = {
 
 
 class Annotations(BaseModel):
-    """The two hints that decide (the rest are the model's business, not recovery's)."""
+    """The hints maka reads: two decide the guarantee, ``destructive`` the effects policy judges."""
 
     model_config = ConfigDict(frozen=True)
 
     read_only: bool | None = None
     idempotent: bool | None = None
+    destructive: bool | None = None
+
+
+def effects_of(hints: Annotations | None, guarantee: McpGuarantee) -> tuple[Effect, ...]:
+    """What policy judges a call by: a read for ``read-only``; otherwise a mutation that may also be
+    destructive unless ``destructiveHint: false`` (MCP's default is true), so a policy's
+    ``forbiddenEffects: ["destructive"]`` refuses every server tool that did not say otherwise."""
+    if guarantee == "read-only":
+        return ("read",)
+    if hints is not None and hints.destructive is False:
+        return ("mutate",)
+    return ("mutate", "destructive")
 
 
 class GuaranteeChoice(BaseModel):

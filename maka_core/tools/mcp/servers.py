@@ -55,6 +55,7 @@ from mcp_types import Tool as WireTool
 from pydantic import BaseModel, ConfigDict
 
 from maka_core.errors import MakaError
+from maka_core.tools.base import Effect
 from maka_core.tools.mcp.config import (
     OFFERABLE_NAME,
     HttpServer,
@@ -66,6 +67,7 @@ from maka_core.tools.mcp.guarantee import (
     Annotations,
     GuaranteeChoice,
     choose_guarantee,
+    effects_of,
     widened_without_trust,
 )
 
@@ -111,6 +113,7 @@ class ServerTool(BaseModel):
     description: str
     input_schema: dict[str, Any]
     choice: GuaranteeChoice
+    effects: tuple[Effect, ...]
 
 
 class Secrets:
@@ -143,7 +146,11 @@ class Secrets:
 
 def _hints(tool: WireTool) -> Annotations | None:
     a = tool.annotations
-    return None if a is None else Annotations(read_only=a.read_only_hint, idempotent=a.idempotent_hint)
+    if a is None:
+        return None
+    return Annotations(
+        read_only=a.read_only_hint, idempotent=a.idempotent_hint, destructive=a.destructive_hint
+    )
 
 
 class _Connection:
@@ -390,13 +397,15 @@ class McpServers:
                     server,
                     wire.name,
                 )
+            choice = choose_guarantee(hints, config, wire.name)
             fresh[offered] = ServerTool(
                 server=server,
                 name=wire.name,
                 offered_name=offered,
                 description=wire.description or wire.title or f"{wire.name} ({server})",
                 input_schema=dict(wire.input_schema),
-                choice=choose_guarantee(hints, config, wire.name),
+                choice=choice,
+                effects=effects_of(hints, choice.guarantee),
             )
         for unknown in sorted(set(config.tools) - {w.name for w in listed}):
             log.warning(

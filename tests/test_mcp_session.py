@@ -81,6 +81,7 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
         tool_step(("mcp__counter__put", {"key": "a", "value": "1"})),
         tool_step(("mcp__counter__bump", {})),
         tool_step(("mcp__counter__put", {"key": 7})),  # the input schema refuses it before T1
+        tool_step(("mcp__counter__fail", {})),  # the server answers isError: an outcome
     ]
     if transport == "stdio":
         config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
@@ -99,11 +100,17 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
         ("mcp__counter__put", "completed", False),
         ("mcp__counter__bump", "completed", False),
         ("mcp__counter__put", "completed", True),
+        ("mcp__counter__fail", "completed", True),
     ], results
     assert all(o.dispatch_event_id and o.response_event_id for o in ops[:3])  # T1 and T2 for each
     assert ops[3].dispatch_event_id is None and results[3]["value"]["code"] == "tool_args_invalid"
-    seen = calls(state)
-    assert [c["tool"] for c in seen] == ["peek", "put", "bump"]  # each effect ran once
+    assert ops[4].dispatch_event_id and ops[4].response_event_id  # T1 and T2
+    assert results[4]["value"] == {
+        "code": "mcp_tool_error",
+        "message": "Error executing tool fail: the counter is jammed",
+    }
+    seen = calls(state)[:3]
+    assert [c["tool"] for c in calls(state)] == ["peek", "put", "bump", "fail"]  # each effect ran once
     # The key in _meta is the call's idempotency key: a pure function of session and operation.
     assert [c["key"] for c in seen] == [idempotency_key(session_id, o.operation_id) for o in ops[:3]]
     assert results[1] == {"kind": "text", "text": "stored a"}

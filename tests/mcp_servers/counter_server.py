@@ -8,6 +8,7 @@ so a test counts how often an effect really ran and compares the keys of two att
 - ``put`` (``idempotentHint``): store ``value`` under ``key`` in ``<state>/store.json``;
 - ``bump`` (no annotations): add one to ``<state>/counter``;
 - ``grow`` (no annotations): add the tool ``extra`` and announce ``notifications/tools/list_changed``;
+- ``fail`` (no annotations): record the call, then raise (the server answers ``isError``);
 - ``die`` (no annotations): record the call, then exit the server mid-call (no response);
 - ``token_echo`` (``readOnlyHint``): says ``$COUNTER_TOKEN`` in its result and on stderr (a server
   leaking its secret; the call records the token's sha256, so a test sees the env reached it).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 KEY = "io.maka/idempotency-key"
@@ -89,6 +91,12 @@ def build(state: Path) -> MCPServer:
         server.add_tool(extra, name="extra", annotations=ToolAnnotations(read_only_hint=True))
         await ctx.session.send_tool_list_changed()
         return "grown"
+
+    @server.tool()
+    def fail(ctx: Context) -> str:
+        """Record the call, then fail (the server answers isError)."""
+        record("fail", {}, ctx)
+        raise ToolError("the counter is jammed")
 
     @server.tool()
     def die(ctx: Context) -> str:

@@ -54,20 +54,26 @@ from maka_core.governance import (
     verification_status,
 )
 from maka_core.governance.challenge import iso_ms
-from maka_core.governance.evidence import ExitCode, TaskStatus, ToolSucceeded, default_evidence_for
+from maka_core.governance.evidence import TaskStatus, ToolSucceeded, default_evidence_for
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, trusted_read
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
-from maka_core.tools import Tool, ToolRefusal, ToolResult
+from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
 from maka_core.tools.contract import KEYED_GUARANTEES, TOOL_GUARANTEES
 from maka_core.tools.melra import TaskSubject
 from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
 
-DEFAULT_SESSION_POLICY = GovernancePolicy(
-    mutations="allow", default_evidence={"bash": (ExitCode(type="exit_code", value=0),)}
-)
 _PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
+#: The policy of a session that has none: mutations allowed, with the evidence the built-in tools
+#: declare for it (its digest is recorded with every decision it made: it must not change).
+DEFAULT_SESSION_POLICY = GovernancePolicy(
+    mutations="allow",
+    default_evidence={
+        name: tuple(_PREDICATES.validate_python(list(evidence)))
+        for name, evidence in builtin_default_evidence().items()
+    },
+)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ __all__ = [
     "ToolRefusal",
     "ToolResult",
     "WriteFileTool",
+    "builtin_default_evidence",
     "default_tools",
     "enforce_result_limit",
     "provider_tool_specs",
@@ -114,6 +115,13 @@ def default_tools(
         *melra_tools(),
     ]
     return {tool.name: tool for tool in tools}
+
+
+def builtin_default_evidence() -> dict[str, tuple[dict[str, Any], ...]]:
+    """The evidence predicates (JSON) the built-in tools declare for the built-in default policy,
+    by tool name (``bash``: exit code 0)."""
+    builtin = (ReadFileTool, ListDirTool, WriteFileTool, EditFileTool, BashTool)
+    return {t.name: t.default_evidence for t in builtin if hasattr(t, "default_evidence")}
 
 
 def provider_tool_specs(tools: Mapping[str, Tool] | Iterable[Tool]) -> list[dict[str, Any]]:

@@ -138,6 +138,9 @@ class BashTool:
     effects: ClassVar[frozenset[str]] = frozenset({"read", "mutate", "destructive"})
     #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
     permission_reason: ClassVar[str] = "shell_dangerous"
+    #: The built-in default policy's evidence for a mutating command line (MELRA derives none
+    #: for one, which would deny every mutating command): its exit code 0.
+    default_evidence: ClassVar[tuple[dict[str, Any], ...]] = ({"type": "exit_code", "value": 0},)
 
     def __post_init__(self) -> None:
         # Probe at construction (worker start), not at the first call.

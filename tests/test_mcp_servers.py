@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mcp.client.session import IncomingMessage
 
 from maka_core.tools import tool_catalog
 from maka_core.tools.mcp import McpOutcomeUnknown, McpServerUnavailable, parse_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
-from maka_core.tools.mcp.servers import McpServers
+from maka_core.tools.mcp.servers import McpServers, ServerConnection
 from tests.mcp_support import calls, stdio_counter
 
 
@@ -50,13 +51,35 @@ def test_a_server_that_exits_is_started_again(servers: McpServers, tmp_path: Pat
     assert len(_pids(state)) == 2  # a new process answered
 
 
-def test_a_changed_tool_list_changes_the_catalog(servers: McpServers) -> None:
-    toolset = McpToolset({}, servers)
-    before, version = tool_catalog(toolset), toolset.version
-    assert "mcp__counter__extra" not in before
-    servers.call("counter", "grow", {}, idempotency_key="k1")  # notifications/tools/list_changed
-    _wait(lambda: "mcp__counter__extra" in toolset, "the new tool list")
-    assert toolset.version > version and tool_catalog(toolset) != before
+class _Deaf(ServerConnection):
+    """The broken variant: a connection that never hears notifications/tools/list_changed."""
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        return None
+
+
+class _DeafServers(McpServers):
+    connection_class = _Deaf
+
+
+@pytest.mark.parametrize("deaf", [False, True], ids=["listening", "negative-control-deaf"])
+def test_a_changed_tool_list_changes_the_catalog(tmp_path: Path, deaf: bool) -> None:
+    config = parse_mcp_config({"mcpServers": {"counter": stdio_counter(tmp_path / "state")}})
+    servers = (_DeafServers if deaf else McpServers)(config)
+    servers.start()
+    try:
+        toolset = McpToolset({}, servers)
+        before, version = tool_catalog(toolset), toolset.version
+        assert "mcp__counter__extra" not in before
+        servers.call("counter", "grow", {}, idempotency_key="k1")  # notifications/tools/list_changed
+        if deaf:  # the same wait runs out: the server's new tool is never offered
+            with pytest.raises(AssertionError, match="the new tool list"):
+                _wait(lambda: "mcp__counter__extra" in toolset, "the new tool list", timeout=3)
+            return
+        _wait(lambda: "mcp__counter__extra" in toolset, "the new tool list")
+        assert toolset.version > version and tool_catalog(toolset) != before
+    finally:
+        servers.close()
 
 
 def test_stderr_reaches_the_log(

@@ -153,7 +153,7 @@ def _hints(tool: WireTool) -> Annotations | None:
     )
 
 
-class _Connection:
+class ServerConnection:
     """One running server (for a workspace, when session-scoped), owned by the loop thread."""
 
     def __init__(
@@ -305,13 +305,16 @@ def _describe(exc: BaseException) -> str:
 class McpServers:
     """The MCP servers of one worker (see the module docstring)."""
 
+    #: What runs one server (a subclass may run a variant: a test's negative control).
+    connection_class: type[ServerConnection] = ServerConnection
+
     def __init__(self, config: McpConfig) -> None:
         self.config = config
         self.secrets = Secrets(config)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="maka-mcp", daemon=True)
         self._lock = threading.Lock()
-        self._connections: dict[tuple[str, str | None], _Connection] = {}
+        self._connections: dict[tuple[str, str | None], ServerConnection] = {}
         self._tools: dict[str, ServerTool] = {}
         self._listeners: list[Callable[[], None]] = []
         self._scratch: Path | None = None
@@ -486,10 +489,10 @@ class McpServers:
             template = self._connections.get((server, None))
         return template is not None and template.tried.is_set()
 
-    def _open(self, server: str, workspace: Path | None, *, publishes: bool) -> _Connection:
+    def _open(self, server: str, workspace: Path | None, *, publishes: bool) -> ServerConnection:
         config = self.config.mcp_servers[server]
         key = (server, None if publishes else str(workspace))
-        conn = _Connection(self, server, config, workspace, publishes)
+        conn = self.connection_class(self, server, config, workspace, publishes)
         with self._lock:
             self._connections[key] = conn
         conn.task = self._loop.create_task(conn.supervise())

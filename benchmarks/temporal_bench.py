@@ -26,6 +26,10 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   runs each step after the first in the previous call's tool activity; ``local`` runs every step as
   a local activity (one more activation and activity task per call); ``--modes with_tool local``
   measures both side by side.
+- **tool**: ``builtin`` (``read_file`` of the 5 KB file) and, with ``--mcp``, ``mcp``: the same
+  sessions calling ``mcp__time__get_current_time`` of PyPI's ``mcp-server-time`` over stdio (the
+  worker's ``McpServers``: the SDK's ``tools/call`` through the manager's event loop thread, a ~150 B
+  result), side by side in the same rounds.
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
   on the same server in the same process run, right before each N's sessions (and its concurrent
   run right after theirs), so every ratio compares figures taken side by side in time.
@@ -65,6 +69,10 @@ from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_tempo
 from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.ledger import Ledger  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
+from maka_core.tools import default_tools  # noqa: E402
+from maka_core.tools.mcp import parse_mcp_config  # noqa: E402
+from maka_core.tools.mcp.adapter import McpToolset  # noqa: E402
+from maka_core.tools.mcp.servers import McpServers  # noqa: E402
 from maka_temporal.activities import MakaActivities  # noqa: E402
 from maka_temporal.workers.session_cli import query_status, start_session  # noqa: E402
 from maka_temporal.workers.session_client import wait_settled  # noqa: E402
@@ -75,8 +83,18 @@ from maka_temporal.workflows.contracts import EXECUTE_TOOL, workflow_id_for  # n
 HOST = "bench-host"
 
 
-def _script(path: Path, n: int) -> Path:
-    steps: list[dict[str, Any]] = [{"toolCalls": [{"name": "read_file", "args": {"path": SAMPLE_FILE}}]}] * n
+#: What each kind of tool call is in a session's script.
+TOOL_CALLS: dict[str, dict[str, Any]] = {
+    "builtin": {"name": "read_file", "args": {"path": SAMPLE_FILE}},
+    "mcp": {"name": "mcp__time__get_current_time", "args": {"timezone": "UTC"}},
+}
+MCP_SERVERS = {
+    "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+}
+
+
+def _script(path: Path, n: int, tool: str = "builtin") -> Path:
+    steps: list[dict[str, Any]] = [{"toolCalls": [TOOL_CALLS[tool]]}] * n
     path.write_text(json.dumps({"steps": [*steps, {"text": "done"}]}))
     return path
 
@@ -115,8 +133,9 @@ async def one_session(
     timeout: float,
     mode: str = "with_tool",
     routing: str = "host",
+    tool: str = "builtin",
 ) -> dict[str, Any]:
-    script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n)
+    script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n, tool)
     before = dict(acts.runtime.timings)
     samples_before = len(acts.runtime.call_ledger_s)
     cpu0 = cpu_now()
@@ -147,6 +166,7 @@ async def one_session(
         "calls": n,
         "mode": mode,
         "routing": routing,
+        "tool": tool,
         "state": status.state,
         "calls_done": history.tool_calls,
         "ms_per_call": turn_ms / n,
@@ -235,7 +255,12 @@ async def main(args: argparse.Namespace) -> None:
                 server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
             )
             store = LedgerStore.open(tmp / "ledger.sqlite")
-            acts = MakaActivities(Runtime(store, group_commit=not args.no_group_commit))
+            tools: Any = default_tools()
+            if args.mcp:
+                tools = McpToolset(tools, McpServers(parse_mcp_config({"mcpServers": MCP_SERVERS})))
+                await asyncio.to_thread(tools.start)
+            acts = MakaActivities(Runtime(store, tools=tools, group_commit=not args.no_group_commit))
+            kinds = ["builtin", "mcp"] if args.mcp else ["builtin"]
             queue = "maka-bench"
             worker = build_worker(client, acts, queue)
             host_worker = build_host_worker(client, acts, queue, HOST)
@@ -250,7 +275,10 @@ async def main(args: argparse.Namespace) -> None:
             plain: dict[int, list[dict[str, Any]]] = {}
             async with worker, host_worker:
                 for routing in args.routing:  # warm-up
-                    await one_session(client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing)
+                    for kind in kinds:
+                        await one_session(
+                            client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing, tool=kind
+                        )
                 for n in args.calls:
                     # Side by side: each N's floor first, then every mode with tools on the host
                     # queue and on the shared one, ``--repeat`` times in turn. The machine's speed
@@ -264,18 +292,21 @@ async def main(args: argparse.Namespace) -> None:
                         print(f"plain Temporal N={n}: {floor['ms_per_call']:.1f} ms/call", file=sys.stderr)
                         for mode in args.modes:
                             for routing in args.routing:
-                                row = await one_session(
-                                    client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode, routing
-                                )
-                                row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
-                                rows.append(row)
-                                print(
-                                    json.dumps(row)
-                                    if args.json
-                                    else f"N={n} ({mode}, tools {routing}): {row['ms_per_call']:.1f} ms/call",
-                                    file=sys.stderr,
-                                    flush=True,
-                                )
+                                for kind in kinds:
+                                    row = await one_session(
+                                        client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode,
+                                        routing, kind,
+                                    )  # fmt: skip
+                                    row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
+                                    rows.append(row)
+                                    print(
+                                        json.dumps(row)
+                                        if args.json
+                                        else f"N={n} ({mode}, tools {routing}, {kind}): "
+                                        f"{row['ms_per_call']:.1f} ms/call",
+                                        file=sys.stderr,
+                                        flush=True,
+                                    )
                 conc: list[dict[str, Any]] = []
                 plain_conc: list[dict[str, Any]] = []
                 for _ in range(args.repeat if args.concurrent else 0):
@@ -294,6 +325,8 @@ async def main(args: argparse.Namespace) -> None:
             )
             store.close()
             acts.close()
+            if isinstance(tools, McpToolset):
+                tools.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(
@@ -305,16 +338,16 @@ async def main(args: argparse.Namespace) -> None:
         "the rounds' ratios (each against its own round's floor), with their range\n"
     )
     print(
-        "| N | model step | tools | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
+        "| N | model step | tools | tool | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
         "| ms/call (wall) | CPU ms/call: this process + server (plain Temporal) "
         "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| tool activity body ms/call (mean) | ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    print("|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    groups: dict[tuple[int, str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["calls"], r["mode"], r["routing"]), []).append(r)
-    for (n, mode, routing), runs in groups.items():
+        groups.setdefault((r["calls"], r["mode"], r["routing"], r["tool"]), []).append(r)
+    for (n, mode, routing, kind), runs in groups.items():
 
         def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
             return float(statistics.median(r[key] for r in runs))
@@ -325,7 +358,7 @@ async def main(args: argparse.Namespace) -> None:
         states = ",".join(sorted({r["state"] for r in runs}))
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(
-            f"| {n} | {mode} | {routing} | {states} "
+            f"| {n} | {mode} | {routing} | {TOOL_CALLS[kind]['name']} | {states} "
             f"| {med('ms_per_call'):.1f} | {statistics.median(f['ms_per_call'] for f in plain[n]):.1f} "
             f"| {statistics.median(ratios):.2f}x{spread} | {med('wall_ms_per_call'):.1f} "
             f"| {med('cpu_ms_per_call'):.1f} + {med('server_cpu_ms_per_call'):.1f} "
@@ -387,6 +420,11 @@ if __name__ == "__main__":
         "--no-group-commit", action="store_true", help="one commit per ledger hop (as before group commit)"
     )
     parser.add_argument("--peers", action="store_true", help="also run pydantic-ai (bench extra)")
+    parser.add_argument(
+        "--mcp",
+        action="store_true",
+        help="also call an MCP tool (mcp-server-time over stdio) beside read_file, in the same rounds",
+    )
     parser.add_argument(
         "--pydantic-ai-max", type=int, default=150, help="largest N for pydantic-ai (it dies ~125)"
     )

@@ -116,6 +116,9 @@ class MakaSettings(BaseSettings):
     bash_tmp_size: ByteSize = ByteSize(DEFAULT_TMP_BYTES)
     #: ``MAKA_BASH_FILE_SIZE``: the largest file a bash call may write; ``0``: unbounded.
     bash_file_size: ByteSize = ByteSize(DEFAULT_FILE_BYTES)
+    #: ``MAKA_MCP_CONFIG`` / ``maka worker --mcp-config``: the MCP servers file (``mcpServers``,
+    #: ``maka_core.tools.mcp.config``), parsed when a worker's runtime settings are made.
+    mcp_config: Path | None = None
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -180,6 +183,7 @@ class MakaSettings(BaseSettings):
         # Imported here, not at the top: every ``maka`` command loads the settings, and the runtime
         # (SQLAlchemy, the store, the tools) is ~0.3 s of start-up that only a worker needs.
         from maka_core.runtime.runtime import RuntimeSettings
+        from maka_core.tools.mcp.config import load_mcp_config
 
         return RuntimeSettings(
             tool_heartbeat_timeout_s=self.tool_heartbeat_timeout,
@@ -189,6 +193,7 @@ class MakaSettings(BaseSettings):
             unsafe_no_sandbox=unsafe_no_sandbox,
             bash_network=self.bash_network,
             bash_limits=self.bash_limits,
+            mcp_config=None if self.mcp_config is None else load_mcp_config(self.mcp_config),
         )
 
 

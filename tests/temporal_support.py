@@ -63,9 +63,11 @@ async def in_process_worker(
     settings: RuntimeSettings | None = None,
     repair: bool = False,
     workflow: type | None = None,
+    make_runtime: Any = None,
 ) -> AsyncIterator[None]:
     """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits;
-    ``workflow``: a test's variant of the session workflow (a negative control)."""
+    ``workflow``: a test's variant of the session workflow, ``make_runtime`` of its runtime (a
+    negative control)."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         serve(
@@ -78,6 +80,7 @@ async def in_process_worker(
             repair=repair,
             out=io.StringIO(),
             workflow=workflow or SessionWorkflow,
+            make_runtime=make_runtime,
         )
     )
     waiter = asyncio.create_task(ready.wait())

@@ -151,12 +151,14 @@ def test_the_plugin_refuses_a_bad_setting_by_name(env: dict[str, str | None]) ->
         ({"tool_heartbeat_timeout": -1.0}, "MAKA_TOOL_HEARTBEAT_TIMEOUT"),
         ({"tools": [object()]}, "tools"),
         ({"tools": [_Echo(), _Echo()]}, "tools"),
-        ({"mcp_config": "servers.json"}, "mcp_config"),
     ]
     for kwargs, setting in cases:
         with pytest.raises(SessionError) as err:
             MakaPlugin(**kwargs)
         assert (err.value.code, err.value.detail.get("setting")) == ("config_invalid", setting), kwargs
+    with pytest.raises(SessionError) as err:
+        MakaPlugin(mcp_config="no-such-servers.json")
+    assert err.value.code == "mcp_config_invalid"
     MakaPlugin(tools=[_Echo()])  # negative control: a good tool is taken
 
 

@@ -45,6 +45,14 @@ tools_option = click.option(
     help="serve your own tools beside the built-ins: every @tool of MODULE, or the tool (or list of "
     "tools) MODULE:ATTR; repeatable (MAKA_TOOLS, comma-separated)",
 )
+mcp_config_option = click.option(
+    "--mcp-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help='the MCP servers file ({"mcpServers": {...}}): their tools are offered as mcp__<server>__<tool> '
+    "(MAKA_MCP_CONFIG; default none)",
+)
 host_option = click.option(
     "--host",
     default=None,
@@ -84,6 +92,7 @@ host_option = click.option(
 )
 @bash_network_option
 @tools_option
+@mcp_config_option
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -97,6 +106,7 @@ def cmd_worker(
     metrics_port: int | None,
     metrics_host: str | None,
     bash_network: bool | None,
+    mcp_config: str | None,
     tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -115,10 +125,13 @@ def cmd_worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         bash_network=bash_network,
+        mcp_config=mcp_config,
         tools=tool_specs or None,
     )
-    # The worker's own tools are checked (tools_invalid) before anything is opened or polled.
+    # The worker's own tools are checked (tools_invalid), and a bad --mcp-config
+    # (mcp_config_invalid), before anything is opened or polled.
     user_tools = load_tools(s.tools, default_tools())
+    runtime_settings = s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox)
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 
     telemetry = Telemetry.from_env(s.metrics_port, s.metrics_host)
@@ -131,7 +144,7 @@ def cmd_worker(
             client,
             s.ledger,
             s.task_queue,
-            settings=s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox),
+            settings=runtime_settings,
             repair=not no_repair,
             json_events=as_json,
             telemetry=telemetry,
@@ -184,6 +197,8 @@ def cmd_dev(
     )
     # The worker's own tools are checked (tools_invalid) before the server starts.
     user_tools = [] if no_worker else load_tools(s.tools, default_tools())
+    # A bad MAKA_MCP_CONFIG refuses here, before the server starts.
+    runtime_settings = None if no_worker else s.runtime_settings()
     if not no_worker:
         open_ledger(s.ledger, create=True).close()
     server = devserver.start(
@@ -223,7 +238,7 @@ def cmd_dev(
             client,
             s.ledger,
             s.task_queue,
-            settings=s.runtime_settings(),
+            settings=runtime_settings,
             out=sys.stdout,
             json_events=as_json,
             host=s.host,

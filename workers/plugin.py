@@ -22,6 +22,7 @@ as ``SessionError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -81,7 +82,8 @@ class MakaPlugin(SimplePlugin):
             ``$MAKA_HOME/ledger.sqlite``); every worker of a task queue must serve the same one.
         tools: your own tools (``@tool`` functions or ``FunctionTool`` objects, ``maka_core.tools``),
             offered beside the built-in ones (one taking a built-in's name: ``tools_invalid``).
-        mcp_config: an MCP servers file: not supported by this build (refused when given).
+        mcp_config: an MCP servers file (``{"mcpServers": ...}``, default ``MAKA_MCP_CONFIG``): their
+            tools are offered as ``mcp__<server>__<tool>`` (``mcp_config_invalid`` for a bad file).
         host: the workspace host this worker serves (default ``MAKA_HOST``, the machine's name).
         tool_heartbeat_timeout: tool activities' heartbeat timeout in seconds
             (``MAKA_TOOL_HEARTBEAT_TIMEOUT``).
@@ -127,11 +129,10 @@ class MakaPlugin(SimplePlugin):
                 host=host,
                 tool_heartbeat_timeout=tool_heartbeat_timeout,
                 bash_network=bash_network,
+                mcp_config=str(mcp_config) if mcp_config is not None else None,
             )
         except MakaError as exc:
             raise SessionError.of(exc) from None
-        if mcp_config is not None and str(mcp_config):
-            raise _refuse("mcp_config", "MCP servers are not supported yet by this build")
         self.tools = tuple(tools)
         names = [getattr(t, "name", None) for t in self.tools]
         for tool, name in zip(self.tools, names, strict=True):
@@ -142,9 +143,12 @@ class MakaPlugin(SimplePlugin):
         self.repair = repair
         self.host: str = self.settings.host
         self.serve_host_queue = serve_host_queue
-        self._runtime_settings = settings or self.settings.runtime_settings(
-            unsafe_no_sandbox=unsafe_no_sandbox
-        )
+        try:  # the MCP servers file is read here: mcp_config_invalid before anything starts
+            self._runtime_settings = settings or self.settings.runtime_settings(
+                unsafe_no_sandbox=unsafe_no_sandbox
+            )
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
         self._make_runtime = make_runtime
         self._on_event = on_event or (lambda event, fields: log.info("%s %s", event, fields))
         self._served: _Served | None = None
@@ -266,11 +270,18 @@ class MakaPlugin(SimplePlugin):
         return _host_worker_of(self, worker, served)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        from maka_temporal.workers.worker import startup_repair
+        from maka_temporal.workers.worker import mcp_log_to, mcp_of, startup_repair
 
         served = self._serving()
         client: Client = worker.client
+        mcp = mcp_of(served.runtime)
+        logs = contextlib.ExitStack()
+        if mcp is not None:
+            logs.enter_context(mcp_log_to(self._on_event))
         try:
+            if mcp is not None:
+                # Before repair: recovery may read an MCP tool again.
+                await asyncio.to_thread(mcp.start)
             if served is not self._preflown:
                 await check_queue(client, served.task_queue, served.store.health.ledger_id)
             if self.repair:
@@ -314,6 +325,9 @@ class MakaPlugin(SimplePlugin):
             if self.telemetry is not None:
                 self.telemetry.stop()
             served.acts.close(wait=True)
+            if mcp is not None:
+                await asyncio.to_thread(mcp.close)
+            logs.close()
             served.store.close()
 
 

@@ -10,11 +10,12 @@ the deterministic repair event (``maka_core.runtime.settle.repair_run``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,7 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, FunctionTool, default_tools, tool_catalog
+from maka_core.tools import BashTool, FunctionTool, Tool, default_tools, tool_catalog
 from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.attempt_fence import AttemptFence
@@ -47,6 +48,7 @@ from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
+    from maka_core.tools.mcp.adapter import McpToolset
     from maka_temporal.workers.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
@@ -266,14 +268,63 @@ def default_runtime(
 ) -> Runtime:
     """The production runtime: the built-in tools (bash sandboxed, the ledger and ``MAKA_HOME``
     hidden from it) and ``tools``, the worker's own (``--tools``; ``tools_invalid`` for a name
-    taken twice), ``MAKA_POLICY`` (or the default policy)."""
+    taken twice), the MCP servers' tools (``--mcp-config``), ``MAKA_POLICY`` (or the default policy)."""
     builtin = default_tools(
         hidden_paths=settings.protected_paths,
         unsafe_no_sandbox=settings.unsafe_no_sandbox,
         bash_network=settings.bash_network,
         bash_limits=settings.bash_limits,
     )
-    return Runtime(store, tools=with_tools(builtin, tools), policy=Policy.from_env(), settings=settings)
+    served: Mapping[str, Tool] = with_tools(builtin, tools)
+    if settings.mcp_config is not None:
+        from maka_core.tools.mcp.adapter import McpToolset
+        from maka_core.tools.mcp.servers import McpServers
+
+        served = McpToolset(served, McpServers(settings.mcp_config))
+    return Runtime(store, tools=served, policy=Policy.from_env(), settings=settings)
+
+
+def mcp_of(runtime: Runtime) -> McpToolset | None:
+    """The runtime's MCP servers and their tools, when it has any (``--mcp-config``; the SDK is
+    imported only then)."""
+    if runtime.settings.mcp_config is None:
+        return None
+    from maka_core.tools.mcp.adapter import McpToolset
+
+    return runtime.tools if isinstance(runtime.tools, McpToolset) else None
+
+
+class _AnnouncedLog(logging.Handler):
+    """The MCP servers' log (their stderr, connects, restarts) as the worker's own events, where no
+    logging is configured: a supervisor reading the worker's stderr sees them (``mcp_log`` events
+    under ``--json``)."""
+
+    def __init__(self, sink: Callable[[str, dict[str, Any]], None]) -> None:
+        super().__init__(logging.INFO)
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._sink("mcp_log", {"level": record.levelname.lower(), "message": record.getMessage()})
+
+
+@contextlib.contextmanager
+def mcp_log_to(sink: Callable[[str, dict[str, Any]], None]) -> Iterator[None]:
+    """Route the ``maka.mcp`` log to ``sink(event, fields)`` while inside (a plugin's ``on_event``),
+    unless the embedding application configured logging itself."""
+    mcp_log = logging.getLogger("maka.mcp")
+    if logging.getLogger().handlers or mcp_log.handlers:
+        yield  # the embedding application routes logs itself
+        return
+    handler = _AnnouncedLog(sink)
+    mcp_log.addHandler(handler)
+    mcp_log.setLevel(logging.INFO)
+    mcp_log.propagate = False
+    try:
+        yield
+    finally:
+        mcp_log.removeHandler(handler)
+        mcp_log.propagate = True
+        mcp_log.setLevel(logging.NOTSET)
 
 
 async def serve(
@@ -341,11 +392,14 @@ async def serve(
             announce("ledger_unusable", f"stopping: {fields.get('code')}: {fields.get('message')}", **fields)
         elif event == "serving":
             serving.append(asyncio.create_task(_ready(plugin)))
+        elif event == "mcp_log":
+            announce("mcp_log", fields["message"], **fields)
 
     async def _ready(plugin: MakaPlugin) -> None:
         runtime = plugin.runtime
         store = plugin.store
         metrics_port = plugin.metrics_port
+        mcp = mcp_of(runtime)
         bash = runtime.tools.get("bash")
         isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
         announce(
@@ -353,7 +407,9 @@ async def serve(
             f"polling task queue {task_queue!r}"
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
             + f" (ledger {db}); bash: {isolation}"
-            + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else ""),
+            + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else "")
+
+            + (f"; mcp: {len(mcp.servers.tools())} tool(s)" if mcp is not None else ""),
             taskQueue=task_queue,
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
             db=str(db),

@@ -65,6 +65,7 @@ from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
 from maka_core.tools import Tool, default_tools, provider_tool_specs
 from maka_core.tools.bash_limits import BashLimits
+from maka_core.tools.mcp.config import McpConfig
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -118,6 +119,8 @@ class RuntimeSettings:
     #: ``MAKA_HOME`` and the ledger file: hidden from bash, and no workspace may contain them.
     maka_home: Path | None = None
     ledger_file: Path | None = None
+    #: The MCP servers file, parsed (``maka worker --mcp-config``); the worker runs its servers.
+    mcp_config: McpConfig | None = None
 
     def with_protected(self, maka_home: Path | None, ledger_file: Path | None) -> RuntimeSettings:
         return replace(self, maka_home=maka_home, ledger_file=ledger_file)
@@ -273,6 +276,7 @@ class Runtime:
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
         self._tool_specs: list[dict[str, Any]] | None = None
+        self._tool_specs_version: int | None = None
         #: session id -> the policy and principal it decides by (recorded once, never changed).
         self._governance: dict[str, SessionGovernance] = {}
         #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call, the tool
@@ -409,8 +413,11 @@ class Runtime:
         return provider
 
     def tool_specs(self) -> list[dict[str, Any]]:
-        if self._tool_specs is None:
+        # A live mapping (MCP servers' tools) says when its tools changed by its ``version``.
+        version = getattr(self.tools, "version", None)
+        if self._tool_specs is None or version != self._tool_specs_version:
             self._tool_specs = provider_tool_specs(self.tools)
+            self._tool_specs_version = version
         return self._tool_specs
 
     def record_provider_call(self, step_id: str) -> None:

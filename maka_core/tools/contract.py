@@ -90,6 +90,13 @@ class ToolsInvalid(ConfigError):
     default_code = "tools_invalid"
 
 
+class OutcomeUnknown(MakaError):
+    """Raised by a tool whose request went out and got no answer (a server that died mid-call): the
+    effect may or may not have happened. T2 does not commit; the guarantee decides recovery."""
+
+    default_code = "tool_outcome_unknown"
+
+
 class ToolArgsInvalid(ToolRefusal):
     """Arguments the tool's model refuses: a committed error result before T1 (the model sees it)."""
 
@@ -526,7 +533,9 @@ class BoundTool:
             parsed = self.tool.parse_args(args)
             failpoints.hit("P3", tag=self.name)
             value = _resolve(self.tool.run_fn(parsed, ctx), ctx, heartbeat)
-        except Exception as exc:  # every failure of a tool is its committed result
+        except OutcomeUnknown:
+            raise  # no outcome to commit: the operation stays dispatched without a response
+        except Exception as exc:  # every other failure of a tool is its committed result
             if ctx.cancelled:
                 heartbeat()  # raises: a cancelled attempt abandons its effect, whatever the tool raised
             return failed_result(exc, self.name)

@@ -7,9 +7,11 @@
   every worker then decides by the same policy, and no policy crosses the workflow's history
   (so the workflow, its contracts and its replay are untouched).
 - ``maka session approve SESSION APPROVAL_ID --phrase "APPROVE …" [--by NAME]`` and ``maka
-  session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
-  committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
-  says why the wait lives in the ledger rather than in a workflow Update). Refusals exit 2 with
+  session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: sent as the ``approve``/``deny``
+  Update while the session's execution runs (``workers.turn_messages``: its validator refuses,
+  its handler commits the answer in the ledger and wakes the waiting turn); otherwise, or when
+  the server cannot be reached, validated and committed through the ledger as before (a waiting
+  turn then sees the answer at its expiry at the latest). Refusals exit 2 with
   ``session_not_found`` (a session the ledger never heard of), ``approval_id_mismatch``,
   ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch`` or
   ``approval_not_pending``.
@@ -31,7 +33,16 @@ import click
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+from maka_temporal.workers.cli_base import (
+    db_option,
+    finish,
+    json_option,
+    open_ledger,
+    print_json,
+    run_async,
+    settings,
+    temporal_options,
+)
 
 __all__ = ["SessionPolicy", "governance_status", "policy_options", "session_policy"]
 
@@ -152,58 +163,120 @@ def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]
 
 @click.command("approve")
 @db_option
+@temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
 @click.argument("approval_id", metavar="APPROVAL_ID")
 @click.option("--phrase", required=True, help='the challenge phrase, exactly: "APPROVE <12 hex>"')
 @click.option("--by", "by", default=None, metavar="NAME", help="who approves (recorded as the reviewer)")
 @json_option()
 def cmd_approve(
-    db: str | None, session_id: str, approval_id: str, phrase: str, by: str | None, as_json: bool
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    session_id: str,
+    approval_id: str,
+    phrase: str,
+    by: str | None,
+    as_json: bool,
 ) -> None:
     """Approve a pending tool call: it is judged again and then runs."""
-    _answer(db, session_id, approval_id, allow=True, phrase=phrase, by=by, reason=None, as_json=as_json)
+    answer = _Answer(session_id, approval_id, allow=True, phrase=phrase, by=by, reason=None)
+    _answer(db, address, namespace, answer, as_json=as_json)
 
 
 @click.command("deny")
 @db_option
+@temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
 @click.argument("approval_id", metavar="APPROVAL_ID")
 @click.option("--by", "by", default=None, metavar="NAME", help="who denies (recorded as the reviewer)")
 @click.option("--reason", default=None, help="why (recorded as the rationale)")
 @json_option()
 def cmd_deny(
-    db: str | None, session_id: str, approval_id: str, by: str | None, reason: str | None, as_json: bool
-) -> None:
-    """Deny a pending tool call: the model gets policy_blocked / approval_denied."""
-    _answer(db, session_id, approval_id, allow=False, phrase=None, by=by, reason=reason, as_json=as_json)
-
-
-def _answer(
     db: str | None,
+    address: str | None,
+    namespace: str | None,
     session_id: str,
     approval_id: str,
-    *,
-    allow: bool,
-    phrase: str | None,
     by: str | None,
     reason: str | None,
     as_json: bool,
 ) -> None:
+    """Deny a pending tool call: the model gets policy_blocked / approval_denied."""
+    answer = _Answer(session_id, approval_id, allow=False, phrase=None, by=by, reason=reason)
+    _answer(db, address, namespace, answer, as_json=as_json)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    session_id: str
+    approval_id: str
+    allow: bool
+    phrase: str | None
+    by: str | None
+    reason: str | None
+
+
+def _answer(db: str | None, address: str | None, namespace: str | None, a: _Answer, *, as_json: bool) -> None:
     from maka_core.runtime import approvals
 
-    with open_ledger(settings(db=db).ledger, create=False) as store:
+    s = settings(db=db)
+    with open_ledger(s.ledger, create=False) as store:
         # Every session start records its policy in the ledger before its workflow exists, so a
         # session the ledger has never heard of is one Temporal does not know either: say so, as
         # every other session command does, rather than blame the approval id.
-        if store.session_policy(session_id) is None and not store.events(session_id=session_id):
-            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-        done = approvals.answer(
-            store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
-        )
+        if store.session_policy(a.session_id) is None and not store.events(session_id=a.session_id):
+            raise MakaError("session_not_found", f"no session {a.session_id}", sessionId=a.session_id)
+    sent: list[dict[str, Any] | None] = [None]
+
+    async def main() -> int:
+        sent[0] = await _by_update(address, namespace, a)
+        return 0
+
+    run_async(main())
+    done = sent[0]
+    if done is None:
+        with open_ledger(s.ledger, create=False) as store:
+            done = approvals.answer(
+                store, a.session_id, a.approval_id, allow=a.allow, phrase=a.phrase, by=a.by, reason=a.reason
+            )
     if as_json:
         print_json(done, indent=2)
     else:
-        click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+        click.echo(f"approval {a.approval_id}: {done['decision']} (operation {done['operationId']})")
+
+
+async def _by_update(address: str | None, namespace: str | None, a: _Answer) -> dict[str, Any] | None:
+    """The answer as the ``approve``/``deny`` Update while the execution runs (the waiting turn
+    wakes at once); None when it does not run or the server cannot be reached (the ledger path)."""
+    import asyncio
+
+    from maka_temporal.workers import turn_messages
+    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.session_client import describe_execution
+
+    try:
+        client = await asyncio.wait_for(connect(address, namespace), 3)
+        if not (await asyncio.wait_for(describe_execution(client, a.session_id), 5)).open:
+            return None
+    except (MakaError, TimeoutError, OSError, RuntimeError):
+        return None
+    if a.allow:
+        assert a.phrase is not None
+        result = await turn_messages.approve(client, a.session_id, a.approval_id, phrase=a.phrase, by=a.by)
+    else:
+        result = await turn_messages.deny(client, a.session_id, a.approval_id, by=a.by, reason=a.reason)
+    return {
+        "ok": True,
+        "sessionId": a.session_id,
+        "approvalId": a.approval_id,
+        "operationId": result.operation_id,
+        "requestId": a.approval_id,
+        "decision": result.decision,
+        "toolName": result.tool_name,
+        **({"reviewer": a.by} if a.by else {}),
+        **({"rationale": a.reason} if a.reason else {}),
+    }
 
 
 @click.command("receipts")

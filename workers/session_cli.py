@@ -24,6 +24,7 @@ from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.workspace import check_workspace_location
+from maka_temporal.workers.cancel_cli import cmd_cancel
 from maka_temporal.workers.cli_base import (
     console,
     db_option,
@@ -689,5 +690,5 @@ def cmd_resolve(
         )
 
 
-for _command in (cmd_approve, cmd_deny, cmd_session_receipts):
+for _command in (cmd_approve, cmd_deny, cmd_session_receipts, cmd_cancel):
     session.add_command(_command)

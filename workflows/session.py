@@ -222,6 +222,8 @@ class SessionWorkflow:
         self._turn_task: asyncio.Task[None] | None = None
         self._cancelled: TurnCancelled | None = None
         self._cancelled_operations: list[str] = []
+        #: Recovery is deciding a call: a cancel waits for its verdict (it must not be abandoned).
+        self._recovering = False
 
     # --- messages --------------------------------------------------------------------------
 
@@ -355,8 +357,12 @@ class SessionWorkflow:
         the run ends ``cancelled``; the session then takes the next message."""
         self._cancel = inp
         self._cancelled = None
-        await workflow.wait_condition(lambda: self._turn_task is not None or self._cancelled is not None)
-        if self._turn_task is not None:
+        # Recovery is never cancelled: a call whose end nobody saw is settled by its guarantee first
+        # (the loop then ends the turn itself, seeing the cancel).
+        await workflow.wait_condition(
+            lambda: (self._turn_task is not None and not self._recovering) or self._cancelled is not None
+        )
+        if self._turn_task is not None and self._cancelled is None:
             self._turn_task.cancel()
         await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is None)
         if self._cancelled is None:
@@ -773,6 +779,13 @@ class SessionWorkflow:
             self._awaiting = None
 
     async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
+        self._recovering = True
+        try:
+            return await self._recover_call(ids, call, settings)
+        finally:
+            self._recovering = False
+
+    async def _recover_call(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
         while True:
             try:
                 recovered: RecoverResult = await workflow.execute_activity(

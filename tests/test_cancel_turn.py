@@ -234,7 +234,7 @@ async def test_cancel_abandons_a_model_step_and_the_session_takes_the_next_messa
 
 
 async def test_cancelling_an_idle_session_is_turn_not_running(
-    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     script = write_script(tmp_path / "s.json", [{"text": "hi"}])
     async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue):
@@ -245,7 +245,12 @@ async def test_cancelling_an_idle_session_is_turn_not_running(
         with pytest.raises(MakaError) as refused:
             await turn_messages.cancel_turn(temporal_client, session)
         assert refused.value.code == "turn_not_running"
+        env = {**os.environ, "TEMPORAL_ADDRESS": temporal_server.address, "MAKA_HOME": str(tmp_path / "home")}
+        out = await asyncio.to_thread(run_maka, "session", "cancel", session, "--json", env=env)
+        assert out.returncode == 2 and json.loads(out.stdout)["code"] == "turn_not_running", out.stdout
         assert len([e async for e in handle.fetch_history_events()]) == before
+        missing = await asyncio.to_thread(run_maka, "session", "cancel", "sess-nobody", "--json", env=env)
+        assert missing.returncode == 2 and json.loads(missing.stdout)["code"] == "session_not_found"
 
 
 @pytest.mark.slow

@@ -253,19 +253,21 @@ async def _by_update(address: str | None, namespace: str | None, a: _Answer) -> 
 
     from maka_temporal.workers import turn_messages
     from maka_temporal.workers.client import connect
-    from maka_temporal.workers.session_client import describe_execution
 
     try:
         client = await asyncio.wait_for(connect(address, namespace), 3)
-        if not (await asyncio.wait_for(describe_execution(client, a.session_id), 5)).open:
-            return None
     except (MakaError, TimeoutError, OSError, RuntimeError):
         return None
-    if a.allow:
-        assert a.phrase is not None
-        result = await turn_messages.approve(client, a.session_id, a.approval_id, phrase=a.phrase, by=a.by)
-    else:
-        result = await turn_messages.deny(client, a.session_id, a.approval_id, by=a.by, reason=a.reason)
+    try:
+        result = await turn_messages.answer_if_running(
+            client, a.session_id, a.approval_id, allow=a.allow, phrase=a.phrase, by=a.by, reason=a.reason
+        )
+    except MakaError as exc:
+        if exc.code == "temporal_unavailable":
+            return None
+        raise
+    if result is None:
+        return None
     return {
         "ok": True,
         "sessionId": a.session_id,

@@ -30,7 +30,7 @@ from maka_temporal.workflows.contracts import (
     workflow_id_for,
 )
 
-__all__ = ["approve", "cancel_turn", "deny"]
+__all__ = ["answer_if_running", "approve", "cancel_turn", "deny"]
 
 R = TypeVar("R")
 
@@ -51,6 +51,34 @@ async def deny(
     return await _update(
         client, session_id, DENY, Deny(approval_id=approval_id, by=by, reason=reason), AnswerResult
     )
+
+
+async def answer_if_running(
+    client: Any,
+    session_id: str,
+    approval_id: str,
+    *,
+    allow: bool,
+    phrase: str | None = None,
+    by: str | None = None,
+    reason: str | None = None,
+) -> AnswerResult | None:
+    """``approve`` (``allow``, with ``phrase``) or ``deny`` while the session's execution runs;
+    None when it does not (then the ledger alone takes the answer: ``runtime.approvals.answer``,
+    as ``maka session approve|deny`` do).
+
+    Raises:
+        MakaError: the Update's refusal code, ``temporal_unavailable``.
+    """
+    from maka_temporal.workers.session_client import describe_execution
+
+    if not (await describe_execution(client, session_id)).open:
+        return None
+    if allow:
+        if phrase is None:
+            raise MakaError("approval_phrase_mismatch", "an approval needs its phrase", sessionId=session_id)
+        return await approve(client, session_id, approval_id, phrase=phrase, by=by)
+    return await deny(client, session_id, approval_id, by=by, reason=reason)
 
 
 async def cancel_turn(

@@ -127,11 +127,15 @@ async def test_an_approval_outlives_three_tool_timeouts(
         status = await query_status(temporal_client, session)
         assert status.state == "running" and status.awaiting_approval == wait, status
         assert _scheduled(await _events(temporal_client, session), "maka.execute_tool") == 1
+        began = time.monotonic()
         done = await turn_messages.approve(
             temporal_client, session, wait.approval_id, phrase=wait.phrase, by="bob"
         )
+        answered = time.monotonic() - began
         assert done.decision == "allow" and done.operation_id == wait.operation_id
         final = await wait_turn(temporal_client, session, status.current_turn.run_id)
+        settled = time.monotonic() - began
+        print(f"approve Update answered in {answered:.3f} s; the turn settled {settled:.3f} s after it")
     assert final.state == "idle", final
     assert (ws_dir / "a.txt").read_text() == "a.txt"
 

@@ -34,6 +34,15 @@ the workflow's queue gives up eager activity dispatch for them (``benchmarks/tem
 --routing host shared`` measures it); a session without a host keeps its tools on the workflow's
 queue, with the same commands as before.
 
+Approvals and cancel (``TURN_MESSAGES_PATCH``): a call whose policy asks for confirmation comes
+back ``awaiting_approval`` from its tool activity (the request committed, nothing run); the turn
+waits here on a condition and a timer at the request's ``expiresAt``, holding no worker thread. The
+``approve``/``deny`` Updates validate against that wait (a refusal is not in history), then commit
+the answer in the ledger (``maka.answer_approval``) and wake the turn, which dispatches the call
+again; at the expiry ``maka.close_approval`` closes the request unanswered. ``cancel_turn``
+cancels the turn's task: a local model step is abandoned, a tool activity is cancelled and waited
+for (its T2 says ``tool_cancelled``), recovery is never interrupted, and the run ends ``cancelled``.
+
 Error classification (who fails what):
 - An activity failure never fails the workflow: a model step that exhausts its retries fails the
   *run* (terminal fact, session ``failed``); a tool activity that fails or times out goes to

@@ -20,6 +20,7 @@ from temporalio.client import Client
 
 from maka_core.errors import MakaError
 from maka_core.runtime.runtime import RuntimeSettings
+from maka_core.runtime.session_view import derive_state
 from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers import turn_messages
@@ -124,6 +125,11 @@ async def test_cancel_kills_a_running_bash_and_its_t2_says_tool_cancelled(
         (told,) = responses
         assert told["code"] == "tool_cancelled" and told["signal"] == "SIGKILL" and told["started"], told
         assert [c["result"] for c in certificates] == ["CANCELLED"]
+        store = _ledger(db)
+        try:  # the ledger's own view agrees with the workflow (what status reads once it is closed)
+            assert derive_state(store.list_runs(session)) == ("idle", None)
+        finally:
+            store.close()
         nxt = await send_message(temporal_client, session, "again")
         final = await wait_turn(temporal_client, session, nxt.run_id)
         assert final.state == "idle", final

@@ -433,10 +433,10 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
         if not started:
             raise AttemptCancelled(message="cancelled before the tool started")
         result = call.tool.run(call.args, call.ws, cancellation.heartbeat)
-    except AttemptCancelled:
+    except AttemptCancelled as exc:
         if not cancellation.observed:
             return Abandoned(ref.operation_id)
-        result, stopped = _cancelled_result(call.tool, started), True
+        result, stopped = _cancelled_result(started, exc.detail), True
     receipt = None
     if call.decision is not None and call.gov is not None:
         status, items = governed.verify(call.decision, result, call.ws)
@@ -468,15 +468,19 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
     return Ran(call, result, receipt, response, cancelled=stopped)
 
 
-def _cancelled_result(tool: Tool, started: bool) -> ToolResult:
-    """What the model is told about a call its turn's cancel stopped (an ordinary error result)."""
+def _cancelled_result(started: bool, seen: dict[str, Any]) -> ToolResult:
+    """What the model is told about a call its turn's cancel stopped (an ordinary error result),
+    with what the tool saw of its end (``bash``: ``exitSignal``, the output until then)."""
     if not started:
         return ToolResult.error(
             "tool_cancelled", "the turn was cancelled before the tool started", started=False
         )
-    stopped = {"signal": "SIGKILL"} if tool.name == "bash" else {}
+    observed = {k: v for k, v in seen.items() if k != "message"}
     return ToolResult.error(
-        "tool_cancelled", "the turn was cancelled; the tool was stopped while it ran", started=True, **stopped
+        "tool_cancelled",
+        "the turn was cancelled; the tool was stopped while it ran",
+        started=True,
+        **observed,
     )
 
 

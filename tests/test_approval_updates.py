@@ -294,3 +294,29 @@ async def test_a_worker_sigkilled_during_the_wait_costs_nothing(
     assert final.state == "idle", final
     assert (ws_dir / "a.txt").read_text() == "a.txt"
     assert _scheduled(await _events(temporal_client, session), "maka.execute_tool") == 2
+
+
+async def test_a_cancel_during_the_wait_closes_the_request_with_the_run(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    db = tmp_path / "ledger.sqlite"
+    async with in_process_worker(temporal_client, db, task_queue):
+        session = await _governed_session(
+            temporal_client, tmp_path, ws_dir, db, task_queue, 600_000, _write_script(tmp_path, "a.txt")
+        )
+        status = await _awaiting(temporal_client, session)
+        wait = status.awaiting_approval
+        done = await turn_messages.cancel_turn(temporal_client, session, reason="changed my mind")
+        assert done.run_id == status.current_turn.run_id and done.cancelled_operations == []
+        with pytest.raises(MakaError) as late:
+            await turn_messages.approve(temporal_client, session, wait.approval_id, phrase=wait.phrase)
+        assert late.value.code == "approval_expired"
+        after = await query_status(temporal_client, session)
+        assert after.state == "idle" and after.awaiting_approval is None, after
+    with sqlite3.connect(db) as conn:
+        (state,) = conn.execute(
+            "SELECT state FROM tool_decisions WHERE approval_id = ?", (wait.approval_id,)
+        ).fetchone()
+        (header,) = conn.execute("SELECT status FROM agent_runs WHERE run_id = ?", (done.run_id,)).fetchone()
+    assert (state, header) == ("expired", "cancelled")
+    assert not (ws_dir / "a.txt").exists()

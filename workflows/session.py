@@ -488,7 +488,11 @@ class SessionWorkflow:
         # From run() only, once every handler has finished: an update accepted now would otherwise
         # be lost with this execution ("workflow execution already completed").
         self._continuing = True
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        try:
+            await workflow.wait_condition(workflow.all_handlers_finished)
+        except asyncio.CancelledError:
+            self._continuing = False  # ``cancel_turn`` ended the turn first: this execution goes on
+            raise
         carried = self._inp.model_copy(
             update={
                 "state": self._state,
@@ -784,6 +788,10 @@ class SessionWorkflow:
                     retry_policy=LEDGER_RETRY,
                 )
                 self._answered[wait.approval_id] = "expired"
+        except asyncio.CancelledError:
+            # ``cancel_turn``: the run's terminal fact closes the request, as the ledger will say.
+            self._answered.setdefault(wait.approval_id, "expired")
+            raise
         finally:
             self._awaiting = None
 

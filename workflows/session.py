@@ -233,6 +233,8 @@ class SessionWorkflow:
         self._cancelled_operations: list[str] = []
         #: Recovery is deciding a call: a cancel waits for its verdict (it must not be abandoned).
         self._recovering = False
+        #: A tool activity is in flight: the request it may be about to report is in the ledger.
+        self._dispatching = False
 
     # --- messages --------------------------------------------------------------------------
 
@@ -322,8 +324,11 @@ class SessionWorkflow:
                 raise _refuse("approval_expired", f"approval {approval_id} expired")
             if seen is not None:
                 raise _refuse("approval_not_pending", f"approval {approval_id} is already answered")
-            if wait is None and not self._messages and self._current is not None:
-                return  # recorded before the patch: its activity waits; the ledger decides
+            if wait is None and (self._dispatching or (not self._messages and self._current is not None)):
+                # The request may be committed and its call not back yet (or, recorded before the
+                # patch, the activity waits itself): the ledger decides, and a wait that follows
+                # finds the answer in ``_answered``.
+                return
             raise _refuse("approval_id_mismatch", f"the session waits on no approval {approval_id}")
         if self._answering is not None:
             raise _refuse("approval_not_pending", f"approval {approval_id} is being answered")
@@ -731,17 +736,21 @@ class SessionWorkflow:
         while dispatches < MAX_DISPATCHES:
             dispatches += 1
             try:
-                outcome: ToolOutcome = await workflow.execute_activity(
-                    EXECUTE_TOOL,
-                    tool_input,
-                    result_type=ToolOutcome,
-                    task_queue=self._tool_queue(),
-                    schedule_to_start_timeout=self._host_wait(),
-                    start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
-                    heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
-                    retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
-                    cancellation_type=cancellation,
-                )
+                self._dispatching = True
+                try:
+                    outcome: ToolOutcome = await workflow.execute_activity(
+                        EXECUTE_TOOL,
+                        tool_input,
+                        result_type=ToolOutcome,
+                        task_queue=self._tool_queue(),
+                        schedule_to_start_timeout=self._host_wait(),
+                        start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
+                        heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
+                        retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
+                        cancellation_type=cancellation,
+                    )
+                finally:
+                    self._dispatching = False
                 if outcome.status == "awaiting_approval" and outcome.approval is not None:
                     # Nothing ran: wait here for the answer (or the expiry), then dispatch the
                     # call again, which acts on what the ledger then holds.

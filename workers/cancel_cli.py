@@ -16,7 +16,6 @@ import asyncio
 
 import click
 
-from maka_core.errors import MakaError
 from maka_temporal.workers.cli_base import (
     finish,
     json_option,
@@ -44,19 +43,9 @@ def cmd_cancel(
     # Lazy: only a command that talks to Temporal pays for the SDK's import.
     from maka_temporal.workers import turn_messages
     from maka_temporal.workers.client import connect
-    from maka_temporal.workers.session_client import describe_execution
 
     async def main() -> int:
         client = await asyncio.wait_for(connect(address, namespace), 10)
-        execution = await describe_execution(client, session_id)
-        if not execution.exists:
-            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-        if not execution.open:
-            raise MakaError(
-                "turn_not_running",
-                f"session {session_id} has no running execution ({execution.status})",
-                sessionId=session_id,
-            )
         done = await turn_messages.cancel_turn(client, session_id, reason=reason)
         if as_json:
             print_json(

@@ -6,8 +6,9 @@ its validator refuses leaves no event in the workflow's history):
 
 - ``approve``/``deny``: ``approval_id_mismatch``, ``approval_phrase_mismatch``, ``approval_expired``,
   ``approval_action_digest_mismatch`` (approve only), ``approval_not_pending``;
-- ``cancel_turn``: ``turn_not_running``, ``turn_not_cancellable`` (an execution recorded before
-  the Update existed), ``turn_not_cancelled`` (recovery parked a call whose end nobody saw);
+- ``cancel_turn``: ``turn_not_running`` (idle, parked, or the execution closed),
+  ``turn_not_cancellable`` (an execution recorded before the Update existed),
+  ``turn_not_cancelled`` (recovery parked a call whose end nobody saw);
 - either: ``session_not_found``, ``temporal_unavailable``.
 """
 
@@ -85,7 +86,19 @@ async def cancel_turn(
     client: Any, session_id: str, *, reason: str | None = None, by: str | None = None
 ) -> TurnCancelled:
     """Cancel the session's running turn (the ``cancel_turn`` Update); returns once the run has
-    ended ``cancelled`` (its terminal fact and certificate committed)."""
+    ended ``cancelled`` (its terminal fact and certificate committed). A session Temporal does not
+    know is ``session_not_found``; one whose execution has closed is ``turn_not_running``."""
+    from maka_temporal.workers.session_client import describe_execution
+
+    execution = await describe_execution(client, session_id)
+    if not execution.exists:
+        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    if not execution.open:
+        raise MakaError(
+            "turn_not_running",
+            f"session {session_id} has no running execution ({execution.status})",
+            sessionId=session_id,
+        )
     return await _update(client, session_id, CANCEL_TURN, CancelTurn(reason=reason, by=by), TurnCancelled)
 
 

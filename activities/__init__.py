@@ -16,6 +16,8 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
   tool was stopped (``runtime.tool_call``) and it committed no T2.
 - ``UsageLimitReached`` (type ``UsageLimitReached``): non-retryable; the workflow parks the turn.
+- ``ApprovalRefused``: non-retryable, its type the stable code (``approval_expired``...): the
+  ``approve``/``deny`` Update fails with it, as its validator would have.
 - ``StoreError``: retryable (a locked or briefly unavailable database), except ``schema_too_new``,
   ``row_payload_identity_mismatch`` and ``run_not_found``, which will not heal by waiting.
 - any other ``MakaError`` (``ConfigError``: a missing workspace, an invalid script): non-retryable.
@@ -34,13 +36,15 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached
 from maka_core.providers import ProviderError
-from maka_core.runtime import model_step, recovery, turn
+from maka_core.runtime import approvals, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
 from maka_temporal.workflows.contracts import (
+    ANSWER_APPROVAL,
     BEGIN_CONTINUATION,
     BEGIN_RUN,
+    CLOSE_APPROVAL,
     DISPATCH_WITHOUT_OUTCOME,
     EXECUTE_TOOL,
     FINISH_RUN,
@@ -50,9 +54,12 @@ from maka_temporal.workflows.contracts import (
     RECOVER_OPERATION,
     RESUME_REQUIRED,
     USAGE_LIMIT_REACHED,
+    AnswerInput,
+    AnswerResult,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
+    CloseApprovalInput,
     FinishRunInput,
     FinishRunResult,
     HostParkInput,
@@ -98,6 +105,8 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(str(exc), detail, type=LEDGER_CHAIN_BROKEN, non_retryable=True)
     if isinstance(exc, UsageLimitReached):
         return ApplicationError(str(exc), detail, type=USAGE_LIMIT_REACHED, non_retryable=True)
+    if isinstance(exc, approvals.ApprovalRefused):
+        return ApplicationError(exc.message, detail, type=exc.code, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)
     if isinstance(exc, StoreError):
@@ -115,7 +124,12 @@ def _attempt() -> Attempt:
         activity_id=info.activity_id,
         attempt=info.attempt,
     )
-    return Attempt(record=record, heartbeat=activity.heartbeat)
+    return Attempt(record=record, heartbeat=activity.heartbeat, cancel_requested=_cancel_requested)
+
+
+def _cancel_requested() -> bool:
+    details = activity.cancellation_details()
+    return details is not None and details.cancel_requested and not (details.not_found or details.timed_out)
 
 
 async def _mapped(call: Awaitable[T]) -> T:
@@ -168,6 +182,18 @@ class MakaActivities:
     async def host_park(self, inp: HostParkInput) -> None:
         await _mapped(turn.host_park(self.runtime, inp))
 
+    @activity.defn(name=ANSWER_APPROVAL)
+    async def answer_approval(self, inp: AnswerInput) -> AnswerResult:
+        ledger = self.runtime.ledger
+        return await _mapped(self.runtime.on_ledger(lambda: approvals.answer_from(ledger, inp)))
+
+    @activity.defn(name=CLOSE_APPROVAL)
+    async def close_approval(self, inp: CloseApprovalInput) -> None:
+        ledger = self.runtime.ledger
+        await _mapped(
+            self.runtime.on_ledger(lambda: approvals.close(ledger, inp.session_id, inp.approval_id))
+        )
+
     def all(self) -> list[Callable[..., Any]]:
         """The bound activities to register on the shared queue (tools too: a session started
         before host affinity, or without a host, runs its tools on the workflow's queue)."""
@@ -179,6 +205,8 @@ class MakaActivities:
             self.finish_run,
             self.begin_continuation,
             self.host_park,
+            self.answer_approval,
+            self.close_approval,
         ]
 
     def host_bound(self) -> list[Callable[..., Any]]:

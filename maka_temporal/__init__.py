@@ -40,6 +40,7 @@ __all__ = [
     "SessionResult",
     "Status",
     "Transcript",
+    "TurnCancelled",
     "TurnInfo",
     "TurnStarted",
     "connect",
@@ -49,6 +50,7 @@ __all__ = [
 _PUBLIC: dict[str, str] = {
     "MakaPlugin": "maka_temporal.workers.plugin",
     "SessionResult": "maka_temporal.workflows.child",
+    "TurnCancelled": "maka_temporal.workflows.contracts",
     "connect": "maka_temporal.workers.client",
     **{
         name: "maka_temporal.workers.session_api"
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
         TurnStarted,
     )
     from maka_temporal.workflows.child import SessionResult
+    from maka_temporal.workflows.contracts import TurnCancelled
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,8 @@ def test_activity_names_are_pinned() -> None:
         "maka.finish_run",
         "maka.begin_continuation",
         "maka.host_park",
+        "maka.answer_approval",
+        "maka.close_approval",
     )
 
 
@@ -36,6 +38,8 @@ def test_registered_activities_use_the_pinned_names() -> None:
         MakaActivities.finish_run,
         MakaActivities.begin_continuation,
         MakaActivities.host_park,
+        MakaActivities.answer_approval,
+        MakaActivities.close_approval,
     ):
         definition = ActivityDefinition.from_callable(fn)
         assert definition is not None
@@ -49,11 +53,14 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
     assert definition.name == "maka.session" == contracts.SESSION_WORKFLOW
     assert (
         set(definition.updates)
-        == {"send_message", "wait_settled", "resume_host"}
+        == {"send_message", "wait_settled", "resume_host", "approve", "deny", "cancel_turn"}
         == {
             contracts.SEND_MESSAGE,
             contracts.WAIT_SETTLED,
             contracts.RESUME_HOST,
+            contracts.APPROVE,
+            contracts.DENY,
+            contracts.CANCEL_TURN,
         }
     )
     assert set(definition.queries) == {"status"}

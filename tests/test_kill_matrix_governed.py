@@ -3,7 +3,9 @@
 Every cell of ``test_kill_matrix.matrix()`` runs with the same kills and the same expectations;
 the only differences are the session's recorded policy (``mutations: confirm``; ``bash``'s
 evidence is its exit code) and an approver that answers every pending request with its exact
-phrase as soon as it appears. So each mutation waits for its approval before T1, and a crash at
+phrase as soon as it appears, through the ``approve`` Update (what ``maka session approve`` sends
+while the execution runs: the workflow holds the wait, so a ledger-only answer would be seen only at
+the request's expiry). So each mutation waits for its approval before T1, and a crash at
 any boundary must still settle exactly as without governance: effects at most once, the same
 parks, one terminal fact per run, a clean ``ledger verify``.
 """
@@ -22,6 +24,7 @@ from maka_core.governance import parse_policy
 from maka_core.runtime import approvals
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers import turn_messages
 from tests.drills import (
     DRILL_SCRIPT,
     Cell,
@@ -51,23 +54,30 @@ def _record_policy(db: Path, session_id: str) -> None:
         )
 
 
-def _approve_pending(db: Path, session_id: str, approved: list[str]) -> None:
-    """The test approver's one pass: every pending request of the session, with its exact phrase."""
+def _pending(db: Path, session_id: str) -> list[dict[str, Any]]:
     with LedgerStore.open(db) as store:
-        for pending in approvals.pending(store, session_id):
-            with contextlib.suppress(MakaError):  # answered meanwhile, or expired
-                approvals.answer(
-                    store, session_id, pending["approvalId"], allow=True, phrase=pending["phrase"], by="test"
+        return approvals.pending(store, session_id)
+
+
+async def _approve_all(
+    client: Any, db: Path, session_id: str, stop_at: list[bool], approved: list[str]
+) -> None:
+    """The test approver, until ``stop_at``: every pending request of the session, with its exact
+    phrase. Each ledger read borrows a default-executor thread for a moment only: a loop holding one
+    thread per cell would starve the harness's own ``to_thread`` calls when as many cells run at
+    once as the executor has threads (six on two cores). An Update sent while the cell's worker is
+    down waits for the next one (bounded here; the next pass asks again)."""
+    while not stop_at:
+        for pending in await asyncio.to_thread(_pending, db, session_id):
+            # Refused: answered meanwhile, expired, or not yet the request the turn waits on.
+            with contextlib.suppress(MakaError, TimeoutError):
+                await asyncio.wait_for(
+                    turn_messages.approve(
+                        client, session_id, pending["approvalId"], phrase=pending["phrase"], by="test"
+                    ),
+                    5,
                 )
                 approved.append(pending["operationId"])
-
-
-async def _approve_all(db: Path, session_id: str, stop_at: list[bool], approved: list[str]) -> None:
-    """The test approver, until ``stop_at``. Each pass borrows a default-executor thread for a moment
-    only: a loop holding one thread per cell would starve the harness's own ``to_thread`` calls when
-    as many cells run at once as the executor has threads (six on two cores)."""
-    while not stop_at:
-        await asyncio.to_thread(_approve_pending, db, session_id, approved)
         await asyncio.sleep(0.1)
 
 
@@ -79,7 +89,7 @@ async def run_governed_cell(server: Any, client: Any, root: Path, cell: Cell) ->
 
     def govern(box: Sandbox, session_id: str) -> None:
         _record_policy(box.db, session_id)
-        approvers.append(asyncio.ensure_future(_approve_all(box.db, session_id, halt, approved)))
+        approvers.append(asyncio.ensure_future(_approve_all(client, box.db, session_id, halt, approved)))
 
     try:
         result = await run_cell(server, client, root, cell, DRILL_SCRIPT, before_start=govern)

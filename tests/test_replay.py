@@ -26,6 +26,7 @@ def test_golden_histories_are_present() -> None:
         "continue_as_new-0",
         "model_step_as_activity",
         "crash_recover_park",
+        "approval_and_cancel",
     } <= names
 
 

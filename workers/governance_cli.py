@@ -7,9 +7,11 @@
   every worker then decides by the same policy, and no policy crosses the workflow's history
   (so the workflow, its contracts and its replay are untouched).
 - ``maka session approve SESSION APPROVAL_ID --phrase "APPROVE …" [--by NAME]`` and ``maka
-  session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: validated in MELRA's order and
-  committed through the ledger, where the waiting call sees the answer (``runtime.approvals``
-  says why the wait lives in the ledger rather than in a workflow Update). Refusals exit 2 with
+  session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: sent as the ``approve``/``deny``
+  Update while the session's execution runs (``workers.turn_messages``: its validator refuses,
+  its handler commits the answer in the ledger and wakes the waiting turn); otherwise, or when
+  the server cannot be reached, validated and committed through the ledger as before (a waiting
+  turn then sees the answer at its expiry at the latest). Refusals exit 2 with
   ``session_not_found`` (a session the ledger never heard of), ``approval_id_mismatch``,
   ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch`` or
   ``approval_not_pending``.
@@ -20,6 +22,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from dataclasses import dataclass
@@ -31,9 +34,25 @@ import click
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli_base import db_option, finish, json_option, open_ledger, print_json, settings
+from maka_temporal.workers.cli_base import (
+    db_option,
+    finish,
+    json_option,
+    open_ledger,
+    print_json,
+    run_async,
+    settings,
+    temporal_options,
+)
 
-__all__ = ["SessionPolicy", "answer_approval", "governance_status", "policy_options", "session_policy"]
+__all__ = [
+    "SessionPolicy",
+    "answer_approval",
+    "check_session_known",
+    "governance_status",
+    "policy_options",
+    "session_policy",
+]
 
 
 def policy_options(fn: Any) -> Any:
@@ -157,58 +176,111 @@ def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]
 
 @click.command("approve")
 @db_option
+@temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
 @click.argument("approval_id", metavar="APPROVAL_ID")
 @click.option("--phrase", required=True, help='the challenge phrase, exactly: "APPROVE <12 hex>"')
 @click.option("--by", "by", default=None, metavar="NAME", help="who approves (recorded as the reviewer)")
 @json_option()
 def cmd_approve(
-    db: str | None, session_id: str, approval_id: str, phrase: str, by: str | None, as_json: bool
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    session_id: str,
+    approval_id: str,
+    phrase: str,
+    by: str | None,
+    as_json: bool,
 ) -> None:
     """Approve a pending tool call: it is judged again and then runs."""
-    _answer(db, session_id, approval_id, allow=True, phrase=phrase, by=by, reason=None, as_json=as_json)
+    where = (db, address, namespace)
+    _answer(*where, session_id, approval_id, allow=True, phrase=phrase, by=by, as_json=as_json)
 
 
 @click.command("deny")
 @db_option
+@temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
 @click.argument("approval_id", metavar="APPROVAL_ID")
 @click.option("--by", "by", default=None, metavar="NAME", help="who denies (recorded as the reviewer)")
 @click.option("--reason", default=None, help="why (recorded as the rationale)")
 @json_option()
 def cmd_deny(
-    db: str | None, session_id: str, approval_id: str, by: str | None, reason: str | None, as_json: bool
-) -> None:
-    """Deny a pending tool call: the model gets policy_blocked / approval_denied."""
-    _answer(db, session_id, approval_id, allow=False, phrase=None, by=by, reason=reason, as_json=as_json)
-
-
-def _answer(
     db: str | None,
+    address: str | None,
+    namespace: str | None,
     session_id: str,
     approval_id: str,
-    *,
-    allow: bool,
-    phrase: str | None,
     by: str | None,
     reason: str | None,
     as_json: bool,
 ) -> None:
-    import asyncio
+    """Deny a pending tool call: the model gets policy_blocked / approval_denied."""
+    where = (db, address, namespace)
+    _answer(*where, session_id, approval_id, allow=False, by=by, reason=reason, as_json=as_json)
 
+
+def _answer(
+    db: str | None,
+    address: str | None,
+    namespace: str | None,
+    session_id: str,
+    approval_id: str,
+    *,
+    allow: bool,
+    as_json: bool,
+    phrase: str | None = None,
+    by: str | None = None,
+    reason: str | None = None,
+) -> None:
     # Imported at the command: the client module builds on this one (session_policy).
     from maka_temporal.workers.session_api import SessionClient
 
-    sessions = SessionClient(None, ledger=settings(db=db).ledger)
-    if allow:
-        answer = asyncio.run(sessions.approve(session_id, approval_id, phrase=str(phrase), by=by))
-    else:
-        answer = asyncio.run(sessions.deny(session_id, approval_id, by=by, reason=reason))
-    done = answer.raw
+    s = settings(db=db)
+    check_session_known(s.ledger, session_id)  # before any connection is tried
+
+    answered: list[dict[str, Any]] = []
+
+    async def main() -> int:
+        client = await _reachable(address, namespace)
+        sessions = SessionClient(client, ledger=s.ledger)
+        if allow:
+            answer = await sessions.approve(session_id, approval_id, phrase=str(phrase), by=by)
+        else:
+            answer = await sessions.deny(session_id, approval_id, by=by, reason=reason)
+        answered.append(answer.raw)
+        return 0
+
+    run_async(main())  # (marks the command as a Temporal user: the process leaves without finalizing)
+    done = answered[0]
     if as_json:
         print_json(done, indent=2)
     else:
         click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+
+
+async def _reachable(address: str | None, namespace: str | None) -> Any:
+    """A Temporal client when the server answers within 3 s, else None: the answer then goes to
+    the ledger alone (an operator can answer while the server is down)."""
+    from maka_temporal.workers.client import connect
+
+    try:
+        return await asyncio.wait_for(connect(address, namespace), 3)
+    except (MakaError, TimeoutError, OSError, RuntimeError):
+        return None
+
+
+def check_session_known(ledger: Any, session_id: str) -> None:
+    """Every session start records its policy in the ledger before its workflow exists, so a
+    session the ledger has never heard of is one Temporal does not know either: say so, as every
+    other session command does, rather than blame the approval id.
+
+    Raises:
+        MakaError: ``session_not_found``.
+    """
+    with open_ledger(ledger, create=False) as store:
+        if store.session_policy(session_id) is None and not store.events(session_id=session_id):
+            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
 
 
 def answer_approval(
@@ -221,16 +293,12 @@ def answer_approval(
     by: str | None = None,
     reason: str | None = None,
 ) -> dict[str, Any]:
-    """Approve or deny through the ledger (``maka session approve|deny``, ``SessionClient``);
-    returns what was committed (``runtime.approvals.answer`` and its codes)."""
+    """Approve or deny through the ledger alone (the execution is not running); returns what was
+    committed (``runtime.approvals.answer`` and its codes)."""
     from maka_core.runtime import approvals
 
+    check_session_known(ledger, session_id)
     with open_ledger(ledger, create=False) as store:
-        # Every session start records its policy in the ledger before its workflow exists, so a
-        # session the ledger has never heard of is one Temporal does not know either: say so, as
-        # every other session command does, rather than blame the approval id.
-        if store.session_policy(session_id) is None and not store.events(session_id=session_id):
-            raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
         done: dict[str, Any] = approvals.answer(
             store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
         )

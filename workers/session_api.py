@@ -33,6 +33,7 @@ from maka_temporal.workers.session_client import (
     wait_settled,
 )
 from maka_temporal.workers.session_start import check_message, new_session
+from maka_temporal.workflows.contracts import TurnCancelled
 
 __all__ = [
     "ApprovalAnswer",
@@ -334,11 +335,21 @@ class SessionClient:
 
         return await _refusing(go())
 
-    async def cancel(self, session_id: str, *, reason: str | None = None) -> Status:
-        """Cancel the running turn: not in this build (the ``cancel_turn`` Update comes with it)."""
-        raise SessionError(
-            "cancel_not_supported", "cancelling a turn is not supported by this build", sessionId=session_id
-        )
+    async def cancel(
+        self, session_id: str, *, reason: str | None = None, by: str | None = None
+    ) -> TurnCancelled:
+        """Cancel the running turn (``maka session cancel``, the ``cancel_turn`` Update): a model step
+        is abandoned, a running tool cancelled (its T2 records ``tool_cancelled``), a call whose end
+        nobody saw settled by its guarantee; the run ends ``cancelled`` and the session is idle.
+
+        Raises:
+            SessionError: ``turn_not_running``, ``turn_not_cancellable``, ``turn_not_cancelled``,
+                ``session_not_found``, ``temporal_unavailable``.
+        """
+        from maka_temporal.workers import turn_messages
+
+        client = self._temporal()
+        return await _refusing(turn_messages.cancel_turn(client, session_id, reason=reason, by=by))
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -384,23 +395,59 @@ class SessionClient:
     async def approve(
         self, session_id: str, approval_id: str, *, phrase: str, by: str | None = None
     ) -> ApprovalAnswer:
-        """Approve a pending tool call with its challenge phrase (``maka session approve``)."""
-        return await _refusing(
-            asyncio.to_thread(self._answer, session_id, approval_id, allow=True, phrase=phrase, by=by)
-        )
+        """Approve a pending tool call with its challenge phrase (``maka session approve``): the
+        ``approve`` Update while the session's execution runs (its turn wakes at once), else the
+        ledger alone takes the answer. The decision is a ledger fact first either way."""
+        return await _refusing(self._answer(session_id, approval_id, allow=True, phrase=phrase, by=by))
 
     async def deny(
         self, session_id: str, approval_id: str, *, by: str | None = None, reason: str | None = None
     ) -> ApprovalAnswer:
-        """Deny a pending tool call (``maka session deny``)."""
-        return await _refusing(
-            asyncio.to_thread(self._answer, session_id, approval_id, allow=False, by=by, reason=reason)
-        )
+        """Deny a pending tool call (``maka session deny``): the ``deny`` Update, or the ledger."""
+        return await _refusing(self._answer(session_id, approval_id, allow=False, by=by, reason=reason))
 
-    def _answer(self, session_id: str, approval_id: str, **how: Any) -> ApprovalAnswer:
-        from maka_temporal.workers.governance_cli import answer_approval
+    async def _answer(
+        self,
+        session_id: str,
+        approval_id: str,
+        *,
+        allow: bool,
+        phrase: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> ApprovalAnswer:
+        from maka_temporal.workers import turn_messages
+        from maka_temporal.workers.governance_cli import answer_approval, check_session_known
 
-        done = answer_approval(self.settings().ledger, session_id, approval_id, **how)
+        ledger = self.settings().ledger
+        await asyncio.to_thread(check_session_known, ledger, session_id)
+        sent = None
+        if self.client is not None:
+            try:
+                sent = await turn_messages.answer_if_running(
+                    self.client, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
+                )
+            except MakaError as exc:
+                if exc.code != "temporal_unavailable":
+                    raise  # the server is down: the ledger alone takes the answer, below
+        if sent is not None:
+            done: dict[str, Any] = {
+                "ok": True,
+                "sessionId": session_id,
+                "approvalId": approval_id,
+                "operationId": sent.operation_id,
+                "requestId": approval_id,
+                "decision": sent.decision,
+                "toolName": sent.tool_name,
+                **({"reviewer": by} if by else {}),
+                **({"rationale": reason} if reason else {}),
+            }
+        else:
+            done = await asyncio.to_thread(
+                lambda: answer_approval(
+                    ledger, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
+                )
+            )
         return ApprovalAnswer(
             session_id=session_id,
             approval_id=approval_id,

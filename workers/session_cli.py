@@ -22,6 +22,7 @@ import click
 from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings
+from maka_temporal.workers.cancel_cli import cmd_cancel
 from maka_temporal.workers.cli_base import (
     console,
     db_option,
@@ -448,5 +449,5 @@ def cmd_resolve(
         )
 
 
-for _command in (cmd_approve, cmd_deny, cmd_session_receipts):
+for _command in (cmd_approve, cmd_deny, cmd_session_receipts, cmd_cancel):
     session.add_command(_command)

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from typing import Final
 
+from pydantic import ConfigDict
+from pydantic.alias_generators import to_camel
+
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
 from maka_core.runtime.contracts import (
     ACTIVITY_NAMES,
+    ANSWER_APPROVAL,
     BEGIN_CONTINUATION,
     BEGIN_RUN,
+    CLOSE_APPROVAL,
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     EXECUTE_TOOL,
@@ -24,10 +29,14 @@ from maka_core.runtime.contracts import (
     HOST_PARK,
     MODEL_STEP,
     RECOVER_OPERATION,
+    AnswerInput,
+    AnswerResult,
+    ApprovalWait,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
     CallRef,
+    CloseApprovalInput,
     Contract,
     FinishRunInput,
     FinishRunResult,
@@ -51,6 +60,19 @@ from maka_core.runtime.contracts import (
 
 __all__ = [
     "ACTIVITY_NAMES",
+    "ANSWER_APPROVAL",
+    "APPROVE",
+    "AnswerInput",
+    "AnswerResult",
+    "Approve",
+    "ApprovalWait",
+    "CANCEL_TURN",
+    "CLOSE_APPROVAL",
+    "CancelTurn",
+    "CloseApprovalInput",
+    "DENY",
+    "Deny",
+    "TurnCancelled",
     "BEGIN_CONTINUATION",
     "BEGIN_RUN",
     "BeginContinuationInput",
@@ -126,6 +148,14 @@ CHILD_ACTIVITY_NAMES: Final[tuple[str, ...]] = (PREPARE_SESSION, SESSION_REPLY)
 #: ``maka resume`` of a session parked with ``workspace_host_unavailable``: the operator says the
 #: host is back; the turn goes on in the same execution, on the same host.
 RESUME_HOST: Final = "resume_host"
+#: Answers to the permission request a turn waits on (``Approve``, ``Deny``): the validator refuses
+#: with the ledger's codes, the handler commits the answer in the ledger (``maka.answer_approval``)
+#: and the waiting turn goes on. Refusals: ``approval_id_mismatch``, ``approval_phrase_mismatch``,
+#: ``approval_expired``, ``approval_action_digest_mismatch`` (approve only), ``approval_not_pending``.
+APPROVE: Final = "approve"
+DENY: Final = "deny"
+#: Stop the running turn (``CancelTurn``): the run ends ``cancelled``. Refusal: ``turn_not_running``.
+CANCEL_TURN: Final = "cancel_turn"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -234,6 +264,45 @@ class WaitSettled(Contract):
     timeout_s: float | None = None
 
 
+class _UpdateInput(Contract):
+    """An Update input people type (``temporal workflow update execute --input``): camelCase keys,
+    the field names accepted too."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
+
+
+class Approve(_UpdateInput):
+    """``approve``: ``{"approvalId", "phrase", "by"}``."""
+
+    approval_id: str
+    phrase: str
+    by: str | None = None
+
+
+class Deny(_UpdateInput):
+    """``deny``: ``{"approvalId", "by", "reason"}``."""
+
+    approval_id: str
+    by: str | None = None
+    reason: str | None = None
+
+
+class CancelTurn(_UpdateInput):
+    """``cancel_turn``: ``{"reason", "by"}``, both optional."""
+
+    reason: str | None = None
+    by: str | None = None
+
+
+class TurnCancelled(Contract):
+    """``cancel_turn``'s result: the cancelled run and how its end was recorded."""
+
+    run_id: str
+    terminal_event_id: str
+    #: Calls whose cancellation the runtime observed (``tool_cancelled`` in their T2).
+    cancelled_operations: list[str] = []
+
+
 class TurnAccepted(Contract):
     """Update result: the identities of the turn that the message started."""
 
@@ -255,6 +324,8 @@ class SessionStatus(Contract):
     accepting: bool = True
     continued_runs: int = 0
     host: str | None = None
+    #: The permission request the turn waits on (the workflow holds the wait).
+    awaiting_approval: ApprovalWait | None = None
 
 
 InFlightTurn.model_rebuild()

@@ -34,6 +34,15 @@ the workflow's queue gives up eager activity dispatch for them (``benchmarks/tem
 --routing host shared`` measures it); a session without a host keeps its tools on the workflow's
 queue, with the same commands as before.
 
+Approvals and cancel (``TURN_MESSAGES_PATCH``): a call whose policy asks for confirmation comes
+back ``awaiting_approval`` from its tool activity (the request committed, nothing run); the turn
+waits here on a condition and a timer at the request's ``expiresAt``, holding no worker thread. The
+``approve``/``deny`` Updates validate against that wait (a refusal is not in history), then commit
+the answer in the ledger (``maka.answer_approval``) and wake the turn, which dispatches the call
+again; at the expiry ``maka.close_approval`` closes the request unanswered. ``cancel_turn``
+cancels the turn's task: a local model step is abandoned, a tool activity is cancelled and waited
+for (its T2 says ``tool_cancelled``), recovery is never interrupted, and the run ends ``cancelled``.
+
 Error classification (who fails what):
 - An activity failure never fails the workflow: a model step that exhausts its retries fails the
   *run* (terminal fact, session ``failed``); a tool activity that fails or times out goes to
@@ -45,6 +54,7 @@ Error classification (who fails what):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import timedelta
 
@@ -52,11 +62,17 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.contracts import (
+        ANSWER_APPROVAL,
+        APPROVE,
         BEGIN_CONTINUATION,
         BEGIN_RUN,
+        CANCEL_TURN,
+        CLOSE_APPROVAL,
+        DENY,
         EXECUTE_TOOL,
         FINISH_RUN,
         HOST_PARK,
@@ -73,10 +89,17 @@ with workflow.unsafe.imports_passed_through():
         STATUS_QUERY,
         USAGE_LIMIT_REACHED,
         WAIT_SETTLED,
+        AnswerInput,
+        AnswerResult,
+        ApprovalWait,
+        Approve,
         BeginContinuationInput,
         BeginRunInput,
         BeginRunResult,
         CallRef,
+        CancelTurn,
+        CloseApprovalInput,
+        Deny,
         FinishRunInput,
         FinishRunResult,
         HostParkInput,
@@ -96,6 +119,8 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
         ToolSettings,
         TurnAccepted,
+        TurnCancelled,
+        TurnStatus,
         WaitSettled,
         host_queue,
     )
@@ -126,6 +151,11 @@ LEDGER_TIMEOUT = timedelta(seconds=10)
 MAX_DISPATCHES = 3
 #: The park of a session whose workspace host did not start its work within the host wait.
 HOST_UNAVAILABLE: ParkReason = "workspace_host_unavailable"
+#: Executions that began with this patch hold a call's approval wait themselves (a condition and a
+#: timer at ``expiresAt``, answered by the ``approve``/``deny`` Updates) and run each turn as a task
+#: that ``cancel_turn`` can cancel. Recorded before it, an execution waits inside the tool activity
+#: and its turns cannot be cancelled (``turn_not_cancellable``): its history replays unchanged.
+TURN_MESSAGES_PATCH = "maka-turn-messages-1"
 
 
 def host_away(err: BaseException) -> bool:
@@ -146,6 +176,15 @@ def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
 
 class _HandOff(Exception):
     """Internal: the turn's run belongs to another execution; close and leave it to a resume."""
+
+
+class _Cancelled(Exception):
+    """Internal: ``cancel_turn`` stopped the turn; the run ends ``cancelled``."""
+
+
+def _refuse(code: str, message: str) -> ApplicationError:
+    """An Update refusal: its type is the stable code clients read (``approval_expired``...)."""
+    return ApplicationError(message, type=code, non_retryable=True)
 
 
 class _Park(Exception):
@@ -180,6 +219,22 @@ class SessionWorkflow:
         self._carried: InFlightTurn | None = inp.in_flight
         #: Set by ``resume_host`` while the turn waits for its workspace host.
         self._host_back = False
+        #: This execution holds approval waits and cancellable turns (``TURN_MESSAGES_PATCH``).
+        self._messages = False
+        #: The request the running call waits on, an answer being committed for it, and the
+        #: answers this execution saw (approval id -> ``allow``, ``deny`` or ``expired``).
+        self._awaiting: ApprovalWait | None = None
+        self._answering: str | None = None
+        self._answered: dict[str, str] = {}
+        #: ``cancel_turn``: the request, the running turn's task, and the cancelled run's result.
+        self._cancel: CancelTurn | None = None
+        self._turn_task: asyncio.Task[None] | None = None
+        self._cancelled: TurnCancelled | None = None
+        self._cancelled_operations: list[str] = []
+        #: Recovery is deciding a call: a cancel waits for its verdict (it must not be abandoned).
+        self._recovering = False
+        #: A tool activity is in flight: the request it may be about to report is in the ledger.
+        self._dispatching = False
         if inp.first_message is not None and inp.in_flight is None and inp.continuation is None:
             # A child session's message, taken before any Update can be (as if sent first).
             self._pending = (self._new_turn(), inp.first_message)
@@ -227,7 +282,125 @@ class SessionWorkflow:
             accepting=self._accepting(),
             continued_runs=self._inp.continued_runs,
             host=self._inp.config.host,
+            awaiting_approval=self._awaiting,
         )
+
+    @workflow.update(name=APPROVE)
+    async def approve(self, inp: Approve) -> AnswerResult:
+        """Approve the request the turn waits on: the ledger commits the answer first (the same
+        validation as ``maka session approve``), then the call is judged again and runs."""
+        return await self._answer(
+            AnswerInput(
+                session_id=self._inp.session_id,
+                approval_id=inp.approval_id,
+                allow=True,
+                phrase=inp.phrase,
+                by=inp.by,
+            )
+        )
+
+    @approve.validator
+    def _validate_approve(self, inp: Approve) -> None:
+        self._check_answer(inp.approval_id, inp.phrase)
+
+    @workflow.update(name=DENY)
+    async def deny(self, inp: Deny) -> AnswerResult:
+        """Deny the request the turn waits on: the model gets ``policy_blocked`` / ``approval_denied``."""
+        return await self._answer(
+            AnswerInput(
+                session_id=self._inp.session_id,
+                approval_id=inp.approval_id,
+                allow=False,
+                by=inp.by,
+                reason=inp.reason,
+            )
+        )
+
+    @deny.validator
+    def _validate_deny(self, inp: Deny) -> None:
+        self._check_answer(inp.approval_id, None)
+
+    def _check_answer(self, approval_id: str, phrase: str | None) -> None:
+        """Refuse an answer in MELRA's order (id, phrase, expiry, action digest), from what this
+        execution holds: a refusal here leaves no event in history. ``phrase`` None: a denial."""
+        wait = self._awaiting
+        if wait is None or wait.approval_id != approval_id:
+            seen = self._answered.get(approval_id)
+            if seen == "expired":
+                raise _refuse("approval_expired", f"approval {approval_id} expired")
+            if seen is not None:
+                raise _refuse("approval_not_pending", f"approval {approval_id} is already answered")
+            if wait is None and (self._dispatching or (not self._messages and self._current is not None)):
+                # The request may be committed and its call not back yet (or, recorded before the
+                # patch, the activity waits itself): the ledger decides, and a wait that follows
+                # finds the answer in ``_answered``.
+                return
+            raise _refuse("approval_id_mismatch", f"the session waits on no approval {approval_id}")
+        if self._answering is not None:
+            raise _refuse("approval_not_pending", f"approval {approval_id} is being answered")
+        if phrase is not None and phrase != wait.phrase:
+            raise _refuse("approval_phrase_mismatch", f"approval_phrase_mismatch for approval {approval_id}")
+        if _now_ms() >= wait.expires_at_ms:
+            raise _refuse("approval_expired", f"approval {approval_id} expired")
+        if phrase is not None and not wait.digest_matches:
+            raise _refuse(
+                "approval_action_digest_mismatch",
+                f"the call of approval {approval_id} is not the one approved",
+            )
+
+    async def _answer(self, inp: AnswerInput) -> AnswerResult:
+        # The ledger is the authority: it validates again and commits with one compare-and-swap, so
+        # an answer that raced the expiry (or another writer) is refused with the ledger's code.
+        self._answering = inp.approval_id
+        try:
+            result: AnswerResult = await workflow.execute_activity(
+                ANSWER_APPROVAL,
+                inp,
+                result_type=AnswerResult,
+                start_to_close_timeout=LEDGER_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
+            )
+        except ActivityError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and (cause.type or "").startswith("approval_"):
+                raise _refuse(cause.type or "approval_refused", cause.message) from None
+            raise
+        finally:
+            self._answering = None
+        self._answered[inp.approval_id] = result.decision
+        return result
+
+    @workflow.update(name=CANCEL_TURN)
+    async def cancel_turn(self, inp: CancelTurn) -> TurnCancelled:
+        """Stop the running turn: a model step is abandoned, a running tool is cancelled (its T2
+        records ``tool_cancelled``), a call whose end nobody observed is settled by recovery, and
+        the run ends ``cancelled``; the session then takes the next message."""
+        self._cancel = inp
+        self._cancelled = None
+        # Recovery is never cancelled: a call whose end nobody saw is settled by its guarantee first
+        # (the loop then ends the turn itself, seeing the cancel).
+        await workflow.wait_condition(
+            lambda: (self._turn_task is not None and not self._recovering) or self._cancelled is not None
+        )
+        if self._turn_task is not None and self._cancelled is None:
+            self._turn_task.cancel()
+        await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is None)
+        if self._cancelled is None:
+            # Recovery parked a call whose end nobody observed: its guarantee decides, not the cancel.
+            raise _refuse("turn_not_cancelled", f"the turn ended {self._state} ({self._park_reason})")
+        return self._cancelled
+
+    @cancel_turn.validator
+    def _validate_cancel(self, inp: CancelTurn) -> None:
+        if self._current is None and self._pending is None and self._carried is None:
+            raise _refuse("turn_not_running", f"session {self._inp.session_id} has no running turn")
+        if not self._messages:
+            raise _refuse(
+                "turn_not_cancellable",
+                "this execution began before cancel_turn existed; terminate and resume it",
+            )
+        if self._cancel is not None:
+            raise _refuse("turn_not_running", "the turn is already being cancelled")
 
     @workflow.update(name=RESUME_HOST)
     def resume_host(self) -> SessionStatus:
@@ -280,6 +453,7 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
+        self._messages = self._holds_messages()
         if inp.continuation is not None and self._carried is None:
             # A new execution made by ``maka resume``: its first turn is the claimed continuation.
             try:
@@ -311,6 +485,11 @@ class SessionWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
+    def _holds_messages(self) -> bool:
+        """Whether this execution holds approval waits and cancellable turns: all that start now,
+        none recorded before the patch (their histories replay unchanged)."""
+        return workflow.patched(TURN_MESSAGES_PATCH)
+
     async def _hand_off(self) -> SessionStatus:
         # Closing lets ``maka resume`` continue the session from the ledger; running on would
         # re-run a turn another (lost) execution began.
@@ -330,7 +509,11 @@ class SessionWorkflow:
         # From run() only, once every handler has finished: an update accepted now would otherwise
         # be lost with this execution ("workflow execution already completed").
         self._continuing = True
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        try:
+            await workflow.wait_condition(workflow.all_handlers_finished)
+        except asyncio.CancelledError:
+            self._continuing = False  # ``cancel_turn`` ended the turn first: this execution goes on
+            raise
         carried = self._inp.model_copy(
             update={
                 "state": self._state,
@@ -367,7 +550,9 @@ class SessionWorkflow:
                 if isinstance(err.cause, ApplicationError) and err.cause.type == LEDGER_CHAIN_BROKEN:
                     raise _Park("ledger_chain_broken", None) from None
                 raise
-            await self._loop(ids, step, settings)
+            await self._turn(ids, step, settings)
+        except _Cancelled:
+            await self._end_cancelled(ids)
         except _Park as park:
             await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)
             self._set_state("parked", park.reason, park.operation_id)
@@ -386,6 +571,43 @@ class SessionWorkflow:
             self._set_state("idle", None, None)
         self._last_turn = ids
         self._current = None
+        self._cancel = None  # a cancel that met a park (or a failure) ends with the turn
+
+    async def _turn(self, ids: RunIds, step: int, settings: ToolSettings) -> None:
+        """The turn's loop; since the patch as a task ``cancel_turn`` cancels. Once a cancel is
+        asked, whatever ends the loop (the cancelled step, tool or wait, or a tool that finished
+        anyway) ends the run cancelled, except a park: recovery's verdict on a call whose end
+        nobody observed stands, as after a crash."""
+        if not self._messages:
+            await self._loop(ids, step, settings)
+            return
+        self._cancelled_operations = []
+        self._turn_task = asyncio.create_task(self._loop(ids, step, settings))
+        try:
+            await self._turn_task
+        except (_Park, _HandOff):
+            raise
+        except (asyncio.CancelledError, ActivityError, ApplicationError, TemporalTimeoutError):
+            if self._cancel is None:
+                raise
+            raise _Cancelled() from None
+        finally:
+            self._turn_task = None
+        if self._cancel is not None:
+            raise _Cancelled()
+
+    async def _end_cancelled(self, ids: RunIds) -> None:
+        cancel = self._cancel
+        reason = (cancel.reason if cancel else None) or "cancelled"
+        by = f" by {cancel.by}" if cancel and cancel.by else ""
+        finished = await self._finish(ids, "cancelled", error=f"{reason}{by}")
+        self._set_state("idle", None, None)
+        self._cancelled = TurnCancelled(
+            run_id=ids.run_id,
+            terminal_event_id=finished.terminal_event_id,
+            cancelled_operations=list(self._cancelled_operations),
+        )
+        self._cancel = None
 
     def _is_continuation(self, ids: RunIds) -> bool:
         return self._inp.continuation is not None and self._inp.continuation.run_id == ids.run_id
@@ -450,6 +672,10 @@ class SessionWorkflow:
                 # The step after this one rides with the step's last call (``with_tool`` mode).
                 last = index == len(output.calls) - 1
                 result = await self._tool(ids, call, settings, self._ride(step + 1) if last else None)
+                if isinstance(result, ToolOutcome) and result.cancelled:
+                    self._cancelled_operations.append(result.operation_id)
+                if self._cancel is not None:
+                    raise _Cancelled()  # a tool that ended as the cancel arrived: nothing follows it
                 if last and isinstance(result, ToolOutcome):
                     carried = result.next_step
             step += 1
@@ -515,21 +741,39 @@ class SessionWorkflow:
             workspace=self._inp.workspace,
             workspace_identity=self._inp.workspace_identity,
             next_step=next_step,
+            approval_wait="workflow" if self._messages else None,
+        )
+        # A cancelled tool is waited for: its T2 (``tool_cancelled``) commits before the run ends.
+        cancellation = (
+            ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+            if self._messages
+            else ActivityCancellationType.TRY_CANCEL
         )
         dispatches = 0
         while dispatches < MAX_DISPATCHES:
             dispatches += 1
             try:
-                outcome: ToolOutcome = await workflow.execute_activity(
-                    EXECUTE_TOOL,
-                    tool_input,
-                    result_type=ToolOutcome,
-                    task_queue=self._tool_queue(),
-                    schedule_to_start_timeout=self._host_wait(),
-                    start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
-                    heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
-                    retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
-                )
+                self._dispatching = True
+                try:
+                    outcome: ToolOutcome = await workflow.execute_activity(
+                        EXECUTE_TOOL,
+                        tool_input,
+                        result_type=ToolOutcome,
+                        task_queue=self._tool_queue(),
+                        schedule_to_start_timeout=self._host_wait(),
+                        start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
+                        heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
+                        retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
+                        cancellation_type=cancellation,
+                    )
+                finally:
+                    self._dispatching = False
+                if outcome.status == "awaiting_approval" and outcome.approval is not None:
+                    # Nothing ran: wait here for the answer (or the expiry), then dispatch the
+                    # call again, which acts on what the ledger then holds.
+                    dispatches -= 1
+                    await self._await_approval(ids, outcome.approval)
+                    continue
                 return outcome
             except ActivityError as err:
                 if host_away(err):
@@ -544,10 +788,47 @@ class SessionWorkflow:
                     return recovered
                 if recovered.status == "parked":
                     raise _Park(recovered.park_reason, call.operation_id) from None
+                if self._cancel is not None:
+                    raise _Cancelled() from None  # it never ran, and the turn is cancelled
                 # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
 
+    async def _await_approval(self, ids: RunIds, wait: ApprovalWait) -> None:
+        """Wait for the answer to ``wait`` until its ``expiresAt`` (a timer), holding no thread;
+        at the expiry, close the request unanswered (``maka.close_approval``)."""
+        self._awaiting = wait
+        try:
+            left = wait.expires_at_ms - _now_ms()
+            if left > 0:
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: wait.approval_id in self._answered, timeout=timedelta(milliseconds=left)
+                    )
+            # An answer accepted before the timer fired is being committed: the ledger takes one.
+            await workflow.wait_condition(lambda: self._answering is None)
+            if wait.approval_id not in self._answered:
+                await workflow.execute_activity(
+                    CLOSE_APPROVAL,
+                    CloseApprovalInput(session_id=ids.session_id, approval_id=wait.approval_id),
+                    start_to_close_timeout=LEDGER_TIMEOUT,
+                    retry_policy=LEDGER_RETRY,
+                )
+                self._answered[wait.approval_id] = "expired"
+        except asyncio.CancelledError:
+            # ``cancel_turn``: the run's terminal fact closes the request, as the ledger will say.
+            self._answered.setdefault(wait.approval_id, "expired")
+            raise
+        finally:
+            self._awaiting = None
+
     async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
+        self._recovering = True
+        try:
+            return await self._recover_call(ids, call, settings)
+        finally:
+            self._recovering = False
+
+    async def _recover_call(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
         while True:
             try:
                 recovered: RecoverResult = await workflow.execute_activity(
@@ -618,17 +899,17 @@ class SessionWorkflow:
     async def _finish(
         self,
         ids: RunIds,
-        status: str,
+        status: TurnStatus,
         *,
         park_reason: str | None = None,
         parked_operation_id: str | None = None,
         error: str | None = None,
-    ) -> None:
-        await workflow.execute_activity(
+    ) -> FinishRunResult:
+        finished: FinishRunResult = await workflow.execute_activity(
             FINISH_RUN,
             FinishRunInput(
                 ids=ids,
-                status="completed" if status == "completed" else "failed",
+                status=status,
                 ts=_now_ms(),
                 park_reason=park_reason,
                 parked_operation_id=parked_operation_id,
@@ -639,6 +920,7 @@ class SessionWorkflow:
             start_to_close_timeout=LEDGER_TIMEOUT,
             retry_policy=LEDGER_RETRY,
         )
+        return finished
 
     def _set_state(self, state: SessionState, reason: str | None, operation_id: str | None) -> None:
         changed = state != self._state or reason != self._park_reason

@@ -1,21 +1,25 @@
-"""Policy before T1, and approval as a durable wait in the ledger.
+"""Policy before T1, and approval as a durable wait.
 
 ``admit`` decides a call (``governed.judge``) or resumes the decision the ledger already holds for
 it. A ``confirm`` commits MELRA's challenge as a Maka ``permissionRequest`` fact (so the
 continuation planner's ``pending_permission`` gate sees it) with the decision row awaiting its
-answer. ``answer`` is what ``maka session approve``/``deny`` run: it validates the answer in
-MELRA's order (id, phrase, expiry, the action digest recomputed from the committed call) and
-commits a ``permissionDecision`` with the decision row's one compare-and-swap move; an unanswered
-request is closed by the waiting call itself at ``expiresAt`` (``permissionClosureAccepted``), or,
-when its run ends first (fails, is repaired or cancelled), in the transaction of the run's terminal
-fact (``settle_run`` -> ``commit_terminal``), so no request outlives its run.
+answer. ``answer`` validates an answer in MELRA's order (id, phrase, expiry, the action digest
+recomputed from the committed call) and commits a ``permissionDecision`` with the decision row's
+one compare-and-swap move; an unanswered request is closed at ``expiresAt``
+(``permissionClosureAccepted``), or, when its run ends first (fails, is repaired or cancelled), in
+the transaction of the run's terminal fact (``settle_run`` -> ``commit_terminal``), so no request
+outlives its run.
 
-Why the ledger and not a workflow Update: the call's own activity is what waits (heartbeating),
-so the workflow, its history and its replay are untouched, a worker or server crash loses
-nothing (the next attempt of the call finds the same request), and approve/deny need only the
-ledger, exactly like ``maka session status``. The cost: an answer is seen within ``POLL_S``, and a
-wait longer than the tool's start-to-close timeout is carried by the next dispatch of the call
-(the workflow allows three).
+Who waits. The decision is a ledger fact first, always; what waits for it is the session
+workflow (since the ``approval-wait-in-workflow`` patch): the tool activity returns
+``awaiting_approval`` with the request (``Waiting.contract``), the workflow waits on a condition
+and a timer at ``expiresAt``, the ``approve``/``deny`` Updates run ``answer`` in a ledger-only
+activity (``maka.answer_approval``) and wake it, and the timer closes the request
+(``maka.close_approval``, ``close``); the call is then dispatched again and ``_resume`` acts on the
+answer. No thread is held, so a TTL of 24 h is honoured whatever the tool timeouts, and a worker
+that dies during the wait costs nothing. An execution recorded before the patch waits inside the
+activity as it always did (``tool_call._await_answer``, polling every ``POLL_S``), its wait carried
+by the next dispatch of the call past a tool timeout (the workflow allows three).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from maka_core.governance import action_digest, check_answer, issue_challenge
 from maka_core.governance.challenge import ApprovalChallenge
 from maka_core.governance.evidence import TaskStatus
 from maka_core.runtime import governed
-from maka_core.runtime.contracts import CallRef, RunIds
+from maka_core.runtime.contracts import AnswerInput, AnswerResult, ApprovalWait, CallRef, RunIds
 from maka_core.store.governance_rows import permission_closure_event
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import permission_reason
@@ -63,6 +67,8 @@ class Refused:
 class Waiting:
     approval_id: str
     expires_at: datetime
+    #: What the workflow waits on (and its Update validators check).
+    contract: ApprovalWait
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,20 @@ def admit(
         ),
     )
     rt.ledger.commit_permission_request(request, operation_id=call.operation_id, decision=record)
-    return Waiting(challenge.approval_id, challenge.expires)
+    return _waiting(challenge, call.operation_id, challenge.action_digest)
+
+
+def _waiting(challenge: ApprovalChallenge, operation_id: str, committed_digest: str) -> Waiting:
+    """``committed_digest``: the action digest recomputed from the committed call, so the
+    ``approve`` validator refuses ``approval_action_digest_mismatch`` without reading the ledger."""
+    contract = ApprovalWait(
+        approval_id=challenge.approval_id,
+        operation_id=operation_id,
+        phrase=challenge.phrase,
+        expires_at_ms=int(challenge.expires.timestamp() * 1000),
+        digest_matches=committed_digest == challenge.action_digest,
+    )
+    return Waiting(challenge.approval_id, challenge.expires, contract)
 
 
 def _resume(
@@ -187,7 +206,8 @@ def _resume(
     challenge = ApprovalChallenge.model_validate(record["challenge"])
     state = held["state"]
     if state == "awaiting_approval":
-        return Waiting(challenge.approval_id, challenge.expires)
+        digest = action_digest(held["operationId"], operation_of(str(record["toolName"]), args))
+        return _waiting(challenge, str(held["operationId"]), digest)
     if state == "expired" and any(e.is_terminal for e in rt.ledger.events(run_id=held["runId"])):
         # Closed because its run ended (a waiter that outlived a cancelled run): nobody reads this
         # call's result any more, and nothing may follow the run's terminal fact.
@@ -240,6 +260,52 @@ def close_expired(ledger: Ledger, held: dict[str, Any]) -> None:
     approval_id = str(held["approvalId"])
     event = permission_closure_event(held["decision"]["runIds"], held["operationId"], approval_id, now_ms())
     ledger.commit_approval_answer(event, approval_id, "expired")
+
+
+def close(ledger: Any, session_id: str, approval_id: str) -> None:
+    """``maka.close_approval``: the workflow's timer reached ``expiresAt``; close the request if
+    nobody answered it (a no-op for an answered or closed one, so a retry is exact)."""
+    held = ledger.decision_by_approval(approval_id)
+    if held is None or held["sessionId"] != session_id or held["state"] != "awaiting_approval":
+        return
+    try:
+        close_expired(ledger, held)
+    except LedgerRejection as exc:
+        if exc.code != "approval_not_pending":
+            raise
+
+
+def answer_from(ledger: Any, inp: AnswerInput) -> AnswerResult:
+    """``maka.answer_approval``: ``answer``, exact under retry: an attempt that committed and died
+    before it reported leaves the same decision, which its retry reports instead of refusing."""
+    try:
+        done = answer(
+            ledger,
+            inp.session_id,
+            inp.approval_id,
+            allow=inp.allow,
+            phrase=inp.phrase,
+            by=inp.by,
+            reason=inp.reason,
+        )
+    except ApprovalRefused as exc:
+        held = ledger.decision_by_approval(inp.approval_id)
+        if exc.code != "approval_not_pending" or held is None:
+            raise
+        if held["state"] != ("approved" if inp.allow else "denied"):
+            raise
+        return AnswerResult(
+            approval_id=inp.approval_id,
+            operation_id=str(held["operationId"]),
+            decision="allow" if inp.allow else "deny",
+            tool_name=held["decision"].get("toolName"),
+        )
+    return AnswerResult(
+        approval_id=inp.approval_id,
+        operation_id=str(done["operationId"]),
+        decision=done["decision"],
+        tool_name=done["toolName"],
+    )
 
 
 def pending(ledger: Any, session_id: str) -> list[dict[str, Any]]:

@@ -205,7 +205,7 @@ def terminal_event(
     operation_id: str | None = None,
     error: str | None = None,
 ) -> RuntimeEvent:
-    """The run's terminal fact (``<runId>_end``): completed, or failed with a reason."""
+    """The run's terminal fact (``<runId>_end``): completed, cancelled, or failed with a reason."""
     if status == "completed":
         return RuntimeEvent(
             **_base(ids, f"{ids.run_id}_end", ts),
@@ -213,6 +213,20 @@ def terminal_event(
             author="system",
             status="completed",
             actions=Actions(end_invocation=True),
+        )
+    if status == "cancelled":
+        # ``cancel_turn``: the header says ``cancelled``, the certificate ``CANCELLED``.
+        return RuntimeEvent(
+            **_base(ids, f"{ids.run_id}_end", ts),
+            role="system",
+            author="system",
+            status="cancelled",
+            content=ErrorContent(
+                code="turn_cancelled",
+                message=f"the turn was cancelled: {error or 'cancelled'}",
+                reason="turn_cancelled",
+            ),
+            actions=Actions(end_invocation=True, state_delta={"failureClass": "cancelled"}),
         )
     code = park_reason or "run_failed"
     delta: dict[str, Any] = {"failureClass": "parked" if park_reason else "run_failed"}

@@ -28,8 +28,8 @@ from maka_core.providers.spec import RecordedSpec
 
 #: A session as people see it (the workflow's state; the ledger derives the same one).
 SessionState = Literal["idle", "running", "parked", "failed"]
-#: How a run ended, as the workflow reports it to ``finish_run``.
-TurnStatus = Literal["completed", "failed"]
+#: How a run ended, as the workflow reports it to ``finish_run`` (``cancelled``: ``cancel_turn``).
+TurnStatus = Literal["completed", "failed", "cancelled"]
 #: Where a model step runs: ``local`` (a local activity), ``activity`` (a regular activity), or
 #: ``with_tool`` (the first step of a turn as a local activity; each later step rides in the tool
 #: activity of its previous step's last call, after that call's T2: one activity task and one
@@ -101,6 +101,10 @@ FINISH_RUN: Final = "maka.finish_run"
 BEGIN_CONTINUATION: Final = "maka.begin_continuation"
 #: Ledger-only: a run parks on (or leaves the park on) its workspace host (``HostParkInput``).
 HOST_PARK: Final = "maka.host_park"
+#: Ledger-only: the ``approve``/``deny`` Update's answer, validated and committed (``AnswerInput``).
+ANSWER_APPROVAL: Final = "maka.answer_approval"
+#: Ledger-only: close a request unanswered at its ``expiresAt`` (the workflow's timer fired).
+CLOSE_APPROVAL: Final = "maka.close_approval"
 ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     BEGIN_RUN,
     MODEL_STEP,
@@ -109,10 +113,14 @@ ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     FINISH_RUN,
     BEGIN_CONTINUATION,
     HOST_PARK,
+    ANSWER_APPROVAL,
+    CLOSE_APPROVAL,
 )
 
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
-ToolOutcomeStatus = Literal["completed", "refused"]
+#: ``awaiting_approval``: the call's permission request is committed and unanswered, and the
+#: workflow holds the wait (``ToolInput.approval_wait``); nothing ran.
+ToolOutcomeStatus = Literal["completed", "refused", "awaiting_approval"]
 
 
 class Contract(BaseModel):
@@ -328,6 +336,23 @@ class ToolInput(Contract):
     #: ``with_tool`` mode: the model step to run in this activity once the call has settled (T2
     #: committed); its result comes back as ``ToolOutcome.next_step``.
     next_step: NextStep | None = None
+    #: ``workflow``: an unanswered approval is the workflow's to wait for (a condition and a timer
+    #: at its expiry): the activity returns ``awaiting_approval`` at once. Absent (histories
+    #: recorded before it): the activity waits itself, polling the ledger.
+    approval_wait: Literal["workflow"] | None = None
+
+
+class ApprovalWait(Contract):
+    """The request a call waits on: what the ``approve``/``deny`` validators check (the phrase is
+    the one ``maka session status`` shows; no argument of the call is here)."""
+
+    approval_id: str
+    operation_id: str
+    phrase: str
+    #: The challenge's ``expiresAt``, epoch milliseconds (the workflow's timer fires there).
+    expires_at_ms: int
+    #: The challenge's action digest equals the one recomputed from the committed call.
+    digest_matches: bool = True
 
 
 class ToolOutcome(Contract):
@@ -342,6 +367,35 @@ class ToolOutcome(Contract):
     #: The output of ``ToolInput.next_step`` (absent when the step was not asked for or did not
     #: come back: the workflow then runs it on its own).
     next_step: ModelStepResult | None = None
+    #: ``awaiting_approval``: the request to wait on.
+    approval: ApprovalWait | None = None
+    #: The attempt was cancelled (``cancel_turn``) and its T2 records ``tool_cancelled``.
+    cancelled: bool | None = None
+
+
+class AnswerInput(Contract):
+    """``maka.answer_approval``: one answer to one request, as the Update received it."""
+
+    session_id: str
+    approval_id: str
+    allow: bool
+    phrase: str | None = None
+    by: str | None = None
+    reason: str | None = None
+
+
+class AnswerResult(Contract):
+    """What the ledger committed for an answer (``maka session approve --json`` prints it)."""
+
+    approval_id: str
+    operation_id: str
+    decision: Literal["allow", "deny"]
+    tool_name: str | None = None
+
+
+class CloseApprovalInput(Contract):
+    session_id: str
+    approval_id: str
 
 
 class RecoverInput(Contract):

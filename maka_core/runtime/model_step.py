@@ -410,6 +410,8 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
             return None
 
     outcome, read = await tool_call.execute_tool_then(rt, inp, attempt, read_step)
+    if outcome.status == "awaiting_approval" or outcome.cancelled:
+        return outcome  # the call has not settled, or its turn is cancelled: no step follows it
     try:
         if read is None:  # the call did not run here (refused, replayed), or the read failed
             ids = await rt.on_ledger(lambda: tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id))

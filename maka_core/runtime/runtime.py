@@ -96,6 +96,9 @@ class Attempt:
 
     record: ToolAttempt | None = None
     heartbeat: Heartbeat = no_heartbeat
+    #: True once someone asked for this attempt's cancellation and waits for its end (a
+    #: ``cancel_turn``), as opposed to an attempt nobody waits for any more (its execution gone).
+    cancel_requested: Callable[[], bool] = lambda: False
 
 
 @dataclass(frozen=True)

@@ -136,9 +136,9 @@ def derive_state(
     )
     if unresolved is not None:
         return "parked", unresolved_park_reason(unresolved.status, unresolved.reason)
-    if last.status in ("failed", "cancelled"):
+    if last.status == "failed":
         return "failed", None
-    return "idle", None
+    return "idle", None  # completed, or cancelled (``cancel_turn``): the session takes the next message
 
 
 _SETTLED_OPS = frozenset({"completed", "definitely_not_dispatched"})

@@ -16,6 +16,9 @@ that its workflow execution is gone: ``temporal workflow terminate``, a heartbea
 the effect: the tool's heartbeat raises ``AttemptCancelled`` from then on (``bash`` kills its
 process group), the effect leg ends as ``Abandoned`` and T2 never commits, so a repair that waited
 out the heartbeat timeout (``workers.attempt_fence``) settles a run whose tool is no longer running.
+A cancellation its workflow asked for (``cancel_turn``; ``Attempt.cancel_requested``) stops the
+effect the same way, but the runtime observed the end, so T2 commits it as ``tool_cancelled`` and
+the attempt completes with that outcome (``ToolOutcome.cancelled``), for the model to see.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from maka_core.ledger.lanes import args_hash_or_none
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
-from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
+from maka_core.runtime.contracts import ApprovalWait, CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
 from maka_core.workspace import Workspace
@@ -78,8 +81,11 @@ class Cancellation:
 
     def __init__(self) -> None:
         self._set = threading.Event()
+        #: The cancel was asked for and its end is awaited: the effect's end is recorded in T2.
+        self.observed = False
 
-    def cancel(self) -> None:
+    def cancel(self, *, observed: bool = False) -> None:
+        self.observed = observed
         self._set.set()
 
     @property
@@ -91,13 +97,20 @@ class Cancellation:
             raise AttemptCancelled(message="the attempt was cancelled; the tool is stopped")
 
 
-async def _cancelling(work: Awaitable[T], cancellation: Cancellation) -> T:
-    """Await a relay; a cancelled attempt tells its tool to stop before the cancellation goes on."""
+async def _cancelling(work: Awaitable[T], cancellation: Cancellation, attempt: Attempt | None = None) -> T:
+    """Await a relay; a cancelled attempt tells its tool to stop before the cancellation goes on.
+    A cancel that was asked for (``attempt.cancel_requested``) waits for the relay's end: the
+    stopped effect's T2 (``tool_cancelled``) commits before the attempt reports."""
+    task = asyncio.ensure_future(work)
     try:
-        return await work
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        cancellation.cancel()
-        raise
+        observed = attempt is not None and attempt.cancel_requested()
+        cancellation.cancel(observed=observed)
+        if not observed:
+            task.cancel()
+            raise
+    return await task
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,7 @@ class AwaitingApproval:
     operation_id: str
     approval_id: str
     expires_at: datetime
+    wait: ApprovalWait | None = None
 
 
 #: A call that did not run here: settled or refused (its outcome), waiting for an approval, or
@@ -239,9 +253,14 @@ async def _execute(
             # T1 failed and the effect leg never ran: the relay's end gives the slot back.
             finished=slot.give_back,
         )
-        settled = await _cancelling(relay, cancellation)
+        settled = await _cancelling(relay, cancellation, attempt)
         if not isinstance(settled, AwaitingApproval):
             break
+        if inp.approval_wait == "workflow":  # the workflow waits, holding no thread (``approvals``)
+            waiting = ToolOutcome(
+                operation_id=inp.call.operation_id, status="awaiting_approval", approval=settled.wait
+            )
+            return waiting, None
         await _await_answer(rt, settled, attempt)
     if isinstance(settled, ToolOutcome):
         return settled, None
@@ -256,6 +275,7 @@ async def _execute(
         is_error=ran.result.is_error or None,
         dispatch_event_id=ran.call.dispatch_event_id,
         response_event_id=ran.response.id,
+        cancelled=ran.cancelled or None,
     )
     failpoints.hit("P6", tag=inp.call.tool_name)
     return outcome, after
@@ -346,7 +366,9 @@ def _admit(
             status=admitted.status,
         )
     if isinstance(admitted, approvals.Waiting):
-        return AwaitingApproval(call.operation_id, admitted.approval_id, admitted.expires_at)
+        return AwaitingApproval(
+            call.operation_id, admitted.approval_id, admitted.expires_at, admitted.contract
+        )
     record = admitted.record
     started = now_ms()
     try:
@@ -388,6 +410,8 @@ class Ran:
     result: ToolResult
     receipt: dict[str, Any] | None
     response: RuntimeEvent
+    #: The effect was stopped by a cancel that was asked for: ``result`` is ``tool_cancelled``.
+    cancelled: bool = False
 
 
 async def run_and_commit_outcome(
@@ -412,12 +436,15 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
     """On the tool pool: the effect, its evidence verified and its receipt sealed, and the response
     event that will carry the result; ``Abandoned`` when the attempt was cancelled meanwhile (the
     tool's heartbeat stopped it)."""
-    if cancellation.cancelled:
-        return Abandoned(ref.operation_id)
+    started, stopped = not cancellation.cancelled, False
     try:
+        if not started:
+            raise AttemptCancelled(message="cancelled before the tool started")
         result = call.tool.run(call.args, call.ws, cancellation.heartbeat)
-    except AttemptCancelled:
-        return Abandoned(ref.operation_id)
+    except AttemptCancelled as exc:
+        if not cancellation.observed:
+            return Abandoned(ref.operation_id)
+        result, stopped = _cancelled_result(started, exc.detail), True
     receipt = None
     if call.decision is not None and call.gov is not None:
         status, items = governed.verify(call.decision, result, call.ws)
@@ -448,7 +475,23 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
         now_ms(),
         ref.operation_id,
     )
-    return Ran(call, result, receipt, response)
+    return Ran(call, result, receipt, response, cancelled=stopped)
+
+
+def _cancelled_result(started: bool, seen: dict[str, Any]) -> ToolResult:
+    """What the model is told about a call its turn's cancel stopped (an ordinary error result),
+    with what the tool saw of its end (``bash``: ``exitSignal``, the output until then)."""
+    if not started:
+        return ToolResult.error(
+            "tool_cancelled", "the turn was cancelled before the tool started", started=False
+        )
+    observed = {k: v for k, v in seen.items() if k != "message"}
+    return ToolResult.error(
+        "tool_cancelled",
+        "the turn was cancelled; the tool was stopped while it ran",
+        started=True,
+        **observed,
+    )
 
 
 def _t2(

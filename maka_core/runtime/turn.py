@@ -19,6 +19,7 @@ from maka_core.runtime.contracts import (
     FinishRunInput,
     FinishRunResult,
     HostParkInput,
+    TurnStatus,
 )
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
@@ -171,7 +172,10 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
 
     settled = await rt.on_ledger(lambda: settle_run(rt.ledger, terminal, between=between))
     failpoints.hit("after_terminal_header_committed", tag=tag)
-    status = "completed" if settled.header_status == "completed" else "failed"
+    ended = settled.header_status
+    status: TurnStatus = (
+        "completed" if ended == "completed" else "cancelled" if ended == "cancelled" else "failed"
+    )
     return FinishRunResult(terminal_event_id=settled.terminal_event_id, status=status)
 
 

@@ -34,6 +34,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 from pydantic import Field
 
 from maka_core import failpoints
+from maka_core.errors import MakaError
 from maka_core.facts.events import RecoveryMode
 from maka_core.tools.base import (
     DEFAULT_RESULT_BYTE_LIMIT,
@@ -362,11 +363,13 @@ class BashTool:
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        except BaseException:
+        except BaseException as exc:
             # The heartbeat raised (cancellation, shutdown): never leave the command running
             # unobserved behind a call that will not report its outcome.
             _kill_group(proc)
             proc.wait()
+            if isinstance(exc, MakaError):
+                exc.detail.update(_stopped(proc, out, err, self.result_byte_limit))
             raise
         finally:
             with self._lock:
@@ -522,6 +525,25 @@ def _clip(out: _Capture, err: _Capture, limit: int) -> dict[str, Any] | None:
     if value["truncated"]:
         value["maxOutputChars"] = limit
     return value
+
+
+def _stopped(proc: subprocess.Popen[bytes], out: _Capture, err: _Capture, limit: int) -> dict[str, Any]:
+    """What a command stopped by its call's cancellation was seen to do: the signal that ended it
+    and the output it wrote until then (each stream cut to a quarter of the result limit), for a
+    cancellation whose end is recorded (``runtime.tool_call``: ``tool_cancelled``)."""
+    for capture in (out, err):
+        capture.join(timeout=0.5)
+    code = proc.returncode
+    seen: dict[str, Any] = {"exitSignal": signal.Signals(-code).name} if code is not None and code < 0 else {}
+    if code is not None and code >= 0:
+        seen["exitCode"] = code
+    keep = max(1, limit // 4)
+    for key, capture in (("stdout", out), ("stderr", err)):
+        text = _text(capture)
+        seen[key] = text[:keep]
+        if len(text) > keep or capture.total > len(capture.data):
+            seen[f"{key}Truncated"] = True
+    return seen
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -28,6 +28,7 @@ from maka_temporal.workflows.contracts import workflow_id_for  # noqa: E402
 from tests.temporal_support import (  # noqa: E402
     WorkerProcess,
     in_process_worker,
+    query_status,
     send_message,
     start,
     tool_step,
@@ -142,6 +143,51 @@ async def main(wanted: set[str]) -> None:
                 sid, acc = await start(client, ws, model_activity, queue, "go", model_step_mode="activity")
                 await wait_turn(client, sid, acc.run_id)
                 written += await _save(client, sid, "model_step_as_activity")
+
+        if want("approval_and_cancel"):
+            # Since ``maka-turn-messages-1``: a write waits for its approval in the workflow (a
+            # timer at expiresAt) and is approved by the ``approve`` Update; the next turn's bash
+            # is cancelled by ``cancel_turn`` (its T2 ``tool_cancelled``, the run ``cancelled``).
+            from maka_core.runtime.runtime import RuntimeSettings
+            from maka_core.settings import MakaSettings
+            from maka_temporal.workers import turn_messages
+            from maka_temporal.workers.governance_cli import session_policy
+
+            policy = tmp / "confirm.json"
+            policy.write_text(
+                '{"mutations": "confirm", "approvalTtlMs": 600000,'
+                ' "defaultEvidence": {"bash": [{"type": "exit_code", "value": 0}]}}'
+            )
+            governed = session_policy(MakaSettings(db=str(db)), None, policy, "human:golden", ())
+            governed.record_in(MakaSettings(db=str(db)))
+            script = write_script(
+                tmp / "approve.json",
+                [
+                    tool_step(("write_file", {"path": "g.txt", "content": "golden\n"})),
+                    {"text": "written"},
+                    tool_step(("bash", {"command": "sleep 600"})),
+                    {"text": "never"},
+                ],
+            )
+            quick = RuntimeSettings(tool_heartbeat_timeout_s=1.0)
+            async with in_process_worker(client, db, queue + "-messages", settings=quick):
+                sid, acc = await start(
+                    client, ws, script, queue + "-messages", "write", session_id=governed.session_id
+                )
+                for message in ("write", "sleep"):
+                    if message == "sleep":
+                        acc = await send_message(client, sid, message)
+                    while (status := await query_status(client, sid)).awaiting_approval is None:
+                        await asyncio.sleep(0.1)
+                    wait = status.awaiting_approval
+                    await turn_messages.approve(
+                        client, sid, wait.approval_id, phrase=wait.phrase, by="golden"
+                    )
+                    if message == "write":
+                        await wait_turn(client, sid, acc.run_id)
+                await asyncio.sleep(2)  # the approved bash is running
+                await turn_messages.cancel_turn(client, sid, reason="golden")
+                written += await _save(client, sid, "approval_and_cancel")
 
         park_script = write_script(
             tmp / "park.json", [tool_step(("bash", {"command": "echo x >> log.txt"})), {"text": "ok"}]

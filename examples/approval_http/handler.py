@@ -1,7 +1,8 @@
 """A small HTTP handler that answers approvals: ``POST /approve`` with
 ``{"sessionId", "approvalId", "phrase", "by"}`` (or ``POST /deny`` with ``{"sessionId",
-"approvalId", "by", "reason"}``). Stateless: every answer goes through ``SessionClient`` to the
-ledger, where the waiting tool call sees it. A refusal answers 409 with its code."""
+"approvalId", "by", "reason"}``). Stateless: every answer goes through ``SessionClient``, which sends
+the session's ``approve``/``deny`` Update (the decision is a ledger fact first, then the waiting turn
+wakes). A refusal answers 409 with its code."""
 
 from __future__ import annotations
 
@@ -11,30 +12,35 @@ import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from maka_temporal import SessionClient, SessionError
+from maka_temporal import ApprovalAnswer, SessionClient, SessionError, connect
 
-#: Approvals are ledger writes: this client needs no Temporal connection.
-sessions = SessionClient(None)
+TASK_QUEUE = os.environ.get("MAKA_TASK_QUEUE", "maka-examples")
+
+
+async def answer(path: str, body: dict[str, str]) -> ApprovalAnswer | None:
+    # One connection per request keeps the handler stateless (a real service would keep one).
+    sessions = SessionClient(await connect(), task_queue=TASK_QUEUE)
+    if path == "/approve":
+        return await sessions.approve(
+            body["sessionId"], body["approvalId"], phrase=body["phrase"], by=body.get("by")
+        )
+    if path == "/deny":
+        return await sessions.deny(
+            body["sessionId"], body["approvalId"], by=body.get("by"), reason=body.get("reason")
+        )
+    return None
 
 
 class Approvals(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         try:
-            if self.path == "/approve":
-                answer = sessions.approve(
-                    body["sessionId"], body["approvalId"], phrase=body["phrase"], by=body.get("by")
-                )
-            elif self.path == "/deny":
-                answer = sessions.deny(
-                    body["sessionId"], body["approvalId"], by=body.get("by"), reason=body.get("reason")
-                )
-            else:
-                self._reply(404, {"code": "not_found"})
-                return
-            done = asyncio.run(answer)
+            done = asyncio.run(answer(self.path, body))
         except SessionError as exc:
             self._reply(409, exc.to_json())
+            return
+        if done is None:
+            self._reply(404, {"code": "not_found"})
             return
         self._reply(200, {"ok": True, "decision": done.decision, "operationId": done.operation_id})
 

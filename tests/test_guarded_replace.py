@@ -212,3 +212,88 @@ def test_an_outside_write_after_the_crash_is_never_lost(point: str, root: Path) 
         # The side file holds the before-state the crash swapped out: kept, since nothing proves
         # who still needs it; the refusal names it.
         assert again.code == "redo_leftover_unresolved" and len(leftovers(root)) == 1
+
+
+# --- an outside object that is not a file within the limit -------------------------------------
+
+OUTSIDE_KINDS = ("symlink", "folder", "oversize")
+SMALL_LIMIT = 1024
+
+
+def swap_in_outside(root: Path, kind: str) -> None:
+    """An outside process replaces the target by rename, as ``ln -sf`` or ``rm && mv`` would."""
+    staged = root / "staged"
+    if kind == "symlink":
+        staged.symlink_to("/etc/hostname")
+    elif kind == "folder":
+        staged.mkdir()
+        (staged / "inner.txt").write_bytes(b"the user's folder\n")
+        (root / "f.txt").unlink()  # a folder cannot be renamed over a file
+    else:
+        staged.write_bytes(b"x" * (SMALL_LIMIT * 4))
+    os.rename(staged, root / "f.txt")
+
+
+def assert_outside_back(root: Path, kind: str) -> None:
+    target = root / "f.txt"
+    if kind == "symlink":
+        assert target.is_symlink() and os.readlink(target) == "/etc/hostname"
+    elif kind == "folder":
+        assert target.is_dir() and (target / "inner.txt").read_bytes() == b"the user's folder\n"
+    else:
+        assert not target.is_symlink() and target.read_bytes() == b"x" * (SMALL_LIMIT * 4)
+    assert leftovers(root) == [], f"a side file hides something: {leftovers(root)}"
+
+
+@pytest.mark.parametrize("kind", OUTSIDE_KINDS)
+def test_an_outside_symlink_folder_or_large_file_racing_the_exchange_is_put_back(
+    kind: str, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race made deterministic: the outside replacement lands at the last instant before the
+    # exchange (the failpoint's place), so the exchange swaps it out and the check must undo it.
+    real_hit = failpoints.hit
+
+    def racing_hit(name: str, tag: str | None = None) -> None:
+        if name == "guarded_replace_before_exchange":
+            swap_in_outside(root, kind)
+        real_hit(name, tag)
+
+    monkeypatch.setattr(failpoints, "hit", racing_hit)
+    result = guarded_replace(str(root), "f.txt", FileIdentity.of(BEFORE), NEW, max_bytes=SMALL_LIMIT)
+    assert result.code == "target_diverged" and result.observed is None, result
+    assert_outside_back(root, kind)
+
+
+RACING_CHILD = """
+import sys
+from pathlib import Path
+from maka_core import failpoints
+from maka_core.tools.base import FileIdentity
+from maka_core.tools.guarded_replace import guarded_replace
+from tests.test_guarded_replace import SMALL_LIMIT, swap_in_outside
+root, kind = Path(sys.argv[1]), sys.argv[2]
+real_hit = failpoints.hit
+def racing_hit(name, tag=None):
+    if name == "guarded_replace_before_exchange":
+        swap_in_outside(root, kind)
+    real_hit(name, tag)
+failpoints.hit = racing_hit
+guarded_replace(str(root), "f.txt", FileIdentity.of(sys.argv[3].encode()), sys.argv[4].encode(),
+                max_bytes=SMALL_LIMIT)
+"""
+
+
+@pytest.mark.parametrize("kind", OUTSIDE_KINDS)
+def test_killed_after_swapping_out_an_outside_object_the_next_call_puts_it_back(
+    kind: str, root: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", RACING_CHILD, str(root), kind, BEFORE.decode(), NEW.decode()],
+        env={**os.environ, "MAKA_FAILPOINT": "guarded_replace_after_exchange"},
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr
+    assert (root / "f.txt").read_bytes() == NEW and len(leftovers(root)) == 1  # the outside object, hidden
+    again = guarded_replace(str(root), "f.txt", FileIdentity.of(BEFORE), NEW, max_bytes=SMALL_LIMIT)
+    assert again.code == "target_diverged", again
+    assert_outside_back(root, kind)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
 import errno
 import os
 import stat
@@ -54,6 +55,10 @@ RefusalCode = Literal[
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
+if _renameat2 is not None:
+    # int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned flags)
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    _renameat2.restype = ctypes.c_int
 
 
 def renameat2(
@@ -104,6 +109,30 @@ def _identity_at(dir_fd: int, name: str, max_bytes: int) -> FileIdentity | None:
         return FileIdentity.of(read_bytes(fd, st.st_size, max_bytes, name))
     finally:
         os.close(fd)
+
+
+class _Foreign(enum.Enum):
+    """What a name holds when it is no regular file within ``max_bytes`` (a symlink, a folder, a
+    file too large or unreadable): never the before-state nor our content, so never deleted."""
+
+    OBJECT = "foreign"
+
+
+FOREIGN: Final = _Foreign.OBJECT
+Seen = FileIdentity | None | _Foreign
+
+
+def _seen_at(dir_fd: int, name: str, max_bytes: int) -> Seen:
+    """``_identity_at`` for a name an outside process may have swapped anything into: what is not a
+    readable regular file is ``FOREIGN`` instead of a refusal, so the caller still puts it back."""
+    try:
+        return _identity_at(dir_fd, name, max_bytes)
+    except (ToolRefusal, OSError):
+        return FOREIGN
+
+
+def _known(seen: Seen) -> FileIdentity | None:
+    return seen if isinstance(seen, FileIdentity) else None
 
 
 def _exists(dir_fd: int, name: str) -> bool:
@@ -217,7 +246,7 @@ def _settle(
     """After the exchange: keep it if what was swapped out is the before-state, else undo it."""
     # Descriptors first, bytes second: once nobody holds the old file, its bytes cannot change.
     in_use = _open_elsewhere(dir_fd, side)
-    old = _identity_at(dir_fd, side, max_bytes)
+    old = _seen_at(dir_fd, side, max_bytes)
     if not in_use and old == before:
         os.unlink(side, dir_fd=dir_fd)
         os.fsync(dir_fd)
@@ -232,21 +261,24 @@ def _swap_back(
     side: str,
     after: FileIdentity,
     code: RefusalCode,
-    observed: FileIdentity | None,
+    observed: Seen,
     max_bytes: int,
 ) -> GuardedReplace:
     """Undo the exchange; if the target was written meanwhile, keep that write where it is."""
     _exchange(dir_fd, side, name)
-    if _identity_at(dir_fd, side, max_bytes) == after:
+    detail = "" if observed is not FOREIGN else "the target became a symlink, a folder or a large file"
+    if _seen_at(dir_fd, side, max_bytes) == after:
         os.unlink(side, dir_fd=dir_fd)  # only our own new content is ever removed
         os.fsync(dir_fd)
-        return GuardedReplace(code=code, observed=observed)
+        return GuardedReplace(code=code, observed=_known(observed), detail=detail)
     # An outside write replaced our new content after the exchange: it is the latest write, so it
     # goes back to the target; the old content it replaced stays beside it, not deleted.
     _exchange(dir_fd, side, name)
     os.fsync(dir_fd)
     return GuardedReplace(
-        code="redo_leftover_unresolved", observed=observed, detail=f"an outside write arrived; {side} kept"
+        code="redo_leftover_unresolved",
+        observed=_known(observed),
+        detail=f"an outside write arrived; {side} kept",
     )
 
 
@@ -255,14 +287,14 @@ def _repair(
 ) -> GuardedReplace | None:
     """Settle a side file an interrupted attempt left: None means it is gone and a fresh attempt
     may start; otherwise the outcome."""
-    target = _identity_at(dir_fd, name, max_bytes)
-    left = _identity_at(dir_fd, side, max_bytes)
+    target = _seen_at(dir_fd, name, max_bytes)
+    left = _seen_at(dir_fd, side, max_bytes)
     if left == after and target != after:
         # Killed before the exchange (or after a swap back): the side file is only our content.
         os.unlink(side, dir_fd=dir_fd)
         os.fsync(dir_fd)
         return None
-    if target == after and left == before and before is not None:
+    if target == after and isinstance(left, FileIdentity) and left == before:
         settled = _settle(dir_fd, name, side, before, after, max_bytes)
         return GuardedReplace(outcome="repaired") if settled.outcome == "replaced" else settled
     if left is None:
@@ -271,5 +303,5 @@ def _repair(
         # The exchange swapped out something other than the before-state: put it back.
         return _swap_back(dir_fd, name, side, after, "target_diverged", left, max_bytes)
     return GuardedReplace(
-        code="redo_leftover_unresolved", observed=left, detail=f"{side} holds unknown content"
+        code="redo_leftover_unresolved", observed=_known(left), detail=f"{side} holds unknown content"
     )

@@ -806,3 +806,25 @@ def test_the_held_cache_lags_its_file_by_a_few_entries_at_most(repo: Workspace, 
     third = CountingReads(tmp_path / "state")
     third.reads = []
     assert isinstance(third.capture(repo, "s-1"), Checkpoint) and third.reads == []
+
+
+def test_a_tracked_folder_replaced_by_a_symlink_captures_the_symlink_not_the_index_paths(
+    repo: Workspace, provider: GitCheckpointProvider, tmp_path: Path
+) -> None:
+    # mv src src.real && ln -s src.real src, with src/app.py still in the index. A capture before
+    # fills the stat cache: src/app.py, stat'ed through the link, is the same inode, so its blob
+    # is vouched for and never re-read (a read, which follows no symlink, would drop it).
+    root = repo.root
+    assert isinstance(provider.capture(repo, "s-0"), Checkpoint)
+    (root / "src").rename(root / "src.real")
+    (root / "src").symlink_to("src.real")
+    listed = git(root, "ls-files", "--cached", "--others", "--exclude-standard")
+    assert "src/app.py" in listed.split() and "src" in listed.split(), listed  # git lists both
+    checkpoint = provider.capture(repo, "s-1")
+    assert isinstance(checkpoint, Checkpoint), checkpoint
+    assert provider.verify(repo, checkpoint).verified
+    restored = tree_files(provider.materialize(repo, checkpoint, tmp_path / "restored"))
+    assert restored["src"] == ("link", "src.real")
+    assert restored["src.real/app.py"] == ("file", b"print('on disk')\n", False)
+    assert "src/app.py" not in restored
+    assert provider.diff(repo, checkpoint).unchanged

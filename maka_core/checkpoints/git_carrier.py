@@ -174,6 +174,14 @@ def _lstat_at(dir_fd: int, path: bytes) -> os.stat_result | None:
         return None
 
 
+def _parents(path: bytes) -> Iterator[bytes]:
+    """``a``, ``a/b`` for ``a/b/c``."""
+    at = path.find(b"/")
+    while at != -1:
+        yield path[:at]
+        at = path.find(b"/", at + 1)
+
+
 def _display(path: bytes) -> str:
     return escape_name(os.fsdecode(path))[0]
 
@@ -354,9 +362,14 @@ class GitCheckpointProvider:
             found = [(path, _lstat_at(root_fd, path)) for path in sorted(paths)]
         finally:
             os.close(root_fd)
+        # A tracked folder replaced by a file or a symlink: git lists both the index's paths
+        # under it and the new entry, but a tree cannot hold a blob and a folder of one name.
+        leaves = {path for path, st in found if st is not None and not stat.S_ISDIR(st.st_mode)}
         for path, st in found:
             if st is None or path == _MARKER or path.endswith(_SLASH_MARKER):
                 continue  # gone (tracked but deleted from the work tree), or the marker
+            if any(parent in leaves for parent in _parents(path)):
+                continue  # under a path that is no folder now: not in the work tree
             if stat.S_ISLNK(st.st_mode):
                 mode = MODE_LINK
             elif stat.S_ISREG(st.st_mode):

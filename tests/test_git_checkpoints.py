@@ -828,3 +828,39 @@ def test_a_tracked_folder_replaced_by_a_symlink_captures_the_symlink_not_the_ind
     assert restored["src.real/app.py"] == ("file", b"print('on disk')\n", False)
     assert "src/app.py" not in restored
     assert provider.diff(repo, checkpoint).unchanged
+
+
+class SwapAfterListing(GitCheckpointProvider):
+    """Swaps ``src`` for a symlink to a folder outside after git listed the files, before they are
+    stat'ed (loading the stat cache falls between the two)."""
+
+    outside: Path
+
+    def _load_cache(self, workspace: Workspace) -> Any:
+        src = workspace.root / "src"
+        if not src.is_symlink():
+            src.rename(workspace.root / "src.moved")
+            src.symlink_to(self.outside)
+        return super()._load_cache(workspace)
+
+
+class SwapBeforeLinkRead(SwapBeforeRead):
+    """The same swap after the stat, before the link's target is read."""
+
+
+@pytest.mark.parametrize("carrier", [SwapAfterListing, SwapBeforeLinkRead])
+def test_a_folder_swapped_for_a_symlink_never_captures_an_outside_links_target(
+    carrier: type[SwapAfterListing], repo: Workspace, tmp_path: Path
+) -> None:
+    (repo.root / "src" / "ln").symlink_to("inside-target")
+    git(repo.root, "add", "src/ln")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "ln").symlink_to("OUTSIDE LINK TARGET")
+    provider = carrier(tmp_path / "state")
+    provider.outside = outside
+    checkpoint = provider.capture(repo, "s-1")
+    assert isinstance(checkpoint, Checkpoint), checkpoint
+    restored = tree_files(provider.materialize(repo, checkpoint, tmp_path / "restored"))
+    assert ("link", "OUTSIDE LINK TARGET") not in restored.values(), restored
+    assert "src/ln" not in restored  # the path changed while captured: not in it

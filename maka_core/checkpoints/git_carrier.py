@@ -167,11 +167,36 @@ def _cache_key(path: bytes) -> str:
     return path.decode("utf-8", "surrogateescape")
 
 
-def _lstat_at(dir_fd: int, path: bytes) -> os.stat_result | None:
+def _lstat_all(root: Path, paths: list[bytes]) -> list[tuple[bytes, os.stat_result | None]]:
+    """``lstat`` of each path under ``root`` (None: gone), through its folders opened following
+    no symlink: a folder swapped for a symlink is not looked through. Consecutive paths of one
+    folder share its descriptor."""
+    found: list[tuple[bytes, os.stat_result | None]] = []
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    folders_fd: tuple[list[bytes], int | None] | None = None
     try:
-        return os.lstat(path, dir_fd=dir_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        for path in paths:
+            *folders, name = path.split(b"/")
+            if folders_fd is None or folders_fd[0] != folders:
+                if folders_fd is not None and folders_fd[1] is not None:
+                    os.close(folders_fd[1])
+                folders_fd = None
+                try:
+                    folders_fd = (folders, _open_folders(root_fd, folders))
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    folders_fd = (folders, None)  # a folder on the way is gone or no folder now
+            st: os.stat_result | None = None
+            if folders_fd[1] is not None:
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    st = os.lstat(name, dir_fd=folders_fd[1])
+            found.append((path, st))
+    finally:
+        if folders_fd is not None and folders_fd[1] is not None:
+            os.close(folders_fd[1])
+        os.close(root_fd)
+    return found
 
 
 def _parents(path: bytes) -> Iterator[bytes]:
@@ -357,11 +382,7 @@ class GitCheckpointProvider:
         trees = frozenset() if remembered is None else remembered.trees
         entries: list[_Entry] = []
         total = 0
-        root_fd = os.open(workspace.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            found = [(path, _lstat_at(root_fd, path)) for path in sorted(paths)]
-        finally:
-            os.close(root_fd)
+        found = _lstat_all(workspace.root, sorted(paths))
         # A tracked folder replaced by a file or a symlink: git lists both the index's paths
         # under it and the new entry, but a tree cannot hold a blob and a folder of one name.
         leaves = {path for path, st in found if st is not None and not stat.S_ISDIR(st.st_mode)}
@@ -395,11 +416,9 @@ class GitCheckpointProvider:
 
     def _read(self, workspace: Workspace, entry: _Entry) -> bytes | None:
         """The entry's bytes now (None: it vanished or changed kind); refreshes its stat key."""
-        full = os.path.join(os.fsencode(workspace.root), entry.path)
         try:
             if entry.mode == MODE_LINK:
-                data = os.readlink(full)
-                st = os.lstat(full)
+                data, st = _read_link(workspace.root, entry.path)
                 if not stat.S_ISLNK(st.st_mode):
                     return None
             else:
@@ -942,20 +961,49 @@ def _trees(entries: list[_Entry]) -> tuple[str, list[tuple[str, bytes]]]:
     return visit(root), out
 
 
-def _open_no_symlinks(root: Path, path: bytes) -> int:
-    """Open ``path`` under ``root`` one directory at a time, following no symlink on the way: a
-    folder swapped for a symlink meanwhile cannot make a capture read outside the workspace (Git
-    itself never lists a path through a symlink). ELOOP and ENOTDIR mean the path changed."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _open_folders(dir_fd: int, folders: list[bytes]) -> int:
+    """A new descriptor of ``folders`` under ``dir_fd``, opened one directory at a time following
+    no symlink on the way: a folder swapped for a symlink meanwhile cannot make a capture read
+    outside the workspace (Git itself never lists a path through a symlink). ELOOP and ENOTDIR
+    mean the path changed."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        *folders, name = path.split(b"/")
         for folder in folders:
             inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = inner
-        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _parent_of(root: Path, path: bytes) -> Iterator[tuple[int, bytes]]:
+    """The folder of ``path`` under ``root`` (see ``_open_folders``) and the path's last name."""
+    *folders, name = path.split(b"/")
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _open_folders(root_fd, folders)
+    finally:
+        os.close(root_fd)
+    try:
+        yield fd, name
     finally:
         os.close(fd)
+
+
+def _open_no_symlinks(root: Path, path: bytes) -> int:
+    """Open ``path`` under ``root`` following no symlink, neither on the way nor at the end."""
+    with _parent_of(root, path) as (fd, name):
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+
+
+def _read_link(root: Path, path: bytes) -> tuple[bytes, os.stat_result]:
+    """The target of the symlink ``path`` under ``root`` and its ``lstat``, through its folders
+    opened following no symlink (a folder swapped for a link to elsewhere is not read through)."""
+    with _parent_of(root, path) as (fd, name):
+        return os.readlink(name, dir_fd=fd), os.lstat(name, dir_fd=fd)
 
 
 def _rename_noreplace(src: Path, dest: Path) -> None:

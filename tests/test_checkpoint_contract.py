@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -116,3 +117,33 @@ def test_the_checkpoints_package_does_not_import_temporalio() -> None:
     probe = "import sys, maka_core.checkpoints; print([m for m in sys.modules if 'temporalio' in m])"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("commit", "--output=x"),
+        ("tree", "--output=x"),
+        ("commit", "C" * 40),  # not lowercase hex: git would read it, but not as the id it names
+        ("tree", "d" * 39),
+        ("tree", "HEAD^{tree}"),  # a revision expression is no object id
+        ("ref", "--output=x"),
+        ("ref", "refs/heads/main"),  # a user's ref: never a checkpoint's
+        ("ref", "refs/maka/checkpoints/s-1/1 --output=x"),
+        ("ref", "refs/maka/checkpoints/s-1/../1"),
+    ],
+)
+def test_an_imported_bundle_cannot_pass_an_option_or_foreign_name_to_git(
+    field: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    wire = json.loads(GOLDEN)
+    wire["checkpoint"][field] = value
+    if field == "ref":
+        wire["boundary"]["checkpointRef"] = value  # consistent, so only the name itself is at fault
+    with pytest.raises(CheckpointError) as refused:
+        CheckpointBundle.decode(json.dumps(wire, separators=(",", ":"), sort_keys=True))
+    assert refused.value.code == "checkpoint_bundle_invalid"
+    with pytest.raises(ValidationError):
+        Checkpoint(**{**CHECKPOINT.model_dump(), field: value})
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -135,7 +135,7 @@ class UserIndexCarrier(GitCheckpointProvider):
     def capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
         git(workspace.root, "add", "-A")
         tree = git(workspace.root, "write-tree").strip()
-        return Checkpoint(ref="refs/x", commit=tree, tree=tree, file_count=0, byte_count=0)
+        return Checkpoint(ref="refs/maka/checkpoints/x/1", commit=tree, tree=tree, file_count=0, byte_count=0)
 
 
 # --- capture leaves the user's repository alone ---------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -62,6 +62,12 @@ VerifyFailure = Literal[
 VERIFY_FAILURES: Final[frozenset[str]] = frozenset(get_args(VerifyFailure))
 #: The code a workspace whose contents differ from its checkpoint is refused with.
 WORKSPACE_CONTENT_CHANGED: Final = "workspace_content_changed"
+#: A checkpoint's Git names reach git's command line: an imported bundle must not pass an option
+#: (``--output=...``) or a revision expression for one. The store is SHA-1 (``--object-format=sha1``).
+CHECKPOINT_REF_PATTERN: Final = r"^refs/maka/checkpoints/[A-Za-z0-9_@%-]+/[0-9]+$"
+OBJECT_ID_PATTERN: Final = r"^[0-9a-f]{40}$"
+CheckpointRef = Annotated[str, Field(pattern=CHECKPOINT_REF_PATTERN)]
+ObjectId = Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]
 
 
 class CheckpointModel(BaseModel):
@@ -105,9 +111,9 @@ class Checkpoint(CheckpointModel):
     """A captured workspace: a commit under a Maka-owned ref and the tree it holds."""
 
     carrier: Carrier = "git"
-    ref: NonEmpty  # refs/maka/checkpoints/<session>/<n>
-    commit: NonEmpty
-    tree: NonEmpty
+    ref: CheckpointRef  # refs/maka/checkpoints/<session>/<n>
+    commit: ObjectId
+    tree: ObjectId
     file_count: int = Field(ge=0)
     byte_count: int = Field(ge=0)
 

@@ -719,18 +719,24 @@ class GitCheckpointProvider:
 
         if not (self.store(workspace) / "HEAD").exists():
             return fail("checkpoint_missing", "the workspace has no checkpoint store")
-        resolved = self._git_store(workspace, ["rev-parse", "-q", "--verify", checkpoint.ref], check=False)
+        resolved = self._git_store(
+            workspace, ["rev-parse", "-q", "--verify", "--end-of-options", checkpoint.ref], check=False
+        )
         if resolved.returncode != 0:
             return fail("checkpoint_missing", f"{checkpoint.ref} does not exist")
         if resolved.stdout.decode().strip() != checkpoint.commit:
             return fail("checkpoint_ref_moved", f"{checkpoint.ref} names another commit")
         tree = self._git_store(
-            workspace, ["rev-parse", "-q", "--verify", f"{checkpoint.commit}^{{tree}}"], check=False
+            workspace,
+            ["rev-parse", "-q", "--verify", "--end-of-options", f"{checkpoint.commit}^{{tree}}"],
+            check=False,
         )
         if tree.returncode != 0 or tree.stdout.decode().strip() != checkpoint.tree:
             return fail("checkpoint_tree_mismatch", "the commit does not hold the recorded tree")
         listed = self._git_store(
-            workspace, ["rev-list", "--objects", "--no-object-names", checkpoint.commit], check=False
+            workspace,
+            ["rev-list", "--objects", "--no-object-names", "--end-of-options", checkpoint.commit],
+            check=False,
         )
         if listed.returncode != 0:
             return fail("checkpoint_objects_missing", "the commit's objects cannot be listed")
@@ -773,7 +779,9 @@ class GitCheckpointProvider:
                 proc.wait()
 
     def _tree_entries(self, workspace: Workspace, checkpoint: Checkpoint) -> dict[bytes, tuple[str, str]]:
-        out = self._git_store(workspace, ["ls-tree", "-r", "-z", "--full-tree", checkpoint.tree]).stdout
+        out = self._git_store(
+            workspace, ["ls-tree", "-r", "-z", "--full-tree", "--end-of-options", checkpoint.tree]
+        ).stdout
         entries: dict[bytes, tuple[str, str]] = {}
         for record in filter(None, out.split(b"\0")):
             meta, _, path = record.partition(b"\t")

@@ -297,3 +297,30 @@ def test_killed_after_swapping_out_an_outside_object_the_next_call_puts_it_back(
     again = guarded_replace(str(root), "f.txt", FileIdentity.of(BEFORE), NEW, max_bytes=SMALL_LIMIT)
     assert again.code == "target_diverged", again
     assert_outside_back(root, kind)
+
+
+FULL_DISK_CHILD = """
+import errno, resource, signal, sys
+from maka_core.tools.base import FileIdentity
+from maka_core.tools.guarded_replace import guarded_replace
+# A file-size limit below the new content: the side file's write fails part-way with EFBIG, as
+# on a full disk (SIGXFSZ ignored so the write returns the error instead of killing us).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+try:
+    guarded_replace(sys.argv[1], "f.txt", FileIdentity.of(sys.argv[2].encode()), sys.argv[3].encode())
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+
+def test_a_failed_side_write_leaves_no_partial_side_file(root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(root), BEFORE.decode(), NEW.decode()],
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "EFBIG\n", (proc.stdout, proc.stderr)
+    assert (root / "f.txt").read_bytes() == BEFORE
+    assert leftovers(root) == [], "a partial side file would refuse every later redo"
+    assert guarded_replace(str(root), "f.txt", FileIdentity.of(BEFORE), NEW).outcome == "replaced"

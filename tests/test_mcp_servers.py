@@ -259,3 +259,46 @@ def test_an_answer_the_sdk_refuses_is_mcp_response_invalid_and_redacted(tmp_path
         assert "[redacted]" in text and token not in text, text
     finally:
         servers.close()
+
+
+def test_recovery_of_a_keyed_mcp_call_whose_server_is_down_commits_no_outcome(tmp_path: Path) -> None:
+    """The whole path: T1 and the effect, a crash before T2, the server gone when recovery re-runs
+    the call. No ``mcp_server_unavailable`` commits as the call's outcome (its effect happened)."""
+    from maka_core.runtime import recovery, tool_call
+    from maka_core.runtime.runtime import Runtime
+    from maka_core.store.writer import LedgerStore
+    from maka_core.tools import default_tools
+    from maka_core.workspace import Workspace
+    from tests.test_runtime import ATTEMPT, one_call, recover_input, run, tool_input
+
+    state = tmp_path / "state"
+    servers = McpServers(parse_mcp_config({"mcpServers": {"counter": _once(state, tmp_path / "started")}}))
+    servers.start()
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rt = Runtime(store, tools=McpToolset(default_tools(), servers))
+    (tmp_path / "ws").mkdir()
+    ws = Workspace.open(tmp_path / "ws")
+    try:
+        ref = one_call(rt, ws, "mcp__counter__put", {"key": "a", "value": "1"})
+        admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+        assert isinstance(admitted, tool_call.Dispatched), admitted
+        admitted.tool.run(admitted.args, admitted.ws, lambda: None)  # the effect; its outcome is lost
+        with pytest.raises(McpOutcomeUnknown):
+            servers.call("counter", "die", {}, idempotency_key="k0")
+        _wait(lambda: servers.connection_starts("counter") == 2, "the server's failing restart")
+        try:
+            outcome: Any = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+        except Exception as exc:  # the activity fails: Temporal retries it, then parks
+            outcome = exc
+        responses = [
+            e
+            for e in rt.ledger.events(session_id="s1")
+            if e.content is not None and e.content.kind == "function_response"
+        ]
+        assert responses == [], (outcome, responses)
+        assert isinstance(outcome, OutcomeUnknown), outcome  # before the fix: completed, is_error
+        assert [c["tool"] for c in calls(state)] == ["put", "die"]
+    finally:
+        rt.close()
+        store.close()
+        servers.close()

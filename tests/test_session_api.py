@@ -141,7 +141,7 @@ def _echo(args: _EchoArgs, ctx: ToolContext) -> str:
 
 def _Echo(name: str = "echo") -> FunctionTool:
     """A fresh ``@tool`` (a new object each call, so two of them are two tools of one name)."""
-    made: FunctionTool = tool(_echo, name=name)
+    made: FunctionTool = tool(_echo, name=name, guarantee="read-only")
     return made
 
 

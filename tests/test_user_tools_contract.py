@@ -47,36 +47,36 @@ class Opaque(BaseModel):
 SEEN: list[ToolContext] = []
 
 
-@tool
+@tool(guarantee="read-only")
 def greet(args: Greet, ctx: ToolContext) -> str:
     """Say hello."""
     SEEN.append(ctx)
     return " ".join([f"hello {args.who}"] * args.times)
 
 
-@tool(name="agreet")
+@tool(name="agreet", guarantee="read-only")
 async def async_greet(args: Greet, ctx: ToolContext) -> dict[str, Any]:
     """Say hello, asynchronously."""
     await asyncio.sleep(0)
     return {"hello": args.who, "loop": asyncio.get_running_loop() is not None}
 
 
-@tool
+@tool(guarantee="read-only")
 def explode(args: Greet, ctx: ToolContext) -> str:
     raise RuntimeError(f"no {args.who}")
 
 
-@tool
+@tool(guarantee="read-only")
 def not_json(args: Greet, ctx: ToolContext) -> Any:
     return {"when": object()}
 
 
-@tool
+@tool(guarantee="read-only")
 def huge(args: Greet, ctx: ToolContext) -> str:
     return args.who * (64 * 1024 + 1)
 
 
-@tool
+@tool(guarantee="read-only")
 def refuse(args: Greet, ctx: ToolContext) -> str:
     raise ToolRefusal("no_such_customer", f"nobody called {args.who}")
 
@@ -100,12 +100,27 @@ def committed(rt: Runtime, event_id: str | None) -> tuple[dict[str, Any], bool]:
     return event.content.result, bool(event.content.is_error)  # type: ignore[return-value]
 
 
-def test_decorator_declares_schema_description_and_a_read_only_default() -> None:
+def test_decorator_declares_schema_description_and_guarantee() -> None:
     assert greet.name == "greet"
     assert greet.description == "Say hello."
     assert greet.parameters == Greet.model_json_schema()
     assert greet.guarantee == "read-only" and greet.effects == {"read"} and not greet.mutates
     assert greet.recovery_mode == "replay_safe"
+
+
+def _send_email(args: Greet, ctx: ToolContext) -> str:
+    """Send an email (a tool that forgot to say so)."""
+    return "sent"
+
+
+def test_a_tool_declaring_nothing_is_at_most_once_never_a_read() -> None:
+    """``send_email`` with neither guarantee= nor effects= is never judged a read (which recovery
+    runs again after a crash): it is at-most-once and mutates. ``effects=["read"]`` alone is a read."""
+    undeclared = tool(_send_email)
+    assert undeclared.guarantee == "at-most-once" and undeclared.effects == {"mutate"}
+    assert undeclared.mutates and undeclared.recovery_mode != "replay_safe"
+    read = tool(_send_email, name="peek", effects=["read"])
+    assert read.guarantee == "read-only" and read.effects == {"read"} and not read.mutates
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
 """Your own tool: a function with ``@tool``, its arguments one pydantic model.
 
-``word_count`` only reads its argument, so its guarantee is ``read-only`` (the default for a tool
-that declares no effects): after a crash between its dispatch and its outcome, recovery may simply
-run it again. A tool that changes the world declares ``guarantee=`` (see the README's "Your own
-tools").
+``word_count`` only reads its argument, so it declares ``guarantee="read-only"``: after a crash
+between its dispatch and its outcome, recovery may simply run it again (a tool that declares
+nothing is ``at-most-once``, never run twice). A tool that changes the world declares its
+``guarantee=`` (see the README's "Your own tools").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class WordCountArgs(BaseModel):
     text: str
 
 
-@tool
+@tool(guarantee="read-only")
 def word_count(args: WordCountArgs, ctx: ToolContext) -> dict[str, int]:
     """Count the words of a text."""
     return {"words": len(args.text.split())}

@@ -206,7 +206,9 @@ class FunctionTool:
     (a JSON schema) with ``validate`` (returns the arguments ``run`` receives, raises
     ``ToolArgsInvalid``, ``ValueError`` or ``ValidationError`` to refuse them). ``effects``
     defaults from the guarantee (``read`` for ``read-only``, else ``mutate``); a tool that may
-    mutate must declare a guarantee other than ``read-only``; one declaring neither is a read.
+    mutate must declare a guarantee other than ``read-only``; ``effects=["read"]`` alone is a
+    read. One declaring neither is ``at-most-once`` with ``mutate``: a tool that forgot to say
+    what it does is never run again after a crash (``send_email`` judged a read would be).
 
     Raises:
         ToolsInvalid: ``tools_invalid`` naming the tool, for any contradiction above, a name
@@ -241,7 +243,7 @@ class FunctionTool:
         if guarantee is None:
             if mutates:
                 raise _invalid(name, "a tool that mutates must declare guarantee=")
-            guarantee = "read-only"
+            guarantee = "read-only" if declared is not None else "at-most-once"
         if guarantee == "read-only" and mutates:
             raise _invalid(name, "a read-only tool cannot declare mutating effects")
         if declared is None:

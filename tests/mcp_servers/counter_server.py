@@ -11,7 +11,10 @@ so a test counts how often an effect really ran and compares the keys of two att
 - ``fail`` (no annotations): record the call, then raise (the server answers ``isError``);
 - ``die`` (no annotations): record the call, then exit the server mid-call (no response);
 - ``token_echo`` (``readOnlyHint``): says ``$COUNTER_TOKEN`` in its result and on stderr (a server
-  leaking its secret; the call records the token's sha256, so a test sees the env reached it).
+  leaking its secret; the call records the token's sha256, so a test sees the env reached it);
+- ``skew`` (no annotations): advertises an output schema (an integer ``count``) and answers
+  ``$COUNTER_TOKEN`` in its place (the client's SDK refuses the result, quoting the value);
+- ``nap`` (``readOnlyHint``): sleep ``seconds``, then answer (a call longer than an idle timer).
 
 ``python counter_server.py --state DIR`` serves stdio; ``--http PORT`` serves Streamable HTTP on
 127.0.0.1:PORT at ``/mcp``.
@@ -20,6 +23,7 @@ so a test counts how often an effect really ran and compares the keys of two att
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
@@ -29,7 +33,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 KEY = "io.maka/idempotency-key"
 
@@ -111,6 +115,29 @@ def build(state: Path) -> MCPServer:
         record("token_echo", {"sha256": hashlib.sha256(token.encode()).hexdigest()}, ctx)
         print(f"token_echo: the token is {token}", file=sys.stderr, flush=True)
         return f"the token is {token}"
+
+    @server.tool()
+    def skew(ctx: Context) -> CallToolResult:
+        """Answer structured content that breaks the output schema this tool advertises."""
+        record("skew", {}, ctx)
+        token = os.environ.get("COUNTER_TOKEN", "")
+        return CallToolResult(
+            content=[TextContent(type="text", text="skewed")], structured_content={"count": token}
+        )
+
+    # Advertised by hand, so the server does not check its own answer against it (the client does).
+    server._tool_manager.get_tool("skew").fn_metadata.output_schema = {  # type: ignore[union-attr]
+        "type": "object",
+        "properties": {"count": {"type": "integer"}},
+        "required": ["count"],
+    }
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def nap(seconds: float, ctx: Context) -> str:
+        """Sleep, then answer."""
+        record("nap", {"seconds": seconds}, ctx)
+        await asyncio.sleep(seconds)
+        return f"slept {seconds}"
 
     return server
 

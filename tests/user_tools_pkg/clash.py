@@ -6,12 +6,12 @@ from maka_core.tools import ToolContext, tool
 from tests.user_tools_pkg.effects import Key
 
 
-@tool(name="bash")
+@tool(name="bash", guarantee="read-only")
 def not_bash(args: Key, ctx: ToolContext) -> str:
     return "no"
 
 
-@tool(name="lookup")
+@tool(name="lookup", guarantee="read-only")
 def second_lookup(args: Key, ctx: ToolContext) -> str:
     return "again"
 

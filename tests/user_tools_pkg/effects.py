@@ -47,7 +47,7 @@ def _append(path: Path, line: str) -> None:
         f.write(line + "\n")
 
 
-@tool
+@tool(guarantee="read-only")
 def lookup(args: Key, ctx: ToolContext) -> dict[str, Any]:
     """Look a name up (reads only)."""
     _append(ctx.workspace_root / "lookups.log", f"{ctx.operation_id} {args.name}")

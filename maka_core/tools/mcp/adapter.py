@@ -11,8 +11,12 @@ from, ``operatorTrust`` included), the effect, T2 and a receipt like every other
 - the effect sends ``tools/call`` with the call's idempotency key in ``_meta``
   (``io.maka/idempotency-key``), the same on every attempt;
 - a server that answers with an error is an error result (``mcp_tool_error`` when the tool says
-  so, ``mcp_request_failed`` for a JSON-RPC error); a server gone before the request was sent is
-  ``mcp_server_unavailable``;
+  so, ``mcp_request_failed`` for a JSON-RPC error, ``mcp_response_invalid`` for an answer the SDK
+  cannot read: the call was made); a server gone before the request was sent is
+  ``mcp_server_unavailable`` on a first attempt (``call`` waits for a server being started again);
+- on a re-run (``attempt > 1``) a server that cannot be reached raises ``OutcomeUnknown`` instead:
+  the first attempt's effect may have happened, so no outcome may commit (recovery tries again, or
+  parks ``recovery_unavailable``), else the model would call again under a new key;
 - a request that went out and got no answer (the server died, the connection closed) raises
   ``OutcomeUnknown``: T2 does not commit, and the guarantee decides what recovery does.
 
@@ -39,6 +43,7 @@ from maka_core.tools.contract import FunctionTool, OutcomeUnknown, ToolArgsInval
 from maka_core.tools.mcp.config import StdioServer
 from maka_core.tools.mcp.servers import (
     McpOutcomeUnknown,
+    McpResponseInvalid,
     McpServers,
     McpServerUnavailable,
     Secrets,
@@ -137,9 +142,13 @@ def mcp_tool(servers: McpServers, offered: ServerTool) -> FunctionTool:
                 heartbeat=ctx.heartbeat,
             )
         except McpServerUnavailable as exc:
+            if ctx.attempt > 1:  # an earlier attempt went out: its effect may have happened
+                raise OutcomeUnknown(message=exc.message, server=offered.server) from None
             return ToolResult.error(exc.code, exc.message, server=offered.server)
         except McpOutcomeUnknown as exc:
             raise OutcomeUnknown(message=exc.message, server=offered.server) from None
+        except McpResponseInvalid as exc:  # already redacted
+            return ToolResult.error(exc.code, exc.message, server=offered.server)
         except Exception as exc:
             from mcp.shared.exceptions import MCPError
 

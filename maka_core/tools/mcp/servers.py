@@ -95,6 +95,13 @@ class McpServerUnavailable(MakaError):
     default_code = "mcp_server_unavailable"
 
 
+class McpResponseInvalid(MakaError):
+    """The server answered, and its answer is not a valid ``tools/call`` result (it fails the
+    tool's output schema, it is malformed): the call was made, its outcome cannot be read."""
+
+    default_code = "mcp_response_invalid"
+
+
 class McpOutcomeUnknown(MakaError):
     """The request went out and no answer came (the server died, the connection closed, the call
     timed out): whether its effect happened is unknown, and the call's guarantee decides."""
@@ -175,25 +182,40 @@ class ServerConnection:
         self.tried = asyncio.Event()  # connected or failed at least once
         self.broken = asyncio.Event()
         self.closing = False
+        #: Whether the last start failed before the server connected (a call does not wait then).
+        self.start_failed = False
+        #: Calls under way: the idle stop never stops a server in the middle of one.
+        self.in_flight = 0
         self.last_used = time.monotonic()
         self.starts = 0
         self.task: asyncio.Task[None] | None = None
         self._relisting: set[asyncio.Task[None]] = set()
 
+    def connected(self) -> bool:
+        """Whether a call may be sent now (up, and not found broken: a restart is coming)."""
+        return self.up.is_set() and not self.broken.is_set()
+
     def label(self) -> str:
         return self.name if self.workspace is None or self.publishes else f"{self.name}@{self.workspace}"
 
     async def supervise(self) -> None:
+        try:
+            await self._supervise()
+        finally:
+            self.owner.forget(self)
+
+    async def _supervise(self) -> None:
         failures = 0
         while not self.closing:
             try:
                 async with self._session() as session:
                     self.starts += 1
-                    with anyio.fail_after(CONNECT_TIMEOUT_S):
+                    with anyio.fail_after(self.owner.connect_timeout_s):
                         await session.initialize()
                         await self.list_tools(session)
                     self.session = session
                     self.broken.clear()
+                    self.start_failed = False
                     self.up.set()
                     self.tried.set()
                     failures = 0
@@ -203,6 +225,7 @@ class ServerConnection:
                 raise
             except BaseException as exc:  # an ExceptionGroup from the SDK's task groups, an OSError...
                 why = self.owner.secrets.redact(_describe(exc))
+                self.start_failed = not self.up.is_set()
                 if self.up.is_set():
                     log.warning("mcp server %s: connection lost (%s); starting it again", self.label(), why)
                 elif failures % 12 == 0:  # a server that stays away is not news every few seconds
@@ -218,14 +241,15 @@ class ServerConnection:
 
     async def _watch(self, session: ClientSession) -> None:
         """Until the connection breaks (a failed ping, a call that found it closed) or, for a
-        session-scoped server, it has been idle for ``SESSION_IDLE_S``."""
+        session-scoped server, no call has run for ``session_idle_s``."""
         while not self.closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.broken.wait(), PING_S)
             if self.broken.is_set():
                 log.warning("mcp server %s: connection lost; starting it again", self.label())
                 return
-            if not self.publishes and time.monotonic() - self.last_used > SESSION_IDLE_S:
+            idle = time.monotonic() - self.last_used
+            if not self.publishes and self.in_flight == 0 and idle > self.owner.session_idle_s:
                 self.closing = True
                 return
             try:
@@ -274,7 +298,7 @@ class ServerConnection:
 
     async def _relist(self, session: ClientSession) -> None:
         try:
-            with anyio.fail_after(CONNECT_TIMEOUT_S):
+            with anyio.fail_after(self.owner.connect_timeout_s):
                 await self.list_tools(session)
         except Exception as exc:
             log.warning(
@@ -308,15 +332,25 @@ class McpServers:
     #: What runs one server (a subclass may run a variant: a test's negative control).
     connection_class: type[ServerConnection] = ServerConnection
 
-    def __init__(self, config: McpConfig) -> None:
+    def __init__(
+        self,
+        config: McpConfig,
+        *,
+        session_idle_s: float = SESSION_IDLE_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self.config = config
+        #: A session-scoped server with no call for this long is stopped (its next call restarts it).
+        self.session_idle_s = session_idle_s
+        #: How long a server has to start, and a call waits for a server being started again.
+        self.connect_timeout_s = connect_timeout_s
         self.secrets = Secrets(config)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="maka-mcp", daemon=True)
         self._lock = threading.Lock()
         self._connections: dict[tuple[str, str | None], ServerConnection] = {}
         self._tools: dict[str, ServerTool] = {}
-        self._listeners: list[Callable[[], None]] = []
+        self._calls: set[asyncio.Task[Any]] = set()  # calls under way (close cancels them)
         self._scratch: Path | None = None
         self._started = False
         #: Bumped whenever the offered tools change (a list read anew, a server's first list).
@@ -324,7 +358,7 @@ class McpServers:
 
     # --- lifecycle (any thread but the loop's) -------------------------------------------------
 
-    def start(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def start(self, timeout: float | None = None) -> None:
         """Start the loop and every server (a session-scoped one over an empty folder, for its
         tool list); wait until each has connected or failed once, at most ``timeout`` seconds. A
         server that failed goes on being started in the background."""
@@ -341,7 +375,7 @@ class McpServers:
                 conn = self._open(name, self._scratch if session_scoped else None, publishes=True)
                 waits.append(conn.tried.wait())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*waits), timeout)
+                await asyncio.wait_for(asyncio.gather(*waits), timeout or self.connect_timeout_s)
 
         asyncio.run_coroutine_threadsafe(begin(), self._loop).result()
 
@@ -351,7 +385,13 @@ class McpServers:
             return
 
         async def end() -> None:
-            conns = list(self._connections.values())
+            with self._lock:
+                conns = list(self._connections.values())
+            # Calls and list reads first (they hold a session), then the supervisors.
+            pending = [*self._calls, *(t for c in conns for t in c._relisting)]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             for conn in conns:
                 conn.closing = True
                 if conn.task is not None:
@@ -366,10 +406,6 @@ class McpServers:
             self._loop.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
-
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the loop thread) whenever the offered tools change."""
-        self._listeners.append(listener)
 
     # --- the catalog ---------------------------------------------------------------------------
 
@@ -424,20 +460,19 @@ class McpServers:
                 self.version += 1
         if changed:
             log.info("mcp server %s: %d tool(s): %s", server, len(fresh), ", ".join(sorted(fresh)))
-            for listener in self._listeners:
-                listener()
 
     # --- calls (tool threads) ------------------------------------------------------------------
 
     def ready(self, server: str, workspace: Path | None = None) -> bool:
         """Whether a call of ``server`` (in ``workspace``, when session-scoped) would be sent now;
-        a session-scoped server not started there yet is ready to be started."""
+        a session-scoped server not started there yet, or stopped there (idle), is ready to be
+        started when its tool-list instance is up."""
         key = self._key(server, workspace)
         with self._lock:
             conn = self._connections.get(key)
-        if conn is None:
-            return key[1] is not None and self._template_up(server)
-        return conn.up.is_set()
+        if key[1] is not None and (conn is None or conn.closing):
+            return self._template_up(server)
+        return conn is not None and conn.up.is_set()
 
     def call(
         self,
@@ -487,7 +522,14 @@ class McpServers:
     def _template_up(self, server: str) -> bool:
         with self._lock:
             template = self._connections.get((server, None))
-        return template is not None and template.tried.is_set()
+        return template is not None and template.up.is_set()
+
+    def forget(self, conn: ServerConnection) -> None:
+        """Drop a stopped connection (its next call opens a new one)."""
+        key = (conn.name, None if conn.publishes else str(conn.workspace))
+        with self._lock:
+            if self._connections.get(key) is conn:
+                del self._connections[key]
 
     def _open(self, server: str, workspace: Path | None, *, publishes: bool) -> ServerConnection:
         config = self.config.mcp_servers[server]
@@ -515,13 +557,39 @@ class McpServers:
         if conn is None or conn.closing:
             if conn_key[1] is None:
                 raise McpServerUnavailable(message=f"MCP server {server!r} is not running", server=server)
-            conn = self._open(server, workspace, publishes=False)  # a session's first call
-        conn.last_used = time.monotonic()
-        if not conn.tried.is_set():  # a session's first call: its server is starting
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(conn.tried.wait(), CONNECT_TIMEOUT_S)
+            conn = self._open(server, workspace, publishes=False)  # a session's first (or next) call
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        conn.in_flight += 1  # on the loop, before any await: the idle stop sees it
+        try:
+            return await self._send(conn, server, tool, args, key, timeout)
+        finally:
+            conn.in_flight -= 1
+            conn.last_used = time.monotonic()
+            self._calls.discard(task)
+
+    async def _await_up(self, conn: ServerConnection) -> None:
+        """Until the server is connected, its start failed or ``connect_timeout_s`` passed: a
+        server being started (a session's first call, a restart after it exited) is waited for."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while not conn.connected() and time.monotonic() < deadline:
+            if conn.closing or (conn.start_failed and conn.tried.is_set()):
+                return
+            await asyncio.sleep(0.05)
+
+    async def _send(
+        self,
+        conn: ServerConnection,
+        server: str,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        timeout: float | None,
+    ) -> CallToolResult:
+        await self._await_up(conn)
         session = conn.session
-        if session is None or not conn.up.is_set():
+        if session is None or not conn.connected():
             raise McpServerUnavailable(
                 message=f"MCP server {server!r} cannot be reached (it is being started again)", server=server
             )
@@ -543,6 +611,12 @@ class McpServers:
             conn.broken.set()
             raise McpOutcomeUnknown(
                 message=f"MCP server {server!r} went away during the call: {self.secrets.redact(str(exc))}",
+                server=server,
+            ) from None
+        except Exception as exc:  # the SDK refused the answer (its output schema, its shape)
+            raise McpResponseInvalid(
+                message=f"MCP server {server!r} answered the call with an invalid result: "
+                + self.secrets.redact(_describe(exc)),
                 server=server,
             ) from None
 

@@ -130,7 +130,10 @@ async def test_cancel_kills_a_running_bash_and_its_t2_says_tool_cancelled(
         assert [c["result"] for c in certificates] == ["CANCELLED"]
         store = _ledger(db)
         try:  # the ledger's own view agrees with the workflow (what status reads once it is closed)
-            assert derive_state(store.list_runs(session)) == ("idle", None)
+            assert derive_state(store.list_runs(session), None, store.events(session_id=session)) == (
+                "idle",
+                None,
+            )
         finally:
             store.close()
         nxt = await send_message(temporal_client, session, "again")
@@ -424,3 +427,20 @@ async def test_a_tool_activity_that_asks_approval_as_the_cancel_lands_ends_the_t
     header, _, _ = _run_outcome(db, session, accepted.run_id)
     assert header == "cancelled"
     assert not (ws_dir / "a.txt").exists()  # the tool never ran
+
+
+async def test_only_a_cancel_turn_end_leaves_the_session_idle() -> None:
+    """A ``cancelled`` header derives ``idle`` only for this feature's end (code ``turn_cancelled``);
+    a MELRA ``aborted``/``cancelled`` end written by an older writer still derives ``failed``."""
+    from maka_core.facts.run_header import RunHeader
+    from maka_core.runtime.builders import terminal_event
+    from maka_core.runtime.contracts import RunIds
+
+    ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
+    header = RunHeader(session_id="s1", run_id="r1", invocation_id="i1", turn_id="t1", status="cancelled")
+    ours = terminal_event(ids, "cancelled", 1, error="enough")
+    assert derive_state([header], None, [ours]) == ("idle", None)
+    for old in ("aborted", "cancelled"):
+        theirs = ours.model_copy(update={"status": old, "content": None})
+        assert derive_state([header], None, [theirs]) == ("failed", None), old
+    assert derive_state([header]) == ("failed", None)  # no terminal fact in view: not proven ours

@@ -88,6 +88,10 @@ ParkReason = Literal[
     HostParkReason,
 ]
 PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+#: The code of the terminal fact of a turn ``cancel_turn`` stopped: only such a run leaves the session
+#: ``idle``; a MELRA ``aborted``/``cancelled`` end written before it (reference ledgers, imports)
+#: still derives ``failed``.
+TURN_CANCELLED = "turn_cancelled"
 
 #: Activity type names (persisted in histories; pinned by ``tests/test_activity_names.py``). Declared
 #: here, beside the models they carry, so the workflow, the activities and the audit (which reads

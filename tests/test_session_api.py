@@ -303,6 +303,7 @@ async def test_a_child_session_id_is_taken_once(
             result_type=SessionResult,
         )
         assert (first.session_id, first.state, first.text) == ("child-1", "idle", "hello")
+        assert first.outcome == "completed"  # from the run's header (a cancelled turn: "cancelled")
         with pytest.raises(WorkflowFailureError) as err:
             await temporal_client.execute_workflow(
                 ChildSessionWorkflow.run, args=args, id=f"p2-{task_queue}", task_queue=task_queue

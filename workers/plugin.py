@@ -281,7 +281,7 @@ class MakaPlugin(SimplePlugin):
         #: The pollers started so far, each with its task: stopped in ``finally`` whatever ends the
         #: run (a poller stopping, a ledger fault, or this task cancelled: Ctrl-C, a TaskGroup).
         running: list[tuple[Worker, asyncio.Task[None]]] = []
-        watchdog: asyncio.Task[None] | None = None
+        watchdog: asyncio.Task[Any] | None = None
         try:
             if mcp is not None:
                 # Before repair: recovery may read an MCP tool again.

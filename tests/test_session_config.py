@@ -256,7 +256,8 @@ async def test_each_setting_survives_a_resume_and_a_send_after_close(drill: Dril
     camel = {"host_wait_s": "hostWait", "model_step_timeout_s": "modelStepTimeout"}.get(
         setting, to_camel(setting)
     )
-    assert drill.status["config"][camel] == want, (camel, drill.status["config"])
+    shown = {"continueAsNewAfterTurns": "continueAsNewAfter"}.get(camel, camel)  # status's name
+    assert drill.status["config"][shown] == want, (shown, drill.status["config"])
     if camel not in LEGACY_KEYS:
         # Negative control: the record as written before SessionConfig lacks it, and reads the default.
         legacy = SessionRecord.from_json({k: v for k, v in drill.raw.items() if k in LEGACY_KEYS})

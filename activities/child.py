@@ -18,6 +18,8 @@ from typing import Any
 from temporalio import activity
 
 from maka_core.errors import MakaError
+from maka_core.facts.run_header import RunHeader
+from maka_core.runtime.contracts import TurnStatus
 from maka_core.runtime.runtime import Runtime
 from maka_core.settings import MakaSettings
 from maka_temporal.activities import to_application_error
@@ -79,7 +81,17 @@ class ChildSessionActivities:
     async def session_reply(self, inp: SessionReplyInput) -> SessionReply:
         ledger = self.runtime.ledger
         events = await self.runtime.on_ledger(lambda: ledger.events(session_id=inp.session_id))
-        return SessionReply(text=final_text(events, inp.run_id))
+        header = await self.runtime.on_ledger(lambda: ledger.get_run(inp.run_id))
+        return SessionReply(text=final_text(events, inp.run_id), outcome=_outcome(header))
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.prepare_session, self.session_reply]
+
+
+def _outcome(header: RunHeader | None) -> TurnStatus | None:
+    """How a run ended, by its header: ``completed``, ``cancelled`` or ``failed`` (a park too)."""
+    if header is None or header.status == "running":
+        return None
+    if header.status in ("completed", "cancelled"):
+        return header.status
+    return "failed"

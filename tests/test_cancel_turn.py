@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +20,14 @@ import pytest
 from temporalio.client import Client
 
 from maka_core.errors import MakaError
-from maka_core.runtime.runtime import RuntimeSettings
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_view import derive_state
 from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers import turn_messages
 from maka_temporal.workers.governance_cli import session_policy
 from maka_temporal.workers.session_client import start_session
+from maka_temporal.workers.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import (
     in_process_worker,
@@ -128,7 +130,10 @@ async def test_cancel_kills_a_running_bash_and_its_t2_says_tool_cancelled(
         assert [c["result"] for c in certificates] == ["CANCELLED"]
         store = _ledger(db)
         try:  # the ledger's own view agrees with the workflow (what status reads once it is closed)
-            assert derive_state(store.list_runs(session)) == ("idle", None)
+            assert derive_state(store.list_runs(session), None, store.events(session_id=session)) == (
+                "idle",
+                None,
+            )
         finally:
             store.close()
         nxt = await send_message(temporal_client, session, "again")
@@ -297,3 +302,145 @@ async def test_a_cancel_whose_tool_end_nobody_saw_is_settled_by_its_guarantee(
     assert (ws_dir / "runs.txt").read_text() == "ran\n"  # never run again
     header, responses, _ = _run_outcome(db, session, accepted.run_id)
     assert header == "failed" and all(r.get("code") != "tool_cancelled" for r in responses), responses
+
+
+class _HeldLedger:
+    """The worker's ledger with one write held until the test releases it (``hold`` names the
+    method): an activity in flight at a chosen point, built by the test, not by a production switch."""
+
+    def __init__(self, store: LedgerStore, hold: str) -> None:
+        self._store, self._hold = store, hold
+        self.arrived, self.release = threading.Event(), threading.Event()
+        self.armed = True
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._store, name)
+        if name != self._hold:
+            return value
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            result = value(*args, **kwargs)
+            if self.armed:
+                self.armed = False
+                self.arrived.set()
+                self.release.wait(60)
+            return result
+
+        return held
+
+
+class _FinishingRuntime(Runtime):
+    """A runtime whose activities finish their work even when cancelled (as a tool that ignores the
+    cancel): the SDK then hands the workflow the result of a cancelled activity."""
+
+    async def heartbeating(self, work: Any, attempt: Any) -> Any:
+        task = asyncio.ensure_future(super().heartbeating(work, attempt))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            return await task
+
+
+def _held_runtime(hold: str, *, finishing: bool = False) -> tuple[Any, list[_HeldLedger]]:
+    """A ``make_runtime`` whose ledger holds ``hold``, and the list it puts that ledger in."""
+    box: list[_HeldLedger] = []
+
+    def make(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+        held = _HeldLedger(store, hold)
+        box.append(held)
+        runtime = default_runtime(store, settings)
+        runtime.ledger = held  # type: ignore[assignment]
+        if finishing:
+            runtime.__class__ = _FinishingRuntime
+        return runtime
+
+    return make, box
+
+
+async def test_a_cancel_that_lands_in_the_turns_finish_is_answered_and_the_next_turn_runs(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """The cancel arrives while the turn's ``finish_run`` commits (no turn task to cancel): it is
+    answered ``turn_not_cancelled`` once the turn has ended, and the next message runs normally.
+    Before the fix the Update never returned and the next turn's task was cancelled by it."""
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(tmp_path / "s.json", [{"text": "hi"}, {"text": "again"}])
+    make, box = _held_runtime("commit_terminal")
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=make):
+        session, accepted = await start(temporal_client, ws_dir, script, task_queue, "hi")
+        (held,) = box
+        await _until("the turn's finish_run committing", held.arrived.is_set)
+        cancel = asyncio.ensure_future(turn_messages.cancel_turn(temporal_client, session, reason="late"))
+        await asyncio.sleep(1.0)  # the Update is accepted while the finish is held
+        held.release.set()
+        with pytest.raises(MakaError) as refused:
+            await asyncio.wait_for(cancel, 20)
+        assert refused.value.code == "turn_not_cancelled", refused.value
+        first = await wait_turn(temporal_client, session, accepted.run_id)
+        assert first.state == "idle", first
+        nxt = await send_message(temporal_client, session, "again")
+        final = await wait_turn(temporal_client, session, nxt.run_id)
+        assert final.state == "idle", final
+    store = _ledger(db)
+    try:
+        assert store.get_run(accepted.run_id).status == "completed"  # type: ignore[union-attr]
+        assert store.get_run(nxt.run_id).status == "completed"  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+async def test_a_tool_activity_that_asks_approval_as_the_cancel_lands_ends_the_turn_cancelled(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """The cancel reaches the tool activity while it records an approval request; the activity
+    finishes anyway and returns ``awaiting_approval``: the turn must end cancelled, not wait for
+    an answer (before the fix it waited, and an approve then ran the tool)."""
+    db = tmp_path / "ledger.sqlite"
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"mutations": "confirm", "approvalTtlMs": 600_000}))
+    governed = session_policy(MakaSettings(db=str(db)), None, policy, "human:alice", ())
+    governed.record_in(MakaSettings(db=str(db)))
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("write_file", {"path": "a.txt", "content": "a"})), {"text": "done"}]
+    )
+    make, box = _held_runtime("commit_permission_request", finishing=True)
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=make):
+        session, accepted = await start(
+            temporal_client, ws_dir, script, task_queue, "write it", session_id=governed.session_id
+        )
+        (held,) = box
+        await _until("the approval request being recorded", held.arrived.is_set)
+        cancel = asyncio.ensure_future(turn_messages.cancel_turn(temporal_client, session, reason="no"))
+        await asyncio.sleep(3.0)  # the cancel reaches the activity through its heartbeat
+        held.release.set()
+        done = await asyncio.wait_for(cancel, 30)
+        assert done.run_id == accepted.run_id
+        status = await query_status(temporal_client, session)
+        assert status.state == "idle" and status.awaiting_approval is None, status
+        with sqlite3.connect(db) as conn:
+            (approval_id,) = conn.execute(
+                "SELECT approval_id FROM tool_decisions WHERE approval_id IS NOT NULL"
+            ).fetchone()
+        with pytest.raises(MakaError) as late:
+            await turn_messages.approve(temporal_client, session, approval_id, phrase="whatever")
+        assert late.value.code.startswith("approval_"), late.value
+    header, _, _ = _run_outcome(db, session, accepted.run_id)
+    assert header == "cancelled"
+    assert not (ws_dir / "a.txt").exists()  # the tool never ran
+
+
+async def test_only_a_cancel_turn_end_leaves_the_session_idle() -> None:
+    """A ``cancelled`` header derives ``idle`` only for this feature's end (code ``turn_cancelled``);
+    a MELRA ``aborted``/``cancelled`` end written by an older writer still derives ``failed``."""
+    from maka_core.facts.run_header import RunHeader
+    from maka_core.runtime.builders import terminal_event
+    from maka_core.runtime.contracts import RunIds
+
+    ids = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
+    header = RunHeader(session_id="s1", run_id="r1", invocation_id="i1", turn_id="t1", status="cancelled")
+    ours = terminal_event(ids, "cancelled", 1, error="enough")
+    assert derive_state([header], None, [ours]) == ("idle", None)
+    for old in ("aborted", "cancelled"):
+        theirs = ours.model_copy(update={"status": old, "content": None})
+        assert derive_state([header], None, [theirs]) == ("failed", None), old
+    assert derive_state([header]) == ("failed", None)  # no terminal fact in view: not proven ours

@@ -303,6 +303,7 @@ async def test_a_child_session_id_is_taken_once(
             result_type=SessionResult,
         )
         assert (first.session_id, first.state, first.text) == ("child-1", "idle", "hello")
+        assert first.outcome == "completed"  # from the run's header (a cancelled turn: "cancelled")
         with pytest.raises(WorkflowFailureError) as err:
             await temporal_client.execute_workflow(
                 ChildSessionWorkflow.run, args=args, id=f"p2-{task_queue}", task_queue=task_queue
@@ -310,3 +311,60 @@ async def test_a_child_session_id_is_taken_once(
         assert isinstance(err.value.cause, ApplicationError) and err.value.cause.type == "session_exists"
         status = await SessionClient(temporal_client, ledger=db).status("child-1")
         assert status.state == "idle" and len(status.turns) == 1
+
+
+class _WatchedPlugin(MakaPlugin):
+    """MakaPlugin as shipped, with its host worker and its ledger's close in view of the test."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.pollers: list[Worker] = []
+        #: At the ledger's close: whether each poller was still running.
+        self.running_at_close: list[bool] | None = None
+
+        def make(store: Any, settings: Any) -> Any:
+            from maka_temporal.workers.worker import default_runtime
+
+            close = store.close
+
+            def watched_close() -> None:
+                self.running_at_close = [p.is_running for p in self.pollers]
+                close()
+
+            store.close = watched_close
+            return default_runtime(store, settings)
+
+        super().__init__(make_runtime=make, **kwargs)
+
+    def _host_worker(self, worker: Worker, served: Any) -> Worker:
+        host = super()._host_worker(worker, served)
+        self.pollers.append(host)
+        return host
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_cancelling_the_worker_task_stops_both_pollers_before_the_ledger_closes(
+    temporal_client: Client, tmp_path: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or a cancelled TaskGroup) cancels the task running ``worker.run()``: the session and
+    host pollers stop, and only then the activities and the ledger close. Before the fix both
+    pollers went on polling over a closed ledger."""
+    import asyncio
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    plugin = _WatchedPlugin(ledger=tmp_path / "ledger.sqlite", repair=False, host="box1")
+    worker = Worker(temporal_client, task_queue=task_queue, plugins=[plugin])
+    plugin.pollers.append(worker)
+    task = asyncio.create_task(worker.run())
+    deadline = asyncio.get_running_loop().time() + 30
+    while not (len(plugin.pollers) == 2 and all(p.is_running for p in plugin.pollers)):
+        assert asyncio.get_running_loop().time() < deadline, f"pollers never ran: {plugin.pollers}"
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30)
+    assert plugin.running_at_close == [False, False], "the ledger closed under a running poller"
+    assert not any(p.is_running for p in plugin.pollers)
+    Worker(temporal_client, task_queue=task_queue, plugins=[plugin])  # it can serve again
+    assert plugin.store.health.ledger_id  # a fresh ledger handle, not the closed one
+    plugin.close()

@@ -209,7 +209,8 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(dril
         assert all(SYSTEM not in str(m["content"]) for m in users)  # never a user message
     config = drill.status["config"]
     assert config["modelStepMode"] == "local" and config["maxStepsPerTurn"] == 9, config
-    assert config["continueAsNewAfterTurns"] == 5 and config["modelStepTimeout"] == 45.0, config
+    assert config["continueAsNewAfter"] == 5 and config["modelStepTimeout"] == 45.0, config
+    assert "continueAsNewAfterTurns" not in config and "continueAsNewAfterSteps" in config, config
 
     # Negative control: the record as the writer before SessionConfig wrote it (workspace, provider,
     # queue, host) decodes with the defaults: a new execution built from it loses the settings.
@@ -255,7 +256,8 @@ async def test_each_setting_survives_a_resume_and_a_send_after_close(drill: Dril
     camel = {"host_wait_s": "hostWait", "model_step_timeout_s": "modelStepTimeout"}.get(
         setting, to_camel(setting)
     )
-    assert drill.status["config"][camel] == want, (camel, drill.status["config"])
+    shown = {"continueAsNewAfterTurns": "continueAsNewAfter"}.get(camel, camel)  # status's name
+    assert drill.status["config"][shown] == want, (shown, drill.status["config"])
     if camel not in LEGACY_KEYS:
         # Negative control: the record as written before SessionConfig lacks it, and reads the default.
         legacy = SessionRecord.from_json({k: v for k, v in drill.raw.items() if k in LEGACY_KEYS})
@@ -452,3 +454,21 @@ def test_a_session_record_round_trips_and_an_older_one_reads_with_the_defaults()
     decoded = SessionRecord.from_json(older)
     assert decoded is not None and decoded.config == SessionConfig(provider={"kind": "script", "path": "/s"})
     assert SessionRecord.from_json({**older, "maxStepsPerTurn": "many"}) is None
+
+
+def test_status_names_continue_as_new_after_while_the_record_keeps_its_key() -> None:
+    """``session status --json`` says ``continueAsNewAfter`` (issue 19); the ledger record keeps
+    ``continueAsNewAfterTurns``, and both spellings decode, so a record written before reads."""
+    from maka_core.runtime.contracts import SessionConfig
+
+    config = SessionConfig(
+        provider={"kind": "script", "path": "/s.json"},
+        continue_as_new_after_turns=5,
+        continue_as_new_after_steps=7,
+    )
+    stored, shown = config.to_json(), config.status_json()
+    assert stored["continueAsNewAfterTurns"] == 5 and "continueAsNewAfter" not in stored
+    assert shown["continueAsNewAfter"] == 5 and "continueAsNewAfterTurns" not in shown
+    assert shown["continueAsNewAfterSteps"] == 7
+    assert SessionConfig.from_json(stored) == config
+    assert SessionConfig.from_json(shown) == config

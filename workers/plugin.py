@@ -278,6 +278,10 @@ class MakaPlugin(SimplePlugin):
         logs = contextlib.ExitStack()
         if mcp is not None:
             logs.enter_context(mcp_log_to(self._on_event))
+        #: The pollers started so far, each with its task: stopped in ``finally`` whatever ends the
+        #: run (a poller stopping, a ledger fault, or this task cancelled: Ctrl-C, a TaskGroup).
+        running: list[tuple[Worker, asyncio.Task[None]]] = []
+        watchdog: asyncio.Task[Any] | None = None
         try:
             if mcp is not None:
                 # Before repair: recovery may read an MCP tool again.
@@ -301,34 +305,56 @@ class MakaPlugin(SimplePlugin):
             host_worker = self._host_worker(worker, served) if self.serve_host_queue else None
             fault = asyncio.Event()
             watchdog = asyncio.create_task(watch(served.store, fault))
-            pollers = [worker] if host_worker is None else [worker, host_worker]
-            host_task = asyncio.create_task(host_worker.run()) if host_worker is not None else None
-            own: asyncio.Task[None] = asyncio.ensure_future(next(worker))
+            if host_worker is not None:
+                running.append((host_worker, asyncio.create_task(host_worker.run())))
+            running.append((worker, asyncio.ensure_future(next(worker))))
             self._on_event("serving", {"hostQueue": host_queue(served.task_queue, self.host)})
             faulted = asyncio.create_task(fault.wait())
-            await asyncio.wait(
-                {t for t in (own, host_task, faulted) if t is not None}, return_when=asyncio.FIRST_COMPLETED
-            )
-            # Either poller stopping, or a ledger fault, stops both: tools never run without the
-            # session queue, nor the reverse. Tools first (no new tool bodies), then the workers.
-            served.runtime.stop_tools()
-            await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
-            faulted.cancel()
-            watchdog.cancel()
-            if host_task is not None:
-                await asyncio.gather(host_task, return_exceptions=True)
-            await own
-            if served.store.health.failure is not None:
-                self._on_event("ledger_unusable", served.store.health.failure.to_json())
-                raise SessionError.of(served.store.health.failure)
+            try:
+                await asyncio.wait(
+                    {faulted, *(task for _, task in running)}, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                faulted.cancel()
         finally:
-            if self.telemetry is not None:
-                self.telemetry.stop()
-            served.acts.close(wait=True)
-            if mcp is not None:
-                await asyncio.to_thread(mcp.close)
-            logs.close()
-            served.store.close()
+            # Either poller stopping, a ledger fault, or a cancel stops both: tools never run without
+            # the session queue, nor the reverse. Tools first (no new tool bodies), then the
+            # workers, and only then the activities and the ledger they use.
+            try:
+                failure = await _stop_pollers(served, running)
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+                if self.telemetry is not None:
+                    self.telemetry.stop()
+                served.acts.close(wait=True)
+                if mcp is not None:
+                    await asyncio.to_thread(mcp.close)
+                logs.close()
+                served.store.close()
+                # The next Worker this plugin configures opens its own ledger and runtime.
+                self._served = self._preflown = None
+        if failure is not None:
+            raise failure
+        if served.store.health.failure is not None:
+            self._on_event("ledger_unusable", served.store.health.failure.to_json())
+            raise SessionError.of(served.store.health.failure)
+
+
+async def _stop_pollers(
+    served: _Served, running: list[tuple[Worker, asyncio.Task[None]]]
+) -> BaseException | None:
+    """Stop the started pollers and wait for them; the first failure of one (the session worker's
+    before the host worker's) is returned, never swallowed."""
+    if not running:
+        return None
+    served.runtime.stop_tools()
+    await asyncio.gather(*(w.shutdown() for w, _ in running), return_exceptions=True)
+    await asyncio.gather(*(task for _, task in running), return_exceptions=True)
+    for _, task in reversed(running):  # the session worker was started last
+        if not task.cancelled() and task.exception() is not None:
+            return task.exception()
+    return None
 
 
 def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Worker:

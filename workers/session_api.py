@@ -656,7 +656,7 @@ async def session_status(
         **(execution.to_json() if execution else {}),
         "host": host,
         "hostWait": host_wait,
-        "config": config.to_json() if config is not None else None,
+        "config": config.status_json() if config is not None else None,
         "ledger": health,
         **governed,
         **({"resume": resume_refusal} if resume_refusal else {}),

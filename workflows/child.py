@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         SessionReply,
         SessionReplyInput,
         SessionStatus,
+        TurnStatus,
         workflow_id_for,
     )
     from maka_temporal.workflows.session import initial_search_attributes
@@ -47,7 +48,9 @@ PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximu
 
 class SessionResult(BaseModel):
     """How the child's turn settled: ``state`` ``idle`` (done), ``parked`` (``park_reason``: an
-    operator must act) or ``failed``; ``text`` is the model's final text of the turn."""
+    operator must act) or ``failed``; ``outcome`` how its run ended (``completed``, ``cancelled``
+    by ``cancel_turn``, ``failed``, also for a park; ``None`` in a history recorded before it);
+    ``text`` is the model's final text of the turn."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -56,6 +59,7 @@ class SessionResult(BaseModel):
     park_reason: str | None = None
     run_id: str | None = None
     text: str | None = None
+    outcome: TurnStatus | None = None
 
 
 async def run_session(
@@ -120,7 +124,7 @@ async def run_session(
         ) from None
     status = await handle
     run_id = status.last_turn.run_id if status.last_turn is not None else None
-    text = None
+    text, outcome = None, None
     if run_id is not None:
         reply = await workflow.execute_activity(
             SESSION_REPLY,
@@ -129,7 +133,12 @@ async def run_session(
             start_to_close_timeout=PREPARE_TIMEOUT,
             retry_policy=PREPARE_RETRY,
         )
-        text = reply.text
+        text, outcome = reply.text, reply.outcome
     return SessionResult(
-        session_id=sid, state=status.state, park_reason=status.park_reason, run_id=run_id, text=text
+        session_id=sid,
+        state=status.state,
+        park_reason=status.park_reason,
+        run_id=run_id,
+        text=text,
+        outcome=outcome,
     )

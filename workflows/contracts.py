@@ -245,9 +245,11 @@ class SessionReplyInput(Contract):
 
 
 class SessionReply(Contract):
-    """The final assistant text of a turn (``None``: the model gave none)."""
+    """The final assistant text of a turn (``None``: the model gave none) and how its run ended,
+    from the run's header (``None``: recorded before the field existed, or not ended)."""
 
     text: str | None = None
+    outcome: TurnStatus | None = None
 
 
 class SendMessage(Contract):

@@ -378,16 +378,24 @@ class SessionWorkflow:
         self._cancel = inp
         self._cancelled = None
         # Recovery is never cancelled: a call whose end nobody saw is settled by its guarantee first
-        # (the loop then ends the turn itself, seeing the cancel).
+        # (the loop then ends the turn itself, seeing the cancel). A turn that ends with no task to
+        # cancel (its finish, a failed begin, a park) clears the request: this handler ends then,
+        # so it neither hangs (holding a close or continue-as-new back) nor cancels a later turn.
         await workflow.wait_condition(
-            lambda: (self._turn_task is not None and not self._recovering) or self._cancelled is not None
+            lambda: (
+                (self._turn_task is not None and not self._recovering)
+                or self._cancelled is not None
+                or self._cancel is not inp
+            )
         )
-        if self._turn_task is not None and self._cancelled is None:
+        if self._turn_task is not None and self._cancelled is None and self._cancel is inp:
             self._turn_task.cancel()
-        await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is None)
+            await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is not inp)
         if self._cancelled is None:
-            # Recovery parked a call whose end nobody observed: its guarantee decides, not the cancel.
-            raise _refuse("turn_not_cancelled", f"the turn ended {self._state} ({self._park_reason})")
+            # The turn ended on its own first (completed, failed, or parked by recovery on a call
+            # whose end nobody observed: its guarantee decides, not the cancel).
+            reason = f" ({self._park_reason})" if self._park_reason else ""
+            raise _refuse("turn_not_cancelled", f"the turn ended {self._state}{reason} before the cancel")
         return self._cancelled
 
     @cancel_turn.validator
@@ -495,6 +503,7 @@ class SessionWorkflow:
         # re-run a turn another (lost) execution began.
         self._handed_off = True
         self._current = None
+        self._cancel = None  # a waiting cancel_turn ends (turn_not_cancelled): the turn is handed off
         self._set_state("failed", None, None)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
@@ -587,7 +596,18 @@ class SessionWorkflow:
             await self._turn_task
         except (_Park, _HandOff):
             raise
-        except (asyncio.CancelledError, ActivityError, ApplicationError, TemporalTimeoutError):
+        except asyncio.CancelledError:
+            if self._cancel is not None:
+                raise _Cancelled() from None
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the workflow itself is cancelled
+            # Only ``cancel_turn`` cancels the loop: with no request pending, fail the run, never
+            # the execution.
+            raise ApplicationError(
+                "the turn was interrupted with no cancel pending", type="turn_interrupted"
+            ) from None
+        except (ActivityError, ApplicationError, TemporalTimeoutError):
             if self._cancel is None:
                 raise
             raise _Cancelled() from None
@@ -752,6 +772,9 @@ class SessionWorkflow:
         dispatches = 0
         while dispatches < MAX_DISPATCHES:
             dispatches += 1
+            # A cancelled tool activity that completed anyway (``WAIT_CANCELLATION_COMPLETED``
+            # returns its result) consumed the cancel: the turn must not dispatch or wait again.
+            self._raise_if_cancelled(None)
             try:
                 self._dispatching = True
                 try:
@@ -772,6 +795,7 @@ class SessionWorkflow:
                     # Nothing ran: wait here for the answer (or the expiry), then dispatch the
                     # call again, which acts on what the ledger then holds.
                     dispatches -= 1
+                    self._raise_if_cancelled(outcome.approval.approval_id)
                     await self._await_approval(ids, outcome.approval)
                     continue
                 return outcome
@@ -780,7 +804,9 @@ class SessionWorkflow:
                     # The host never started this attempt: not a failed dispatch. Wait for the
                     # host; an earlier attempt may have died mid-call, so recovery still decides.
                     dispatches -= 1
-                    await self._wait_for_host(ids, call)
+                    if self._cancel is None:
+                        await self._wait_for_host(ids, call)
+                    # else: no wait for the host, but recovery (never cancelled) still decides.
                 # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
                 # Only the ledger can; never re-schedule the tool without asking it.
                 recovered = await self._recover(ids, call, settings)
@@ -792,6 +818,14 @@ class SessionWorkflow:
                     raise _Cancelled() from None  # it never ran, and the turn is cancelled
                 # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
+
+    def _raise_if_cancelled(self, approval_id: str | None) -> None:
+        if self._cancel is None:
+            return
+        if approval_id is not None:
+            # The run's terminal fact closes the request, as after a cancel during the wait.
+            self._answered.setdefault(approval_id, "expired")
+        raise _Cancelled()
 
     async def _await_approval(self, ids: RunIds, wait: ApprovalWait) -> None:
         """Wait for the answer to ``wait`` until its ``expiresAt`` (a timer), holding no thread;

@@ -26,7 +26,7 @@ from maka_core.facts.events import (
     ToolDispatch,
     ToolRecovery,
 )
-from maka_core.runtime.contracts import ParkReason, RunIds, TurnStatus
+from maka_core.runtime.contracts import TURN_CANCELLED, ParkReason, RunIds, TurnStatus
 
 
 def _present(**fields: Any) -> dict[str, Any]:
@@ -222,9 +222,9 @@ def terminal_event(
             author="system",
             status="cancelled",
             content=ErrorContent(
-                code="turn_cancelled",
+                code=TURN_CANCELLED,
                 message=f"the turn was cancelled: {error or 'cancelled'}",
-                reason="turn_cancelled",
+                reason=TURN_CANCELLED,
             ),
             actions=Actions(end_invocation=True, state_delta={"failureClass": "cancelled"}),
         )

@@ -88,6 +88,10 @@ ParkReason = Literal[
     HostParkReason,
 ]
 PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
+#: The code of the terminal fact of a turn ``cancel_turn`` stopped: only such a run leaves the session
+#: ``idle``; a MELRA ``aborted``/``cancelled`` end written before it (reference ledgers, imports)
+#: still derives ``failed``.
+TURN_CANCELLED = "turn_cancelled"
 
 #: Activity type names (persisted in histories; pinned by ``tests/test_activity_names.py``). Declared
 #: here, beside the models they carry, so the workflow, the activities and the audit (which reads
@@ -208,12 +212,20 @@ class SessionConfig(Contract):
         """The camelCase object of the ledger record and of ``session status --json``."""
         return {_JSON_KEYS[k]: v for k, v in self.model_dump(mode="json").items()}
 
+    def status_json(self) -> dict[str, Any]:
+        """The ``config`` of ``session status --json``: ``to_json`` with the status names of
+        issue 19 (``continueAsNewAfter`` for the turn threshold); the ledger keeps its keys."""
+        return {_STATUS_KEYS.get(k, k): v for k, v in self.to_json().items()}
+
     @classmethod
     def from_json(cls, raw: Any) -> SessionConfig | None:
-        """The config of a camelCase object (``to_json``; older records hold only its first keys),
-        or ``None`` when it holds no provider or a value of the wrong type."""
+        """The config of a camelCase object (``to_json``; older records hold only its first keys;
+        a status ``config`` too), or ``None`` when it holds no provider or a value of the wrong type."""
         if not isinstance(raw, dict) or not isinstance(raw.get("provider"), dict):
             return None
+        for stored, shown in _STATUS_KEYS.items():
+            if stored not in raw and shown in raw:
+                raw = {**raw, stored: raw[shown]}
         try:
             return cls.model_validate({k: raw[j] for k, j in _JSON_KEYS.items() if j in raw})
         except ValidationError:
@@ -227,6 +239,9 @@ _JSON_KEYS: Final = {
     k: {"host_wait_s": "hostWait", "model_step_timeout_s": "modelStepTimeout"}.get(k, to_camel(k))
     for k in _CONFIG_KEYS
 }
+#: The keys ``session status --json`` names otherwise than the ledger record (which keeps its own,
+#: so every record written before reads unchanged).
+_STATUS_KEYS: Final = {"continueAsNewAfterTurns": "continueAsNewAfter"}
 
 
 class HoldsConfig(Contract):

@@ -18,7 +18,7 @@ from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.compaction import CompactionFact
-from maka_core.runtime.contracts import PARK_REASONS, SessionState
+from maka_core.runtime.contracts import PARK_REASONS, TURN_CANCELLED, SessionState
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
 
 if TYPE_CHECKING:
@@ -115,13 +115,16 @@ class SessionView:
 
 
 def derive_state(
-    runs: list[RunHeader], ops: list[OperationView] | None = None
+    runs: list[RunHeader],
+    ops: list[OperationView] | None = None,
+    events: list[RuntimeEvent] | None = None,
 ) -> tuple[SessionState, str | None]:
     """The session state the ledger implies: that of its latest run.
 
     A run that ended while one of its operations is still unresolved (an old repair that did not
     recover it, an imported ledger) parks the session: the way forward is an operator's, and
-    ``failed`` would invite a blind retry.
+    ``failed`` would invite a blind retry. A ``cancelled`` run is ``idle`` only when ``events``
+    hold its terminal fact and that fact is a ``cancel_turn`` (:func:`turn_cancelled`).
     """
     runs = [r for r in runs if not is_resolution_run(r.run_id)]
     if not runs:
@@ -136,9 +139,18 @@ def derive_state(
     )
     if unresolved is not None:
         return "parked", unresolved_park_reason(unresolved.status, unresolved.reason)
-    if last.status == "failed":
+    if last.status == "failed" or (last.status == "cancelled" and not turn_cancelled(last.run_id, events)):
         return "failed", None
-    return "idle", None  # completed, or cancelled (``cancel_turn``): the session takes the next message
+    return "idle", None  # completed, or cancelled by ``cancel_turn``: the session takes the next message
+
+
+def turn_cancelled(run_id: str, events: list[RuntimeEvent] | None) -> bool:
+    """Whether run ``run_id`` ended by ``cancel_turn`` (its terminal fact's code is
+    ``turn_cancelled``), not by an older writer's ``aborted``/``cancelled`` end."""
+    end = next((e for e in reversed(events or ()) if e.run_id == run_id and e.is_terminal), None)
+    return (
+        end is not None and end.content is not None and getattr(end.content, "code", None) == TURN_CANCELLED
+    )
 
 
 _SETTLED_OPS = frozenset({"completed", "definitely_not_dispatched"})
@@ -200,7 +212,7 @@ def session_view(
     events = store.events(session_id=session_id)
     runs = sorted(store.list_runs(session_id=session_id), key=lambda r: (r.created_at, r.updated_at))
     ops = operations(events)
-    derived, derived_reason = derive_state(runs, ops)
+    derived, derived_reason = derive_state(runs, ops, events)
     if state is None:
         state, park_reason = derived, derived_reason
     usage = usage_by_run(events)

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from maka_core.errors import ConfigError, MakaError
+from maka_core.facts import canonical_json
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.provider_replay import replay_segment
 from maka_core.ledger.resume_plan import plan_resume
@@ -452,3 +454,76 @@ def test_the_summarizer_reads_at_most_a_bounded_slice_of_one_huge_event() -> Non
     ]
     text = compaction.transcript(compaction.history_view(events).history)
     assert "characters elided" in text and len(text) < 2 * compaction.MAX_TRANSCRIPT_EVENT
+
+
+# --- choosing the cut: linear, and the same cut as before ------------------------------------------
+
+
+def _old_cut(history: list[Any], cuts: list[int], target: int) -> int:
+    """The cut as it was chosen before: the tail re-serialized for every candidate (quadratic)."""
+    return next((c for c in cuts if compaction.estimate_tokens(history[c:]) <= target), cuts[-1])
+
+
+def _generated_history(rng: random.Random, n: int) -> list[Any]:
+    events: list[Any] = []
+    for i in range(n):
+        pick = rng.random()
+        if pick < 0.3:
+            events.extend(lf.t1(f"c{i}", "write_file", {"path": "x" * rng.randrange(40)}))
+            result = {"kind": "text", "text": "y" * rng.randrange(300)}
+            events.append(lf.response(f"c{i}", "write_file", result))
+        elif pick < 0.6:
+            events.append(lf.user("u" * rng.randrange(500), id=f"u{i}"))
+        else:
+            events.append(lf.text("é" * rng.randrange(500), id=f"m{i}"))
+    return compaction.history_view(events).history
+
+
+def test_the_cut_is_the_one_the_quadratic_scan_chose() -> None:
+    """Pinned against the old expression, on seeded histories and every target that matters."""
+    rng = random.Random(20261201)
+    compared = 0
+    for _ in range(40):
+        history = _generated_history(rng, rng.randrange(1, 40))
+        cuts = compaction.safe_cuts(history, 0, len(history))
+        if not cuts:
+            continue
+        whole = compaction.estimate_tokens(history)
+        for target in {0, 1, whole // 4, whole // 2, whole - 1, whole, whole + 1, rng.randrange(whole + 2)}:
+            assert compaction.choose_cut(history, cuts, target) == _old_cut(history, cuts, target)
+            compared += 1
+    assert compared > 100
+
+
+def test_choosing_the_cut_serializes_each_event_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted, not timed: ``canonical_json.dumps`` calls while planning grow with the history,
+    not with its square. Negative control: the old scan on the same history makes quadratically many."""
+    real = canonical_json.dumps
+    calls = [0]
+
+    def counting(value: Any) -> str:
+        calls[0] += 1
+        return real(value)
+
+    monkeypatch.setattr(canonical_json, "dumps", counting)
+    history = [lf.user(f"turn {i} " + "p" * 200, id=f"u{i}") for i in range(400)]
+    cuts = compaction.safe_cuts(history, 0, len(history) - 1)
+    target = compaction.estimate_tokens(history[-3:])  # the cut falls near the end
+    calls[0] = 0
+    new = compaction.choose_cut(history, cuts, target)
+    linear = calls[0]
+    calls[0] = 0
+    old = _old_cut(history, cuts, target)
+    quadratic = calls[0]
+    print(f"dumps calls for a 400-event history: {linear} (suffix sums), {quadratic} (old scan)")
+    assert new == old
+    assert linear <= len(history), linear
+    assert quadratic > 50 * len(history), "the control: the old scan re-serializes each tail"
+    # The whole plan stays linear too (the digest and the transcript serialize each event once more).
+    ids = RunIds(session_id=lf.SESSION, turn_id="t", run_id="r", invocation_id="i")
+    calls[0] = 0
+    plan = compaction.plan_compaction(
+        ids, "r:0", history, compaction.history_view(history),
+        target=target, trigger="budget", estimate=0, budget=0,
+    )  # fmt: skip
+    assert plan is not None and calls[0] <= 3 * len(history), calls[0]

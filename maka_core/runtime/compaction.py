@@ -170,10 +170,30 @@ def estimate_tokens(
     size = len((system or "").encode("utf-8"))
     if tools:
         size += len(canonical_json.dumps(list(tools)).encode("utf-8"))
-    for event in history:
-        if event.content is not None:
-            size += len(canonical_json.dumps(event.content.to_wire()).encode("utf-8")) + 8
+    return _tokens(size + sum(event_sizes(history)))
+
+
+def event_sizes(history: Sequence[RuntimeEvent]) -> list[int]:
+    """Each event's share of ``estimate_tokens``, in bytes: its content as canonical JSON, plus framing."""
+    return [
+        len(canonical_json.dumps(e.content.to_wire()).encode("utf-8")) + 8 if e.content is not None else 0
+        for e in history
+    ]
+
+
+def _tokens(size: int) -> int:
     return -(-size // BYTES_PER_TOKEN)
+
+
+def choose_cut(history: Sequence[RuntimeEvent], cuts: Sequence[int], target: int) -> int:
+    """The earliest of ``cuts`` (ascending) whose tail ``history[c:]`` is estimated at ``target``
+    tokens or fewer, else the last cut. Each event is serialized once (suffix sums): this runs on
+    the ledger thread, where a quadratic re-serialization would hold up every session's writes."""
+    sizes = event_sizes(history)
+    tail = [0] * (len(sizes) + 1)
+    for i in range(len(sizes) - 1, -1, -1):
+        tail[i] = tail[i + 1] + sizes[i]
+    return next((c for c in cuts if _tokens(tail[c]) <= target), cuts[-1])
 
 
 def covered_digest(events: Sequence[RuntimeEvent]) -> str:
@@ -381,7 +401,7 @@ def plan_compaction(
     cuts = safe_cuts(history, view.covered, stop)
     if not cuts:
         return None
-    cut = next((c for c in cuts if estimate_tokens(history[c:]) <= target), cuts[-1])
+    cut = choose_cut(history, cuts, target)
     covered = history[:cut]
     positions = {e.id: i + 1 for i, e in enumerate(events)}
     last = covered[-1]

@@ -294,10 +294,10 @@ def answer_approval(
     reason: str | None = None,
 ) -> dict[str, Any]:
     """Approve or deny through the ledger alone (the execution is not running); returns what was
-    committed (``runtime.approvals.answer`` and its codes)."""
+    committed (``runtime.approvals.answer`` and its codes). The caller (``SessionClient``) has
+    checked the session exists (``check_session_known``)."""
     from maka_core.runtime import approvals
 
-    check_session_known(ledger, session_id)
     with open_ledger(ledger, create=False) as store:
         done: dict[str, Any] = approvals.answer(
             store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason

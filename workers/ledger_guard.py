@@ -28,7 +28,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -128,24 +127,6 @@ def refuse_mismatch(
 
 async def check_queue(client: Client, task_queue: str, ledger_id: str | None) -> None:
     refuse_mismatch(ledger_id, task_queue, await queue_ledgers(client, task_queue))
-
-
-async def open_checked(client: Client, db: Path | str, task_queue: str) -> LedgerStore:
-    """Open the ledger for serving: refuse one that cannot take a write (a real, empty write
-    transaction) or that another live worker's ledger contradicts on this queue.
-
-    Raises:
-        MakaError: ``ledger_unwritable``, ``ledger_full``, ``ledger_replaced``, ``ledger_mismatch``
-            or another store code.
-    """
-    store = LedgerStore.open(db)
-    try:
-        store.check_health()
-        await check_queue(client, task_queue, store.health.ledger_id)
-    except BaseException:
-        store.close()
-        raise
-    return store
 
 
 async def watch(store: LedgerStore, stop: asyncio.Event, interval: float = WATCH_INTERVAL_S) -> StoreError:

@@ -253,16 +253,6 @@ def build_host_worker(
     )
 
 
-async def _run_all(pollers: list[Worker]) -> None:
-    """Run the process's Workers together; when one stops (a fatal poll error), stop the others
-    too, so a worker never serves its host's tools without the workflow queue or the reverse.
-    (``Worker.shutdown`` is safe to repeat: ``serve`` may have asked already.)"""
-    tasks = [asyncio.create_task(p.run()) for p in pollers]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    await asyncio.gather(*(p.shutdown() for p in pollers), return_exceptions=True)
-    await asyncio.gather(*tasks)
-
-
 def default_runtime(
     store: LedgerStore, settings: RuntimeSettings, tools: Sequence[FunctionTool] = ()
 ) -> Runtime:

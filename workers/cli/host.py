@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
@@ -113,9 +113,9 @@ def cmd_worker(
     """Run a worker: startup repair, then poll."""
     from maka_core.tools import default_tools
     from maka_core.tools.loader import load_tools
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.telemetry import Telemetry
-    from maka_temporal.workers.worker import serve
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host.telemetry import Telemetry
+    from maka_temporal.workers.host.worker import serve
 
     s = settings(
         db=db,
@@ -184,9 +184,9 @@ def cmd_dev(
     """Run the embedded Temporal dev server (+ a worker)."""
     from maka_core.tools import default_tools
     from maka_core.tools.loader import load_tools
-    from maka_temporal.workers import devserver
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.worker import serve
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host import devserver
+    from maka_temporal.workers.host.worker import serve
 
     s = settings(
         db=db,
@@ -259,6 +259,6 @@ def cmd_dev(
 @json_option()
 def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json: bool) -> None:
     """Run a scripted session on a sample workspace."""
-    from maka_temporal.workers import demo  # imported late: the demo module builds on this one
+    from maka_temporal.workers.cli import demo  # imported late: the demo module builds on this one
 
     finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))

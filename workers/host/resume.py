@@ -37,8 +37,7 @@ from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
-from maka_temporal.workers.attempt_fence import AttemptFence
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
@@ -48,7 +47,13 @@ from maka_temporal.workers.cli_base import (
     settings,
     temporal_options,
 )
-from maka_temporal.workers.session_client import Execution, describe_execution, start_execution, wait_settled
+from maka_temporal.workers.client.session_client import (
+    Execution,
+    describe_execution,
+    start_execution,
+    wait_settled,
+)
+from maka_temporal.workers.host.attempt_fence import AttemptFence
 
 log = logging.getLogger("maka.resume")
 
@@ -72,7 +77,7 @@ def _quiet(event: str, **fields: Any) -> None:
     log.info("%s %s", event, fields)
 
 
-#: Waits until a lost run's tool attempt cannot still be running (``workers.attempt_fence``).
+#: Waits until a lost run's tool attempt cannot still be running (``workers.host.attempt_fence``).
 Fence = Callable[[RunHeader, list[str]], Awaitable[None]]
 
 
@@ -383,7 +388,7 @@ async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]
     messages; nothing in it will move again, so the way on is to terminate it and resume from the
     ledger (after ``maka session resolve`` when the park needs a human's word).
     """
-    from maka_temporal.workers.session_client import query_status
+    from maka_temporal.workers.client.session_client import query_status
     from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
@@ -414,8 +419,8 @@ async def resume_on_host(
     """
     from temporalio.client import WorkflowUpdateFailedError
 
-    from maka_temporal.workers.session_client import query_status
-    from maka_temporal.workers.session_client import resume_host as send_resume_host
+    from maka_temporal.workers.client.session_client import query_status
+    from maka_temporal.workers.client.session_client import resume_host as send_resume_host
     from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
@@ -486,8 +491,8 @@ def cmd_resume(
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.worker import default_runtime
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host.worker import default_runtime
 
     s = settings(db=db, task_queue=task_queue)
     feature = s.runtime_safe_boundary_resume is not False

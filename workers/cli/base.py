@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_META = "maka_json"
 #: Set once a command has talked to Temporal: the console entry point then leaves without
-#: interpreter finalization (see ``workers.cli.main``).
+#: interpreter finalization (see ``workers.cli.app.main``).
 TEMPORAL_USED = "maka_temporal_used"
 
 

@@ -1,6 +1,6 @@
 """``maka session cancel SESSION [--reason TEXT] [--json]``: stop the session's running turn.
 
-Sent as the ``cancel_turn`` Update (``workers.turn_messages``): a running model step is abandoned,
+Sent as the ``cancel_turn`` Update (``workers.client.turn_messages``): a running model step is abandoned,
 a running tool is stopped (a bash command and its children are killed) and its T2 records
 ``tool_cancelled``, a call whose end nobody observed (its worker died first) is settled by
 recovery as after a crash, and the run ends ``cancelled`` with its terminal fact and certificate;
@@ -16,7 +16,7 @@ import asyncio
 
 import click
 
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     finish,
     json_option,
     print_json,
@@ -41,8 +41,8 @@ def cmd_cancel(
 ) -> None:
     """Cancel the running turn: the run ends cancelled and the session takes the next message."""
     # Lazy: only a command that talks to Temporal pays for the SDK's import.
-    from maka_temporal.workers import turn_messages
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client import turn_messages
+    from maka_temporal.workers.client.connect import connect
 
     async def main() -> int:
         client = await asyncio.wait_for(connect(address, namespace), 10)

@@ -8,7 +8,7 @@
   (so the workflow, its contracts and its replay are untouched).
 - ``maka session approve SESSION APPROVAL_ID --phrase "APPROVE …" [--by NAME]`` and ``maka
   session deny SESSION APPROVAL_ID [--by NAME] [--reason TEXT]``: sent as the ``approve``/``deny``
-  Update while the session's execution runs (``workers.turn_messages``: its validator refuses,
+  Update while the session's execution runs (``workers.client.turn_messages``: its validator refuses,
   its handler commits the answer in the ledger and wakes the waiting turn); otherwise, or when
   the server cannot be reached, validated and committed through the ledger as before (a waiting
   turn then sees the answer at its expiry at the latest). Refusals exit 2 with
@@ -34,7 +34,7 @@ import click
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
@@ -234,7 +234,7 @@ def _answer(
     reason: str | None = None,
 ) -> None:
     # Imported at the command: the client module builds on this one (session_policy).
-    from maka_temporal.workers.session_api import SessionClient
+    from maka_temporal.workers.client.session_api import SessionClient
 
     s = settings(db=db)
     check_session_known(s.ledger, session_id)  # before any connection is tried
@@ -262,7 +262,7 @@ def _answer(
 async def _reachable(address: str | None, namespace: str | None) -> Any:
     """A Temporal client when the server answers within 3 s, else None: the answer then goes to
     the ledger alone (an operator can answer while the server is down)."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     try:
         return await asyncio.wait_for(connect(address, namespace), 3)

@@ -36,20 +36,20 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import BashTool, FunctionTool, Tool, default_tools, tool_catalog
 from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
-from maka_temporal.workers.attempt_fence import AttemptFence
-from maka_temporal.workers.resume_cli import (
+from maka_temporal.workers.host.attempt_fence import AttemptFence
+from maka_temporal.workers.host.resume import (
     lost_sessions,
     resume_lost_session,
     settle_lost_runs,
     wait_continued,
 )
-from maka_temporal.workers.sandbox_runner import CompiledOnceSandboxRunner
+from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
     from maka_core.tools.mcp.adapter import McpToolset
-    from maka_temporal.workers.telemetry import Telemetry
+    from maka_temporal.workers.host.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
 
@@ -128,7 +128,7 @@ async def startup_repair(
     claimed continuation that never ran is left for resume to execute. With ``host``, a run of a
     session pinned to another host is left alone: its recovery reads a workspace that lives there,
     so that host's worker (or ``maka resume`` run there) settles it. A lost run with a tool in
-    flight is settled once its old attempt cannot still be running (``workers.attempt_fence``;
+    flight is settled once its old attempt cannot still be running (``workers.host.attempt_fence``;
     ``say`` reports the wait).
     """
     report = RepairReport()
@@ -226,7 +226,7 @@ def build_worker(
         sticky_queue_schedule_to_start_timeout=sticky,
         task_queue=task_queue,
         workflows=[workflow],
-        # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
+        # Sandboxed, with its entry snippets compiled once (workers/host/sandbox_runner.py).
         workflow_runner=options.pop("workflow_runner", CompiledOnceSandboxRunner()),
         activities=acts.all(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
@@ -334,7 +334,7 @@ async def serve(
     workflow: type = SessionWorkflow,
     tools: Sequence[FunctionTool] = (),
 ) -> RepairReport:
-    """``maka worker``: one temporalio ``Worker`` with ``MakaPlugin`` (``workers.plugin``), run
+    """``maka worker``: one temporalio ``Worker`` with ``MakaPlugin`` (``workers.host.plugin``), run
     until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
 
     ``host`` (``maka worker --host``, ``MAKA_HOST``): the workspace host this worker serves; the
@@ -345,11 +345,11 @@ async def serve(
     line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
     ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
-    ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
+    ``telemetry`` (``workers.host.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
     ``tools``: the worker's own tools beside the built-ins (``maka worker --tools``), for the
     default runtime.
     """
-    from maka_temporal.workers.plugin import MakaPlugin
+    from maka_temporal.workers.host.plugin import MakaPlugin
 
     out = out or sys.stderr
 
@@ -448,7 +448,7 @@ async def serve(
             task_queue=task_queue,
             plugins=[plugin],
             sticky_queue_schedule_to_start_timeout=timedelta(seconds=load_settings().sticky_timeout),
-            # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
+            # Sandboxed, with its entry snippets compiled once (workers/host/sandbox_runner.py).
             workflow_runner=CompiledOnceSandboxRunner(),
             max_concurrent_activities=64,
             graceful_shutdown_timeout=timedelta(seconds=5),
@@ -496,8 +496,8 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m workers.worker`` = ``maka worker``."""
-    from maka_temporal.workers.cli import main as cli_main
+    """``python -m workers.host.worker`` = ``maka worker``."""
+    from maka_temporal.workers.cli.app import main as cli_main
 
     return cli_main(["worker", *(argv if argv is not None else sys.argv[1:])])
 

@@ -17,7 +17,7 @@ from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
 from maka_core.store.jsonl import check_session_ids
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
@@ -242,7 +242,7 @@ def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     """A Rich table on a terminal; aligned plain columns in a pipe or a log."""
-    from maka_temporal.workers.cli_base import console, stdout_is_tty
+    from maka_temporal.workers.cli.base import console, stdout_is_tty
 
     if stdout_is_tty():
         from rich.table import Table

@@ -1,5 +1,5 @@
 """``maka session start|send|status|resolve|approve|deny`` answer through ``SessionClient``
-(``workers.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
+(``workers.client.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig
@@ -22,8 +22,7 @@ import click
 from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cancel_cli import cmd_cancel
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     console,
     db_option,
     finish,
@@ -36,16 +35,17 @@ from maka_temporal.workers.cli_base import (
     stdout_is_tty,
     temporal_options,
 )
-from maka_temporal.workers.governance_cli import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
-from maka_temporal.workers.session_api import SessionClient, session_status
-from maka_temporal.workers.session_client import (
+from maka_temporal.workers.cli.cancel import cmd_cancel
+from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.client.session_api import SessionClient, session_status
+from maka_temporal.workers.client.session_client import (
     query_status,
     send_message,
     start_session,
     update_error,
     wait_settled,
 )
-from maka_temporal.workers.session_start import check_message, new_session
+from maka_temporal.workers.client.session_start import check_message, new_session
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -67,7 +67,7 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
-# The checks of a new session live in ``workers.session_start``: the CLI, ``SessionClient`` and a
+# The checks of a new session live in ``workers.client.session_start``: the CLI, ``SessionClient`` and a
 # child session refuse the same inputs.
 
 
@@ -194,7 +194,7 @@ def cmd_start(
     unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
 
@@ -249,7 +249,7 @@ def cmd_send(
     as_json: bool,
 ) -> None:
     """Send a message (one new turn)."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db, wait_timeout=wait_timeout)
     check_message(message)  # before connecting: a bad message is refused without a server
@@ -343,7 +343,7 @@ def cmd_status(
     db: str | None, address: str | None, namespace: str | None, session_id: str, as_json: bool
 ) -> None:
     """State, turns and every tool call's facts."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db)
 
@@ -395,7 +395,7 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> No
     from maka_core.runtime.session_view import transcript_lines
 
     if follow:
-        from maka_temporal.workers.session_follow import follow as follow_ledger
+        from maka_temporal.workers.cli.session_follow import follow as follow_ledger
 
         def write(line: str) -> None:
             sys.stdout.write((line if as_json else _printable(line)) + "\n")

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from maka_core.errors import MakaError
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
@@ -56,8 +56,8 @@ def cmd_audit(
     target = settings(db=db).ledger
 
     async def main() -> int:
-        from maka_temporal.workers.audit import audit_session
-        from maka_temporal.workers.client import connect
+        from maka_temporal.workers.client.audit import audit_session
+        from maka_temporal.workers.client.connect import connect
 
         with open_ledger(target, create=False) as store:
             sessions: list[str] = store.sessions() if all_sessions else [str(session_id)]

@@ -11,6 +11,7 @@ __all__ = [
     "governance",
     "host",
     "ledger",
+    "resume",
     "session",
     "session_follow",
 ]

@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ledger": (".ledger:ledger", "Import, export, plan and verify a RuntimeEvent ledger."),
     "receipts": (".governance:receipts", "Exported receipts."),
     "resume": (
-        "..host.resume:cmd_resume",
+        ".resume:cmd_resume",
         "Continue a session whose workflow execution is lost, through the planner (never a retry), or",
     ),
     "session": (".session:session", "Start, message and inspect sessions."),

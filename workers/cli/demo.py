@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli.base import open_ledger, print_json, run_async
+from maka_temporal.workers.cli.base import print_json, run_async
+from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.session_client import start_session, wait_settled
 
 DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."

@@ -38,12 +38,12 @@ from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_json,
     run_async,
     settings,
     temporal_options,
 )
+from maka_temporal.workers.client.ledger import open_ledger
 
 __all__ = [
     "SessionPolicy",

@@ -16,12 +16,12 @@ from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_line,
     run_async,
     settings,
     temporal_options,
 )
+from maka_temporal.workers.client.ledger import open_ledger
 
 heartbeat_option = click.option(
     "--tool-heartbeat-timeout",

@@ -17,15 +17,8 @@ from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
 from maka_core.store.jsonl import check_session_ids
-from maka_temporal.workers.cli.base import (
-    db_option,
-    finish,
-    json_option,
-    open_ledger,
-    print_json,
-    session_events,
-    settings,
-)
+from maka_temporal.workers.cli.base import db_option, finish, json_option, print_json, settings
+from maka_temporal.workers.client.ledger import open_ledger, session_events
 
 #: A file of bad lines is reported by its first errors and a count, never all of them.
 MAX_REPORTED_ERRORS = 100

@@ -27,16 +27,15 @@ from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_json,
     run_async,
-    session_events,
     settings,
     stdout_is_tty,
     temporal_options,
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.client.ledger import open_ledger, session_events
 from maka_temporal.workers.client.session_api import SessionClient, session_status
 from maka_temporal.workers.client.session_client import (
     query_status,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings, load_settings
-from maka_temporal.workers.cli.base import open_ledger
+from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.session_client import (
     START_NEVER_HAPPENED,
     describe_execution,
@@ -362,7 +362,7 @@ class SessionClient:
         """The transcript and events, from the ledger (``maka session show``)."""
         from maka_core.facts import codec
         from maka_core.runtime.session_view import transcript_lines
-        from maka_temporal.workers.cli.base import session_events
+        from maka_temporal.workers.client.ledger import session_events
 
         s = self.settings()
 

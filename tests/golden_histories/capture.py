@@ -150,8 +150,8 @@ async def main(wanted: set[str]) -> None:
             # is cancelled by ``cancel_turn`` (its T2 ``tool_cancelled``, the run ``cancelled``).
             from maka_core.runtime.runtime import RuntimeSettings
             from maka_core.settings import MakaSettings
-            from maka_temporal.workers.cli.governance import session_policy
             from maka_temporal.workers.client import turn_messages
+            from maka_temporal.workers.client.policy import session_policy
 
             policy = tmp / "confirm.json"
             policy.write_text(

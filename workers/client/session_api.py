@@ -24,6 +24,7 @@ from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings, load_settings
 from maka_temporal.workers.client.ledger import open_ledger
+from maka_temporal.workers.client.policy import answer_approval, check_session_known, governance_status
 from maka_temporal.workers.client.session_client import (
     START_NEVER_HAPPENED,
     describe_execution,
@@ -416,7 +417,6 @@ class SessionClient:
         by: str | None = None,
         reason: str | None = None,
     ) -> ApprovalAnswer:
-        from maka_temporal.workers.cli.governance import answer_approval, check_session_known
         from maka_temporal.workers.client import turn_messages
 
         ledger = self.settings().ledger
@@ -580,7 +580,6 @@ async def session_status(
     caller has no client (the code of its failed connect), for the note."""
     from maka_core.runtime.lost_run import session_record
     from maka_core.runtime.session_view import session_view
-    from maka_temporal.workers.cli.governance import governance_status
     from maka_temporal.workflows.contracts import workflow_id_for
 
     status = None

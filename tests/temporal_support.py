@@ -24,7 +24,7 @@ from maka_core.runtime.runtime import RuntimeSettings
 from maka_temporal.workers.cli.session import query_status, send_message, start_session
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.host.devserver import DevServer
-from maka_temporal.workers.host.worker import serve
+from maka_temporal.workers.host.serve import serve
 from maka_temporal.workflows.session import SessionWorkflow
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,6 +29,7 @@ from maka_core.observe import NOOP, ObservedLedger, timed_span
 from maka_core.runtime.contracts import FinishRunInput, HostParkInput, RecoverResult, RunIds, ToolOutcome
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
 from maka_temporal.workers.host.telemetry import (
     Metrics,
     OtelPromObserver,
@@ -37,7 +38,6 @@ from maka_temporal.workers.host.telemetry import (
     scrub,
     turn_span_context,
 )
-from maka_temporal.workers.host.worker import serve
 from maka_temporal.workflows.contracts import (
     BEGIN_RUN,
     EXECUTE_TOOL,

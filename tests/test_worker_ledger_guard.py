@@ -38,7 +38,7 @@ from maka_temporal.workers.host.ledger_guard import (
     refuse_mismatch,
     worker_identity,
 )
-from maka_temporal.workers.host.worker import serve
+from maka_temporal.workers.host.serve import serve
 from tests.temporal_support import REPO, in_process_worker
 
 WORKER = (sys.executable, "-m", "maka_temporal", "worker", "--json", "--no-repair")

@@ -21,7 +21,7 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools, with_tools
 from maka_temporal.workers.client.connect import connect
-from maka_temporal.workers.host.worker import serve
+from maka_temporal.workers.host.serve import serve
 
 
 class NaiveRetryGuard(ResolverGuard):

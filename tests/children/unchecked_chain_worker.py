@@ -20,7 +20,8 @@ from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers.client.connect import connect
-from maka_temporal.workers.host.worker import default_runtime, serve
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.worker import default_runtime
 
 
 class UncheckedChainGuard(ResolverGuard):

@@ -15,7 +15,7 @@ import sys
 
 from maka_core.settings import load_settings
 from maka_temporal.workers.client.connect import connect
-from maka_temporal.workers.host.worker import serve
+from maka_temporal.workers.host.serve import serve
 from tests.children.unpinned_workflow import UnpinnedSessionWorkflow
 
 

@@ -35,7 +35,7 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
     from maka_core.runtime.session_view import operations, transcript_lines
     from maka_temporal.workers.client.connect import connect, reachable, target_address
     from maka_temporal.workers.host import devserver
-    from maka_temporal.workers.host.worker import serve
+    from maka_temporal.workers.host.serve import serve
 
     home = settings.home
     db = settings.ledger

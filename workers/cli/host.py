@@ -114,8 +114,8 @@ def cmd_worker(
     from maka_core.tools import default_tools
     from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host.serve import serve
     from maka_temporal.workers.host.telemetry import Telemetry
-    from maka_temporal.workers.host.worker import serve
 
     s = settings(
         db=db,
@@ -186,7 +186,7 @@ def cmd_dev(
     from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client.connect import connect
     from maka_temporal.workers.host import devserver
-    from maka_temporal.workers.host.worker import serve
+    from maka_temporal.workers.host.serve import serve
 
     s = settings(
         db=db,

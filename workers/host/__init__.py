@@ -1,6 +1,7 @@
-"""The worker host: what runs sessions (``MakaPlugin`` in ``plugin``, the worker in ``worker``),
-startup repair and the resume of lost sessions (``resume``), the ledger guard, the attempt fence,
-the sandbox runner, telemetry and the embedded dev server."""
+"""The worker host: what runs sessions. ``MakaPlugin`` (``plugin``), the worker's building blocks
+(``worker``: startup repair, the queue workers, the default runtime), ``maka worker``'s loop
+(``serve``), the resume of lost sessions (``resume``), the ledger guard, the attempt fence, the
+sandbox runner, telemetry and the embedded dev server."""
 
 __all__ = [
     "attempt_fence",
@@ -9,6 +10,7 @@ __all__ = [
     "plugin",
     "resume",
     "sandbox_runner",
+    "serve",
     "telemetry",
     "worker",
 ]

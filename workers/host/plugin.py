@@ -48,6 +48,13 @@ from maka_temporal.activities.child import ChildSessionActivities
 from maka_temporal.workers.client.session_api import SessionError
 from maka_temporal.workers.host.ledger_guard import check_queue, watch, worker_identity
 from maka_temporal.workers.host.telemetry import Telemetry
+from maka_temporal.workers.host.worker import (
+    build_host_worker,
+    default_runtime,
+    mcp_log_to,
+    mcp_of,
+    startup_repair,
+)
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
@@ -222,8 +229,6 @@ class MakaPlugin(SimplePlugin):
             SessionError: ``ledger_unwritable``, ``ledger_full``, ``store_unreadable``... (the
                 store's codes).
         """
-        from maka_temporal.workers.host.worker import default_runtime
-
         try:
             store = LedgerStore.open(self.settings.ledger)
             store.check_health()
@@ -270,8 +275,6 @@ class MakaPlugin(SimplePlugin):
         return _host_worker_of(self, worker, served)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        from maka_temporal.workers.host.worker import mcp_log_to, mcp_of, startup_repair
-
         served = self._serving()
         client: Client = worker.client
         mcp = mcp_of(served.runtime)
@@ -360,8 +363,6 @@ async def _stop_pollers(
 def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Worker:
     """The host-queue worker: on the same connection without plugins (this one configured it
     already), with your worker's identity and interceptors."""
-    from maka_temporal.workers.host.worker import build_host_worker
-
     client = worker.client
     config: dict[str, Any] = {**client.config(), "plugins": []}
     bare = Client(**config)

@@ -139,6 +139,44 @@ def cli_decisions(root: Path, package: str) -> list[str]:
     return found
 
 
+def registrations(path: Path) -> list[str]:
+    """The ways a CLI module registers a command other than the one way (a plain
+    ``@click.command``/``@click.group``, named once in ``add_commands`` or ``app.COMMANDS``): a
+    ``@group.command`` decorator or an ``add_command`` call of its own."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                call = deco.func if isinstance(deco, ast.Call) else deco
+                if (
+                    isinstance(call, ast.Attribute)
+                    and call.attr in ("command", "group")
+                    and not (isinstance(call.value, ast.Name) and call.value.id == "click")
+                ):
+                    found.append(f"{path.name}:{deco.lineno} @{ast.unparse(call)}")
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr == "add_command":
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(func)}")
+    return found
+
+
+def test_one_way_to_register_a_command() -> None:
+    found = [r for p in sorted((WORKERS / "cli").glob("*.py")) for r in registrations(p)]
+    # The two add_command calls are the one way itself: app's lazy root group and base.add_commands.
+    assert [r.split(" ", 1)[1] for r in found] == ["self.add_command", "group.add_command"], found
+    assert [r.split(":")[0] for r in found] == ["app.py", "base.py"], found
+
+
+def test_negative_control_a_second_way_is_found(tmp_path: Path) -> None:
+    module = tmp_path / "session.py"
+    module.write_text(
+        "import click\n@click.group('session')\ndef session(): pass\n"
+        "@session.command('start')\ndef cmd_start(): pass\n"
+        "session.add_command(cmd_start)\n"
+    )
+    assert registrations(module) == ["session.py:4 @session.command", "session.py:6 session.add_command"]
+
+
 def test_workers_modules_import_no_circle() -> None:
     graph = import_graph(WORKERS, PACKAGE)
     # The graph is the real one: the rooms' modules are in it and their known edges are seen.

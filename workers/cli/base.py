@@ -68,6 +68,13 @@ def temporal_options(*, queue: bool = True) -> Callable[[F], F]:
     return wrap
 
 
+def add_commands(group: click.Group, *commands: click.Command) -> None:
+    """A group's commands, listed once at the end of the group's module: every command is a plain
+    ``@click.command`` and its group names it here (the root group's are ``app.COMMANDS``)."""
+    for command in commands:
+        group.add_command(command)
+
+
 def settings(**flags: Any) -> MakaSettings:
     """The settings for this command (environment + the flags given); refuses ``config_invalid``."""
     return load_settings(**flags)

@@ -32,6 +32,7 @@ import click
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_temporal.workers.cli.base import (
+    add_commands,
     db_option,
     finish,
     json_option,
@@ -200,7 +201,7 @@ def receipts() -> None:
     """Exported receipts."""
 
 
-@receipts.command("verify")
+@click.command("verify")
 @click.argument("file", type=click.Path(path_type=Path))  # a missing file is receipts_unreadable
 @json_option()
 def cmd_verify(file: Path, as_json: bool) -> None:
@@ -227,3 +228,6 @@ def cmd_verify(file: Path, as_json: bool) -> None:
             click.echo(f"line {p.line}: {p.code}: {p.message}")
         click.echo(f"{count} lines, {len(problems)} problems")
     finish(1 if problems else 0)
+
+
+add_commands(receipts, cmd_verify)

@@ -17,7 +17,16 @@ from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
 from maka_core.store.jsonl import check_session_ids
-from maka_temporal.workers.cli.base import db_option, finish, json_option, print_json, settings
+from maka_temporal.workers.cli.base import (
+    add_commands,
+    console,
+    db_option,
+    finish,
+    json_option,
+    print_json,
+    settings,
+    stdout_is_tty,
+)
 from maka_temporal.workers.client.ledger import open_ledger, session_events
 
 #: A file of bad lines is reported by its first errors and a count, never all of them.
@@ -100,7 +109,7 @@ def _decoded(path: Path) -> list[RuntimeEvent]:
 # --- commands ----------------------------------------------------------------------------------
 
 
-@ledger.command("import")
+@click.command("import")
 @db_option
 @click.argument("file", type=click.Path(path_type=Path))
 @json_option("print a JSON result (refusals are always JSON)")
@@ -118,7 +127,7 @@ def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
         click.echo(f"imported {result.imported} events ({result.existing} already present) into {target}")
 
 
-@ledger.command("export")
+@click.command("export")
 @db_option
 @click.option("--session", required=True, help="the session id")
 @json_option("refusals as JSON (the export itself is always JSONL)")
@@ -130,7 +139,7 @@ def cmd_export(db: str | None, session: str, as_json: bool) -> None:
         sys.stdout.write(codec.encode(event) + "\n")
 
 
-@ledger.command("plan")
+@click.command("plan")
 @db_option
 @click.argument("file", required=False, type=click.Path(path_type=Path))
 @click.option("--session", default=None, help="plan a stored session (each run on its own)")
@@ -235,8 +244,6 @@ def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     """A Rich table on a terminal; aligned plain columns in a pipe or a log."""
-    from maka_temporal.workers.cli.base import console, stdout_is_tty
-
     if stdout_is_tty():
         from rich.table import Table
 
@@ -251,7 +258,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         click.echo("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
-@ledger.command("plan-continuation")
+@click.command("plan-continuation")
 @click.argument("input_file", metavar="INPUT.json", type=click.Path(path_type=Path))
 @json_option("print the planner's result object")
 def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
@@ -284,7 +291,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     finish(0 if result["disposition"] == "continue" else 1)
 
 
-@ledger.command("verify")
+@click.command("verify")
 @db_option
 @json_option()
 def cmd_verify(db: str | None, as_json: bool) -> None:
@@ -300,5 +307,7 @@ def cmd_verify(db: str | None, as_json: bool) -> None:
         click.echo("projections equal their rebuild from events")
     finish(1 if problems else 0)
 
+
+add_commands(ledger, cmd_import, cmd_export, cmd_plan, cmd_plan_continuation, cmd_verify)
 
 __all__ = ["MAX_REPORTED_ERRORS", "ledger", "read_jsonl_streamed"]

@@ -23,6 +23,7 @@ from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli.base import (
+    add_commands,
     console,
     db_option,
     finish,
@@ -70,7 +71,7 @@ def session() -> None:
 # child session refuse the same inputs.
 
 
-@session.command("start")
+@click.command("start")
 @db_option
 @temporal_options()
 @click.option("--workspace", required=True, type=click.Path(path_type=Path))
@@ -229,7 +230,7 @@ def cmd_start(
     finish(run_async(main()))
 
 
-@session.command("send")
+@click.command("send")
 @db_option
 @temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
@@ -333,7 +334,7 @@ def _print_view(view: Any, *, state: str | None = None) -> None:
         out.print(ops)
 
 
-@session.command("status")
+@click.command("status")
 @db_option
 @temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
@@ -381,7 +382,7 @@ def _printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
-@session.command("show")
+@click.command("show")
 @db_option
 @click.argument("session_id", metavar="SESSION")
 @json_option("the events as JSON lines")
@@ -410,7 +411,7 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> No
         click.echo("\n".join(_printable(line) for line in transcript_lines(events)))
 
 
-@session.command("resolve")
+@click.command("resolve")
 @db_option
 @click.argument("session_id", metavar="SESSION")
 @click.option("--operation", "operation_id", required=True, metavar="OP", help="the parked operation id")
@@ -448,5 +449,15 @@ def cmd_resolve(
         )
 
 
-for _command in (cmd_approve, cmd_deny, cmd_session_receipts, cmd_cancel):
-    session.add_command(_command)
+add_commands(
+    session,
+    cmd_start,
+    cmd_send,
+    cmd_status,
+    cmd_show,
+    cmd_resolve,
+    cmd_approve,
+    cmd_deny,
+    cmd_session_receipts,
+    cmd_cancel,
+)

@@ -7,15 +7,20 @@ under ``--json``, and always for ``import`` refusals). Shapes are a contract oth
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resume_plan import plan_resume
 from maka_core.store.jsonl import check_session_ids
 from maka_temporal.workers.cli.base import (
     add_commands,
@@ -133,8 +138,6 @@ def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
 @json_option("refusals as JSON (the export itself is always JSONL)")
 def cmd_export(db: str | None, session: str, as_json: bool) -> None:
     """Print a session's events as Maka-canonical JSONL."""
-    import sys
-
     for event in session_events(settings(db=db).ledger, session):
         sys.stdout.write(codec.encode(event) + "\n")
 
@@ -192,9 +195,6 @@ def _by_run(events: list[RuntimeEvent]) -> dict[str, list[RuntimeEvent]]:
 
 
 def _plan(events: list[RuntimeEvent], expected: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from maka_core.ledger.resolver import resolve
-    from maka_core.ledger.resume_plan import plan_resume
-
     return resolve(events).to_json(), plan_resume(events, expected).to_json()
 
 
@@ -245,8 +245,6 @@ def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     """A Rich table on a terminal; aligned plain columns in a pipe or a log."""
     if stdout_is_tty():
-        from rich.table import Table
-
         table = Table(*header, box=None, pad_edge=False)
         for row in rows:
             table.add_row(*(str(v) for v in row))
@@ -268,8 +266,6 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     ledgers, ...); the output is its result (disposition, rejectionReasons, diagnostics,
     continuation). Exit 0 on continue, 1 on park, 2 on refused input.
     """
-    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
-
     try:
         raw = input_file.read_bytes()
     except OSError as exc:

@@ -18,9 +18,11 @@ from maka_temporal.workers.cli.base import (
     settings,
     temporal_options,
 )
+from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.host.attempt_fence import AttemptFence
 from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+from maka_temporal.workers.host.worker import default_runtime
 
 __all__ = ["cmd_resume"]
 
@@ -42,9 +44,6 @@ def cmd_resume(
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
-    from maka_temporal.workers.client.connect import connect
-    from maka_temporal.workers.host.worker import default_runtime
-
     s = settings(db=db, task_queue=task_queue)
     feature = s.runtime_safe_boundary_resume is not False
     queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None

@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from maka_core.errors import MakaError
+from maka_core.facts import codec
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.runtime.session_view import session_view, transcript_lines
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli.base import (
     add_commands,
@@ -36,6 +39,7 @@ from maka_temporal.workers.cli.base import (
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.cli.session_follow import follow as follow_ledger
 from maka_temporal.workers.client.ledger import open_ledger, session_events
 from maka_temporal.workers.client.session_api import SessionClient, session_status
 from maka_temporal.workers.client.session_client import (
@@ -46,6 +50,7 @@ from maka_temporal.workers.client.session_client import (
     wait_settled,
 )
 from maka_temporal.workers.client.session_start import check_message, new_session
+from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -291,9 +296,6 @@ async def _after_send(
 
 
 def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
-    from maka_core.runtime.session_view import session_view
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     with open_ledger(db, create=create) as store:
         return session_view(
             store,
@@ -319,8 +321,6 @@ def _print_view(view: Any, *, state: str | None = None) -> None:
         for o in view.operations:
             click.echo(f"  op {o.operation_id}  {o.tool_name:<10} {o.status:<26} {o.reason}")
         return
-    from rich.table import Table
-
     out = console()
     out.print(head)
     turns = Table("turn", "run", "status", "park reason", title="turns", title_justify="left")
@@ -391,12 +391,7 @@ def _printable(text: str) -> str:
 )
 def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> None:
     """The transcript, from the ledger."""
-    from maka_core.facts import codec
-    from maka_core.runtime.session_view import transcript_lines
-
     if follow:
-        from maka_temporal.workers.cli.session_follow import follow as follow_ledger
-
         def write(line: str) -> None:
             sys.stdout.write((line if as_json else _printable(line)) + "\n")
             sys.stdout.flush()

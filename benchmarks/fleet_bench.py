@@ -5,7 +5,7 @@ Run: ``.venv/bin/python benchmarks/fleet_bench.py [--sessions 40] [--calls 5] [-
 
 Everything is real and side by side in one run: one dev server (``bench_server``, as ``maka dev``
 starts it), workers started as processes exactly as an operator starts them
-(``python -m workers.cli worker --db ... --task-queue ...``), each configuration on its own fresh
+(``python -m workers.cli.app worker --db ... --task-queue ...``), each configuration on its own fresh
 ledger (a SQLite file, or a new schema on the PostgreSQL server) and its own task queue. Each worker
 is its own workspace host (``MAKA_HOST=h<i>``: it polls the shared queue and its host queue), and the
 sessions are pinned round-robin across the hosts, so each worker runs the tools of its share of the
@@ -40,7 +40,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from benchmarks.bench_server import bench_server  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
-from maka_temporal.workers.client import connect as maka_connect  # noqa: E402
+from maka_temporal.workers.client.connect import connect as maka_connect  # noqa: E402
 from tests.drills import open_session, send, settle  # noqa: E402
 from tests.temporal_support import WorkerProcess  # noqa: E402
 

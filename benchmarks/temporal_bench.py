@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/temporal_bench.py [--calls 20 100 1000] [--concurrent 20]``.
 
 The server is the one ``maka dev`` starts (``bench_server``). The worker is this project's worker
-(``workers.worker.build_worker`` over ``MakaActivities``) in this process, so the benchmark can read
+(``workers.host.worker.build_worker`` over ``MakaActivities``) in this process, so the benchmark can read
 the activity set's phase timings. Each session is scripted: N steps, each one ``read_file`` of a
 5 KB file, then a final text. Figures:
 
@@ -74,9 +74,9 @@ from maka_core.tools.mcp import parse_mcp_config  # noqa: E402
 from maka_core.tools.mcp.adapter import McpToolset  # noqa: E402
 from maka_core.tools.mcp.servers import McpServers  # noqa: E402
 from maka_temporal.activities import MakaActivities  # noqa: E402
-from maka_temporal.workers.session_cli import query_status, start_session  # noqa: E402
-from maka_temporal.workers.session_client import wait_settled  # noqa: E402
-from maka_temporal.workers.worker import build_host_worker, build_worker  # noqa: E402
+from maka_temporal.workers.cli.session import query_status, start_session  # noqa: E402
+from maka_temporal.workers.client.session_client import wait_settled  # noqa: E402
+from maka_temporal.workers.host.worker import build_host_worker, build_worker  # noqa: E402
 from maka_temporal.workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
 
 #: The benchmark's one workspace host (its host queue is polled by this process).

@@ -1,7 +1,7 @@
 """What the runtime tells an operator: spans, counters and histograms through one small hook.
 
 ``maka_core`` never imports temporalio or OpenTelemetry; it speaks to an ``Observer`` and the worker
-plugs in the real one (``workers/telemetry.py``: OpenTelemetry spans, Prometheus metrics). The
+plugs in the real one (``workers/host/telemetry.py``: OpenTelemetry spans, Prometheus metrics). The
 default does nothing, so code that never configured telemetry pays one attribute lookup.
 
 Attributes and labels are ids and codes only (run, session, operation, event ids; tool names; park

@@ -48,12 +48,12 @@ __all__ = [
 
 #: Where each public name lives (module, attribute), declared once.
 _PUBLIC: dict[str, str] = {
-    "MakaPlugin": "maka_temporal.workers.plugin",
+    "MakaPlugin": "maka_temporal.workers.host.plugin",
     "SessionResult": "maka_temporal.workflows.child",
     "TurnCancelled": "maka_temporal.workflows.contracts",
-    "connect": "maka_temporal.workers.client",
+    "connect": "maka_temporal.workers.client.connect",
     **{
-        name: "maka_temporal.workers.session_api"
+        name: "maka_temporal.workers.client.session_api"
         for name in (
             "ApprovalAnswer",
             "AuditResult",
@@ -71,9 +71,8 @@ _PUBLIC: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.plugin import MakaPlugin
-    from maka_temporal.workers.session_api import (
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.client.session_api import (
         ApprovalAnswer,
         AuditResult,
         Operation,
@@ -86,6 +85,7 @@ if TYPE_CHECKING:
         TurnInfo,
         TurnStarted,
     )
+    from maka_temporal.workers.host.plugin import MakaPlugin
     from maka_temporal.workflows.child import SessionResult
     from maka_temporal.workflows.contracts import TurnCancelled
 

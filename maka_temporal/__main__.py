@@ -2,7 +2,7 @@
 
 import sys
 
-from maka_temporal.workers.cli import main
+from maka_temporal.workers.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -89,7 +89,7 @@ import pytest_asyncio  # noqa: E402
 def temporal_server() -> Iterator[object]:
     """One dev server for the whole test session, started exactly as ``maka dev`` starts it
     (in memory; its own free ports)."""
-    from maka_temporal.workers import devserver
+    from maka_temporal.workers.host import devserver
 
     server = devserver.start(ui=False, db_file=None)
     yield server
@@ -98,7 +98,7 @@ def temporal_server() -> Iterator[object]:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def temporal_client(temporal_server: object) -> AsyncIterator[object]:
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     yield await connect(temporal_server.address)  # type: ignore[attr-defined]
 

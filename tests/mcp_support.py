@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import REPO
 
 COUNTER = REPO / "tests" / "mcp_servers" / "counter_server.py"

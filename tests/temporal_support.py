@@ -1,4 +1,4 @@
-"""Real Temporal for tests: the dev server through ``workers/devserver.py`` (the code path of
+"""Real Temporal for tests: the dev server through ``workers/host/devserver.py`` (the code path of
 ``maka dev``), in-process workers for speed, and ``maka worker`` as a real subprocess for crash drills.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 from temporalio.client import Client
 
 from maka_core.runtime.runtime import RuntimeSettings
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.devserver import DevServer
-from maka_temporal.workers.session_cli import query_status, send_message, start_session
-from maka_temporal.workers.worker import serve
+from maka_temporal.workers.cli.session import query_status, send_message, start_session
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.devserver import DevServer
+from maka_temporal.workers.host.serve import serve
 from maka_temporal.workflows.session import SessionWorkflow
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.settle import recovered_terminal_event, repair_run, settle_run
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from maka_temporal.workers.governance_cli import governance_status
+from maka_temporal.workers.client.policy import governance_status
 from tests.test_governed_execution import CONFIRM, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input
 

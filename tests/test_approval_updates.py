@@ -22,8 +22,8 @@ from temporalio.client import Client
 from maka_core.errors import MakaError
 from maka_core.runtime.runtime import RuntimeSettings
 from maka_core.settings import MakaSettings
-from maka_temporal.workers import turn_messages
-from maka_temporal.workers.governance_cli import session_policy
+from maka_temporal.workers.client import turn_messages
+from maka_temporal.workers.client.policy import session_policy
 from maka_temporal.workflows.contracts import (
     APPROVE,
     SESSION_WORKFLOW,

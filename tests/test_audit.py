@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.audit import audit_session
+from maka_temporal.workers.client.audit import audit_session
 from tests.drills import maka_cli
 from tests.temporal_support import in_process_worker, send_message, start, tool_step, wait_turn, write_script
 
@@ -136,8 +136,8 @@ async def test_refusals_unknown_session_and_unreachable_server(
 async def test_gone_histories_are_notices_not_drift(
     temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
-    from maka_temporal.workers import devserver
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host import devserver
 
     db = tmp_path / "ledger.sqlite"
     session_id = await _session(temporal_client, db, ws_dir, tmp_path, task_queue)

@@ -1,6 +1,6 @@
 """Continuation checks (check 5) over a real ledger with a claimed, started continuation.
 
-The histories here are the audit's normalized model, built by the test (what ``workers/audit.py``
+The histories here are the audit's normalized model, built by the test (what ``workers/client/audit.py``
 produces from a real history): a resume starts a new execution of the same workflow id, which must
 start after the source's execution closed. Each broken input breaks one fact the check compares.
 """

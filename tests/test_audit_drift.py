@@ -18,7 +18,7 @@ import pytest
 from maka_core.audit.html import render_html
 from maka_core.facts import codec
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.audit import audit_session
+from maka_temporal.workers.client.audit import audit_session
 from tests.drills import Cell, Kill, maka_cli, run_cells
 from tests.temporal_support import in_process_worker, send_message, start, tool_step, wait_turn, write_script
 

@@ -15,7 +15,7 @@ import pytest
 
 from maka_core.audit.html import render_html
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.audit import audit_session
+from maka_temporal.workers.client.audit import audit_session
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 
 pytestmark = [pytest.mark.temporal, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

@@ -342,7 +342,7 @@ def test_a_policy_without_the_field_keeps_its_digest(text: str) -> None:
 
 
 def test_the_worker_key_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from maka_temporal.workers.worker import default_runtime
+    from maka_temporal.workers.host.worker import default_runtime
 
     monkeypatch.delenv("MAKA_BASH_NETWORK", raising=False)
     assert load_settings().runtime_settings().bash_network is False
@@ -496,7 +496,7 @@ def test_maka_dev_takes_the_worker_key(tmp_path: Path, flag: bool) -> None:
     import subprocess
     import sys
 
-    from maka_temporal.workers.devserver import free_port
+    from maka_temporal.workers.host.devserver import free_port
     from tests.temporal_support import REPO
 
     port = free_port()

@@ -24,10 +24,10 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_view import derive_state
 from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers import turn_messages
-from maka_temporal.workers.governance_cli import session_policy
-from maka_temporal.workers.session_client import start_session
-from maka_temporal.workers.worker import default_runtime
+from maka_temporal.workers.client import turn_messages
+from maka_temporal.workers.client.policy import session_policy
+from maka_temporal.workers.client.session_client import start_session
+from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import (
     in_process_worker,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.host.devserver import free_port
 from maka_temporal.workflows.contracts import MODEL_STEP, workflow_id_for
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
 from tests.temporal_support import run_maka as maka
@@ -62,7 +62,7 @@ async def _history_kinds(address: str, session_id: str) -> tuple[list[str], int,
     step) of the session's workflow history."""
     from temporalio.api.enums.v1 import EventType
 
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     client = await connect(address)
     history = await client.get_workflow_handle(workflow_id_for(session_id)).fetch_history()
@@ -140,7 +140,7 @@ async def _namespace_ready(address: str, namespace: str) -> None:
     from google.protobuf.duration_pb2 import Duration
     from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest, RegisterNamespaceRequest
 
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     client = await connect(address)
     retention = Duration()
@@ -165,8 +165,8 @@ async def _add_search_attributes(address: str, namespace: str) -> None:
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.devserver import SEARCH_ATTRIBUTES
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host.devserver import SEARCH_ATTRIBUTES
 
     client = await connect(address)
     keyword = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
@@ -180,7 +180,7 @@ async def _add_search_attributes(address: str, namespace: str) -> None:
 async def _exists(address: str, namespace: str, session_id: str) -> bool:
     from temporalio.service import RPCError, RPCStatusCode
 
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     client = await connect(address, namespace)
     try:
@@ -319,7 +319,7 @@ def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
         async def attributes() -> list[str]:
             from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
-            from maka_temporal.workers.client import connect
+            from maka_temporal.workers.client.connect import connect
 
             client = await connect(f"127.0.0.1:{port}", "team-a")
             listed = await client.operator_service.list_search_attributes(
@@ -342,7 +342,7 @@ async def test_the_sticky_timeout_comes_from_the_settings_model(
     from maka_core.errors import ConfigError
     from maka_core.runtime.runtime import Runtime
     from maka_temporal.activities import MakaActivities
-    from maka_temporal.workers.worker import build_worker
+    from maka_temporal.workers.host.worker import build_worker
 
     def sticky(**options: Any) -> Any:
         with LedgerStore.open(tmp_path / f"{uuid.uuid4().hex}.sqlite") as store:

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.cli import maka
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.cli.app import maka
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import REPO, tool_step, write_script
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "maka_examples").glob("*.jsonl"))
@@ -132,7 +132,7 @@ def test_dev_refuses_a_port_out_of_range(env: dict[str, str | None]) -> None:
 
 def test_devserver_start_refuses_a_port_out_of_range() -> None:
     from maka_core.errors import ConfigError
-    from maka_temporal.workers import devserver
+    from maka_temporal.workers.host import devserver
 
     with pytest.raises(ConfigError) as info:
         devserver.start(port=99999)
@@ -298,7 +298,7 @@ def test_import_of_a_huge_bad_file_caps_the_errors_it_reports(
 
 def test_streamed_reader_agrees_with_parse_jsonl(tmp_path: Path) -> None:
     from maka_core.store.jsonl import parse_jsonl
-    from maka_temporal.workers.ledger_cli import read_jsonl_streamed
+    from maka_temporal.workers.cli.ledger import read_jsonl_streamed
 
     lines = FIXTURES[0].read_bytes().splitlines()
     data = lines[0] + b"\r\n\n" + lines[1][:-3] + b"\n" + b"\n".join(lines[2:]) + b"\n \n\n"

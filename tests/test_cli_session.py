@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
 from tests.temporal_support import run_maka as maka
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from maka_temporal.workers.session_client import start_session, wait_settled
+from maka_temporal.workers.client.session_client import start_session, wait_settled
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import REPO, in_process_worker, tool_step, write_script
 
@@ -74,7 +74,7 @@ async def test_wait_without_a_worker_times_out_and_keeps_the_session(
     assert info.value.code == "wait_timeout"
     # The session exists and got the message: a worker that comes later runs it.
     async with in_process_worker(temporal_client, tmp_path / "ledger.sqlite", task_queue):
-        from maka_temporal.workers.session_client import query_status
+        from maka_temporal.workers.client.session_client import query_status
 
         for _ in range(200):
             status = await query_status(temporal_client, "sess-no-worker")
@@ -127,7 +127,7 @@ async def test_rounds_reattach_to_one_update(
 ) -> None:
     """Short rounds (progress lines) re-attach to the same Update: the history gains one Update per
     wait, not one per round."""
-    from maka_temporal.workers import session_client
+    from maka_temporal.workers.client import session_client
 
     monkeypatch.setattr(session_client, "ROUND_S", 0.3)
     script = write_script(tmp_path / "s.json", [tool_step(("bash", {"command": "sleep 2"})), {"text": "ok"}])

@@ -34,8 +34,9 @@ from temporalio.client import Client
 from maka_core.providers.openai_compat import history_to_messages
 from maka_core.runtime import compaction
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.session_client import send_message, start_session, wait_settled
-from maka_temporal.workers.worker import default_runtime, serve
+from maka_temporal.workers.client.session_client import send_message, start_session, wait_settled
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import REPO, WorkerProcess
 from tests.temporal_support import run_maka as maka

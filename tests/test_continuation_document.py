@@ -202,7 +202,7 @@ def test_an_undecodable_event_makes_the_ledger_unreadable_not_the_input_invalid(
 def _plan_cli(tmp_path: Path, doc: Any, *flags: str) -> Any:
     from click.testing import CliRunner
 
-    from maka_temporal.workers.cli import maka
+    from maka_temporal.workers.cli.app import maka
 
     path = tmp_path / "input.json"
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")

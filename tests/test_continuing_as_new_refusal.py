@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from maka_temporal.workers.session_client import update_error
+from maka_temporal.workers.client.session_client import update_error
 from maka_temporal.workflows.contracts import SendMessage, SessionInput
 from maka_temporal.workflows.session import SessionWorkflow
 

@@ -216,9 +216,9 @@ def test_structural_check_refuses_metrics_bound_to_loopback() -> None:
 
 
 def test_the_documented_cloud_settings_reach_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    """deploy/README's Temporal Cloud and mTLS settings, read by ``workers.client`` through
+    """deploy/README's Temporal Cloud and mTLS settings, read by ``workers.client.connect`` through
     ``temporalio.envconfig``: API key implies TLS; TLS paths become the client's TLS config."""
-    from maka_temporal.workers.client import connect_config
+    from maka_temporal.workers.client.connect import connect_config
 
     for name in ("TEMPORAL_CONFIG_FILE", "TEMPORAL_PROFILE", "TEMPORAL_TLS"):
         monkeypatch.delenv(name, raising=False)

@@ -1,7 +1,7 @@
 """``maka dev`` leaves nothing behind (issue 8, item 10): a SIGKILLed ``maka dev`` takes its Temporal
 server with it, a busy port is a clear refusal, and the server's files are the owner's alone.
 
-Real processes: ``python -m workers.cli dev`` is SIGKILLed and the server's PID is watched. The
+Real processes: ``python -m workers.cli.app dev`` is SIGKILLed and the server's PID is watched. The
 negative control launches the same server from a short-lived thread (where the parent-death signal
 is not armed, because it would fire when that thread ends): killed the same way, its server lives on
 as an orphan, which is what every SIGKILLed ``maka dev`` left before.
@@ -19,14 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.host.devserver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 CONTROL = """
 import sys, threading, time
 from pathlib import Path
-from maka_temporal.workers import devserver
+from maka_temporal.workers.host import devserver
 box = {}
 t = threading.Thread(target=lambda: box.update(s=devserver.start(ui=False, db_file=None)))
 t.start(); t.join()

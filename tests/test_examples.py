@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import REPO, run_maka
 
 EXAMPLES = REPO / "examples"

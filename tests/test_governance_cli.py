@@ -18,8 +18,8 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from maka_temporal.workers.devserver import free_port
-from maka_temporal.workers.governance_cli import session_policy
+from maka_temporal.workers.client.policy import session_policy
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import run_maka
 from tests.test_governed_execution import CONFIRM, _until_pending, with_policy
 from tests.test_runtime import ATTEMPT, IDS, one_call, run, tool_input

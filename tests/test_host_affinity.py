@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.session_client import query_status
+from maka_temporal.workers.client.session_client import query_status
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import HEARTBEAT_S, Kill, file_effects, log_lines, maka_cli, ready, stop, verify_ledger
 from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
@@ -283,7 +283,7 @@ async def test_startup_repair_leaves_a_lost_run_of_another_hosts_session_to_that
     from maka_core.runtime import turn
     from maka_core.runtime.contracts import BeginRunInput, RunIds
     from maka_core.runtime.runtime import Runtime
-    from maka_temporal.workers.worker import startup_repair
+    from maka_temporal.workers.host.worker import startup_repair
 
     ids = RunIds(session_id="lost-b", turn_id="t1", run_id="run-lost-b", invocation_id="i1")
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:

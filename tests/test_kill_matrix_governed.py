@@ -24,7 +24,7 @@ from maka_core.governance import parse_policy
 from maka_core.runtime import approvals
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers import turn_messages
+from maka_temporal.workers.client import turn_messages
 from tests.drills import (
     DRILL_SCRIPT,
     Cell,

@@ -170,7 +170,7 @@ def test_maka_ledger_verify_reports_the_forgery(db: Path) -> None:
 
     from click.testing import CliRunner
 
-    from maka_temporal.workers.cli import maka
+    from maka_temporal.workers.cli.app import maka
 
     def verify() -> tuple[int, dict[str, object]]:
         result = CliRunner().invoke(

@@ -13,7 +13,7 @@ from pathlib import Path
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime.settle import repair_run
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.resume_cli import lost_sessions
+from maka_temporal.workers.host.resume import lost_sessions
 from tests.ledger_factory import ids, terminal, user
 
 

@@ -27,8 +27,8 @@ from maka_core.tools.mcp import (
     parse_mcp_config,
 )
 from maka_core.tools.mcp.guarantee import effects_of
-from maka_temporal.workers.cli import maka
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.cli.app import maka
+from maka_temporal.workers.host.devserver import free_port
 
 
 def invalid(value: Any) -> ConfigError:

@@ -29,7 +29,7 @@ from maka_core.tools import default_tools, idempotency_key
 from maka_core.tools.mcp import load_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
 from maka_core.tools.mcp.servers import McpServers, Secrets, ServerTool
-from maka_temporal.workers.worker import default_runtime
+from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.mcp_support import COUNTER, calls, http_counter, stdio_counter, write_config
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script

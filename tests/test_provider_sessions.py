@@ -40,9 +40,10 @@ from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools, provider_tool_specs
-from maka_temporal.workers.session_cli import start_session
-from maka_temporal.workers.session_client import wait_settled
-from maka_temporal.workers.worker import default_runtime, serve
+from maka_temporal.workers.cli.session import start_session
+from maka_temporal.workers.client.session_client import wait_settled
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.anthropic_server import MessagesServer, error, message, text, tool_use
 from tests.temporal_support import WorkerProcess

@@ -1106,7 +1106,7 @@ def _plan_file(tmp_path: Any, ledger: list[RuntimeEvent], *flags: str) -> dict[s
 
     from click.testing import CliRunner
 
-    from maka_temporal.workers.ledger_cli import ledger as ledger_group
+    from maka_temporal.workers.cli.ledger import ledger as ledger_group
 
     path = tmp_path / "ledger.jsonl"
     path.write_text("".join(encode(e) + "\n" for e in ledger))

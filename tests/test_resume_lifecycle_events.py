@@ -13,8 +13,8 @@ import pytest
 
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
-from maka_temporal.workers.worker import default_runtime
+from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+from maka_temporal.workers.host.worker import default_runtime
 from tests.drills import Kill, Sandbox
 from tests.temporal_support import in_process_worker
 from tests.test_resume_temporal import _script, lose_execution

@@ -291,8 +291,8 @@ async def test_a_resume_beside_a_winner_between_its_claim_and_its_start_waits_an
     import sys
 
     from maka_core.settings import load_settings
-    from maka_temporal.workers.resume_cli import resume_lost_session
-    from maka_temporal.workers.worker import default_runtime
+    from maka_temporal.workers.host.resume import resume_lost_session
+    from maka_temporal.workers.host.worker import default_runtime
 
     box = Sandbox(temporal_server, tmp_path / "window")
     script = _script(tmp_path / "script.json")
@@ -449,8 +449,8 @@ async def test_a_workflow_stuck_on_an_incompatible_deploy_is_reported_then_termi
 
 @pytest.mark.slow
 async def test_the_ledger_alone_carries_a_session_whose_server_database_was_deleted(tmp_path: Path) -> None:
-    from maka_temporal.workers import devserver
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.host import devserver
 
     db_file = tmp_path / "temporal.db"
     server = devserver.start(ui=False, db_file=db_file, log_path=tmp_path / "temporal.log")

@@ -22,7 +22,7 @@ from temporalio.worker.workflow_sandbox import (
 from temporalio.worker.workflow_sandbox._runner import _Instance
 from temporalio.workflow import _Definition
 
-from maka_temporal.workers.sandbox_runner import (
+from maka_temporal.workers.host.sandbox_runner import (
     CompiledOnceSandboxRunner,
     WorkflowModules,
     compiled,

@@ -22,8 +22,8 @@ import pytest
 
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers import devserver
-from maka_temporal.workers.client import connect
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host import devserver
 from maka_temporal.workflows.contracts import EXECUTE_TOOL, RECOVER_OPERATION, workflow_id_for
 from tests.drills import (
     DRILL_SCRIPT,

@@ -21,8 +21,8 @@ from temporalio.worker import Worker
 
 from maka_core.tools import FunctionTool, ToolContext, tool
 from maka_temporal import MakaPlugin, SessionClient, SessionError
-from maka_temporal.workers.cli import maka
-from maka_temporal.workers.devserver import free_port
+from maka_temporal.workers.cli.app import maka
+from maka_temporal.workers.host.devserver import free_port
 from tests.temporal_support import tool_step, write_script
 
 
@@ -322,7 +322,7 @@ class _WatchedPlugin(MakaPlugin):
         self.running_at_close: list[bool] | None = None
 
         def make(store: Any, settings: Any) -> Any:
-            from maka_temporal.workers.worker import default_runtime
+            from maka_temporal.workers.host.worker import default_runtime
 
             close = store.close
 

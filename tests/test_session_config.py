@@ -35,9 +35,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from maka_core.errors import MakaError
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord, session_record
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.cli import maka
-from maka_temporal.workers.devserver import free_port
-from maka_temporal.workers.session_client import send_message
+from maka_temporal.workers.cli.app import maka
+from maka_temporal.workers.client.session_client import send_message
+from maka_temporal.workers.host.devserver import free_port
 from maka_temporal.workflows.contracts import MODEL_STEP, SessionConfig, SessionInput, workflow_id_for
 from tests.anthropic_server import MessagesServer, message, text
 from tests.temporal_support import WorkerProcess, in_process_worker, run_maka, start, wait_turn, write_script

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from maka_core.runtime.session_view import transcript_lines
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.cli import maka
+from maka_temporal.workers.cli.app import maka
 from tests.ledger_factory import text, user
 
 HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\rfake line\u202etxt.exe\x9b31m"

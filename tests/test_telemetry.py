@@ -28,8 +28,9 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.observe import NOOP, ObservedLedger, timed_span
 from maka_core.runtime.contracts import FinishRunInput, HostParkInput, RecoverResult, RunIds, ToolOutcome
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.telemetry import (
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.telemetry import (
     Metrics,
     OtelPromObserver,
     Telemetry,
@@ -37,7 +38,6 @@ from maka_temporal.workers.telemetry import (
     scrub,
     turn_span_context,
 )
-from maka_temporal.workers.worker import serve
 from maka_temporal.workflows.contracts import (
     BEGIN_RUN,
     EXECUTE_TOOL,
@@ -407,7 +407,7 @@ def test_a_bad_metrics_host_is_refused_config_invalid(
 
     from click.testing import CliRunner
 
-    from maka_temporal.workers.cli import maka
+    from maka_temporal.workers.cli.app import maka
 
     db = tmp_path / "ledger.sqlite"
     result = CliRunner().invoke(

@@ -16,7 +16,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from maka_core.runtime.session_view import operations, session_view
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.worker import startup_repair
+from maka_temporal.workers.host.worker import startup_repair
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import WorkerProcess, send_message, start, tool_step, wait_turn, write_script
 

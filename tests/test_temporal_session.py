@@ -228,7 +228,7 @@ async def test_a_long_turn_continues_as_new_mid_turn_without_losing_its_place(
     """A turn longer than one execution's budget carries itself into fresh histories at step
     boundaries (the 10,000-call case), with one Maka run, every call once, and the run's hosting
     execution (continued as new) still counted open by startup repair."""
-    from maka_temporal.workers.worker import startup_repair
+    from maka_temporal.workers.host.worker import startup_repair
 
     db = tmp_path / "ledger.sqlite"
     steps = [tool_step(("bash", {"command": f"echo {i} >> calls.txt"})) for i in range(6)]

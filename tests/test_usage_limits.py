@@ -33,11 +33,11 @@ from maka_core.runtime.session_view import session_view, transcript_lines
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
-from maka_temporal.workers.session_client import start_session
-from maka_temporal.workers.telemetry import Metrics, OtelPromObserver, Telemetry
-from maka_temporal.workers.worker import default_runtime
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.client.session_client import start_session
+from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+from maka_temporal.workers.host.telemetry import Metrics, OtelPromObserver, Telemetry
+from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import in_process_worker, run_maka, wait_turn
 from tests.test_providers import ChatServer, completion

@@ -28,9 +28,9 @@ from temporalio.worker import Worker
 
 from maka_core.errors import MakaError
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.devserver import DevServer
-from maka_temporal.workers.ledger_guard import (
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.devserver import DevServer
+from maka_temporal.workers.host.ledger_guard import (
     fingerprint,
     is_legacy,
     ledger_of,
@@ -38,7 +38,7 @@ from maka_temporal.workers.ledger_guard import (
     refuse_mismatch,
     worker_identity,
 )
-from maka_temporal.workers.worker import serve
+from maka_temporal.workers.host.serve import serve
 from tests.temporal_support import REPO, in_process_worker
 
 WORKER = (sys.executable, "-m", "maka_temporal", "worker", "--json", "--no-repair")

@@ -28,8 +28,8 @@ from maka_core.errors import MakaError
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.resume_cli import resume_lost_session, settle_lost_runs
-from maka_temporal.workers.worker import execution_lost
+from maka_temporal.workers.host.resume import resume_lost_session, settle_lost_runs
+from maka_temporal.workers.host.worker import execution_lost
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Sandbox, maka_cli, ready, stop
 from tests.temporal_support import WorkerProcess, start, write_script

@@ -1,6 +1,6 @@
 """What the histories say and what the ledger says, normalized for the audit (no temporalio here).
 
-``workers/audit.py`` reads Temporal histories into ``Execution``/``ActivityFact``; ``read_ledger``
+``workers/client/audit.py`` reads Temporal histories into ``Execution``/``ActivityFact``; ``read_ledger``
 gathers the ledger's side through the store's public reads. The checks compare the two; neither
 side is trusted to explain the other.
 """

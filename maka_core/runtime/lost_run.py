@@ -87,7 +87,7 @@ def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:
 def in_flight_operations(events: list[RuntimeEvent]) -> list[str]:
     """Operations of a run with T1 and no outcome: their tool may still be running somewhere (a
     zombie attempt of a closed execution), so the run is settled only once it cannot be
-    (``workers.attempt_fence``)."""
+    (``workers.host.attempt_fence``)."""
     return [
         op.operation_id
         for op in resolve(scan(events)).operations

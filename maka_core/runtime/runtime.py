@@ -268,7 +268,7 @@ class Runtime:
     tool_threads: int = 8
     #: Run queued ledger work of several sessions in one transaction (``runtime.ledger_executor``).
     group_commit: bool = True
-    #: Where the runtime's own counters go (a worker plugs in Prometheus: ``workers/telemetry.py``).
+    #: Where the runtime's own counters go (a worker plugs in Prometheus: ``workers/host/telemetry.py``).
     observer: Observer = NOOP
 
     def __post_init__(self) -> None:

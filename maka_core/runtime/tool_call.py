@@ -15,7 +15,7 @@ An attempt that is cancelled while its effect runs (Temporal cancels it when a h
 that its workflow execution is gone: ``temporal workflow terminate``, a heartbeat timeout) stops
 the effect: the tool's heartbeat raises ``AttemptCancelled`` from then on (``bash`` kills its
 process group), the effect leg ends as ``Abandoned`` and T2 never commits, so a repair that waited
-out the heartbeat timeout (``workers.attempt_fence``) settles a run whose tool is no longer running.
+out the heartbeat timeout (``workers.host.attempt_fence``) settles a run whose tool is no longer running.
 A cancellation its workflow asked for (``cancel_turn``; ``Attempt.cancel_requested``) stops the
 effect the same way, but the runtime observed the end, so T2 commits it as ``tool_cancelled`` and
 the attempt completes with that outcome (``ToolOutcome.cancelled``), for the model to see.

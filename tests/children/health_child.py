@@ -79,7 +79,7 @@ def status(root: Path, ledger: Path, control: bool) -> dict[str, Any]:
     disk is nearly full, then on a read-only file system."""
     from click.testing import CliRunner
 
-    from maka_temporal.workers.cli import maka
+    from maka_temporal.workers.cli.app import maka
 
     with LedgerStore.open(ledger) as store:
         store.append([user()])
@@ -107,6 +107,6 @@ if __name__ == "__main__":
     result = main(sys.argv[1], Path(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "control")
     print(json.dumps(result), flush=True)
     # ``status`` ran the CLI in this process and tried Temporal: leave as ``maka`` itself does
-    # (``workers.cli.main``), without interpreter finalization under the Temporal core's threads,
+    # (``workers.cli.app.main``), without interpreter finalization under the Temporal core's threads,
     # which once aborted this child after its correct answer (PyGILState_Release while finalizing).
     os._exit(0)

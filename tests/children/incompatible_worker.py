@@ -11,7 +11,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.worker import Worker
 
-from maka_temporal.workers.client import connect
+from maka_temporal.workers.client.connect import connect
 from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput
 
 

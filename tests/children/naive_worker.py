@@ -20,8 +20,8 @@ from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools, with_tools
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.worker import serve
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
 
 
 class NaiveRetryGuard(ResolverGuard):

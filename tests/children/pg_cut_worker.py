@@ -19,8 +19,8 @@ import sys
 
 from maka_core import failpoints
 from maka_core.settings import load_settings
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.worker import serve
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
 from tests.pg_support import terminate_backends
 
 

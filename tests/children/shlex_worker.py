@@ -18,7 +18,7 @@ from maka_core.governance import classify
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
 from maka_core.runtime import governed
 from maka_core.tools.base import Effect
-from maka_temporal.workers.cli import main
+from maka_temporal.workers.cli.app import main
 from tests.shlex_command_line import shlex_parse_command_line
 
 

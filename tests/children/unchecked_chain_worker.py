@@ -19,8 +19,9 @@ from maka_core.settings import load_settings
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import LedgerStore
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.worker import default_runtime, serve
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.worker import default_runtime
 
 
 class UncheckedChainGuard(ResolverGuard):

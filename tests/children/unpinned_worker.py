@@ -14,8 +14,8 @@ import asyncio
 import sys
 
 from maka_core.settings import load_settings
-from maka_temporal.workers.client import connect
-from maka_temporal.workers.worker import serve
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.host.serve import serve
 from tests.children.unpinned_workflow import UnpinnedSessionWorkflow
 
 

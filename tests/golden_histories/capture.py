@@ -22,8 +22,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from maka_temporal.workers import devserver  # noqa: E402
-from maka_temporal.workers.client import connect  # noqa: E402
+from maka_temporal.workers.client.connect import connect  # noqa: E402
+from maka_temporal.workers.host import devserver  # noqa: E402
 from maka_temporal.workflows.contracts import workflow_id_for  # noqa: E402
 from tests.temporal_support import (  # noqa: E402
     WorkerProcess,
@@ -150,8 +150,8 @@ async def main(wanted: set[str]) -> None:
             # is cancelled by ``cancel_turn`` (its T2 ``tool_cancelled``, the run ``cancelled``).
             from maka_core.runtime.runtime import RuntimeSettings
             from maka_core.settings import MakaSettings
-            from maka_temporal.workers import turn_messages
-            from maka_temporal.workers.governance_cli import session_policy
+            from maka_temporal.workers.client import turn_messages
+            from maka_temporal.workers.client.policy import session_policy
 
             policy = tmp / "confirm.json"
             policy.write_text(

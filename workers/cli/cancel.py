@@ -1,10 +1,10 @@
 """``maka session cancel SESSION [--reason TEXT] [--json]``: stop the session's running turn.
 
-Sent as the ``cancel_turn`` Update (``workers.turn_messages``): a running model step is abandoned,
-a running tool is stopped (a bash command and its children are killed) and its T2 records
-``tool_cancelled``, a call whose end nobody observed (its worker died first) is settled by
-recovery as after a crash, and the run ends ``cancelled`` with its terminal fact and certificate;
-the session then takes the next message. Refusals exit 2: ``session_not_found``,
+Sent through ``SessionClient.cancel`` as the ``cancel_turn`` Update (``workers.client.turn_messages``):
+a running model step is abandoned, a running tool is stopped (a bash command and its children are
+killed) and its T2 records ``tool_cancelled``, a call whose end nobody observed (its worker died
+first) is settled by recovery as after a crash, and the run ends ``cancelled`` with its terminal
+fact and certificate; the session then takes the next message. Refusals exit 2: ``session_not_found``,
 ``turn_not_running`` (an idle, parked or closed session), ``turn_not_cancellable`` (an execution
 recorded before ``cancel_turn`` existed), ``turn_not_cancelled`` (recovery parked a call instead),
 ``temporal_unavailable``.
@@ -16,13 +16,14 @@ import asyncio
 
 import click
 
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     finish,
     json_option,
     print_json,
     run_async,
     temporal_options,
 )
+from maka_temporal.workers.client.session_api import SessionClient
 
 __all__ = ["cmd_cancel"]
 
@@ -40,13 +41,11 @@ def cmd_cancel(
     as_json: bool,
 ) -> None:
     """Cancel the running turn: the run ends cancelled and the session takes the next message."""
-    # Lazy: only a command that talks to Temporal pays for the SDK's import.
-    from maka_temporal.workers import turn_messages
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     async def main() -> int:
         client = await asyncio.wait_for(connect(address, namespace), 10)
-        done = await turn_messages.cancel_turn(client, session_id, reason=reason)
+        done = await SessionClient(client).cancel(session_id, reason=reason)
         if as_json:
             print_json(
                 {

@@ -17,7 +17,7 @@ from typing import Any
 from maka_core.errors import MakaError
 from maka_core.facts import codec
 from maka_core.runtime.session_view import transcript_lines
-from maka_temporal.workers.cli_base import open_ledger
+from maka_temporal.workers.client.ledger import open_ledger
 
 #: How often the ledger is read again while a turn runs.
 POLL_S = 0.25

@@ -13,17 +13,21 @@ from typing import Any
 
 import click
 
+from maka_core.audit.html import render_html
+from maka_core.audit.text import report_lines
 from maka_core.errors import MakaError
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_json,
     run_async,
     settings,
     temporal_options,
 )
+from maka_temporal.workers.client.audit import audit_session
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.client.ledger import open_ledger
 
 
 @click.command("audit")
@@ -56,9 +60,6 @@ def cmd_audit(
     target = settings(db=db).ledger
 
     async def main() -> int:
-        from maka_temporal.workers.audit import audit_session
-        from maka_temporal.workers.client import connect
-
         with open_ledger(target, create=False) as store:
             sessions: list[str] = store.sessions() if all_sessions else [str(session_id)]
             try:
@@ -75,8 +76,6 @@ def cmd_audit(
 
 def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: Path | None) -> None:
     if html_file is not None:
-        from maka_core.audit.html import render_html
-
         try:
             html_file.write_text(render_html(reports[0]), encoding="utf-8")
         except OSError as exc:
@@ -84,8 +83,6 @@ def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: P
     if as_json:
         print_json({"ok": all(r["ok"] for r in reports), "sessions": reports} if many else reports[0])
         return
-    from maka_core.audit.text import report_lines
-
     for i, report in enumerate(reports):
         if i:
             click.echo("")

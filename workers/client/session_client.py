@@ -284,7 +284,7 @@ async def start_session(
     from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
     from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
 
-    # ``config``: one checked already (``workers.session_start``: with the policy digest), taken whole.
+    # ``config``: one checked already (``workers.client.session_start``: with the policy digest), taken whole.
     config = config or new_session_config(
         provider,
         model_step_mode=model_step_mode,

@@ -7,25 +7,32 @@ under ``--json``, and always for ``import`` refusals). Shapes are a contract oth
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
+from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resume_plan import plan_resume
 from maka_core.store.jsonl import check_session_ids
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
+    add_commands,
+    console,
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_json,
-    session_events,
     settings,
+    stdout_is_tty,
 )
+from maka_temporal.workers.client.ledger import open_ledger, session_events
 
 #: A file of bad lines is reported by its first errors and a count, never all of them.
 MAX_REPORTED_ERRORS = 100
@@ -107,7 +114,7 @@ def _decoded(path: Path) -> list[RuntimeEvent]:
 # --- commands ----------------------------------------------------------------------------------
 
 
-@ledger.command("import")
+@click.command("import")
 @db_option
 @click.argument("file", type=click.Path(path_type=Path))
 @json_option("print a JSON result (refusals are always JSON)")
@@ -125,19 +132,17 @@ def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
         click.echo(f"imported {result.imported} events ({result.existing} already present) into {target}")
 
 
-@ledger.command("export")
+@click.command("export")
 @db_option
 @click.option("--session", required=True, help="the session id")
 @json_option("refusals as JSON (the export itself is always JSONL)")
 def cmd_export(db: str | None, session: str, as_json: bool) -> None:
     """Print a session's events as Maka-canonical JSONL."""
-    import sys
-
     for event in session_events(settings(db=db).ledger, session):
         sys.stdout.write(codec.encode(event) + "\n")
 
 
-@ledger.command("plan")
+@click.command("plan")
 @db_option
 @click.argument("file", required=False, type=click.Path(path_type=Path))
 @click.option("--session", default=None, help="plan a stored session (each run on its own)")
@@ -190,9 +195,6 @@ def _by_run(events: list[RuntimeEvent]) -> dict[str, list[RuntimeEvent]]:
 
 
 def _plan(events: list[RuntimeEvent], expected: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from maka_core.ledger.resolver import resolve
-    from maka_core.ledger.resume_plan import plan_resume
-
     return resolve(events).to_json(), plan_resume(events, expected).to_json()
 
 
@@ -242,11 +244,7 @@ def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     """A Rich table on a terminal; aligned plain columns in a pipe or a log."""
-    from maka_temporal.workers.cli_base import console, stdout_is_tty
-
     if stdout_is_tty():
-        from rich.table import Table
-
         table = Table(*header, box=None, pad_edge=False)
         for row in rows:
             table.add_row(*(str(v) for v in row))
@@ -258,7 +256,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         click.echo("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
-@ledger.command("plan-continuation")
+@click.command("plan-continuation")
 @click.argument("input_file", metavar="INPUT.json", type=click.Path(path_type=Path))
 @json_option("print the planner's result object")
 def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
@@ -268,8 +266,6 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     ledgers, ...); the output is its result (disposition, rejectionReasons, diagnostics,
     continuation). Exit 0 on continue, 1 on park, 2 on refused input.
     """
-    from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
-
     try:
         raw = input_file.read_bytes()
     except OSError as exc:
@@ -291,7 +287,7 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     finish(0 if result["disposition"] == "continue" else 1)
 
 
-@ledger.command("verify")
+@click.command("verify")
 @db_option
 @json_option()
 def cmd_verify(db: str | None, as_json: bool) -> None:
@@ -307,5 +303,7 @@ def cmd_verify(db: str | None, as_json: bool) -> None:
         click.echo("projections equal their rebuild from events")
     finish(1 if problems else 0)
 
+
+add_commands(ledger, cmd_import, cmd_export, cmd_plan, cmd_plan_continuation, cmd_verify)
 
 __all__ = ["MAX_REPORTED_ERRORS", "ledger", "read_jsonl_streamed"]

@@ -18,7 +18,7 @@ import asyncio
 from typing import Any, TypeVar
 
 from maka_core.errors import MakaError
-from maka_temporal.workers.session_client import update_error
+from maka_temporal.workers.client.session_client import describe_execution, update_error
 from maka_temporal.workflows.contracts import (
     APPROVE,
     CANCEL_TURN,
@@ -71,8 +71,6 @@ async def answer_if_running(
     Raises:
         MakaError: the Update's refusal code, ``temporal_unavailable``.
     """
-    from maka_temporal.workers.session_client import describe_execution
-
     if not (await describe_execution(client, session_id)).open:
         return None
     if allow:
@@ -88,8 +86,6 @@ async def cancel_turn(
     """Cancel the session's running turn (the ``cancel_turn`` Update); returns once the run has
     ended ``cancelled`` (its terminal fact and certificate committed). A session Temporal does not
     know is ``session_not_found``; one whose execution has closed is ``turn_not_running``."""
-    from maka_temporal.workers.session_client import describe_execution
-
     execution = await describe_execution(client, session_id)
     if not execution.exists:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)

@@ -12,16 +12,23 @@ import sys
 
 import click
 
-from maka_temporal.workers.cli_base import (
+from maka_core.tools import default_tools
+from maka_core.tools.loader import load_tools
+from maka_temporal.workers.cli import demo
+from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_line,
     run_async,
     settings,
     temporal_options,
 )
+from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.client.ledger import open_ledger
+from maka_temporal.workers.host import devserver
+from maka_temporal.workers.host.serve import serve
+from maka_temporal.workers.host.telemetry import Telemetry
 
 heartbeat_option = click.option(
     "--tool-heartbeat-timeout",
@@ -111,12 +118,6 @@ def cmd_worker(
     as_json: bool,
 ) -> None:
     """Run a worker: startup repair, then poll."""
-    from maka_core.tools import default_tools
-    from maka_core.tools.loader import load_tools
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.telemetry import Telemetry
-    from maka_temporal.workers.worker import serve
-
     s = settings(
         db=db,
         task_queue=task_queue,
@@ -182,12 +183,6 @@ def cmd_dev(
     as_json: bool,
 ) -> None:
     """Run the embedded Temporal dev server (+ a worker)."""
-    from maka_core.tools import default_tools
-    from maka_core.tools.loader import load_tools
-    from maka_temporal.workers import devserver
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.worker import serve
-
     s = settings(
         db=db,
         task_queue=task_queue,
@@ -259,6 +254,4 @@ def cmd_dev(
 @json_option()
 def cmd_demo(db: str | None, address: str | None, namespace: str | None, as_json: bool) -> None:
     """Run a scripted session on a sample workspace."""
-    from maka_temporal.workers import demo  # imported late: the demo module builds on this one
-
     finish(demo.run_demo(settings(db=db), address=address, namespace=namespace, as_json=as_json))

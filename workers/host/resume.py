@@ -1,4 +1,5 @@
-"""``maka resume SESSION``: a fresh continuation of a session whose workflow execution is lost.
+"""Resume (``maka resume SESSION``, ``SessionClient.resume``, the worker's auto-resume): a fresh
+continuation of a session whose workflow execution is lost.
 
 Resume is not retry. The session's latest run is settled from the ledger first (every unsettled
 operation through the same recovery as the live path), the host inspects the workspace and the
@@ -21,13 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-import click
 
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
@@ -37,18 +34,14 @@ from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
-from maka_temporal.workers.attempt_fence import AttemptFence
-from maka_temporal.workers.cli_base import (
-    db_option,
-    finish,
-    json_option,
-    open_ledger,
-    print_json,
-    run_async,
-    settings,
-    temporal_options,
+from maka_core.settings import load_settings as settings
+from maka_temporal.workers.client.session_client import (
+    Execution,
+    describe_execution,
+    start_execution,
+    wait_settled,
 )
-from maka_temporal.workers.session_client import Execution, describe_execution, start_execution, wait_settled
+from maka_temporal.workers.host.attempt_fence import AttemptFence
 
 log = logging.getLogger("maka.resume")
 
@@ -72,7 +65,7 @@ def _quiet(event: str, **fields: Any) -> None:
     log.info("%s %s", event, fields)
 
 
-#: Waits until a lost run's tool attempt cannot still be running (``workers.attempt_fence``).
+#: Waits until a lost run's tool attempt cannot still be running (``workers.host.attempt_fence``).
 Fence = Callable[[RunHeader, list[str]], Awaitable[None]]
 
 
@@ -383,7 +376,7 @@ async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]
     messages; nothing in it will move again, so the way on is to terminate it and resume from the
     ledger (after ``maka session resolve`` when the park needs a human's word).
     """
-    from maka_temporal.workers.session_client import query_status
+    from maka_temporal.workers.client.session_client import query_status
     from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
@@ -414,8 +407,8 @@ async def resume_on_host(
     """
     from temporalio.client import WorkflowUpdateFailedError
 
-    from maka_temporal.workers.session_client import query_status
-    from maka_temporal.workers.session_client import resume_host as send_resume_host
+    from maka_temporal.workers.client.session_client import query_status
+    from maka_temporal.workers.client.session_client import resume_host as send_resume_host
     from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
@@ -469,84 +462,7 @@ async def wait_continued(
     return {**out, "state": state, "parkReason": out["parkReason"] or view.park_reason}
 
 
-@click.command("resume")
-@db_option
-@temporal_options()
-@click.argument("session_id", metavar="SESSION")
-@click.option("--wait", is_flag=True, help="wait until the continued turn settles")
-@json_option()
-def cmd_resume(
-    db: str | None,
-    address: str | None,
-    namespace: str | None,
-    task_queue: str | None,
-    session_id: str,
-    wait: bool,
-    as_json: bool,
-) -> None:
-    """Continue a session whose workflow execution is lost, through the planner (never a retry), or
-    one parked with workspace_host_unavailable once its host is back (on the same host)."""
-    from maka_temporal.workers.client import connect
-    from maka_temporal.workers.worker import default_runtime
-
-    s = settings(db=db, task_queue=task_queue)
-    feature = s.runtime_safe_boundary_resume is not False
-    queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
-
-    async def main() -> int:
-        client = await connect(address, namespace)
-        store = open_ledger(s.ledger, create=False)
-        rt = default_runtime(store, s.runtime_settings())
-        fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
-        try:
-            out = await resume_lost_session(
-                client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
-            )
-            if fence.waited:
-                out["attemptFenceS"] = round(fence.waited, 1)
-            if wait and out["decision"] == "continue":
-                out = await wait_continued(client, rt, out)
-        finally:
-            rt.close()
-            store.close()
-        if as_json:
-            print_json(out, indent=2)
-        else:
-            _print(out)
-        if out["decision"] != "continue":
-            return 1
-        return 0 if not wait or out["state"] == "idle" else 1
-
-    finish(run_async(main()))
-
-
-def _progress(message: str) -> None:
-    print(f"maka: {message}", file=sys.stderr, flush=True)
-
-
-def _print(out: dict[str, Any]) -> None:
-    if out.get("hostResumed"):
-        click.echo(
-            f"session {out['sessionId']}: host {out['host']} is back; run {out['sourceRunId']} goes on "
-            f"(state {out['state']})"
-        )
-        return
-    if out["decision"] == "continue":
-        click.echo(
-            f"session {out['sessionId']}: continuing run {out['sourceRunId']} "
-            f"at high-water {out['highWater']} as run {out['continuationRunId']} (state {out['state']})"
-        )
-        return
-    click.echo(
-        f"session {out['sessionId']}: parked ({out['parkReason']}): {', '.join(out['rejectionReasons'])}"
-    )
-    for d in out["diagnostics"]:
-        where = " ".join(f"{k}={d[k]}" for k in ("toolName", "toolCallId", "eventId") if k in d)
-        click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
-
-
 __all__ = [
-    "cmd_resume",
     "lost_sessions",
     "resume_lost_session",
     "resume_on_host",

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
@@ -33,23 +29,21 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, FunctionTool, Tool, default_tools, tool_catalog
+from maka_core.tools import FunctionTool, Tool, default_tools
 from maka_core.tools.loader import with_tools
 from maka_temporal.activities import MakaActivities
-from maka_temporal.workers.attempt_fence import AttemptFence
-from maka_temporal.workers.resume_cli import (
-    lost_sessions,
+from maka_temporal.workers.host.attempt_fence import AttemptFence
+from maka_temporal.workers.host.resume import (
     resume_lost_session,
     settle_lost_runs,
     wait_continued,
 )
-from maka_temporal.workers.sandbox_runner import CompiledOnceSandboxRunner
+from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
 if TYPE_CHECKING:
     from maka_core.tools.mcp.adapter import McpToolset
-    from maka_temporal.workers.telemetry import Telemetry
 
 log = logging.getLogger("maka.worker")
 
@@ -128,7 +122,7 @@ async def startup_repair(
     claimed continuation that never ran is left for resume to execute. With ``host``, a run of a
     session pinned to another host is left alone: its recovery reads a workspace that lives there,
     so that host's worker (or ``maka resume`` run there) settles it. A lost run with a tool in
-    flight is settled once its old attempt cannot still be running (``workers.attempt_fence``;
+    flight is settled once its old attempt cannot still be running (``workers.host.attempt_fence``;
     ``say`` reports the wait).
     """
     report = RepairReport()
@@ -226,7 +220,7 @@ def build_worker(
         sticky_queue_schedule_to_start_timeout=sticky,
         task_queue=task_queue,
         workflows=[workflow],
-        # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
+        # Sandboxed, with its entry snippets compiled once (workers/host/sandbox_runner.py).
         workflow_runner=options.pop("workflow_runner", CompiledOnceSandboxRunner()),
         activities=acts.all(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
@@ -315,192 +309,3 @@ def mcp_log_to(sink: Callable[[str, dict[str, Any]], None]) -> Iterator[None]:
         mcp_log.removeHandler(handler)
         mcp_log.propagate = True
         mcp_log.setLevel(logging.NOTSET)
-
-
-async def serve(
-    client: Client,
-    db: Path | str,
-    task_queue: str,
-    *,
-    settings: RuntimeSettings | None = None,
-    make_runtime: Callable[[LedgerStore, RuntimeSettings], Runtime] | None = None,
-    stop: asyncio.Event | None = None,
-    ready: asyncio.Event | None = None,
-    repair: bool = True,
-    out: Any = None,
-    json_events: bool = False,
-    telemetry: Telemetry | None = None,
-    host: str | None = None,
-    workflow: type = SessionWorkflow,
-    tools: Sequence[FunctionTool] = (),
-) -> RepairReport:
-    """``maka worker``: one temporalio ``Worker`` with ``MakaPlugin`` (``workers.plugin``), run
-    until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None).
-
-    ``host`` (``maka worker --host``, ``MAKA_HOST``): the workspace host this worker serves; the
-    plugin also polls ``host_queue(task_queue, host)``. ``None``: the shared queue alone (older
-    tests), and startup repair takes every host's runs.
-
-    Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
-    line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
-    ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
-    ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
-    ``telemetry`` (``workers.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
-    ``tools``: the worker's own tools beside the built-ins (``maka worker --tools``), for the
-    default runtime.
-    """
-    from maka_temporal.workers.plugin import MakaPlugin
-
-    out = out or sys.stderr
-
-    def announce(event: str, text: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}) if json_events else f"maka worker: {text}"
-        print(line, file=out, flush=True)
-
-    def lifecycle(event: str, **fields: Any) -> None:
-        # Continuation lifecycle: ids and codes only, never prompts, arguments or results.
-        log.info("continuation %s %s", event, fields)
-        announce(event, f"continuation {event}: " + " ".join(f"{k}={v}" for k, v in fields.items()), **fields)
-
-    settings = settings or load_settings().runtime_settings()
-    if settings.unsafe_no_sandbox:
-        log.warning("bash runs WITHOUT a sandbox where bubblewrap cannot run (--unsafe-no-sandbox)")
-    serving: list[asyncio.Task[None]] = []
-
-    def on_event(event: str, fields: dict[str, Any]) -> None:
-        if event == "attempt_fence":
-            announce("attempt_fence", fields["message"], message=fields["message"])
-        elif event == "repaired" and (fields["repairedRuns"] or json_events):
-            announce(
-                "repaired",
-                f"repaired {len(fields['repairedRuns'])} run(s) whose workflow is gone; "
-                f"sessions to resume: {', '.join(fields['sessionsToResume'])}",
-                **fields,
-            )
-        elif event == "ledger_unusable":
-            log.error("the ledger is unusable (%s): stopping: %s", fields.get("code"), fields.get("message"))
-            announce("ledger_unusable", f"stopping: {fields.get('code')}: {fields.get('message')}", **fields)
-        elif event == "serving":
-            serving.append(asyncio.create_task(_ready(plugin)))
-        elif event == "mcp_log":
-            announce("mcp_log", fields["message"], **fields)
-
-    async def _ready(plugin: MakaPlugin) -> None:
-        runtime = plugin.runtime
-        store = plugin.store
-        metrics_port = plugin.metrics_port
-        mcp = mcp_of(runtime)
-        bash = runtime.tools.get("bash")
-        isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
-        announce(
-            "ready",
-            f"polling task queue {task_queue!r}"
-            + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
-            + f" (ledger {db}); bash: {isolation}"
-            + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else "")
-
-            + (f"; mcp: {len(mcp.servers.tools())} tool(s)" if mcp is not None else ""),
-            taskQueue=task_queue,
-            **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
-            db=str(db),
-            bash=isolation,
-            unsafeNoSandbox=runtime.settings.unsafe_no_sandbox,
-            bashNetwork=runtime.settings.bash_network,
-            ledgerId=store.health.ledger_id,
-            toolCatalog=tool_catalog(runtime.tools),
-            userTools=[t.name for t in tools],
-            **(
-                {"metricsPort": metrics_port, "metricsHost": telemetry.metrics_host}
-                if metrics_port is not None and telemetry is not None
-                else {}
-            ),
-        )
-        if ready is not None:
-            ready.set()
-        if repair and load_settings().runtime_safe_boundary_resume:
-            report = plugin.repair_report or RepairReport()
-            candidates = list(report.sessions_to_resume)
-            for session_id in await asyncio.to_thread(lost_sessions, store):
-                if session_id not in candidates:
-                    candidates.append(session_id)
-            if candidates:
-                await auto_resume(client, runtime, candidates, task_queue, lifecycle, host)
-
-    plugin = MakaPlugin(
-        ledger=db,
-        settings=settings,
-        make_runtime=make_runtime,
-        repair=repair,
-        host=host,
-        serve_host_queue=host is not None,
-        on_event=on_event,
-        workflow=workflow,
-        telemetry=telemetry,
-        tools=tools,
-    )
-    # How long a workflow task waits on this worker's sticky queue before any worker may take it:
-    # after a worker dies, the next worker picks the session up only after this (``MAKA_STICKY_TIMEOUT``,
-    # the settings model's; SDK default 5 s).
-    try:
-        await plugin.preflight(client, task_queue)
-        worker = Worker(
-            client,
-            task_queue=task_queue,
-            plugins=[plugin],
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=load_settings().sticky_timeout),
-            # Sandboxed, with its entry snippets compiled once (workers/sandbox_runner.py).
-            workflow_runner=CompiledOnceSandboxRunner(),
-            max_concurrent_activities=64,
-            graceful_shutdown_timeout=timedelta(seconds=5),
-        )
-    except MakaError as exc:
-        announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
-        plugin.close()
-        raise
-    own_stop = stop is None
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-    failure: MakaError | None = None
-    try:
-        runner = asyncio.create_task(worker.run())
-        stop_wait = asyncio.create_task(stop.wait())
-        await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        for task in serving:
-            task.cancel()
-        if not runner.done():
-            # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by
-            # the worker's graceful timeout), then the workers, then the store (the plugin's).
-            plugin.runtime.stop_tools()
-            await worker.shutdown()
-        try:
-            await runner
-        except MakaError as exc:
-            if not serving:
-                raise
-            failure = exc  # the plugin announced it; the process leaves with the code
-        await asyncio.gather(*serving, return_exceptions=True)
-    finally:
-        if own_stop:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-    announce("stopped", "stopped")
-    if failure is not None:
-        # The process leaves with the code (exit 2 through the CLI), never keeps serving.
-        raise failure
-    return plugin.repair_report or RepairReport()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m workers.worker`` = ``maka worker``."""
-    from maka_temporal.workers.cli import main as cli_main
-
-    return cli_main(["worker", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

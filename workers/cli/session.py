@@ -1,5 +1,5 @@
 """``maka session start|send|status|resolve|approve|deny`` answer through ``SessionClient``
-(``workers.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
+(``workers.client.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
 win), the standard Temporal client settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, envconfig
@@ -18,34 +18,39 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from maka_core.errors import MakaError
+from maka_core.facts import canonical_json
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cancel_cli import cmd_cancel
-from maka_temporal.workers.cli_base import (
+from maka_temporal.workers.cli.base import (
+    add_commands,
     console,
     db_option,
     finish,
     json_option,
-    open_ledger,
     print_json,
     run_async,
-    session_events,
     settings,
     stdout_is_tty,
     temporal_options,
 )
-from maka_temporal.workers.governance_cli import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
-from maka_temporal.workers.session_api import SessionClient, session_status
-from maka_temporal.workers.session_client import (
+from maka_temporal.workers.cli.cancel import cmd_cancel
+from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.cli.session_follow import follow as follow_ledger
+from maka_temporal.workers.client.ledger import open_ledger
+from maka_temporal.workers.client.session_api import SessionClient, session_status
+from maka_temporal.workers.client.session_client import (
     query_status,
     send_message,
     start_session,
     update_error,
     wait_settled,
 )
-from maka_temporal.workers.session_start import check_message, new_session
+from maka_temporal.workers.client.session_start import check_message, new_session
+from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
 
@@ -67,11 +72,11 @@ def session() -> None:
     """Start, message and inspect sessions."""
 
 
-# The checks of a new session live in ``workers.session_start``: the CLI, ``SessionClient`` and a
+# The checks of a new session live in ``workers.client.session_start``: the CLI, ``SessionClient`` and a
 # child session refuse the same inputs.
 
 
-@session.command("start")
+@click.command("start")
 @db_option
 @temporal_options()
 @click.option("--workspace", required=True, type=click.Path(path_type=Path))
@@ -194,7 +199,7 @@ def cmd_start(
     unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
 
@@ -230,7 +235,7 @@ def cmd_start(
     finish(run_async(main()))
 
 
-@session.command("send")
+@click.command("send")
 @db_option
 @temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
@@ -249,7 +254,7 @@ def cmd_send(
     as_json: bool,
 ) -> None:
     """Send a message (one new turn)."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db, wait_timeout=wait_timeout)
     check_message(message)  # before connecting: a bad message is refused without a server
@@ -291,9 +296,6 @@ async def _after_send(
 
 
 def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
-    from maka_core.runtime.session_view import session_view
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     with open_ledger(db, create=create) as store:
         return session_view(
             store,
@@ -319,8 +321,6 @@ def _print_view(view: Any, *, state: str | None = None) -> None:
         for o in view.operations:
             click.echo(f"  op {o.operation_id}  {o.tool_name:<10} {o.status:<26} {o.reason}")
         return
-    from rich.table import Table
-
     out = console()
     out.print(head)
     turns = Table("turn", "run", "status", "park reason", title="turns", title_justify="left")
@@ -334,7 +334,7 @@ def _print_view(view: Any, *, state: str | None = None) -> None:
         out.print(ops)
 
 
-@session.command("status")
+@click.command("status")
 @db_option
 @temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
@@ -343,7 +343,7 @@ def cmd_status(
     db: str | None, address: str | None, namespace: str | None, session_id: str, as_json: bool
 ) -> None:
     """State, turns and every tool call's facts."""
-    from maka_temporal.workers.client import connect
+    from maka_temporal.workers.client.connect import connect
 
     s = settings(db=db)
 
@@ -382,7 +382,7 @@ def _printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
-@session.command("show")
+@click.command("show")
 @db_option
 @click.argument("session_id", metavar="SESSION")
 @json_option("the events as JSON lines")
@@ -391,27 +391,22 @@ def _printable(text: str) -> str:
 )
 def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> None:
     """The transcript, from the ledger."""
-    from maka_core.facts import codec
-    from maka_core.runtime.session_view import transcript_lines
-
     if follow:
-        from maka_temporal.workers.session_follow import follow as follow_ledger
-
         def write(line: str) -> None:
             sys.stdout.write((line if as_json else _printable(line)) + "\n")
             sys.stdout.flush()
 
         follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write)
         return
-    events = session_events(settings(db=db).ledger, session_id)
+    shown = asyncio.run(SessionClient(None, ledger=settings(db=db).ledger).show(session_id))
     if as_json:
-        for event in events:
-            sys.stdout.write(codec.encode(event) + "\n")
+        for event in shown.events:  # each event's canonical text, as the ledger holds it
+            sys.stdout.write(canonical_json.dumps(event) + "\n")
     else:
-        click.echo("\n".join(_printable(line) for line in transcript_lines(events)))
+        click.echo("\n".join(_printable(line) for line in shown.lines))
 
 
-@session.command("resolve")
+@click.command("resolve")
 @db_option
 @click.argument("session_id", metavar="SESSION")
 @click.option("--operation", "operation_id", required=True, metavar="OP", help="the parked operation id")
@@ -449,5 +444,15 @@ def cmd_resolve(
         )
 
 
-for _command in (cmd_approve, cmd_deny, cmd_session_receipts, cmd_cancel):
-    session.add_command(_command)
+add_commands(
+    session,
+    cmd_start,
+    cmd_send,
+    cmd_status,
+    cmd_show,
+    cmd_resolve,
+    cmd_approve,
+    cmd_deny,
+    cmd_session_receipts,
+    cmd_cancel,
+)

@@ -11,9 +11,15 @@ import time
 import uuid
 from pathlib import Path
 
+from maka_core.providers import demo_script_path
+from maka_core.runtime.session_view import operations, transcript_lines
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli_base import open_ledger, print_json, run_async
-from maka_temporal.workers.session_client import start_session, wait_settled
+from maka_temporal.workers.cli.base import print_json, run_async
+from maka_temporal.workers.client.connect import connect, reachable, target_address
+from maka_temporal.workers.client.ledger import open_ledger
+from maka_temporal.workers.client.session_client import start_session, wait_settled
+from maka_temporal.workers.host import devserver
+from maka_temporal.workers.host.serve import serve
 
 DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."
 
@@ -30,12 +36,6 @@ def make_demo_workspace(root: Path) -> Path:
 
 def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | None, as_json: bool) -> int:
     """The demo end to end; returns its exit code (0 when the agent changed the port)."""
-    from maka_core.providers import demo_script_path
-    from maka_core.runtime.session_view import operations, transcript_lines
-    from maka_temporal.workers import devserver
-    from maka_temporal.workers.client import connect, reachable, target_address
-    from maka_temporal.workers.worker import serve
-
     home = settings.home
     db = settings.ledger
     open_ledger(db, create=True).close()

@@ -8,9 +8,9 @@ already use the pydantic converter: ``maka_temporal.connect``). On the worker it
 - registers the session workflow, maka's activities and the two of a child session
   (``maka_temporal.workflow.run_session``), over one runtime (the ledger, the tools, the policy);
 - opens the ledger when the worker is built (a bad ledger is refused there, by its code) and
-  names it in the worker's identity (``workers.ledger_guard``);
+  names it in the worker's identity (``workers.host.ledger_guard``);
 - when the worker runs, before it polls: refuses a queue served against another ledger
-  (``ledger_mismatch``), runs startup repair (``workers.worker.startup_repair``), then serves the
+  (``ledger_mismatch``), runs startup repair (``workers.host.worker.startup_repair``), then serves the
   host queue of ``host`` (``host_queue(task_queue, host)``: the tools of the sessions pinned to
   that host) with a second, activity-only worker, for as long as yours runs; a ledger fault while
   serving (``ledger_replaced``, ``ledger_unwritable``...) shuts your worker down with the code.
@@ -45,9 +45,16 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import FunctionTool
 from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
-from maka_temporal.workers.ledger_guard import check_queue, watch, worker_identity
-from maka_temporal.workers.session_api import SessionError
-from maka_temporal.workers.telemetry import Telemetry
+from maka_temporal.workers.client.session_api import SessionError
+from maka_temporal.workers.host.ledger_guard import check_queue, watch, worker_identity
+from maka_temporal.workers.host.telemetry import Telemetry
+from maka_temporal.workers.host.worker import (
+    build_host_worker,
+    default_runtime,
+    mcp_log_to,
+    mcp_of,
+    startup_repair,
+)
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
@@ -98,7 +105,7 @@ class MakaPlugin(SimplePlugin):
         workflow: the session workflow class (a test's variant).
         serve_host_queue: ``False``: no host-queue worker, and startup repair takes every host's
             runs (``maka worker`` without a host: older deployments and tests).
-        telemetry: traces, ledger commit timing and ``/metrics`` (``workers.telemetry.Telemetry``,
+        telemetry: traces, ledger commit timing and ``/metrics`` (``workers.host.telemetry.Telemetry``,
             ``maka worker --metrics-port``): its interceptors join the worker's, its runtime
             instrumentation the runtime's, and ``/metrics`` is served while the worker runs
             (``metrics_port``). The SDK's own metrics need the client built on
@@ -222,8 +229,6 @@ class MakaPlugin(SimplePlugin):
             SessionError: ``ledger_unwritable``, ``ledger_full``, ``store_unreadable``... (the
                 store's codes).
         """
-        from maka_temporal.workers.worker import default_runtime
-
         try:
             store = LedgerStore.open(self.settings.ledger)
             store.check_health()
@@ -270,8 +275,6 @@ class MakaPlugin(SimplePlugin):
         return _host_worker_of(self, worker, served)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        from maka_temporal.workers.worker import mcp_log_to, mcp_of, startup_repair
-
         served = self._serving()
         client: Client = worker.client
         mcp = mcp_of(served.runtime)
@@ -360,8 +363,6 @@ async def _stop_pollers(
 def _host_worker_of(plugin: MakaPlugin, worker: Worker, served: _Served) -> Worker:
     """The host-queue worker: on the same connection without plugins (this one configured it
     already), with your worker's identity and interceptors."""
-    from maka_temporal.workers.worker import build_host_worker
-
     client = worker.client
     config: dict[str, Any] = {**client.config(), "plugins": []}
     bare = Client(**config)

@@ -1,7 +1,7 @@
 """The ``maka`` command: one Click group whose command groups live in their own modules.
 
 Exit codes: 0 success, 1 a check found differences or a session failed, 2 refused input (printed
-by ``workers.cli_base.refusal``; a JSON object on stdout under ``--json``).
+by ``workers.cli.base.refusal``; a JSON object on stdout under ``--json``).
 """
 
 from __future__ import annotations
@@ -16,32 +16,32 @@ from typing import Any
 import click
 
 from maka_core.errors import MakaError
-from maka_temporal.workers.cli_base import JSON_META, TEMPORAL_USED, refusal
+from maka_temporal.workers.cli.base import JSON_META, TEMPORAL_USED, refusal
 
 #: Whether ``--json`` was on the command line: a usage error stops Click before the flag's own
 #: callback runs, and the refusal must still come out in the mode the caller asked for.
 ARGV_JSON = "maka_argv_json"
 
-#: Every top-level command, declared once: where it lives (a module of this package) and the
+#: Every top-level command, declared once: where it lives (a module, relative to this package) and the
 #: line ``maka --help`` lists. A command's module is imported only when that command is run (or
 #: asked for its own help), so ``maka --help`` loads no store, runtime or Temporal client (pip's
 #: ``commands_dict`` does the same). ``tests/test_cli_startup.py`` holds each line equal to its
 #: command's own first help line.
 COMMANDS: dict[str, tuple[str, str]] = {
     "audit": (
-        "audit_cli:cmd_audit",
+        ".audit:cmd_audit",
         "Did Temporal and the ledger tell the same story? (exit 0 agree, 1 drift, 2 refused)",
     ),
-    "demo": ("host_cli:cmd_demo", "Run a scripted session on a sample workspace."),
-    "dev": ("host_cli:cmd_dev", "Run the embedded Temporal dev server (+ a worker)."),
-    "ledger": ("ledger_cli:ledger", "Import, export, plan and verify a RuntimeEvent ledger."),
-    "receipts": ("governance_cli:receipts", "Exported receipts."),
+    "demo": (".host:cmd_demo", "Run a scripted session on a sample workspace."),
+    "dev": (".host:cmd_dev", "Run the embedded Temporal dev server (+ a worker)."),
+    "ledger": (".ledger:ledger", "Import, export, plan and verify a RuntimeEvent ledger."),
+    "receipts": (".governance:receipts", "Exported receipts."),
     "resume": (
-        "resume_cli:cmd_resume",
+        ".resume:cmd_resume",
         "Continue a session whose workflow execution is lost, through the planner (never a retry), or",
     ),
-    "session": ("session_cli:session", "Start, message and inspect sessions."),
-    "worker": ("host_cli:cmd_worker", "Run a worker: startup repair, then poll."),
+    "session": (".session:session", "Start, message and inspect sessions."),
+    "worker": (".host:cmd_worker", "Run a worker: startup repair, then poll."),
 }
 
 
@@ -55,7 +55,7 @@ class MakaGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module, attr = COMMANDS[cmd_name][0].split(":")
-            self.add_command(getattr(importlib.import_module(f".{module}", __package__), attr), cmd_name)
+            self.add_command(getattr(importlib.import_module(module, __package__), attr), cmd_name)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -23,16 +23,19 @@ from pydantic import BaseModel, ConfigDict
 from maka_core.errors import MakaError
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
 from maka_core.settings import MakaSettings, load_settings
-from maka_temporal.workers.cli_base import open_ledger
-from maka_temporal.workers.session_client import (
+from maka_temporal.workers.client import turn_messages
+from maka_temporal.workers.client.ledger import open_ledger, session_events
+from maka_temporal.workers.client.policy import answer_approval, check_session_known, governance_status
+from maka_temporal.workers.client.session_client import (
     START_NEVER_HAPPENED,
     describe_execution,
     query_status,
     send_message,
+    start_execution,
     start_session,
     wait_settled,
 )
-from maka_temporal.workers.session_start import check_message, new_session
+from maka_temporal.workers.client.session_start import check_message, new_session
 from maka_temporal.workflows.contracts import TurnCancelled
 
 __all__ = [
@@ -346,8 +349,6 @@ class SessionClient:
             SessionError: ``turn_not_running``, ``turn_not_cancellable``, ``turn_not_cancelled``,
                 ``session_not_found``, ``temporal_unavailable``.
         """
-        from maka_temporal.workers import turn_messages
-
         client = self._temporal()
         return await _refusing(turn_messages.cancel_turn(client, session_id, reason=reason, by=by))
 
@@ -362,8 +363,6 @@ class SessionClient:
         """The transcript and events, from the ledger (``maka session show``)."""
         from maka_core.facts import codec
         from maka_core.runtime.session_view import transcript_lines
-        from maka_temporal.workers.cli_base import session_events
-
         s = self.settings()
 
         def read() -> Transcript:
@@ -378,7 +377,7 @@ class SessionClient:
 
     async def audit(self, session_id: str) -> AuditResult:
         """The ledger's lineage against every execution that hosted it (``maka audit``)."""
-        from maka_temporal.workers.audit import audit_session
+        from maka_temporal.workers.client.audit import audit_session
 
         s = self.settings()
         client = self._temporal()
@@ -416,9 +415,6 @@ class SessionClient:
         by: str | None = None,
         reason: str | None = None,
     ) -> ApprovalAnswer:
-        from maka_temporal.workers import turn_messages
-        from maka_temporal.workers.governance_cli import answer_approval, check_session_known
-
         ledger = self.settings().ledger
         await asyncio.to_thread(check_session_known, ledger, session_id)
         sent = None
@@ -475,8 +471,9 @@ class SessionClient:
     async def resume(self, session_id: str, *, wait: bool = False) -> Resumed:
         """Continue a session whose execution is lost, through the planner, or one parked with
         ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles."""
-        from maka_temporal.workers.resume_cli import resume_lost_session, wait_continued
-        from maka_temporal.workers.worker import default_runtime
+        # The one call that runs host work: the runtime and its tools load here, not for every client.
+        from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+        from maka_temporal.workers.host.worker import default_runtime
 
         s = self.settings()
         client = self._temporal()
@@ -528,7 +525,6 @@ async def reopen(client: Any, s: MakaSettings, session_id: str) -> None:
     """
     from maka_core.runtime.continuation import read_session
     from maka_core.runtime.session_view import session_view
-    from maka_temporal.workers.session_client import start_execution
     from maka_temporal.workflows.contracts import workflow_id_for
 
     try:
@@ -580,7 +576,6 @@ async def session_status(
     caller has no client (the code of its failed connect), for the note."""
     from maka_core.runtime.lost_run import session_record
     from maka_core.runtime.session_view import session_view
-    from maka_temporal.workers.governance_cli import governance_status
     from maka_temporal.workflows.contracts import workflow_id_for
 
     status = None
@@ -629,7 +624,7 @@ async def session_status(
     resume_refusal = None
     if status is None and not view.turns:
         # Events without run headers (an imported ledger): resume refuses, and says so here too.
-        from maka_temporal.workers.resume_cli import runs_missing
+        from maka_temporal.workers.host.resume import runs_missing
 
         refusal = runs_missing(session_id, view.event_count)
         resume_refusal = refusal.to_json()

@@ -1,4 +1,5 @@
-"""What every ``maka`` command shares: options declared once, settings, the ledger, output, refusals.
+"""What every ``maka`` command shares: options declared once, settings, output, refusals (the
+ledger is opened through ``workers.client.ledger``, which every room uses).
 
 A refusal is a ``MakaError`` raised anywhere below a command; the root group prints it once
 (``refusal``) and exits 2: ``error: <code>: <message>`` on stderr, or under ``--json`` one JSON object
@@ -11,22 +12,18 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
-from maka_core.errors import MakaError, StoreError
+from maka_core.errors import MakaError
 from maka_core.settings import MakaSettings, load_settings
-
-if TYPE_CHECKING:
-    from maka_core.store.writer import LedgerStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_META = "maka_json"
 #: Set once a command has talked to Temporal: the console entry point then leaves without
-#: interpreter finalization (see ``workers.cli.main``).
+#: interpreter finalization (see ``workers.cli.app.main``).
 TEMPORAL_USED = "maka_temporal_used"
 
 
@@ -69,6 +66,13 @@ def temporal_options(*, queue: bool = True) -> Callable[[F], F]:
         return fn
 
     return wrap
+
+
+def add_commands(group: click.Group, *commands: click.Command) -> None:
+    """A group's commands, listed once at the end of the group's module: every command is a plain
+    ``@click.command`` and its group names it here (the root group's are ``app.COMMANDS``)."""
+    for command in commands:
+        group.add_command(command)
 
 
 def settings(**flags: Any) -> MakaSettings:
@@ -128,58 +132,3 @@ def finish(code: int) -> None:
     """Leave the command with ``code`` (Click's way, so CliRunner sees it too)."""
     if code:
         raise click.exceptions.Exit(code)
-
-
-# --- the ledger --------------------------------------------------------------------------------
-
-
-def open_ledger(target: str | Path, *, create: bool) -> LedgerStore:
-    """Open the ledger at a path or URL; refuses instead of raising a store traceback.
-
-    Only the commands that run turns (worker, dev, demo, session start) and ``ledger import`` may
-    create it; every reader refuses a missing file (``ledger_not_found``) rather than leaving an
-    empty database behind.
-
-    Raises:
-        MakaError: ``ledger_not_found``, ``store_unreadable`` (a directory, not SQLite, unreachable),
-            ``schema_too_new``.
-    """
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from maka_core.store.engine import database_url, sqlite_file
-    from maka_core.store.writer import LedgerStore
-
-    file = sqlite_file(database_url(target))
-    if file is not None:
-        if file.is_dir():
-            raise StoreError("store_unreadable", f"{file} is a directory, not a ledger", path=str(file))
-        if not create and not file.exists():
-            raise MakaError("ledger_not_found", f"no ledger at {file}", path=str(file))
-    try:
-        return LedgerStore.open(target)
-    except SQLAlchemyError as exc:
-        raise StoreError(
-            "store_unreadable", f"cannot open the ledger: {exc.__class__.__name__}: {exc}"
-        ) from None
-
-
-def session_events(target: str | Path, session_id: str, *, run_id: str | None = None) -> list[Any]:
-    """A stored session's events (of one run, when given), read-only.
-
-    Raises:
-        MakaError: ``session_not_found`` when the ledger holds none; ``open_ledger``'s codes.
-    """
-    with open_ledger(target, create=False) as store:
-        events: list[Any] = store.events(session_id=session_id, run_id=run_id)
-    if not events:
-        raise MakaError("session_not_found", f"no events for session {session_id}", sessionId=session_id)
-    return events
-
-
-def ensure_utf8(text: str, what: str) -> str:
-    """Refuse text that did not decode as UTF-8 (arguments arrive with surrogate escapes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise MakaError(f"{what}_invalid", f"the {what} is not valid UTF-8") from None
-    return text

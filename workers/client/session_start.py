@@ -19,9 +19,9 @@ from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.workspace import check_workspace_location
-from maka_temporal.workers.cli_base import ensure_utf8
-from maka_temporal.workers.governance_cli import SessionPolicy, session_policy
-from maka_temporal.workers.session_client import check_step_timeout, new_session_config
+from maka_temporal.workers.client.ledger import ensure_utf8
+from maka_temporal.workers.client.policy import SessionPolicy, session_policy
+from maka_temporal.workers.client.session_client import check_step_timeout, new_session_config
 
 if TYPE_CHECKING:
     from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec

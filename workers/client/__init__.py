@@ -1,0 +1,14 @@
+"""The Temporal client side: connecting (``connect``), opening the ledger (``ledger``), the typed
+``SessionClient`` (``session_api``), the session workflow's messages (``session_client``,
+``turn_messages``), what a start validates and records (``session_start``, ``policy``) and the audit."""
+
+__all__ = [
+    "audit",
+    "connect",
+    "ledger",
+    "policy",
+    "session_api",
+    "session_client",
+    "session_start",
+    "turn_messages",
+]

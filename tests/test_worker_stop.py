@@ -101,6 +101,12 @@ async def test_a_stopping_worker_refuses_waiting_calls_before_t1_and_the_next_wo
     while not all([await _tool_started(temporal_client, sid) for sid, _, _ in sessions]):
         assert time.monotonic() < deadline, f"tool activities not both started; T1s: {_t1s(db)}"
         await asyncio.sleep(0.05)
+    # An activity is "started" before its T1 commits: wait for the T1s this runtime writes before
+    # a stop (the running call's, and with eager T1 the waiting call's too).
+    expected_t1s = 1 if runtime is Runtime else 2
+    while _t1s(db) < expected_t1s:
+        assert time.monotonic() < deadline, f"T1s before the stop: {_t1s(db)} < {expected_t1s}"
+        await asyncio.sleep(0.05)
     assert not any((ws / "effects.log").exists() for _, _, ws in sessions), "a call ended before the stop"
     t1s_at_stop = _t1s(db)
     stopping.set()

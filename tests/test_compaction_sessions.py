@@ -343,9 +343,12 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
             temporal_client, workspace=ws_dir, provider=SPEC, task_queue=queue, message="turn 0"
         )
         await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
-        vendor.delay = 2.0  # each answer takes two seconds: the next turn takes four or more
+        vendor.delay = 0.5
         for as_json in (False, True):
             turn = 1 + as_json
+            # The vendor holds the turn's answers until the follower has printed the turn's user
+            # message, so its end can only be printed after that, however slowly the CLI starts.
+            vendor.release.clear()
             accepted = await send_message(
                 temporal_client, session_id, f"turn {turn}"
             )  # started here, not by show
@@ -361,11 +364,24 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
             assert follow.stdout is not None
             arrivals: list[tuple[float, str]] = []
             loop = asyncio.get_running_loop()
-            while True:
-                line = await loop.run_in_executor(None, follow.stdout.readline)
-                if not line:
-                    break
-                arrivals.append((time.monotonic(), line.rstrip("\n")))
+            user_line = f"{accepted.run_id}_user" if as_json else f"user: turn {turn}"
+            released_at = None
+            try:
+                while True:
+                    line = await asyncio.wait_for(
+                        loop.run_in_executor(None, follow.stdout.readline), 90
+                    )
+                    if not line:
+                        break
+                    arrivals.append((time.monotonic(), line.rstrip("\n")))
+                    if released_at is None and user_line in line:
+                        released_at = time.monotonic()
+                        vendor.release.set()
+            finally:
+                vendor.release.set()
+                if follow.poll() is None and released_at is None:
+                    follow.kill()
+            assert released_at is not None, f"the follower never printed {user_line!r}: {arrivals}"
             assert follow.wait(30) == 0, follow.stderr.read() if follow.stderr else ""
             status = await wait_settled(
                 temporal_client, session_id, accepted.run_id, timeout=5, progress=False
@@ -387,7 +403,9 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
             else:
                 user_at = next(t for t, line in arrivals if line == f"user: turn {turn}")
                 end_at = [t for t, line in arrivals if line == "-- turn completed --"][-1]
-            assert end_at - user_at > 1.0, f"printed all at once ({end_at - user_at:.2f} s apart)"
+            assert user_at <= released_at < end_at, (
+                f"printed all at once: user {user_at:.2f}, released {released_at:.2f}, end {end_at:.2f}"
+            )
         vendor.delay = 0.0
         # A session with no turn in flight: the transcript, then the end, at once.
         began = time.monotonic()

@@ -44,6 +44,9 @@ class WindowedVendor:
         self.window = window
         #: Seconds each answer takes (a turn that runs long enough to be watched).
         self.delay = delay
+        #: Cleared, the vendor holds every answer until a test sets it (bounded at 120 s).
+        self.release = threading.Event()
+        self.release.set()
         self.requests: list[Seen] = []
         self.summaries = 0
         self.overflows = 0
@@ -57,6 +60,7 @@ class WindowedVendor:
                     server.requests.append(Seen(self.path, body))
                     status, reply = server.answer(self.path.endswith("/messages"), body)
                 time.sleep(server.delay)
+                server.release.wait(120)
                 data = json.dumps(reply).encode()
                 try:
                     self.send_response(status)

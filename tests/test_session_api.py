@@ -84,6 +84,18 @@ def _bad_starts(tmp: Path) -> dict[str, tuple[list[str], dict[str, Any]]]:
             ["--workspace", str(ws), "--script", str(good), "--step-timeout", "0", "go"],
             {**base, "message": "go", "step_timeout": 0.0},
         ),
+        "unknown tool group": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", "builtins,foo:bar", "go"],
+            {**base, "message": "go", "offer": ["builtins", "foo:bar"]},
+        ),
+        "no such MELRA tool": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", "melra_plot", "go"],
+            {**base, "message": "go", "offer": ["melra_plot"]},
+        ),
+        "empty tool set": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", " , ", "go"],
+            {**base, "message": "go", "offer": [""]},
+        ),
     }
 
 

@@ -37,6 +37,7 @@ from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
+from maka_core.tools import tool_catalog
 from maka_temporal.workers.attempt_fence import AttemptFence
 from maka_temporal.workers.cli_base import (
     db_option,
@@ -252,7 +253,7 @@ async def resume_lost_session(
             say=lambda message: announce("attempt_fence", sessionId=session_id, message=message),
         )
     await settle_lost_runs(rt, session_id, still_lost, fence=fence)
-    tools = tuple(rt.tools.keys())
+    tools = tool_catalog(rt.tools)  # names and schema digests: the catalog gate compares both
 
     def decide() -> ResumeDecision:
         return resume_session(
@@ -486,17 +487,21 @@ def cmd_resume(
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
+    from maka_core.tools import default_tools
+    from maka_core.tools.loader import load_tools
     from maka_temporal.workers.client import connect
     from maka_temporal.workers.worker import default_runtime
 
     s = settings(db=db, task_queue=task_queue)
     feature = s.runtime_safe_boundary_resume is not False
     queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
+    # The fleet's own tools (MAKA_TOOLS), so the catalog gate sees what its workers serve.
+    user_tools = load_tools(s.tools, default_tools())
 
     async def main() -> int:
         client = await connect(address, namespace)
         store = open_ledger(s.ledger, create=False)
-        rt = default_runtime(store, s.runtime_settings())
+        rt = default_runtime(store, s.runtime_settings(), tools=user_tools)
         fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
             out = await resume_lost_session(

@@ -63,7 +63,7 @@ from maka_core.runtime.ledger_executor import LedgerExecutor
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
-from maka_core.tools import Tool, default_tools, provider_tool_specs
+from maka_core.tools import Tool, default_tools, provider_tool_specs, tool_catalog
 from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.mcp.config import McpConfig
 from maka_core.tools.offer import offered_names
@@ -283,6 +283,8 @@ class Runtime:
         #: version they were built for.
         self._tool_specs: dict[frozenset[str] | None, list[dict[str, Any]]] = {}
         self._tool_specs_version: int | None = None
+        self._catalog: dict[str, str] | None = None
+        self._catalog_version: int | None = None
         #: session id -> the policy and principal it decides by (recorded once, never changed).
         self._governance: dict[str, SessionGovernance] = {}
         #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call, the tool
@@ -428,6 +430,14 @@ class Runtime:
         """
         policy = self.session_governance(session_id).policy.offered_tools
         return offered_names(self.tools, tool_set, policy)
+
+    def tool_catalog(self) -> dict[str, str]:
+        """Every served tool's name and argument-schema digest (``tools.tool_catalog``), cached
+        as the specs are."""
+        version = getattr(self.tools, "version", None)
+        if self._catalog is None or version != self._catalog_version:
+            self._catalog, self._catalog_version = tool_catalog(self.tools), version
+        return self._catalog
 
     def tool_specs(self, offered: frozenset[str] | None = None) -> list[dict[str, Any]]:
         """The provider-facing specs of the tools ``offered`` names (``None``: every tool)."""

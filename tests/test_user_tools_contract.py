@@ -410,3 +410,22 @@ def test_a_hook_timeout_must_be_positive() -> None:
     with pytest.raises(ToolsInvalid, match="hook_timeout_s"):
         tool(body, name="t", guarantee="read-only", hook_timeout_s=0)
     assert tool(body, name="t", guarantee="read-only", hook_timeout_s=0.1).hook_timeout_s == 0.1
+
+
+# --- one narrowing order for every guarantee ------------------------------------------------------
+
+
+def test_a_policy_and_an_mcp_servers_file_narrow_by_one_order() -> None:
+    """``governance.guarantee.narrowed`` (a policy's ``toolGuarantees``) and the servers file's
+    ``narrower`` agree on every pair of guarantees an MCP tool can have. Before, the policy ranked
+    ``provider-idempotent`` and ``at-least-once`` alike and ignored that narrowing (it answered
+    ``provider-idempotent`` below, the servers file ``at-least-once``)."""
+    from maka_core.governance.guarantee import narrowed
+    from maka_core.tools.mcp.guarantee import narrower
+
+    mcp = ("read-only", "provider-idempotent", "at-least-once", "at-most-once")
+    for declared in mcp:
+        for asked in mcp:
+            assert narrowed(declared, asked) == narrower(declared, asked), (declared, asked)  # type: ignore[arg-type]
+    assert narrowed("provider-idempotent", "at-least-once") == "at-least-once"
+    assert narrowed("at-least-once", "provider-idempotent") == "at-least-once"  # never widened

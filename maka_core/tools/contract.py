@@ -70,6 +70,17 @@ ToolGuarantee = Literal[
 TOOL_GUARANTEES: tuple[ToolGuarantee, ...] = get_args(ToolGuarantee)
 #: The guarantees whose call runs again after a crash, with the same idempotency key.
 KEYED_GUARANTEES: frozenset[str] = frozenset({"provider-idempotent", "at-least-once"})
+#: How much each guarantee lets recovery re-run (higher: more), the one order every narrowing
+#: moves down (a policy's ``toolGuarantees``, an MCP servers file): ``at-least-once`` is narrower
+#: than ``provider-idempotent`` (both re-run with one key; it promises no dedup), and neither a
+#: reconciling nor an at-most-once call is ever re-run.
+GUARANTEE_LATITUDE: Mapping[str, int] = {
+    "read-only": 3,
+    "provider-idempotent": 2,
+    "at-least-once": 1,
+    "reconciliation-required": 0,
+    "at-most-once": 0,
+}
 
 #: The T1 fact's ``recoveryMode`` (the reference's vocabulary) for each guarantee.
 RECOVERY_MODES: dict[ToolGuarantee, RecoveryMode] = {

@@ -67,6 +67,7 @@ class ChildSessionActivities:
                 model=inp.model,
                 policy=inp.policy,
                 session_id=inp.session_id,
+                offer=inp.offer,
             )
 
         try:

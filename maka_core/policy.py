@@ -115,7 +115,9 @@ class Policy:
 
         if tool.name in self.denied_tools:
             return deny("tool_forbidden_by_config", f"{tool.name} is switched off by configuration")
-        command = args.get("command") if tool.name == "bash" else None
+        # A tool that runs a command line names the argument that holds it (``bash``: ``command``).
+        command_arg = getattr(tool, "command_arg", None)
+        command = args.get(command_arg) if isinstance(command_arg, str) else None
         if isinstance(command, str):
             for pattern in self._patterns:
                 if pattern.search(command):

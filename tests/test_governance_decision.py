@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
 from maka_core.governance.classify import classify_operation
 from maka_core.governance.decision import (
@@ -15,8 +16,9 @@ from maka_core.governance.decision import (
     pattern_matches,
     policy_blocked_result,
 )
-from maka_core.governance.evidence import ExitCode
+from maka_core.governance.evidence import EvidencePredicate, ExitCode
 from maka_core.governance.policy_file import GovernancePolicy, Identity, Principal, parse_policy
+from maka_core.tools import default_tools
 from tests.builtin_classify import classify_tool_call
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -24,8 +26,15 @@ INSTALL = {"command": "npm install left-pad"}  # mutate, traits network + packag
 EXIT_0 = [ExitCode(type="exit_code", value=0)]
 
 
+def declared(tool: str) -> list[EvidencePredicate]:
+    """What a built-in declares for its mutation, as the runtime hands it to governance."""
+    raw = getattr(default_tools().get(tool), "derived_evidence", ())
+    return TypeAdapter(list[EvidencePredicate]).validate_python(list(raw))
+
+
 def judge(policy: dict[str, Any], tool: str, args: dict[str, Any], **call: Any) -> tuple[str, str, str]:
     p = parse_policy(policy)
+    call.setdefault("derived_evidence", declared(tool))
     decision = decide(p, governed_call(p, classify_tool_call(tool, args), args, **call), now=NOW)
     return decision.step, decision.outcome, decision.reason
 
@@ -183,7 +192,12 @@ def test_grants(grant: dict[str, Any], usage: dict[str, int], reason: str) -> No
     p = parse_policy({"capabilities": [grant]})
     args = {"path": "docs/a.md", "content": "x"}
     decision = decide(
-        p, governed_call(p, classify_tool_call("write_file", args), args), now=NOW, grant_usage=usage
+        p,
+        governed_call(
+            p, classify_tool_call("write_file", args), args, derived_evidence=declared("write_file")
+        ),
+        now=NOW,
+        grant_usage=usage,
     )
     assert decision.reason == reason
     if decision.outcome == "deny":
@@ -200,11 +214,13 @@ def test_grants_match_the_immediate_principal() -> None:
     )
     bob = Identity(principal=Principal.parse("human:bob"), on_behalf_of=(Principal.parse("human:ann"),))
     c = classify_tool_call("write_file", args)
-    assert decide(p, governed_call(p, c, args, identity=ann), now=NOW).allowed
-    assert not decide(p, governed_call(p, c, args, identity=bob), now=NOW).allowed
-    assert decide(p, governed_call(p, c, args, identity=bob), now=NOW + timedelta(days=1)).reason.startswith(
-        "capability_not_granted"
-    )
+    ev = declared("write_file")
+    assert decide(p, governed_call(p, c, args, identity=ann, derived_evidence=ev), now=NOW).allowed
+    assert not decide(p, governed_call(p, c, args, identity=bob, derived_evidence=ev), now=NOW).allowed
+    later = NOW + timedelta(days=1)
+    assert decide(
+        p, governed_call(p, c, args, identity=bob, derived_evidence=ev), now=later
+    ).reason.startswith("capability_not_granted")
 
 
 def test_terminal_operations_follow_melras_job_and_command_rules() -> None:

@@ -25,6 +25,7 @@ from maka_core.governance.evidence import (
     is_success,
     verification_status,
 )
+from maka_core.tools.files import WriteFileTool
 from tests.builtin_classify import classify_tool_call
 
 PREDICATES: TypeAdapter[list[EvidencePredicate]] = TypeAdapter(list[EvidencePredicate])
@@ -116,9 +117,12 @@ def test_predicates_are_parsed_strictly() -> None:
 
 def test_melras_default_evidence_for_mutations() -> None:
     write = {"path": "a.txt", "content": "x"}
-    assert default_evidence_for(classify_tool_call("write_file", write), write) == (
+    # The file tools declare their derived evidence (``derived_evidence``); governance names no tool.
+    declared = PREDICATES.validate_python(list(WriteFileTool.derived_evidence))
+    assert default_evidence_for(classify_tool_call("write_file", write), write, derived=declared) == (
         FileExists(type="file_exists", path="a.txt"),
     )
+    assert default_evidence_for(classify_tool_call("write_file", write), write) == ()
     assert default_evidence_for(classify_tool_call("read_file", {"path": "a"}), {"path": "a"}) == ()
     assert default_evidence_for(classify_tool_call("bash", {"command": "make"}), {"command": "make"}) == ()
     move = {"kind": "file", "action": "move", "path": "a", "destination": "b"}

@@ -156,6 +156,8 @@ def test_maka_worker_refuses_a_bad_mcp_config_before_anything_starts(tmp_path: P
     for args, extra in (
         (["worker", "--json", "--mcp-config", str(bad)], {}),
         (["worker", "--json"], {"MAKA_MCP_CONFIG": str(bad)}),
+        # ``maka dev`` takes the flag too, and refuses before its dev server starts.
+        (["dev", "--json", "--mcp-config", str(bad)], {}),
     ):
         result = CliRunner().invoke(maka, args, env={**env, **extra}, catch_exceptions=False)
         assert result.exit_code == 2, result.output
@@ -163,6 +165,7 @@ def test_maka_worker_refuses_a_bad_mcp_config_before_anything_starts(tmp_path: P
         assert body["code"] == "mcp_config_invalid" and body["field"] == "mcpServers.a.cwdd", body
         assert "Traceback" not in result.output
         assert not (home / "ledger.sqlite").exists()  # nothing written, Temporal never asked
+        assert not (home / "temporal.db").exists()  # no dev server was started
 
 
 def test_reading_the_settings_and_the_file_never_imports_the_sdk(tmp_path: Path) -> None:

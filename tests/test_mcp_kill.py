@@ -14,6 +14,10 @@ plain tool widened with ``operatorTrust`` runs twice, failing the at-most-once d
 The idempotent drill also runs over Streamable HTTP (both worker processes send the same key to one
 server process). A server that dies in the middle of a call (no worker killed) leaves T1 without T2
 the same way.
+
+The kill matrix's MCP column: each counter tool killed at P3 (T1 committed, no request sent) and
+at P5 (T2 committed), the server's calls counted; its control widens the plain tool with
+``operatorTrust``, which re-runs it where the column's cell parks.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ async def _drill(
     args: dict[str, Any],
     tools: Any,
     url: str | None = None,
+    point: str = "P4",
 ) -> tuple[str, Any, Any, Path]:
     """``url``: the counter server over Streamable HTTP there (its state is ``tmp_path/state``)."""
     state = tmp_path / "state"
@@ -58,7 +63,7 @@ async def _drill(
     script = write_script(tmp_path / "s.json", [tool_step((f"mcp__counter__{tool}", args)), {"text": "done"}])
     tag = f"mcp__counter__{tool}"
     with WorkerProcess(
-        server, db, queue, home=tmp_path, failpoint="P4", failpoint_tag=tag, extra_env=env
+        server, db, queue, home=tmp_path, failpoint=point, failpoint_tag=tag, extra_env=env
     ) as doomed:
         doomed.wait_ready()
         session_id, accepted = await start(client, ws, script, queue)
@@ -168,3 +173,56 @@ async def test_a_server_that_dies_mid_call_leaves_t1_without_t2_and_the_guarante
     assert (status.state, status.park_reason) == ("parked", "dispatch_without_response")
     assert op.dispatch_event_id and not op.response_event_id
     assert [c["tool"] for c in calls(state)] == ["die"]
+
+
+# --- the kill matrix's MCP column: P3 (T1 committed, the request not sent) and P5 (after T2) ------
+
+#: Each counter tool's args: ``peek`` (readOnlyHint), ``put`` (idempotentHint), ``bump`` (none).
+MCP_COLUMN: dict[str, dict[str, Any]] = {"peek": {}, "put": PUT, "bump": {}}
+#: (tool, failpoint, the servers file's entry for it) -> (session state, park reason, calls that
+#: reached the server). At P3 a re-runnable guarantee sends its request once, the plain tool
+#: parks having sent none; at P5 T2 is committed and nothing is sent again. The last cell is the
+#: negative control: the plain tool widened by ``operatorTrust`` is re-run where it must park.
+MCP_EXPECTED: dict[tuple[str, str, str], tuple[str, str | None, int]] = {
+    ("peek", "P3", ""): ("idle", None, 1),
+    ("put", "P3", ""): ("idle", None, 1),
+    ("bump", "P3", ""): ("parked", "dispatch_without_response", 0),
+    **{(name, "P5", ""): ("idle", None, 1) for name in MCP_COLUMN},
+    ("bump", "P3", "negative-control-trusted-wide"): ("idle", None, 1),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+@pytest.mark.parametrize(("tool", "point", "variant"), sorted(MCP_EXPECTED))
+async def test_kill_matrix_mcp_column(
+    temporal_server: Any,
+    temporal_client: Any,
+    tmp_path: Path,
+    ws_dir: Path,
+    task_queue: str,
+    tool: str,
+    point: str,
+    variant: str,
+) -> None:
+    tools = TRUSTED_READ if variant else None
+    session_id, status, op, state = await _drill(
+        temporal_server,
+        temporal_client,
+        tmp_path,
+        ws_dir,
+        task_queue,
+        tool,
+        MCP_COLUMN[tool],
+        tools,
+        point=point,
+    )
+    seen = calls(state)
+    assert (status.state, status.park_reason, len(seen)) == MCP_EXPECTED[(tool, point, variant)], (
+        op.status,
+        op.reason,
+        seen,
+    )
+    assert {c["tool"] for c in seen} <= {tool}
+    if tool == "put":  # the request that reached the server carried the call's key
+        assert [c["key"] for c in seen] == [idempotency_key(session_id, op.operation_id)]

@@ -89,6 +89,26 @@ def test_bash_can_be_switched_off_and_commands_denied() -> None:
     assert guarded.evaluate(TOOLS["bash"], {"command": "ls -la"}).allowed
 
 
+def test_denied_commands_judge_any_tool_that_declares_its_command_argument() -> None:
+    """The switch reads what a tool declares (``command_arg``), never a tool's name: a user's
+    command tool under another name is judged too. Control: the same tool without the
+    declaration is not (as every tool but one named ``bash`` was, before)."""
+    from maka_core.tools import FunctionTool
+
+    guarded = Policy(denied_commands=(r"\brm\s+-rf\b",))
+
+    class Runner(FunctionTool):
+        command_arg: ClassVar[str] = "line"
+
+    parameters = {"type": "object", "properties": {"line": {"type": "string"}}}
+    kw: dict[str, Any] = dict(
+        name="runner", description="runs a line", parameters=parameters, validate=dict,
+        run=lambda args, ctx: "ran", guarantee="at-most-once",
+    )  # fmt: skip
+    assert guarded.evaluate(Runner(**kw), {"line": "rm -rf /"}).code == "command_denied"
+    assert guarded.evaluate(FunctionTool(**kw), {"line": "rm -rf /"}).allowed
+
+
 @dataclass(frozen=True)
 class _Mutator:
     """A third-party mutating tool with a configurable recovery mode and no evidence."""

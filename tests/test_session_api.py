@@ -84,6 +84,18 @@ def _bad_starts(tmp: Path) -> dict[str, tuple[list[str], dict[str, Any]]]:
             ["--workspace", str(ws), "--script", str(good), "--step-timeout", "0", "go"],
             {**base, "message": "go", "step_timeout": 0.0},
         ),
+        "unknown tool group": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", "builtins,foo:bar", "go"],
+            {**base, "message": "go", "offer": ["builtins", "foo:bar"]},
+        ),
+        "no such MELRA tool": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", "melra_plot", "go"],
+            {**base, "message": "go", "offer": ["melra_plot"]},
+        ),
+        "empty tool set": (
+            ["--workspace", str(ws), "--script", str(good), "--offer", " , ", "go"],
+            {**base, "message": "go", "offer": [""]},
+        ),
     }
 
 
@@ -368,3 +380,48 @@ async def test_cancelling_the_worker_task_stops_both_pollers_before_the_ledger_c
     Worker(temporal_client, task_queue=task_queue, plugins=[plugin])  # it can serve again
     assert plugin.store.health.ledger_id  # a fresh ledger handle, not the closed one
     plugin.close()
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_child_session_offers_the_set_it_was_given(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_session(offer=["read_file"])``: the set is in the child's recorded config, and its
+    ``list_dir`` call is refused before T1 (``tool_not_offered``). Control: no set, the call runs."""
+    from maka_core.runtime.lost_run import session_record
+    from maka_core.store.writer import LedgerStore
+    from maka_temporal import SessionResult
+    from tests.children.child_session_workflow import OfferedChildSessionWorkflow
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    steps = [tool_step(("list_dir", {"path": "."}), text="x"), {"text": "done"}]
+    script = write_script(tmp_path / "s.json", steps)
+    plugin = MakaPlugin(ledger=db)
+    results: dict[str, Any] = {}
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[OfferedChildSessionWorkflow], plugins=[plugin]
+    ):
+        for sid, offer in (("offered-1", ["read_file"]), ("offered-2", None)):
+            done = await temporal_client.execute_workflow(
+                OfferedChildSessionWorkflow.run,
+                args=[str(ws_dir), str(script), sid, offer],
+                id=f"p-{sid}-{task_queue}",
+                task_queue=task_queue,
+                result_type=SessionResult,
+            )
+            assert done.state == "idle", done
+            with LedgerStore.open(db) as store:
+                events = store.events(session_id=sid)
+            record = session_record(events)
+            responses = [
+                e.content for e in events if e.content is not None and e.content.kind == "function_response"
+            ]
+            dispatched = [e for e in events if e.actions is not None and e.actions.tool_dispatch is not None]
+            results[sid] = (record.config.tool_set if record else "no record", responses, dispatched)
+    tool_set, responses, dispatched = results["offered-1"]
+    assert tool_set == ("read_file",)
+    assert [r.result["value"]["code"] for r in responses] == ["tool_not_offered"] and not dispatched
+    tool_set, responses, dispatched = results["offered-2"]
+    assert tool_set is None and len(dispatched) == 1 and not responses[0].is_error

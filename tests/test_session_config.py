@@ -151,7 +151,7 @@ async def drill(
                 "--session-id", session_id, "--system", f"@{prompt}", "--temperature", "0.25",
                 "--max-tokens", "77", "--step-timeout", "45", "--max-steps", "9",
                 "--continue-as-new-after", "5", "--continue-as-new-after-steps", "8",
-                "--model-step-mode", "local", "--json", "write a",
+                "--model-step-mode", "local", "--offer", "builtins", "--json", "write a",
                 env=env,
             )  # fmt: skip
             assert started.returncode == 0, started.stdout + started.stderr
@@ -207,6 +207,9 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(dril
         assert _model_params(request["body"]) == MODEL_PARAMS, request["body"]
         users = [m for m in request["body"]["messages"] if m["role"] == "user"]
         assert all(SYSTEM not in str(m["content"]) for m in users)  # never a user message
+        # ``--offer builtins``: every execution offers the five built-ins, and nothing else.
+        offered = {t["function"]["name"] for t in request["body"]["tools"]}
+        assert offered == {"read_file", "list_dir", "write_file", "edit_file", "bash"}, offered
     config = drill.status["config"]
     assert config["modelStepMode"] == "local" and config["maxStepsPerTurn"] == 9, config
     assert config["continueAsNewAfter"] == 5 and config["modelStepTimeout"] == 45.0, config
@@ -233,6 +236,7 @@ PER_SETTING: dict[str, Any] = {
     "host": HOST,
     "host_wait_s": float(HOST_WAIT),
     "policy_digest": None,  # the digest the ledger recorded for the session (``Drill.policy_digest``)
+    "tool_set": ["builtins"],
 }  # fmt: skip
 
 
@@ -248,7 +252,7 @@ async def test_each_setting_survives_a_resume_and_a_send_after_close(drill: Dril
 
     def value(config: SessionConfig) -> Any:
         got = getattr(config, setting)
-        return got.to_json() if setting == "provider" else got
+        return got.to_json() if setting == "provider" else list(got) if setting == "tool_set" and got else got
 
     assert len(drill.inputs) == 3
     assert [value(inp.config) for inp in drill.inputs] == [want] * 3, setting

@@ -345,3 +345,87 @@ def test_async_evidence_and_reconcile_settle_a_call_after_a_crash(tmp_path: Path
     finally:
         rt.close()
         store.close()
+
+
+# --- an async hook run before T1 is bounded: the ledger's thread waits for it ---------------------
+
+
+async def _hangs(args: Greet, ctx: ToolContext) -> None:
+    await asyncio.sleep(2.5)  # a server that answers late (far later than the tool's bound)
+
+
+async def _hanging_evidence(args: Greet, ctx: ToolContext) -> dict[str, Any]:
+    await asyncio.sleep(2.5)
+    return {"schema": "tests.greeting/v1", "who": args.who}
+
+
+def _bounded(hook: str, timeout_s: float) -> Any:
+    def body(args: Greet, ctx: ToolContext) -> str:
+        return "ran"
+
+    hooks: dict[str, Any] = {"preflight": _hangs} if hook == "preflight" else {"evidence": _hanging_evidence}
+    if hook == "evidence":
+        hooks["reconcile"] = _reconcile
+    guarantee = "at-most-once" if hook == "preflight" else "reconciliation-required"
+    return tool(body, name=f"slow_{hook}", guarantee=guarantee, hook_timeout_s=timeout_s, **hooks)
+
+
+@pytest.mark.parametrize("hook", ["preflight", "evidence"])
+@pytest.mark.parametrize("timeout_s", [0.3, 60.0], ids=["bounded", "negative-control-unbounded"])
+def test_a_hung_async_hook_before_t1_is_cut_off_and_refused_without_t1(
+    tmp_path: Path, hook: str, timeout_s: float
+) -> None:
+    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    slow = _bounded(hook, timeout_s)
+    rt = runtime_with(store, slow)
+    ws = workspace(tmp_path)
+    try:
+        ref = one_call(rt, ws, slow.name, {"who": "x"})
+
+        async def go() -> tuple[bool, Any]:
+            call = asyncio.ensure_future(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+            await asyncio.wait({call}, timeout=1.5)
+            done_early = call.done()
+            return done_early, await call
+
+        done_early, outcome = run(go())
+        if timeout_s < 1:
+            assert done_early, "the hook held the ledger's thread past its bound"
+            result, is_error = committed(rt, outcome.response_event_id)
+            assert outcome.status == "refused" and is_error
+            assert result["value"]["code"] == "tool_hook_timeout", result
+            assert outcome.dispatch_event_id is None and rt.ledger.evidence(ref.operation_id) is None  # no T1
+        else:  # today's behaviour: the ledger's thread waited the hook out, and the call then ran
+            assert not done_early
+            assert outcome.status == "completed"
+    finally:
+        rt.close()
+        store.close()
+
+
+def test_a_hook_timeout_must_be_positive() -> None:
+    def body(args: Greet, ctx: ToolContext) -> str:
+        return "x"
+
+    with pytest.raises(ToolsInvalid, match="hook_timeout_s"):
+        tool(body, name="t", guarantee="read-only", hook_timeout_s=0)
+    assert tool(body, name="t", guarantee="read-only", hook_timeout_s=0.1).hook_timeout_s == 0.1
+
+
+# --- one narrowing order for every guarantee ------------------------------------------------------
+
+
+def test_a_policy_and_an_mcp_servers_file_narrow_by_one_order() -> None:
+    """``governance.guarantee.narrowed`` (a policy's ``toolGuarantees``) and the servers file's
+    ``narrower`` agree on every pair of guarantees an MCP tool can have. Before, the policy ranked
+    ``provider-idempotent`` and ``at-least-once`` alike and ignored that narrowing (it answered
+    ``provider-idempotent`` below, the servers file ``at-least-once``)."""
+    from maka_core.governance.guarantee import narrowed
+    from maka_core.tools.mcp.guarantee import narrower
+
+    mcp = ("read-only", "provider-idempotent", "at-least-once", "at-most-once")
+    for declared in mcp:
+        for asked in mcp:
+            assert narrowed(declared, asked) == narrower(declared, asked), (declared, asked)  # type: ignore[arg-type]
+    assert narrowed("provider-idempotent", "at-least-once") == "at-least-once"
+    assert narrowed("at-least-once", "provider-idempotent") == "at-least-once"  # never widened

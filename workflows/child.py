@@ -17,6 +17,7 @@ session closes on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict
@@ -71,12 +72,14 @@ async def run_session(
     policy: str | None = None,
     session_id: str | None = None,
     host: str | None = None,
+    offer: Sequence[str] | None = None,
 ) -> SessionResult:
     """Run a maka session for ``message`` as a child workflow; returns when its turn settles.
 
     ``workspace``, ``script``, ``policy``: paths on the worker's machine (``MakaPlugin``'s);
     ``model``: ``openai:NAME`` or ``anthropic:NAME``; ``host``: the workspace's host (default the
-    worker's). Refused inputs raise ``ApplicationError`` whose ``type`` is the CLI's code
+    worker's); ``offer``: the tool set the model is offered (``tools.offer``; default every
+    tool). Refused inputs raise ``ApplicationError`` whose ``type`` is the CLI's code
     (``workspace_not_found``, ``config_invalid``, ``session_id_invalid``...), before any session
     exists; a ``session_id`` already taken is ``session_exists``.
     """
@@ -94,6 +97,7 @@ async def run_session(
                 model=model,
                 policy=policy,
                 host=host,
+                offer=tuple(offer) if offer is not None else None,
             ),
             result_type=SessionInput,
             start_to_close_timeout=PREPARE_TIMEOUT,

@@ -237,6 +237,8 @@ class PrepareSession(Contract):
     model: str | None = None
     policy: str | None = None
     host: str | None = None
+    #: The child's tool set (``tools.offer``); absent: every tool.
+    offer: tuple[str, ...] | None = None
 
 
 class SessionReplyInput(Contract):

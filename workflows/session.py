@@ -716,6 +716,7 @@ class SessionWorkflow:
             workspace=self._inp.workspace,
             provider=self._inp.config.provider,
             after_tools=after_tools,
+            tool_set=self._inp.config.tool_set,
         )
 
     def _ride(self, step: int) -> NextStep | None:
@@ -762,6 +763,7 @@ class SessionWorkflow:
             workspace_identity=self._inp.workspace_identity,
             next_step=next_step,
             approval_wait="workflow" if self._messages else None,
+            tool_set=self._inp.config.tool_set,
         )
         # A cancelled tool is waited for: its T2 (``tool_cancelled``) commits before the run ends.
         cancellation = (

@@ -90,9 +90,13 @@ def governed_call(
     constraints: Sequence[str] = (),
     forbidden_effects: Sequence[Effect] = (),
     required_evidence: Sequence[EvidencePredicate] = (),
+    derived_evidence: Sequence[EvidencePredicate] = (),
 ) -> GovernedCall:
-    """A call with default evidence applied before policy runs (as MELRA's task controller does)."""
-    evidence = tuple(required_evidence) or default_evidence_for(classification, args, policy.default_evidence)
+    """A call with default evidence applied before policy runs (as MELRA's task controller does);
+    ``derived_evidence``: what the tool declares for its mutation (``default_evidence_for``)."""
+    evidence = tuple(required_evidence) or default_evidence_for(
+        classification, args, policy.default_evidence, derived_evidence
+    )
     return GovernedCall(
         classification=classification,
         identity=identity,

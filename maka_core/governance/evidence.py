@@ -267,8 +267,11 @@ def default_evidence_for(
     classification: Classification,
     args: Mapping[str, Any],
     policy_defaults: Mapping[str, Sequence[EvidencePredicate]] | None = None,
+    derived: Sequence[EvidencePredicate] = (),
 ) -> tuple[EvidencePredicate, ...]:
-    """Evidence for a mutation that declared none: the policy's, else MELRA's derived default.
+    """Evidence for a mutation that declared none: the policy's, else MELRA's derived default:
+    ``derived``, what the tool declares for its mutation (``{{arg}}`` templates; the file tools:
+    ``file_exists``), or, for a MELRA task operation, what its operation implies.
 
     Reads get none: a synthesized predicate could only turn a successful read into ``partial``.
     The policy's entry is keyed by tool name (``write_file``) or operation name (``file.write``).
@@ -278,9 +281,11 @@ def default_evidence_for(
     configured = (policy_defaults or {}).get(classification.name)
     if configured is not None:
         return tuple(fill_templates(p, args) for p in configured)
+    if derived:
+        return tuple(fill_templates(p, args) for p in derived)
     path = args.get("path")
     name = classification.name
-    if name in ("write_file", "edit_file", "file.write", "file.mkdir") and isinstance(path, str):
+    if name in ("file.write", "file.mkdir") and isinstance(path, str):
         return (FileExists(type="file_exists", path=path),)
     if name == "file.delete" and isinstance(path, str):
         return (FileAbsent(type="file_absent", path=path),)

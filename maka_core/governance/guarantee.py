@@ -25,7 +25,7 @@ from maka_core.governance.classify import Classification
 from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS
 from maka_core.governance.evidence import STATE_PREDICATES, EvidencePredicate, TaskStatus
 from maka_core.tools.base import Effect
-from maka_core.tools.contract import ToolGuarantee
+from maka_core.tools.contract import GUARANTEE_LATITUDE, ToolGuarantee
 
 #: A tool declares one of ``ToolGuarantee``; MELRA also names ``compensatable`` (nothing here
 #: derives it).
@@ -76,17 +76,6 @@ def guarantee_for_tool(
     return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
 
 
-#: How much re-running a guarantee permits after a crash (a narrower one permits less).
-_RERUNS: dict[str, int] = {
-    "read-only": 2,
-    "at-least-once": 1,
-    "provider-idempotent": 1,
-    "reconciliation-required": 0,
-    "at-most-once": 0,
-    "compensatable": 0,
-}
-
-
 def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuarantee:
     """``declared`` as a policy's ``toolGuarantees`` entry ``asked`` narrows it: ``at-most-once``
     always (park rather than re-run); another guarantee permitting fewer re-runs; never a wider
@@ -95,9 +84,10 @@ def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuaran
         return declared
     if asked == "at-most-once":
         return "at-most-once"
-    if asked == "reconciliation-required" or asked not in _RERUNS:
+    if asked == "reconciliation-required" or asked not in GUARANTEE_LATITUDE:
         return declared
-    return asked if _RERUNS[asked] < _RERUNS[declared] else declared  # type: ignore[return-value]
+    wider = GUARANTEE_LATITUDE.get(declared, 0)  # compensatable: never re-run
+    return asked if GUARANTEE_LATITUDE[asked] < wider else declared  # type: ignore[return-value]
 
 
 def allows_retry(guarantee: ExecutionGuarantee) -> bool:

@@ -41,6 +41,7 @@ from maka_core.governance.commands import TRUSTABLE_READ_COMMANDS, Trait, normal
 from maka_core.governance.evidence import EvidencePredicate
 from maka_core.tools.base import Effect
 from maka_core.tools.contract import ToolGuarantee
+from maka_core.tools.offer import ToolSetInvalid, parse_tool_set
 
 DEFAULT_POLICY_VERSION = "maka-policy/v1"
 DEFAULT_APPROVAL_TTL_MS = 5 * 60_000
@@ -162,6 +163,20 @@ class GovernancePolicy(GovernanceModel):
     tool_guarantees: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], ToolGuarantee] = (
         Field(default_factory=dict, max_length=500)
     )
+    #: The tools a session under this policy may offer the model (``tools.offer``: groups and
+    #: names); a session's own set is cut down to it. None: every tool. Left out of the digest
+    #: when None.
+    offered_tools: tuple[str, ...] | None = None
+
+    @field_validator("offered_tools")
+    @classmethod
+    def _tool_set(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        try:
+            return parse_tool_set(value, setting="offeredTools")
+        except ToolSetInvalid as exc:
+            raise ValueError(exc.message) from None
 
     @field_validator("allow_network")
     @classmethod
@@ -196,6 +211,8 @@ class GovernancePolicy(GovernanceModel):
             del value["allowNetwork"]
         if not value["toolGuarantees"]:
             del value["toolGuarantees"]
+        if value["offeredTools"] is None:
+            del value["offeredTools"]
         # Likewise for token caps: only a set cap is part of what the digest covers.
         usage = {k: v for k, v in (value.pop("usage") or {}).items() if v is not None}
         if usage:

@@ -86,7 +86,45 @@ class SafetyObservation:
     background_operations_settled: bool
     available_tool_names: tuple[str, ...] = ()
     expected_runtime_event_high_water: Any = None
+    #: The host's catalog, each tool's argument-schema digest (``tools.tool_catalog``); ``None``:
+    #: names only (an observer that does not give them).
+    available_tool_digests: Mapping[str, str] | None = None
     workspace_checkpoint: Mapping[str, Any] | None = None
+
+
+#: ``stateDelta`` key of the catalog (tool name -> argument-schema digest) a run's user event
+#: records: what the tool-catalog gate compares a host's catalog with, beside the names.
+CATALOG_KEY = "makaToolCatalog"
+
+
+def _changed_schemas(
+    context: Sequence[Mapping[str, Any]], current: Mapping[str, str] | None
+) -> list[dict[str, str]]:
+    """The tools the history called whose argument schema the host serves with another digest.
+
+    Each call is judged by the catalog its run recorded (the latest ``CATALOG_KEY`` before it; a
+    continuation run records none and keeps its source's); a call with no recorded digest (a run
+    written before catalogs were recorded) is judged by its name alone, as it always was."""
+    if current is None:
+        return []
+    catalog: Mapping[str, Any] = {}
+    called: dict[str, str] = {}
+    for event in context:
+        actions = event.get("actions")
+        delta = actions.get("stateDelta") if isinstance(actions, Mapping) else None
+        if isinstance(delta, Mapping) and isinstance(delta.get(CATALOG_KEY), Mapping):
+            catalog = delta[CATALOG_KEY]
+        content = event.get("content")
+        if isinstance(content, Mapping) and content.get("kind") == "function_call":
+            name = content.get("name")
+            recorded = catalog.get(name) if isinstance(name, str) else None
+            if isinstance(name, str) and isinstance(recorded, str):
+                called[name] = recorded
+    return [
+        {"toolName": name, "recordedDigest": recorded, "currentDigest": current[name]}
+        for name, recorded in sorted(called.items())
+        if name in current and current[name] != recorded
+    ]
 
 
 @dataclass(frozen=True)
@@ -299,8 +337,12 @@ def _collected(
         if isinstance(e.get("content"), Mapping) and e["content"].get("kind") == "function_call"
     ]
     missing = js_sorted_unique([n for n in used if n not in available])
-    if missing:
-        fail("tool_catalog_mismatch", detail={"unavailableToolNames": missing})
+    changed = _changed_schemas(replay.runtime_context, obs.available_tool_digests)
+    if missing or changed:
+        detail: dict[str, Any] = {"unavailableToolNames": missing} if missing else {}
+        if changed:
+            detail["changedToolSchemas"] = changed
+        fail("tool_catalog_mismatch", detail=detail)
     head = replay.items[0] if replay.items else None
     if _role(head) != "user":
         fail(

@@ -223,6 +223,7 @@ def observation_for(
         current_workspace_identity=observed.workspace_identity,
         background_operations_settled=observed.background_operations_settled,
         available_tool_names=observed.available_tool_names,
+        available_tool_digests=observed.available_tool_digests,
         expected_runtime_event_high_water=expected_high_water,
     )
 

@@ -207,6 +207,9 @@ class SessionConfig(Contract):
     #: (``session_policies``): which policy every execution of the session decides by. ``None``:
     #: a session started before the config held it (its policy row still says).
     policy_digest: str | None = None
+    #: The tools the session offers the model (``tools.offer``: groups and tool names, checked at
+    #: its start); ``None``: every tool the worker serves (sessions started before sets existed).
+    tool_set: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""
@@ -312,6 +315,8 @@ class ModelStepInput(Contract):
     provider: RecordedSpec
     #: True when the previous step of this run produced tool results (failpoint P7's place).
     after_tools: bool = False
+    #: The session's tool set (``SessionConfig.tool_set``); absent: every tool.
+    tool_set: tuple[str, ...] | None = None
 
 
 class CallRef(Contract):
@@ -355,6 +360,9 @@ class ToolInput(Contract):
     #: at its expiry): the activity returns ``awaiting_approval`` at once. Absent (histories
     #: recorded before it): the activity waits itself, polling the ledger.
     approval_wait: Literal["workflow"] | None = None
+    #: The session's tool set: a call to a tool it does not offer is refused before T1 (absent:
+    #: every tool, as histories recorded before sets existed).
+    tool_set: tuple[str, ...] | None = None
 
 
 class ApprovalWait(Contract):

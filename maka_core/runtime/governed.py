@@ -211,6 +211,7 @@ def judge(
         identity=gov.identity,
         forbidden_effects=tuple(worker_forbidden),
         required_evidence=contract_evidence(gov.policy, tool, classification, args),
+        derived_evidence=_PREDICATES.validate_python(list(getattr(tool, "derived_evidence", ()))),
     )
     return decide(gov.policy, call, now=now, grant_usage=grant_usage)
 

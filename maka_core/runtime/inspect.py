@@ -13,7 +13,7 @@ ledger by the planner itself. An inspector that cannot observe answers with a ho
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,8 @@ class HostObservation:
     workspace_identity: str
     background_operations_settled: bool
     available_tool_names: tuple[str, ...]
+    #: Each served tool's argument-schema digest (``tools.tool_catalog``); ``None``: names only.
+    available_tool_digests: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,9 @@ def inspect_host(
     *,
     proc: Path = Path("/proc"),
 ) -> HostObservation | InspectionFailed:
-    """Observe the workspace at ``workspace`` (never created or marked here) and the host."""
+    """Observe the workspace at ``workspace`` (never created or marked here) and the host.
+    ``tool_names`` may be the catalog itself (``tools.tool_catalog``: name -> schema digest), so
+    the gate compares digests too."""
     try:
         ws = Workspace.open(workspace, create=False)
     except MakaError as exc:
@@ -100,4 +104,5 @@ def inspect_host(
         workspace_identity=ws.identity,
         background_operations_settled=not background,
         available_tool_names=tuple(tool_names),
+        available_tool_digests=dict(tool_names) if isinstance(tool_names, Mapping) else None,
     )

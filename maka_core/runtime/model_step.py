@@ -299,7 +299,8 @@ async def model_step(
     if committed:
         return _result(rt, step_id, committed, replayed=True)
     compacted = plan is not None
-    tools = rt.tool_specs()
+    # The lookup above read the session's policy on the ledger thread (cached since).
+    tools = rt.tool_specs(rt.offered(ids.session_id, inp.tool_set))
     if plan is not None:
         history = await _compact(rt, inp.provider, provider, ids, step_id, plan, step_index, attempt)
     rt.record_provider_call(step_id)
@@ -421,7 +422,12 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
         # The call just settled, so its run is in the ledger.
         assert ids is not None
         step_input = ModelStepInput(
-            ids=ids, step=after.step, workspace=inp.workspace, provider=after.provider, after_tools=True
+            ids=ids,
+            step=after.step,
+            workspace=inp.workspace,
+            provider=after.provider,
+            after_tools=True,
+            tool_set=inp.tool_set,
         )
         step = await model_step(rt, step_input, attempt, found)
     except Exception as exc:

@@ -63,9 +63,10 @@ from maka_core.runtime.ledger_executor import LedgerExecutor
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
-from maka_core.tools import Tool, default_tools, provider_tool_specs
+from maka_core.tools import Tool, default_tools, provider_tool_specs, tool_catalog
 from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.mcp.config import McpConfig
+from maka_core.tools.offer import offered_names
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -278,8 +279,12 @@ class Runtime:
         self.tool_slots = ToolSlots(self.tool_threads)
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
-        self._tool_specs: list[dict[str, Any]] | None = None
+        #: The provider-facing specs per offered set (``None``: every tool), and the catalog
+        #: version they were built for.
+        self._tool_specs: dict[frozenset[str] | None, list[dict[str, Any]]] = {}
         self._tool_specs_version: int | None = None
+        self._catalog: dict[str, str] | None = None
+        self._catalog_version: int | None = None
         #: session id -> the policy and principal it decides by (recorded once, never changed).
         self._governance: dict[str, SessionGovernance] = {}
         #: Seconds spent per phase (guard+preflight+evidence+T1, T2, whole tool call, the tool
@@ -415,13 +420,37 @@ class Runtime:
             provider = self._providers[key] = provider_from_spec(parsed)
         return provider
 
-    def tool_specs(self) -> list[dict[str, Any]]:
+    def offered(self, session_id: str, tool_set: Sequence[str] | None) -> frozenset[str] | None:
+        """The tool names a step of the session offers (``tools.offer``): its own set cut down to
+        its policy's (``None``: every tool). Reads the session's policy on first use (call it on
+        the ledger thread, or after a lookup there has cached it).
+
+        Raises:
+            ToolSetUnavailable: the session names a tool or server this worker does not serve.
+        """
+        policy = self.session_governance(session_id).policy.offered_tools
+        return offered_names(self.tools, tool_set, policy)
+
+    def tool_catalog(self) -> dict[str, str]:
+        """Every served tool's name and argument-schema digest (``tools.tool_catalog``), cached
+        as the specs are."""
+        version = getattr(self.tools, "version", None)
+        if self._catalog is None or version != self._catalog_version:
+            self._catalog, self._catalog_version = tool_catalog(self.tools), version
+        return self._catalog
+
+    def tool_specs(self, offered: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """The provider-facing specs of the tools ``offered`` names (``None``: every tool)."""
         # A live mapping (MCP servers' tools) says when its tools changed by its ``version``.
         version = getattr(self.tools, "version", None)
-        if self._tool_specs is None or version != self._tool_specs_version:
-            self._tool_specs = provider_tool_specs(self.tools)
+        if version != self._tool_specs_version:
+            self._tool_specs = {}
             self._tool_specs_version = version
-        return self._tool_specs
+        specs = self._tool_specs.get(offered)
+        if specs is None:
+            tools = self.tools if offered is None else {n: t for n, t in self.tools.items() if n in offered}
+            specs = self._tool_specs[offered] = provider_tool_specs(tools)
+        return specs
 
     def record_provider_call(self, step_id: str) -> None:
         if self.settings.provider_call_log:

@@ -11,6 +11,7 @@ from maka_core import failpoints
 from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader, RunStatus
+from maka_core.ledger.continuation import CATALOG_KEY
 from maka_core.runtime import builders
 from maka_core.runtime.contracts import (
     BeginContinuationInput,
@@ -94,7 +95,8 @@ async def begin_run(rt: Runtime, inp: BeginRunInput) -> BeginRunResult:
         user = builders.user_event(ids, inp.text, inp.ts)
         if inp.config is not None and inp.workspace_identity is not None and user.actions is not None:
             record = SessionRecord(inp.workspace, inp.workspace_identity, inp.config, inp.task_queue)
-            delta = {SESSION_KEY: record.to_json()}
+            # The catalog the run starts with, so a continuation is gated on its schemas too.
+            delta = {SESSION_KEY: record.to_json(), CATALOG_KEY: rt.tool_catalog()}
             user = user.model_copy(update={"actions": user.actions.model_copy(update={"state_delta": delta})})
         store.append([user])
         return user.id

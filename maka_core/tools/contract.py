@@ -34,6 +34,7 @@ import concurrent.futures
 import hashlib
 import inspect
 import re
+import time
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -69,6 +70,17 @@ ToolGuarantee = Literal[
 TOOL_GUARANTEES: tuple[ToolGuarantee, ...] = get_args(ToolGuarantee)
 #: The guarantees whose call runs again after a crash, with the same idempotency key.
 KEYED_GUARANTEES: frozenset[str] = frozenset({"provider-idempotent", "at-least-once"})
+#: How much each guarantee lets recovery re-run (higher: more), the one order every narrowing
+#: moves down (a policy's ``toolGuarantees``, an MCP servers file): ``at-least-once`` is narrower
+#: than ``provider-idempotent`` (both re-run with one key; it promises no dedup), and neither a
+#: reconciling nor an at-most-once call is ever re-run.
+GUARANTEE_LATITUDE: Mapping[str, int] = {
+    "read-only": 3,
+    "provider-idempotent": 2,
+    "at-least-once": 1,
+    "reconciliation-required": 0,
+    "at-most-once": 0,
+}
 
 #: The T1 fact's ``recoveryMode`` (the reference's vocabulary) for each guarantee.
 RECOVERY_MODES: dict[ToolGuarantee, RecoveryMode] = {
@@ -82,6 +94,9 @@ RECOVERY_MODES: dict[ToolGuarantee, RecoveryMode] = {
 #: A name providers accept for a function (OpenAI's and Anthropic's common rule).
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 IDEMPOTENCY_KEY_PREFIX = "maka-idem-"
+#: How long an async ``preflight`` or ``evidence`` hook may take (seconds): it runs before T1 and
+#: the ledger's thread waits for it (``FunctionTool(hook_timeout_s=)`` sets a tool's own).
+DEFAULT_HOOK_TIMEOUT_S = 10.0
 
 
 class ToolsInvalid(ConfigError):
@@ -231,6 +246,7 @@ class FunctionTool:
         reconcile: ReconcileHook | None = None,
         preflight: PreflightHook | None = None,
         result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
+        hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise _invalid(str(name), "a name is 1-64 of A-Z a-z 0-9 _ -")
@@ -287,6 +303,9 @@ class FunctionTool:
         #: The largest result committed (canonical JSON bytes): a larger one is
         #: ``tool_result_too_large``, as for every built-in.
         self.result_byte_limit = result_byte_limit
+        if not hook_timeout_s > 0:
+            raise _invalid(name, "hook_timeout_s is positive")
+        self.hook_timeout_s = hook_timeout_s
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r}, guarantee={self.guarantee!r})"
@@ -337,6 +356,7 @@ def tool(
     evidence: EvidenceHook | None = None,
     reconcile: ReconcileHook | None = None,
     preflight: PreflightHook | None = None,
+    hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
 ) -> Any:
     """Make ``fn(args: YourModel, ctx: ToolContext)`` a tool (``@tool`` or ``@tool(...)``).
 
@@ -364,6 +384,7 @@ def tool(
             evidence=evidence,
             reconcile=reconcile,
             preflight=preflight,
+            hook_timeout_s=hook_timeout_s,
         )
 
     return make if fn is None else make(fn)
@@ -415,19 +436,31 @@ def failed_result(exc: BaseException, tool_name: str) -> ToolResult:
     )
 
 
-def _resolve(value: Any, ctx: ToolContext, heartbeat: Callable[[], None] | None) -> Any:
+def _resolve(
+    value: Any, ctx: ToolContext, heartbeat: Callable[[], None] | None, timeout_s: float | None = None
+) -> Any:
     """The value of a sync hook, or of an async one awaited on the worker's loop (heartbeating
-    while it waits; a cancelled attempt cancels it)."""
+    while it waits; a cancelled attempt cancels it). ``timeout_s``: a hook that runs before T1
+    holds the ledger's thread while it is awaited, so it is cancelled past this bound
+    (``HookTimedOut``) instead of stalling every other call's T1 and T2."""
     if not inspect.isawaitable(value):
         return value
     loop = ctx._loop
     if loop is None or loop.is_closed():
-        return asyncio.run(_awaited(value))
-    future = asyncio.run_coroutine_threadsafe(_awaited(value), loop)
-    while True:
         try:
-            return future.result(timeout=0.5)
+            return asyncio.run(asyncio.wait_for(_awaited(value), timeout_s))
+        except TimeoutError:
+            raise HookTimedOut(timeout_s) from None
+    future = asyncio.run_coroutine_threadsafe(_awaited(value), loop)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+        try:
+            return future.result(timeout=wait)
         except concurrent.futures.TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                future.cancel()
+                raise HookTimedOut(timeout_s) from None
             if heartbeat is not None:
                 try:
                     heartbeat()
@@ -438,6 +471,18 @@ def _resolve(value: Any, ctx: ToolContext, heartbeat: Callable[[], None] | None)
 
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
+
+
+class HookTimedOut(ToolRefusal):
+    """An async ``preflight`` or ``evidence`` hook did not answer within the tool's
+    ``hook_timeout_s``: the call is refused before T1 (it never ran)."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        super().__init__(
+            "tool_hook_timeout",
+            f"a hook run before T1 did not answer within {timeout_s} s (the call did not run)",
+            timeoutS=timeout_s,
+        )
 
 
 class BoundTool:
@@ -491,7 +536,7 @@ class BoundTool:
             parsed = self.tool.parse_args(args)
             if self.tool.preflight_fn is not None:
                 ctx = self.context(ws)
-                _resolve(self.tool.preflight_fn(parsed, ctx), ctx, None)
+                _resolve(self.tool.preflight_fn(parsed, ctx), ctx, None, self.tool.hook_timeout_s)
         except ToolRefusal as exc:
             return exc.to_result()
         return None
@@ -507,7 +552,7 @@ class BoundTool:
             return None
         ctx = self.context(ws)
         try:
-            value = _resolve(hook(self.tool.parse_args(args), ctx), ctx, None)
+            value = _resolve(hook(self.tool.parse_args(args), ctx), ctx, None, self.tool.hook_timeout_s)
         except ToolRefusal:
             raise
         except Exception as exc:

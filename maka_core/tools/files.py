@@ -293,6 +293,9 @@ class _WriteTool(_FileTool):
     captures_evidence: ClassVar[bool] = True  # policy: a reconcile-mode mutation needs evidence
     #: What a permission request says this call is (``maka.permissionRequest`` ``reason``).
     permission_reason: ClassVar[str] = "file_write"
+    #: MELRA's derived evidence for this mutation when the policy names none (``{{path}}`` is the
+    #: call's ``path``): the file exists afterwards.
+    derived_evidence: ClassVar[tuple[dict[str, Any], ...]] = ({"type": "file_exists", "path": "{{path}}"},)
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         raise NotImplementedError

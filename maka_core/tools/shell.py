@@ -104,6 +104,9 @@ class BashArgs(ToolArgs):
 class BashTool:
     """``bash {command}``: exit code, stdout and stderr; non-zero exit is an error result."""
 
+    #: The argument holding the command line (the worker's denied command patterns judge it).
+    command_arg: ClassVar[str] = "command"
+
     result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT
     timeout_s: float = DEFAULT_TIMEOUT_S
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S

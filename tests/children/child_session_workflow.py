@@ -13,3 +13,14 @@ class ChildSessionWorkflow:
     @workflow.run
     async def run(self, workspace: str, script: str, session_id: str) -> SessionResult:
         return await run_session("go", workspace=workspace, script=script, session_id=session_id)
+
+
+@workflow.defn(name="test.child_session_offered")
+class OfferedChildSessionWorkflow:
+    """A child session offered only ``offer`` (``None``: every tool)."""
+
+    @workflow.run
+    async def run(
+        self, workspace: str, script: str, session_id: str, offer: list[str] | None
+    ) -> SessionResult:
+        return await run_session("go", workspace=workspace, script=script, session_id=session_id, offer=offer)

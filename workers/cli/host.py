@@ -167,6 +167,7 @@ def cmd_worker(
 @click.option("--no-worker", is_flag=True, help="bring up the server alone")
 @heartbeat_option
 @bash_network_option
+@mcp_config_option
 @tools_option
 @json_option("server and worker lifecycle events as JSON lines")
 def cmd_dev(
@@ -179,6 +180,7 @@ def cmd_dev(
     no_worker: bool,
     tool_heartbeat_timeout: float | None,
     bash_network: bool | None,
+    mcp_config: str | None,
     tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -188,11 +190,12 @@ def cmd_dev(
         task_queue=task_queue,
         tool_heartbeat_timeout=tool_heartbeat_timeout,
         bash_network=bash_network,
+        mcp_config=mcp_config,
         tools=tool_specs or None,
     )
     # The worker's own tools are checked (tools_invalid) before the server starts.
     user_tools = [] if no_worker else load_tools(s.tools, default_tools())
-    # A bad MAKA_MCP_CONFIG refuses here, before the server starts.
+    # A bad --mcp-config (MAKA_MCP_CONFIG) refuses here, before the server starts.
     runtime_settings = None if no_worker else s.runtime_settings()
     if not no_worker:
         open_ledger(s.ledger, create=True).close()

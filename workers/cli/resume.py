@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from maka_core.tools import default_tools
+from maka_core.tools.loader import load_tools
 from maka_temporal.workers.cli.base import (
     db_option,
     finish,
@@ -47,11 +49,13 @@ def cmd_resume(
     s = settings(db=db, task_queue=task_queue)
     feature = s.runtime_safe_boundary_resume is not False
     queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
+    # The fleet's own tools (MAKA_TOOLS), so the catalog gate sees what its workers serve.
+    user_tools = load_tools(s.tools, default_tools())
 
     async def main() -> int:
         client = await connect(address, namespace)
         store = open_ledger(s.ledger, create=False)
-        rt = default_runtime(store, s.runtime_settings())
+        rt = default_runtime(store, s.runtime_settings(), tools=user_tools)
         fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
             out = await resume_lost_session(

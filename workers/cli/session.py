@@ -164,6 +164,14 @@ def session() -> None:
     help="the workspace's host: tools run only on its workers (MAKA_HOST; default the machine's name; "
     "MAKA_HOST_WAIT bounds how long it may take to start one)",
 )
+@click.option(
+    "--offer",
+    "offer",
+    multiple=True,
+    metavar="SET",
+    help="the tools the model is offered (repeatable or comma-separated): builtins, melra, user, mcp, "
+    "mcp:SERVER or a tool's name; default every tool the worker serves (the policy's offeredTools bounds it)",
+)
 @click.option("--wait", is_flag=True, help="wait until the turn settles")
 @wait_timeout_option
 @json_option()
@@ -189,6 +197,7 @@ def cmd_start(
     context_reserve: int | None,
     step_timeout: float,
     host: str | None,
+    offer: tuple[str, ...],
     wait: bool,
     wait_timeout: float | None,
     as_json: bool,
@@ -223,6 +232,7 @@ def cmd_start(
         principal=principal,
         on_behalf_of=on_behalf_of,
         unhinged=unhinged,
+        offer=offer or None,
     )
     new_session(s, **inputs)  # every input refused before connecting (SessionClient checks again)
 

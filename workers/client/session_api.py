@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -230,13 +230,16 @@ class SessionClient:
         on_behalf_of: tuple[str, ...] = (),
         unhinged: bool = False,
         accept_timeout: float | None = None,
+        offer: Sequence[str] | None = None,
     ) -> TurnStarted:
         """Start a session on ``workspace`` and send its first message (``maka session start``).
 
         Every input is checked first; then the session's policy is recorded in the ledger, the
         workspace marker written and the workflow started. ``host``: the workspace's host (default
         ``MAKA_HOST``, the machine's name); ``accept_timeout``: how long a worker has to accept the
-        message (default ``MAKA_WAIT_TIMEOUT``).
+        message (default ``MAKA_WAIT_TIMEOUT``); ``offer``: the tool set the model is offered
+        (``builtins``, ``melra``, ``user``, ``mcp``, ``mcp:<server>``, tool names; default every
+        tool), recorded in the session's config.
         """
         s = self.settings(host=host, wait_timeout=accept_timeout)
         client = self._temporal()
@@ -263,6 +266,7 @@ class SessionClient:
                 principal=principal,
                 on_behalf_of=on_behalf_of,
                 unhinged=unhinged,
+                offer=offer,
             )
             with open_ledger(s.ledger, create=True) as store:
                 recorded = new.record(store)

@@ -9,6 +9,7 @@ then writes is the session's policy in the ledger (``NewSession.record``) and th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from maka_core.facts.session_id import check_session_id
 from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S, SessionConfig
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
+from maka_core.tools.offer import parse_tool_set
 from maka_core.workspace import check_workspace_location
 from maka_temporal.workers.client.ledger import ensure_utf8
 from maka_temporal.workers.client.policy import SessionPolicy, session_policy
@@ -193,6 +195,7 @@ def new_session(
     principal: str | None = None,
     on_behalf_of: tuple[str, ...] = (),
     unhinged: bool = False,
+    offer: Sequence[str] | None = None,
 ) -> NewSession:
     """Check a new session's every input, in the CLI's order (message, id, step timeout, provider,
     settings, workspace, policy). ``s.host`` and ``s.host_wait`` pin it to a workspace host.
@@ -201,7 +204,8 @@ def new_session(
         MakaError: ``empty_message``, ``message_invalid``, ``session_id_invalid``,
             ``config_invalid`` (naming the setting), ``provider_spec_invalid``, ``script_invalid``,
             ``system_file_unreadable``, the workspace codes, ``policy_invalid``,
-            ``unhinged_not_confirmed``, ``principal_invalid``.
+            ``unhinged_not_confirmed``, ``principal_invalid``; ``tool_set_invalid`` (``offer``:
+            the tool set the session offers the model, ``tools.offer``).
     """
     text = check_message(message)
     if session_id is not None:
@@ -231,5 +235,6 @@ def new_session(
     governed = session_policy(
         s, session_id, Path(policy) if policy is not None else None, principal, on_behalf_of, unhinged
     )
-    config = config.model_copy(update={"policy_digest": governed.record["digest"]})
+    tool_set = parse_tool_set(offer) if offer is not None else None
+    config = config.model_copy(update={"policy_digest": governed.record["digest"], "tool_set": tool_set})
     return NewSession(governed.session_id, text, path, config, governed, spec)

@@ -35,6 +35,7 @@ from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import load_settings as settings
+from maka_core.tools import tool_catalog
 from maka_temporal.workers.client.session_client import (
     Execution,
     describe_execution,
@@ -245,7 +246,7 @@ async def resume_lost_session(
             say=lambda message: announce("attempt_fence", sessionId=session_id, message=message),
         )
     await settle_lost_runs(rt, session_id, still_lost, fence=fence)
-    tools = tuple(rt.tools.keys())
+    tools = tool_catalog(rt.tools)  # names and schema digests: the catalog gate compares both
 
     def decide() -> ResumeDecision:
         return resume_session(

@@ -20,7 +20,7 @@ from maka_core.errors import MakaError
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, FunctionTool, tool_catalog
+from maka_core.tools import FunctionTool, tool_catalog
 from maka_temporal.workers.host.plugin import MakaPlugin
 from maka_temporal.workers.host.resume import lost_sessions
 from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
@@ -110,13 +110,14 @@ async def serve(
         store = plugin.store
         metrics_port = plugin.metrics_port
         mcp = mcp_of(runtime)
-        bash = runtime.tools.get("bash")
-        isolation = bash.isolation() if isinstance(bash, BashTool) else "bash not offered"
+        # Each tool that runs commands says how (``isolation()``); the worker names none itself.
+        described = ((t.name, getattr(t, "isolation", None)) for t in runtime.tools.values())
+        isolation = "; ".join(f"{n}: {how()}" for n, how in described if callable(how)) or "no command tool"
         announce(
             "ready",
             f"polling task queue {task_queue!r}"
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
-            + f" (ledger {db}); bash: {isolation}"
+            + f" (ledger {db}); {isolation}"
             + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else "")
 
             + (f"; mcp: {len(mcp.servers.tools())} tool(s)" if mcp is not None else ""),

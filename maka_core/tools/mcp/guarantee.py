@@ -19,18 +19,14 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from maka_core.tools.base import Effect
+from maka_core.tools.contract import GUARANTEE_LATITUDE
 from maka_core.tools.mcp.config import McpGuarantee, StdioServer
 from maka_core.tools.mcp.config import Server as ServerConfig
 
 GuaranteeSource = Literal["annotations", "narrowed", "operator_trust"]
 
-#: How much re-running a guarantee permits (higher: more); narrowing moves down only.
-_LATITUDE: dict[McpGuarantee, int] = {
-    "at-most-once": 0,
-    "at-least-once": 1,
-    "provider-idempotent": 2,
-    "read-only": 3,
-}
+#: How much re-running a guarantee permits (higher: more): the contract's one order.
+_LATITUDE = GUARANTEE_LATITUDE
 
 
 class Annotations(BaseModel):

@@ -1,0 +1,223 @@
+"""The tools a session offers (``maka_core.tools.offer``), on the runtime with a real ``openai`` SDK
+client against a local vendor (``tests/windowed_vendor.py``) that records every request, real SQLite
+and real files.
+
+- A session's set is what its requests carry: ``builtins`` sends the five built-ins, no set sends
+  every tool (the control), and the figures (request bytes per step, default vs narrower) are
+  printed for the report.
+- A policy's ``offeredTools`` cuts a session's set down; a session never widens it.
+- A call the model makes to a tool it was not offered is refused before T1 with a committed
+  ``tool_not_offered``; the control (no set) runs the same call, T1 and all.
+- A set naming a tool the worker does not serve fails the step ``tool_set_unavailable``.
+- Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from maka_core.governance import parse_policy
+from maka_core.runtime import model_step, tool_call, turn
+from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds, SessionConfig, ToolInput
+from maka_core.runtime.governed import SessionGovernance
+from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.store.writer import ToolAttempt
+from maka_core.tools import default_tools
+from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
+from maka_core.workspace import Workspace
+from tests.windowed_vendor import WindowedVendor
+
+SID = "s-offer"
+IDS = RunIds(session_id=SID, turn_id="t1", run_id="r1", invocation_id="i1")
+SPEC: dict[str, Any] = {"kind": "openai", "model": "offer-model"}
+BUILTINS = {"read_file", "list_dir", "write_file", "edit_file", "bash"}
+
+
+@pytest.fixture
+def vendor(monkeypatch: pytest.MonkeyPatch) -> Iterator[WindowedVendor]:
+    server = WindowedVendor(10**9)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    yield server
+    server.close()
+
+
+def _begin(rt: Runtime, ws: Workspace) -> None:
+    asyncio.run(
+        turn.begin_run(
+            rt,
+            BeginRunInput(
+                ids=IDS, text="turn 1", ts=1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=SPEC,
+            ),
+        )
+    )  # fmt: skip
+
+
+def _step(rt: Runtime, ws: Workspace, tool_set: tuple[str, ...] | None) -> Any:
+    inp = ModelStepInput(ids=IDS, step=0, workspace=str(ws.root), provider=SPEC, tool_set=tool_set)
+    return asyncio.run(model_step.model_step(rt, inp))
+
+
+def _offered(vendor: WindowedVendor) -> set[str]:
+    return {t["function"]["name"] for t in vendor.requests[-1].body.get("tools", [])}
+
+
+def _with_policy(rt: Runtime, policy: dict[str, Any]) -> None:
+    record = SessionGovernance(parse_policy(policy)).to_record()
+    rt.ledger.put_session_policy(  # type: ignore[attr-defined]
+        SID, policy=record["policy"], version=record["version"], digest=record["digest"],
+        identity=record["identity"],
+    )  # fmt: skip
+
+
+def _call(rt: Runtime, ws: Workspace, ref: Any, tool_set: tuple[str, ...] | None) -> Any:
+    inp = ToolInput(
+        session_id=SID, run_id=IDS.run_id, call=ref, workspace=str(ws.root), workspace_identity=ws.identity,
+        tool_set=tool_set,
+    )  # fmt: skip
+    return asyncio.run(tool_call.execute_tool(rt, inp, Attempt(record=ToolAttempt("wf", "wr", "a1", 1))))
+
+
+def _dispatched(rt: Runtime, operation_id: str) -> bool:
+    return any(
+        e.actions is not None
+        and e.actions.tool_dispatch is not None
+        and e.actions.tool_dispatch.operation_id == operation_id
+        for e in rt.ledger.events(session_id=SID)
+    )
+
+
+def _result(rt: Runtime, tool_call_id: str) -> Any:
+    for e in rt.ledger.events(session_id=SID):
+        c = e.content
+        if c is not None and c.kind == "function_response" and c.id == tool_call_id:
+            return c.result
+    raise AssertionError(f"no committed result for {tool_call_id}")
+
+
+def test_a_sessions_set_is_what_its_request_carries(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+) -> None:
+    _begin(rt, ws)
+    _step(rt, ws, ("builtins",))
+    narrow = vendor.requests[-1]
+    assert _offered(vendor) == BUILTINS
+    # The control: no set, every tool the worker serves (today's request).
+    default = rt.tool_specs(rt.offered(SID, None))
+    assert {t["function"]["name"] for t in default} == set(default_tools())
+    tools_default = len(json.dumps(default).encode())
+    tools_narrow = len(json.dumps(narrow.body["tools"]).encode())
+    plan = next(t for t in default if t["function"]["name"] == "melra_plan")
+    print(
+        f"\ntools per request: default {tools_default} B (melra_plan {len(json.dumps(plan).encode())} B), "
+        f"builtins {tools_narrow} B; whole first request with builtins {len(json.dumps(narrow.body))} B"
+    )
+    assert tools_narrow < tools_default
+
+
+def test_no_set_offers_every_tool(rt: Runtime, ws: Workspace, vendor: WindowedVendor) -> None:
+    _begin(rt, ws)
+    _step(rt, ws, None)
+    assert _offered(vendor) == set(default_tools())
+    print(f"\nwhole first request, default set: {len(json.dumps(vendor.requests[-1].body).encode())} B")
+
+
+def test_a_policy_cuts_the_sessions_set_down_and_is_never_widened(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+) -> None:
+    _with_policy(rt, {"offeredTools": ["read_file", "list_dir", "melra"]})
+    _begin(rt, ws)
+    _step(rt, ws, ("builtins",))
+    assert _offered(vendor) == {"read_file", "list_dir"}  # bash, write_file... forbidden by the policy
+
+
+def test_a_policy_alone_bounds_a_session_without_a_set(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+) -> None:
+    _with_policy(rt, {"offeredTools": ["melra"]})
+    _begin(rt, ws)
+    out = _step(rt, ws, None)
+    assert _offered(vendor) == {"melra_plan", "melra_execute", "melra_task_status", "melra_receipt"}
+    # The vendor calls write_file anyway: refused before T1, as a committed result.
+    [ref] = out.calls
+    outcome = _call(rt, ws, ref, None)
+    assert outcome.status == "refused"
+    assert _result(rt, ref.tool_call_id)["value"]["code"] == "tool_not_offered"
+    assert not _dispatched(rt, ref.operation_id)
+    assert not (ws.root / "notes" / "1.txt").exists()
+
+
+@pytest.mark.parametrize("offered", [("melra",), None], ids=["not offered", "control: no set"])
+def test_a_call_to_a_tool_not_offered_is_refused_before_t1(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, offered: tuple[str, ...] | None
+) -> None:
+    _begin(rt, ws)
+    out = _step(rt, ws, offered)
+    [ref] = out.calls  # the vendor always answers "turn 1" with write_file
+    assert ref.tool_name == "write_file"
+    _call(rt, ws, ref, offered)
+    code = _result(rt, ref.tool_call_id).get("value", {})
+    if offered is None:
+        assert _dispatched(rt, ref.operation_id) and (ws.root / "notes" / "1.txt").is_file()
+    else:
+        assert code["code"] == "tool_not_offered", code
+        assert not _dispatched(rt, ref.operation_id)
+        assert not (ws.root / "notes" / "1.txt").exists()
+
+
+def test_a_set_naming_a_tool_the_worker_does_not_serve_fails_the_step(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+) -> None:
+    _begin(rt, ws)
+    with pytest.raises(ToolSetUnavailable) as err:
+        _step(rt, ws, ("builtins", "lookup", "mcp:github"))
+    assert err.value.detail["missing"] == ["lookup", "mcp:github"]
+    assert not vendor.requests  # no provider call was made
+
+
+def test_groups_and_names_resolve_against_the_catalog() -> None:
+    tools = {**default_tools(), "lookup": object(), "mcp__time__now": object(), "mcp__git__log": object()}
+    assert offered_names(tools, ("user",), None) == {"lookup"}
+    assert offered_names(tools, ("mcp",), None) == {"mcp__time__now", "mcp__git__log"}
+    assert offered_names(tools, ("mcp:time", "read_file"), None) == {"mcp__time__now", "read_file"}
+    assert offered_names(tools, None, None) is None
+    # An empty group is not a missing name (a worker with no MCP servers offers none of them).
+    assert offered_names(default_tools(), ("builtins", "mcp"), None) == BUILTINS
+
+
+@pytest.mark.parametrize(
+    "entries", [[""], ["foo:bar"], ["mcp:"], ["mcp:a__b"], ["melra_plot"], ["a b"], ["x" * 65]]
+)
+def test_bad_sets_are_tool_set_invalid_naming_the_entry(entries: list[str]) -> None:
+    with pytest.raises(ToolSetInvalid) as err:
+        parse_tool_set(entries)
+    assert err.value.code == "tool_set_invalid"
+
+
+def test_a_bad_policy_set_is_policy_invalid_with_its_field() -> None:
+    from maka_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_policy({"offeredTools": ["foo:bar"]})
+    assert err.value.code == "policy_invalid" and "offeredTools" in str(err.value.detail), err.value.detail
+    # The default policy's digest does not change: an absent set is left out of it.
+    assert parse_policy({}).digest == parse_policy({"offeredTools": None}).digest
+
+
+def test_the_set_is_recorded_in_the_sessions_config() -> None:
+    config = SessionConfig(provider=SPEC, tool_set=parse_tool_set(["builtins, melra_plan", "builtins"]))
+    assert config.to_json()["toolSet"] == ["builtins", "melra_plan"]
+    assert config.status_json()["toolSet"] == ["builtins", "melra_plan"]
+    again = SessionConfig.from_json(config.to_json())
+    assert again is not None and again.tool_set == ("builtins", "melra_plan")
+    # A config recorded before sets existed reads as every tool.
+    old = SessionConfig.from_json({"provider": SPEC})
+    assert (
+        old is not None and old.tool_set is None and "toolSet" not in SessionConfig(provider=SPEC).to_json()
+    )

@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 
-from maka_core.errors import ConfigError, MakaError
+from maka_core.errors import ConfigError, MakaError, UsageLimitReached
 from maka_core.facts import canonical_json
+from maka_core.facts.usage import step_tokens
+from maka_core.governance import parse_policy
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.provider_replay import replay_segment
 from maka_core.ledger.resume_plan import plan_resume
@@ -36,6 +38,7 @@ from maka_core.providers.openai_compat import history_to_messages as openai_mess
 from maka_core.providers.spec import context_budget, model_spec, parse_provider_spec
 from maka_core.runtime import compaction, model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
+from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.store.writer import ToolAttempt
 from maka_core.workspace import Workspace
@@ -527,3 +530,65 @@ def test_choosing_the_cut_serializes_each_event_once(monkeypatch: pytest.MonkeyP
         target=target, trigger="budget", estimate=0, budget=0,
     )  # fmt: skip
     assert plan is not None and calls[0] <= 3 * len(history), calls[0]
+
+
+# --- the caps count the compaction's call ----------------------------------------------------------
+
+
+class _Planned(Exception):
+    pass
+
+
+@pytest.mark.parametrize("variant", ["fixed", "control"])
+def test_a_cap_the_compaction_would_pass_parks_the_step_before_its_own_call(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The session runs uncapped until a step first plans a compaction; it stops there (nothing of
+    it committed) and the cap is set to admit that step's own call as the old check foresaw it
+    (used + last + 1), not the compaction's call on top. Fixed: the check before counts the
+    compaction request, and the check after the fact commits counts its usage; either parks the
+    step before its own call. Control (today: one check, the compaction not counted): it is sent."""
+    spec = _spec("openai")
+    if variant != "fixed":
+        monkeypatch.setattr(model_step, "_compaction_cost", lambda plan: 0)
+    if variant == "control":
+        monkeypatch.setattr(model_step, "_check_usage_after_compaction", lambda *a: None)
+    real_plan = model_step._plan
+    stopped: list[str] = []
+
+    def plan_once(*args: Any, **kwargs: Any) -> Any:
+        plan = real_plan(*args, **kwargs)
+        if plan is not None and not stopped:
+            stopped.append(args[2])
+            raise _Planned
+        return plan
+
+    monkeypatch.setattr(model_step, "_plan", plan_once)
+
+    async def go() -> None:
+        n = 0
+        while not stopped:
+            with contextlib.suppress(_Planned):
+                await _turn(rt, ws, n, spec)
+            n += 1
+        events = rt.ledger.events(session_id=SESSION)
+        spent = [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage]
+        policy = parse_policy({"usage": {"maxTokensPerSession": sum(spent) + spent[-1] + 1}})
+        # A session's policy is recorded once, before its first turn, and the cap needs the
+        # session's usage up to this step: the runtime's cached governance is swapped for it.
+        rt._governance[SESSION] = SessionGovernance(policy)
+        vendor.requests.clear()
+        ids, k = _ids(n - 1), int(stopped[0].rsplit(":", 1)[1])
+        inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
+        await model_step.model_step(rt, inp)
+
+    if variant == "control":
+        asyncio.run(go())
+        assert any(r.body.get("tools") for r in vendor.requests), "the step's own call was sent"
+        return
+    with pytest.raises(UsageLimitReached) as err:
+        asyncio.run(go())
+    assert err.value.code == "usage_limit_reached" and err.value.detail["stepId"] == stopped[0]
+    assert not any(r.body.get("tools") for r in vendor.requests), "the step's own call must not be sent"
+    facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
+    assert len(facts) == (0 if variant == "fixed" else 1), facts

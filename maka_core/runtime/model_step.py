@@ -107,13 +107,17 @@ def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
 _TOKEN_KINDS = (("input", "input"), ("output", "output"), ("cached", "cacheRead"))
 
 
-def check_usage(limits: UsageLimits | None, events: list[RuntimeEvent], ids: RunIds, step_id: str) -> None:
+def check_usage(
+    limits: UsageLimits | None, events: list[RuntimeEvent], ids: RunIds, step_id: str, before: int = 0
+) -> None:
     """Refuse the next provider call when it would take the turn or the session past a cap.
 
     From committed usage only: the turn's and session's summed ``step_tokens``, plus the next call
     estimated at the session's last step (the history a call sends only grows, so the next call
-    costs at least what the last one did). Checked before the call, so a cap is never passed
-    mid-call and never by a call this check could foresee.
+    costs at least what the last one did), plus ``before``: the estimated tokens of a call the step
+    makes first (its compaction). Checked before the call, so a cap is never passed mid-call and
+    never by a call this check could foresee; a step that compacts is checked again after the
+    compaction commits (its usage with it), before its own call.
 
     Raises:
         UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap``,
@@ -134,17 +138,18 @@ def check_usage(limits: UsageLimits | None, events: list[RuntimeEvent], ids: Run
         ("usage.maxTokensPerTurn", limits.max_tokens_per_turn, turn),
         ("usage.maxTokensPerSession", limits.max_tokens_per_session, session),
     ):
-        if cap is not None and (used >= cap or used + last > cap):
+        if cap is not None and (used >= cap or used + before + last > cap):
             raise UsageLimitReached(
                 message=(
-                    f"step {step_id}: {used} tokens used and about {last} more for the next call "
-                    f"would pass the policy's {field} of {cap}; no provider call was made"
+                    f"step {step_id}: {used} tokens used and about {before + last} more for the next "
+                    f"call{'s' if before else ''} would pass the policy's {field} of {cap}; "
+                    "no provider call was made"
                 ),
                 stepId=step_id,
                 limit=field,
                 cap=cap,
                 used=used,
-                next=last,
+                next=before + last,
             )
 
 
@@ -173,14 +178,25 @@ def _lookup(
     limits = rt.session_governance(ids.session_id).policy.usage if not committed else None
     if (needs_history or limits is not None) and not committed:
         events = rt.ledger.events(session_id=ids.session_id)
-        check_usage(limits, events, ids, step_id)
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
             found = compaction.history_view(events)
             history = found.sent
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
+        check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.
     return committed, view.step_count(ids.session_id), history, plan
+
+
+def _compaction_cost(plan: compaction.CompactionPlan | None) -> int:
+    """The tokens a compaction's request is estimated at (its answer is short): a step that
+    compacts makes two calls, and the cap check before it counts both."""
+    return compaction.estimate_tokens([plan.request]) if plan is not None else 0
+
+
+def _check_usage_after_compaction(rt: Runtime, ids: RunIds, step_id: str, events: list[RuntimeEvent]) -> None:
+    """The cap check again once the compaction's usage is committed, before the step's own call."""
+    check_usage(rt.session_governance(ids.session_id).policy.usage, events, ids, step_id)
 
 
 def _plan(
@@ -255,9 +271,12 @@ async def _compact(
         if exc.code != "duplicate_event_id":
             raise
         committed_here = False
-    found = await rt.on_ledger(
-        lambda: compaction.history_view(rt.ledger.events(session_id=ids.session_id)), attempt=attempt
-    )
+
+    def reread() -> tuple[list[RuntimeEvent], compaction.HistoryView]:
+        events = rt.ledger.events(session_id=ids.session_id)
+        return events, compaction.history_view(events)
+
+    events, found = await rt.on_ledger(reread, attempt=attempt)
     if found.compaction is None or found.compaction.event_id != fact.event_id:
         raise ProviderError(
             "compaction_unusable", f"step {step_id}: the committed compaction is not in force", stepId=step_id
@@ -272,6 +291,8 @@ async def _compact(
     )
     if committed_here:
         _count_tokens(rt, spec, [event])
+    # The session's policy was read (and cached) by this step's lookup: no ledger read here.
+    _check_usage_after_compaction(rt, ids, step_id, events)
     return found.sent
 
 

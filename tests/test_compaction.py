@@ -592,3 +592,76 @@ def test_a_cap_the_compaction_would_pass_parks_the_step_before_its_own_call(
     assert not any(r.body.get("tools") for r in vendor.requests), "the step's own call must not be sent"
     facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
     assert len(facts) == (0 if variant == "fixed" else 1), facts
+
+
+class _DearSummaries(WindowedVendor):
+    """A vendor whose summaries cost more than maka's estimate foresees (its tokenizer counts the
+    conversation at four times the estimate): only the check after the compaction commits, from
+    the usage the vendor reported, can see that the step's own call would now pass the cap."""
+
+    def answer(self, anthropic: bool, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        status, reply = super().answer(anthropic, body)
+        if status == 200 and not body.get("tools"):
+            reply["usage"]["prompt_tokens"] *= 12
+            reply["usage"]["total_tokens"] = (
+                reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
+            )
+        return status, reply
+
+
+@pytest.mark.parametrize("variant", ["fixed", "control"])
+def test_the_check_after_the_compaction_commits_parks_a_step_its_summary_made_too_dear(
+    rt: Runtime, ws: Workspace, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The cap admits the step exactly as the check before foresees it (used + the compaction's
+    estimate + last), so that check passes; the vendor then reports the summary at more than the
+    estimate. Fixed: the check after the fact commits parks the step before its own call. Control
+    (that second check removed, the first kept): the step's own call is sent past the cap."""
+    vendor = _DearSummaries(WINDOW)
+    monkeypatch.setenv("OPENAI_BASE_URL", vendor.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    spec = _spec("openai")
+    if variant == "control":
+        monkeypatch.setattr(model_step, "_check_usage_after_compaction", lambda *a: None)
+    real_plan = model_step._plan
+    stopped: list[tuple[str, int]] = []
+
+    def plan_once(*args: Any, **kwargs: Any) -> Any:
+        plan = real_plan(*args, **kwargs)
+        if plan is not None and not stopped:
+            stopped.append((args[2], model_step._compaction_cost(plan)))
+            raise _Planned
+        return plan
+
+    monkeypatch.setattr(model_step, "_plan", plan_once)
+
+    async def go() -> None:
+        n = 0
+        while not stopped:
+            with contextlib.suppress(_Planned):
+                await _turn(rt, ws, n, spec)
+            n += 1
+        events = rt.ledger.events(session_id=SESSION)
+        spent = [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage]
+        step_id, estimate = stopped[0]
+        cap = sum(spent) + estimate + spent[-1]  # the check before admits it: not > cap
+        rt._governance[SESSION] = SessionGovernance(parse_policy({"usage": {"maxTokensPerSession": cap}}))
+        vendor.requests.clear()
+        ids, k = _ids(n - 1), int(step_id.rsplit(":", 1)[1])
+        inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
+        await model_step.model_step(rt, inp)
+
+    try:
+        if variant == "control":
+            asyncio.run(go())
+            assert any(r.body.get("tools") for r in vendor.requests), "the step's own call was sent"
+            return
+        with pytest.raises(UsageLimitReached) as err:
+            asyncio.run(go())
+    finally:
+        vendor.close()
+    assert err.value.detail["stepId"] == stopped[0][0]
+    assert err.value.detail["used"] > err.value.detail["cap"] - err.value.detail["next"], err.value.detail
+    assert [bool(r.body.get("tools")) for r in vendor.requests] == [False], "only the summary was asked"
+    facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
+    assert len(facts) == 1, facts

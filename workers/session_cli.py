@@ -389,7 +389,13 @@ def _printable(text: str) -> str:
 @click.option(
     "--follow", is_flag=True, help="print facts as they commit, until the session's current turn settles"
 )
-def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> None:
+@click.option(
+    "--run",
+    "run_id",
+    metavar="RUN_ID",
+    help="with --follow: wait for this run (the one `session send` printed) and follow it until it settles",
+)
+def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_id: str | None) -> None:
     """The transcript, from the ledger."""
     from maka_core.facts import codec
     from maka_core.runtime.session_view import transcript_lines
@@ -401,8 +407,10 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> No
             sys.stdout.write((line if as_json else _printable(line)) + "\n")
             sys.stdout.flush()
 
-        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write)
+        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write, run_id=run_id)
         return
+    if run_id is not None:
+        raise click.UsageError("--run needs --follow")
     events = session_events(settings(db=db).ledger, session_id)
     if as_json:
         for event in events:

@@ -596,8 +596,8 @@ def test_a_cap_the_compaction_would_pass_parks_the_step_before_its_own_call(
 
 class _DearSummaries(WindowedVendor):
     """A vendor whose summaries cost more than maka's estimate foresees (it bills a summary's input
-    at twelve times its own count, about nine times maka's estimate): only the check after the compaction commits, from
-    the usage the vendor reported, can see that the step's own call would now pass the cap."""
+    at twelve times its own count, about nine times maka's estimate): only the check after the
+    compaction commits, from the usage the vendor reported, sees the step's call would pass the cap."""
 
     def answer(self, anthropic: bool, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         status, reply = super().answer(anthropic, body)

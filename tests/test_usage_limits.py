@@ -30,6 +30,7 @@ from maka_core.runtime.contracts import PARK_REASONS
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view, transcript_lines
+from maka_core.runtime.usage_limits import raises_of
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
@@ -371,3 +372,87 @@ async def test_a_turn_parked_on_its_cap_goes_on_through_maka_resume(
         view = session_view(store, session_id, workflow_id="wf").to_json()
     by_run = {t["runId"]: t["usage"] for t in view["turns"]}
     assert by_run[out["sourceRunId"]]["total"] == 80 and by_run[out["continuationRunId"]]["total"] == 40
+
+
+# --- a spent per-session cap, raised by an operator -------------------------------------------------
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("raised", [True, False])
+async def test_a_session_parked_on_its_spent_cap_goes_on_once_an_operator_raises_it(
+    temporal_server: Any, tmp_path: Path, ws_dir: Path, task_queue: str, chat: ChatServer, raised: bool
+) -> None:
+    """The session spends 80 of its 100 tokens and parks before the call that would pass them.
+    ``maka session raise-limit`` (refusals first: nothing written) records the raise; the parked
+    execution is ended and ``maka resume`` continues: the held call is made and the turn ends;
+    ``session status --json``, ``session show`` and ``maka audit`` show the raise. Control: without
+    the raise, the continuation parks ``usage_limit_reached`` again with no call made."""
+    (ws_dir / "a.txt").write_text("alpha\n")
+    db = tmp_path / "ledger.sqlite"
+    session_id = f"raise-{tmp_path.name}"[-60:]
+    _record_policy(db, session_id, parse_policy({"usage": {"maxTokensPerSession": 100}}))
+    chat.reply(200, _reply(_read("call_1"), _usage(30, 10), "tool_calls"))
+    chat.reply(200, _reply(_read("call_2"), _usage(30, 10), "tool_calls"))
+    chat.reply(200, _reply({"content": "done"}, _usage(30, 10)))
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
+
+    def cli(*args: str) -> Any:
+        done = run_maka(*args, "--db", str(db), env=env)
+        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else done.stderr
+
+    client: Client = await connect(temporal_server.address)
+    async with in_process_worker(client, db, task_queue):
+        _, accepted = await start_session(
+            client, workspace=ws_dir, provider=SPEC, task_queue=task_queue, message="go",
+            session_id=session_id,
+        )  # fmt: skip
+        status = await wait_turn(client, session_id, accepted.run_id)
+        assert status.park_reason == "usage_limit_reached" and len(chat.requests) == 2, status
+
+        # refusals, nothing written
+        base = ("session", "raise-limit", session_id, "--by", "ops", "--reason", "budget approved", "--json")
+        for value, code in (("80", "usage_limit_below_used"), ("100", "usage_limit_not_raised"),
+                            ("2e3", "config_invalid"), ("-5", "config_invalid")):  # fmt: skip
+            rc, out = cli(*base, "--max-tokens-per-session", value)
+            assert rc != 0 and out["code"] == code, (value, out)
+        rc, out = cli(*base, "--max-tokens-per-turn", "500")
+        assert rc != 0 and out["code"] == "usage_limit_not_raised", out  # the policy sets no turn cap
+        rc, out = cli("session", "raise-limit", "no-such-session", "--by", "ops", "--reason", "r", "--json",
+                      "--max-tokens-per-session", "500")  # fmt: skip
+        assert rc != 0 and out["code"] == "session_not_found", out
+        with LedgerStore.open(db) as store:
+            assert not raises_of(store.events(session_id=session_id)), "a refusal wrote nothing"
+
+        if raised:
+            rc, out = cli(*base, "--max-tokens-per-session", "300")
+            assert rc == 0 and out["caps"] == {"maxTokensPerSession": 300}, out
+            assert out["previous"] == {"maxTokensPerSession": 100} and out["used"] == {
+                "maxTokensPerSession": 80
+            }
+            assert (out["raisedBy"], out["reason"]) == ("ops", "budget approved")
+        # The way on from a park: end the parked execution, then ``maka resume``.
+        await client.get_workflow_handle(workflow_id_for(session_id)).terminate(reason="go on")
+        with LedgerStore.open(db) as store:
+            rt = default_runtime(store, load_settings().runtime_settings())
+            try:
+                out = await resume_lost_session(client, rt, session_id, task_queue=task_queue)
+                assert out["decision"] == "continue", out
+                out = await wait_continued(client, rt, out, lambda *a, **k: None)
+            finally:
+                rt.close()
+
+    if not raised:  # the policy's cap, spent: the continuation parks again, no call made
+        assert out["state"] == "parked" and len(chat.requests) == 2, out
+        return
+    assert out["state"] == "idle" and len(chat.requests) == 3, out
+    rc, view = cli("session", "status", session_id, "--json")
+    assert rc == 0 and view["usageLimits"] == {"maxTokensPerSession": 300}, view
+    assert [r["raisedBy"] for r in view["limitRaises"]] == ["ops"] and view["usage"]["total"] == 120
+    assert [t["runId"] for t in view["turns"]] == [accepted.run_id, out["continuationRunId"]], view["turns"]
+    shown = run_maka("session", "show", session_id, "--db", str(db), env=env).stdout
+    assert "-- operator ops raised usage.maxTokensPerSession 100 -> 300: budget approved --" in shown, shown
+    rc, report = cli("audit", session_id, "--address", temporal_server.address, "--json")
+    assert rc == 0 and report["ok"] is True, report
+    (raise_run,) = [r for r in report["runs"] if "usageLimitRaise" in r]
+    assert raise_run["usageLimitRaise"]["caps"] == {"maxTokensPerSession": 300}

@@ -457,5 +457,56 @@ def cmd_resolve(
         )
 
 
+def _tokens(text: str | None, option: str) -> int | None:
+    """A cap as typed: digits only (a sign, a decimal or a word is ``config_invalid``, never guessed)."""
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit():
+        from maka_core.errors import ConfigError
+
+        raise ConfigError("config_invalid", f"{option} must be a whole number of tokens", option=option)
+    return int(text)
+
+
+@session.command("raise-limit")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.option(
+    "--max-tokens-per-session", "per_session", metavar="N", help="the new usage.maxTokensPerSession"
+)
+@click.option("--max-tokens-per-turn", "per_turn", metavar="N", help="the new usage.maxTokensPerTurn")
+@click.option("--by", "raised_by", required=True, metavar="NAME", help="who raises it (recorded)")
+@click.option("--reason", required=True, metavar="TEXT", help="why (recorded)")
+@json_option()
+def cmd_raise_limit(
+    db: str | None,
+    session_id: str,
+    per_session: str | None,
+    per_turn: str | None,
+    raised_by: str,
+    reason: str,
+    as_json: bool,
+) -> None:
+    """Raise a spent token cap of the session's policy (an operator's fact, append-only), then
+    `session send` or `maka resume`."""
+    caps = {
+        field: value
+        for field, value in (
+            ("maxTokensPerSession", _tokens(per_session, "--max-tokens-per-session")),
+            ("maxTokensPerTurn", _tokens(per_turn, "--max-tokens-per-turn")),
+        )
+        if value is not None
+    }
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    raised = asyncio.run(sessions.raise_limit(session_id, caps=caps, by=raised_by, reason=reason)).raw
+    if as_json:
+        print_json({"ok": True, **raised}, indent=2)
+    else:
+        what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
+        click.echo(
+            f"session {session_id}: {what} raised by {raised_by}; now `maka session send` or `maka resume`"
+        )
+
+
 for _command in (cmd_approve, cmd_deny, cmd_session_receipts, cmd_cancel):
     session.add_command(_command)

@@ -44,6 +44,7 @@ from maka_core.runtime.contracts import (
     ToolOutcome,
 )
 from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.runtime.usage_limits import limits_in_force
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +120,14 @@ def check_usage(
     never by a call this check could foresee; a step that compacts is checked again after the
     compaction commits (its usage with it), before its own call.
 
+    The caps are the policy's with the operator's raises among ``events`` applied
+    (``usage_limits.limits_in_force``).
+
     Raises:
         UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap``,
             ``used`` and ``next`` (the estimate).
     """
+    limits = limits_in_force(limits, events)
     if limits is None or (limits.max_tokens_per_turn is None and limits.max_tokens_per_session is None):
         return
     session = turn = last = 0

@@ -596,33 +596,46 @@ def test_a_cap_the_compaction_would_pass_parks_the_step_before_its_own_call(
 
 class _DearSummaries(WindowedVendor):
     """A vendor whose summaries cost more than maka's estimate foresees (it bills a summary's input
-    at twelve times its own count, about nine times maka's estimate): only the check after the
-    compaction commits, from the usage the vendor reported, sees the step's call would pass the cap."""
+    at ``factor`` times its own count; 12: about nine times maka's estimate): only the check after
+    the compaction commits, from the usage the vendor reported, sees the step's call would pass the cap."""
+
+    factor = 12.0
 
     def answer(self, anthropic: bool, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         status, reply = super().answer(anthropic, body)
         if status == 200 and not body.get("tools"):
-            reply["usage"]["prompt_tokens"] *= 12
+            reply["usage"]["prompt_tokens"] = int(reply["usage"]["prompt_tokens"] * self.factor)
             reply["usage"]["total_tokens"] = (
                 reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
             )
         return status, reply
 
 
-@pytest.mark.parametrize("variant", ["fixed", "control"])
+def _last_usage_tokens(events: list[Any], sent: Any = None) -> int:
+    """The estimate before the fix: the last event with usage, a compaction's included."""
+    return [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage][-1]
+
+
+@pytest.mark.parametrize(
+    ("variant", "factor"), [("fixed", 12.0), ("control", 12.0), ("fixed", 2.5), ("summary_as_last", 2.5)]
+)
 def test_the_check_after_the_compaction_commits_parks_a_step_its_summary_made_too_dear(
-    rt: Runtime, ws: Workspace, monkeypatch: pytest.MonkeyPatch, variant: str
+    rt: Runtime, ws: Workspace, monkeypatch: pytest.MonkeyPatch, variant: str, factor: float
 ) -> None:
     """The cap admits the step exactly as the check before foresees it (used + the compaction's
     estimate + last), so that check passes; the vendor then reports the summary at more than the
-    estimate. Fixed: the check after the fact commits parks the step before its own call. Control
-    (that second check removed, the first kept): the step's own call is sent past the cap."""
+    estimate. Fixed: the check after the fact commits parks the step before its own call. Controls:
+    that second check removed (the first kept), or (at 2.5 times) the second check estimating the
+    step's call at the compaction's own usage, the last usage committed: the call is sent past the cap."""
     vendor = _DearSummaries(WINDOW)
+    vendor.factor = factor
     monkeypatch.setenv("OPENAI_BASE_URL", vendor.url + "/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     spec = _spec("openai")
     if variant == "control":
         monkeypatch.setattr(model_step, "_check_usage_after_compaction", lambda *a: None)
+    if variant == "summary_as_last":
+        monkeypatch.setattr(model_step, "next_call_tokens", _last_usage_tokens)
     real_plan = model_step._plan
     stopped: list[tuple[str, int]] = []
 
@@ -652,9 +665,12 @@ def test_the_check_after_the_compaction_commits_parks_a_step_its_summary_made_to
         await model_step.model_step(rt, inp)
 
     try:
-        if variant == "control":
+        if variant != "fixed":
             asyncio.run(go())
             assert any(r.body.get("tools") for r in vendor.requests), "the step's own call was sent"
+            spent = [step_tokens(e.actions.token_usage) for e in rt.ledger.events(session_id=SESSION)
+                     if e.actions and e.actions.token_usage]  # fmt: skip
+            assert sum(spent) > rt.session_governance(SESSION).policy.usage.max_tokens_per_session  # type: ignore[union-attr,operator]
             return
         with pytest.raises(UsageLimitReached) as err:
             asyncio.run(go())

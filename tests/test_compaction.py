@@ -32,15 +32,17 @@ from maka_core.facts.usage import step_tokens
 from maka_core.governance import parse_policy
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.provider_replay import replay_segment
-from maka_core.ledger.resume_plan import plan_resume
+from maka_core.ledger.resume_plan import legal_replay, plan_resume
 from maka_core.providers.anthropic_messages import history_to_messages as anthropic_messages
 from maka_core.providers.openai_compat import history_to_messages as openai_messages
 from maka_core.providers.spec import context_budget, model_spec, parse_provider_spec
 from maka_core.runtime import compaction, model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
 from maka_core.runtime.governed import SessionGovernance
+from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.store.writer import ToolAttempt
+from maka_core.runtime.usage_limits import raise_limit
+from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.workspace import Workspace
 from tests import ledger_factory as lf
 from tests.windowed_vendor import WindowedVendor
@@ -681,3 +683,32 @@ def test_the_check_after_the_compaction_commits_parks_a_step_its_summary_made_to
     assert [bool(r.body.get("tools")) for r in vendor.requests] == [False], "only the summary was asked"
     facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
     assert len(facts) == 1, facts
+
+
+# --- an operator's run is no later turn ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["operator", "control"])
+def test_a_limit_raise_does_not_unpin_the_park_it_answers(
+    store: LedgerStore, rt: Runtime, ws: Workspace, variant: str
+) -> None:
+    """Turn 0 completes, turn 1 parks ``usage_limit_reached``, an operator raises the cap (a
+    completed ``resolution-`` run): the park stays pinned, so no compaction may cover it. Control:
+    the same run under a turn's id (a later turn that completed) unpins it, as it should."""
+    spec = {"kind": "script", "steps": [{"text": "answer 0"}, {"text": "answer 1"}]}
+    asyncio.run(_turn(rt, ws, 0, spec))
+    asyncio.run(_turn(rt, ws, 1, spec, end=False))
+    park = FinishRunInput(ids=_ids(1), status="failed", ts=1, park_reason="usage_limit_reached")
+    asyncio.run(turn.finish_run(rt, park))
+    store.put_session_policy(
+        SESSION, **SessionGovernance(parse_policy({"usage": {"maxTokensPerSession": 100}})).to_record()
+    )
+    raise_limit(store, SESSION, caps={"maxTokensPerSession": 500}, raised_by="ops", reason="budget")
+    events = store.events(session_id=SESSION)
+    if variant == "control":
+        events = [e.model_copy(update={"run_id": "r2"}) if is_resolution_run(e.run_id) else e for e in events]
+    history = legal_replay(events)
+    first_of_park = next(i for i, e in enumerate(history) if e.run_id == "r1")
+    pinned = compaction.pinned_from(events, history)
+    assert pinned == (first_of_park if variant == "operator" else len(history)), (pinned, first_of_park)
+    assert compaction.check_compactions(events) == []

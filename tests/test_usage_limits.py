@@ -456,3 +456,67 @@ async def test_a_session_parked_on_its_spent_cap_goes_on_once_an_operator_raises
     assert rc == 0 and report["ok"] is True, report
     (raise_run,) = [r for r in report["runs"] if "usageLimitRaise" in r]
     assert raise_run["usageLimitRaise"]["caps"] == {"maxTokensPerSession": 300}
+
+
+# --- a kill right after the raise commits -------------------------------------------------------------
+
+_KILLED_RAISE = """
+import os, signal, sys
+from maka_core.runtime.usage_limits import raise_limit
+from maka_core.store.writer import LedgerStore
+
+
+class Killed:
+    '''The store, killed (SIGKILL) right after the raise's first commit returns.'''
+
+    def __init__(self, inner, two_commits):
+        self.inner, self.two_commits = inner, two_commits
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def commit_terminal(self, event, header=None):
+        if self.two_commits:  # the order before the fix: the fact, then its header in a second commit
+            self.inner.commit_terminal(event)
+            os.kill(os.getpid(), signal.SIGKILL)
+            self.inner.put_run(header)
+        self.inner.commit_terminal(event, header)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+with LedgerStore.open(sys.argv[1]) as store:
+    raise_limit(Killed(store, sys.argv[2] == "two_commits"), "s-kill", caps={"maxTokensPerSession": 500},
+                raised_by="ops", reason="budget")
+"""
+
+
+@pytest.mark.parametrize("variant", ["one_transaction", "two_commits"])
+def test_a_raise_killed_after_its_commit_leaves_its_run_header(tmp_path: Path, variant: str) -> None:
+    """The raise's fact and its run's header commit in one transaction: a SIGKILL right after it
+    leaves both (the cap raised, no ``run_header_missing``). Control: the fact and the header in two
+    commits (the order before), killed between them: the audit finds the header missing forever."""
+    import signal
+    import subprocess
+    import sys
+
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+
+    db = tmp_path / "ledger.sqlite"
+    with LedgerStore.open(db) as store:
+        policy = SessionGovernance(parse_policy({"usage": {"maxTokensPerSession": 100}}))
+        store.put_session_policy("s-kill", **policy.to_record())
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_RAISE, str(db), variant], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == -signal.SIGKILL, (child.returncode, child.stderr)
+    with LedgerStore.open(db) as store:
+        assert len(raises_of(store.events(session_id="s-kill"))) == 1
+        missing = [
+            f for f in audit(read_ledger(store, "s-kill"), []).findings if f.check == "run_header_missing"
+        ]
+        headers = [r.run_id for r in store.list_runs(session_id="s-kill")]
+    if variant == "two_commits":
+        assert missing and not headers, (missing, headers)
+        return
+    assert not missing and len(headers) == 1 and headers[0].startswith("resolution-"), (missing, headers)

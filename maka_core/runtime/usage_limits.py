@@ -194,16 +194,15 @@ def raise_limit(
         model_visibility="hidden",
         actions=Actions(end_invocation=True, state_delta={RAISE_KEY: payload}),
     )
-    store.commit_terminal(event)
-    store.put_run(
-        RunHeader(
-            session_id=session_id,
-            run_id=run_id,
-            invocation_id=event.invocation_id,
-            turn_id=event.turn_id,
-            status="completed",
-            created_at=now,
-            updated_at=now,
-        )
+    # One transaction: a kill between the fact and its header would leave ``run_header_missing``.
+    header = RunHeader(
+        session_id=session_id,
+        run_id=run_id,
+        invocation_id=event.invocation_id,
+        turn_id=event.turn_id,
+        status="completed",
+        created_at=now,
+        updated_at=now,
     )
+    store.commit_terminal(event, header)
     return {**payload, "raiseEventId": event.id, "raiseRunId": run_id}

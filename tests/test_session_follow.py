@@ -88,3 +88,28 @@ def test_follow_refuses_a_run_that_never_begins(tmp_path: Path, ws: Workspace) -
         follow(db, SESSION, as_json=False, write=lines.append, run_id="r9", run_wait_s=0.5, poll_s=0.05)
     assert refused.value.code == "run_not_found" and time.monotonic() - began < 10
     assert "user: turn 0" in lines, lines
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_follow_with_run_refuses_an_unknown_session_at_once(
+    tmp_path: Path, ws: Workspace, started: bool
+) -> None:
+    """``--run`` waits for a run only of a session that exists: every start records the session's
+    policy first, so with neither a policy nor an event it is ``session_not_found`` at once. Control:
+    a started session (its policy recorded) whose run never begins waits, then ``run_not_found``."""
+    from maka_core.governance import parse_policy
+    from maka_core.runtime.governed import SessionGovernance
+
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    if started:
+        with LedgerStore.open(db) as store:
+            store.put_session_policy("s-other", **SessionGovernance(parse_policy({})).to_record())
+    began = time.monotonic()
+    with pytest.raises(MakaError) as refused:
+        follow(db, "s-other", as_json=False, write=lambda line: None, run_id="r1", run_wait_s=3, poll_s=0.05)
+    waited = time.monotonic() - began
+    if started:
+        assert refused.value.code == "run_not_found" and waited >= 3, (refused.value.code, waited)
+    else:
+        assert refused.value.code == "session_not_found" and waited < 2, (refused.value.code, waited)

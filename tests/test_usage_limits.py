@@ -520,3 +520,128 @@ def test_a_raise_killed_after_its_commit_leaves_its_run_header(tmp_path: Path, v
         assert missing and not headers, (missing, headers)
         return
     assert not missing and len(headers) == 1 and headers[0].startswith("resolution-"), (missing, headers)
+
+
+# --- a raise, on the ledger alone ---------------------------------------------------------------------
+
+_SCRIPT = {
+    "kind": "script",
+    "steps": [{"text": f"s{k}", "usage": {"input": 30, "output": 10}} for k in range(3)],
+}
+
+
+@pytest.mark.parametrize("raised", [True, False])
+def test_a_refusal_names_the_cap_in_force_and_whether_an_operator_raised_it(
+    tmp_path: Path, raised: bool
+) -> None:
+    """80 used at a cap of 100; raised to 110, the third step (about 40 more) still passes it: the
+    refusal gives the raised cap, the cap in force, with ``raised: true``. Control: the policy's cap."""
+    from maka_core.runtime.usage_limits import raise_limit
+
+    (tmp_path / "ws").mkdir()
+    ws = Workspace.open(tmp_path / "ws")
+    db = tmp_path / "ledger.sqlite"
+    _record_policy(db, IDS.session_id, parse_policy({"usage": {"maxTokensPerSession": 100}}))
+    store = LedgerStore.open(db)
+    rt = Runtime(store)
+    try:
+        begin(rt, ws)
+        step(rt, ws, 0, _SCRIPT)
+        step(rt, ws, 1, _SCRIPT)
+        if raised:
+            raise_limit(store, IDS.session_id, caps={"maxTokensPerSession": 110}, raised_by="ops", reason="r")
+        with pytest.raises(UsageLimitReached) as err:
+            step(rt, ws, 2, _SCRIPT)
+    finally:
+        rt.close()
+        store.close()
+    cap = 110 if raised else 100
+    assert err.value.detail == {
+        "stepId": "r1:2", "limit": "usage.maxTokensPerSession", "cap": cap, "used": 80, "next": 40,
+        **({"raised": True} if raised else {}),
+    }  # fmt: skip
+    assert f"the cap in force, usage.maxTokensPerSession of {cap}" in err.value.message, err.value.message
+
+
+def _policy_only(db: Path, session_id: str = "s-raise") -> None:
+    _record_policy(db, session_id, parse_policy({"usage": {"maxTokensPerSession": 100}}))
+
+
+def test_two_raises_that_raced_leave_the_higher_cap(tmp_path: Path) -> None:
+    """Operator B read the ledger before A's raise to 1000 committed and raises to 300, each above
+    the cap B read: the lower raise lands last, yet the cap in force stays 1000. Control: the raise
+    latest in ledger order is the lower one (a rule "the latest stands" would lower the cap)."""
+    from maka_core.runtime.usage_limits import limits_in_force, raise_limit
+
+    db = tmp_path / "ledger.sqlite"
+    _policy_only(db)
+    with LedgerStore.open(db) as store:
+        stale = store.events(session_id="s-raise")
+
+        class StaleReads:  # B's read, from before A's commit
+            def __getattr__(self, name: str) -> Any:
+                return getattr(store, name)
+
+            def events(self, **_: Any) -> list[Any]:
+                return list(stale)
+
+        raise_limit(store, "s-raise", caps={"maxTokensPerSession": 1000}, raised_by="A", reason="big")
+        raise_limit(StaleReads(), "s-raise", caps={"maxTokensPerSession": 300}, raised_by="B", reason="small")
+        events = store.events(session_id="s-raise")
+        policy = SessionGovernance.from_record(store.session_policy("s-raise")).policy.usage
+        view = session_view(store, "s-raise", workflow_id="wf").to_json()
+    assert [r["caps"]["maxTokensPerSession"] for r in raises_of(events)] == [1000, 300]  # the control
+    in_force = limits_in_force(policy, events)
+    assert in_force is not None and in_force.max_tokens_per_session == 1000
+    assert view["usageLimits"] == {"maxTokensPerSession": 1000}, view
+
+
+def test_the_cli_names_the_way_forward_from_a_usage_park(tmp_path: Path) -> None:
+    """A usage park takes no ``session send``: the raise says to terminate the parked execution and
+    ``maka resume``."""
+    db = tmp_path / "ledger.sqlite"
+    _policy_only(db)
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
+    done = run_maka(
+        "session", "raise-limit", "s-raise", "--max-tokens-per-session", "500", "--by", "ops",
+        "--reason", "budget", "--db", str(db), env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "terminate" in done.stdout and "maka resume s-raise" in done.stdout, done.stdout
+    assert "session send" not in done.stdout, done.stdout
+
+
+def test_a_raise_prints_inertly_in_show_and_audit(tmp_path: Path) -> None:
+    """``session show`` and ``maka audit``'s text name the operator and the raise; an imported raise
+    of any shape (caps not a mapping, a newline in a name) prints on one line, never a crash."""
+    from maka_core.audit import text
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+    from maka_core.facts.events import Actions
+    from maka_core.runtime.usage_limits import RAISE_KEY, RAISE_PROTOCOL, raise_limit
+
+    db = tmp_path / "ledger.sqlite"
+    _policy_only(db)
+    with LedgerStore.open(db) as store:
+        raise_limit(store, "s-raise", caps={"maxTokensPerSession": 500}, raised_by="ops", reason="budget")
+        events = store.events(session_id="s-raise")
+        report = audit(read_ledger(store, "s-raise"), []).to_json()
+    runs = [line for line in text.report_lines(report) if line.startswith("run ")]
+    assert len(runs) == 1 and runs[0].endswith(
+        "recorded by operator ops (raised usage.maxTokensPerSession 100 -> 500)"
+    ), runs
+    assert "-- operator ops raised usage.maxTokensPerSession 100 -> 500: budget --" in transcript_lines(
+        events
+    )
+    bad = events[0].model_copy(
+        update={
+            "actions": Actions(
+                end_invocation=True,
+                state_delta={
+                    RAISE_KEY: {"protocol": RAISE_PROTOCOL, "caps": "x\n-- forged --", "raisedBy": "a\nb"}
+                },
+            )
+        }
+    )
+    lines = [line for line in transcript_lines([bad]) if "operator" in line]
+    assert lines == ["-- operator a\\nb raised caps x\\n-- forged --: None --"], lines

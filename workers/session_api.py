@@ -485,7 +485,8 @@ class SessionClient:
     ) -> LimitRaise:
         """Raise the session's spent token caps (``maka session raise-limit``; ``caps``:
         ``maxTokensPerSession`` / ``maxTokensPerTurn`` -> the new cap), recorded with who and why;
-        then ``send`` (or ``resume``) continues. Refusals: ``usage_limits.raise_limit``."""
+        then terminate the parked execution and ``resume`` (a parked turn takes no ``send``).
+        Refusals: ``usage_limits.raise_limit``."""
         from maka_core.runtime.usage_limits import raise_limit
 
         s = self.settings()

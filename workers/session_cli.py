@@ -487,8 +487,8 @@ def cmd_raise_limit(
     reason: str,
     as_json: bool,
 ) -> None:
-    """Raise a spent token cap of the session's policy (an operator's fact, append-only), then
-    `session send` or `maka resume`."""
+    """Raise a spent token cap of the session's policy (an operator's fact, append-only); then
+    terminate the parked execution and `maka resume SESSION`."""
     caps = {
         field: value
         for field, value in (
@@ -502,9 +502,13 @@ def cmd_raise_limit(
     if as_json:
         print_json({"ok": True, **raised}, indent=2)
     else:
+        from maka_temporal.workflows.contracts import workflow_id_for
+
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
         click.echo(
-            f"session {session_id}: {what} raised by {raised_by}; now `maka session send` or `maka resume`"
+            f"session {session_id}: {what} raised by {raised_by}; now terminate the parked execution "
+            f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "
+            f"and `maka resume {session_id}`"
         )
 
 

@@ -72,7 +72,8 @@ def follow(
                 settled = named is not None and named.status != "running"
             # Only what committed since the last read (``ledger_seq`` grows in commit order).
             new = store.events_since(session_id, cursor)
-            if not events and not new and run_id is None:
+            # A run may begin after this read, but every session start records its policy first.
+            if not events and not new and (run_id is None or store.session_policy(session_id) is None):
                 raise MakaError(
                     "session_not_found", f"no events for session {session_id}", sessionId=session_id
                 )

@@ -142,7 +142,7 @@ def check_usage(
 
     Raises:
         UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap`` (the
-            cap in force), ``used``, ``next`` (the estimate) and ``raised`` (an operator raised it).
+            cap in force), ``used``, ``next`` (the estimate), and ``raised: true`` when an operator raised it.
     """
     policy, limits = limits, limits_in_force(limits, events)
     if limits is None or (limits.max_tokens_per_turn is None and limits.max_tokens_per_session is None):
@@ -164,7 +164,7 @@ def check_usage(
         if cap is not None and (used >= cap or used + before + last > cap):
             # An operator may have raised the policy's cap (``maka session raise-limit``).
             raised = policy is not None and getattr(policy, CAPS[field.removeprefix("usage.")]) != cap
-            raise UsageLimitReached(
+            refused = UsageLimitReached(
                 message=(
                     f"step {step_id}: {used} tokens used and about {before + last} more for the next "
                     f"call{'s' if before else ''} would pass the cap in force, {field} of {cap}; "
@@ -175,8 +175,10 @@ def check_usage(
                 cap=cap,
                 used=used,
                 next=before + last,
-                raised=raised,
             )
+            if raised:
+                refused.detail["raised"] = True
+            raise refused
 
 
 #: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the

@@ -9,6 +9,7 @@ same answer from the ledger alone (the last run's header), for when it is not.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -306,9 +307,16 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
         raised = raise_payload(e)
         if raised is not None:  # hidden from the model, shown to the operator
             by, reason = _one_line(raised.get("raisedBy")), _one_line(raised.get("reason"))
-            caps, before = raised.get("caps") or {}, raised.get("previous") or {}
-            what = ", ".join(
-                f"usage.{k} {_one_line(before.get(k))} -> {_one_line(v)}" for k, v in caps.items()
+            # An imported ledger's raise is not checked by ``raise_limit``: any shape prints inertly.
+            caps, before = raised.get("caps"), raised.get("previous")
+            before = before if isinstance(before, Mapping) else {}
+            what = (
+                ", ".join(
+                    f"usage.{_one_line(k)} {_one_line(before.get(k))} -> {_one_line(v)}"
+                    for k, v in caps.items()
+                )
+                if isinstance(caps, Mapping)
+                else f"caps {_one_line(caps)}"
             )
             lines.append(f"-- operator {by} raised {what}: {reason} --")
         if e.partial or e.hidden:

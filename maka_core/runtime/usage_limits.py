@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from maka_core.errors import ConfigError, MakaError
+from maka_core.errors import ConfigError, LimitRaiseRefused, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
@@ -44,12 +44,6 @@ CAPS: Final[dict[str, str]] = {
 }
 
 
-class LimitRaiseRefused(MakaError):
-    """A limit raise was refused; nothing was written."""
-
-    default_code = "usage_limit_not_raised"
-
-
 def raise_payload(event: RuntimeEvent) -> dict[str, Any] | None:
     """The raise an operator run's event records, else None."""
     if not is_resolution_run(event.run_id):
@@ -67,8 +61,9 @@ def raises_of(events: Sequence[RuntimeEvent]) -> list[dict[str, Any]]:
 
 
 def limits_in_force(limits: UsageLimits | None, events: Sequence[RuntimeEvent]) -> UsageLimits | None:
-    """The policy's caps with the session's raises applied in ledger order (the latest stands).
-    A raise of a cap the policy does not set is ignored: there was none to raise."""
+    """The policy's caps with the session's raises applied in ledger order. A raise only raises: a
+    cap in force never goes down (two operators who raced, each checked against what they read,
+    leave the higher); a raise of a cap the policy does not set is ignored: there was none to raise."""
     if limits is None:
         return None
     caps = {attr: getattr(limits, attr) for attr in CAPS.values()}
@@ -80,7 +75,7 @@ def limits_in_force(limits: UsageLimits | None, events: Sequence[RuntimeEvent]) 
                 caps[attr] is not None
                 and isinstance(value, int)
                 and not isinstance(value, bool)
-                and value >= 1
+                and value > caps[attr]
             ):
                 caps[attr] = value
     return limits.model_copy(update=caps)

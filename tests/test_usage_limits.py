@@ -645,3 +645,41 @@ def test_a_raise_prints_inertly_in_show_and_audit(tmp_path: Path) -> None:
     )
     lines = [line for line in transcript_lines([bad]) if "operator" in line]
     assert lines == ["-- operator a\\nb raised caps x\\n-- forged --: None --"], lines
+
+
+def test_a_turn_cap_raise_is_not_held_to_the_last_turns_spend(tmp_path: Path) -> None:
+    """A turn whose last call answered more than estimated spent 150 at a turn cap of 100: a raise
+    of the turn cap to 120 is recorded (the continuation has a fresh turn budget), and the answer
+    gives the next call's estimate (110, the last step's). Control: the session cap, which counts
+    every turn, is still held to the 150 spent (``usage_limit_below_used``)."""
+    from maka_core.errors import LimitRaiseRefused
+    from maka_core.runtime.usage_limits import raise_limit
+
+    script = {
+        "kind": "script",
+        "steps": [
+            {"text": "a", "usage": {"input": 30, "output": 10}},
+            {"text": "b", "usage": {"input": 100, "output": 10}},
+        ],
+    }
+    (tmp_path / "ws").mkdir()
+    ws = Workspace.open(tmp_path / "ws")
+    db = tmp_path / "ledger.sqlite"
+    _record_policy(
+        db, IDS.session_id, parse_policy({"usage": {"maxTokensPerTurn": 100, "maxTokensPerSession": 1000}})
+    )
+    store = LedgerStore.open(db)
+    rt = Runtime(store)
+    try:
+        begin(rt, ws)
+        step(rt, ws, 0, script)
+        step(rt, ws, 1, script)  # 40 used, ~40 next: admitted; it answers 110
+        with pytest.raises(LimitRaiseRefused) as err:
+            raise_limit(store, IDS.session_id, caps={"maxTokensPerSession": 120}, raised_by="ops", reason="r")
+        done = raise_limit(store, IDS.session_id, caps={"maxTokensPerTurn": 120}, raised_by="ops", reason="r")
+    finally:
+        rt.close()
+        store.close()
+    assert err.value.code == "usage_limit_below_used" and err.value.detail["used"] == 150, err.value.detail
+    assert done["previous"] == {"maxTokensPerTurn": 100} and done["used"] == {"maxTokensPerTurn": 150}, done
+    assert done["nextCall"] == 110, done

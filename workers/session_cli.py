@@ -506,7 +506,8 @@ def cmd_raise_limit(
 
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
         click.echo(
-            f"session {session_id}: {what} raised by {raised_by}; now terminate the parked execution "
+            f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "
+            f"{raised['nextCall']} tokens); now terminate the parked execution "
             f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "
             f"and `maka resume {session_id}`"
         )

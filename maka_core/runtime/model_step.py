@@ -44,7 +44,7 @@ from maka_core.runtime.contracts import (
     ToolOutcome,
 )
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.runtime.usage_limits import CAPS, limits_in_force
+from maka_core.runtime.usage_limits import CAPS, limits_in_force, next_call_tokens
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +106,6 @@ def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
 
 #: Maka's ``tokenUsage`` counts the counter reports, by its ``kind`` label.
 _TOKEN_KINDS = (("input", "input"), ("output", "output"), ("cached", "cacheRead"))
-
-
-def next_call_tokens(events: list[RuntimeEvent], sent: list[RuntimeEvent] | None = None) -> int:
-    """The next call's estimate: the session's last model step's tokens (a compaction's are a
-    summary's, not what a step's call sends), and at least ``sent``'s estimate when given."""
-    last = 0
-    for e in events:
-        usage = e.actions.token_usage if e.actions is not None else None
-        if usage and compaction.CompactionFact.of(e) is None:
-            last = step_tokens(usage)
-    return last if sent is None else max(last, compaction.estimate_tokens(sent))
 
 
 def check_usage(

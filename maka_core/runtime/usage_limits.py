@@ -9,9 +9,9 @@ who raised it, why, the cap it replaces and what the session had spent. The mode
 policy's caps (``limits_in_force``); ``session status --json`` gives the caps in force and the
 raises, ``session show`` prints each, and ``maka audit`` counts the run as an operator's.
 
-A raise only raises: above the cap in force and above what is spent (the session's total for
-``maxTokensPerSession``, its latest turn's for ``maxTokensPerTurn``), and only a cap the policy
-sets (a policy without one has no cap to raise).
+A raise only raises: above the cap in force (and a session cap above the session's total spent;
+a turn cap is not compared with a turn's spend, since the continuation that goes on is a turn of
+its own), and only a cap the policy sets (a policy without one has no cap to raise).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import step_tokens
 from maka_core.governance.policy_file import UsageLimits
+from maka_core.runtime.compaction import CompactionFact, estimate_tokens
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import (
     MAX_REASON,
@@ -81,6 +82,17 @@ def limits_in_force(limits: UsageLimits | None, events: Sequence[RuntimeEvent]) 
     return limits.model_copy(update=caps)
 
 
+def next_call_tokens(events: Sequence[RuntimeEvent], sent: Sequence[RuntimeEvent] | None = None) -> int:
+    """The next call's estimate: the session's last model step's tokens (a compaction's are a
+    summary's, not what a step's call sends), and at least ``sent``'s estimate when given."""
+    last = 0
+    for e in events:
+        usage = e.actions.token_usage if e.actions is not None else None
+        if usage and CompactionFact.of(e) is None:
+            last = step_tokens(usage)
+    return last if sent is None else max(last, estimate_tokens(sent))
+
+
 def spent(events: Sequence[RuntimeEvent]) -> dict[str, int]:
     """What each cap counts, from committed usage: the session's total and its latest turn's (the
     latest run that is not an operator's)."""
@@ -121,7 +133,11 @@ def raise_limit(
             an unknown field, a cap that is not a whole number >= 1, a ``--by``/``--reason`` that is
             empty, too long or not one printable line); ``usage_limit_not_raised`` (the policy sets
             no such cap, or the new one is not above the cap in force); ``usage_limit_below_used``
-            (the new cap does not exceed what the session, or its latest turn, already spent).
+            (a session cap that does not exceed what the session already spent; a turn cap is not
+            compared with a turn's spend: the continuation is a turn of its own, a fresh budget).
+
+    The answer adds ``nextCall``: the next call's estimate (``next_call_tokens``), for the operator
+    to see whether the new caps admit it (not recorded: the check recomputes it).
     """
     if not caps:
         raise ConfigError(
@@ -149,7 +165,7 @@ def raise_limit(
                 f"session {session_id}'s policy sets no usage.{field}: there is no cap to raise",
                 sessionId=session_id, limit=f"usage.{field}",
             )  # fmt: skip
-        if value <= used[field]:
+        if field == "maxTokensPerSession" and value <= used[field]:
             raise LimitRaiseRefused(
                 "usage_limit_below_used",
                 f"usage.{field} of {value} would not exceed the {used[field]} tokens already spent",
@@ -200,4 +216,4 @@ def raise_limit(
         updated_at=now,
     )
     store.commit_terminal(event, header)
-    return {**payload, "raiseEventId": event.id, "raiseRunId": run_id}
+    return {**payload, "raiseEventId": event.id, "raiseRunId": run_id, "nextCall": next_call_tokens(events)}

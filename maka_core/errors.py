@@ -60,6 +60,13 @@ class UsageLimitReached(MakaError):
     default_code = "usage_limit_reached"
 
 
+class LimitRaiseRefused(MakaError):
+    """An operator's raise of a token cap was refused (``usage_limit_not_raised``,
+    ``usage_limit_below_used``); nothing was written."""
+
+    default_code = "usage_limit_not_raised"
+
+
 class CheckpointError(MakaError):
     """A workspace checkpoint cannot be captured, verified, compared or materialized as asked
     (``checkpoint_*``, ``workspace_content_changed``, ``restore_destination_*``)."""

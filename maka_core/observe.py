@@ -165,9 +165,9 @@ class ObservedLedger:
                 reconcile, decision, outcome, attempt=attempt, receipt=receipt
             )
 
-    def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
+    def commit_terminal(self, event: RuntimeEvent, header: RunHeader | None = None) -> CommitResult:
         with timed_span(self.observer, "maka.ledger.terminal", "terminal", **_event_attrs(event)):
-            return self.inner.commit_terminal(event)
+            return self.inner.commit_terminal(event, header)
 
     def append(self, events: Sequence[RuntimeEvent]) -> CommitResult:
         attrs = _event_attrs(events[0]) if events else {}

@@ -26,18 +26,23 @@ from typing import Any
 
 import pytest
 
-from maka_core.errors import ConfigError, MakaError
+from maka_core.errors import ConfigError, MakaError, UsageLimitReached
 from maka_core.facts import canonical_json
+from maka_core.facts.usage import step_tokens
+from maka_core.governance import parse_policy
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.provider_replay import replay_segment
-from maka_core.ledger.resume_plan import plan_resume
+from maka_core.ledger.resume_plan import legal_replay, plan_resume
 from maka_core.providers.anthropic_messages import history_to_messages as anthropic_messages
 from maka_core.providers.openai_compat import history_to_messages as openai_messages
 from maka_core.providers.spec import context_budget, model_spec, parse_provider_spec
 from maka_core.runtime import compaction, model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
+from maka_core.runtime.governed import SessionGovernance
+from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.store.writer import ToolAttempt
+from maka_core.runtime.usage_limits import raise_limit
+from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.workspace import Workspace
 from tests import ledger_factory as lf
 from tests.windowed_vendor import WindowedVendor
@@ -527,3 +532,183 @@ def test_choosing_the_cut_serializes_each_event_once(monkeypatch: pytest.MonkeyP
         target=target, trigger="budget", estimate=0, budget=0,
     )  # fmt: skip
     assert plan is not None and calls[0] <= 3 * len(history), calls[0]
+
+
+# --- the caps count the compaction's call ----------------------------------------------------------
+
+
+class _Planned(Exception):
+    pass
+
+
+@pytest.mark.parametrize("variant", ["fixed", "control"])
+def test_a_cap_the_compaction_would_pass_parks_the_step_before_its_own_call(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The session runs uncapped until a step first plans a compaction; it stops there (nothing of
+    it committed) and the cap is set to admit that step's own call as the old check foresaw it
+    (used + last + 1), not the compaction's call on top. Fixed: the check before counts the
+    compaction request, and the check after the fact commits counts its usage; either parks the
+    step before its own call. Control (today: one check, the compaction not counted): it is sent."""
+    spec = _spec("openai")
+    if variant != "fixed":
+        monkeypatch.setattr(model_step, "_compaction_cost", lambda plan: 0)
+    if variant == "control":
+        monkeypatch.setattr(model_step, "_check_usage_after_compaction", lambda *a: None)
+    real_plan = model_step._plan
+    stopped: list[str] = []
+
+    def plan_once(*args: Any, **kwargs: Any) -> Any:
+        plan = real_plan(*args, **kwargs)
+        if plan is not None and not stopped:
+            stopped.append(args[2])
+            raise _Planned
+        return plan
+
+    monkeypatch.setattr(model_step, "_plan", plan_once)
+
+    async def go() -> None:
+        n = 0
+        while not stopped:
+            with contextlib.suppress(_Planned):
+                await _turn(rt, ws, n, spec)
+            n += 1
+        events = rt.ledger.events(session_id=SESSION)
+        spent = [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage]
+        policy = parse_policy({"usage": {"maxTokensPerSession": sum(spent) + spent[-1] + 1}})
+        # A session's policy is recorded once, before its first turn, and the cap needs the
+        # session's usage up to this step: the runtime's cached governance is swapped for it.
+        rt._governance[SESSION] = SessionGovernance(policy)
+        vendor.requests.clear()
+        ids, k = _ids(n - 1), int(stopped[0].rsplit(":", 1)[1])
+        inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
+        await model_step.model_step(rt, inp)
+
+    if variant == "control":
+        asyncio.run(go())
+        assert any(r.body.get("tools") for r in vendor.requests), "the step's own call was sent"
+        return
+    with pytest.raises(UsageLimitReached) as err:
+        asyncio.run(go())
+    assert err.value.code == "usage_limit_reached" and err.value.detail["stepId"] == stopped[0]
+    assert not any(r.body.get("tools") for r in vendor.requests), "the step's own call must not be sent"
+    facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
+    assert len(facts) == (0 if variant == "fixed" else 1), facts
+
+
+class _DearSummaries(WindowedVendor):
+    """A vendor whose summaries cost more than maka's estimate foresees (it bills a summary's input
+    at ``factor`` times its own count; 12: about nine times maka's estimate): only the check after
+    the compaction commits, from the usage the vendor reported, sees the step's call would pass the cap."""
+
+    factor = 12.0
+
+    def answer(self, anthropic: bool, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        status, reply = super().answer(anthropic, body)
+        if status == 200 and not body.get("tools"):
+            reply["usage"]["prompt_tokens"] = int(reply["usage"]["prompt_tokens"] * self.factor)
+            reply["usage"]["total_tokens"] = (
+                reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
+            )
+        return status, reply
+
+
+def _last_usage_tokens(events: list[Any], sent: Any = None) -> int:
+    """The estimate before the fix: the last event with usage, a compaction's included."""
+    return [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage][-1]
+
+
+@pytest.mark.parametrize(
+    ("variant", "factor"), [("fixed", 12.0), ("control", 12.0), ("fixed", 2.5), ("summary_as_last", 2.5)]
+)
+def test_the_check_after_the_compaction_commits_parks_a_step_its_summary_made_too_dear(
+    rt: Runtime, ws: Workspace, monkeypatch: pytest.MonkeyPatch, variant: str, factor: float
+) -> None:
+    """The cap admits the step exactly as the check before foresees it (used + the compaction's
+    estimate + last), so that check passes; the vendor then reports the summary at more than the
+    estimate. Fixed: the check after the fact commits parks the step before its own call. Controls:
+    that second check removed (the first kept), or (at 2.5 times) the second check estimating the
+    step's call at the compaction's own usage, the last usage committed: the call is sent past the cap."""
+    vendor = _DearSummaries(WINDOW)
+    vendor.factor = factor
+    monkeypatch.setenv("OPENAI_BASE_URL", vendor.url + "/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    spec = _spec("openai")
+    if variant == "control":
+        monkeypatch.setattr(model_step, "_check_usage_after_compaction", lambda *a: None)
+    if variant == "summary_as_last":
+        monkeypatch.setattr(model_step, "next_call_tokens", _last_usage_tokens)
+    real_plan = model_step._plan
+    stopped: list[tuple[str, int]] = []
+
+    def plan_once(*args: Any, **kwargs: Any) -> Any:
+        plan = real_plan(*args, **kwargs)
+        if plan is not None and not stopped:
+            stopped.append((args[2], model_step._compaction_cost(plan)))
+            raise _Planned
+        return plan
+
+    monkeypatch.setattr(model_step, "_plan", plan_once)
+
+    async def go() -> None:
+        n = 0
+        while not stopped:
+            with contextlib.suppress(_Planned):
+                await _turn(rt, ws, n, spec)
+            n += 1
+        events = rt.ledger.events(session_id=SESSION)
+        spent = [step_tokens(e.actions.token_usage) for e in events if e.actions and e.actions.token_usage]
+        step_id, estimate = stopped[0]
+        cap = sum(spent) + estimate + spent[-1]  # the check before admits it: not > cap
+        rt._governance[SESSION] = SessionGovernance(parse_policy({"usage": {"maxTokensPerSession": cap}}))
+        vendor.requests.clear()
+        ids, k = _ids(n - 1), int(step_id.rsplit(":", 1)[1])
+        inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
+        await model_step.model_step(rt, inp)
+
+    try:
+        if variant != "fixed":
+            asyncio.run(go())
+            assert any(r.body.get("tools") for r in vendor.requests), "the step's own call was sent"
+            spent = [step_tokens(e.actions.token_usage) for e in rt.ledger.events(session_id=SESSION)
+                     if e.actions and e.actions.token_usage]  # fmt: skip
+            assert sum(spent) > rt.session_governance(SESSION).policy.usage.max_tokens_per_session  # type: ignore[union-attr,operator]
+            return
+        with pytest.raises(UsageLimitReached) as err:
+            asyncio.run(go())
+    finally:
+        vendor.close()
+    assert err.value.detail["stepId"] == stopped[0][0]
+    assert err.value.detail["used"] > err.value.detail["cap"] - err.value.detail["next"], err.value.detail
+    assert [bool(r.body.get("tools")) for r in vendor.requests] == [False], "only the summary was asked"
+    facts = [f for f in map(compaction.CompactionFact.of, rt.ledger.events(session_id=SESSION)) if f]
+    assert len(facts) == 1, facts
+
+
+# --- an operator's run is no later turn ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["operator", "control"])
+def test_a_limit_raise_does_not_unpin_the_park_it_answers(
+    store: LedgerStore, rt: Runtime, ws: Workspace, variant: str
+) -> None:
+    """Turn 0 completes, turn 1 parks ``usage_limit_reached``, an operator raises the cap (a
+    completed ``resolution-`` run): the park stays pinned, so no compaction may cover it. Control:
+    the same run under a turn's id (a later turn that completed) unpins it, as it should."""
+    spec = {"kind": "script", "steps": [{"text": "answer 0"}, {"text": "answer 1"}]}
+    asyncio.run(_turn(rt, ws, 0, spec))
+    asyncio.run(_turn(rt, ws, 1, spec, end=False))
+    park = FinishRunInput(ids=_ids(1), status="failed", ts=1, park_reason="usage_limit_reached")
+    asyncio.run(turn.finish_run(rt, park))
+    store.put_session_policy(
+        SESSION, **SessionGovernance(parse_policy({"usage": {"maxTokensPerSession": 100}})).to_record()
+    )
+    raise_limit(store, SESSION, caps={"maxTokensPerSession": 500}, raised_by="ops", reason="budget")
+    events = store.events(session_id=SESSION)
+    if variant == "control":
+        events = [e.model_copy(update={"run_id": "r2"}) if is_resolution_run(e.run_id) else e for e in events]
+    history = legal_replay(events)
+    first_of_park = next(i for i, e in enumerate(history) if e.run_id == "r1")
+    pinned = compaction.pinned_from(events, history)
+    assert pinned == (first_of_park if variant == "operator" else len(history)), (pinned, first_of_park)
+    assert compaction.check_compactions(events) == []

@@ -19,6 +19,7 @@ from maka_core.runtime.contracts import (
     FINISH_RUN,
 )
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload
+from maka_core.runtime.usage_limits import raise_payload
 
 #: A resumed session's first run is begun by ``maka.begin_continuation`` instead of ``maka.begin_run``
 #: (its run was claimed by resume).
@@ -79,7 +80,8 @@ class AuditIndex:
         )
 
     def operator_resolution(self, run_id: str) -> dict[str, Any] | None:
-        """The resolution a run records when it is an operator's (``maka session resolve``), else None.
+        """The resolution a run records when it is an operator's (``maka session resolve``, or a
+        limit raise: ``maka session raise-limit``), else None.
 
         Such a run is written by the CLI, not by a workflow: no execution hosts it and no history
         begins or finishes it. Only a run made of resolution facts alone counts, so a run that merely
@@ -88,7 +90,8 @@ class AuditIndex:
         events = self.run_events.get(run_id, [])
         if not events or not is_resolution_run(run_id):
             return None
-        payloads = [resolution_payload(e) for e in events]
+        # A limit raise (``maka session raise-limit``) is an operator's run of the same shape.
+        payloads = [resolution_payload(e) or raise_payload(e) for e in events]
         if any(p is None for p in payloads):
             return None
         return payloads[-1]

@@ -12,6 +12,7 @@ from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
 from maka_core.runtime.contracts import EXECUTE_TOOL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
+from maka_core.runtime.usage_limits import RAISE_PROTOCOL
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,11 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
         "executions": sorted({p.execution.run_id for p in ix.by_run.get(run_id, ())}),
     }
     resolution = ix.operator_resolution(run_id)
-    if resolution is not None:
+    if resolution is not None and resolution.get("protocol") == RAISE_PROTOCOL:
+        out["usageLimitRaise"] = {
+            k: resolution.get(k) for k in ("caps", "previous", "used", "raisedBy", "reason")
+        }
+    elif resolution is not None:
         out["operatorResolution"] = {
             k: resolution.get(k) for k in ("operationId", "runId", "decision", "resolvedBy", "reason")
         }

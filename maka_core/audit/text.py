@@ -50,6 +50,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         if run.get("operatorResolution"):
             r = run["operatorResolution"]
             where = f"recorded by operator {r['resolvedBy']} ({r['decision']} for {r['operationId']})"
+        elif run.get("usageLimitRaise"):
+            where = _raise_text(run["usageLimitRaise"])
         lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  {where}"]
         ops = ops_by_run.get(run["runId"], [])
         if not ops:
@@ -77,3 +79,15 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"  {f['severity']:<6} {f['check']:<32} {where}")
         lines.append(f"         {f['message']}")
     return lines
+
+
+def _raise_text(r: dict[str, Any]) -> str:
+    """An operator's limit raise (``maka session raise-limit``), as recorded (any shape)."""
+    caps, before = r.get("caps"), r.get("previous")
+    before = before if isinstance(before, dict) else {}
+    what = (
+        ", ".join(f"usage.{k} {before.get(k)} -> {v}" for k, v in caps.items())
+        if isinstance(caps, dict)
+        else f"caps {caps}"
+    )
+    return f"recorded by operator {r.get('raisedBy')} (raised {what})"

@@ -41,7 +41,7 @@ from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers.base import result_text
 from maka_core.runtime.contracts import RunIds
-from maka_core.runtime.resolution import resolutions_of, resolved_history
+from maka_core.runtime.resolution import is_resolution_run, resolutions_of, resolved_history
 
 #: ``stateDelta`` key of a compaction fact.
 COMPACTION_KEY: Final[str] = "makaCompaction"
@@ -300,10 +300,13 @@ def history_view(events: Sequence[RuntimeEvent]) -> HistoryView:
 
 def pinned_from(events: Sequence[RuntimeEvent], history: Sequence[RuntimeEvent]) -> int:
     """The first history index a compaction may not cover: the first event of a run holding an
-    unsettled operation (an unpaired call that is not final), or of a park no later turn completed."""
+    unsettled operation (an unpaired call that is not final), or of a park no later turn completed.
+    An operator's run (a resolution, a limit raise: ``resolution-``) is no turn: it completes, but
+    it neither settles a park nor holds one."""
     by_run: dict[str, list[RuntimeEvent]] = {}
     for event in events:
-        by_run.setdefault(event.run_id, []).append(event)
+        if not is_resolution_run(event.run_id):
+            by_run.setdefault(event.run_id, []).append(event)
     resolved = resolutions_of(events)
     order = list(by_run)
     pinned: set[str] = set()

@@ -44,6 +44,7 @@ from maka_core.runtime.contracts import (
     ToolOutcome,
 )
 from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.runtime.usage_limits import CAPS, limits_in_force, next_call_tokens
 
 log = logging.getLogger(__name__)
 
@@ -107,45 +108,66 @@ def _check_size(output: ModelOutput, limit: int, step_id: str) -> None:
 _TOKEN_KINDS = (("input", "input"), ("output", "output"), ("cached", "cacheRead"))
 
 
-def check_usage(limits: UsageLimits | None, events: list[RuntimeEvent], ids: RunIds, step_id: str) -> None:
+def check_usage(
+    limits: UsageLimits | None,
+    events: list[RuntimeEvent],
+    ids: RunIds,
+    step_id: str,
+    before: int = 0,
+    sent: list[RuntimeEvent] | None = None,
+) -> None:
     """Refuse the next provider call when it would take the turn or the session past a cap.
 
     From committed usage only: the turn's and session's summed ``step_tokens``, plus the next call
-    estimated at the session's last step (the history a call sends only grows, so the next call
-    costs at least what the last one did). Checked before the call, so a cap is never passed
-    mid-call and never by a call this check could foresee.
+    estimated at the session's last model step (the history a call sends only grows, so the next
+    call costs at least what the last one did; ``sent``: at least that history's estimate), plus
+    ``before``: the estimated tokens of a call the step makes first (its compaction). Checked
+    before the call, so a cap is never passed mid-call and never by a call this check could
+    foresee; a step that compacts is checked again after the compaction commits (its usage with
+    it), before its own call.
+
+    The caps are the policy's with the operator's raises among ``events`` applied
+    (``usage_limits.limits_in_force``).
 
     Raises:
-        UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap``,
-            ``used`` and ``next`` (the estimate).
+        UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap`` (the
+            cap in force), ``used``, ``next`` (the estimate), and ``raised: true`` when an operator raised it.
     """
+    policy, limits = limits, limits_in_force(limits, events)
     if limits is None or (limits.max_tokens_per_turn is None and limits.max_tokens_per_session is None):
         return
-    session = turn = last = 0
+    session = turn = 0
     for e in events:
         usage = e.actions.token_usage if e.actions is not None else None
         if not usage:
             continue
-        last = step_tokens(usage)
-        session += last
+        tokens = step_tokens(usage)
+        session += tokens
         if e.run_id == ids.run_id:
-            turn += last
+            turn += tokens
+    last = next_call_tokens(events, sent)
     for field, cap, used in (
         ("usage.maxTokensPerTurn", limits.max_tokens_per_turn, turn),
         ("usage.maxTokensPerSession", limits.max_tokens_per_session, session),
     ):
-        if cap is not None and (used >= cap or used + last > cap):
-            raise UsageLimitReached(
+        if cap is not None and (used >= cap or used + before + last > cap):
+            # An operator may have raised the policy's cap (``maka session raise-limit``).
+            raised = policy is not None and getattr(policy, CAPS[field.removeprefix("usage.")]) != cap
+            refused = UsageLimitReached(
                 message=(
-                    f"step {step_id}: {used} tokens used and about {last} more for the next call "
-                    f"would pass the policy's {field} of {cap}; no provider call was made"
+                    f"step {step_id}: {used} tokens used and about {before + last} more for the next "
+                    f"call{'s' if before else ''} would pass the cap in force, {field} of {cap}; "
+                    "no provider call was made"
                 ),
                 stepId=step_id,
                 limit=field,
                 cap=cap,
                 used=used,
-                next=last,
+                next=before + last,
             )
+            if raised:
+                refused.detail["raised"] = True
+            raise refused
 
 
 #: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
@@ -173,14 +195,28 @@ def _lookup(
     limits = rt.session_governance(ids.session_id).policy.usage if not committed else None
     if (needs_history or limits is not None) and not committed:
         events = rt.ledger.events(session_id=ids.session_id)
-        check_usage(limits, events, ids, step_id)
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
             found = compaction.history_view(events)
             history = found.sent
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
+        check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.
     return committed, view.step_count(ids.session_id), history, plan
+
+
+def _compaction_cost(plan: compaction.CompactionPlan | None) -> int:
+    """The tokens a compaction's request is estimated at (its answer is short): a step that
+    compacts makes two calls, and the cap check before it counts both."""
+    return compaction.estimate_tokens([plan.request]) if plan is not None else 0
+
+
+def _check_usage_after_compaction(
+    rt: Runtime, ids: RunIds, step_id: str, events: list[RuntimeEvent], sent: list[RuntimeEvent]
+) -> None:
+    """The cap check again once the compaction's usage is committed, before the step's own call
+    (estimated at the session's last model step, or at the summary and tail it sends if more)."""
+    check_usage(rt.session_governance(ids.session_id).policy.usage, events, ids, step_id, sent=sent)
 
 
 def _plan(
@@ -255,9 +291,12 @@ async def _compact(
         if exc.code != "duplicate_event_id":
             raise
         committed_here = False
-    found = await rt.on_ledger(
-        lambda: compaction.history_view(rt.ledger.events(session_id=ids.session_id)), attempt=attempt
-    )
+
+    def reread() -> tuple[list[RuntimeEvent], compaction.HistoryView]:
+        events = rt.ledger.events(session_id=ids.session_id)
+        return events, compaction.history_view(events)
+
+    events, found = await rt.on_ledger(reread, attempt=attempt)
     if found.compaction is None or found.compaction.event_id != fact.event_id:
         raise ProviderError(
             "compaction_unusable", f"step {step_id}: the committed compaction is not in force", stepId=step_id
@@ -272,6 +311,8 @@ async def _compact(
     )
     if committed_here:
         _count_tokens(rt, spec, [event])
+    # The session's policy was read (and cached) by this step's lookup: no ledger read here.
+    _check_usage_after_compaction(rt, ids, step_id, events, found.sent)
     return found.sent
 
 

@@ -191,18 +191,17 @@ def resolve_operation(
         status="completed",
         actions=Actions(end_invocation=True, state_delta={RESOLUTION_KEY: payload}),
     )
-    store.commit_terminal(event)
-    store.put_run(
-        RunHeader(
-            session_id=session_id,
-            run_id=resolution_run,
-            invocation_id=event.invocation_id,
-            turn_id=event.turn_id,
-            status="completed",
-            created_at=now,
-            updated_at=now,
-        )
+    # One transaction: a kill between the fact and its header would leave ``run_header_missing``.
+    header = RunHeader(
+        session_id=session_id,
+        run_id=resolution_run,
+        invocation_id=event.invocation_id,
+        turn_id=event.turn_id,
+        status="completed",
+        created_at=now,
+        updated_at=now,
     )
+    store.commit_terminal(event, header)
     return {**payload, "resolutionEventId": event.id, "resolutionRunId": resolution_run}
 
 

@@ -9,6 +9,7 @@ same answer from the ledger alone (the last run's header), for when it is not.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,9 @@ from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.compaction import CompactionFact
 from maka_core.runtime.contracts import PARK_REASONS, TURN_CANCELLED, SessionState
+from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
+from maka_core.runtime.usage_limits import CAPS, limits_in_force, raise_payload, raises_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -98,6 +101,10 @@ class SessionView:
     resolutions: dict[str, dict[str, Any]] | None = None
     #: The session's token usage over all its turns (``None``: none recorded).
     usage: Usage | None = None
+    #: The token caps in force (the policy's, raised by an operator), by policy field; None: none.
+    usage_limits: dict[str, int] | None = None
+    #: The operator's limit raises, in ledger order (``maka session raise-limit``).
+    limit_raises: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The ``maka session status --json`` contract object."""
@@ -111,6 +118,8 @@ class SessionView:
             "eventCount": self.event_count,
             "usage": self.usage,
             **({"resolutions": self.resolutions} if self.resolutions else {}),
+            **({"usageLimits": self.usage_limits} if self.usage_limits else {}),
+            **({"limitRaises": list(self.limit_raises)} if self.limit_raises else {}),
         }
 
 
@@ -237,7 +246,19 @@ def session_view(
         event_count=len(events),
         resolutions=resolutions_of(events) or None,
         usage=sum_usage(usage.values()),
+        usage_limits=_limits(store, session_id, events),
+        limit_raises=tuple(raises_of(events)),
     )
+
+
+def _limits(store: LedgerStore, session_id: str, events: list[RuntimeEvent]) -> dict[str, int] | None:
+    """The token caps the session's next step is checked against (policy field -> cap)."""
+    record = store.session_policy(session_id)
+    limits = limits_in_force(SessionGovernance.from_record(record).policy.usage, events) if record else None
+    if limits is None:
+        return None
+    out = {field: getattr(limits, attr) for field, attr in CAPS.items()}
+    return {k: v for k, v in out.items() if v is not None} or None
 
 
 def _brief(value: Any, limit: int = 160) -> str:
@@ -283,6 +304,21 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 f"-- compacted {fact.covered_events} events through {fact.last_event_id} "
                 f"({fact.trigger}): {_one_line(fact.summary, width)} --"
             )
+        raised = raise_payload(e)
+        if raised is not None:  # hidden from the model, shown to the operator
+            by, reason = _one_line(raised.get("raisedBy")), _one_line(raised.get("reason"))
+            # An imported ledger's raise is not checked by ``raise_limit``: any shape prints inertly.
+            caps, before = raised.get("caps"), raised.get("previous")
+            before = before if isinstance(before, Mapping) else {}
+            what = (
+                ", ".join(
+                    f"usage.{_one_line(k)} {_one_line(before.get(k))} -> {_one_line(v)}"
+                    for k, v in caps.items()
+                )
+                if isinstance(caps, Mapping)
+                else f"caps {_one_line(caps)}"
+            )
+            lines.append(f"-- operator {by} raised {what}: {reason} --")
         if e.partial or e.hidden:
             continue
         c = e.content

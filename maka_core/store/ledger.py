@@ -118,8 +118,9 @@ class Ledger(Protocol):
         """Reconcile observation + optional recovered outcome + decision (+ receipt), atomically."""
         ...
 
-    def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
-        """A run's terminal fact (``run_already_terminal`` when it has another)."""
+    def commit_terminal(self, event: RuntimeEvent, header: RunHeader | None = None) -> CommitResult:
+        """A run's terminal fact (``run_already_terminal`` when it has another), with ``header``
+        in the same transaction when given."""
         ...
 
     def events(

@@ -26,44 +26,7 @@ class RunHeaderStore(LedgerReads):
             LedgerRejection: ``terminal_event_missing`` or ``run_already_terminal``.
         """
 
-        def body(conn: Connection) -> RunHeader:
-            now = now_ms()
-            current = _run_row(conn, header.run_id)
-            stored = header.model_copy(
-                update={
-                    "created_at": header.created_at or (current.created_at if current else now),
-                    "updated_at": header.updated_at or now,
-                }
-            )
-            if current is not None and current.is_terminal and current.status != header.status:
-                raise LedgerRejection(
-                    "run_already_terminal", "the run header is already terminal", runId=header.run_id
-                )
-            if header.is_terminal:
-                terminal = conn.execute(
-                    select(runtime_events.c.event_id).where(
-                        runtime_events.c.run_id == header.run_id, runtime_events.c.terminal.is_(True)
-                    )
-                ).first()
-                if terminal is None:
-                    raise LedgerRejection(
-                        "terminal_event_missing",
-                        "the terminal RuntimeEvent commits before the terminal header",
-                        runId=header.run_id,
-                    )
-            values = stored.model_dump()
-            values["continuation_source"] = (
-                canonical_json.dumps(values["continuation_source"])
-                if values["continuation_source"] is not None
-                else None
-            )
-            if current is None:
-                conn.execute(agent_runs.insert().values(**values))
-            else:
-                conn.execute(update(agent_runs).where(agent_runs.c.run_id == header.run_id).values(**values))
-            return stored
-
-        result: RunHeader = self._write(body)
+        result: RunHeader = self._write(lambda conn: write_run_header(conn, header))
         return result
 
     def get_run(self, run_id: str) -> RunHeader | None:
@@ -90,3 +53,43 @@ def _header(row: RowMapping) -> RunHeader:
 def _run_row(conn: Connection, run_id: str) -> RunHeader | None:
     row = conn.execute(select(agent_runs).where(agent_runs.c.run_id == run_id)).mappings().first()
     return None if row is None else _header(row)
+
+
+def write_run_header(conn: Connection, header: RunHeader) -> RunHeader:
+    """``put_run``'s write, inside a transaction the caller holds (a writer's post hook, so a run
+    header commits with the run's terminal fact)."""
+    now = now_ms()
+    current = _run_row(conn, header.run_id)
+    stored = header.model_copy(
+        update={
+            "created_at": header.created_at or (current.created_at if current else now),
+            "updated_at": header.updated_at or now,
+        }
+    )
+    if current is not None and current.is_terminal and current.status != header.status:
+        raise LedgerRejection(
+            "run_already_terminal", "the run header is already terminal", runId=header.run_id
+        )
+    if header.is_terminal:
+        terminal = conn.execute(
+            select(runtime_events.c.event_id).where(
+                runtime_events.c.run_id == header.run_id, runtime_events.c.terminal.is_(True)
+            )
+        ).first()
+        if terminal is None:
+            raise LedgerRejection(
+                "terminal_event_missing",
+                "the terminal RuntimeEvent commits before the terminal header",
+                runId=header.run_id,
+            )
+    values = stored.model_dump()
+    values["continuation_source"] = (
+        canonical_json.dumps(values["continuation_source"])
+        if values["continuation_source"] is not None
+        else None
+    )
+    if current is None:
+        conn.execute(agent_runs.insert().values(**values))
+    else:
+        conn.execute(update(agent_runs).where(agent_runs.c.run_id == header.run_id).values(**values))
+    return stored

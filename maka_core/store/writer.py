@@ -29,6 +29,7 @@ from maka_core.errors import CodecError, LedgerRejection, StoreError
 from maka_core.facts import canonical_json, codec
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
@@ -55,7 +56,7 @@ from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL, rows_since
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
-from maka_core.store.runs import RunHeaderStore
+from maka_core.store.runs import RunHeaderStore, write_run_header
 from maka_core.store.schema import (
     ledger_id,
     maka_meta,
@@ -615,8 +616,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         post = _receipt_hook(decision, receipt)
         return self._commit("recovery_bundle", batch, post=post, attempt=_attempt(attempt))
 
-    def commit_terminal(self, event: RuntimeEvent) -> CommitResult:
-        """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``."""
+    def commit_terminal(self, event: RuntimeEvent, header: RunHeader | None = None) -> CommitResult:
+        """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``.
+        ``header``: the run's header, written in the same transaction (an operator's run, which no
+        workflow begins, has no header before its one fact)."""
         if not event.is_terminal:
             raise LedgerRejection("transition_shape_conflict", "not a terminal event", eventId=event.id)
 
@@ -638,9 +641,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
                 )
             self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
 
-        return self._commit(
-            "generic_append", [event], precheck=precheck, post=lambda conn: insert_certificate(conn, event)
-        )
+        def post(conn: Connection) -> None:
+            insert_certificate(conn, event)
+            if header is not None:
+                write_run_header(conn, header)
+
+        return self._commit("generic_append", [event], precheck=precheck, post=post)
 
     def import_events(self, events: Sequence[RuntimeEvent]) -> ImportResult:
         """Import a ledger batch-atomically: every writer transition in one transaction, or nothing.

@@ -399,15 +399,23 @@ def _printable(text: str) -> str:
 @click.option(
     "--follow", is_flag=True, help="print facts as they commit, until the session's current turn settles"
 )
-def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool) -> None:
+@click.option(
+    "--run",
+    "run_id",
+    metavar="RUN_ID",
+    help="with --follow: wait for this run (the one `session send` printed) and follow it until it settles",
+)
+def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_id: str | None) -> None:
     """The transcript, from the ledger."""
     if follow:
         def write(line: str) -> None:
             sys.stdout.write((line if as_json else _printable(line)) + "\n")
             sys.stdout.flush()
 
-        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write)
+        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write, run_id=run_id)
         return
+    if run_id is not None:
+        raise click.UsageError("--run needs --follow")
     shown = asyncio.run(SessionClient(None, ledger=settings(db=db).ledger).show(session_id))
     if as_json:
         for event in shown.events:  # each event's canonical text, as the ledger holds it
@@ -454,6 +462,62 @@ def cmd_resolve(
         )
 
 
+def _tokens(text: str | None, option: str) -> int | None:
+    """A cap as typed: digits only (a sign, a decimal or a word is ``config_invalid``, never guessed)."""
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit():
+        from maka_core.errors import ConfigError
+
+        raise ConfigError("config_invalid", f"{option} must be a whole number of tokens", option=option)
+    return int(text)
+
+
+@click.command("raise-limit")
+@db_option
+@click.argument("session_id", metavar="SESSION")
+@click.option(
+    "--max-tokens-per-session", "per_session", metavar="N", help="the new usage.maxTokensPerSession"
+)
+@click.option("--max-tokens-per-turn", "per_turn", metavar="N", help="the new usage.maxTokensPerTurn")
+@click.option("--by", "raised_by", required=True, metavar="NAME", help="who raises it (recorded)")
+@click.option("--reason", required=True, metavar="TEXT", help="why (recorded)")
+@json_option()
+def cmd_raise_limit(
+    db: str | None,
+    session_id: str,
+    per_session: str | None,
+    per_turn: str | None,
+    raised_by: str,
+    reason: str,
+    as_json: bool,
+) -> None:
+    """Raise a spent token cap of the session's policy (an operator's fact, append-only); then
+    terminate the parked execution and `maka resume SESSION`."""
+    caps = {
+        field: value
+        for field, value in (
+            ("maxTokensPerSession", _tokens(per_session, "--max-tokens-per-session")),
+            ("maxTokensPerTurn", _tokens(per_turn, "--max-tokens-per-turn")),
+        )
+        if value is not None
+    }
+    sessions = SessionClient(None, ledger=settings(db=db).ledger)
+    raised = asyncio.run(sessions.raise_limit(session_id, caps=caps, by=raised_by, reason=reason)).raw
+    if as_json:
+        print_json({"ok": True, **raised}, indent=2)
+    else:
+        from maka_temporal.workflows.contracts import workflow_id_for
+
+        what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
+        click.echo(
+            f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "
+            f"{raised['nextCall']} tokens); now terminate the parked execution "
+            f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "
+            f"and `maka resume {session_id}`"
+        )
+
+
 add_commands(
     session,
     cmd_start,
@@ -465,4 +529,5 @@ add_commands(
     cmd_deny,
     cmd_session_receipts,
     cmd_cancel,
+    cmd_raise_limit,
 )

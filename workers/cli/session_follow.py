@@ -5,6 +5,11 @@ and whichever worker runs it; the committed events are the only authority, so wh
 what ``session show`` prints afterwards, line for line. It ends when the session's latest run is
 no longer ``running`` (completed, failed, cancelled, or parked), after printing that run's last
 facts; a session with no turn in flight prints its transcript and ends at once.
+
+``--run RUN_ID`` (the run ``session send`` printed) follows that run instead: the send returns once
+the turn is accepted, before its run's header commits, so the session's latest run may still be
+the previous, settled one; the follow waits for the named run (``run_not_found`` after
+``run_wait_s`` without its header) and ends when it settles.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.facts import codec
+from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.session_view import transcript_lines
 from maka_temporal.workers.client.ledger import open_ledger
 
 #: How often the ledger is read again while a turn runs.
 POLL_S = 0.25
 _FOOTER = "-- session usage:"
+#: How long ``--run`` waits for the named run's header (an accepted turn begins in well under this).
+RUN_WAIT_S = 60.0
 
 
 def follow(
@@ -31,6 +39,8 @@ def follow(
     as_json: bool,
     write: Callable[[str], None],
     poll_s: float = POLL_S,
+    run_id: str | None = None,
+    run_wait_s: float = RUN_WAIT_S,
 ) -> None:
     """Print the session's transcript (``as_json``: one event's canonical JSON a line) as it
     commits, until its latest run settles.
@@ -42,14 +52,28 @@ def follow(
     events: list[Any] = []
     cursor = shown_lines = 0
     footer: str | None = None
+    deadline = time.monotonic() + run_wait_s
     with open_ledger(target, create=False) as store:
         while True:
             # The header first: a run seen settled has committed all its events before that read.
-            runs = store.list_runs(session_id=session_id)
-            settled = not runs or runs[-1].status != "running"
+            # An operator's run (a resolution, a raised limit) is no turn.
+            runs = [r for r in store.list_runs(session_id=session_id) if not is_resolution_run(r.run_id)]
+            if run_id is None:
+                settled = not runs or runs[-1].status != "running"
+            else:
+                named = next((r for r in runs if r.run_id == run_id), None)
+                if named is None and time.monotonic() > deadline:
+                    raise MakaError(
+                        "run_not_found",
+                        f"session {session_id} has no run {run_id} after {run_wait_s:g} s",
+                        sessionId=session_id,
+                        runId=run_id,
+                    )
+                settled = named is not None and named.status != "running"
             # Only what committed since the last read (``ledger_seq`` grows in commit order).
             new = store.events_since(session_id, cursor)
-            if not events and not new:
+            # A run may begin after this read, but every session start records its policy first.
+            if not events and not new and (run_id is None or store.session_policy(session_id) is None):
                 raise MakaError(
                     "session_not_found", f"no events for session {session_id}", sessionId=session_id
                 )

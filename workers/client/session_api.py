@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -150,6 +150,14 @@ class Resolution(_Answer):
     session_id: str
     operation_id: str
     decision: str
+    raw: dict[str, Any]
+
+
+class LimitRaise(_Answer):
+    """A recorded limit raise: ``caps`` (policy field -> new cap) and the whole payload."""
+
+    session_id: str
+    caps: dict[str, int]
     raw: dict[str, Any]
 
 
@@ -469,6 +477,24 @@ class SessionClient:
             with open_ledger(s.ledger, create=False) as store:
                 done = resolve_operation(store, session_id, operation_id, decision, by, reason)
             return Resolution(session_id=session_id, operation_id=operation_id, decision=decision, raw=done)
+
+        return await _refusing(asyncio.to_thread(write))
+
+    async def raise_limit(
+        self, session_id: str, *, caps: Mapping[str, int], by: str, reason: str
+    ) -> LimitRaise:
+        """Raise the session's spent token caps (``maka session raise-limit``; ``caps``:
+        ``maxTokensPerSession`` / ``maxTokensPerTurn`` -> the new cap), recorded with who and why;
+        then terminate the parked execution and ``resume`` (a parked turn takes no ``send``).
+        Refusals: ``usage_limits.raise_limit``."""
+        from maka_core.runtime.usage_limits import raise_limit
+
+        s = self.settings()
+
+        def write() -> LimitRaise:
+            with open_ledger(s.ledger, create=False) as store:
+                done = raise_limit(store, session_id, caps=caps, raised_by=by, reason=reason)
+            return LimitRaise(session_id=session_id, caps=dict(done["caps"]), raw=done)
 
         return await _refusing(asyncio.to_thread(write))
 

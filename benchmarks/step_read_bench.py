@@ -1,0 +1,98 @@
+"""What a model step reads before its call, on a long session: the ledger read and decode of the
+session's events, and the rest of ``model_step._lookup`` (the compaction view, the cut plan, the
+cap check). Builds a session of ``--turns`` scripted turns (user, call, dispatch, outcome, text,
+end: about 8 events each) on a real SQLite ledger, then times the next step's lookup.
+
+    .venv/bin/python benchmarks/step_read_bench.py --turns 200 --repeat 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from maka_core.runtime import model_step, tool_call, turn
+from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
+from maka_core.runtime.runtime import Attempt, Runtime
+from maka_core.store.writer import LedgerStore, ToolAttempt
+from maka_core.workspace import Workspace
+
+SESSION = "bench-steps"
+
+
+def _script(turns: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = []
+    for n in range(turns):
+        path = f"notes/{n}.txt"
+        steps.append({"toolCalls": [{"name": "write_file", "args": {"path": path, "content": "x" * 400}}]})
+        steps.append({"text": f"wrote {path}"})
+    steps.append({"text": "the last"})
+    return {"kind": "script", "steps": steps}
+
+
+async def _build(rt: Runtime, ws: Workspace, turns: int, spec: dict[str, Any]) -> None:
+    for n in range(turns):
+        ids = RunIds(session_id=SESSION, turn_id=f"t{n}", run_id=f"r{n}", invocation_id=f"i{n}")
+        begin = BeginRunInput(
+            ids=ids, text=f"turn {n}", ts=n, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+            workspace=str(ws.root),
+        )  # fmt: skip
+        await turn.begin_run(rt, begin)
+        k = 0
+        while True:
+            inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
+            result = await model_step.model_step(rt, inp)
+            if result.final:
+                break
+            for i, ref in enumerate(result.calls):
+                attempt = Attempt(record=ToolAttempt("wf", "wr", f"{n}-{k}-{i}", 1))
+                tool = ToolInput(
+                    session_id=SESSION, run_id=ids.run_id, call=ref, workspace=str(ws.root),
+                    workspace_identity=ws.identity,
+                )  # fmt: skip
+                await tool_call.execute_tool(rt, tool, attempt)
+            k += 1
+        await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=n))
+
+
+def _ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:.1f} ms (min {min(samples) * 1000:.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "ws"
+        root.mkdir()
+        ws = Workspace.open(root)
+        spec = _script(args.turns)
+        store = LedgerStore.open(Path(tmp) / "ledger.sqlite")
+        rt = Runtime(store)
+        try:
+            asyncio.run(_build(rt, ws, args.turns, spec))
+            events = store.events(session_id=SESSION)
+            ids = RunIds(session_id=SESSION, turn_id="tx", run_id="rx", invocation_id="ix")
+            full, lookup = [], []
+            for _ in range(args.repeat):
+                began = time.perf_counter()
+                store.events(session_id=SESSION)
+                full.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                model_step._lookup(rt, ids, "rx:0", True, {"kind": "openai", "model": "gpt-4.1-mini"})
+                lookup.append(time.perf_counter() - began)
+            print(f"| {len(events)} events | full read+decode {_ms(full)} | step lookup {_ms(lookup)} |")
+        finally:
+            rt.close()
+            store.close()
+
+
+if __name__ == "__main__":
+    main()

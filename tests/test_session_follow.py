@@ -1,0 +1,115 @@
+"""``maka session show SESSION --follow --run RUN_ID``: a just-sent turn is followed, not missed.
+
+``session send`` returns once the turn is accepted, before its run's header commits; a follow
+started then saw only the previous, settled run and ended with the old transcript. With ``--run``
+the real CLI process waits for the named run, prints its facts, and ends when it settles. The
+turns are committed by the runtime on a real SQLite ledger, the second one once the follow has
+printed its first line. Negative control: the same follow without ``--run`` ends before the turn begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from maka_temporal.workers.cli.session_follow import follow
+
+from maka_core.errors import MakaError
+from maka_core.runtime import model_step, turn
+from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds
+from maka_core.runtime.runtime import Runtime
+from maka_core.store.writer import LedgerStore
+from maka_core.workspace import Workspace
+from tests.temporal_support import REPO
+
+SESSION = "s-follow"
+
+
+def _turn(db: Path, ws: Workspace, n: int) -> None:
+    ids = RunIds(session_id=SESSION, turn_id=f"t{n}", run_id=f"r{n}", invocation_id=f"i{n}")
+    spec = {"kind": "script", "steps": [{"text": f"answer {n}"}] * (n + 1)}
+
+    async def go(rt: Runtime) -> None:
+        begin = BeginRunInput(
+            ids=ids, text=f"turn {n}", ts=n, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+            workspace=str(ws.root),
+        )  # fmt: skip
+        await turn.begin_run(rt, begin)
+        await model_step.model_step(
+            rt, ModelStepInput(ids=ids, step=0, workspace=str(ws.root), provider=spec)
+        )
+        await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=n))
+
+    with LedgerStore.open(db) as store:
+        rt = Runtime(store)
+        try:
+            asyncio.run(go(rt))
+        finally:
+            rt.close()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_follow_with_run_waits_for_the_sent_turn_and_prints_it(
+    tmp_path: Path, ws: Workspace, named: bool
+) -> None:
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    cmd = [sys.executable, "-m", "maka_temporal", "session", "show", SESSION, "--follow", "--db", str(db)]
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
+    follower = subprocess.Popen(
+        cmd + (["--run", "r1"] if named else []), cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    first = follower.stdout.readline()  # the follow has read the ledger: the old transcript
+    _turn(db, ws, 1)  # the sent turn's run begins only now
+    out = first + follower.stdout.read()  # (communicate would skip what readline buffered)
+    assert follower.wait(60) == 0, follower.stderr.read() if follower.stderr else ""
+    shown = subprocess.run(
+        [*cmd[:-3], "--db", str(db)], cwd=REPO, env=env, text=True, capture_output=True, timeout=60
+    ).stdout
+    if named:
+        assert "user: turn 1" in out and out == shown, out
+    else:  # today's follow: the old transcript, ended before the sent turn began
+        assert "user: turn 0" in out and "user: turn 1" not in out, out
+
+
+def test_follow_refuses_a_run_that_never_begins(tmp_path: Path, ws: Workspace) -> None:
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    lines: list[str] = []
+    began = time.monotonic()
+    with pytest.raises(MakaError) as refused:
+        follow(db, SESSION, as_json=False, write=lines.append, run_id="r9", run_wait_s=0.5, poll_s=0.05)
+    assert refused.value.code == "run_not_found" and time.monotonic() - began < 10
+    assert "user: turn 0" in lines, lines
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_follow_with_run_refuses_an_unknown_session_at_once(
+    tmp_path: Path, ws: Workspace, started: bool
+) -> None:
+    """``--run`` waits for a run only of a session that exists: every start records the session's
+    policy first, so with neither a policy nor an event it is ``session_not_found`` at once. Control:
+    a started session (its policy recorded) whose run never begins waits, then ``run_not_found``."""
+    from maka_core.governance import parse_policy
+    from maka_core.runtime.governed import SessionGovernance
+
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    if started:
+        with LedgerStore.open(db) as store:
+            store.put_session_policy("s-other", **SessionGovernance(parse_policy({})).to_record())
+    began = time.monotonic()
+    with pytest.raises(MakaError) as refused:
+        follow(db, "s-other", as_json=False, write=lambda line: None, run_id="r1", run_wait_s=3, poll_s=0.05)
+    waited = time.monotonic() - began
+    if started:
+        assert refused.value.code == "run_not_found" and waited >= 3, (refused.value.code, waited)
+    else:
+        assert refused.value.code == "session_not_found" and waited < 2, (refused.value.code, waited)

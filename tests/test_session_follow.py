@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from maka_temporal.workers.cli.session_follow import follow
 
 from maka_core.errors import MakaError
 from maka_core.runtime import model_step, turn
@@ -25,6 +24,7 @@ from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStep
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
+from maka_temporal.workers.client.session_follow import follow
 from tests.temporal_support import REPO
 
 SESSION = "s-follow"

@@ -18,5 +18,4 @@ __all__ = [
     "ledger",
     "resume",
     "session",
-    "session_follow",
 ]

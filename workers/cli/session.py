@@ -39,7 +39,6 @@ from maka_temporal.workers.cli.base import (
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
-from maka_temporal.workers.cli.session_follow import follow as follow_ledger
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.session_api import SessionClient, session_status
 from maka_temporal.workers.client.session_client import (
@@ -49,6 +48,7 @@ from maka_temporal.workers.client.session_client import (
     update_error,
     wait_settled,
 )
+from maka_temporal.workers.client.session_follow import follow as follow_ledger
 from maka_temporal.workers.client.session_start import check_message, new_session
 from maka_temporal.workflows.contracts import workflow_id_for
 

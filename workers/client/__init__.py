@@ -1,6 +1,7 @@
 """The Temporal client side: connecting (``connect``), opening the ledger (``ledger``), the typed
 ``SessionClient`` (``session_api``), the session workflow's messages (``session_client``,
-``turn_messages``), what a start validates and records (``session_start``, ``policy``) and the audit."""
+``turn_messages``), what a start validates and records (``session_start``, ``policy``), following a
+session's facts as they commit (``session_follow``) and the audit."""
 
 __all__ = [
     "audit",
@@ -9,6 +10,7 @@ __all__ = [
     "policy",
     "session_api",
     "session_client",
+    "session_follow",
     "session_start",
     "turn_messages",
 ]

@@ -1,4 +1,4 @@
-"""``maka ledger import|export|plan|verify``: the ledger's command-line contract.
+"""``maka ledger import|export|plan|verify|gc-checkpoints``: the ledger's command-line contract.
 
 Exit codes: 0 done; 1 ``verify`` found differences; 2 refused input (a JSON object on stdout
 under ``--json``, and always for ``import`` refusals). Shapes are a contract other tools parse.
@@ -306,6 +306,30 @@ def cmd_verify(db: str | None, as_json: bool) -> None:
     else:
         click.echo("projections equal their rebuild from events")
     finish(1 if problems else 0)
+
+
+@ledger.command("gc-checkpoints")
+@db_option
+@click.option(
+    "--grace", "grace_s", type=float, default=3600.0, show_default=True, help="keep younger refs (s)"
+)
+@json_option()
+def cmd_gc_checkpoints(db: str | None, grace_s: float, as_json: bool) -> None:
+    """Delete workspace checkpoint refs no committed fact names (older than the grace period)."""
+    from maka_core.runtime import workspace_continuity
+
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        out = workspace_continuity.gc_checkpoints(
+            store, workspace_continuity.provider_at(), grace_seconds=grace_s
+        )
+    if as_json:
+        print_json(out)
+    else:
+        click.echo(f"checkpoints: {out['deleted']} orphan ref(s) deleted, {out['kept']} kept")
+        for row in out["stores"]:
+            for ref in row["deleted"]:
+                click.echo(f"  deleted {ref} ({row['workspaceId']})")
+    finish(0)
 
 
 __all__ = ["MAX_REPORTED_ERRORS", "ledger", "read_jsonl_streamed"]

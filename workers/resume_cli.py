@@ -31,6 +31,7 @@ import click
 
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
+from maka_core.runtime import workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
@@ -263,6 +264,7 @@ async def resume_lost_session(
             feature_enabled=feature_enabled,
             repair_grace_ms=repair_grace_ms,
             chain_break=lambda sid: rt.guard.chain_break(rt.ledger, sid),
+            checkpoints=workspace_continuity.provider_at(rt.settings.maka_home),
         )
 
     wait_s = repair_grace_ms / 1000 + 1 if claim_wait_s is None else claim_wait_s
@@ -474,6 +476,10 @@ async def wait_continued(
 @temporal_options()
 @click.argument("session_id", metavar="SESSION")
 @click.option("--wait", is_flag=True, help="wait until the continued turn settles")
+@click.option(
+    "--restore", type=click.Choice(["isolated"]), help="continue in a new folder restored from the checkpoint"
+)
+@click.option("--rebaseline", is_flag=True, help="continue from the workspace's current files (a new epoch)")
 @json_option()
 def cmd_resume(
     db: str | None,
@@ -482,6 +488,8 @@ def cmd_resume(
     task_queue: str | None,
     session_id: str,
     wait: bool,
+    restore: str | None,
+    rebaseline: bool,
     as_json: bool,
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
@@ -499,9 +507,12 @@ def cmd_resume(
         rt = default_runtime(store, s.runtime_settings())
         fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
+            chosen = await _choose(client, rt, session_id, restore, rebaseline)
             out = await resume_lost_session(
                 client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
             )
+            if chosen is not None:
+                out["workspaceTransition"] = chosen
             if fence.waited:
                 out["attemptFenceS"] = round(fence.waited, 1)
             if wait and out["decision"] == "continue":
@@ -518,6 +529,23 @@ def cmd_resume(
         return 0 if not wait or out["state"] == "idle" else 1
 
     finish(run_async(main()))
+
+
+async def _choose(
+    client: Any, rt: Runtime, session_id: str, restore: str | None, rebaseline: bool
+) -> dict[str, Any] | None:
+    """The operator's workspace choice, committed before the resume plans (its execution closed)."""
+    if restore and rebaseline:
+        raise MakaError("config_invalid", "--restore and --rebaseline exclude each other")
+    if not restore and not rebaseline:
+        return None
+    if (await describe_execution(client, session_id)).open:
+        raise MakaError("session_busy", f"session {session_id} has an open execution", sessionId=session_id)
+    provider = workspace_continuity.provider_at(rt.settings.maka_home)
+    kind: workspace_continuity.TransitionKind = "rebaseline" if rebaseline else "isolated_restore"
+    chosen = await rt.on_ledger(lambda: workspace_continuity.choose(rt.ledger, provider, session_id, kind))  # type: ignore[arg-type]
+    click.echo(f"session {session_id}: {workspace_continuity.describe(chosen)}", err=True)
+    return chosen
 
 
 def _progress(message: str) -> None:

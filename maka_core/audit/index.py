@@ -19,6 +19,7 @@ from maka_core.runtime.contracts import (
     FINISH_RUN,
 )
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload
+from maka_core.runtime.workspace_continuity import transition_of
 
 #: A resumed session's first run is begun by ``maka.begin_continuation`` instead of ``maka.begin_run``
 #: (its run was claimed by resume).
@@ -90,6 +91,14 @@ class AuditIndex:
             return None
         payloads = [resolution_payload(e) for e in events]
         if any(p is None for p in payloads):
+            return None
+        return payloads[-1]
+
+    def workspace_transition(self, run_id: str) -> dict[str, Any] | None:
+        """The workspace transition (isolated restore, rebaseline) an operator's run records, else None."""
+        events = self.run_events.get(run_id, [])
+        payloads = [transition_of(e) for e in events]
+        if not events or any(p is None for p in payloads):
             return None
         return payloads[-1]
 

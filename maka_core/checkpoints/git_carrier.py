@@ -548,6 +548,10 @@ class GitCheckpointProvider:
             raise CheckpointError(
                 "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
             )
+        try:  # a workspace without Git costs one rev-parse and leaves nothing in the state directory
+            self._check_repository(workspace)
+        except _Ineligible as why:
+            return NoCheckpoint(code=why.code, detail=why.detail)
         with self._locked(workspace):
             return self._capture(workspace, session_id)
 

@@ -485,3 +485,28 @@ def test_the_audit_shows_each_checkpoint_restore_and_rebaseline_beside_its_run(
     again = audit(read_ledger(rt.ledger, SID, checkpoints=provider), []).to_json()
     missing = [f for f in again["findings"] if f["check"] == "checkpoint_ref_missing"]
     assert len(missing) == 1 and "refs/maka/checkpoints/s1/1" in missing[0]["message"]
+
+
+def test_maka_ledger_gc_checkpoints_as_a_command(
+    rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
+) -> None:
+    import json
+
+    parked_turn(rt, repo)
+    orphan = provider_of(home).capture(repo, "never-committed")
+    assert hasattr(orphan, "ref")
+    env = {**os.environ, "MAKA_HOME": str(home)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "maka_temporal",
+        "ledger",
+        "gc-checkpoints",
+        "--db",
+        str(tmp_path / "ledger.sqlite"),
+    ]
+    young = subprocess.run([*cmd, "--json"], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert young.returncode == 0 and json.loads(young.stdout)["deleted"] == 0, young.stderr
+    swept = subprocess.run([*cmd, "--grace", "0"], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert swept.returncode == 0, swept.stderr
+    assert "1 orphan ref(s) deleted, 1 kept" in swept.stdout and orphan.ref in swept.stdout  # type: ignore[union-attr]

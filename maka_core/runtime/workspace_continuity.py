@@ -187,24 +187,27 @@ class _Pending:
     epoch: int
 
 
-def workspace_of_run(store: LedgerStore, session_id: str, run_id: str) -> tuple[str, str] | None:
+def workspace_of_run(
+    store: LedgerStore, session_id: str, run_id: str, session_events: list[RuntimeEvent]
+) -> tuple[str, str] | None:
     """(folder, identity) a run works in: its claim's target header, else the session record."""
     for claim in store.session_claims(session_id):
         header = claim.target_run_header_json
         if claim.target_run_id == run_id and header and header.get("cwd") and header.get("workspaceIdentity"):
             return str(header["cwd"]), str(header["workspaceIdentity"])
-    record = session_record(store.events(session_id=session_id))
+    record = session_record(session_events)
     return None if record is None else (record.workspace, record.workspace_identity)
 
 
 def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pending | None:
     """Ledger half: the run's terminal fact if it already has one (an exact retry), else what to
     capture (None: no workspace to bind)."""
-    run_events = store.events(run_id=terminal.run_id)
+    session_events = store.events(session_id=terminal.session_id)
+    run_events = [e for e in session_events if e.run_id == terminal.run_id]
     done = next((e for e in run_events if e.is_terminal), None)
     if done is not None:
         return done
-    where = workspace_of_run(store, terminal.session_id, terminal.run_id)
+    where = workspace_of_run(store, terminal.session_id, terminal.run_id, session_events)
     if where is None:
         return None
     try:
@@ -216,7 +219,7 @@ def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pend
     boundary = _source_boundary(run_events, workspace.identity)
     if boundary is None:
         return None
-    epoch = current_epoch(store.events(session_id=terminal.session_id), workspace.identity)
+    epoch = current_epoch(session_events, workspace.identity)
     return _Pending(workspace, boundary, epoch)
 
 

@@ -34,6 +34,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -600,7 +601,10 @@ def gc_checkpoints(
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
         refs = provider.refs(handle)
         kept = keep.get(workspace_id, set())
-        deleted = provider.gc(handle, kept, grace_seconds=grace_seconds)
+        now = time.time()
+        due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
+        # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
+        deleted = provider.gc(handle, kept, grace_seconds=grace_seconds) if due else ()
         out["stores"].append(
             {
                 "workspaceId": workspace_id,

@@ -52,6 +52,7 @@ from maka_core.checkpoints.contract import (
 from maka_core.checkpoints.git_carrier import GitCheckpointProvider
 from maka_core.checkpoints.observe import BoundaryObservation, SourceBoundary, observe_boundary
 from maka_core.errors import CheckpointError, MakaError
+from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, RuntimeEvent, TextContent
 from maka_core.facts.run_header import RunHeader
@@ -105,14 +106,7 @@ def bundle_of(event: RuntimeEvent) -> CheckpointBundle | None:
             cannot be read fails closed.
     """
     delta = _delta(event)
-    if delta is None or CHECKPOINT_KEY not in delta:
-        return None
-    from maka_core.facts import canonical_json
-
-    raw = delta[CHECKPOINT_KEY]
-    if not isinstance(raw, Mapping):
-        raise CheckpointError("checkpoint_bundle_invalid", "stateDelta.workspaceCheckpoint is not an object")
-    return CheckpointBundle.decode(canonical_json.dumps(dict(raw)))
+    return None if delta is None else _decode(delta.get(CHECKPOINT_KEY))
 
 
 def transition_of(event: RuntimeEvent) -> dict[str, Any] | None:
@@ -141,12 +135,11 @@ def session_bundles(events: Sequence[RuntimeEvent]) -> list[tuple[RuntimeEvent, 
 
 
 def _decode(raw: Any) -> CheckpointBundle | None:
+    """A stored bundle (a JSON object in a fact), strictly; None when the fact holds none."""
     if raw is None:
         return None
-    from maka_core.facts import canonical_json
-
     if not isinstance(raw, Mapping):
-        raise CheckpointError("checkpoint_bundle_invalid", "a transition's bundle is not an object")
+        raise CheckpointError("checkpoint_bundle_invalid", "a stored checkpoint bundle is not an object")
     return CheckpointBundle.decode(canonical_json.dumps(dict(raw)))
 
 

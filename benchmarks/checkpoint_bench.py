@@ -9,11 +9,19 @@ one ``write_file`` tool call (preflight + run) in the same workspace, the work a
 ``git status`` (the user's own look at the repository) is there for scale. ``diff`` compares the
 workspace with a checkpoint after one change; ``verify`` re-hashes every object of a checkpoint;
 ``restore`` materializes it into a new folder. Medians of ``--repeat`` runs (first: one run).
+
+The cost per boundary as wired (``runtime.workspace_continuity``): ``turn.finish_run`` on a real
+SQLite ledger, one file changed by a tool call before each run ends. "run end, no checkpoint" is
+the terminal fact and header alone (``settle_run``, the code before Phase 4); "run end, no Git" is
+``finish_run`` in the same files without a repository (one ``rev-parse``, a ``noCheckpoint`` bundle);
+"run end, checkpoint" is ``finish_run`` capturing incrementally into the terminal fact.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import os
 import shutil
 import statistics
@@ -28,6 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from maka_core.checkpoints import Checkpoint, GitCheckpointProvider  # noqa: E402
+from maka_core.runtime import builders, turn  # noqa: E402
+from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, RunIds  # noqa: E402
+from maka_core.runtime.runtime import Runtime, RuntimeSettings  # noqa: E402
+from maka_core.runtime.settle import settle_run  # noqa: E402
+from maka_core.store.writer import LedgerStore  # noqa: E402
 from maka_core.tools import default_tools  # noqa: E402
 from maka_core.workspace import Workspace  # noqa: E402
 
@@ -122,6 +135,58 @@ def bench(base: Path, files: int, repeat: int) -> dict[str, float]:
     return out
 
 
+def run_end_ms(base: Path, ws: Workspace, repeat: int, *, bind: bool, tag: str) -> float:
+    """Median time of one run's end (its terminal fact), a file changed by a tool before each."""
+    rt = Runtime(
+        LedgerStore.open(base / f"ledger-{tag}.sqlite"), settings=RuntimeSettings(maka_home=base / "home")
+    )
+    write = default_tools()["write_file"]
+    script = {"kind": "script", "steps": [{"text": "done"}]}
+
+    async def runs() -> list[float]:
+        samples = []
+        for i in range(repeat + 1):  # the first run warms the stat cache and the store
+            ids = RunIds(session_id=f"bench-{tag}", turn_id=f"t{i}", run_id=f"r{i}", invocation_id=f"i{i}")
+            begin = BeginRunInput(
+                ids=ids, text="go", ts=i + 1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=script,
+            )  # fmt: skip
+            await turn.begin_run(rt, begin)
+            args = {"path": "pkg0000/mod000000.py", "content": f"# run {i}\n"}
+            assert not write.run(args, ws, lambda: None).is_error
+            time.sleep(0.06)  # out of the racy window, as between two real boundaries
+            start = time.perf_counter()
+            if bind:
+                await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=i + 2))
+            else:
+                terminal = builders.terminal_event(ids, "completed", i + 2)
+                await rt.on_ledger(functools.partial(settle_run, rt.ledger, terminal))
+            samples.append((time.perf_counter() - start) * 1000)
+        return samples[1:]
+
+    try:
+        return statistics.median(asyncio.run(runs()))
+    finally:
+        rt.close()
+        rt.ledger.close()  # type: ignore[attr-defined]
+
+
+def boundary(base: Path, files: int, repeat: int) -> dict[str, float]:
+    ws = make_workspace(base / f"wsb{files}", files)
+    plain = base / f"plain{files}"
+    shutil.copytree(ws.root, plain, ignore=shutil.ignore_patterns(".git"))
+    no_git = Workspace.open(plain)
+    return {
+        "run end, no checkpoint (before Phase 4)": run_end_ms(
+            base, ws, repeat, bind=False, tag=f"none{files}"
+        ),
+        "run end, no Git (noCheckpoint bundle)": run_end_ms(
+            base, no_git, repeat, bind=True, tag=f"plain{files}"
+        ),
+        "run end, checkpoint (1 changed)": run_end_ms(base, ws, repeat, bind=True, tag=f"git{files}"),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--files", type=int, nargs="+", default=[1000, 10000])
@@ -132,7 +197,7 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="maka-ckpt-bench-", dir=args.dir))
     try:
-        results = {n: bench(base, n, args.repeat) for n in args.files}
+        results = {n: {**bench(base, n, args.repeat), **boundary(base, n, args.repeat)} for n in args.files}
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(

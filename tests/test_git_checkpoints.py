@@ -621,8 +621,10 @@ CAPTURE_POINTS = ("checkpoint_capture_after_objects", "checkpoint_capture_after_
 
 def test_every_checkpoint_failpoint_is_drilled() -> None:
     from tests.test_guarded_replace import POINTS
+    from tests.test_workspace_continuity import WIRED_POINTS
 
-    assert {*CAPTURE_POINTS, "checkpoint_during_materialize", *POINTS} == set(failpoints.CHECKPOINT)
+    drilled = {*CAPTURE_POINTS, "checkpoint_during_materialize", *POINTS, *WIRED_POINTS}
+    assert drilled == set(failpoints.CHECKPOINT)
 
 
 @pytest.mark.parametrize("point", CAPTURE_POINTS)

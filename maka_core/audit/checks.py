@@ -39,7 +39,7 @@ def check_runs(ix: AuditIndex) -> Iterator[Finding]:
     executions = ix.execution_ids
     for run_id, events in ix.run_events.items():
         header = ix.headers.get(run_id)
-        if ix.operator_resolution(run_id) is not None:
+        if ix.operator_resolution(run_id) is not None or ix.workspace_transition(run_id) is not None:
             if header is None:
                 yield Finding("run_header_missing", "the run has events but no header", run_id=run_id)
             continue  # an operator's fact, committed by the CLI: no execution hosts it
@@ -431,6 +431,15 @@ def _after_terminal(ix: AuditIndex) -> Iterator[Finding]:
 
 
 #: Every check, in report order.
+def check_checkpoints(ix: AuditIndex) -> Iterator[Finding]:
+    """Every checkpoint ref a committed boundary names must exist (a fact without its artifact)."""
+    for ref, present in sorted(ix.ledger.checkpoint_refs.items()):
+        if present is False:
+            yield Finding("checkpoint_ref_missing", f"{ref} is named by a committed fact and missing")
+        elif present is None:
+            yield Finding("checkpoint_store_unavailable", f"{ref}: no Maka store for its workspace here")
+
+
 CHECK_FUNCTIONS: tuple[Callable[[AuditIndex], Iterator[Finding]], ...] = (
     check_histories,
     check_runs,
@@ -438,4 +447,5 @@ CHECK_FUNCTIONS: tuple[Callable[[AuditIndex], Iterator[Finding]], ...] = (
     check_recovery,
     check_continuations,
     check_ledger,
+    check_checkpoints,
 )

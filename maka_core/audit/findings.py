@@ -48,9 +48,11 @@ CheckId = Literal[
     "ledger_corruption",
     "event_after_terminal",
     "compaction_mismatch",
+    "checkpoint_ref_missing",
     # 7. what cannot be seen
     "history_unavailable",
     "run_repaired",
+    "checkpoint_store_unavailable",
 ]
 
 #: Each check id's severity and one line of meaning (the README's table says the same).
@@ -99,6 +101,14 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     "compaction_mismatch": (
         "drift",
         "a compaction fact's covered range or digest is not what the ledger before it holds",
+    ),
+    "checkpoint_ref_missing": (
+        "drift",
+        "a committed workspace boundary names a checkpoint ref its Maka store does not hold",
+    ),
+    "checkpoint_store_unavailable": (
+        "notice",
+        "a committed workspace boundary's Maka store is not on this host: its ref was not checked",
     ),
     "history_unavailable": ("notice", "an execution's history is gone: only the ledger was audited"),
     "run_repaired": ("notice", "a run's terminal fact was written by startup repair, not finish_run"),

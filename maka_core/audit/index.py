@@ -20,6 +20,7 @@ from maka_core.runtime.contracts import (
 )
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload
 from maka_core.runtime.usage_limits import raise_payload
+from maka_core.runtime.workspace_continuity import transition_of
 
 #: A resumed session's first run is begun by ``maka.begin_continuation`` instead of ``maka.begin_run``
 #: (its run was claimed by resume).
@@ -93,6 +94,14 @@ class AuditIndex:
         # A limit raise (``maka session raise-limit``) is an operator's run of the same shape.
         payloads = [resolution_payload(e) or raise_payload(e) for e in events]
         if any(p is None for p in payloads):
+            return None
+        return payloads[-1]
+
+    def workspace_transition(self, run_id: str) -> dict[str, Any] | None:
+        """The workspace transition (isolated restore, rebaseline) an operator's run records, else None."""
+        events = self.run_events.get(run_id, [])
+        payloads = [transition_of(e) for e in events]
+        if not events or any(p is None for p in payloads):
             return None
         return payloads[-1]
 

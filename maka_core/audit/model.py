@@ -11,9 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from maka_core.checkpoints.git_carrier import GitCheckpointProvider
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
+from maka_core.runtime.workspace_continuity import provider_at, referenced_refs
+from maka_core.workspace import IDENTITY_PREFIX, Workspace
 
 #: How one activity (all its attempts under one schedule) ended in a history.
 ActivityOutcome = Literal["completed", "failed", "timed_out", "cancelled", "pending"]
@@ -92,9 +95,19 @@ class LedgerFacts:
     attempts: tuple[Mapping[str, Any], ...]
     claims: Mapping[str, ContinuationClaim | None]
     verify_problems: tuple[str, ...] = ()
+    #: Every checkpoint ref a committed fact of the session names (``<ref> of workspace <id>``: each
+    #: workspace has its own store and numbering) -> whether this host's Maka store
+    #: holds it (True), lacks it (False) or has no store for its workspace at all (None).
+    checkpoint_refs: Mapping[str, bool | None] = field(default_factory=dict)
 
 
-def read_ledger(store: Any, session_id: str, *, verify_problems: Sequence[str] | None = None) -> LedgerFacts:
+def read_ledger(
+    store: Any,
+    session_id: str,
+    *,
+    verify_problems: Sequence[str] | None = None,
+    checkpoints: GitCheckpointProvider | None = None,
+) -> LedgerFacts:
     """The session's side of the ledger through the store's public reads (never writes).
 
     ``store.verify()`` rebuilds the whole ledger's projections in a scratch database (check
@@ -115,4 +128,18 @@ def read_ledger(store: Any, session_id: str, *, verify_problems: Sequence[str] |
         if start is not None:
             claims[start.claim_id] = store.continuation_claim(start.claim_id)
     problems = tuple(store.verify() if verify_problems is None else verify_problems)
-    return LedgerFacts(session_id, events, headers, attempts, claims, problems)
+    refs = checkpoint_presence(events, checkpoints or provider_at())
+    return LedgerFacts(session_id, events, headers, attempts, claims, problems, refs)
+
+
+def checkpoint_presence(
+    events: Sequence[RuntimeEvent], provider: GitCheckpointProvider
+) -> dict[str, bool | None]:
+    """Each checkpoint ref the facts name, looked up in the Maka store of its workspace (read only)."""
+    out: dict[str, bool | None] = {}
+    for workspace_id, refs in referenced_refs(events).items():
+        handle = Workspace(root=provider.state_dir, identity=f"{IDENTITY_PREFIX}{workspace_id}")
+        held = provider.refs(handle) if (provider.store(handle) / "HEAD").exists() else None
+        for ref in refs:
+            out[f"{ref} of workspace {workspace_id}"] = None if held is None else ref in held
+    return out

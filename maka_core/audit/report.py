@@ -10,9 +10,12 @@ from maka_core.audit.checks import CHECK_FUNCTIONS
 from maka_core.audit.findings import Finding
 from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
+from maka_core.errors import CheckpointError
+from maka_core.facts.events import RuntimeEvent
 from maka_core.runtime.contracts import EXECUTE_TOOL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 from maka_core.runtime.usage_limits import RAISE_PROTOCOL
+from maka_core.runtime.workspace_continuity import bundle_of
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,23 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
         out["operatorResolution"] = {
             k: resolution.get(k) for k in ("operationId", "runId", "decision", "resolvedBy", "reason")
         }
+    bound = _bound(terminal)
+    if bound is not None:
+        out["workspaceCheckpoint"] = bound
+    transition = ix.workspace_transition(run_id)
+    if transition is not None:
+        out["workspaceTransition"] = {
+            k: transition[k]
+            for k in (
+                "kind",
+                "sourceRunId",
+                "fromCheckpointRef",
+                "cwd",
+                "workspaceIdentity",
+                "workspaceEpoch",
+            )
+            if k in transition
+        } | {"changedPaths": transition.get("changedPaths") or {}}
     if continuation is not None:
         src = continuation.immediate_source
         out["continuationSource"] = {
@@ -101,6 +121,25 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
             "highWater": src.high_water,
             "claimId": continuation.claim_id,
         }
+    return out
+
+
+def _bound(terminal: RuntimeEvent | None) -> dict[str, Any] | None:
+    """The workspace boundary a run's terminal fact commits (Phase 4), as the report shows it."""
+    try:
+        bundle = bundle_of(terminal) if terminal is not None else None
+    except CheckpointError as bad:
+        return {"unreadable": bad.code}
+    if bundle is None:
+        return None
+    out: dict[str, Any] = {
+        "workspaceEpoch": bundle.boundary.workspace_epoch,
+        "highWater": bundle.boundary.immutable_runtime_high_water,
+    }
+    if bundle.checkpoint is not None:
+        out |= {"checkpointRef": bundle.checkpoint.ref, "files": bundle.checkpoint.file_count}
+    elif bundle.no_checkpoint is not None:
+        out["noCheckpoint"] = bundle.no_checkpoint.code
     return out
 
 

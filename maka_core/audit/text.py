@@ -19,6 +19,26 @@ def _columns(rows: list[tuple[Any, ...]]) -> list[str]:
     ]
 
 
+def _workspace_lines(run: dict[str, Any]) -> list[str]:
+    """The checkpoint a run's terminal fact binds, or the restore / rebaseline an operator recorded."""
+    bound, moved = run.get("workspaceCheckpoint"), run.get("workspaceTransition")
+    out = []
+    if bound is not None:
+        what = (
+            bound.get("checkpointRef")
+            or f"no checkpoint ({bound.get('noCheckpoint') or bound.get('unreadable')})"
+        )
+        out.append(
+            f"  workspace boundary: {what}  epoch {bound.get('workspaceEpoch')}"
+            f"  high-water {bound.get('highWater')}"
+        )
+    if moved is not None:
+        paths = ", ".join(p for ps in moved["changedPaths"].values() for p in ps) or "-"
+        where = f" into {moved['cwd']}" if moved.get("cwd") else f" epoch {moved.get('workspaceEpoch')}"
+        out.append(f"  {moved['kind']} from {moved.get('fromCheckpointRef')}{where}  changed: {paths}")
+    return out
+
+
 def report_lines(report: dict[str, Any]) -> list[str]:
     """The readable report of ``AuditReport.to_json()``."""
     drift = [f for f in report["findings"] if f["severity"] == "drift"]
@@ -52,7 +72,11 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             where = f"recorded by operator {r['resolvedBy']} ({r['decision']} for {r['operationId']})"
         elif run.get("usageLimitRaise"):
             where = _raise_text(run["usageLimitRaise"])
+        elif run.get("workspaceTransition"):
+            w = run["workspaceTransition"]
+            where = f"recorded by operator: workspace {w['kind']} of run {w['sourceRunId']}"
         lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  {where}"]
+        lines += _workspace_lines(run)
         ops = ops_by_run.get(run["runId"], [])
         if not ops:
             continue

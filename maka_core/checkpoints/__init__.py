@@ -1,8 +1,8 @@
 """Phase 4 workspace checkpoints: the contract (``contract``), the Git carrier (``git_carrier``) and
 what a continuation would observe at a boundary (``observe``).
 
-Not wired into the runtime yet: nothing captures at a boundary, and the continuation planner does
-not read a checkpoint. Pure maka_core: no temporalio.
+The runtime uses them through ``maka_core.runtime.workspace_continuity`` (capture at a run's terminal
+fact, the continuation gate, isolated restore, rebaseline, retention). Pure maka_core: no temporalio.
 """
 
 from maka_core.checkpoints.contract import (

@@ -199,6 +199,17 @@ def _lstat_all(root: Path, paths: list[bytes]) -> list[tuple[bytes, os.stat_resu
     return found
 
 
+def _in_git_tree(root: Path) -> bool:
+    """Whether ``root`` or a parent holds a ``.git`` or is a git directory itself (a bare repository):
+    git's own discovery, without ``GIT_*`` (which this module never passes on), walks the same way;
+    neither anywhere up means not a repository."""
+    return any(
+        os.path.lexists(os.path.join(folder, ".git"))
+        or (os.path.isfile(os.path.join(folder, "HEAD")) and os.path.isdir(os.path.join(folder, "objects")))
+        for folder in (root, *root.parents)
+    )
+
+
 def _parents(path: bytes) -> Iterator[bytes]:
     """``a``, ``a/b`` for ``a/b/c``."""
     at = path.find(b"/")
@@ -548,6 +559,12 @@ class GitCheckpointProvider:
             raise CheckpointError(
                 "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
             )
+        try:  # a workspace without Git costs a stat walk and leaves nothing in the state directory
+            if shutil.which(self.git) is not None and not _in_git_tree(workspace.root):
+                raise _Ineligible("workspace_not_git", "the workspace is not in a Git work tree")
+            self._check_repository(workspace)
+        except _Ineligible as why:
+            return NoCheckpoint(code=why.code, detail=why.detail)
         with self._locked(workspace):
             return self._capture(workspace, session_id)
 

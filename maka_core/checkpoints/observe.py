@@ -1,6 +1,7 @@
 """What a continuation would find at a source boundary's workspace: one observation, never a verdict.
 
-The planner and revalidation (not wired yet) ask one question of a committed ``CheckpointBundle``:
+The planner and revalidation (``runtime.workspace_continuity.observe_source``) ask one question of
+a committed ``CheckpointBundle``:
 does the workspace still hold what the boundary bound? The answer is a stable code, checked in
 the seed's order: the bundle must be the boundary's (same workspace identity, same immutable
 high-water and digest), then its checkpoint must be backed (``verify``), then the workspace's

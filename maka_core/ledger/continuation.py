@@ -54,7 +54,18 @@ _MESSAGES = {
     "provider_resume_head_unsupported": "provider history does not start at a user boundary",
     "provider_resume_boundary_unsupported": "provider history does not end at a user or tool boundary",
     "operation_resolved": "an operator resolved this operation; the model sees the decision",
+    "workspace_content_changed": "workspace contents differ from the source boundary's checkpoint",
+    "checkpoint_missing": "the source boundary's checkpoint is missing or its bundle unreadable",
+    "checkpoint_ref_moved": "the source boundary's checkpoint ref names another commit",
+    "checkpoint_tree_mismatch": "the source boundary's checkpoint holds another tree",
+    "checkpoint_objects_missing": "the source boundary's checkpoint lacks objects",
+    "checkpoint_objects_corrupt": "the source boundary's checkpoint objects are corrupt",
+    "checkpoint_boundary_mismatch": "the checkpoint binds another runtime high-water or prefix digest",
+    "checkpoint_workspace_mismatch": "the checkpoint binds another workspace identity",
+    "checkpoint_workspace_ineligible": "the workspace cannot be compared with its checkpoint now",
 }
+#: Workspace boundary codes a continuation goes on with (``runtime.workspace_continuity``).
+BOUNDARY_PASSING = frozenset({"workspace_matches_checkpoint", "workspace_has_no_checkpoint"})
 
 
 def diagnostic(code: str, **fields: Any) -> dict[str, Any]:
@@ -90,6 +101,9 @@ class SafetyObservation:
     #: names only (an observer that does not give them).
     available_tool_digests: Mapping[str, str] | None = None
     workspace_checkpoint: Mapping[str, Any] | None = None
+    #: Phase 4: the source boundary's checkpoint observed against the workspace (``code`` and the
+    #: diagnostic ``detail``); None when the boundary binds none (today's gate).
+    workspace_boundary: Mapping[str, Any] | None = None
 
 
 #: ``stateDelta`` key of the catalog (tool name -> argument-schema digest) a run's user event
@@ -324,6 +338,9 @@ def _collected(
         )
     if not obs.background_operations_settled:
         fail("background_operation_pending")
+    bound = obs.workspace_boundary
+    if bound is not None and bound.get("code") not in BOUNDARY_PASSING:
+        fail(str(bound.get("code")), detail=bound.get("detail"))
     if checkpoint is not None:
         ref = checkpoint.get("ref")
         if not ref:

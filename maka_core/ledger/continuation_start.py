@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from maka_core.facts import canonical_json
 from maka_core.facts.claims import ContinuationClaim, StartKind
 from maka_core.facts.events import (
     Actions,
@@ -214,6 +215,8 @@ class BoundaryInputs:
     background_settled: bool
     tool_names: tuple[str, ...]
     checkpoint: tuple[Any, ...] | None
+    #: The workspace boundary observation's code and detail (Phase 4), as canonical text.
+    workspace_boundary: str | None = None
 
 
 def read_boundary_inputs(
@@ -247,6 +250,9 @@ def read_boundary_inputs(
         checkpoint=None
         if checkpoint is None
         else (checkpoint.get("ref"), checkpoint.get("restored"), checkpoint.get("runtimeEventHighWater")),
+        workspace_boundary=None
+        if observation.workspace_boundary is None
+        else canonical_json.dumps(dict(observation.workspace_boundary)),
     )
 
 
@@ -285,6 +291,7 @@ def revalidate(
         ("background_operation_started", planned.background_settled, current.background_settled),
         ("tool_catalog_changed", planned.tool_names, current.tool_names),
         ("workspace_checkpoint_changed", planned.checkpoint, current.checkpoint),
+        ("workspace_content_changed", planned.workspace_boundary, current.workspace_boundary),
     )
     codes.extend(code for code, before, after in checks if before != after)
     return codes

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from maka_core import failpoints
+from maka_core.checkpoints.contract import CheckpointProvider
 from maka_core.errors import LedgerRejection
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.clock import now_ms
@@ -51,6 +52,12 @@ from maka_core.runtime.contracts import HostParkReason, RunIds
 from maka_core.runtime.inspect import HostObservation, InspectionFailed
 from maka_core.runtime.lost_run import SessionRecord, session_record
 from maka_core.runtime.resolution import is_resolution_run, resolutions_of
+from maka_core.runtime.workspace_continuity import (
+    SourceContinuity,
+    gate_diagnostic,
+    observe_source,
+    source_continuity,
+)
 from maka_core.store.chain import ChainBreak
 
 if TYPE_CHECKING:
@@ -142,6 +149,8 @@ class SessionLedger:
     record: SessionRecord | None
     #: Operator resolutions recorded in the session (operation id -> replay view).
     resolutions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Every event of the session, operator lanes included (workspace transitions live there).
+    all_events: tuple[RuntimeEvent, ...] = ()
 
     @property
     def latest(self) -> RunHeader | None:
@@ -162,6 +171,7 @@ def read_session(store: Ledger, session_id: str) -> SessionLedger:
         claims=tuple(store.session_claims(session_id)),
         record=session_record(events),
         resolutions=resolutions_of(events),
+        all_events=tuple(events),
     )
 
 
@@ -215,17 +225,37 @@ def sources_of(session: SessionLedger) -> ContinuationSources:
 
 
 def observation_for(
-    header: Mapping[str, Any], observed: HostObservation, expected_high_water: int | None = None
+    header: Mapping[str, Any],
+    observed: HostObservation,
+    expected_high_water: int | None = None,
+    *,
+    gate: WorkspaceGate | None = None,
 ) -> SafetyObservation:
+    source_identity = str(header.get("workspaceIdentity") or "")
+    if gate is not None and gate.continuity.cwd is not None and gate.continuity.workspace_identity:
+        source_identity = gate.continuity.workspace_identity  # an isolated restore moved the session
     return SafetyObservation(
         current_cwd=observed.cwd,
-        source_workspace_identity=str(header.get("workspaceIdentity") or ""),
+        source_workspace_identity=source_identity,
         current_workspace_identity=observed.workspace_identity,
         background_operations_settled=observed.background_operations_settled,
         available_tool_names=observed.available_tool_names,
         available_tool_digests=observed.available_tool_digests,
         expected_runtime_event_high_water=expected_high_water,
+        workspace_boundary=None if gate is None else gate.observe(observed.cwd),
     )
+
+
+@dataclass(frozen=True)
+class WorkspaceGate:
+    """Phase 4: the source boundary's checkpoint, observed against a folder when asked."""
+
+    provider: CheckpointProvider
+    continuity: SourceContinuity
+
+    def observe(self, cwd: str) -> dict[str, Any] | None:
+        seen = observe_source(self.provider, cwd, self.continuity)
+        return None if seen is None else {"code": seen.code, "detail": gate_diagnostic(seen)}
 
 
 def plan_for(
@@ -358,6 +388,7 @@ def resume_session(
     repair_grace_ms: int = 10_000,
     new_id: Callable[[], str] | None = None,
     chain_break: Callable[[str], ChainBreak | None] | None = None,
+    checkpoints: CheckpointProvider | None = None,
 ) -> ResumeDecision:
     """Decide and prepare a continuation of a session whose execution is gone (synchronous
     ledger work; the caller has already settled a lost latest run and checked the execution is
@@ -366,6 +397,9 @@ def resume_session(
     ``chain_break``: the session's chain check (default the store's), asked before anything is
     planned or repaired and again at revalidation: a row edited behind the writers parks
     ``ledger_chain_broken``, since a continuation would replay it to the model.
+    ``checkpoints``: the Phase 4 gate (``workspace_continuity``): the source boundary's checkpoint
+    must verify and match the workspace, at planning and again at revalidation; an isolated
+    restore's fact moves the continuation to the restored folder. None: today's gate.
     """
     check = chain_break or store.session_chain_break
     if not feature_enabled:
@@ -390,10 +424,16 @@ def resume_session(
     header = sources.runs[latest.run_id]
     if not header.get("workspaceIdentity"):
         return _park("workspace_identity_missing", source=latest.run_id)
-    observed = inspect(str(header.get("cwd") or session.record.workspace))
+    gate = (
+        None
+        if checkpoints is None
+        else WorkspaceGate(checkpoints, source_continuity(session.all_events, latest.run_id))
+    )
+    cwd = (gate.continuity.cwd if gate is not None else None) or header.get("cwd") or session.record.workspace
+    observed = inspect(str(cwd))
     if isinstance(observed, InspectionFailed):
         return _park(observed.code, source=latest.run_id)
-    observation = observation_for(header, observed)
+    observation = observation_for(header, observed, gate=gate)
     ids = new_id or fresh_ids()
     plan = plan_continuation(session_id, latest.run_id, observation, sources, ids)
     if plan.disposition == "park" or plan.continuation is None:
@@ -407,7 +447,7 @@ def resume_session(
             events=["plan_parked"],
         )
     return _claim_and_start(
-        store, session_id, workflow_id, session, plan, observation, sources, inspect, check
+        store, session_id, workflow_id, session, plan, observation, sources, inspect, check, gate
     )
 
 
@@ -430,6 +470,7 @@ def _claim_and_start(
     sources: ContinuationSources,
     inspect: Callable[[str], HostObservation | InspectionFailed],
     check: Callable[[str], ChainBreak | None],
+    gate: WorkspaceGate | None = None,
 ) -> ResumeDecision:
     continuation = plan.continuation
     assert continuation is not None
@@ -448,7 +489,7 @@ def _claim_and_start(
     current = read_boundary_inputs(
         session_id,
         source_run_id,
-        observation_for(fresh_sources.runs.get(source_run_id) or {}, observed),
+        observation_for(fresh_sources.runs.get(source_run_id) or {}, observed, gate=gate),
         fresh_sources,
     )
     codes = revalidate(planned, current, continuation, fresh_sources)

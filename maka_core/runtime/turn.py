@@ -12,7 +12,7 @@ from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader, RunStatus
 from maka_core.ledger.continuation import CATALOG_KEY
-from maka_core.runtime import builders
+from maka_core.runtime import builders, workspace_continuity
 from maka_core.runtime.contracts import (
     BeginContinuationInput,
     BeginRunInput,
@@ -167,8 +167,11 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
         error=inp.error,
     )
     tag = "continuation" if inp.continuation else "turn"
+    # Phase 4: the workspace's checkpoint rides in the terminal fact (artifact first, then the fact).
+    terminal = await workspace_continuity.bind_terminal_async(rt, terminal)
 
     def between() -> None:
+        failpoints.hit("checkpoint_boundary_committed")
         failpoints.hit("P9")
         failpoints.hit("after_terminal_event_committed", tag=tag)
 

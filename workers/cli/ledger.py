@@ -1,4 +1,4 @@
-"""``maka ledger import|export|plan|verify``: the ledger's command-line contract.
+"""``maka ledger import|export|plan|verify|gc-checkpoints``: the ledger's command-line contract.
 
 Exit codes: 0 done; 1 ``verify`` found differences; 2 refused input (a JSON object on stdout
 under ``--json``, and always for ``import`` refusals). Shapes are a contract other tools parse.
@@ -21,6 +21,7 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import plan_resume
+from maka_core.runtime import workspace_continuity
 from maka_core.store.jsonl import check_session_ids
 from maka_temporal.workers.cli.base import (
     add_commands,
@@ -304,6 +305,27 @@ def cmd_verify(db: str | None, as_json: bool) -> None:
     finish(1 if problems else 0)
 
 
-add_commands(ledger, cmd_import, cmd_export, cmd_plan, cmd_plan_continuation, cmd_verify)
+@click.command("gc-checkpoints")
+@db_option
+@click.option(
+    "--grace", "grace_s", type=float, default=3600.0, show_default=True, help="keep younger refs (s)"
+)
+@json_option()
+def cmd_gc_checkpoints(db: str | None, grace_s: float, as_json: bool) -> None:
+    """Delete workspace checkpoint refs no committed fact names (older than the grace period)."""
+    with open_ledger(settings(db=db).ledger, create=False) as store:
+        out = workspace_continuity.gc_checkpoints(
+            store, workspace_continuity.provider_at(), grace_seconds=grace_s
+        )
+    if as_json:
+        print_json(out)
+    else:
+        click.echo(f"checkpoints: {out['deleted']} orphan ref(s) deleted, {out['kept']} kept")
+        for row in out["stores"]:
+            for ref in row["deleted"]:
+                click.echo(f"  deleted {ref} ({row['workspaceId']})")
+    finish(0)
+
+add_commands(ledger, cmd_import, cmd_export, cmd_plan, cmd_plan_continuation, cmd_verify, cmd_gc_checkpoints)
 
 __all__ = ["MAX_REPORTED_ERRORS", "ledger", "read_jsonl_streamed"]

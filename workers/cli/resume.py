@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from maka_core.runtime import workspace_continuity
 from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools
 from maka_temporal.workers.cli.base import (
@@ -23,7 +24,7 @@ from maka_temporal.workers.cli.base import (
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.host.attempt_fence import AttemptFence
-from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
 from maka_temporal.workers.host.worker import default_runtime
 
 __all__ = ["cmd_resume"]
@@ -34,6 +35,10 @@ __all__ = ["cmd_resume"]
 @temporal_options()
 @click.argument("session_id", metavar="SESSION")
 @click.option("--wait", is_flag=True, help="wait until the continued turn settles")
+@click.option(
+    "--restore", type=click.Choice(["isolated"]), help="continue in a new folder restored from the checkpoint"
+)
+@click.option("--rebaseline", is_flag=True, help="continue from the workspace's current files (a new epoch)")
 @json_option()
 def cmd_resume(
     db: str | None,
@@ -42,6 +47,8 @@ def cmd_resume(
     task_queue: str | None,
     session_id: str,
     wait: bool,
+    restore: str | None,
+    rebaseline: bool,
     as_json: bool,
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
@@ -58,9 +65,14 @@ def cmd_resume(
         rt = default_runtime(store, s.runtime_settings(), tools=user_tools)
         fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
         try:
+            chosen = await choose_workspace(client, rt, session_id, restore, rebaseline)
+            if chosen is not None:
+                click.echo(f"session {session_id}: {workspace_continuity.describe(chosen)}", err=True)
             out = await resume_lost_session(
                 client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
             )
+            if chosen is not None:
+                out["workspaceTransition"] = chosen
             if fence.waited:
                 out["attemptFenceS"] = round(fence.waited, 1)
             if wait and out["decision"] == "continue":

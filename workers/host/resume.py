@@ -28,6 +28,7 @@ from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
+from maka_core.runtime import workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
@@ -257,6 +258,7 @@ async def resume_lost_session(
             feature_enabled=feature_enabled,
             repair_grace_ms=repair_grace_ms,
             chain_break=lambda sid: rt.guard.chain_break(rt.ledger, sid),
+            checkpoints=workspace_continuity.provider_at(rt.settings.maka_home),
         )
 
     wait_s = repair_grace_ms / 1000 + 1 if claim_wait_s is None else claim_wait_s
@@ -461,6 +463,22 @@ async def wait_continued(
         lambda: session_view(rt.ledger, session_id, workflow_id=workflow_id_for(session_id))  # type: ignore[arg-type]
     )
     return {**out, "state": state, "parkReason": out["parkReason"] or view.park_reason}
+
+
+async def choose_workspace(
+    client: Any, rt: Runtime, session_id: str, restore: str | None, rebaseline: bool
+) -> dict[str, Any] | None:
+    """The operator's workspace choice (``maka resume --restore isolated | --rebaseline``), committed
+    before the resume plans; refused while the session has an open execution."""
+    if restore and rebaseline:
+        raise MakaError("config_invalid", "--restore and --rebaseline exclude each other")
+    if not restore and not rebaseline:
+        return None
+    if (await describe_execution(client, session_id)).open:
+        raise MakaError("session_busy", f"session {session_id} has an open execution", sessionId=session_id)
+    provider = workspace_continuity.provider_at(rt.settings.maka_home)
+    kind: workspace_continuity.TransitionKind = "rebaseline" if rebaseline else "isolated_restore"
+    return await rt.on_ledger(lambda: workspace_continuity.choose(rt.ledger, provider, session_id, kind))  # type: ignore[arg-type]
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.policy import Policy
+from maka_core.runtime import workspace_continuity
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
@@ -165,6 +166,8 @@ async def startup_repair(
             report.repaired.append(run_id)
         if session_id not in report.sessions_to_resume:
             report.sessions_to_resume.append(session_id)
+    if runtime is not None:  # orphan checkpoint refs (a capture whose fact never committed)
+        await asyncio.to_thread(workspace_continuity.gc_quietly, store, runtime.settings.maka_home)
     return report
 
 

@@ -1,0 +1,644 @@
+"""Phase 4 wired: a run's terminal fact binds the workspace's contents; a continuation checks them.
+
+Capture (the seed's order): when a run ends, the host captures its workspace (``GitCheckpointProvider``:
+objects, then a Maka-owned ref) and only then commits the terminal fact, which carries the
+``CheckpointBundle`` in ``stateDelta.workspaceCheckpoint``: one fact, so the boundary and its bundle
+are atomic by construction, and no schema changes. The bundle binds the run's prefix *before* its
+terminal fact (the terminal fact cannot digest itself); ``immutableRuntimeHighWater`` is that
+prefix's last event sequence. A crash after the ref and before the fact leaves an orphan ref no fact
+names, which ``gc_checkpoints`` collects after its grace period; a fact whose ref is missing fails
+``verify`` and parks. A workspace without Git (or ineligible) gets a bundle with ``noCheckpoint``
+and its code: today's behaviour.
+
+The gate: the source boundary of a continuation is the latest transition fact for that run (below),
+else the run's terminal bundle. ``observe_source`` asks ``observe_boundary`` and the planner parks on
+every code but ``workspace_matches_checkpoint`` and ``workspace_has_no_checkpoint``; a changed
+workspace is ``workspace_content_changed`` with the changed paths by kind (never contents).
+
+Operator choices (facts in an operator lane: a ``resolution-<uuid>`` run with one terminal system
+event carrying ``stateDelta.workspaceTransition``, as operator resolutions are recorded, so no
+reader of runs sees a new kind of run):
+
+- ``isolated_restore``: the checkpoint is materialized into a new folder beside the workspace (the
+  user's folder is never written), given a new marker (a new workspace identity) and an empty Git
+  repository of its own so its boundaries keep being captured, captured, and the transition fact
+  names the new folder; the continuation runs there.
+- ``rebaseline``: the workspace as it is now is captured and committed as the new baseline of the
+  same source boundary with ``workspaceEpoch`` + 1; the continuation's model sees a note naming the
+  paths that changed (``rebaseline_note``), so it re-reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from maka_core import failpoints
+from maka_core.checkpoints.contract import (
+    Checkpoint,
+    CheckpointBundle,
+    CheckpointProvider,
+    NoCheckpoint,
+    PathChange,
+)
+from maka_core.checkpoints.git_carrier import GitCheckpointProvider
+from maka_core.checkpoints.observe import BoundaryObservation, SourceBoundary, observe_boundary
+from maka_core.errors import CheckpointError, MakaError
+from maka_core.facts import canonical_json
+from maka_core.facts.clock import now_ms
+from maka_core.facts.events import Actions, RuntimeEvent, TextContent
+from maka_core.facts.run_header import RunHeader
+from maka_core.ledger.digests import PrefixUnreadable, read_prefix
+from maka_core.paths import maka_home
+from maka_core.runtime.lost_run import session_record
+from maka_core.runtime.resolution import RESOLUTION_PREFIX, is_resolution_run
+from maka_core.workspace import Workspace
+
+if TYPE_CHECKING:
+    from maka_core.runtime.runtime import Runtime
+    from maka_core.store.writer import LedgerStore
+
+CHECKPOINT_KEY: Final = "workspaceCheckpoint"
+TRANSITION_KEY: Final = "workspaceTransition"
+TRANSITION_PROTOCOL: Final = "maka.workspace_transition.v1"
+TransitionKind = Literal["isolated_restore", "rebaseline"]
+#: Codes a continuation goes on with: the contents match, or there is no checkpoint (today's gate).
+PASSING: Final = frozenset({"workspace_matches_checkpoint", "workspace_has_no_checkpoint"})
+#: How long an orphan ref (no fact names it) is kept: a capture whose fact is committing is young.
+GC_GRACE_S: Final = 3600.0
+
+log = logging.getLogger(__name__)
+_providers: dict[Path, GitCheckpointProvider] = {}
+_providers_lock = threading.Lock()
+
+
+def provider_at(home: Path | None = None) -> GitCheckpointProvider:
+    """The host's provider over ``<MAKA_HOME>/checkpoints`` (one per process: it caches stat data)."""
+    state = Path(os.path.abspath((home or maka_home()) / "checkpoints"))
+    with _providers_lock:
+        found = _providers.get(state)
+        if found is None:
+            found = _providers[state] = GitCheckpointProvider(state)
+        return found
+
+
+# --- reading the facts --------------------------------------------------------------------------
+
+
+def _delta(event: RuntimeEvent) -> Mapping[str, Any] | None:
+    delta = event.actions.state_delta if event.actions is not None else None
+    return delta if isinstance(delta, Mapping) else None
+
+
+def bundle_of(event: RuntimeEvent) -> CheckpointBundle | None:
+    """The bundle a terminal fact carries, None without one.
+
+    Raises:
+        CheckpointError: ``checkpoint_bundle_invalid`` / ``_not_canonical``: a bound fact that
+            cannot be read fails closed.
+    """
+    delta = _delta(event)
+    return None if delta is None else _decode(delta.get(CHECKPOINT_KEY))
+
+
+def transition_of(event: RuntimeEvent) -> dict[str, Any] | None:
+    """The workspace transition an operator fact records, None for any other event."""
+    delta = _delta(event)
+    payload = delta.get(TRANSITION_KEY) if delta is not None and is_resolution_run(event.run_id) else None
+    if isinstance(payload, Mapping) and payload.get("protocol") == TRANSITION_PROTOCOL:
+        return dict(payload)
+    return None
+
+
+def session_bundles(events: Sequence[RuntimeEvent]) -> list[tuple[RuntimeEvent, CheckpointBundle]]:
+    """Every readable bundle the session's facts commit (terminal facts and transitions)."""
+    out: list[tuple[RuntimeEvent, CheckpointBundle]] = []
+    for event in events:
+        try:
+            bundle = bundle_of(event) if event.is_terminal else None
+            transition = transition_of(event)
+            if bundle is None and transition is not None:
+                bundle = _decode(transition.get("bundle"))
+        except CheckpointError:
+            continue
+        if bundle is not None:
+            out.append((event, bundle))
+    return out
+
+
+def _decode(raw: Any) -> CheckpointBundle | None:
+    """A stored bundle (a JSON object in a fact), strictly; None when the fact holds none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise CheckpointError("checkpoint_bundle_invalid", "a stored checkpoint bundle is not an object")
+    return CheckpointBundle.decode(canonical_json.dumps(dict(raw)))
+
+
+def current_epoch(events: Sequence[RuntimeEvent], identity: str) -> int:
+    """The workspace's epoch in this session: the highest any committed bundle of it names."""
+    return max(
+        (
+            b.boundary.workspace_epoch
+            for _, b in session_bundles(events)
+            if b.boundary.workspace_identity == identity
+        ),
+        default=0,
+    )
+
+
+def _source_boundary(run_events: Sequence[RuntimeEvent], identity: str) -> SourceBoundary | None:
+    """The boundary a terminal fact binds: the run's prefix before it."""
+    before = [e for e in run_events if not e.is_terminal]
+    if not before:
+        return None
+    try:
+        prefix = read_prefix(before)
+    except PrefixUnreadable:
+        return None
+    return SourceBoundary(
+        workspace_identity=identity,
+        immutable_runtime_high_water=prefix.last_event_seq,
+        immutable_runtime_digest=prefix.digest,
+    )
+
+
+# --- capture at a run's end -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pending:
+    workspace: Workspace
+    boundary: SourceBoundary
+    epoch: int
+
+
+def workspace_of_run(
+    store: LedgerStore, session_id: str, run_id: str, session_events: list[RuntimeEvent]
+) -> tuple[str, str] | None:
+    """(folder, identity) a run works in: its claim's target header, else the session record."""
+    for claim in store.session_claims(session_id):
+        header = claim.target_run_header_json
+        if claim.target_run_id == run_id and header and header.get("cwd") and header.get("workspaceIdentity"):
+            return str(header["cwd"]), str(header["workspaceIdentity"])
+    record = session_record(session_events)
+    return None if record is None else (record.workspace, record.workspace_identity)
+
+
+def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pending | None:
+    """Ledger half: the run's terminal fact if it already has one (an exact retry), else what to
+    capture (None: no workspace to bind)."""
+    session_events = store.events(session_id=terminal.session_id)
+    run_events = [e for e in session_events if e.run_id == terminal.run_id]
+    done = next((e for e in run_events if e.is_terminal), None)
+    if done is not None:
+        return done
+    where = workspace_of_run(store, terminal.session_id, terminal.run_id, session_events)
+    if where is None:
+        return None
+    try:
+        workspace = Workspace.open(where[0], create=False)
+    except MakaError:
+        return None  # the continuation gate parks on the marker; nothing to bind here
+    if workspace.identity != where[1]:
+        return None
+    boundary = _source_boundary(run_events, workspace.identity)
+    if boundary is None:
+        return None
+    epoch = current_epoch(session_events, workspace.identity)
+    return _Pending(workspace, boundary, epoch)
+
+
+def capture_bundle(
+    provider: CheckpointProvider, workspace: Workspace, session_id: str, boundary: SourceBoundary, epoch: int
+) -> CheckpointBundle:
+    """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``."""
+    try:
+        outcome: Checkpoint | NoCheckpoint = provider.capture(workspace, session_id)
+    except CheckpointError as refused:  # git failed, or the store lies inside the workspace
+        outcome = NoCheckpoint(
+            code="repository_unreadable", detail=f"{refused.code}: {refused.message}"[:500]
+        )
+    fields = {**boundary.model_dump(), "workspace_epoch": epoch}
+    return CheckpointBundle.of(fields, outcome, provider.policy)
+
+
+def with_bundle(terminal: RuntimeEvent, bundle: CheckpointBundle) -> RuntimeEvent:
+    actions = terminal.actions or Actions()
+    delta = {**(actions.state_delta or {}), CHECKPOINT_KEY: bundle.to_wire()}
+    return terminal.model_copy(update={"actions": actions.model_copy(update={"state_delta": delta})})
+
+
+def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: RuntimeEvent) -> RuntimeEvent:
+    """The terminal fact to commit, carrying the checkpoint of the run's workspace (synchronous:
+    the ledger reads and the capture; the async caller runs each half on its own thread)."""
+    pending = _prepare(store, terminal)
+    if isinstance(pending, RuntimeEvent):
+        return pending
+    if pending is None:
+        return terminal
+    bundle = capture_bundle(provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch)
+    return with_bundle(terminal, bundle)
+
+
+async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+    """``bind_terminal`` with its ledger reads on the ledger thread and the capture on the tool pool
+    (a capture reads the workspace: it never holds the ledger)."""
+    store: LedgerStore = rt.ledger  # type: ignore[assignment]
+    pending = await rt.on_ledger(lambda: _prepare(store, terminal))
+    if isinstance(pending, RuntimeEvent):
+        return pending
+    if pending is None:
+        return terminal
+    provider = provider_at(rt.settings.maka_home)
+    bundle = await rt.on_tool_pool(
+        lambda: capture_bundle(
+            provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch
+        )
+    )
+    return with_bundle(terminal, bundle)
+
+
+# --- the gate --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceContinuity:
+    """What a continuation of one source run must find: the effective bundle and where."""
+
+    source_run_id: str
+    bundle: CheckpointBundle | None = None
+    boundary: SourceBoundary | None = None
+    transition: Mapping[str, Any] | None = None
+    #: A bound fact that cannot be read: the gate fails closed on it.
+    unreadable: str | None = None
+
+    @property
+    def cwd(self) -> str | None:
+        """The folder a restore moved the session to (None: the source's own)."""
+        if self.transition is not None and self.transition.get("kind") == "isolated_restore":
+            return str(self.transition["cwd"])
+        return None
+
+    @property
+    def workspace_identity(self) -> str | None:
+        return None if self.bundle is None else self.bundle.boundary.workspace_identity
+
+
+def source_continuity(session_events: Sequence[RuntimeEvent], source_run_id: str) -> SourceContinuity:
+    """The latest transition fact for ``source_run_id``, else its terminal fact's bundle."""
+    run_events = [e for e in session_events if e.run_id == source_run_id]
+    terminal = next((e for e in run_events if e.is_terminal), None)
+    transition = None
+    for event in session_events:
+        found = transition_of(event)
+        if found is not None and found.get("sourceRunId") == source_run_id:
+            transition = found
+    try:
+        if transition is not None:
+            bundle = _decode(transition.get("bundle"))
+        else:
+            bundle = bundle_of(terminal) if terminal is not None else None
+    except CheckpointError as bad:
+        return SourceContinuity(source_run_id, transition=transition, unreadable=bad.code)
+    if bundle is None:
+        return SourceContinuity(source_run_id, transition=transition)
+    boundary = _source_boundary(run_events, bundle.boundary.workspace_identity)
+    return SourceContinuity(source_run_id, bundle, boundary, transition)
+
+
+def observe_source(
+    provider: CheckpointProvider, cwd: str, continuity: SourceContinuity
+) -> BoundaryObservation | None:
+    """The gate's observation of the folder at ``cwd`` (None: nothing bound, today's gate)."""
+    if continuity.unreadable is not None:
+        return BoundaryObservation(code="checkpoint_missing", detail=continuity.unreadable)
+    if continuity.bundle is None:
+        return None
+    if continuity.boundary is None:
+        return BoundaryObservation(
+            code="checkpoint_boundary_mismatch", detail="the source prefix is unreadable"
+        )
+    try:
+        workspace = Workspace.open(cwd, create=False)
+    except MakaError as exc:
+        return BoundaryObservation(code="checkpoint_workspace_mismatch", detail=f"{exc.code}: {exc.message}")
+    try:
+        return observe_boundary(provider, workspace, continuity.boundary, continuity.bundle)
+    except CheckpointError as failed:
+        return BoundaryObservation(code="checkpoint_missing", detail=f"{failed.code}: {failed.message}")
+
+
+def changed_paths(changes: Sequence[PathChange]) -> dict[str, list[str]]:
+    """Changed paths by kind (the diagnostic's shape: names, never contents)."""
+    out: dict[str, list[str]] = {}
+    for change in changes:
+        out.setdefault(change.kind, []).append(change.path)
+    return out
+
+
+def gate_diagnostic(observation: BoundaryObservation) -> dict[str, Any]:
+    """The planner diagnostic's detail for a boundary observation."""
+    detail: dict[str, Any] = {"checkpointRef": observation.checkpoint_ref}
+    if observation.changes:
+        detail["changedPaths"] = changed_paths(observation.changes)
+    if observation.detail:
+        detail["detail"] = observation.detail
+    return {k: v for k, v in detail.items() if v is not None}
+
+
+# --- operator choices ------------------------------------------------------------------------
+
+
+def _latest_source(store: LedgerStore, session_id: str) -> tuple[list[RuntimeEvent], RunHeader]:
+    runs = [r for r in store.list_runs(session_id=session_id) if not is_resolution_run(r.run_id)]
+    latest = max(runs, key=lambda r: (r.created_at, r.updated_at), default=None)
+    if latest is None:
+        raise MakaError("session_not_found", f"no session {session_id} in the ledger", sessionId=session_id)
+    if not latest.is_terminal:
+        raise MakaError(
+            "session_busy", f"the latest run of session {session_id} has not ended", sessionId=session_id
+        )
+    return store.events(session_id=session_id), latest
+
+
+def _checkpointed(continuity: SourceContinuity) -> tuple[CheckpointBundle, Checkpoint]:
+    bundle = continuity.bundle
+    if continuity.unreadable is not None:
+        raise MakaError(
+            "checkpoint_missing", f"the source boundary's bundle is unreadable: {continuity.unreadable}"
+        )
+    if bundle is None or bundle.checkpoint is None:
+        why = bundle.no_checkpoint.code if bundle is not None and bundle.no_checkpoint else "no bundle"
+        raise MakaError(
+            "workspace_has_no_checkpoint",
+            f"run {continuity.source_run_id} has no workspace checkpoint ({why})",
+            runId=continuity.source_run_id,
+        )
+    return bundle, bundle.checkpoint
+
+
+def _commit_transition(
+    store: LedgerStore, session_id: str, payload: dict[str, Any], note: str | None = None
+) -> RuntimeEvent:
+    """The transition as one operator fact; with ``note``, a host-authored user text the model's
+    history holds (the model step reads the session's events; the planner's replay skips this lane)."""
+    run = f"{RESOLUTION_PREFIX}{uuid.uuid4()}"
+    now = now_ms()
+    event = RuntimeEvent(
+        id=f"{run}_workspace",
+        session_id=session_id,
+        invocation_id=f"inv-{run}",
+        run_id=run,
+        turn_id=f"turn-{run}",
+        ts=now,
+        partial=False,
+        role="system" if note is None else "user",
+        author="host",
+        status="completed",
+        actions=Actions(end_invocation=True, state_delta={TRANSITION_KEY: {**payload, "recordedAt": now}}),
+    )
+    if note is not None:
+        event = event.model_copy(update={"content": TextContent(text=note)})
+    store.commit_terminal(event)
+    store.put_run(
+        RunHeader(
+            session_id=session_id,
+            run_id=run,
+            invocation_id=event.invocation_id,
+            turn_id=event.turn_id,
+            status="completed",
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return event
+
+
+def _source_workspace(continuity: SourceContinuity, events: Sequence[RuntimeEvent], run_id: str) -> Workspace:
+    cwd = continuity.cwd
+    if cwd is None:
+        record = session_record([e for e in events if e.run_id == run_id]) or session_record(list(events))
+        cwd = record.workspace if record is not None else None
+    if cwd is None:
+        raise MakaError("workspace_identity_missing", "the session records no workspace")
+    return Workspace.open(cwd, create=False)
+
+
+def rebaseline(store: LedgerStore, provider: CheckpointProvider, session_id: str) -> dict[str, Any]:
+    """Durable rebaseline: capture the workspace as it is now as the source boundary's new
+    baseline (``workspaceEpoch`` + 1) and commit that as a fact; the payload committed.
+
+    Raises:
+        MakaError: ``session_not_found``, ``session_busy``, ``workspace_has_no_checkpoint``,
+            ``checkpoint_missing``, a workspace code (``workspace_unmarked``...), or the capture's
+            ``NoCheckpoint`` code when the workspace cannot be captured now.
+    """
+    events, latest = _latest_source(store, session_id)
+    continuity = source_continuity(events, latest.run_id)
+    old, checkpoint = _checkpointed(continuity)
+    workspace = _source_workspace(continuity, events, latest.run_id)
+    observed = observe_source(provider, str(workspace.root), continuity)
+    changes = observed.changes if observed is not None else ()
+    assert continuity.boundary is not None
+    epoch = max(current_epoch(events, workspace.identity), old.boundary.workspace_epoch) + 1
+    boundary = continuity.boundary.model_copy(update={"workspace_identity": workspace.identity})
+    bundle = capture_bundle(provider, workspace, session_id, boundary, epoch)
+    if bundle.checkpoint is None:
+        assert bundle.no_checkpoint is not None
+        raise MakaError(
+            bundle.no_checkpoint.code, f"cannot capture the workspace: {bundle.no_checkpoint.detail}"
+        )
+    failpoints.hit("checkpoint_rebaseline_captured")
+    payload = {
+        "protocol": TRANSITION_PROTOCOL,
+        "kind": "rebaseline",
+        "sessionId": session_id,
+        "sourceRunId": latest.run_id,
+        "fromCheckpointRef": checkpoint.ref,
+        "observed": observed.code if observed is not None else None,
+        "changedPaths": changed_paths(changes),
+        "workspaceEpoch": epoch,
+        "bundle": bundle.to_wire(),
+    }
+    _commit_transition(
+        store, session_id, {k: v for k, v in payload.items() if v is not None}, rebaseline_note(payload)
+    )
+    return payload
+
+
+def restore_destination(root: Path) -> Path:
+    """The first free ``<name>.restored-<n>`` beside the workspace."""
+    n = 1
+    while True:
+        dest = root.parent / f"{root.name}.restored-{n}"
+        if not os.path.lexists(dest):
+            return dest
+        n += 1
+
+
+def restore_isolated(
+    store: LedgerStore,
+    provider: CheckpointProvider,
+    session_id: str,
+    *,
+    git: str = "git",
+) -> dict[str, Any]:
+    """Isolated restore: materialize the source boundary's checkpoint into a new folder beside the
+    workspace (never writing the workspace), mark it (a new identity), give it an empty Git
+    repository, capture it, and commit the transition fact; the payload committed.
+
+    Raises:
+        MakaError: as ``rebaseline``, and the checkpoint's verify code, ``restore_*`` codes.
+    """
+    events, latest = _latest_source(store, session_id)
+    continuity = source_continuity(events, latest.run_id)
+    _old, checkpoint = _checkpointed(continuity)
+    workspace = _source_workspace(continuity, events, latest.run_id)
+    verification = provider.verify(workspace, checkpoint)
+    if verification.code is not None:
+        raise MakaError(
+            verification.code, f"checkpoint {checkpoint.ref} does not verify: {verification.detail}"
+        )
+    dest = provider.materialize(workspace, checkpoint, restore_destination(workspace.root))
+    # Its own empty repository: its untracked files are what its next boundaries capture.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(
+        [git, "init", "--quiet", "--template=", str(dest)], env=env, check=True, capture_output=True
+    )
+    restored = Workspace.open(dest, create=True)
+    assert continuity.boundary is not None
+    boundary = continuity.boundary.model_copy(update={"workspace_identity": restored.identity})
+    bundle = capture_bundle(provider, restored, session_id, boundary, 0)
+    failpoints.hit("checkpoint_restore_materialized")
+    payload = {
+        "protocol": TRANSITION_PROTOCOL,
+        "kind": "isolated_restore",
+        "sessionId": session_id,
+        "sourceRunId": latest.run_id,
+        "fromCheckpointRef": checkpoint.ref,
+        "fromWorkspaceIdentity": workspace.identity,
+        "fromCwd": str(workspace.root),
+        "cwd": str(restored.root),
+        "workspaceIdentity": restored.identity,
+        "treeMatches": bundle.checkpoint is not None and bundle.checkpoint.tree == checkpoint.tree,
+        "bundle": bundle.to_wire(),
+    }
+    _commit_transition(store, session_id, payload)
+    return payload
+
+
+def rebaseline_note(transition: Mapping[str, Any]) -> str | None:
+    """The model-visible note of a rebaseline: which paths changed, so the model re-reads them."""
+    if transition.get("kind") != "rebaseline":
+        return None
+    by_kind = transition.get("changedPaths") or {}
+    names = [f"{p} ({kind})" for kind, paths in sorted(by_kind.items()) for p in paths]
+    shown = ", ".join(names[:50]) + (f" and {len(names) - 50} more" if len(names) > 50 else "")
+    return (
+        "The workspace changed while this session was parked and the operator chose to continue from "
+        f"the current files (workspace epoch {transition.get('workspaceEpoch')}). Changed paths: "
+        f"{shown or 'none'}. Re-read any of them before relying on what you read earlier."
+    )
+
+
+# --- retention -------------------------------------------------------------------------------
+
+
+def referenced_refs(events: Sequence[RuntimeEvent]) -> dict[str, set[str]]:
+    """Workspace id -> every checkpoint ref a committed fact names (any session, any lineage)."""
+    out: dict[str, set[str]] = {}
+    for event in events:
+        try:
+            bundle = bundle_of(event) if event.is_terminal else None
+            transition = transition_of(event)
+        except CheckpointError:
+            continue
+        refs: list[tuple[str, str]] = []
+        if bundle is not None and bundle.checkpoint is not None:
+            refs.append((bundle.boundary.workspace_identity, bundle.checkpoint.ref))
+        if transition is not None:
+            try:
+                inner = _decode(transition.get("bundle"))
+            except CheckpointError:
+                inner = None
+            if inner is not None and inner.checkpoint is not None:
+                refs.append((inner.boundary.workspace_identity, inner.checkpoint.ref))
+            source_id = transition.get("fromWorkspaceIdentity")
+            if isinstance(source_id, str) and isinstance(transition.get("fromCheckpointRef"), str):
+                refs.append((source_id, transition["fromCheckpointRef"]))
+        for identity, ref in refs:
+            out.setdefault(identity.removeprefix("workspace:v1:"), set()).add(ref)
+    return out
+
+
+def gc_checkpoints(
+    store: LedgerStore, provider: GitCheckpointProvider, *, grace_seconds: float = GC_GRACE_S
+) -> dict[str, Any]:
+    """Collect every checkpoint ref no committed fact names and older than ``grace_seconds``; keeps
+    every ref any fact of any session references. Returns what was kept and deleted per store."""
+    keep = referenced_refs(store.events())
+    stores = sorted((provider.state_dir / "git").glob("*.git"))
+    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
+    for path in stores:
+        workspace_id = path.name.removesuffix(".git")
+        # Retention reads only the Maka store (named by the id): the folder itself is not needed.
+        handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
+        refs = provider.refs(handle)
+        kept = keep.get(workspace_id, set())
+        now = time.time()
+        due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
+        # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
+        deleted = provider.gc(handle, kept, grace_seconds=grace_seconds) if due else ()
+        out["stores"].append(
+            {
+                "workspaceId": workspace_id,
+                "refs": len(refs),
+                "deleted": list(deleted),
+                "kept": len(refs) - len(deleted),
+            }
+        )
+        out["deleted"] += len(deleted)
+        out["kept"] += len(refs) - len(deleted)
+    return out
+
+
+def gc_quietly(store: LedgerStore, home: Path | None = None) -> dict[str, Any] | None:
+    """``gc_checkpoints`` as a worker runs it at start: a failure is logged, never fatal."""
+    try:
+        return gc_checkpoints(store, provider_at(home))
+    except MakaError as exc:
+        log.warning("checkpoint gc skipped: %s: %s", exc.code, exc.message)
+        return None
+
+
+def choose(
+    store: LedgerStore, provider: CheckpointProvider, session_id: str, choice: TransitionKind
+) -> dict[str, Any]:
+    """An operator's choice for a session whose workspace changed (``maka resume --restore isolated``
+    / ``--rebaseline``), committed as its fact before the resume plans."""
+    if choice == "isolated_restore":
+        return restore_isolated(store, provider, session_id)
+    return rebaseline(store, provider, session_id)
+
+
+def describe(payload: Mapping[str, Any]) -> str:
+    """One line for the operator: what the committed transition did."""
+    if payload.get("kind") == "isolated_restore":
+        return (
+            f"restored checkpoint {payload['fromCheckpointRef']} into {payload['cwd']} "
+            f"(new workspace {payload['workspaceIdentity']}); {payload['fromCwd']} is untouched"
+        )
+    paths = sum(len(v) for v in (payload.get("changedPaths") or {}).values())
+    return (
+        f"rebaselined on the current files (workspace epoch {payload['workspaceEpoch']}, "
+        f"{paths} changed path(s) named to the model)"
+    )

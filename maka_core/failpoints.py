@@ -76,6 +76,14 @@ CHECKPOINT: Final[dict[str, str]] = {
     "guarded_replace_after_exchange": "names exchanged, not checked: the next call checks, keeps or undoes",
 }
 
+#: A recovery redo's commit points (``runtime.recovery``, around ``tools.redo``): point -> what a
+#: kill there must leave. The redo is recorded (a ``recovery`` attempt row) before it starts, so
+#: the next worker sees it was started and never starts a second one.
+REDO: Final[dict[str, str]] = {
+    "redo_recorded": "redo recorded, target untouched: the next worker settles, never redoes",
+    "redo_settled": "redo done, its bundle not committed: the next worker sees the new content, settles",
+}
+
 #: A compaction's crash points (``runtime.model_step._compact``), in order: before the summarizing
 #: call, after its answer and before the fact commits, after the commit and before the step's call.
 COMPACTION: Final[dict[str, str]] = {
@@ -90,6 +98,7 @@ CATALOG: Final[frozenset[str]] = (
     | frozenset(CONTINUATION)
     | frozenset(CHECKPOINT)
     | frozenset(COMPACTION)
+    | frozenset(REDO)
 )
 
 _name = os.environ.get("MAKA_FAILPOINT") or None

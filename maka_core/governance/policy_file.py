@@ -163,6 +163,11 @@ class GovernancePolicy(GovernanceModel):
         Field(default_factory=dict, max_length=500)
     )
 
+    #: After a crash, redo a file write whose target still holds its recorded before-state, through
+    #: a guarded replacement (``tools.redo``); False parks it (``reconcile_matches_prior_state``) as
+    #: before. Left out of the digest when true (the default).
+    redo_interrupted_writes: bool = True
+
     @field_validator("allow_network")
     @classmethod
     def _network_not_denied(cls, value: bool, info: ValidationInfo) -> bool:
@@ -194,6 +199,8 @@ class GovernancePolicy(GovernanceModel):
             del value["trustedReadCommands"]
         if not value["allowNetwork"]:
             del value["allowNetwork"]
+        if value["redoInterruptedWrites"]:
+            del value["redoInterruptedWrites"]
         if not value["toolGuarantees"]:
             del value["toolGuarantees"]
         # Likewise for token caps: only a set cap is part of what the digest covers.

@@ -45,6 +45,8 @@ from maka_core.tools.beneath import (
 )
 from maka_core.tools.effect_journal import record as record_effect
 from maka_core.tools.evidence import reconcile_file
+from maka_core.tools.guarded_replace import GuardedReplace
+from maka_core.tools.redo import guarded, redo_write
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -354,6 +356,30 @@ class _WriteTool(_FileTool):
                 self.result_for(ev.target, ev.expected_after), self.result_byte_limit
             ),
         )
+
+    def redo(
+        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence, prior: Reconciliation, run: int
+    ) -> Reconciliation:
+        """Recovery's guarded redo of this write, found in its before-state (``tools.redo``)."""
+        return redo_write(
+            self.name,
+            ws,
+            evidence,
+            prior,
+            run=run,
+            content=lambda: self._plan(args, ws).after,
+            result_for=lambda ev: enforce_result_limit(
+                self.result_for(ev.target, ev.expected_after), self.result_byte_limit
+            ),
+            replace=self.replace,
+        )
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        """The conditional replacement a redo uses."""
+        return guarded(root, rel, before, data, max_bytes)
 
 
 @dataclass(frozen=True)

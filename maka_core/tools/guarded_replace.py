@@ -230,6 +230,33 @@ def guarded_replace(
         return _settle(dir_fd, name, side, before, after, max_bytes)
 
 
+def settle_leftover(
+    root: str,
+    rel: str,
+    before: FileIdentity | None,
+    after: FileIdentity,
+    *,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> GuardedReplace | None:
+    """Settle what an interrupted ``guarded_replace`` of the same arguments left, never starting a
+    new exchange: None when no side file is (any longer) there, else the repair's outcome.
+
+    For a caller that must not replace twice (a recovery redo already recorded as started): the
+    exchange it may have made is checked and kept or undone, and only our own content is removed.
+
+    Raises:
+        ToolRefusal: as ``guarded_replace``.
+    """
+    with locate(root, rel, for_write=True, create_parents=False) as target:
+        if target.dir_fd is None:
+            return None
+        dir_fd, name = target.dir_fd, target.name
+        side = side_name(name, after)
+        if not _exists(dir_fd, side):
+            return None
+        return _repair(dir_fd, name, side, before, after, max_bytes)
+
+
 def _create(dir_fd: int, name: str, side: str) -> GuardedReplace:
     try:
         renameat2(

@@ -176,8 +176,20 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         and isinstance(evidence, FileEvidence)
         and session_gov.policy.redo_interrupted_writes
     ):
+        # Unsettled, so each of its recovery rows is a redo recorded before it began (a bundle's
+        # row commits with the bundle, which settles it).
+        started = await rt.on_ledger(lambda: _redos_recorded(rt, op_id), attempt=attempt)
 
-        async def redo(prior: Reconciliation) -> tuple[Reconciliation, int]:
+        async def redo(prior: Reconciliation) -> tuple[Reconciliation, int] | None:
+            if started:
+                # A redo began before this recovery (and may have exchanged): settle what it left
+                # and observe; never start another.
+                settled = await rt.on_tool_pool(
+                    lambda: redo_of(args, ws, evidence, prior, None), attempt=attempt
+                )
+                return settled, 1 + started
+            if prior.observation != "matches_prior_state":
+                return None
             # Recorded before it starts: only the run that recorded the first redo may exchange.
             run_number = await rt.on_ledger(
                 lambda: rt.ledger.record_rerun(op_id, attempt=attempt.record), attempt=attempt
@@ -192,6 +204,10 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     return await _reconcile(
         rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence), redo=redo
     )
+
+
+def _redos_recorded(rt: Runtime, op_id: str) -> int:
+    return sum(row["phase"] == "recovery" for row in rt.ledger.attempts(op_id))
 
 
 def _recovery_receipt(
@@ -236,7 +252,7 @@ async def _reconcile(
     attempt: Attempt,
     observe: Callable[[], Reconciliation | None],
     task_id: str | None = None,
-    redo: Callable[[Reconciliation], Awaitable[tuple[Reconciliation, int]]] | None = None,
+    redo: Callable[[Reconciliation], Awaitable[tuple[Reconciliation, int] | None]] | None = None,
 ) -> RecoverResult:
     """Observe the target (``observe``, on the tool pool) and commit one atomic recovery bundle;
     a target in its before-state is first redone through ``redo`` when given (``tools.redo``)."""
@@ -245,15 +261,16 @@ async def _reconcile(
     if rec is None:
         return _parked(inp, "dispatch_without_response")
     runs = None
-    if redo is not None and rec.observation == "matches_prior_state":
-        rec, runs = await redo(rec)
+    redone = None if redo is None else await redo(rec)
+    if redone is not None:
+        rec, runs = redone
     held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
     receipt = None
     recovered = rec.recovered if rec.observation == "matches_expected_state" else None
     if held is not None:
-        redone = rec.observed.get("redo") if runs is not None else None
+        note = rec.observed.get("redo") if runs is not None else None
         receipt, status, items = await rt.on_tool_pool(
-            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered, runs, redone),
+            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered, runs, note),
             attempt=attempt,
         )
         if recovered is not None and task_id is not None:

@@ -50,7 +50,7 @@ def redo_write(
     evidence: FileEvidence,
     prior: Reconciliation,
     *,
-    run: int,
+    run: int | None,
     content: Callable[[], bytes],
     result_for: Callable[[FileEvidence], ToolResult],
     replace: Replace = guarded,
@@ -59,7 +59,8 @@ def redo_write(
 
     Args:
         prior: the reconciliation that found the before-state.
-        run: the number ``record_rerun`` gave this redo.
+        run: the number ``record_rerun`` gave this redo; None: a redo was recorded before this
+            recovery, so only what it left is settled.
         content: the write's new bytes, planned again (raises ``ToolRefusal`` when it no longer
             applies); checked against the evidence's expected-after identity.
         replace: the conditional replacement (the default is the guarded one).
@@ -69,8 +70,9 @@ def redo_write(
     result: GuardedReplace | None = None
     try:
         if run != FIRST_REDO:
-            # A redo was recorded before this one: it may have exchanged. Settle what it left and
-            # never exchange again.
+            # A redo was recorded before this one (None: before this recovery; a number past the
+            # first: a recovery racing this one recorded it first): it may have exchanged. Settle
+            # what it left and never exchange again.
             note["code"] = "redo_already_started"
             result = settle_leftover(
                 root, rel, evidence.before, evidence.expected_after, max_bytes=evidence.max_bytes
@@ -87,7 +89,7 @@ def redo_write(
         note["detail"] = exc.strerror or str(exc)
     if result is not None:
         note.update(outcome=result.outcome, code=result.code or note.get("code"), detail=result.detail)
-        note = {k: v for k, v in note.items() if v is not None and v != ""}
+    note = {k: v for k, v in note.items() if v is not None and v != ""}
     observed = observe_file(ws, evidence)
     observation = classify(evidence, observed)
     if result is not None and result.done:

@@ -17,8 +17,8 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
   task: against its declared reconciliation predicates, ``runtime.melra.reconcile_task``) and
   commits one atomic recovery bundle (finalize-only: completed when it holds the expected state,
   parked otherwise; a file write found in its before-state is first redone once through the
-  guarded replacement, recorded with ``record_rerun`` before it starts, ``tools.redo``); ``at-most-once`` (bash, and any tool declaring it) parks with
-  ``dispatch_without_response``;
+  guarded replacement, recorded with ``record_rerun`` before it starts, ``tools.redo``);
+  ``at-most-once`` (bash, and any tool declaring it) parks with ``dispatch_without_response``;
 - parked or corrupt -> park.
 """
 

@@ -19,9 +19,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -138,6 +139,71 @@ def test_a_target_changed_before_recovery_is_not_redone(rt: Runtime, ws: Workspa
     result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
     assert (result.status, result.reason) == ("parked", "reconcile_diverged")
     assert (ws.root / "conf/app.txt").read_text() == "port=5000\n" and redo_runs(rt, ref) == 1
+
+
+class RefusingWrite(WriteFileTool):
+    """A filesystem without ``RENAME_EXCHANGE`` (none here lacks it): the replacement refuses."""
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        return GuardedReplace(code="exchange_unsupported", detail="EINVAL")
+
+
+def test_an_unsupported_exchange_parks_with_nothing_changed(store: LedgerStore, ws: Workspace) -> None:
+    rt = Runtime(store, tools={**default_tools(), "write_file": RefusingWrite()})
+    ref = interrupted(rt, ws, "write_file")
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert (result.status, result.reason) == ("parked", "reconcile_matches_prior_state")
+    assert (ws.root / "conf/app.txt").read_text() == BEFORE and leftovers(ws) == []
+
+
+class Counted(WriteFileTool):
+    """Counts the replacements started (each may exchange)."""
+
+    calls: ClassVar[list[str]] = []
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        Counted.calls.append(rel)
+        return WriteFileTool.replace(root, rel, before, data, max_bytes)
+
+
+def test_recoveries_racing_each_other_exchange_at_most_once(tmp_path: Path, ws: Workspace) -> None:
+    # Four workers recover the same operation at once (a timed-out attempt still running beside its
+    # retry): no recovery raises, all report the one settled outcome, at most one starts an exchange.
+    # (That a redo never runs twice across crashes, with its control, is the set-back drill below.)
+    db = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    first = Runtime(LedgerStore.open(db))
+    ref = interrupted(first, ws, "write_file")
+    Counted.calls.clear()
+    workers = [
+        Runtime(LedgerStore.open(db), tools={**default_tools(), "write_file": Counted()}) for _ in range(4)
+    ]
+    barrier = threading.Barrier(len(workers))
+    results: list[Any] = []
+
+    def recover(rt: Runtime) -> None:
+        barrier.wait()
+        results.append(run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT)))
+
+    threads = [threading.Thread(target=recover, args=(rt,)) for rt in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == len(workers), "a recovery raised or hung"
+    # One recorded redo may exchange (run 2); the others only settle: one outcome for all.
+    assert len({(r.status, r.response_event_id) for r in results}) == 1, results
+    content = (ws.root / "conf/app.txt").read_text()
+    assert content == (AFTER if results[0].status == "completed" else BEFORE) and leftovers(ws) == []
+    # Only the recovery that recorded run 2 starts a replacement (a peer may settle what it left).
+    assert len(Counted.calls) <= 1 and (content == AFTER) <= (len(Counted.calls) == 1), Counted.calls
+    for rt in (first, *workers):
+        rt.close()
 
 
 # --- SIGKILL drills ------------------------------------------------------------------------------

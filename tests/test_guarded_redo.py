@@ -22,25 +22,27 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
 
 from maka_core import failpoints
 from maka_core.governance import parse_policy
-from maka_core.runtime import recovery
+from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
-from maka_core.tools.base import FileIdentity
+from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation
 from maka_core.tools.beneath import locate, write_replace
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
 from maka_core.tools.files import WriteFileTool
-from maka_core.tools.guarded_replace import GuardedReplace, side_name
+from maka_core.tools.guarded_replace import GuardedReplace, guarded_replace, side_name
+from maka_core.tools.redo import FIRST_REDO
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import with_policy
-from tests.test_runtime import ATTEMPT, one_call, op_status, prepare_only, recover_input, run
+from tests.test_runtime import ATTEMPT, one_call, op_status, prepare_only, recover_input, run, tool_input
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "port=3000\n"
@@ -141,6 +143,65 @@ def test_a_target_changed_before_recovery_is_not_redone(rt: Runtime, ws: Workspa
     assert (ws.root / "conf/app.txt").read_text() == "port=5000\n" and redo_runs(rt, ref) == 1
 
 
+class UnguardedOriginal(WriteFileTool):
+    """Negative control: the original write as it was, an unconditional rename (no T1 guard)."""
+
+    def with_evidence(self, evidence: FileEvidence) -> UnguardedOriginal:
+        return self
+
+
+@pytest.mark.parametrize("tool", [WriteFileTool, UnguardedOriginal], ids=["guarded", "control-unguarded"])
+def test_a_late_original_after_its_redo_never_overwrites_a_later_write(
+    store: LedgerStore, ws: Workspace, tool: type[WriteFileTool]
+) -> None:
+    rt = Runtime(store, tools={**default_tools(), "write_file": tool()})
+    (ws.root / "conf").mkdir()
+    target = ws.root / "conf/app.txt"
+    target.write_text(BEFORE)
+    ref = one_call(rt, ws, "write_file", CALLS["write_file"])
+    # T1 as the original attempt commits it; then it stalls (frozen past its heartbeat timeout).
+    original = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(original, tool_call.Dispatched)
+    redone = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert redone.status == "completed" and target.read_text() == AFTER
+    target.write_text("port=5000\n")  # the session's next write
+    late = tool_call._run_effect(original, ref, tool_call.Cancellation())  # the original wakes up
+    assert isinstance(late, tool_call.Ran)
+    if tool is UnguardedOriginal:
+        assert target.read_text() == AFTER  # the later write is lost under the late original's
+        return
+    assert target.read_text() == "port=5000\n" and leftovers(ws) == []
+    assert late.result.error_code == "target_diverged"
+    # Its T2 is refused: recovery settled the call (the model saw the redone outcome only).
+    assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
+
+
+class FlatRedo(WriteFileTool):
+    """Negative control: the redo as it was, making no missing folder."""
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        return guarded_replace(root, rel, before, data, max_bytes=max_bytes)
+
+
+@pytest.mark.parametrize("tool", [WriteFileTool, FlatRedo], ids=["parents-made", "control-flat"])
+def test_a_write_into_a_new_folder_is_redone_with_its_folders(
+    store: LedgerStore, ws: Workspace, tool: type[WriteFileTool]
+) -> None:
+    rt = Runtime(store, tools={**default_tools(), "write_file": tool()})
+    args = {"path": "new/deeper/a.txt", "content": AFTER}
+    ref = one_call(rt, ws, "write_file", args)
+    prepare_only(rt, ws, ref, args)  # T1 (before: absent), then a crash before the write
+    result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    if tool is FlatRedo:
+        assert (result.status, result.reason) == ("parked", "reconcile_matches_prior_state")
+        return
+    assert (result.status, result.reason) == ("completed", "reconcile_matches_expected_state")
+    assert (ws.root / "new/deeper/a.txt").read_text() == AFTER
+
+
 class RefusingWrite(WriteFileTool):
     """A filesystem without ``RENAME_EXCHANGE`` (none here lacks it): the replacement refuses."""
 
@@ -160,9 +221,10 @@ def test_an_unsupported_exchange_parks_with_nothing_changed(store: LedgerStore, 
 
 
 class Counted(WriteFileTool):
-    """Counts the replacements started (each may exchange)."""
+    """Counts the replacements started and the settles that touched the disk (each may exchange)."""
 
     calls: ClassVar[list[str]] = []
+    settles: ClassVar[list[str]] = []
 
     @staticmethod
     def replace(
@@ -171,18 +233,51 @@ class Counted(WriteFileTool):
         Counted.calls.append(rel)
         return WriteFileTool.replace(root, rel, before, data, max_bytes)
 
+    @staticmethod
+    def settle(
+        root: str,
+        rel: str,
+        before: FileIdentity | None,
+        after: FileIdentity,
+        observe: Callable[[], dict[str, Any]],
+        max_bytes: int,
+        peer_live: bool,
+    ) -> tuple[GuardedReplace | None, dict[str, Any] | None]:
+        done = WriteFileTool.settle(root, rel, before, after, observe, max_bytes, peer_live)
+        if done[0] is not None and done[0].code != "redo_already_started":
+            Counted.settles.append(done[0].outcome or done[0].code or "")  # it repaired or swapped
+        return done
 
-def test_recoveries_racing_each_other_exchange_at_most_once(tmp_path: Path, ws: Workspace) -> None:
+
+class EveryRunFirst(Counted):
+    """Negative control: every recovery believes it recorded the first redo (run 2)."""
+
+    def redo(
+        self,
+        args: dict[str, Any],
+        ws: Workspace,
+        evidence: FileEvidence,
+        prior: Reconciliation,
+        run: int | None,
+    ) -> Reconciliation:
+        return super().redo(args, ws, evidence, prior, FIRST_REDO)
+
+
+@pytest.mark.parametrize("tool", [Counted, EveryRunFirst], ids=["recorded-run", "control-every-run-2"])
+def test_recoveries_racing_each_other_exchange_at_most_once(
+    store_url: str, ws: Workspace, tool: type[Counted]
+) -> None:
     # Four workers recover the same operation at once (a timed-out attempt still running beside its
-    # retry): no recovery raises, all report the one settled outcome, at most one starts an exchange.
-    # (That a redo never runs twice across crashes, with its control, is the set-back drill below.)
-    db = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    first = Runtime(LedgerStore.open(db))
-    ref = interrupted(first, ws, "write_file")
+    # retry), on every ledger backend: no recovery raises, all report the one settled outcome, and
+    # the exchanges are run 2's alone: no other recovery starts a replacement or touches the disk
+    # while settling. (That a redo never runs twice across crashes is the set-back drill below.)
+    first = LedgerStore.open(store_url)
+    ref = interrupted(Runtime(first), ws, "write_file")
     Counted.calls.clear()
-    workers = [
-        Runtime(LedgerStore.open(db), tools={**default_tools(), "write_file": Counted()}) for _ in range(4)
-    ]
+    Counted.settles.clear()
+    # One in-memory database is one store, shared; every other backend gets a store per worker.
+    stores = [first if store_url == "sqlite://" else LedgerStore.open(store_url) for _ in range(4)]
+    workers = [Runtime(s, tools={**default_tools(), "write_file": tool()}) for s in stores]
     barrier = threading.Barrier(len(workers))
     results: list[Any] = []
 
@@ -195,15 +290,19 @@ def test_recoveries_racing_each_other_exchange_at_most_once(tmp_path: Path, ws: 
         t.start()
     for t in threads:
         t.join(120)
+    for s in {id(s): s for s in (first, *stores)}.values():
+        s.close()
     assert len(results) == len(workers), "a recovery raised or hung"
-    # One recorded redo may exchange (run 2); the others only settle: one outcome for all.
     assert len({(r.status, r.response_event_id) for r in results}) == 1, results
     content = (ws.root / "conf/app.txt").read_text()
-    assert content == (AFTER if results[0].status == "completed" else BEFORE) and leftovers(ws) == []
-    # Only the recovery that recorded run 2 starts a replacement (a peer may settle what it left).
+    assert leftovers(ws) == [] and Counted.settles == [], Counted.settles
+    # Never applied while the target holds the old bytes; a park is a doubt (a peer parked while
+    # run 2 was still exchanging), whatever the target holds.
+    assert content == AFTER if results[0].status == "completed" else content in (BEFORE, AFTER)
+    if tool is EveryRunFirst:  # the control starts a replacement in every recovery
+        assert len(Counted.calls) == len(workers), Counted.calls
+        return
     assert len(Counted.calls) <= 1 and (content == AFTER) <= (len(Counted.calls) == 1), Counted.calls
-    for rt in (first, *workers):
-        rt.close()
 
 
 # --- SIGKILL drills ------------------------------------------------------------------------------

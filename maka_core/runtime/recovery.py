@@ -45,7 +45,7 @@ from maka_core.runtime.tool_call import (
     run_and_commit_outcome,
 )
 from maka_core.tools import ToolResult, contract
-from maka_core.tools.base import FileEvidence, Reconciliation, parse_evidence
+from maka_core.tools.base import FileEvidence, GuardedWrite, Reconciliation, parse_evidence
 from maka_core.tools.contract import KEYED_GUARANTEES
 from maka_core.tools.melra import execution_view
 
@@ -170,10 +170,9 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     bound = contract.for_call(
         tool, contract.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
     )
-    redo_of = getattr(bound, "redo", None)
     redo = None
     if (
-        callable(redo_of)
+        isinstance(bound, GuardedWrite)
         and isinstance(evidence, FileEvidence)
         and session_gov.policy.redo_interrupted_writes
     ):
@@ -186,7 +185,7 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
                 # A redo began before this recovery (and may have exchanged): settle what it left
                 # and observe; never start another.
                 settled = await rt.on_tool_pool(
-                    lambda: redo_of(args, ws, evidence, prior, None), attempt=attempt
+                    lambda: bound.redo(args, ws, evidence, prior, None), attempt=attempt
                 )
                 return settled, 1 + started
             if prior.observation != "matches_prior_state":
@@ -197,7 +196,7 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
             )
             failpoints.hit("redo_recorded", tag=call.tool_name)
             done = await rt.on_tool_pool(
-                lambda: redo_of(args, ws, evidence, prior, run_number), attempt=attempt
+                lambda: bound.redo(args, ws, evidence, prior, run_number), attempt=attempt
             )
             failpoints.hit("redo_settled", tag=call.tool_name)
             return done, run_number

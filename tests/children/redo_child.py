@@ -40,14 +40,14 @@ class NaiveWrite(WriteFileTool):
     """Negative control: a redo that forgets an earlier one was recorded."""
 
     def redo(
-        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence, prior: Reconciliation, run: int
+        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence, prior: Reconciliation, run: int | None
     ) -> Reconciliation:
         return super().redo(args, ws, evidence, prior, FIRST_REDO)
 
 
 class NaiveEdit(EditFileTool):
     def redo(
-        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence, prior: Reconciliation, run: int
+        self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence, prior: Reconciliation, run: int | None
     ) -> Reconciliation:
         return super().redo(args, ws, evidence, prior, FIRST_REDO)
 

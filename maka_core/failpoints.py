@@ -3,7 +3,9 @@
 The catalog is declared once here so tests can report coverage as "N of N" against it.
 ``MAKA_FAILPOINT_TAG`` narrows a point to one tag (for example a tool name), and
 ``MAKA_FAILPOINT_SKIP=n`` lets the first n matching hits pass, so a drill can kill the
-third tool call rather than the first. With the variable unset, ``hit`` is one comparison.
+third tool call rather than the first. ``MAKA_FAILPOINT_ACTION=stop`` sends SIGSTOP instead: a
+frozen process (a worker past its heartbeat timeout, still alive) that a drill resumes with SIGCONT.
+With the variable unset, ``hit`` is one comparison.
 """
 
 from __future__ import annotations
@@ -104,14 +106,16 @@ CATALOG: Final[frozenset[str]] = (
 _name = os.environ.get("MAKA_FAILPOINT") or None
 _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
 _skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+_stop = os.environ.get("MAKA_FAILPOINT_ACTION") == "stop"
 
 
 def reload() -> None:
     """Re-read the environment (for processes that set it after import)."""
-    global _name, _tag, _skip
+    global _name, _tag, _skip, _stop
     _name = os.environ.get("MAKA_FAILPOINT") or None
     _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
     _skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+    _stop = os.environ.get("MAKA_FAILPOINT_ACTION") == "stop"
 
 
 def hit(name: str, tag: str | None = None) -> None:
@@ -123,6 +127,9 @@ def hit(name: str, tag: str | None = None) -> None:
         return
     if _skip > 0:
         _skip -= 1
+        return
+    if _stop:
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT, then it goes on
         return
     # SIGKILL, not exit: no finally blocks, no atexit, no buffered flush, exactly like a crash.
     os.kill(os.getpid(), signal.SIGKILL)

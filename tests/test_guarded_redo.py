@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -325,6 +326,12 @@ class Drill:
     def child(
         self, phase: str, *extra: str, point: str | None = None, tag: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        argv, env = self.argv(phase, *extra, point=point, tag=tag)
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    def argv(
+        self, phase: str, *extra: str, point: str | None = None, tag: str | None = None
+    ) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MAKA_FAILPOINT")}
         env |= {"PYTHONPATH": str(ROOT), EFFECT_LOG_ENV: str(self.log)}
         if point is not None:
@@ -332,14 +339,26 @@ class Drill:
         if tag is not None:
             env["MAKA_FAILPOINT_TAG"] = tag
         argv = [sys.executable, "-m", "tests.children.redo_child", str(self.db), str(self.ws.root), phase]
-        return subprocess.run(
-            [*argv, self.name, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
+        return [*argv, self.name, *extra], env
 
-    def recover(self, point: str | None = None, naive: bool = False) -> dict[str, Any]:
+    def frozen(self, point: str) -> subprocess.Popen[str]:
+        """A recovery that stops itself (SIGSTOP) at ``point``, alive and frozen, until SIGCONT."""
+        argv, env = self.argv("recover", self.ref, point=point)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env={**env, "MAKA_FAILPOINT_ACTION": "stop"}, stdout=subprocess.PIPE, text=True
+        )
+        deadline, state = time.monotonic() + 60, ""
+        while time.monotonic() < deadline and state != "T" and proc.poll() is None:
+            with open(f"/proc/{proc.pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            time.sleep(0.02)
+        assert state == "T", f"the recovery never stopped at {point} (state {state!r}, rc {proc.poll()})"
+        return proc
+
+    def recover(self, point: str | None = None, naive: bool = False, *flags: str) -> dict[str, Any]:
         # The redo's own points carry the tool's name; guarded_replace's carry none.
         tag = self.name if point in failpoints.REDO else None
-        out = self.child("recover", self.ref, *(["--naive"] if naive else []), point=point, tag=tag)
+        out = self.child("recover", self.ref, *(["--naive"] if naive else []), *flags, point=point, tag=tag)
         if point is not None:
             assert out.returncode == -9, f"not killed at {point}: {out.stdout} {out.stderr}"
             return {}
@@ -432,6 +451,31 @@ def test_a_target_set_back_after_a_killed_redo_is_never_written_again(tmp_path: 
         assert seen == ("completed", AFTER, 2)
         return
     assert seen == ("parked", BEFORE, 1)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("control", [False, True], ids=["folder-lock", "control-unlocked-settle"])
+def test_a_recovery_beside_a_frozen_redo_touches_nothing(tmp_path: Path, control: bool) -> None:
+    # A recovery redoes (run 2) and freezes right after its exchange, alive (a timed-out attempt);
+    # its retry (which sees the redo recorded) runs beside it and must not settle a half-done one.
+    drill = Drill(tmp_path, "write_file")
+    first = drill.frozen("guarded_replace_after_exchange")
+    side = drill.target.parent / side_name("app.txt", FileIdentity.of(AFTER.encode()))
+    try:
+        assert (drill.target.read_text(), side.read_text()) == (AFTER, BEFORE)  # exchanged, unchecked
+        beside = drill.recover(None, False, *(["--unlocked"] if control else []))
+        seen = (side.exists(), drill.target.read_text())
+    finally:
+        first.send_signal(signal.SIGCONT)
+        out, _ = first.communicate(timeout=120)
+    if control:
+        assert seen[0] is False, seen  # the old settle finished (and removed) the live redo's exchange
+        return
+    assert seen == (True, AFTER), seen  # nothing touched while the first one held its folder
+    assert (beside["status"], beside["reason"]) == ("parked", "reconcile_unreadable")
+    assert drill.receipt()["observedEffect"]["redo"]["code"] == "redo_already_started"
+    assert first.returncode == 0, out
+    assert drill.target.read_text() == AFTER and leftovers(drill.ws) == []  # the first one finished
 
 
 # --- a writer racing the recovery ----------------------------------------------------------------

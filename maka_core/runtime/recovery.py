@@ -176,11 +176,11 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         and isinstance(evidence, FileEvidence)
         and session_gov.policy.redo_interrupted_writes
     ):
-        # Unsettled, so each of its recovery rows is a redo recorded before it began (a bundle's
-        # row commits with the bundle, which settles it).
-        started = await rt.on_ledger(lambda: _redos_recorded(rt, op_id), attempt=attempt)
-
         async def redo(prior: Reconciliation) -> tuple[Reconciliation, int] | None:
+            # Unsettled, so each of its recovery rows is a redo recorded before it began (a bundle's
+            # row commits with the bundle, which settles it). Counted after ``prior`` was observed:
+            # with none recorded by then, no redo's exchange can have been under way while it was.
+            started = await rt.on_ledger(lambda: _redos_recorded(rt, op_id), attempt=attempt)
             if started:
                 # A redo began before this recovery (and may have exchanged): settle what it left
                 # and observe; never start another.

@@ -176,6 +176,7 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         and isinstance(evidence, FileEvidence)
         and session_gov.policy.redo_interrupted_writes
     ):
+
         async def redo(prior: Reconciliation) -> tuple[Reconciliation, int] | None:
             # Unsettled, so each of its recovery rows is a redo recorded before it began (a bundle's
             # row commits with the bundle, which settles it). Counted after ``prior`` was observed:

@@ -243,7 +243,13 @@ def guarded_replace(
         if target.dir_fd is None:
             return GuardedReplace(code="target_diverged", detail="the target's folder does not exist")
         dir_fd, name = target.dir_fd, target.name
-        if not folder_lock(dir_fd, LOCK_WAIT_S):
+        try:
+            locked = folder_lock(dir_fd, LOCK_WAIT_S)
+        except OSError as exc:  # a filesystem without flock (some network ones): no guarded step
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                raise
+            return GuardedReplace(code="exchange_unsupported", detail=f"no flock here: {exc.strerror}")
+        if not locked:
             return GuardedReplace(code="target_busy", detail="another replacement holds the folder's lock")
         side = side_name(name, after)
         if _exists(dir_fd, side):

@@ -3,7 +3,9 @@
 The catalog is declared once here so tests can report coverage as "N of N" against it.
 ``MAKA_FAILPOINT_TAG`` narrows a point to one tag (for example a tool name), and
 ``MAKA_FAILPOINT_SKIP=n`` lets the first n matching hits pass, so a drill can kill the
-third tool call rather than the first. With the variable unset, ``hit`` is one comparison.
+third tool call rather than the first. ``MAKA_FAILPOINT_ACTION=stop`` sends SIGSTOP instead: a
+frozen process (a worker past its heartbeat timeout, still alive) that a drill resumes with SIGCONT.
+With the variable unset, ``hit`` is one comparison.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ CHECKPOINT: Final[dict[str, str]] = {
     "guarded_replace_after_exchange": "names exchanged, not checked: the next call checks, keeps or undoes",
 }
 
+#: A recovery redo's commit points (``runtime.recovery``, around ``tools.redo``): point -> what a
+#: kill there must leave. The redo is recorded (a ``recovery`` attempt row) before it starts, so
+#: the next worker sees it was started and never starts a second one.
+REDO: Final[dict[str, str]] = {
+    "redo_recorded": "redo recorded, target untouched: the next worker settles, never redoes",
+    "redo_settled": "redo done, its bundle not committed: the next worker sees the new content, settles",
+}
+
 #: A compaction's crash points (``runtime.model_step._compact``), in order: before the summarizing
 #: call, after its answer and before the fact commits, after the commit and before the step's call.
 COMPACTION: Final[dict[str, str]] = {
@@ -93,19 +103,22 @@ CATALOG: Final[frozenset[str]] = (
     | frozenset(CONTINUATION)
     | frozenset(CHECKPOINT)
     | frozenset(COMPACTION)
+    | frozenset(REDO)
 )
 
 _name = os.environ.get("MAKA_FAILPOINT") or None
 _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
 _skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+_stop = os.environ.get("MAKA_FAILPOINT_ACTION") == "stop"
 
 
 def reload() -> None:
     """Re-read the environment (for processes that set it after import)."""
-    global _name, _tag, _skip
+    global _name, _tag, _skip, _stop
     _name = os.environ.get("MAKA_FAILPOINT") or None
     _tag = os.environ.get("MAKA_FAILPOINT_TAG") or None
     _skip = int(os.environ.get("MAKA_FAILPOINT_SKIP") or 0)
+    _stop = os.environ.get("MAKA_FAILPOINT_ACTION") == "stop"
 
 
 def hit(name: str, tag: str | None = None) -> None:
@@ -117,6 +130,9 @@ def hit(name: str, tag: str | None = None) -> None:
         return
     if _skip > 0:
         _skip -= 1
+        return
+    if _stop:
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT, then it goes on
         return
     # SIGKILL, not exit: no finally blocks, no atexit, no buffered flush, exactly like a crash.
     os.kill(os.getpid(), signal.SIGKILL)

@@ -83,10 +83,11 @@ CASES = PHASE0_CASES + STORE_CASES
 def test_every_failpoint_in_the_catalog_is_drilled() -> None:
     # The continuation points are drilled in tests/test_continuation_runtime.py (SIGKILL at each, with
     # the next plan's reference code), the compaction points in tests/test_compaction_sessions.py,
-    # the checkpoint points in tests/test_git_checkpoints.py and tests/test_guarded_replace.py;
+    # the checkpoint points in tests/test_git_checkpoints.py and tests/test_guarded_replace.py,
+    # the redo points in tests/test_guarded_redo.py;
     # every other point of the catalog is drilled here.
     others = frozenset(failpoints.CONTINUATION) | frozenset(failpoints.COMPACTION)
-    others |= frozenset(failpoints.CHECKPOINT)
+    others |= frozenset(failpoints.CHECKPOINT) | frozenset(failpoints.REDO)
     assert {c.point for c in CASES} == failpoints.CATALOG - others
     assert len(failpoints.CATALOG) == 12 + 7 + len(others)
 

@@ -440,19 +440,26 @@ def test_policy_per_session_is_recorded_once(rt: Runtime) -> None:
     assert isinstance(gov.policy, GovernancePolicy)
 
 
-@pytest.mark.parametrize(("effect_ran", "status"), [(True, "verified_success"), (False, "recovery_required")])
+@pytest.mark.parametrize(
+    ("found", "status"), [("x", "verified_success"), (None, "verified_success"), ("y", "recovery_required")]
+)
 def test_an_operation_settled_by_recovery_gets_its_receipt_in_the_bundle(
-    rt: Runtime, ws: Workspace, effect_ran: bool, status: str
+    rt: Runtime, ws: Workspace, found: str | None, status: str
 ) -> None:
     ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
     admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 with its decision, then a crash
     assert isinstance(admitted, tool_call.Dispatched) and admitted.decision is not None
-    if effect_ran:
-        (ws.root / "a.txt").write_text("x")
+    if found is not None:  # "x": the effect ran; "y": an outside write; None: still absent
+        (ws.root / "a.txt").write_text(found)
     result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
-    assert result.status == ("completed" if effect_ran else "parked")
+    assert result.status == ("parked" if found == "y" else "completed")
     (receipt,) = receipts(rt)
-    assert receipt["observedEffect"] == {"status": status} and receipt["success"] is effect_ran
+    effect = receipt["observedEffect"]
+    assert effect["status"] == status and receipt["success"] is (status == "verified_success")
+    if found is None:  # still in its before-state: redone once by recovery (tools.redo), and it says so
+        assert effect["attempts"] == [1, 2] and effect["redo"]["outcome"] == "created"
+    else:
+        assert effect == {"status": status}
 
 
 def test_a_waiting_call_resumes_its_one_request(rt: Runtime, ws: Workspace) -> None:

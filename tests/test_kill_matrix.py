@@ -7,8 +7,9 @@ transition for points that carry no tool tag), restarts a clean worker, waits fo
 settle and checks the seed's crash table ("Crash position determines the conclusion"):
 
 - before T1 (P0, P1, a T1 transaction torn before COMMIT): the tool runs once after restart;
-- T1 without T2, before the effect (P2, P3): a file tool finds the prior state and parks
-  (``reconcile_matches_prior_state``); ``bash`` parks (``dispatch_without_response``);
+- T1 without T2, before the effect (P2, P3): a file tool finds the prior state and recovery redoes
+  it once (the guarded redo, ``tools.redo``), finalized by a recovery bundle like an effect that
+  happened; ``bash`` parks (``dispatch_without_response``);
 - T1 without T2, after the effect (P4, a T2 transaction torn before COMMIT): a file tool finds the
   expected state and is finalized by a recovery bundle, with no second write; ``bash`` parks;
 - after T2 (P5, P6, P7) and at the turn's end (P8, P9): completed, nothing re-runs;
@@ -65,8 +66,6 @@ def drill(fn: Any) -> Any:
 W, E, B = TOOLS
 #: Cells run concurrently, each with its own ledger, workspace, task queue and workers.
 PARALLEL = int(os.environ.get("MAKA_DRILL_PARALLEL", "6"))
-#: What notes.txt holds when the turn stops before tool i has written.
-_NOTES_BEFORE = {W: None, E: "status: draft\n", B: NOTES_AFTER_TURN}
 
 
 def _ran_before(tool: str) -> tuple[str, ...]:
@@ -89,18 +88,17 @@ def _completed(tools: tuple[str, ...]) -> dict[str, tuple[str, str | None]]:
 
 
 def t1_before_effect(tool: str) -> Expect:
-    """T1 committed, the effect never happened: park (a file in its prior state, or bash unknown)."""
+    """T1 committed, the effect never happened: a file tool in its prior state is redone once by
+    recovery (one effect, then the turn goes on); bash parks (unknown)."""
+    if tool != B:
+        return t1_after_effect(tool)
     ops: dict[str, tuple[str, str | None]] = {
         t: ("completed", "matching_response") for t in _ran_before(tool)
     }
-    if tool == B:
-        reason = "dispatch_without_response"
-        ops[tool] = ("indeterminate", reason)
-    else:
-        reason = "reconcile_matches_prior_state"
-        ops[tool] = ("parked", reason)
+    reason = "dispatch_without_response"
+    ops[tool] = ("indeterminate", reason)
     effects = {t: int(t in _ran_before(tool)) for t in TOOLS}
-    return Expect(state="parked", reason=reason, ops=ops, effects=effects, notes=_NOTES_BEFORE[tool])
+    return Expect(state="parked", reason=reason, ops=ops, effects=effects, notes=NOTES_AFTER_TURN)
 
 
 def t1_after_effect(tool: str) -> Expect:

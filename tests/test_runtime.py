@@ -247,13 +247,21 @@ def test_recovery_finalizes_a_write_whose_file_holds_the_expected_state(rt: Runt
     assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
 
 
-def test_recovery_parks_a_write_whose_file_still_holds_the_prior_state(rt: Runtime, ws: Workspace) -> None:
+def test_recovery_redoes_once_a_write_whose_file_still_holds_its_prior_state(
+    rt: Runtime, ws: Workspace
+) -> None:
     args = {"path": "notes.txt", "content": "status: draft\n"}
     ref = one_call(rt, ws, "write_file", args)
     prepare_only(rt, ws, ref, args)
     result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
-    assert (result.status, result.reason) == ("parked", "reconcile_matches_prior_state")
-    assert not (ws.root / "notes.txt").exists()  # finalize-only: recovery never writes
+    # The target was still absent, as T1 recorded it: the guarded redo created it (tools.redo).
+    assert (result.status, result.reason) == ("completed", "reconcile_matches_expected_state")
+    assert (ws.root / "notes.txt").read_text() == "status: draft\n"
+    assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
+    (ws.root / "notes.txt").write_text("someone else's\n")
+    again = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert again.response_event_id == result.response_event_id
+    assert (ws.root / "notes.txt").read_text() == "someone else's\n"  # settled: never redone
 
 
 def test_recovery_parks_bash_and_rereads_a_read(rt: Runtime, ws: Workspace) -> None:

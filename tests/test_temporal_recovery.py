@@ -33,6 +33,7 @@ async def _drill(
     failpoint: str,
     tag: str | None,
     while_alive: Any = None,
+    while_down: Any = None,
 ) -> tuple[str, Any, Path]:
     db = tmp_path / "ledger.sqlite"
     script = write_script(tmp_path / "s.json", steps)
@@ -40,6 +41,8 @@ async def _drill(
         doomed.wait_ready()
         session_id, accepted = await start(client, ws, script, queue)
         assert await doomed.wait_exit() == -9
+    if while_down is not None:  # no worker runs: an outside change before recovery sees the target
+        while_down()
     with WorkerProcess(server, db, queue, home=tmp_path) as worker:
         worker.wait_ready()
         status = await wait_turn(client, session_id, accepted.run_id, timeout=60)
@@ -56,7 +59,25 @@ def _one_op(db: Path, session_id: str) -> Any:
     return ops[0]
 
 
-async def test_t1_without_t2_file_in_prior_state_parks_and_refuses_messages(
+async def test_t1_without_t2_file_in_prior_state_is_redone_once_by_the_next_worker(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    steps = [tool_step(("write_file", {"path": "out.txt", "content": "new\n"})), {"text": "done"}]
+    session_id, status, db = await _drill(
+        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P2", "write_file"
+    )
+    # Still absent, as T1 recorded it: the guarded redo wrote it once (tools.redo), and the turn went on.
+    assert status.state == "idle", status
+    assert (ws_dir / "out.txt").read_text() == "new\n"
+    assert sorted(p.name for p in ws_dir.iterdir() if ".maka-redo-" in p.name) == []
+    op = _one_op(db, session_id)
+    assert op.status == "completed" and op.reason == "recovery_bundle_completed"
+    with LedgerStore.open(db) as store:
+        phases = [a["phase"] for a in store.attempts(op.operation_id)]
+    assert phases == ["t1", "recovery", "recovery"]  # T1, the redo recorded before it ran, its bundle
+
+
+async def test_t1_without_t2_file_changed_while_down_parks_and_refuses_messages(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
     steps = [tool_step(("write_file", {"path": "out.txt", "content": "new\n"})), {"text": "done"}]
@@ -67,24 +88,37 @@ async def test_t1_without_t2_file_in_prior_state_parks_and_refuses_messages(
             await asyncio.wait_for(send_message(temporal_client, session_id, "more"), 10)
         refusals.append(refused.value.cause.type)  # type: ignore[union-attr]
 
+    def outside_write() -> None:
+        (ws_dir / "out.txt").write_text("someone else's\n")
+
     session_id, status, db = await _drill(
-        temporal_server, temporal_client, tmp_path, ws_dir, task_queue, steps, "P2", "write_file", send_more
+        temporal_server,
+        temporal_client,
+        tmp_path,
+        ws_dir,
+        task_queue,
+        steps,
+        "P2",
+        "write_file",
+        send_more,
+        outside_write,
     )
+    reason = "reconcile_diverged"  # neither before nor after: never overwritten, never redone
     assert refusals == ["SessionParked"]
-    assert status.state == "parked" and status.park_reason == "reconcile_matches_prior_state"
-    assert not (ws_dir / "out.txt").exists()  # never written, never re-run
+    assert status.state == "parked" and status.park_reason == reason
+    assert (ws_dir / "out.txt").read_text() == "someone else's\n"
     op = _one_op(db, session_id)
-    assert op.status == "parked" and op.reason == "reconcile_matches_prior_state"
+    assert op.status == "parked" and op.reason == reason
     assert status.parked_operation_id == op.operation_id
     # Durable and visible: header, terminal fact, search attributes, and the validator.
     with LedgerStore.open(db) as store:
         (run,) = store.list_runs(session_id=session_id)
         view = session_view(store, session_id, workflow_id=workflow_id_for(session_id))
-    assert run.status == "failed" and run.park_reason == "reconcile_matches_prior_state"
-    assert view.state == "parked" and view.park_reason == "reconcile_matches_prior_state"
+    assert run.status == "failed" and run.park_reason == reason
+    assert view.state == "parked" and view.park_reason == reason
     desc = await temporal_client.get_workflow_handle(workflow_id_for(session_id)).describe()
     attrs = {k.name: v for k, v in ((p.key, p.value) for p in desc.typed_search_attributes)}
-    assert attrs["MakaState"] == "parked" and attrs["MakaParkReason"] == "reconcile_matches_prior_state"
+    assert attrs["MakaState"] == "parked" and attrs["MakaParkReason"] == reason
 
 
 async def test_t1_without_t2_file_in_expected_state_is_finalized_without_a_second_write(

@@ -178,6 +178,11 @@ class GovernancePolicy(GovernanceModel):
         except ToolSetInvalid as exc:
             raise ValueError(exc.message) from None
 
+    #: After a crash, redo a file write whose target still holds its recorded before-state, through
+    #: a guarded replacement (``tools.redo``); False parks it (``reconcile_matches_prior_state``) as
+    #: before. Left out of the digest when true (the default).
+    redo_interrupted_writes: bool = True
+
     @field_validator("allow_network")
     @classmethod
     def _network_not_denied(cls, value: bool, info: ValidationInfo) -> bool:
@@ -209,6 +214,8 @@ class GovernancePolicy(GovernanceModel):
             del value["trustedReadCommands"]
         if not value["allowNetwork"]:
             del value["allowNetwork"]
+        if value["redoInterruptedWrites"]:
+            del value["redoInterruptedWrites"]
         if not value["toolGuarantees"]:
             del value["toolGuarantees"]
         if value["offeredTools"] is None:

@@ -390,9 +390,11 @@ def receipt(
     error: str | None = None,
     redactions: tuple[str, ...] = (),
     attempts: int | None = None,
+    redo: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The sealed ``ActionReceipt`` of one decided call, as JSON; ``attempts`` (a call whose
-    guarantee let it run again) lists its runs in ``observedEffect``."""
+    guarantee let it run again) lists its runs in ``observedEffect``, and a recovery redo what it
+    observed and did (``redo``)."""
     return sealed_receipt_json(
         receipt_id=receipt_id_for(operation_id),
         task_id=operation_id,
@@ -415,6 +417,7 @@ def receipt(
             "status": status,
             **({"network": True} if record.get("network") is True else {}),
             **({"attempts": list(range(1, attempts + 1))} if attempts is not None else {}),
+            **({"redo": dict(redo)} if redo is not None else {}),
         },
         evidence=items,
         redactions=redactions,

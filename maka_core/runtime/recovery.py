@@ -16,15 +16,16 @@ The orchestrator only knows the attempt ended badly; the ledger knows where it s
   contract tool: its own JSON, handed to its ``reconcile`` hook; a MELRA
   task: against its declared reconciliation predicates, ``runtime.melra.reconcile_task``) and
   commits one atomic recovery bundle (finalize-only: completed when it holds the expected state,
-  parked otherwise); ``at-most-once`` (bash, and any tool declaring it) parks with
-  ``dispatch_without_response``;
+  parked otherwise; a file write found in its before-state is first redone once through the
+  guarded replacement, recorded with ``record_rerun`` before it starts, ``tools.redo``);
+  ``at-most-once`` (bash, and any tool declaring it) parks with ``dispatch_without_response``;
 - parked or corrupt -> park.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from maka_core import failpoints
@@ -44,7 +45,7 @@ from maka_core.runtime.tool_call import (
     run_and_commit_outcome,
 )
 from maka_core.tools import ToolResult, contract
-from maka_core.tools.base import Reconciliation, parse_evidence
+from maka_core.tools.base import FileEvidence, GuardedWrite, Reconciliation, parse_evidence
 from maka_core.tools.contract import KEYED_GUARANTEES
 from maka_core.tools.melra import execution_view
 
@@ -169,15 +170,59 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     bound = contract.for_call(
         tool, contract.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
     )
-    return await _reconcile(rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence))
+    redo = None
+    if (
+        isinstance(bound, GuardedWrite)
+        and isinstance(evidence, FileEvidence)
+        and session_gov.policy.redo_interrupted_writes
+    ):
+
+        async def redo(prior: Reconciliation) -> tuple[Reconciliation, int] | None:
+            # Unsettled, so each of its recovery rows is a redo recorded before it began (a bundle's
+            # row commits with the bundle, which settles it). Counted after ``prior`` was observed:
+            # with none recorded by then, no redo's exchange can have been under way while it was.
+            started = await rt.on_ledger(lambda: _redos_recorded(rt, op_id), attempt=attempt)
+            if started:
+                # A redo began before this recovery (and may have exchanged): settle what it left
+                # and observe; never start another.
+                settled = await rt.on_tool_pool(
+                    lambda: bound.redo(args, ws, evidence, prior, None), attempt=attempt
+                )
+                return settled, 1 + started
+            if prior.observation != "matches_prior_state":
+                return None
+            # Recorded before it starts: only the run that recorded the first redo may exchange.
+            run_number = await rt.on_ledger(
+                lambda: rt.ledger.record_rerun(op_id, attempt=attempt.record), attempt=attempt
+            )
+            failpoints.hit("redo_recorded", tag=call.tool_name)
+            done = await rt.on_tool_pool(
+                lambda: bound.redo(args, ws, evidence, prior, run_number), attempt=attempt
+            )
+            failpoints.hit("redo_settled", tag=call.tool_name)
+            return done, run_number
+
+    return await _reconcile(
+        rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence), redo=redo
+    )
+
+
+def _redos_recorded(rt: Runtime, op_id: str) -> int:
+    return sum(row["phase"] == "recovery" for row in rt.ledger.attempts(op_id))
 
 
 def _recovery_receipt(
-    rt: Runtime, inp: RecoverInput, record: dict[str, Any], call: Dispatched, recovered: ToolResult | None
+    rt: Runtime,
+    inp: RecoverInput,
+    record: dict[str, Any],
+    call: Dispatched,
+    recovered: ToolResult | None,
+    runs: int | None = None,
+    redo: Any = None,
 ) -> tuple[dict[str, Any], TaskStatus, tuple[EvidenceItem, ...]]:
     """The receipt of an operation settled by recovery (and its status and evidence): verified
     against its predicates when the reconciler proved the effect, ``recovery_required`` when it
-    parks."""
+    parks; a redo lists its runs and what it observed and did (``observedEffect.redo``)."""
     ts = now_ms()
     if recovered is None:
         status: TaskStatus = "recovery_required"
@@ -194,6 +239,8 @@ def _recovery_receipt(
         status=status,
         items=items,
         error=None if recovered is None else recovered.error_code,
+        attempts=runs,
+        redo=redo if isinstance(redo, dict) else None,
     )
     return sealed, status, items
 
@@ -206,18 +253,26 @@ async def _reconcile(
     attempt: Attempt,
     observe: Callable[[], Reconciliation | None],
     task_id: str | None = None,
+    redo: Callable[[Reconciliation], Awaitable[tuple[Reconciliation, int] | None]] | None = None,
 ) -> RecoverResult:
-    """Observe the target (``observe``, on the tool pool) and commit one atomic recovery bundle."""
+    """Observe the target (``observe``, on the tool pool) and commit one atomic recovery bundle;
+    a target in its before-state is first redone through ``redo`` when given (``tools.redo``)."""
     ref, op_id, op = inp.call, inp.call.operation_id, state.op
     rec = await rt.on_tool_pool(observe, attempt=attempt)
     if rec is None:
         return _parked(inp, "dispatch_without_response")
+    runs = None
+    redone = None if redo is None else await redo(rec)
+    if redone is not None:
+        rec, runs = redone
     held = await rt.on_ledger(lambda: rt.ledger.decision(op_id), attempt=attempt)
     receipt = None
     recovered = rec.recovered if rec.observation == "matches_expected_state" else None
     if held is not None:
+        note = rec.observed.get("redo") if runs is not None else None
         receipt, status, items = await rt.on_tool_pool(
-            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered), attempt=attempt
+            lambda: _recovery_receipt(rt, inp, held["decision"], call, recovered, runs, note),
+            attempt=attempt,
         )
         if recovered is not None and task_id is not None:
             # What melra_execute answers, as if it had seen its effect: the task's status,

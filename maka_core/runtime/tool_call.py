@@ -45,6 +45,7 @@ from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import ApprovalWait, CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
+from maka_core.tools.base import FileEvidence, GuardedWrite
 from maka_core.tools.offer import ToolSetUnavailable
 from maka_core.workspace import Workspace
 
@@ -383,6 +384,8 @@ def _admit(
     try:
         tool = governed.bound_network(tool, record)  # the sandbox is built per call, from its decision
         evidence = tool.capture_evidence(args, ws)
+        if isinstance(evidence, FileEvidence) and isinstance(tool, GuardedWrite):
+            tool = tool.with_evidence(evidence)  # its write is conditional on this before-state
     except ToolRefusal as exc:  # the target changed after preflight, or a network grant this worker lacks
         return _commit_refusal(rt, ids, call, exc.to_result())
     if op.dispatch_event_id is not None:

@@ -562,6 +562,10 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             query = select(tool_attempts.c.attempt_seq).where(
                 tool_attempts.c.operation_id == operation_id, tool_attempts.c.phase == "recovery"
             )
+            # Exact under concurrent reruns only because ``_write`` serializes writers for the whole
+            # transaction: BEGIN IMMEDIATE on SQLite, and on PostgreSQL the meta row's FOR UPDATE
+            # lock, taken before this count; under READ COMMITTED without it two transactions
+            # could count the same rows and both believe they are run 2.
             return 1 + len(conn.execute(query).all())
 
         return int(self._write(body))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -287,6 +287,29 @@ class Tool(Protocol):
     ) -> Reconciliation | None:
         """Observe, never write; None when the tool has no reconciler. ``evidence`` is what
         ``parse_evidence`` makes of the evidence committed with T1 (a contract tool's own JSON)."""
+        ...
+
+
+@runtime_checkable
+class GuardedWrite(Protocol):
+    """A write tool whose write is conditional on its T1 evidence, and that recovery may redo
+    (``tools.redo``): the file tools."""
+
+    def with_evidence(self, evidence: FileEvidence) -> Self:
+        """This tool for the call dispatched with ``evidence``: its write replaces the target only
+        while it holds the recorded before-state (a late original refuses ``target_diverged``)."""
+        ...
+
+    def redo(
+        self,
+        args: dict[str, Any],
+        ws: Workspace,
+        evidence: FileEvidence,
+        prior: Reconciliation,
+        run: int | None,
+    ) -> Reconciliation:
+        """Recovery's guarded redo (``run``: the number ``record_rerun`` gave it; None when a redo
+        was recorded before this recovery, which then only settles)."""
         ...
 
 

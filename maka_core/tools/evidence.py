@@ -7,7 +7,8 @@ compares what it finds with the evidence committed with T1, and reports one obse
 - ``matches_expected_state``: the file holds the expected-after bytes; the effect happened, so the
   call is finalized with the result the tool would have returned (no second write);
 - ``matches_prior_state``: the file still holds the before bytes (or is still absent when it was
-  absent); atomic rename is not compare-and-swap, so this does not authorize a redo: park;
+  absent); atomic rename is not compare-and-swap, so this alone does not authorize a redo: recovery
+  redoes it only through the guarded replacement (``tools.redo``), else it parks;
 - ``diverged``: some other content; never overwrite outside changes: park;
 - ``unreadable``: missing, a symlink, not a regular file, over the size boundary, an I/O error,
   or evidence that does not belong to this call or workspace: park, do not guess.

@@ -9,12 +9,13 @@ Every path goes through ``Workspace.resolve``; a refusal is an ordinary error re
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, Self
 
 from pydantic import Field
 
@@ -45,6 +46,8 @@ from maka_core.tools.beneath import (
 )
 from maka_core.tools.effect_journal import record as record_effect
 from maka_core.tools.evidence import reconcile_file
+from maka_core.tools.guarded_replace import GuardedReplace, guarded_replace
+from maka_core.tools.redo import guarded, redo_write, settled
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -297,6 +300,14 @@ class _WriteTool(_FileTool):
     #: call's ``path``): the file exists afterwards.
     derived_evidence: ClassVar[tuple[dict[str, Any], ...]] = ({"type": "file_exists", "path": "{{path}}"},)
 
+    #: The evidence committed with this call's T1 (``with_evidence``): the write is guarded by it.
+    dispatched: FileEvidence | None = None
+
+    def with_evidence(self, evidence: FileEvidence) -> Self:
+        bound = copy.copy(self)
+        object.__setattr__(bound, "dispatched", evidence)  # a frozen dataclass, copied for one call
+        return bound
+
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
         raise NotImplementedError
 
@@ -336,7 +347,9 @@ class _WriteTool(_FileTool):
                     raise ToolRefusal(
                         "path_changed", "the path changed while it was written", path=plan.target
                     )
-                write_replace(target.dir_fd, target.name, plan.after)
+                heartbeat()  # an attempt cancelled (or recovered) while it was stalled stops here
+                if not self._guarded_write(ws, plan):
+                    write_replace(target.dir_fd, target.name, plan.after)
         except OSError as exc:
             raise ToolRefusal("tool_io_failed", f"cannot write: {exc.strerror}", path=plan.target) from None
         record_effect(self.name, ws.root / plan.target, plan.after)  # drills only (MAKA_EFFECT_LOG)
@@ -344,6 +357,29 @@ class _WriteTool(_FileTool):
         return enforce_result_limit(
             self.result_for(plan.target, FileIdentity.of(plan.after)), self.result_byte_limit
         )
+
+    def _guarded_write(self, ws: Workspace, plan: _Plan) -> bool:
+        """The write as a guarded exchange against the T1 evidence's before-state, so an original
+        that stalled past its recovery (which may have redone it, and the session written on)
+        refuses instead of overwriting; False: no evidence bound, or no ``RENAME_EXCHANGE`` here
+        (then the plain atomic rename, as before). No ``/proc`` in-use check: the plain rename has
+        the same exposure to a process holding the old file open, and the scan would cost every
+        write."""
+        ev = self.dispatched
+        if ev is None or ev.target != plan.target:
+            return False
+        done = guarded_replace(
+            str(ws.root), plan.target, ev.before, plan.after, max_bytes=ev.max_bytes, check_in_use=False
+        )
+        if done.code == "exchange_unsupported":
+            return False
+        if not done.done:
+            raise ToolRefusal(
+                done.code or "target_diverged",
+                "the file is no longer what this call was dispatched against; not written",
+                path=plan.target,
+            )
+        return True
 
     def reconcile(
         self, args: dict[str, Any], ws: Workspace, evidence: FileEvidence | None
@@ -357,6 +393,49 @@ class _WriteTool(_FileTool):
                 self.result_for(ev.target, ev.expected_after), self.result_byte_limit
             ),
         )
+
+    def redo(
+        self,
+        args: dict[str, Any],
+        ws: Workspace,
+        evidence: FileEvidence,
+        prior: Reconciliation,
+        run: int | None,
+    ) -> Reconciliation:
+        """Recovery's guarded redo of this write, found in its before-state (``tools.redo``)."""
+        return redo_write(
+            self.name,
+            ws,
+            evidence,
+            prior,
+            run=run,
+            content=lambda: self._plan(args, ws).after,
+            result_for=lambda ev: enforce_result_limit(
+                self.result_for(ev.target, ev.expected_after), self.result_byte_limit
+            ),
+            replace=self.replace,
+            settle=self.settle,
+        )
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        """The conditional replacement a redo uses."""
+        return guarded(root, rel, before, data, max_bytes)
+
+    @staticmethod
+    def settle(
+        root: str,
+        rel: str,
+        before: FileIdentity | None,
+        after: FileIdentity,
+        observe: Callable[[], dict[str, Any]],
+        max_bytes: int,
+        peer_live: bool,
+    ) -> tuple[GuardedReplace | None, dict[str, Any] | None]:
+        """How a later recovery settles a redo's leftover and observes, under the folder's lock."""
+        return settled(root, rel, before, after, observe, max_bytes, peer_live)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,15 @@ later write does). A crash anywhere leaves the target with either the old or the
 the side file beside it; the next call with the same arguments finds the side file and repairs
 (``repaired``) or refuses, deleting only bytes whose identity it knows.
 
+Every check, exchange and settle of one folder holds ``flock`` on the folder's own descriptor (the
+one ``locate`` opens; ``folder_lock``), taken with a bounded wait: two recoveries of one call
+(a timed-out attempt still alive beside its retry), or a late original write beside its redo,
+never interleave their steps. The folder, not a lock file beside the target: a lock file would be
+a Maka file left in the user's folder (seen by ``git status``, listings and checkpoints) that can
+never be removed safely while others may lock it, and the target's own inode changes with every
+exchange. The kernel drops the lock when its holder dies; a frozen holder makes the others wait
+``LOCK_WAIT_S`` and then refuse (``target_busy``, ``redo_already_started``), touching nothing.
+
 Linux only (``renameat2`` through ctypes). A filesystem without ``RENAME_EXCHANGE`` is
 ``exchange_unsupported`` with nothing changed. What is not seen: processes of other users
 (their ``/proc`` entries are unreadable) and writable shared memory maps of the file.
@@ -32,10 +41,13 @@ import contextlib
 import ctypes
 import enum
 import errno
+import fcntl
 import os
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 from maka_core import failpoints
 from maka_core.tools.base import DEFAULT_MAX_FILE_BYTES, FileIdentity, ToolRefusal
@@ -44,6 +56,10 @@ from maka_core.tools.beneath import locate, read_bytes
 RENAME_NOREPLACE: Final = 1
 RENAME_EXCHANGE: Final = 2
 AT_FDCWD: Final = -100
+#: How long a replacement waits for its folder's lock before it refuses.
+LOCK_WAIT_S: Final = 5.0
+
+T = TypeVar("T")
 
 Outcome = Literal["replaced", "created", "repaired"]
 RefusalCode = Literal[
@@ -51,6 +67,8 @@ RefusalCode = Literal[
     "target_in_use",  # a process holds the target open: a write may still land in it
     "exchange_unsupported",  # no renameat2 / RENAME_EXCHANGE on this system or filesystem
     "redo_leftover_unresolved",  # an earlier attempt left a side file whose content is unknown
+    "target_busy",  # another replacement holds the folder's lock (past ``LOCK_WAIT_S``)
+    "redo_already_started",  # a redo of a recovery beside this one is in progress: nothing touched
 ]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -182,27 +200,60 @@ def _write_side(dir_fd: int, name: str, data: bytes, mode: int) -> None:
         raise
 
 
+def folder_lock(dir_fd: int, wait_s: float) -> bool:
+    """Take ``flock`` on the folder ``dir_fd`` (released when it is closed), polling up to
+    ``wait_s``; False when another holder keeps it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+
 def _exchange(dir_fd: int, a: str, b: str) -> None:
     renameat2(os.fsencode(a), os.fsencode(b), RENAME_EXCHANGE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def guarded_replace(
-    root: str, rel: str, before: FileIdentity | None, data: bytes, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+    root: str,
+    rel: str,
+    before: FileIdentity | None,
+    data: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    check_in_use: bool = True,
+    create_parents: bool = False,
 ) -> GuardedReplace:
     """Put ``data`` at ``rel`` (beneath ``root``) only if it holds ``before`` now (None: absent).
+
+    ``check_in_use`` False skips the ``/proc`` scan (the file tools' own first write: a plain
+    rename has the same exposure to a process holding the old file open); ``create_parents``
+    makes missing folders first.
 
     Raises:
         ToolRefusal: the path refusals of ``beneath.locate`` (for a write), ``path_is_symlink``,
             ``not_regular_file``, ``file_too_large``.
     """
     after = FileIdentity.of(data)
-    with locate(root, rel, for_write=True, create_parents=False) as target:
+    with locate(root, rel, for_write=True, create_parents=create_parents) as target:
         if target.dir_fd is None:
             return GuardedReplace(code="target_diverged", detail="the target's folder does not exist")
         dir_fd, name = target.dir_fd, target.name
+        try:
+            locked = folder_lock(dir_fd, LOCK_WAIT_S)
+        except OSError as exc:  # a filesystem without flock (some network ones): no guarded step
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                raise
+            return GuardedReplace(code="exchange_unsupported", detail=f"no flock here: {exc.strerror}")
+        if not locked:
+            return GuardedReplace(code="target_busy", detail="another replacement holds the folder's lock")
         side = side_name(name, after)
         if _exists(dir_fd, side):
-            repaired = _repair(dir_fd, name, side, before, after, max_bytes)
+            repaired = _repair(dir_fd, name, side, before, after, max_bytes, check_in_use)
             if repaired is not None:
                 return repaired
         current = _identity_at(dir_fd, name, max_bytes)
@@ -227,7 +278,44 @@ def guarded_replace(
                 return GuardedReplace(code="target_diverged", detail="the target vanished")
             raise
         failpoints.hit("guarded_replace_after_exchange")
-        return _settle(dir_fd, name, side, before, after, max_bytes)
+        return _settle(dir_fd, name, side, before, after, max_bytes, check_in_use)
+
+
+def settle_leftover(
+    root: str,
+    rel: str,
+    before: FileIdentity | None,
+    after: FileIdentity,
+    observe: Callable[[], T],
+    *,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    peer_live: bool = False,
+) -> tuple[GuardedReplace | None, T | None]:
+    """Settle what an interrupted ``guarded_replace`` of the same arguments left, never starting a
+    new exchange, then ``observe`` the target, both under the folder's lock: (None when no side
+    file is (any longer) there, else the repair's outcome; what ``observe`` saw).
+
+    For a caller that must not replace twice (a recovery redo already recorded as started): the
+    exchange it may have made is checked and kept or undone, and only our own content is removed.
+    ``peer_live``: the redo was recorded by a recovery running beside this one, so a side file is
+    its work in progress: ``redo_already_started`` with nothing touched and nothing observed, as
+    for any caller when the lock stays held past ``LOCK_WAIT_S``.
+
+    Raises:
+        ToolRefusal: as ``guarded_replace``.
+    """
+    with locate(root, rel, for_write=True, create_parents=False) as target:
+        if target.dir_fd is None:
+            return None, observe()
+        dir_fd, name = target.dir_fd, target.name
+        if not folder_lock(dir_fd, LOCK_WAIT_S):
+            return GuardedReplace(code="redo_already_started", detail="its folder's lock is held"), None
+        side = side_name(name, after)
+        if not _exists(dir_fd, side):
+            return None, observe()
+        if peer_live:
+            return GuardedReplace(code="redo_already_started", detail=f"{side} is in progress"), None
+        return _repair(dir_fd, name, side, before, after, max_bytes, True), observe()
 
 
 def _create(dir_fd: int, name: str, side: str) -> GuardedReplace:
@@ -247,11 +335,17 @@ def _create(dir_fd: int, name: str, side: str) -> GuardedReplace:
 
 
 def _settle(
-    dir_fd: int, name: str, side: str, before: FileIdentity, after: FileIdentity, max_bytes: int
+    dir_fd: int,
+    name: str,
+    side: str,
+    before: FileIdentity,
+    after: FileIdentity,
+    max_bytes: int,
+    check_in_use: bool,
 ) -> GuardedReplace:
     """After the exchange: keep it if what was swapped out is the before-state, else undo it."""
     # Descriptors first, bytes second: once nobody holds the old file, its bytes cannot change.
-    in_use = _open_elsewhere(dir_fd, side)
+    in_use = check_in_use and _open_elsewhere(dir_fd, side)
     old = _seen_at(dir_fd, side, max_bytes)
     if not in_use and old == before:
         os.unlink(side, dir_fd=dir_fd)
@@ -289,7 +383,13 @@ def _swap_back(
 
 
 def _repair(
-    dir_fd: int, name: str, side: str, before: FileIdentity | None, after: FileIdentity, max_bytes: int
+    dir_fd: int,
+    name: str,
+    side: str,
+    before: FileIdentity | None,
+    after: FileIdentity,
+    max_bytes: int,
+    check_in_use: bool,
 ) -> GuardedReplace | None:
     """Settle a side file an interrupted attempt left: None means it is gone and a fresh attempt
     may start; otherwise the outcome."""
@@ -301,7 +401,7 @@ def _repair(
         os.fsync(dir_fd)
         return None
     if target == after and isinstance(left, FileIdentity) and left == before:
-        settled = _settle(dir_fd, name, side, before, after, max_bytes)
+        settled = _settle(dir_fd, name, side, before, after, max_bytes, check_in_use)
         return GuardedReplace(outcome="repaired") if settled.outcome == "replaced" else settled
     if left is None:
         return None  # gone meanwhile

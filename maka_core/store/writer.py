@@ -1,13 +1,16 @@
 """The ledger store: immutable RuntimeEvents, their projections, and the dedicated writers.
 
 Every writer is ONE short transaction with ONE durable commit. Inside it, the store brings its
-in-memory ``LedgerScanner`` up to date with rows other processes committed (by ``ledger_seq``, so
-validation costs O(new rows), never a rescan), recognises an exact retry (same id, same canonical
-bytes: a no-op), asks the scanner to ``admit`` the batch (an admitted batch stays folded in it),
-inserts the events, and writes the projections the scanner derives for the touched operations. If the
-transaction does not commit, the scanner is dropped and rebuilt by a full scan on the next write,
-so it can never run ahead of the database. Corruption anywhere in the ledger makes every
-tool-boundary writer (T1, T2, recovery bundle) refuse, exact retries included.
+in-memory session scopes (``store.scopes``: one ``LedgerScanner`` fold per session it serves) up to
+date with rows other processes committed (by ``ledger_seq``, so validation costs O(new rows), never
+a rescan), loads the batch's session scope if it is not resident (one indexed read of that
+session), recognises an exact retry (same id, same canonical bytes: a no-op), asks the session's
+scanner to ``admit`` the batch (an admitted batch stays folded in it), checks the identities that
+cross sessions (event id, invocation, operation) against the database, inserts the events, and
+writes the projections the scanner derives for the touched operations. If the transaction does not
+commit, every scope is dropped and reloaded on demand, so none can run ahead of the database.
+Corruption anywhere in a session makes every tool-boundary writer (T1, T2, recovery bundle) of that
+session refuse, exact retries included; ``maka audit`` and ``verify`` read the whole ledger.
 
 Every row read is re-decoded and checked against its identity columns; a row whose payload
 disagrees with its columns fails closed (``row_payload_identity_mismatch``).
@@ -32,7 +35,7 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
 from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
-from maka_core.store.chain import CHAIN_START, chain_digest
+from maka_core.store.chain import chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import (
     KeptConnection,
@@ -65,6 +68,7 @@ from maka_core.store.schema import (
     sqlite_file_version,
     tool_attempts,
 )
+from maka_core.store.scopes import SessionScope, SessionScopes
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 
@@ -152,14 +156,11 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     def __init__(self, engine: Engine, url: str) -> None:
         self.engine = engine
         self.url = url
-        #: Every committed event folded once (the scanner and the runtime's indexes); None until
-        #: the first sync, and dropped whenever a transaction does not commit.
-        self._view: CommittedView | None = None
+        #: The sessions this store serves, each folded once (``store.scopes``); None until the
+        #: first sync, and dropped whenever a transaction does not commit.
+        self._scopes: SessionScopes | None = None
+        #: The ledger_seq every resident scope is current with.
         self._cursor = 0
-        #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
-        self._event_seq: dict[str, int] = {}
-        #: session id -> its last committed chain digest, kept in step with the scanner.
-        self._chain: dict[str, str] = {}
         self._lock = threading.RLock()
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
@@ -219,10 +220,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     # --- the transaction seam --------------------------------------------------------------
 
     def _abort(self) -> None:
-        self._view = None
+        self._scopes = None
         self._cursor = 0
-        self._event_seq = {}
-        self._chain = {}
 
     def _write(self, body: Callable[[Connection], Any]) -> Any:
         group = self._group
@@ -282,43 +281,72 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
 
         self._write(probe)
 
-    def _sync(self, conn: Connection) -> LedgerScanner:
-        """Fold rows committed since the cursor (all rows, the first time) into the view."""
-        if self._view is None:
-            # A full resync (first use, or after an abort) re-reads the identity as well.
+    def _sync(self, conn: Connection) -> SessionScopes:
+        """Fold rows committed since the cursor into the resident scopes."""
+        if self._scopes is None:
+            # A fresh start (first use, or after an abort) re-reads the identity, starts at the
+            # high-water and folds the sessions with an open run, the ones live work and a
+            # corruption gate need: O(open sessions), whatever the ledger's history. Any other
+            # session loads when it is named.
             self.health.check_id(ledger_id(conn))
-            self._view, self._cursor, self._event_seq, self._chain = CommittedView(), 0, {}, {}
+            self._scopes = SessionScopes()
+            self._cursor = int(rows_since(conn, self._sql.high_water)[0]["seq"])
+            for row in rows_since(conn, self._sql.open_sessions):
+                self._scope(conn, str(row["session_id"]))
+            return self._scopes
         self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor))
-        return self._view.scanner
+        return self._scopes
 
     def _fold_rows(self, rows: list[dict[str, Any]]) -> None:
-        view = self._view
-        assert view is not None
+        scopes = self._scopes
+        assert scopes is not None
         for row in rows:
-            view.fold(row_event(row))
+            # A session no scope holds is skipped undecoded: its load reads it, in order, later.
+            scope = scopes.peek(row["session_id"])
+            if scope is not None:
+                scope.fold_row(row)
+                scopes.note(scope)
             self._cursor = int(row["ledger_seq"])
-            inv = row["invocation_id"]
-            self._event_seq[inv] = max(self._event_seq.get(inv, 0), int(row["event_seq"]))
-            # A NULL digest (a row planted below the writers) chains on as verify would recompute it.
-            self._chain[row["session_id"]] = row["chain_digest"] or chain_digest(
-                self._chain.get(row["session_id"], CHAIN_START), row["payload_json"]
-            )
 
-    def view(self) -> CommittedView:
-        """The committed ledger, brought up to date with other processes' commits (one read of the
-        rows past the cursor; usually none). Use it on the thread that owns this store."""
+    def _scope(self, conn: Connection | None, session_id: str) -> SessionScope:
+        """The session's resident scope, loaded (every row up to the cursor) if it is not;
+        ``conn`` None: read on the driver (``view``'s fast path)."""
+        scopes = self._scopes
+        assert scopes is not None
+        scope = scopes.use(session_id)
+        if scope is None:
+            scope = SessionScope(session_id)
+            params = (session_id, self._cursor)
+            if conn is None:
+                rows = select_rows(self.engine, self._sql.session_events, params, kept=self._kept)
+            else:
+                rows = rows_since(conn, self._sql.session_events, *params)
+            for row in self._session_rows(rows):
+                scope.fold_row(row)
+            scopes.put(session_id, scope)
+            scopes.note(scope)
+        return scope
+
+    def _session_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows a scope loads from (a seam for the scope-equivalence tests)."""
+        return rows
+
+    def view(self, session_id: str) -> CommittedView:
+        """The session's committed events, folded and brought up to date with other processes'
+        commits (one read of the rows past the cursor, usually none; the session's rows, when it
+        is not resident). Use it on the thread that owns this store."""
         with self._lock:
             group = self._group
-            if self._view is not None and self._fast_reads and not (group is not None and group.owned_here()):
+            in_group = group is not None and group.owned_here()
+            if self._scopes is not None and self._fast_reads and not in_group:
                 # The runtime asks before every step and call: one SELECT past the cursor, on the
-                # driver (a full resync, which re-reads the identity, takes the path below).
+                # driver (a fresh start, which re-reads the identity, takes the path below).
                 rows = select_rows(self.engine, self._sql.events_since, (self._cursor,), kept=self._kept)
                 self._fold_rows(rows)
-            else:
-                with self._reading() as conn:
-                    self._sync(conn)
-        assert self._view is not None
-        return self._view
+                return self._scope(None, session_id).view
+            with self._reading() as conn:
+                self._sync(conn)
+                return self._scope(conn, session_id).view
 
     def _stored(self, conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
         rows = conn.execute(select(runtime_events).where(runtime_events.c.event_id.in_(list(ids)))).mappings()
@@ -342,17 +370,24 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         live: bool = False,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
-        scanner = self._view.scanner if synced and self._view is not None else self._sync(conn)
+        scopes = self._sync(conn) if not synced or self._scopes is None else self._scopes
+        scope = self._scope(conn, batch[0].session_id)
+        scanner = scope.view.scanner
         lines = [_canonical(e) for e in batch]
-        if transition in BOUNDARY_TRANSITIONS and scanner.has_corruption:
-            # Corruption anywhere stops every tool boundary, exact retries included.
-            issue = scanner.issues[0]
+        corrupt = scanner.issues[0] if scanner.has_corruption else scopes.first_issue()
+        if transition in BOUNDARY_TRANSITIONS and corrupt is not None:
+            # Corruption in any session folded here (every open one, from the start) stops every
+            # tool boundary, exact retries included.
+            issue = corrupt
             raise LedgerRejection(
                 issue.code, "the ledger is corrupt; tool boundaries are stopped", **_detail(issue)
             )
         # The scanner has folded every committed row (synced under the write lock), so only an id it
         # knows can be an exact retry: the common first write reads nothing back.
+        # Another session's row under one of these ids is found by its key.
         known = [e.id for e in batch if scanner.position(e.id) is not None]
+        unknown = [e.id for e in batch if e.id not in known]
+        known.extend(self._existing(conn, unknown) if unknown else ())
         stored = self._stored(conn, known) if known else {}
         fresh: list[tuple[RuntimeEvent, str]] = []
         for event, line in zip(batch, lines, strict=True):
@@ -369,7 +404,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         if live:
-            _refuse_after_terminal(self._view, [e for e, _ in fresh])
+            _refuse_after_terminal(scope.view, [e for e, _ in fresh])
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
             # Only T1 may find its call already committed; any other partial retry is a conflict.
@@ -378,30 +413,56 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             first = next(e for e in batch if e.id in stored)
             raise LedgerRejection("duplicate_event_id", "partial retry of an atomic batch", eventId=first.id)
         new_batch = [e for e, _ in fresh]
+        crossing = _crossing_identities(scanner, new_batch)
         # The admitted batch stays folded in the scanner (no second fold below): if this
-        # transaction does not commit, ``_abort`` drops the whole view anyway.
+        # transaction does not commit, ``_abort`` drops every scope anyway.
         scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
-        seq = self._insert_events(conn, transition, fresh)
-        assert self._view is not None
+        self._check_crossing(conn, crossing)
+        seq = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
-            self._view.fold(event, scanned=id(event) in scanned)
+            scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
-        self._after_insert(conn, transition, new_batch, evidence=evidence, attempt=attempt)
+        self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
+    def _existing(self, conn: Connection, ids: Sequence[str]) -> list[str]:
+        """Which of these event ids some session has committed (one read by the key)."""
+        marks = ", ".join("?" if self._fast_reads else "%s" for _ in ids)
+        rows = rows_since(conn, f"SELECT event_id FROM runtime_events WHERE event_id IN ({marks})", *ids)
+        return [str(row["event_id"]) for row in rows]
+
+    def _check_crossing(self, conn: Connection, crossing: _Crossing) -> None:
+        """The fold's identity checks for what only another session can hold: an invocation seen
+        first under another spine, an operation id bound to another call, a batch of two sessions
+        (the scanner of the batch's session cannot see them; the database's keys can)."""
+        for event, spine in crossing.invocations:
+            rows = rows_since(conn, self._sql.invocation_spine, event.invocation_id)
+            if rows and (rows[0]["session_id"], rows[0]["run_id"], rows[0]["turn_id"]) != spine:
+                raise _crossing_rejection("invocation_identity_conflict", event)
+        for event, op_id, call_id in crossing.operations:
+            if rows_since(conn, self._sql.operation_owner, op_id):
+                raise _crossing_rejection("duplicate_operation", event, op_id, call_id)
+        if crossing.sessions > 1:
+            raise _crossing_rejection("invocation_identity_conflict", crossing.first)
+
     def _insert_events(
-        self, conn: Connection, transition: Transition, fresh: list[tuple[RuntimeEvent, str]]
+        self,
+        conn: Connection,
+        transition: Transition,
+        fresh: list[tuple[RuntimeEvent, str]],
+        scope: SessionScope,
     ) -> int:
         # _sync just read every row past the cursor inside this writer transaction, so the cursor
-        # is the ledger's high-water and the per-invocation counters are current.
+        # is the ledger's high-water and the scope's counters are current. An admitted batch is
+        # one session's (its invocations agree with their spines, checked across sessions too).
         seq = self._cursor
         now = now_ms()
         for event, line in fresh:
             seq += 1
-            event_seq = self._event_seq.get(event.invocation_id, 0) + 1
-            self._event_seq[event.invocation_id] = event_seq
-            digest = chain_digest(self._chain.get(event.session_id, CHAIN_START), line)
-            self._chain[event.session_id] = digest
+            event_seq = scope.event_seq.get(event.invocation_id, 0) + 1
+            scope.event_seq[event.invocation_id] = event_seq
+            digest = chain_digest(scope.chain, line)
+            scope.chain = digest
             self._sql.event.run(
                 conn,
                 {
@@ -423,18 +484,18 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         conn: Connection,
         transition: Transition,
         batch: Sequence[RuntimeEvent],
+        scope: SessionScope,
         *,
         evidence: Mapping[str, Any] | None,
         attempt: ToolAttempt | None,
     ) -> None:
-        assert self._view is not None
         touched: list[str] = []
         new_ids = {event.id for event in batch}
         for event in batch:
             touched.extend(op for op in sorted(_operation_ids(event)) if op not in touched)
         now = now_ms()
         for op_id in touched:
-            facts = self._view.scanner.operation(op_id)
+            facts = scope.view.scanner.operation(op_id)
             if facts is None:
                 continue
             if evidence is not None and transition == "t1_prepare" and facts.dispatch is not None:
@@ -694,13 +755,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         return result
 
 
-def _refuse_after_terminal(view: CommittedView | None, fresh: Sequence[RuntimeEvent]) -> None:
+def _refuse_after_terminal(view: CommittedView, fresh: Sequence[RuntimeEvent]) -> None:
     """A live writer's new event of a run that already has a terminal fact is refused
     (``run_already_terminal``): the view was synced inside this writer transaction, under the write
     lock, so a racing terminal commit is either seen here or serialized after this one. An exact
     retry never gets here (it is not fresh); ``import_events`` admits as the reference does, and
     ``maka audit`` reports what it let in (``event_after_terminal``)."""
-    assert view is not None
     for event in fresh:
         terminal = view.terminal_of_run.get(event.run_id)
         if terminal is not None and terminal != event.id:
@@ -711,6 +771,44 @@ def _refuse_after_terminal(view: CommittedView | None, fresh: Sequence[RuntimeEv
                 runId=event.run_id,
                 terminalEventId=terminal,
             )
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    """What a batch asks of sessions other than its own (``LedgerStore._check_crossing``)."""
+
+    first: RuntimeEvent
+    sessions: int
+    invocations: tuple[tuple[RuntimeEvent, tuple[str, str, str]], ...]
+    operations: tuple[tuple[RuntimeEvent, str, str], ...]
+
+
+def _crossing_identities(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -> _Crossing:
+    """Before ``admit``: the batch's invocations and operation ids its session has not seen."""
+    invocations: dict[str, tuple[RuntimeEvent, tuple[str, str, str]]] = {}
+    operations: list[tuple[RuntimeEvent, str, str]] = []
+    for event in batch:
+        if scanner.spine(event.invocation_id) is None and event.invocation_id not in invocations:
+            invocations[event.invocation_id] = (event, (event.session_id, event.run_id, event.turn_id))
+        td = event.actions.tool_dispatch if event.actions is not None else None
+        if td is not None and scanner.operation(td.operation_id) is None:
+            operations.append((event, td.operation_id, td.provider_tool_call_id))
+    return _Crossing(
+        batch[0], len({e.session_id for e in batch}), tuple(invocations.values()), tuple(operations)
+    )
+
+
+def _crossing_rejection(
+    code: str, event: RuntimeEvent, operation_id: str | None = None, tool_call_id: str | None = None
+) -> LedgerRejection:
+    # The scanner's own rejection, as a fold of the whole ledger would have raised it.
+    return LedgerRejection(
+        code,
+        f"tool ledger transition rejected: {code} at {event.id}",
+        eventId=event.id,
+        operationId=operation_id,
+        toolCallId=tool_call_id,
+    )
 
 
 def _decision_hook(

@@ -289,7 +289,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             # corruption gate need: O(open sessions), whatever the ledger's history. Any other
             # session loads when it is named.
             self.health.check_id(ledger_id(conn))
-            self._scopes = SessionScopes()
+            self._scopes = self._new_scopes()
             self._cursor = int(rows_since(conn, self._sql.high_water)[0]["seq"])
             for row in rows_since(conn, self._sql.open_sessions):
                 self._scope(conn, str(row["session_id"]))
@@ -327,8 +327,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             scopes.note(scope)
         return scope
 
+    def _new_scopes(self) -> SessionScopes:
+        """The resident-scope set (its bounds: ``store.scopes``)."""
+        return SessionScopes()
+
     def _session_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows a scope loads from (a seam for the scope-equivalence tests)."""
+        """The rows a scope loads from, as read."""
         return rows
 
     def view(self, session_id: str) -> CommittedView:

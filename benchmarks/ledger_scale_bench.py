@@ -165,7 +165,8 @@ async def measure(
     server: DevServer, code: Path, root: Path, sessions: int, args: argparse.Namespace
 ) -> Measured:
     db = root / f"ledger-{sessions}.sqlite"
-    build_s = build_ledger(db, sessions, args.open, args.result_bytes)
+    # ``--reuse``: a ledger a run with ``--keep`` left (it holds that run's few extra turn events).
+    build_s = 0.0 if args.reuse and db.exists() else build_ledger(db, sessions, args.open, args.result_bytes)
     events = sessions * EVENTS_PER_SESSION - args.open
     if sessions * EVENTS_PER_SESSION <= 10_000:
         with LedgerStore.open(db) as store:
@@ -280,6 +281,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--code", default=str(REPO), help="the checkout whose worker runs (default: this one)")
     p.add_argument("--dir", default=None, help="where the ledgers go (default: a temp directory)")
     p.add_argument("--keep", action="store_true", help="leave the ledgers behind")
+    p.add_argument("--reuse", action="store_true", help="measure the ledgers already in --dir, if any")
     p.add_argument("--timeout", type=float, default=900.0)
     return p.parse_args(argv)
 

@@ -9,8 +9,9 @@ scanner to ``admit`` the batch (an admitted batch stays folded in it), checks th
 cross sessions (event id, invocation, operation) against the database, inserts the events, and
 writes the projections the scanner derives for the touched operations. If the transaction does not
 commit, every scope is dropped and reloaded on demand, so none can run ahead of the database.
-Corruption anywhere in a session makes every tool-boundary writer (T1, T2, recovery bundle) of that
-session refuse, exact retries included; ``maka audit`` and ``verify`` read the whole ledger.
+Corruption in any session the store has folded (every session with an open run, from the start;
+any other once named) makes every tool-boundary writer (T1, T2, recovery bundle) refuse, exact
+retries included; ``maka audit`` and ``verify`` read the whole ledger.
 
 Every row read is re-decoded and checked against its identity columns; a row whose payload
 disagrees with its columns fails closed (``row_payload_identity_mismatch``).
@@ -386,9 +387,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             raise LedgerRejection(
                 issue.code, "the ledger is corrupt; tool boundaries are stopped", **_detail(issue)
             )
-        # The scanner has folded every committed row (synced under the write lock), so only an id it
-        # knows can be an exact retry: the common first write reads nothing back.
-        # Another session's row under one of these ids is found by its key.
+        # The session's scanner has folded every committed row of the session (synced under the
+        # write lock), so only an id it knows, or another session's row found by its key, can be
+        # an exact retry.
         known = [e.id for e in batch if scanner.position(e.id) is not None]
         unknown = [e.id for e in batch if e.id not in known]
         known.extend(self._existing(conn, unknown) if unknown else ())

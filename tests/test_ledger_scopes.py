@@ -25,6 +25,7 @@ from maka_core.ledger.scanner import Transition, scan
 from maka_core.store.scopes import SessionScopes
 from maka_core.store.writer import LedgerStore
 from tests import ledger_factory as f
+from tests.children.support import raw_insert
 from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 
 SESSIONS = 24
@@ -244,3 +245,47 @@ def test_identities_that_cross_sessions_are_refused_as_the_full_fold_refuses_the
     with SmallScopes.open(url) as store:
         # An exact retry of another session's event is a no-op, as before.
         assert not store.append([store.events("s0")[0]]).created
+
+
+class ForgetsOnAbort(LedgerStore):
+    """The broken variant (the record kept on the scope set an abort drops): forgets corruption."""
+
+    def _abort(self) -> None:
+        super()._abort()
+        self._corrupt.clear()
+
+
+def _settled_corrupt_session(url: str) -> None:
+    """Session b: one settled call, then a second call row for its call id (corrupt, below the
+    writers); session a: an open run."""
+    b = f.ids(session="sess-b", run="run-b", inv="inv-b", turn="turn-b")
+    with LedgerStore.open(url) as store:
+        store.append([f.user(id="evt-user-b", **b)])
+        pair = f.t1("call-b", operation_id="op-b", recovery_mode="reconcile", **b)
+        store.commit_tool_prepared(pair[1], call=pair[0])
+        store.commit_tool_outcome(f.response("call-b", operation_id="op-b", **b))
+        store.commit_terminal(f.terminal(id="end-b", **b))
+        raw_insert(store, f.call("call-b", operation_id="op-x", id="evt-call-dup", **b))
+        store.append([f.user()])
+
+
+def _t1_outcome(store: LedgerStore, op: str) -> str:
+    pair = f.t1(f"call-{op}", operation_id=op, recovery_mode="reconcile")
+    try:
+        store.commit_tool_prepared(pair[1], call=pair[0])
+    except LedgerRejection as exc:
+        return exc.code
+    return "accepted"
+
+
+@pytest.mark.parametrize("cls", [LedgerStore, ForgetsOnAbort])
+def test_corruption_once_seen_stops_every_later_boundary(url: str, cls: type[LedgerStore]) -> None:
+    _settled_corrupt_session(url)
+    with cls.open(url) as store:
+        store.view("sess-b")  # a status read names the corrupt session
+        first, second = _t1_outcome(store, "op-1"), _t1_outcome(store, "op-2")
+    assert first == "duplicate_call", first
+    if cls is LedgerStore:
+        assert second == "duplicate_call", f"the refusal cleared the gate: {second}"
+    else:  # negative control: the record dropped with the scopes lets the second T1 through
+        assert second == "accepted", second

@@ -9,7 +9,8 @@ the first time a writer or a reader names the session, and then follows the sess
 (``LedgerStore._fold_rows``). The identities that do cross sessions (event id, invocation,
 operation) are the database's unique keys, and the writers check them there. A store starts by
 folding every session with an open run (the live work, and what a corruption gate must see); a
-session found corrupt stops every tool boundary, also after its scope is evicted.
+session found corrupt stops every tool boundary, also after its scope is evicted (the record
+lives on the store, ``LedgerStore._corrupt``, never on a scope set an abort drops).
 
 Memory follows live sessions: settled scopes (every run has its terminal fact) are evicted least
 recently used first once more than ``settled`` are held; open ones only past ``limit`` (a run
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maka_core.ledger.committed import CommittedView
-from maka_core.ledger.scanner import LedgerIssue
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.rows import row_event
 
@@ -64,20 +64,8 @@ class SessionScopes:
 
     def __init__(self, settled: int = SETTLED_SCOPES, limit: int = OPEN_SCOPES) -> None:
         self._scopes: OrderedDict[str, SessionScope] = OrderedDict()
-        #: session id -> its first issue, for every corrupt session folded since the start.
-        self._corrupt: dict[str, LedgerIssue] = {}
         self._settled = settled
         self._limit = max(limit, settled)
-
-    def note(self, scope: SessionScope) -> None:
-        """Remember a scope's first issue (kept when the scope is evicted)."""
-        scanner = scope.view.scanner
-        if scanner.has_corruption and scope.session_id not in self._corrupt:
-            self._corrupt[scope.session_id] = scanner.issues[0]
-
-    def first_issue(self) -> LedgerIssue | None:
-        """The first issue of the first corrupt session folded here, or None."""
-        return next(iter(self._corrupt.values()), None)
 
     def __len__(self) -> int:
         return len(self._scopes)

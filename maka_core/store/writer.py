@@ -35,7 +35,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
-from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
+from maka_core.ledger.scanner import LedgerIssue, LedgerScanner, Transition, group_transitions
 from maka_core.store.chain import chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import (
@@ -163,6 +163,9 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         #: The ledger_seq every resident scope is current with.
         self._cursor = 0
         self._lock = threading.RLock()
+        #: session id -> its first issue, for every corrupt session seen since the store opened:
+        #: sticky like ``health.failure`` (an abort drops the scopes, never this record).
+        self._corrupt: dict[str, LedgerIssue] = {}
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
@@ -306,7 +309,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             scope = scopes.peek(row["session_id"])
             if scope is not None:
                 scope.fold_row(row)
-                scopes.note(scope)
+                self._note(scope)
             self._cursor = int(row["ledger_seq"])
 
     def _scope(self, conn: Connection | None, session_id: str) -> SessionScope:
@@ -325,8 +328,18 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             for row in self._session_rows(rows):
                 scope.fold_row(row)
             scopes.put(session_id, scope)
-            scopes.note(scope)
+            self._note(scope)
         return scope
+
+    def _note(self, scope: SessionScope) -> None:
+        """Remember a corrupt scope's first issue, for good (kept when the scope is dropped)."""
+        scanner = scope.view.scanner
+        if scanner.has_corruption:
+            self._corrupt.setdefault(scope.session_id, scanner.issues[0])
+
+    def _first_corrupt(self) -> LedgerIssue | None:
+        """The first issue of the first corrupt session seen, or None."""
+        return next(iter(list(self._corrupt.values())), None)
 
     def _new_scopes(self) -> SessionScopes:
         """The resident-scope set (its bounds: ``store.scopes``)."""
@@ -375,11 +388,12 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         live: bool = False,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
-        scopes = self._sync(conn) if not synced or self._scopes is None else self._scopes
+        if not synced or self._scopes is None:
+            self._sync(conn)
         scope = self._scope(conn, batch[0].session_id)
         scanner = scope.view.scanner
         lines = [_canonical(e) for e in batch]
-        corrupt = scanner.issues[0] if scanner.has_corruption else scopes.first_issue()
+        corrupt = scanner.issues[0] if scanner.has_corruption else self._first_corrupt()
         if transition in BOUNDARY_TRANSITIONS and corrupt is not None:
             # Corruption in any session folded here (every open one, from the start) stops every
             # tool boundary, exact retries included.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from maka_core.errors import LedgerRejection
+from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import Refs, RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.scanner import Transition, scan
@@ -254,6 +254,9 @@ class ForgetsOnAbort(LedgerStore):
         super()._abort()
         self._corrupt.clear()
 
+    def _start_verification(self, upto: int) -> None:
+        return None  # the gate here is the one a read set: no start scan re-records it
+
 
 def _settled_corrupt_session(url: str) -> None:
     """Session b: one settled call, then a second call row for its call id (corrupt, below the
@@ -289,3 +292,114 @@ def test_corruption_once_seen_stops_every_later_boundary(url: str, cls: type[Led
         assert second == "duplicate_call", f"the refusal cleared the gate: {second}"
     else:  # negative control: the record dropped with the scopes lets the second T1 through
         assert second == "accepted", second
+
+
+class BlindToOtherSessionsRuns(LedgerStore):
+    """The broken variant: a run the session has not seen is taken to have no terminal fact."""
+
+    def _foreign_terminal(self, *args: Any) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.parametrize("cls", [LedgerStore, BlindToOtherSessionsRuns])
+def test_a_run_id_terminal_in_another_session_refuses_what_follows(url: str, cls: type[LedgerStore]) -> None:
+    x = f.ids(session="sx", run="R", inv="ix", turn="tx")
+    y = f.ids(session="sy", run="R", inv="iy", turn="ty")  # the same run id, another session
+    with LedgerStore.open(url) as store:
+        store.append([f.user(id="ux", **x)])
+        store.commit_terminal(f.terminal(id="endx", **x))
+    pair = f.t1("cy", operation_id="opy", recovery_mode="reconcile", **y)
+    writes: list[Callable[[LedgerStore], object]] = [
+        lambda s: s.append([f.user(id="uy", **y)]),
+        lambda s: s.commit_tool_prepared(pair[1], call=pair[0]),
+    ]
+    got: list[str] = []
+    for write in writes:
+        with cls.open(url) as store:  # a fresh start: sx is settled, not resident
+            try:
+                write(store)
+                got.append("accepted")
+            except LedgerRejection as exc:
+                got.append(exc.code)
+    # main's live writers (one fold of the whole ledger) refuse both ``run_already_terminal``.
+    want = ["run_already_terminal"] * 2 if cls is LedgerStore else ["accepted"] * 2
+    assert got == want, got
+
+
+class NoStartScan(LedgerStore):
+    """The broken variant: no verification of the history this worker never reads."""
+
+    def _start_verification(self, upto: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize("cls", [LedgerStore, NoStartScan])
+def test_the_start_scan_finds_a_settled_corrupt_session_nobody_reads(
+    url: str, cls: type[LedgerStore]
+) -> None:
+    _settled_corrupt_session(url)
+    with cls.open(url) as store:
+        scan = store.verification
+        if scan is not None:
+            assert scan.wait(120), f"the start scan did not end in 120 s: {scan.to_json()}"
+            progress = store.health.to_json()["verification"]
+            assert progress["state"] == "corrupt" and progress["corruptSessions"] == 1, progress
+        got = _t1_outcome(store, "op-1")  # in session a: b is never named
+    want = "duplicate_call" if cls is LedgerStore else "accepted"  # main's code for this ledger
+    assert got == want, got
+
+
+class SkipsOtherSessionsRows(LedgerStore):
+    """The broken variant: another process's rows of a session no scope holds are skipped."""
+
+    def _check_sessions(self, conn: Any, session_ids: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize("cls", [LedgerStore, SkipsOtherSessionsRows])
+def test_another_process_corrupting_a_session_not_resident_stops_boundaries(
+    url: str, cls: type[LedgerStore]
+) -> None:
+    b = f.ids(session="sess-b", run="run-b", inv="inv-b", turn="turn-b")
+    with cls.open(url) as store:
+        store.append([f.user()])
+        with LedgerStore.open(url) as other:  # another worker, settling session b
+            other.append([f.user(id="evt-user-b", **b)])
+            pair = f.t1("call-b", operation_id="op-b", recovery_mode="reconcile", **b)
+            other.commit_tool_prepared(pair[1], call=pair[0])
+            other.commit_tool_outcome(f.response("call-b", operation_id="op-b", **b))
+            other.commit_terminal(f.terminal(id="end-b", **b))
+            raw_insert(other, f.call("call-b", operation_id="op-x", id="evt-call-dup", **b))
+        got = _t1_outcome(store, "op-1")
+    want = "duplicate_call" if cls is LedgerStore else "accepted"
+    assert got == want, got
+
+
+class NoCrossingCheck(SmallScopes):
+    """The broken variant: only the batch's own session is consulted (no database keys)."""
+
+    def _check_crossing(self, conn: Any, crossing: Any) -> None:
+        return None
+
+
+def test_negative_control_without_the_crossing_check_the_full_folds_codes_are_lost(url: str) -> None:
+    _build(url)
+    other = f.ids(session="s-new", run="r-new", inv="i-new", turn="t-new")
+    stolen = f.ids(session="s-new", run="r-new", inv="i0a", turn="t-new")  # s0's invocation
+    call = f.call("new-c0", operation_id="op-s0-c0", id="new-call", **other)
+    dispatch = f.dispatch("new-c0", operation_id="op-s0-c0", id="new-dispatch", **other)
+    got: list[str] = []
+    with NoCrossingCheck.open(url) as store:
+        store.append([f.user(id="u-new", **other)])
+        for write in (
+            lambda: store.append([f.user(id="u-stolen", **stolen)]),
+            lambda: store.commit_tool_prepared(dispatch, call=call),
+        ):
+            try:
+                write()
+                got.append("accepted")
+            except (LedgerRejection, StoreError) as exc:
+                got.append(exc.code)
+    # The test above sees these refused invocation_identity_conflict / duplicate_operation (the
+    # codes of one fold of the whole ledger); without the check only the unique keys answer.
+    assert got == ["store_constraint_violation"] * 2, got

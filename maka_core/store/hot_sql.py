@@ -80,8 +80,14 @@ class HotSQL:
     high_water: str
     #: the sessions with a run that has no terminal fact (an aggregate over the run/terminal index)
     open_sessions: str
+    #: a page of the session ids with a row at or below a ledger_seq, after an id (the start scan)
+    sessions_page: str
+    #: the session ids with a row in (a, b] of ledger_seq
+    sessions_between: str
     #: one row of an invocation: its (session, run, turn)
     invocation_spine: str
+    #: a run's terminal fact, in any session (the run/terminal index)
+    run_terminal: str
     #: the invocation and call an operation id is bound to
     operation_owner: str
     #: governed execution: a decision with T1 or a refusal, a receipt with T2
@@ -131,6 +137,18 @@ class HotSQL:
             invocation_spine=(
                 f"SELECT session_id, run_id, turn_id FROM {runtime_events.name} "
                 f"WHERE invocation_id = {mark} LIMIT 1"
+            ),
+            sessions_page=(
+                f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq <= {mark} "
+                f"AND session_id > {mark} ORDER BY session_id LIMIT {mark}"
+            ),
+            sessions_between=(
+                f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq > {mark} "
+                f"AND ledger_seq <= {mark} ORDER BY session_id"
+            ),
+            run_terminal=(
+                f"SELECT event_id FROM {runtime_events.name} WHERE run_id = {mark} AND terminal "
+                "ORDER BY ledger_seq LIMIT 1"
             ),
             operation_owner=(
                 f"SELECT invocation_id, provider_tool_call_id FROM {tool_operations.name} "

@@ -8,17 +8,19 @@ instead of one of the whole history. A scope is loaded from one indexed read of 
 the first time a writer or a reader names the session, and then follows the session's commits
 (``LedgerStore._fold_rows``). The identities that do cross sessions (event id, invocation,
 operation) are the database's unique keys, and the writers check them there. A store starts by
-folding every session with an open run (the live work, and what a corruption gate must see); a
+folding every session with an open run (the live work; the rest of the history is verified by
+the start scan, ``store.verification``); a
 session found corrupt stops every tool boundary, also after its scope is evicted (the record
 lives on the store, ``LedgerStore._corrupt``, never on a scope set an abort drops).
 
 Memory follows live sessions: settled scopes (every run has its terminal fact) are evicted least
-recently used first once more than ``settled`` are held; open ones only past ``limit`` (a run
-whose scope is evicted reloads it, identically, on its next read).
+recently used first once more than ``settled`` are held; open ones only past ``limit`` (1,024,
+logged as a warning: a run whose scope is evicted reloads it, identically, on its next read).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,8 @@ from typing import Any
 from maka_core.ledger.committed import CommittedView
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.rows import row_event
+
+log = logging.getLogger(__name__)
 
 #: Settled sessions kept warm (a session read again soon after its turn, as a status or an
 #: approval answer does, stays resident), and open ones held before the bound grows.
@@ -96,4 +100,6 @@ class SessionScopes:
         if len(self._scopes) > self._limit:
             for sid in list(self._scopes)[: len(self._scopes) - self._limit]:
                 if sid != keep:
+                    # Correct (its next read reloads it) but a reload per turn: the bound is low.
+                    log.warning("ledger view: open session %s evicted past %d open scopes", sid, self._limit)
                     del self._scopes[sid]

@@ -9,9 +9,11 @@ scanner to ``admit`` the batch (an admitted batch stays folded in it), checks th
 cross sessions (event id, invocation, operation) against the database, inserts the events, and
 writes the projections the scanner derives for the touched operations. If the transaction does not
 commit, every scope is dropped and reloaded on demand, so none can run ahead of the database.
-Corruption in any session the store has folded (every session with an open run, from the start;
-any other once named) makes every tool-boundary writer (T1, T2, recovery bundle) refuse, exact
-retries included; ``maka audit`` and ``verify`` read the whole ledger.
+Corruption anywhere in the ledger stops every tool-boundary writer (T1, T2, recovery bundle),
+exact retries included: in history before the store opened once its start scan
+(``store.verification``) reaches it; in any row the store folds since (a resident session's, or
+another process's row of a session it does not hold, folded with its session to check it) at
+once. The record is the store's, sticky; ``maka audit`` and ``verify`` read the whole ledger.
 
 Every row read is re-decoded and checked against its identity columns; a row whose payload
 disagrees with its columns fails closed (``row_payload_identity_mismatch``).
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, select
+from sqlalchemy.pool import StaticPool
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection, StoreError
@@ -70,6 +73,7 @@ from maka_core.store.schema import (
     tool_attempts,
 )
 from maka_core.store.scopes import SessionScope, SessionScopes
+from maka_core.store.verification import LedgerVerification
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 
@@ -176,6 +180,14 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
             self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
+            start = int(rows_since(conn, self._sql.high_water)[0]["seq"])
+        #: Every committed row at or below this ledger_seq is the start scan's, or has been folded
+        #: in its session's scope (resident, or loaded to check it): nothing is skipped unchecked.
+        self._checked = start
+        #: The start scan of the history up to ``start`` (``store.verification``).
+        self.verification = self._start_verification(start)
+        if self.verification is not None:
+            self.health.progress = self.verification.to_json
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -210,6 +222,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             raise cause from exc
 
     def close(self) -> None:
+        if self.verification is not None:
+            self.verification.stop()
         if self._kept is not None:
             with self._lock:  # never under a writer that is using it
                 self._kept.close()
@@ -285,6 +299,23 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
 
         self._write(probe)
 
+    def _start_verification(self, upto: int) -> LedgerVerification | None:
+        """Verify the history up to ``upto`` in the background (a memory database, whose one
+        connection no second thread may use, is verified here, before the store serves)."""
+        memory = isinstance(self.engine.pool, StaticPool)
+        # Its own engine (connections, pool, listeners): the writers' are never waited on.
+        engine = self.engine if memory or upto == 0 else make_engine(self.url)
+        own = engine is not self.engine
+        scan = LedgerVerification(engine, self._sql, upto, self._record_corrupt, own=own)
+        if memory or upto == 0:
+            scan.run()  # an empty history verifies at once
+        else:
+            scan.start()
+        return scan
+
+    def _record_corrupt(self, session_id: str, issue: LedgerIssue) -> None:
+        self._corrupt.setdefault(session_id, issue)
+
     def _sync(self, conn: Connection) -> SessionScopes:
         """Fold rows committed since the cursor into the resident scopes."""
         if self._scopes is None:
@@ -297,20 +328,38 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             self._cursor = int(rows_since(conn, self._sql.high_water)[0]["seq"])
             for row in rows_since(conn, self._sql.open_sessions):
                 self._scope(conn, str(row["session_id"]))
+            # Rows committed since the last check (the start scan's bound, or before an abort)
+            # of sessions not resident now: each such session is folded once to check them.
+            gap = rows_since(conn, self._sql.sessions_between, self._checked, self._cursor)
+            self._check_sessions(conn, [str(r["session_id"]) for r in gap])
+            self._checked = self._cursor
             return self._scopes
-        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor))
+        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor), conn)
         return self._scopes
 
-    def _fold_rows(self, rows: list[dict[str, Any]]) -> None:
+    def _fold_rows(self, rows: list[dict[str, Any]], conn: Connection | None = None) -> None:
         scopes = self._scopes
         assert scopes is not None
+        others: list[str] = []
         for row in rows:
-            # A session no scope holds is skipped undecoded: its load reads it, in order, later.
             scope = scopes.peek(row["session_id"])
             if scope is not None:
                 scope.fold_row(row)
                 self._note(scope)
+            elif row["session_id"] not in others:
+                others.append(str(row["session_id"]))
             self._cursor = int(row["ledger_seq"])
+        # Another process's rows of a session no scope holds: folded in a throwaway scope of the
+        # session (all its rows), so corruption there stops the boundaries as it would resident.
+        self._check_sessions(conn, others)
+        self._checked = self._cursor
+
+    def _check_sessions(self, conn: Connection | None, session_ids: Sequence[str]) -> None:
+        scopes = self._scopes
+        assert scopes is not None
+        for session_id in session_ids:
+            if session_id not in scopes:
+                self._note(self._load(conn, session_id))
 
     def _scope(self, conn: Connection | None, session_id: str) -> SessionScope:
         """The session's resident scope, loaded (every row up to the cursor) if it is not;
@@ -319,16 +368,21 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         assert scopes is not None
         scope = scopes.use(session_id)
         if scope is None:
-            scope = SessionScope(session_id)
-            params = (session_id, self._cursor)
-            if conn is None:
-                rows = select_rows(self.engine, self._sql.session_events, params, kept=self._kept)
-            else:
-                rows = rows_since(conn, self._sql.session_events, *params)
-            for row in self._session_rows(rows):
-                scope.fold_row(row)
+            scope = self._load(conn, session_id)
             scopes.put(session_id, scope)
             self._note(scope)
+        return scope
+
+    def _load(self, conn: Connection | None, session_id: str) -> SessionScope:
+        """A fold of the session's rows up to the cursor (one indexed read)."""
+        scope = SessionScope(session_id)
+        params = (session_id, self._cursor)
+        if conn is None:
+            rows = select_rows(self.engine, self._sql.session_events, params, kept=self._kept)
+        else:
+            rows = rows_since(conn, self._sql.session_events, *params)
+        for row in self._session_rows(rows):
+            scope.fold_row(row)
         return scope
 
     def _note(self, scope: SessionScope) -> None:
@@ -423,7 +477,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         if live:
-            _refuse_after_terminal(scope.view, [e for e, _ in fresh])
+            foreign = self._foreign_terminal(conn, scope, fresh)
+            _refuse_after_terminal(scope.view, [e for e, _ in fresh], foreign)
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
             # Only T1 may find its call already committed; any other partial retry is a conflict.
@@ -443,6 +498,19 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
+
+    def _foreign_terminal(
+        self, conn: Connection, scope: SessionScope, fresh: Sequence[tuple[RuntimeEvent, str]]
+    ) -> dict[str, str]:
+        """The terminal facts of the batch's runs this session has never seen (a run id another
+        session uses), from the run/terminal index: the full fold refuses what follows them too."""
+        runs = {e.run_id for e, _ in fresh} - scope.view.first_of_run.keys()
+        out: dict[str, str] = {}
+        for run_id in sorted(runs):
+            rows = rows_since(conn, self._sql.run_terminal, run_id)
+            if rows:
+                out[run_id] = str(rows[0]["event_id"])
+        return out
 
     def _existing(self, conn: Connection, ids: Sequence[str]) -> list[str]:
         """Which of these event ids some session has committed (one read by the key)."""
@@ -774,14 +842,17 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         return result
 
 
-def _refuse_after_terminal(view: CommittedView, fresh: Sequence[RuntimeEvent]) -> None:
+def _refuse_after_terminal(
+    view: CommittedView, fresh: Sequence[RuntimeEvent], foreign: Mapping[str, str]
+) -> None:
     """A live writer's new event of a run that already has a terminal fact is refused
     (``run_already_terminal``): the view was synced inside this writer transaction, under the write
     lock, so a racing terminal commit is either seen here or serialized after this one. An exact
     retry never gets here (it is not fresh); ``import_events`` admits as the reference does, and
-    ``maka audit`` reports what it let in (``event_after_terminal``)."""
+    ``maka audit`` reports what it let in (``event_after_terminal``). ``foreign``: the terminal
+    facts, from the database, of runs the session has not seen (a run id reused across sessions)."""
     for event in fresh:
-        terminal = view.terminal_of_run.get(event.run_id)
+        terminal = view.terminal_of_run.get(event.run_id) or foreign.get(event.run_id)
         if terminal is not None and terminal != event.id:
             raise LedgerRejection(
                 "run_already_terminal",

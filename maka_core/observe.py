@@ -182,8 +182,8 @@ class ObservedLedger:
         # telemetry is on.
         return getattr(self.inner, name)
 
-    def view(self) -> CommittedView:
-        return self.inner.view()
+    def view(self, session_id: str) -> CommittedView:
+        return self.inner.view(session_id)
 
     def events(
         self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None

@@ -71,7 +71,7 @@ def test_members_share_one_commit(store: LedgerStore) -> None:
             store.append([_user(k)])
         # A member reads what earlier members wrote (the group's connection), before the commit.
         assert {e.id for e in store.events()} == {f"evt-user-{k}" for k in range(5)}
-        assert store.view().scanner.position("evt-user-4") is not None
+        assert store.view("s4").scanner.position("evt-user-4") is not None
     assert commits[0] == 1
     assert _committed_ids(store) == {f"evt-user-{k}" for k in range(5)}
 
@@ -86,9 +86,9 @@ def test_a_refusing_member_rolls_back_alone(store: LedgerStore) -> None:
         store.append([_user(2)])
     assert _committed_ids(store) == {"evt-user-0", "evt-user-1", "evt-user-2"}
     # The view was dropped at the refusal and rebuilt inside the group: it holds exactly the rows.
-    view = store.view()
-    assert [view.scanner.position(f"evt-user-{k}") is not None for k in range(3)] == [True] * 3
-    assert view.scanner.event_count == 3
+    views = [store.view(f"s{k}") for k in range(3)]
+    assert [v.scanner.position(f"evt-user-{k}") is not None for k, v in enumerate(views)] == [True] * 3
+    assert [v.scanner.event_count for v in views] == [1, 1, 1]
 
 
 def test_a_failed_commit_undoes_every_member(store: LedgerStore) -> None:
@@ -105,9 +105,10 @@ def test_a_failed_commit_undoes_every_member(store: LedgerStore) -> None:
         store.append([_user(1)])
         store.append([_user(2)])
     assert _committed_ids(store) == {"evt-user-0"}
-    view = store.view()  # rebuilt from the database: nothing of the failed group
-    assert view.scanner.position("evt-user-1") is None
-    assert view.scanner.event_count == 1
+    # Rebuilt from the database: nothing of the failed group.
+    assert store.view("s1").scanner.position("evt-user-1") is None
+    assert store.view("s1").scanner.event_count == store.view("s2").scanner.event_count == 0
+    assert store.view("s0").scanner.event_count == 1
     store.append([_user(3)])  # the store carries on
     assert _committed_ids(store) == {"evt-user-0", "evt-user-3"}
 

@@ -24,7 +24,7 @@ from maka_core.ledger.lanes import args_hash_or_none
 from maka_core.ledger.scanner import scan
 from maka_core.runtime.governed import DEFAULT_SESSION_POLICY
 from maka_core.store.writer import LedgerStore
-from tests.ledger_factory import call, response, t1, text, user
+from tests.ledger_factory import SESSION, call, response, t1, text, user
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_kept_fold_equals_a_fresh_scan_of_the_ledger(store: LedgerStore) -> None
         store.commit_tool_outcome(response(f"c{k}"))
     with pytest.raises(LedgerRejection):  # a refused batch leaves nothing folded behind
         store.commit_tool_outcome(response("c9"))  # an outcome for a call that never crossed T1
-    live = store.view().scanner
+    live = store.view(SESSION).scanner
     fresh = scan(store.events())
     assert live.issues == fresh.issues == []
     assert live.event_count == fresh.event_count
@@ -180,8 +180,8 @@ def test_view_on_the_kept_connection_sees_another_writers_commits(tmp_path: Path
     with LedgerStore.open(tmp_path / "l.sqlite") as mine, LedgerStore.open(tmp_path / "l.sqlite") as other:
         mine.append([user()])
         assert mine._kept is not None and mine._kept.idle_driver() is not None  # the read uses it
-        other.view()
+        other.view(SESSION)
         other.append([text("from the other writer")])
-        assert mine.view().scanner.position("evt-model-1") == 1
+        assert mine.view(SESSION).scanner.position("evt-model-1") == 1
         mine.append([text("mine", id="evt-model-2")])  # its writer transaction follows the read
         assert [e.id for e in other.events()] == ["evt-user-1", "evt-model-1", "evt-model-2"]

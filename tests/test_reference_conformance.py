@@ -850,8 +850,7 @@ class _BundleFirstStore(LedgerStore):
 
     def _admit_group(self, conn: Any, transition: Any, batch: Any, **kwargs: Any) -> Any:
         if transition == "recovery_bundle":
-            assert self._view is not None
-            self._view.scanner.check_bundle(batch)
+            self._scope(conn, batch[0].session_id).view.scanner.check_bundle(batch)
         return super()._admit_group(conn, transition, batch, **kwargs)
 
 

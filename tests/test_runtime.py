@@ -346,9 +346,9 @@ def test_the_view_is_fed_by_commits_and_sees_other_processes_writes(store_url: s
         rt = Runtime(mine)
         try:
             begin(rt, ws)
-            assert rt.ledger.view().step_count("s1") == 0
+            assert rt.ledger.view("s1").step_count("s1") == 0
             theirs.append([builders.model_text(IDS, "r1:0", "from another worker", 2)])
-            view = rt.ledger.view()
+            view = rt.ledger.view("s1")
             assert view.step_count("s1") == 1 and [e.id for e in view.step_events("r1:0")] == ["r1:0:text"]
             again = step(rt, ws, 0, script({"text": "never asked"}))
             assert again.replayed

@@ -38,7 +38,7 @@ from maka_core.workspace import Workspace
 from maka_temporal.activities import to_application_error
 from tests.children.old_writer_worker import DeafBash, OldWriter
 from tests.drills import maka_cli
-from tests.ledger_factory import call, dispatch, response, t1, terminal, text, user
+from tests.ledger_factory import SESSION, call, dispatch, response, t1, terminal, text, user
 from tests.test_runtime import ATTEMPT, one_call, op_status, run, tool_input
 
 
@@ -88,7 +88,7 @@ def test_a_handle_that_synced_before_the_terminal_is_refused_inside_its_transact
         zombie.append([user()])
         c, d = t1("call-1")
         zombie.commit_tool_prepared(d, call=c)
-        assert zombie.view().terminal_of_run == {}  # the zombie's view: the run is open
+        assert zombie.view(SESSION).terminal_of_run == {}  # the zombie's view: the run is open
         repairer.commit_terminal(terminal("failed"))
         with pytest.raises(LedgerRejection) as err:
             zombie.commit_tool_outcome(response("call-1"))

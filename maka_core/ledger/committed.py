@@ -1,8 +1,9 @@
-"""The committed ledger as the runtime reads it: one fold of every committed event.
+"""The committed ledger as the runtime reads it: one fold of one session's committed events.
 
-The store folds each event exactly once, at the moment it learns of it: its own writes right after
-they are admitted (inside the writer transaction), and rows other processes committed when it next
-syncs (by ``ledger_seq``, so O(new rows)). This view is that fold: the shared ``LedgerScanner``
+The store folds each event of a session it serves exactly once, at the moment it learns of it:
+the session's rows when it is first named (``store.scopes``), its own writes right after they are
+admitted (inside the writer transaction), and rows other processes committed when it next syncs (by
+``ledger_seq``, so O(new rows)). This view is that fold: the shared ``LedgerScanner``
 (operations, protocol markers, issues: what the Resolver decides from) plus the few indexes the
 turn protocol asks for, so a guard, a model-step replay check or a run's identities are dictionary
 look-ups, never a re-read, a re-decode or a second scanner.
@@ -19,7 +20,8 @@ from maka_core.ledger.scanner import LedgerScanner, OperationFacts
 
 @dataclass
 class CommittedView:
-    """Every committed event, folded once (scanner) and indexed for the runtime's questions."""
+    """A session's committed events (or any ledger's), folded once (scanner) and indexed for the
+    runtime's questions."""
 
     scanner: LedgerScanner = field(default_factory=lambda: LedgerScanner(protocol_scope="run"))
     #: run id -> the run's first event (its identities: session, turn, invocation).

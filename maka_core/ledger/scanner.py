@@ -196,6 +196,10 @@ class LedgerScanner:
     def operation_for_call(self, invocation_id: str, tool_call_id: str) -> OperationFacts | None:
         return self._by_call.get((invocation_id, tool_call_id))
 
+    def spine(self, invocation_id: str) -> tuple[str, str, str] | None:
+        """The (session, run, turn) an invocation's first event declared; None: never seen."""
+        return self._spines.get(invocation_id)
+
     def call_args_hash(self, call: RuntimeEvent) -> str | None:
         """``args_hash_or_none`` of a function call event's name and args (None for any other event)."""
         content = call.content

@@ -188,7 +188,7 @@ def _lookup(
     """On the ledger thread: the step's committed output, step index, history, and the compaction
     it needs first. ``overflow``: the vendor refused a request of about this many tokens as past
     its window (the compaction then aims at half of it, or of the budget if smaller)."""
-    view = rt.ledger.view()
+    view = rt.ledger.view(ids.session_id)
     committed = view.step_events(step_id)
     history: list[RuntimeEvent] = []
     plan = None
@@ -441,7 +441,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
     def read_step() -> tuple[RunIds, Found] | None:
         # Runs inside T2's hop, after its commit: a failure here must not look like T2's.
         try:
-            ids = tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id)
+            ids = tool_call.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
             if ids is None:
                 return None
             return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history, after.provider)
@@ -456,7 +456,9 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
         return outcome  # the call has not settled, or its turn is cancelled: no step follows it
     try:
         if read is None:  # the call did not run here (refused, replayed), or the read failed
-            ids = await rt.on_ledger(lambda: tool_call.run_ids(rt.ledger.view(), inp.session_id, inp.run_id))
+            ids = await rt.on_ledger(
+                lambda: tool_call.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
+            )
             found = None
         else:
             ids, found = read

@@ -89,7 +89,8 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     call = inp.call
     op_id = call.operation_id
     state = await rt.on_ledger(
-        lambda: call_state(rt.ledger.view(), inp.session_id, inp.run_id, call.tool_call_id), attempt=attempt
+        lambda: call_state(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id, call.tool_call_id),
+        attempt=attempt,
     )
     if state is None:
         # The call event itself is missing: the model step's commit never happened as the
@@ -319,7 +320,7 @@ async def _reconcile(
         except LedgerRejection:
             # Another recoverer settled it first (a different observation is refused: parked is
             # terminal). Report what the ledger now says rather than what we observed.
-            settled = call_state(rt.ledger.view(), inp.session_id, inp.run_id, ref.tool_call_id)
+            settled = call_state(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id, ref.tool_call_id)
             if settled is None or settled.op.status not in ("completed", "parked"):
                 raise
             if settled.op.status == "parked":

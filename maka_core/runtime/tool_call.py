@@ -312,7 +312,7 @@ def _admit(
 ) -> Dispatched | NotRun:
     """On the ledger thread: guard, preflight, policy, evidence and T1 (or a committed refusal)."""
     call = inp.call
-    view = rt.ledger.view()
+    view = rt.ledger.view(inp.session_id)
     state = call_state(view, inp.session_id, inp.run_id, call.tool_call_id)
     if state is None:
         raise CallNotFound(message=f"no committed call {call.tool_call_id}", toolCallId=call.tool_call_id)

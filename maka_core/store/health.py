@@ -14,6 +14,7 @@ the process loudly instead of serving sessions against a ledger that cannot keep
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args
@@ -49,6 +50,8 @@ class LedgerHealth:
         self.ledger_id = ledger_id
         self.identity = FileIdentity.of(file) if file is not None else None
         self.failure: StoreError | None = None
+        #: The start scan's progress (``store.verification``), when one runs.
+        self.progress: Callable[[], dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -84,6 +87,8 @@ class LedgerHealth:
         out: dict[str, Any] = {"ok": self.ok, "ledgerId": self.ledger_id}
         if self.failure is not None:
             out.update(code=self.failure.code, message=self.failure.message)
+        if self.progress is not None:
+            out["verification"] = self.progress()
         return out
 
     def _fail(self, code: HealthCode, message: str, **detail: Any) -> NoReturn:

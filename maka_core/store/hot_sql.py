@@ -53,9 +53,9 @@ class Insert:
             self.run(conn, row)
 
 
-def rows_since(conn: Connection, sql: str, after: int) -> list[dict[str, Any]]:
-    """The rows ``sql`` selects past ``after``, as column -> value dicts."""
-    cursor = execute(conn, sql, (after,))
+def rows_since(conn: Connection, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """The rows ``sql`` selects with ``params`` (past a ledger_seq: ``events_since``), as dicts."""
+    cursor = execute(conn, sql, params)
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -73,6 +73,23 @@ class HotSQL:
     operation_update: Insert
     #: every runtime_events row past a ledger_seq, in commit order
     events_since: str
+    #: one session's rows up to a ledger_seq, in commit order (a scope's load): every row of the
+    #: session's invocations, so a row whose session column was edited still fails closed there
+    session_events: str
+    #: the ledger's high-water ledger_seq (0 when empty)
+    high_water: str
+    #: the sessions with a run that has no terminal fact (an aggregate over the run/terminal index)
+    open_sessions: str
+    #: a page of the session ids with a row at or below a ledger_seq, after an id (the start scan)
+    sessions_page: str
+    #: the session ids with a row in (a, b] of ledger_seq
+    sessions_between: str
+    #: one row of an invocation: its (session, run, turn)
+    invocation_spine: str
+    #: a run's terminal fact, in any session (the run/terminal index)
+    run_terminal: str
+    #: the invocation and call an operation id is bound to
+    operation_owner: str
     #: governed execution: a decision with T1 or a refusal, a receipt with T2
     decision: Insert | None = None
     receipt: Insert | None = None
@@ -92,6 +109,7 @@ class HotSQL:
             f"UPDATE {tool_operations.name} SET {sets} WHERE operation_id = {mark}",
             (*op_columns, "operation_id"),
         )
+        columns = ", ".join(c.name for c in runtime_events.columns)
         return cls(
             event=insert(runtime_events),
             operation=insert(tool_operations),
@@ -103,7 +121,37 @@ class HotSQL:
             decision=insert(tool_decisions),
             receipt=insert(action_receipts, skip=("receipt_seq",)),
             events_since=(
-                f"SELECT {', '.join(c.name for c in runtime_events.columns)} FROM {runtime_events.name} "
-                f"WHERE ledger_seq > {mark} ORDER BY ledger_seq"
+                f"SELECT {columns} FROM {runtime_events.name} WHERE ledger_seq > {mark} ORDER BY ledger_seq"
+            ),
+            session_events=(
+                f"SELECT {columns} FROM {runtime_events.name} WHERE invocation_id IN "
+                f"(SELECT DISTINCT invocation_id FROM {runtime_events.name} WHERE session_id = {mark}) "
+                f"AND ledger_seq <= {mark} ORDER BY ledger_seq"
+            ),
+            high_water=f"SELECT COALESCE(MAX(ledger_seq), 0) AS seq FROM {runtime_events.name}",
+            open_sessions=(
+                f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE run_id IN "
+                f"(SELECT run_id FROM {runtime_events.name} GROUP BY run_id "
+                "HAVING SUM(CASE WHEN terminal THEN 1 ELSE 0 END) = 0) ORDER BY session_id"
+            ),
+            invocation_spine=(
+                f"SELECT session_id, run_id, turn_id FROM {runtime_events.name} "
+                f"WHERE invocation_id = {mark} LIMIT 1"
+            ),
+            sessions_page=(
+                f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq <= {mark} "
+                f"AND session_id > {mark} ORDER BY session_id LIMIT {mark}"
+            ),
+            sessions_between=(
+                f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq > {mark} "
+                f"AND ledger_seq <= {mark} ORDER BY session_id"
+            ),
+            run_terminal=(
+                f"SELECT event_id FROM {runtime_events.name} WHERE run_id = {mark} AND terminal "
+                "ORDER BY ledger_seq LIMIT 1"
+            ),
+            operation_owner=(
+                f"SELECT invocation_id, provider_tool_call_id FROM {tool_operations.name} "
+                f"WHERE operation_id = {mark}"
             ),
         )

@@ -23,8 +23,8 @@ from maka_core.store.writer import AttemptArg, CommitResult, LedgerStore
 class Ledger(Protocol):
     """What the turn protocol, recovery and repair may ask of a ledger."""
 
-    def view(self) -> CommittedView:
-        """The committed ledger, current with every process's commits."""
+    def view(self, session_id: str) -> CommittedView:
+        """The session's committed events, folded, current with every process's commits."""
         ...
 
     def group(self) -> AbstractContextManager[WriteGroup]:

@@ -1,13 +1,19 @@
 """The ledger store: immutable RuntimeEvents, their projections, and the dedicated writers.
 
 Every writer is ONE short transaction with ONE durable commit. Inside it, the store brings its
-in-memory ``LedgerScanner`` up to date with rows other processes committed (by ``ledger_seq``, so
-validation costs O(new rows), never a rescan), recognises an exact retry (same id, same canonical
-bytes: a no-op), asks the scanner to ``admit`` the batch (an admitted batch stays folded in it),
-inserts the events, and writes the projections the scanner derives for the touched operations. If the
-transaction does not commit, the scanner is dropped and rebuilt by a full scan on the next write,
-so it can never run ahead of the database. Corruption anywhere in the ledger makes every
-tool-boundary writer (T1, T2, recovery bundle) refuse, exact retries included.
+in-memory session scopes (``store.scopes``: one ``LedgerScanner`` fold per session it serves) up to
+date with rows other processes committed (by ``ledger_seq``, so validation costs O(new rows), never
+a rescan), loads the batch's session scope if it is not resident (one indexed read of that
+session), recognises an exact retry (same id, same canonical bytes: a no-op), asks the session's
+scanner to ``admit`` the batch (an admitted batch stays folded in it), checks the identities that
+cross sessions (event id, invocation, operation) against the database, inserts the events, and
+writes the projections the scanner derives for the touched operations. If the transaction does not
+commit, every scope is dropped and reloaded on demand, so none can run ahead of the database.
+Corruption anywhere in the ledger stops every tool-boundary writer (T1, T2, recovery bundle),
+exact retries included: in history before the store opened once its start scan
+(``store.verification``) reaches it; in any row the store folds since (a resident session's, or
+another process's row of a session it does not hold, folded with its session to check it) at
+once. The record is the store's, sticky; ``maka audit`` and ``verify`` read the whole ledger.
 
 Every row read is re-decoded and checked against its identity columns; a row whose payload
 disagrees with its columns fails closed (``row_payload_identity_mismatch``).
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, select
+from sqlalchemy.pool import StaticPool
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection, StoreError
@@ -32,8 +39,8 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
-from maka_core.ledger.scanner import LedgerScanner, Transition, group_transitions
-from maka_core.store.chain import CHAIN_START, chain_digest
+from maka_core.ledger.scanner import LedgerIssue, LedgerScanner, Transition, group_transitions
+from maka_core.store.chain import chain_digest
 from maka_core.store.continuations import ContinuationWrites
 from maka_core.store.engine import (
     KeptConnection,
@@ -66,6 +73,8 @@ from maka_core.store.schema import (
     sqlite_file_version,
     tool_attempts,
 )
+from maka_core.store.scopes import SessionScope, SessionScopes
+from maka_core.store.verification import LedgerVerification
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 
@@ -153,15 +162,15 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     def __init__(self, engine: Engine, url: str) -> None:
         self.engine = engine
         self.url = url
-        #: Every committed event folded once (the scanner and the runtime's indexes); None until
-        #: the first sync, and dropped whenever a transaction does not commit.
-        self._view: CommittedView | None = None
+        #: The sessions this store serves, each folded once (``store.scopes``); None until the
+        #: first sync, and dropped whenever a transaction does not commit.
+        self._scopes: SessionScopes | None = None
+        #: The ledger_seq every resident scope is current with.
         self._cursor = 0
-        #: invocation id -> highest event_seq, kept in step with the scanner (saves a query per event).
-        self._event_seq: dict[str, int] = {}
-        #: session id -> its last committed chain digest, kept in step with the scanner.
-        self._chain: dict[str, str] = {}
         self._lock = threading.RLock()
+        #: session id -> its first issue, for every corrupt session seen since the store opened:
+        #: sticky like ``health.failure`` (an abort drops the scopes, never this record).
+        self._corrupt: dict[str, LedgerIssue] = {}
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
         self._sql = HotSQL.for_engine(engine)
@@ -172,6 +181,14 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
             self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
+            start = int(rows_since(conn, self._sql.high_water)[0]["seq"])
+        #: Every committed row at or below this ledger_seq is the start scan's, or has been folded
+        #: in its session's scope (resident, or loaded to check it): nothing is skipped unchecked.
+        self._checked = start
+        #: The start scan of the history up to ``start`` (``store.verification``).
+        self.verification = self._start_verification(start)
+        if self.verification is not None:
+            self.health.progress = self.verification.to_json
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -206,6 +223,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             raise cause from exc
 
     def close(self) -> None:
+        if self.verification is not None:
+            self.verification.stop()
         if self._kept is not None:
             with self._lock:  # never under a writer that is using it
                 self._kept.close()
@@ -220,10 +239,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
     # --- the transaction seam --------------------------------------------------------------
 
     def _abort(self) -> None:
-        self._view = None
+        self._scopes = None
         self._cursor = 0
-        self._event_seq = {}
-        self._chain = {}
 
     def _write(self, body: Callable[[Connection], Any]) -> Any:
         group = self._group
@@ -283,43 +300,126 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
 
         self._write(probe)
 
-    def _sync(self, conn: Connection) -> LedgerScanner:
-        """Fold rows committed since the cursor (all rows, the first time) into the view."""
-        if self._view is None:
-            # A full resync (first use, or after an abort) re-reads the identity as well.
+    def _start_verification(self, upto: int) -> LedgerVerification | None:
+        """Verify the history up to ``upto`` in the background (a memory database, whose one
+        connection no second thread may use, is verified here, before the store serves)."""
+        memory = isinstance(self.engine.pool, StaticPool)
+        # Its own engine (connections, pool, listeners): the writers' are never waited on.
+        engine = self.engine if memory or upto == 0 else make_engine(self.url)
+        own = engine is not self.engine
+        scan = LedgerVerification(engine, self._sql, upto, self._record_corrupt, own=own)
+        if memory or upto == 0:
+            scan.run()  # an empty history verifies at once
+        else:
+            scan.start()
+        return scan
+
+    def _record_corrupt(self, session_id: str, issue: LedgerIssue) -> None:
+        self._corrupt.setdefault(session_id, issue)
+
+    def _sync(self, conn: Connection) -> SessionScopes:
+        """Fold rows committed since the cursor into the resident scopes."""
+        if self._scopes is None:
+            # A fresh start (first use, or after an abort) re-reads the identity, starts at the
+            # high-water and folds the sessions with an open run, the ones live work and a
+            # corruption gate need: O(open sessions), whatever the ledger's history. Any other
+            # session loads when it is named.
             self.health.check_id(ledger_id(conn))
-            self._view, self._cursor, self._event_seq, self._chain = CommittedView(), 0, {}, {}
-        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor))
-        return self._view.scanner
+            self._scopes = self._new_scopes()
+            self._cursor = int(rows_since(conn, self._sql.high_water)[0]["seq"])
+            for row in rows_since(conn, self._sql.open_sessions):
+                self._scope(conn, str(row["session_id"]))
+            # Rows committed since the last check (the start scan's bound, or before an abort)
+            # of sessions not resident now: each such session is folded once to check them.
+            gap = rows_since(conn, self._sql.sessions_between, self._checked, self._cursor)
+            self._check_sessions(conn, [str(r["session_id"]) for r in gap])
+            self._checked = self._cursor
+            return self._scopes
+        self._fold_rows(rows_since(conn, self._sql.events_since, self._cursor), conn)
+        return self._scopes
 
-    def _fold_rows(self, rows: list[dict[str, Any]]) -> None:
-        view = self._view
-        assert view is not None
+    def _fold_rows(self, rows: list[dict[str, Any]], conn: Connection | None = None) -> None:
+        scopes = self._scopes
+        assert scopes is not None
+        others: list[str] = []
         for row in rows:
-            view.fold(row_event(row))
+            scope = scopes.peek(row["session_id"])
+            if scope is not None:
+                scope.fold_row(row)
+                self._note(scope)
+            elif row["session_id"] not in others:
+                others.append(str(row["session_id"]))
             self._cursor = int(row["ledger_seq"])
-            inv = row["invocation_id"]
-            self._event_seq[inv] = max(self._event_seq.get(inv, 0), int(row["event_seq"]))
-            # A NULL digest (a row planted below the writers) chains on as verify would recompute it.
-            self._chain[row["session_id"]] = row["chain_digest"] or chain_digest(
-                self._chain.get(row["session_id"], CHAIN_START), row["payload_json"]
-            )
+        # Another process's rows of a session no scope holds: folded in a throwaway scope of the
+        # session (all its rows), so corruption there stops the boundaries as it would resident.
+        self._check_sessions(conn, others)
+        self._checked = self._cursor
 
-    def view(self) -> CommittedView:
-        """The committed ledger, brought up to date with other processes' commits (one read of the
-        rows past the cursor; usually none). Use it on the thread that owns this store."""
+    def _check_sessions(self, conn: Connection | None, session_ids: Sequence[str]) -> None:
+        scopes = self._scopes
+        assert scopes is not None
+        for session_id in session_ids:
+            if session_id not in scopes:
+                self._note(self._load(conn, session_id))
+
+    def _scope(self, conn: Connection | None, session_id: str) -> SessionScope:
+        """The session's resident scope, loaded (every row up to the cursor) if it is not;
+        ``conn`` None: read on the driver (``view``'s fast path)."""
+        scopes = self._scopes
+        assert scopes is not None
+        scope = scopes.use(session_id)
+        if scope is None:
+            scope = self._load(conn, session_id)
+            scopes.put(session_id, scope)
+            self._note(scope)
+        return scope
+
+    def _load(self, conn: Connection | None, session_id: str) -> SessionScope:
+        """A fold of the session's rows up to the cursor (one indexed read)."""
+        scope = SessionScope(session_id)
+        params = (session_id, self._cursor)
+        if conn is None:
+            rows = select_rows(self.engine, self._sql.session_events, params, kept=self._kept)
+        else:
+            rows = rows_since(conn, self._sql.session_events, *params)
+        for row in self._session_rows(rows):
+            scope.fold_row(row)
+        return scope
+
+    def _note(self, scope: SessionScope) -> None:
+        """Remember a corrupt scope's first issue, for good (kept when the scope is dropped)."""
+        scanner = scope.view.scanner
+        if scanner.has_corruption:
+            self._corrupt.setdefault(scope.session_id, scanner.issues[0])
+
+    def _first_corrupt(self) -> LedgerIssue | None:
+        """The first issue of the first corrupt session seen, or None."""
+        return next(iter(list(self._corrupt.values())), None)
+
+    def _new_scopes(self) -> SessionScopes:
+        """The resident-scope set (its bounds: ``store.scopes``)."""
+        return SessionScopes()
+
+    def _session_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows a scope loads from, as read."""
+        return rows
+
+    def view(self, session_id: str) -> CommittedView:
+        """The session's committed events, folded and brought up to date with other processes'
+        commits (one read of the rows past the cursor, usually none; the session's rows, when it
+        is not resident). Use it on the thread that owns this store."""
         with self._lock:
             group = self._group
-            if self._view is not None and self._fast_reads and not (group is not None and group.owned_here()):
+            in_group = group is not None and group.owned_here()
+            if self._scopes is not None and self._fast_reads and not in_group:
                 # The runtime asks before every step and call: one SELECT past the cursor, on the
-                # driver (a full resync, which re-reads the identity, takes the path below).
+                # driver (a fresh start, which re-reads the identity, takes the path below).
                 rows = select_rows(self.engine, self._sql.events_since, (self._cursor,), kept=self._kept)
                 self._fold_rows(rows)
-            else:
-                with self._reading() as conn:
-                    self._sync(conn)
-        assert self._view is not None
-        return self._view
+                return self._scope(None, session_id).view
+            with self._reading() as conn:
+                self._sync(conn)
+                return self._scope(conn, session_id).view
 
     def _stored(self, conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
         rows = conn.execute(select(runtime_events).where(runtime_events.c.event_id.in_(list(ids)))).mappings()
@@ -343,17 +443,25 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         live: bool = False,
     ) -> CommitResult:
         # A multi-group transaction syncs once: the write lock keeps other writers out meanwhile.
-        scanner = self._view.scanner if synced and self._view is not None else self._sync(conn)
+        if not synced or self._scopes is None:
+            self._sync(conn)
+        scope = self._scope(conn, batch[0].session_id)
+        scanner = scope.view.scanner
         lines = [_canonical(e) for e in batch]
-        if transition in BOUNDARY_TRANSITIONS and scanner.has_corruption:
-            # Corruption anywhere stops every tool boundary, exact retries included.
-            issue = scanner.issues[0]
+        corrupt = scanner.issues[0] if scanner.has_corruption else self._first_corrupt()
+        if transition in BOUNDARY_TRANSITIONS and corrupt is not None:
+            # Corruption in any session folded here (every open one, from the start) stops every
+            # tool boundary, exact retries included.
+            issue = corrupt
             raise LedgerRejection(
                 issue.code, "the ledger is corrupt; tool boundaries are stopped", **_detail(issue)
             )
-        # The scanner has folded every committed row (synced under the write lock), so only an id it
-        # knows can be an exact retry: the common first write reads nothing back.
+        # The session's scanner has folded every committed row of the session (synced under the
+        # write lock), so only an id it knows, or another session's row found by its key, can be
+        # an exact retry.
         known = [e.id for e in batch if scanner.position(e.id) is not None]
+        unknown = [e.id for e in batch if e.id not in known]
+        known.extend(self._existing(conn, unknown) if unknown else ())
         stored = self._stored(conn, known) if known else {}
         fresh: list[tuple[RuntimeEvent, str]] = []
         for event, line in zip(batch, lines, strict=True):
@@ -370,7 +478,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         if live:
-            _refuse_after_terminal(self._view, [e for e, _ in fresh])
+            foreign = self._foreign_terminal(conn, scope, fresh)
+            _refuse_after_terminal(scope.view, [e for e, _ in fresh], foreign)
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
             # Only T1 may find its call already committed; any other partial retry is a conflict.
@@ -379,30 +488,69 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
             first = next(e for e in batch if e.id in stored)
             raise LedgerRejection("duplicate_event_id", "partial retry of an atomic batch", eventId=first.id)
         new_batch = [e for e, _ in fresh]
+        crossing = _crossing_identities(scanner, new_batch)
         # The admitted batch stays folded in the scanner (no second fold below): if this
-        # transaction does not commit, ``_abort`` drops the whole view anyway.
+        # transaction does not commit, ``_abort`` drops every scope anyway.
         scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
-        seq = self._insert_events(conn, transition, fresh)
-        assert self._view is not None
+        self._check_crossing(conn, crossing)
+        seq = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
-            self._view.fold(event, scanned=id(event) in scanned)
+            scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
-        self._after_insert(conn, transition, new_batch, evidence=evidence, attempt=attempt)
+        self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
+    def _foreign_terminal(
+        self, conn: Connection, scope: SessionScope, fresh: Sequence[tuple[RuntimeEvent, str]]
+    ) -> dict[str, str]:
+        """The terminal facts of the batch's runs this session has never seen (a run id another
+        session uses), from the run/terminal index: the full fold refuses what follows them too."""
+        runs = {e.run_id for e, _ in fresh} - scope.view.first_of_run.keys()
+        out: dict[str, str] = {}
+        for run_id in sorted(runs):
+            rows = rows_since(conn, self._sql.run_terminal, run_id)
+            if rows:
+                out[run_id] = str(rows[0]["event_id"])
+        return out
+
+    def _existing(self, conn: Connection, ids: Sequence[str]) -> list[str]:
+        """Which of these event ids some session has committed (one read by the key)."""
+        marks = ", ".join("?" if self._fast_reads else "%s" for _ in ids)
+        rows = rows_since(conn, f"SELECT event_id FROM runtime_events WHERE event_id IN ({marks})", *ids)
+        return [str(row["event_id"]) for row in rows]
+
+    def _check_crossing(self, conn: Connection, crossing: _Crossing) -> None:
+        """The fold's identity checks for what only another session can hold: an invocation seen
+        first under another spine, an operation id bound to another call, a batch of two sessions
+        (the scanner of the batch's session cannot see them; the database's keys can)."""
+        for event, spine in crossing.invocations:
+            rows = rows_since(conn, self._sql.invocation_spine, event.invocation_id)
+            if rows and (rows[0]["session_id"], rows[0]["run_id"], rows[0]["turn_id"]) != spine:
+                raise _crossing_rejection("invocation_identity_conflict", event)
+        for event, op_id, call_id in crossing.operations:
+            if rows_since(conn, self._sql.operation_owner, op_id):
+                raise _crossing_rejection("duplicate_operation", event, op_id, call_id)
+        if crossing.sessions > 1:
+            raise _crossing_rejection("invocation_identity_conflict", crossing.first)
+
     def _insert_events(
-        self, conn: Connection, transition: Transition, fresh: list[tuple[RuntimeEvent, str]]
+        self,
+        conn: Connection,
+        transition: Transition,
+        fresh: list[tuple[RuntimeEvent, str]],
+        scope: SessionScope,
     ) -> int:
         # _sync just read every row past the cursor inside this writer transaction, so the cursor
-        # is the ledger's high-water and the per-invocation counters are current.
+        # is the ledger's high-water and the scope's counters are current. An admitted batch is
+        # one session's (its invocations agree with their spines, checked across sessions too).
         seq = self._cursor
         now = now_ms()
         for event, line in fresh:
             seq += 1
-            event_seq = self._event_seq.get(event.invocation_id, 0) + 1
-            self._event_seq[event.invocation_id] = event_seq
-            digest = chain_digest(self._chain.get(event.session_id, CHAIN_START), line)
-            self._chain[event.session_id] = digest
+            event_seq = scope.event_seq.get(event.invocation_id, 0) + 1
+            scope.event_seq[event.invocation_id] = event_seq
+            digest = chain_digest(scope.chain, line)
+            scope.chain = digest
             self._sql.event.run(
                 conn,
                 {
@@ -424,18 +572,18 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         conn: Connection,
         transition: Transition,
         batch: Sequence[RuntimeEvent],
+        scope: SessionScope,
         *,
         evidence: Mapping[str, Any] | None,
         attempt: ToolAttempt | None,
     ) -> None:
-        assert self._view is not None
         touched: list[str] = []
         new_ids = {event.id for event in batch}
         for event in batch:
             touched.extend(op for op in sorted(_operation_ids(event)) if op not in touched)
         now = now_ms()
         for op_id in touched:
-            facts = self._view.scanner.operation(op_id)
+            facts = scope.view.scanner.operation(op_id)
             if facts is None:
                 continue
             if evidence is not None and transition == "t1_prepare" and facts.dispatch is not None:
@@ -704,15 +852,17 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         return result
 
 
-def _refuse_after_terminal(view: CommittedView | None, fresh: Sequence[RuntimeEvent]) -> None:
+def _refuse_after_terminal(
+    view: CommittedView, fresh: Sequence[RuntimeEvent], foreign: Mapping[str, str]
+) -> None:
     """A live writer's new event of a run that already has a terminal fact is refused
     (``run_already_terminal``): the view was synced inside this writer transaction, under the write
     lock, so a racing terminal commit is either seen here or serialized after this one. An exact
     retry never gets here (it is not fresh); ``import_events`` admits as the reference does, and
-    ``maka audit`` reports what it let in (``event_after_terminal``)."""
-    assert view is not None
+    ``maka audit`` reports what it let in (``event_after_terminal``). ``foreign``: the terminal
+    facts, from the database, of runs the session has not seen (a run id reused across sessions)."""
     for event in fresh:
-        terminal = view.terminal_of_run.get(event.run_id)
+        terminal = view.terminal_of_run.get(event.run_id) or foreign.get(event.run_id)
         if terminal is not None and terminal != event.id:
             raise LedgerRejection(
                 "run_already_terminal",
@@ -721,6 +871,44 @@ def _refuse_after_terminal(view: CommittedView | None, fresh: Sequence[RuntimeEv
                 runId=event.run_id,
                 terminalEventId=terminal,
             )
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    """What a batch asks of sessions other than its own (``LedgerStore._check_crossing``)."""
+
+    first: RuntimeEvent
+    sessions: int
+    invocations: tuple[tuple[RuntimeEvent, tuple[str, str, str]], ...]
+    operations: tuple[tuple[RuntimeEvent, str, str], ...]
+
+
+def _crossing_identities(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -> _Crossing:
+    """Before ``admit``: the batch's invocations and operation ids its session has not seen."""
+    invocations: dict[str, tuple[RuntimeEvent, tuple[str, str, str]]] = {}
+    operations: list[tuple[RuntimeEvent, str, str]] = []
+    for event in batch:
+        if scanner.spine(event.invocation_id) is None and event.invocation_id not in invocations:
+            invocations[event.invocation_id] = (event, (event.session_id, event.run_id, event.turn_id))
+        td = event.actions.tool_dispatch if event.actions is not None else None
+        if td is not None and scanner.operation(td.operation_id) is None:
+            operations.append((event, td.operation_id, td.provider_tool_call_id))
+    return _Crossing(
+        batch[0], len({e.session_id for e in batch}), tuple(invocations.values()), tuple(operations)
+    )
+
+
+def _crossing_rejection(
+    code: str, event: RuntimeEvent, operation_id: str | None = None, tool_call_id: str | None = None
+) -> LedgerRejection:
+    # The scanner's own rejection, as a fold of the whole ledger would have raised it.
+    return LedgerRejection(
+        code,
+        f"tool ledger transition rejected: {code} at {event.id}",
+        eventId=event.id,
+        operationId=operation_id,
+        toolCallId=tool_call_id,
+    )
 
 
 def _decision_hook(

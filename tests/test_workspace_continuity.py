@@ -319,7 +319,7 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
 ) -> None:
     parked_turn(rt, repo)
     provider = provider_of(home)
-    orphan = provider.capture(repo, "someone-else")  # an artifact whose fact never committed
+    orphan = provider.capture(repo, SID)  # an artifact whose fact never committed
     assert not isinstance(orphan, type(None)) and hasattr(orphan, "ref")
     bundle = terminal_bundle(rt)
     assert bundle is not None and bundle.checkpoint is not None
@@ -329,6 +329,30 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
     assert out["deleted"] == 1 and out["stores"][0]["deleted"] == [orphan.ref]  # type: ignore[union-attr]
     assert provider.verify(repo, bundle.checkpoint).verified
     assert resume(rt, home).decision == "continue"
+
+
+def test_gc_against_another_ledger_on_the_same_home_keeps_this_ledgers_refs(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path
+) -> None:
+    parked_turn(rt, repo)
+    provider = provider_of(home)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    other = LedgerStore.open(tmp_path / "b.sqlite")  # `maka worker --db b.sqlite`, same MAKA_HOME
+    try:
+        own_orphan = provider.capture(repo, "b-session")
+        out = workspace_continuity.gc_checkpoints(other, provider, grace_seconds=0)
+        assert out["deleted"] == 0, out
+        assert provider.verify(repo, bundle.checkpoint).verified
+        assert resume(rt, home).decision == "continue"
+        # Negative control: today's keep set (the refs ledger B's facts name) alone deletes both.
+        handle = Workspace(root=repo.root, identity=repo.identity)
+        keep_b = workspace_continuity.referenced_refs(other.events())
+        kept_b = keep_b.get(repo.identity.removeprefix("workspace:v1:"), set())
+        gone = provider.gc(handle, kept_b, grace_seconds=0)
+        assert bundle.checkpoint.ref in gone and getattr(own_orphan, "ref", None) in gone
+    finally:
+        other.close()
 
 
 # --- SIGKILL at each new commit point -------------------------------------------------------------
@@ -493,7 +517,7 @@ def test_maka_ledger_gc_checkpoints_as_a_command(
     import json
 
     parked_turn(rt, repo)
-    orphan = provider_of(home).capture(repo, "never-committed")
+    orphan = provider_of(home).capture(repo, SID)  # a capture whose fact never committed
     assert hasattr(orphan, "ref")
     env = {**os.environ, "MAKA_HOME": str(home)}
     cmd = [

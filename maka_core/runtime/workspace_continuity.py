@@ -49,7 +49,7 @@ from maka_core.checkpoints.contract import (
     NoCheckpoint,
     PathChange,
 )
-from maka_core.checkpoints.git_carrier import GitCheckpointProvider
+from maka_core.checkpoints.git_carrier import REF_PREFIX, GitCheckpointProvider, ref_component
 from maka_core.checkpoints.observe import BoundaryObservation, SourceBoundary, observe_boundary
 from maka_core.errors import CheckpointError, MakaError
 from maka_core.facts import canonical_json
@@ -580,12 +580,34 @@ def referenced_refs(events: Sequence[RuntimeEvent]) -> dict[str, set[str]]:
     return out
 
 
+def _ref_session(ref: str) -> str | None:
+    """The session component of ``refs/maka/checkpoints/<session>/<n>`` (None: another shape)."""
+    if not ref.startswith(REF_PREFIX):
+        return None
+    session, _, number = ref.removeprefix(REF_PREFIX).rpartition("/")
+    return session if session and number.isdigit() else None
+
+
+def _held_components(events: Sequence[RuntimeEvent]) -> set[str]:
+    """The ref components of the sessions this ledger holds."""
+    out: set[str] = set()
+    for session_id in {e.session_id for e in events}:
+        try:
+            out.add(ref_component(session_id))
+        except MakaError:
+            continue  # an id no capture could have named a ref after
+    return out
+
+
 def gc_checkpoints(
     store: LedgerStore, provider: GitCheckpointProvider, *, grace_seconds: float = GC_GRACE_S
 ) -> dict[str, Any]:
-    """Collect every checkpoint ref no committed fact names and older than ``grace_seconds``; keeps
-    every ref any fact of any session references. Returns what was kept and deleted per store."""
-    keep = referenced_refs(store.events())
+    """Collect every checkpoint ref of a session this ledger holds that no committed fact names and
+    older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
+    of a session the ledger does not hold (another ledger's). Returns what was kept and deleted per store."""
+    events = store.events()
+    keep = referenced_refs(events)
+    held = _held_components(events)
     stores = sorted((provider.state_dir / "git").glob("*.git"))
     out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
     for path in stores:
@@ -593,7 +615,10 @@ def gc_checkpoints(
         # Retention reads only the Maka store (named by the id): the folder itself is not needed.
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
         refs = provider.refs(handle)
-        kept = keep.get(workspace_id, set())
+        # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
+        # not hold belongs to another ledger's facts, which this one cannot read.
+        foreign = {r for r in refs if _ref_session(r) not in held}
+        kept = keep.get(workspace_id, set()) | foreign
         now = time.time()
         due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
         # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.

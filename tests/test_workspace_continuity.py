@@ -355,6 +355,26 @@ def test_gc_against_another_ledger_on_the_same_home_keeps_this_ledgers_refs(
         other.close()
 
 
+def test_gc_keeps_the_ref_of_a_bundle_it_cannot_decode(rt: Runtime, repo: Workspace, home: Path) -> None:
+    parked_turn(rt, repo)
+    events = rt.ledger.events(session_id=SID)
+    terminal = next(e for e in events if e.is_terminal)
+    assert terminal.actions is not None and terminal.actions.state_delta is not None
+    delta = dict(terminal.actions.state_delta)
+    wire = {**delta["workspaceCheckpoint"], "futureField": 1}  # a newer writer's bundle
+    actions = terminal.actions.model_copy(update={"state_delta": {**delta, "workspaceCheckpoint": wire}})
+    newer = [*(e for e in events if not e.is_terminal), terminal.model_copy(update={"actions": actions})]
+    ref = wire["checkpoint"]["ref"]
+    workspace_id = repo.identity.removeprefix("workspace:v1:")
+    keep = workspace_continuity.referenced_refs(newer)
+    assert keep == {workspace_id: {ref}}
+    provider = provider_of(home)
+    assert provider.gc(repo, keep[workspace_id], grace_seconds=0) == ()
+    # Negative control: today's keep set (only what the strict decoder reads) deletes it.
+    strict = {b.checkpoint.ref for _, b in workspace_continuity.session_bundles(newer) if b.checkpoint}
+    assert provider.gc(repo, strict, grace_seconds=0) == (ref,)
+
+
 # --- SIGKILL at each new commit point -------------------------------------------------------------
 
 #: The commit points wiring added (``test_git_checkpoints`` checks every checkpoint point is drilled).

@@ -553,28 +553,51 @@ def rebaseline_note(transition: Mapping[str, Any]) -> str | None:
 # --- retention -------------------------------------------------------------------------------
 
 
+#: The workspace key of refs named by a bundle this reader cannot decode and whose workspace it
+#: cannot tell: retention keeps them in every store.
+ANY_WORKSPACE: Final = "*"
+
+
+def _raw_refs(raw: Any) -> set[str]:
+    """Every ``refs/maka/...`` string anywhere in a stored payload."""
+    if isinstance(raw, str):
+        return {raw} if raw.startswith("refs/maka/") else set()
+    values = raw.values() if isinstance(raw, Mapping) else raw if isinstance(raw, list) else ()
+    return {ref for value in values for ref in _raw_refs(value)}
+
+
+def _raw_identity(raw: Any) -> str:
+    """The workspace identity an undecodable bundle names, else ``ANY_WORKSPACE``."""
+    boundary = raw.get("boundary") if isinstance(raw, Mapping) else None
+    found = boundary.get("workspaceIdentity") if isinstance(boundary, Mapping) else None
+    return found if isinstance(found, str) and found else ANY_WORKSPACE
+
+
 def referenced_refs(events: Sequence[RuntimeEvent]) -> dict[str, set[str]]:
-    """Workspace id -> every checkpoint ref a committed fact names (any session, any lineage)."""
+    """Workspace id -> every checkpoint ref a committed fact names (any session, any lineage).
+
+    A bundle the strict decoder refuses (a newer writer's field, damage) still names its refs: every
+    ``refs/maka/...`` string in its raw payload is kept, since retention must not delete what it
+    cannot read."""
     out: dict[str, set[str]] = {}
     for event in events:
-        try:
-            bundle = bundle_of(event) if event.is_terminal else None
-            transition = transition_of(event)
-        except CheckpointError:
-            continue
+        delta = _delta(event)
+        transition = transition_of(event)
         refs: list[tuple[str, str]] = []
-        if bundle is not None and bundle.checkpoint is not None:
-            refs.append((bundle.boundary.workspace_identity, bundle.checkpoint.ref))
+        raws = [delta.get(CHECKPOINT_KEY)] if delta is not None and event.is_terminal else []
         if transition is not None:
-            try:
-                inner = _decode(transition.get("bundle"))
-            except CheckpointError:
-                inner = None
-            if inner is not None and inner.checkpoint is not None:
-                refs.append((inner.boundary.workspace_identity, inner.checkpoint.ref))
+            raws.append(transition.get("bundle"))
             source_id = transition.get("fromWorkspaceIdentity")
             if isinstance(source_id, str) and isinstance(transition.get("fromCheckpointRef"), str):
                 refs.append((source_id, transition["fromCheckpointRef"]))
+        for raw in raws:
+            try:
+                bundle = _decode(raw)
+            except CheckpointError:
+                refs.extend((_raw_identity(raw), ref) for ref in sorted(_raw_refs(raw)))
+                continue
+            if bundle is not None and bundle.checkpoint is not None:
+                refs.append((bundle.boundary.workspace_identity, bundle.checkpoint.ref))
         for identity, ref in refs:
             out.setdefault(identity.removeprefix("workspace:v1:"), set()).add(ref)
     return out
@@ -618,7 +641,7 @@ def gc_checkpoints(
         # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
         # not hold belongs to another ledger's facts, which this one cannot read.
         foreign = {r for r in refs if _ref_session(r) not in held}
-        kept = keep.get(workspace_id, set()) | foreign
+        kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
         now = time.time()
         due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
         # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.

@@ -375,6 +375,30 @@ def test_gc_keeps_the_ref_of_a_bundle_it_cannot_decode(rt: Runtime, repo: Worksp
     assert provider.gc(repo, strict, grace_seconds=0) == (ref,)
 
 
+def test_the_gate_finds_the_capturing_store_whatever_maka_home_the_resuming_process_has(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path
+) -> None:
+    parked_turn(rt, repo)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    assert bundle.checkpoint.store == str(home / "checkpoints")
+    operator = tmp_path / "operator_home"
+    operator.mkdir()
+    assert resume(rt, home, checkpoints=provider_of(operator)).decision == "continue"
+    # An older bundle (no store recorded), read from another MAKA_HOME: the store is elsewhere,
+    # its own code (resume on the workspace's host), not a checkpoint that is gone for good.
+    events = rt.ledger.events(session_id=SID)
+    old = bundle.model_copy(update={"checkpoint": bundle.checkpoint.model_copy(update={"store": None})})
+    assert "store" not in old.to_wire()["checkpoint"]
+    events = [workspace_continuity.with_bundle(e, old) if e.is_terminal else e for e in events]
+    continuity = workspace_continuity.source_continuity(events, "r1")
+    seen = workspace_continuity.observe_source(provider_of(operator), str(repo.root), continuity)
+    assert seen is not None and seen.code == "checkpoint_store_unavailable", seen
+    # Control: the same old bundle on the capturing home still matches.
+    same = workspace_continuity.observe_source(provider_of(home), str(repo.root), continuity)
+    assert same is not None and same.code == "workspace_matches_checkpoint", same
+
+
 # --- SIGKILL at each new commit point -------------------------------------------------------------
 
 #: The commit points wiring added (``test_git_checkpoints`` checks every checkpoint point is drilled).

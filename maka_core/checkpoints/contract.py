@@ -116,6 +116,9 @@ class Checkpoint(CheckpointModel):
     tree: ObjectId
     file_count: int = Field(ge=0)
     byte_count: int = Field(ge=0)
+    #: Where the capturing host keeps its checkpoint stores (an absolute path on that host), so a
+    #: reader on the same machine finds them whatever its own MAKA_HOME. Absent in older bundles.
+    store: NonEmpty | None = None
 
 
 class NoCheckpoint(CheckpointModel):

@@ -631,7 +631,12 @@ class GitCheckpointProvider:
             if made.returncode == 0:
                 failpoints.hit("checkpoint_capture_after_ref")
                 return Checkpoint(
-                    ref=ref, commit=commit, tree=tree, file_count=len(present), byte_count=byte_count
+                    ref=ref,
+                    commit=commit,
+                    tree=tree,
+                    file_count=len(present),
+                    byte_count=byte_count,
+                    store=str(self.state_dir),
                 )
         raise CheckpointError("checkpoint_store_failed", f"no free checkpoint number for {session_id}")
 

@@ -82,7 +82,12 @@ _providers_lock = threading.Lock()
 
 def provider_at(home: Path | None = None) -> GitCheckpointProvider:
     """The host's provider over ``<MAKA_HOME>/checkpoints`` (one per process: it caches stat data)."""
-    state = Path(os.path.abspath((home or maka_home()) / "checkpoints"))
+    return provider_over((home or maka_home()) / "checkpoints")
+
+
+def provider_over(state_dir: Path) -> GitCheckpointProvider:
+    """The process's provider over one checkpoint state directory."""
+    state = Path(os.path.abspath(state_dir))
     with _providers_lock:
         found = _providers.get(state)
         if found is None:
@@ -315,6 +320,30 @@ def source_continuity(session_events: Sequence[RuntimeEvent], source_run_id: str
     return SourceContinuity(source_run_id, bundle, boundary, transition)
 
 
+def provider_for(provider: CheckpointProvider, checkpoint: Checkpoint | None) -> CheckpointProvider:
+    """The provider over the store the checkpoint was captured into (the bundle names it), so a
+    process with another MAKA_HOME on the same machine reads the same store."""
+    if (
+        isinstance(provider, GitCheckpointProvider)
+        and checkpoint is not None
+        and checkpoint.store is not None
+        and Path(checkpoint.store) != provider.state_dir
+    ):
+        return provider_over(Path(checkpoint.store))
+    return provider
+
+
+def store_unavailable(provider: CheckpointProvider, workspace: Workspace) -> BoundaryObservation | None:
+    """``checkpoint_store_unavailable`` when the workspace's store is not on this machine (another
+    host captured it): not a missing checkpoint, which would fail closed for good."""
+    if isinstance(provider, GitCheckpointProvider) and not (provider.store(workspace) / "HEAD").exists():
+        return BoundaryObservation(
+            code="checkpoint_store_unavailable",
+            detail=f"no checkpoint store at {provider.store(workspace)}: resume on the workspace's host",
+        )
+    return None
+
+
 def observe_source(
     provider: CheckpointProvider, cwd: str, continuity: SourceContinuity
 ) -> BoundaryObservation | None:
@@ -331,6 +360,9 @@ def observe_source(
         workspace = Workspace.open(cwd, create=False)
     except MakaError as exc:
         return BoundaryObservation(code="checkpoint_workspace_mismatch", detail=f"{exc.code}: {exc.message}")
+    provider = provider_for(provider, continuity.bundle.checkpoint)
+    if continuity.bundle.checkpoint is not None and (away := store_unavailable(provider, workspace)):
+        return away
     try:
         return observe_boundary(provider, workspace, continuity.boundary, continuity.bundle)
     except CheckpointError as failed:
@@ -446,6 +478,7 @@ def rebaseline(store: LedgerStore, provider: CheckpointProvider, session_id: str
     continuity = source_continuity(events, latest.run_id)
     old, checkpoint = _checkpointed(continuity)
     workspace = _source_workspace(continuity, events, latest.run_id)
+    provider = provider_for(provider, checkpoint)
     observed = observe_source(provider, str(workspace.root), continuity)
     changes = observed.changes if observed is not None else ()
     assert continuity.boundary is not None
@@ -503,6 +536,7 @@ def restore_isolated(
     continuity = source_continuity(events, latest.run_id)
     _old, checkpoint = _checkpointed(continuity)
     workspace = _source_workspace(continuity, events, latest.run_id)
+    provider = provider_for(provider, checkpoint)
     verification = provider.verify(workspace, checkpoint)
     if verification.code is not None:
         raise MakaError(

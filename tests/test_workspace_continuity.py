@@ -97,14 +97,14 @@ def provider_of(home: Path) -> GitCheckpointProvider:
     return workspace_continuity.provider_at(home)
 
 
-def parked_turn(rt: Runtime, ws: Workspace, ids: RunIds = IDS) -> None:
+def parked_turn(rt: Runtime, ws: Workspace, ids: RunIds = IDS, **config: Any) -> None:
     """A turn that wrote a file, then ended parked (its execution closed): a resumable boundary."""
     run(
         turn.begin_run(
             rt,
             BeginRunInput(
                 ids=ids, text="do it", ts=1, workflow_id=WF, workflow_run_id="wr", task_queue="q",
-                workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT,
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT, **config,
             ),
         )
     )  # fmt: skip
@@ -397,6 +397,34 @@ def test_the_gate_finds_the_capturing_store_whatever_maka_home_the_resuming_proc
     # Control: the same old bundle on the capturing home still matches.
     same = workspace_continuity.observe_source(provider_of(home), str(repo.root), continuity)
     assert same is not None and same.code == "workspace_matches_checkpoint", same
+
+
+@pytest.mark.parametrize("finisher", ["box-b", "box-a"])
+def test_a_run_that_ends_on_another_host_than_the_workspaces_captures_nothing(
+    tmp_path: Path, repo: Workspace, home: Path, finisher: str
+) -> None:
+    """The run's end runs on the shared queue: on a worker of another host, a folder with the same
+    path is not the session's, so no capture (the gate passes, as without Git); control: on the
+    session's host (box-a) the same run is captured and the edit parks."""
+    settings = RuntimeSettings(maka_home=home, host=finisher)
+    runtime = Runtime(LedgerStore.open(tmp_path / "ledger.sqlite"), settings=settings)
+    try:
+        parked_turn(runtime, repo, host="box-a")
+        bundle = terminal_bundle(runtime)
+        assert bundle is not None
+        (repo.root / "src.py").write_text("edited while parked\n")
+        decision = resume(runtime, home)
+        if finisher == "box-b":
+            assert bundle.no_checkpoint is not None and bundle.checkpoint is None
+            assert bundle.no_checkpoint.code == "checkpoint_host_elsewhere"
+            assert provider_of(home).refs(repo) == {}
+            assert decision.decision == "continue", decision
+        else:
+            assert bundle.checkpoint is not None
+            assert decision.rejection_reasons == ("workspace_content_changed",)
+    finally:
+        runtime.close()
+        runtime.ledger.close()  # type: ignore[attr-defined]
 
 
 # --- SIGKILL at each new commit point -------------------------------------------------------------

@@ -48,6 +48,7 @@ NoCheckpointCode = Literal[
     "repository_has_submodules",  # a gitlink or a nested repository a capture cannot hold
     "workspace_too_large",  # over the policy's file count or byte size
     "repository_unreadable",  # git refused the repository (ownership, corruption)
+    "checkpoint_host_elsewhere",  # the run ended on a worker that is not the session's workspace host
 ]
 NO_CHECKPOINT_CODES: Final[frozenset[str]] = frozenset(get_args(NoCheckpointCode))
 ChangeKind = Literal["added", "modified", "deleted", "type_changed"]

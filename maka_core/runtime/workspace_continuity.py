@@ -181,9 +181,10 @@ def _source_boundary(run_events: Sequence[RuntimeEvent], identity: str) -> Sourc
 
 @dataclass(frozen=True)
 class _Pending:
-    workspace: Workspace
+    workspace: Workspace | None  # None: not captured here, ``elsewhere`` says why
     boundary: SourceBoundary
     epoch: int
+    elsewhere: NoCheckpoint | None = None
 
 
 def workspace_of_run(
@@ -198,9 +199,13 @@ def workspace_of_run(
     return None if record is None else (record.workspace, record.workspace_identity)
 
 
-def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pending | None:
+def _prepare(
+    store: LedgerStore, terminal: RuntimeEvent, host: str | None = None
+) -> RuntimeEvent | _Pending | None:
     """Ledger half: the run's terminal fact if it already has one (an exact retry), else what to
-    capture (None: no workspace to bind)."""
+    capture (None: no workspace to bind). A worker that is not the session's workspace host (the
+    run's end runs on the shared queue) captures nothing: a folder with the same path here is not
+    the session's."""
     session_events = store.events(session_id=terminal.session_id)
     run_events = [e for e in session_events if e.run_id == terminal.run_id]
     done = next((e for e in run_events if e.is_terminal), None)
@@ -209,6 +214,15 @@ def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pend
     where = workspace_of_run(store, terminal.session_id, terminal.run_id, session_events)
     if where is None:
         return None
+    record = session_record(session_events)
+    pinned = record.config.host if record is not None else None
+    if pinned and host and pinned != host:
+        boundary = _source_boundary(run_events, where[1])
+        if boundary is None:
+            return None
+        detail = f"ended on {host}, workspace on {pinned}"
+        away = NoCheckpoint(code="checkpoint_host_elsewhere", detail=detail)
+        return _Pending(None, boundary, current_epoch(session_events, where[1]), away)
     try:
         workspace = Workspace.open(where[0], create=False)
     except MakaError:
@@ -250,25 +264,28 @@ def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: Ru
         return pending
     if pending is None:
         return terminal
-    bundle = capture_bundle(provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch)
-    return with_bundle(terminal, bundle)
+    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id))
+
+
+def _capture_pending(provider: CheckpointProvider, pending: _Pending, session_id: str) -> CheckpointBundle:
+    if pending.workspace is None:
+        assert pending.elsewhere is not None
+        fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
+        return CheckpointBundle.of(fields, pending.elsewhere, provider.policy)
+    return capture_bundle(provider, pending.workspace, session_id, pending.boundary, pending.epoch)
 
 
 async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
     """``bind_terminal`` with its ledger reads on the ledger thread and the capture on the tool pool
     (a capture reads the workspace: it never holds the ledger)."""
     store: LedgerStore = rt.ledger  # type: ignore[assignment]
-    pending = await rt.on_ledger(lambda: _prepare(store, terminal))
+    pending = await rt.on_ledger(lambda: _prepare(store, terminal, rt.settings.host))
     if isinstance(pending, RuntimeEvent):
         return pending
     if pending is None:
         return terminal
     provider = provider_at(rt.settings.maka_home)
-    bundle = await rt.on_tool_pool(
-        lambda: capture_bundle(
-            provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch
-        )
-    )
+    bundle = await rt.on_tool_pool(lambda: _capture_pending(provider, pending, terminal.session_id))
     return with_bundle(terminal, bundle)
 
 

@@ -583,6 +583,38 @@ def test_the_audit_shows_each_checkpoint_restore_and_rebaseline_beside_its_run(
     assert len(missing) == 1 and "refs/maka/checkpoints/s1/1" in missing[0]["message"]
 
 
+@pytest.mark.parametrize("store_inside", [True, False])
+def test_a_failed_capture_has_its_own_code_the_gate_passes_and_the_audit_notices(
+    tmp_path: Path, repo: Workspace, store_inside: bool
+) -> None:
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+
+    home = tmp_path / "home2"
+    home.mkdir()
+    if store_inside:  # a real failure: MAKA_HOME/checkpoints resolves into the workspace
+        (repo.root / "cpstore").mkdir()
+        os.symlink(repo.root / "cpstore", home / "checkpoints")
+    runtime = Runtime(LedgerStore.open(tmp_path / "ledger.sqlite"), settings=RuntimeSettings(maka_home=home))
+    try:
+        parked_turn(runtime, repo)
+        bundle = terminal_bundle(runtime)
+        assert bundle is not None
+        report = audit(read_ledger(runtime.ledger, SID, checkpoints=provider_of(home)), []).to_json()
+        notices = [f for f in report["findings"] if f["check"] == "checkpoint_capture_failed"]
+        if store_inside:
+            assert bundle.no_checkpoint is not None
+            assert bundle.no_checkpoint.code == "checkpoint_capture_failed", bundle
+            assert "checkpoint_store_inside_workspace" in bundle.no_checkpoint.detail
+            assert [(n["severity"], n["runId"]) for n in notices] == [("notice", "r1")]
+            assert resume(runtime, home).decision == "continue"  # passed, as today
+        else:
+            assert bundle.checkpoint is not None and notices == []
+    finally:
+        runtime.close()
+        runtime.ledger.close()  # type: ignore[attr-defined]
+
+
 def test_maka_ledger_gc_checkpoints_as_a_command(
     rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
 ) -> None:

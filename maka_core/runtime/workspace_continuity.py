@@ -242,9 +242,9 @@ def capture_bundle(
     """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``."""
     try:
         outcome: Checkpoint | NoCheckpoint = provider.capture(workspace, session_id)
-    except CheckpointError as refused:  # git failed, or the store lies inside the workspace
+    except CheckpointError as refused:  # git failed or was killed, the store is unwritable or misplaced
         outcome = NoCheckpoint(
-            code="repository_unreadable", detail=f"{refused.code}: {refused.message}"[:500]
+            code="checkpoint_capture_failed", detail=f"{refused.code}: {refused.message}"[:500]
         )
     fields = {**boundary.model_dump(), "workspace_epoch": epoch}
     return CheckpointBundle.of(fields, outcome, provider.policy)

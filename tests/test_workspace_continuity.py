@@ -615,6 +615,38 @@ def test_a_failed_capture_has_its_own_code_the_gate_passes_and_the_audit_notices
         runtime.ledger.close()  # type: ignore[attr-defined]
 
 
+def test_gc_at_worker_start_logs_an_os_error_and_goes_on(rt: Runtime, repo: Workspace, home: Path) -> None:
+    parked_turn(rt, repo)
+    provider = provider_of(home)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    store = provider.store(repo)
+    old = {"GIT_COMMITTER_DATE": "1000000000 +0000", "GIT_AUTHOR_DATE": "1000000000 +0000"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | old
+    env |= {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
+    cmd = ["git", f"--git-dir={store}"]
+    commit = subprocess.run(
+        [*cmd, "commit-tree", "-m", "orphan", bundle.checkpoint.tree],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run([*cmd, "update-ref", "refs/maka/checkpoints/s1/9", commit], env=env, check=True)
+    lock = store.parent / f"{repo.workspace_id}.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()  # an OSError (IsADirectoryError) when retention takes the store's lock
+    assert workspace_continuity.gc_quietly(rt.ledger, home) is None  # type: ignore[arg-type]
+    # Control: the same gc outside the quiet wrapper raises (what stopped startup repair).
+    with pytest.raises(OSError):
+        workspace_continuity.gc_checkpoints(rt.ledger, provider)  # type: ignore[arg-type]
+
+
 def test_maka_ledger_gc_checkpoints_as_a_command(
     rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
 ) -> None:

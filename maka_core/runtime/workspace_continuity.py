@@ -717,6 +717,9 @@ def gc_quietly(store: LedgerStore, home: Path | None = None) -> dict[str, Any] |
     except MakaError as exc:
         log.warning("checkpoint gc skipped: %s: %s", exc.code, exc.message)
         return None
+    except OSError as exc:  # an unreadable store folder must not stop a worker's start
+        log.warning("checkpoint gc skipped: %s", exc)
+        return None
 
 
 def choose(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from maka_core.checkpoints import CheckpointBundle, GitCheckpointProvider
+from maka_core.errors import MakaError
 from maka_core.runtime import model_step, tool_call, turn, workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, resume_session
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
@@ -645,6 +646,24 @@ def test_gc_at_worker_start_logs_an_os_error_and_goes_on(rt: Runtime, repo: Work
     # Control: the same gc outside the quiet wrapper raises (what stopped startup repair).
     with pytest.raises(OSError):
         workspace_continuity.gc_checkpoints(rt.ledger, provider)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("git_binary", ["/nonexistent/git", "git"])
+def test_a_restore_whose_git_init_fails_is_restore_failed_and_leaves_no_folder(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path, git_binary: str
+) -> None:
+    parked_turn(rt, repo)
+    (repo.root / "src.py").write_text("edited\n")
+    provider = provider_of(home)
+    if git_binary != "git":
+        with pytest.raises(MakaError) as refused:
+            workspace_continuity.restore_isolated(rt.ledger, provider, SID, git=git_binary)  # type: ignore[arg-type]
+        assert refused.value.code == "restore_failed"
+        assert not (tmp_path / "proj.restored-1").exists()
+        assert resume(rt, home).rejection_reasons == ("workspace_content_changed",)  # still parked
+    else:  # control: the same restore with a working git makes the folder
+        workspace_continuity.restore_isolated(rt.ledger, provider, SID, git=git_binary)  # type: ignore[arg-type]
+        assert (tmp_path / "proj.restored-1" / ".git").is_dir()
 
 
 def test_maka_ledger_gc_checkpoints_as_a_command(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -562,9 +563,13 @@ def restore_isolated(
     dest = provider.materialize(workspace, checkpoint, restore_destination(workspace.root))
     # Its own empty repository: its untracked files are what its next boundaries capture.
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(
-        [git, "init", "--quiet", "--template=", str(dest)], env=env, check=True, capture_output=True
-    )
+    try:
+        subprocess.run(
+            [git, "init", "--quiet", "--template=", str(dest)], env=env, check=True, capture_output=True
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)  # no fact names it: nothing half-built stays
+        raise MakaError("restore_failed", f"git init in {dest} failed: {exc}", path=str(dest)) from None
     restored = Workspace.open(dest, create=True)
     assert continuity.boundary is not None
     boundary = continuity.boundary.model_copy(update={"workspace_identity": restored.identity})

@@ -666,6 +666,29 @@ def test_a_restore_whose_git_init_fails_is_restore_failed_and_leaves_no_folder(
         assert (tmp_path / "proj.restored-1" / ".git").is_dir()
 
 
+def test_a_capture_over_its_time_budget_records_why_and_creates_no_ref(
+    tmp_path: Path, repo: Workspace, home: Path
+) -> None:
+    for i in range(300):  # files no cache vouches for: the budget is checked between them
+        (repo.root / f"gen{i}.txt").write_text(f"{i}\n")
+    provider = provider_of(home)
+    boundary = workspace_continuity.SourceBoundary(
+        workspace_identity=repo.identity,
+        immutable_runtime_high_water=1,
+        immutable_runtime_digest="sha256:" + "0" * 64,
+    )
+    slow = workspace_continuity.capture_bundle(provider, repo, SID, boundary, 0, budget_s=0.0)
+    assert slow.no_checkpoint is not None and slow.no_checkpoint.code == "checkpoint_budget_exceeded"
+    assert provider.refs(repo) == {}
+    # Control: the default budget (CAPTURE_BUDGET_S, well under the ledger's timeout) captures it.
+    assert workspace_continuity.CAPTURE_BUDGET_S < 10.0
+    fast = workspace_continuity.capture_bundle(
+        provider, repo, SID, boundary, 0, budget_s=workspace_continuity.CAPTURE_BUDGET_S
+    )
+    assert fast.checkpoint is not None and fast.checkpoint.file_count >= 300
+    assert list(provider.refs(repo)) == [fast.checkpoint.ref]
+
+
 def test_maka_ledger_gc_checkpoints_as_a_command(
     rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
 ) -> None:

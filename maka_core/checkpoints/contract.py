@@ -50,11 +50,12 @@ NoCheckpointCode = Literal[
     "repository_unreadable",  # git refused the repository (ownership, corruption)
     "checkpoint_host_elsewhere",  # the run ended on a worker that is not the session's workspace host
     "checkpoint_capture_failed",  # the capture failed (git killed, the store unwritable or misplaced)
+    "checkpoint_budget_exceeded",  # the capture did not finish within its time budget
 ]
 NO_CHECKPOINT_CODES: Final[frozenset[str]] = frozenset(get_args(NoCheckpointCode))
 #: The codes the host records about a capture (not a property of the workspace a carrier reports).
 HOST_NO_CHECKPOINT_CODES: Final[frozenset[str]] = frozenset(
-    {"checkpoint_host_elsewhere", "checkpoint_capture_failed"}
+    {"checkpoint_host_elsewhere", "checkpoint_capture_failed", "checkpoint_budget_exceeded"}
 )
 ChangeKind = Literal["added", "modified", "deleted", "type_changed"]
 #: Why a recorded checkpoint does not verify: the fact is then not backed and fails closed.

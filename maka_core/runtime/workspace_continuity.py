@@ -73,6 +73,10 @@ TRANSITION_PROTOCOL: Final = "maka.workspace_transition.v1"
 TransitionKind = Literal["isolated_restore", "rebaseline"]
 #: Codes a continuation goes on with: the contents match, or there is no checkpoint (today's gate).
 PASSING: Final = frozenset({"workspace_matches_checkpoint", "workspace_has_no_checkpoint"})
+#: Seconds a run's end may spend capturing its workspace: well under the ledger's timeout, so a
+#: slow capture never makes finish_run time out (and its retries start more captures); over it
+#: the boundary records ``checkpoint_budget_exceeded`` and keeps today's behaviour.
+CAPTURE_BUDGET_S: Final = 5.0
 #: How long an orphan ref (no fact names it) is kept: a capture whose fact is committing is young.
 GC_GRACE_S: Final = 3600.0
 
@@ -238,11 +242,22 @@ def _prepare(
 
 
 def capture_bundle(
-    provider: CheckpointProvider, workspace: Workspace, session_id: str, boundary: SourceBoundary, epoch: int
+    provider: CheckpointProvider,
+    workspace: Workspace,
+    session_id: str,
+    boundary: SourceBoundary,
+    epoch: int,
+    *,
+    budget_s: float | None = None,
 ) -> CheckpointBundle:
-    """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``."""
+    """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``;
+    with ``budget_s``, within that many seconds (a carrier that takes a budget)."""
     try:
-        outcome: Checkpoint | NoCheckpoint = provider.capture(workspace, session_id)
+        outcome: Checkpoint | NoCheckpoint = (
+            provider.capture(workspace, session_id, budget_s=budget_s)
+            if isinstance(provider, GitCheckpointProvider)
+            else provider.capture(workspace, session_id)
+        )
     except CheckpointError as refused:  # git failed or was killed, the store is unwritable or misplaced
         outcome = NoCheckpoint(
             code="checkpoint_capture_failed", detail=f"{refused.code}: {refused.message}"[:500]
@@ -257,7 +272,13 @@ def with_bundle(terminal: RuntimeEvent, bundle: CheckpointBundle) -> RuntimeEven
     return terminal.model_copy(update={"actions": actions.model_copy(update={"state_delta": delta})})
 
 
-def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: RuntimeEvent) -> RuntimeEvent:
+def bind_terminal(
+    store: LedgerStore,
+    provider: CheckpointProvider,
+    terminal: RuntimeEvent,
+    *,
+    budget_s: float = CAPTURE_BUDGET_S,
+) -> RuntimeEvent:
     """The terminal fact to commit, carrying the checkpoint of the run's workspace (synchronous:
     the ledger reads and the capture; the async caller runs each half on its own thread)."""
     pending = _prepare(store, terminal)
@@ -265,15 +286,19 @@ def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: Ru
         return pending
     if pending is None:
         return terminal
-    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id))
+    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id, budget_s))
 
 
-def _capture_pending(provider: CheckpointProvider, pending: _Pending, session_id: str) -> CheckpointBundle:
+def _capture_pending(
+    provider: CheckpointProvider, pending: _Pending, session_id: str, budget_s: float = CAPTURE_BUDGET_S
+) -> CheckpointBundle:
     if pending.workspace is None:
         assert pending.elsewhere is not None
         fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
         return CheckpointBundle.of(fields, pending.elsewhere, provider.policy)
-    return capture_bundle(provider, pending.workspace, session_id, pending.boundary, pending.epoch)
+    return capture_bundle(
+        provider, pending.workspace, session_id, pending.boundary, pending.epoch, budget_s=budget_s
+    )
 
 
 async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:

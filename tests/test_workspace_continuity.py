@@ -689,6 +689,28 @@ def test_a_capture_over_its_time_budget_records_why_and_creates_no_ref(
     assert list(provider.refs(repo)) == [fast.checkpoint.ref]
 
 
+@pytest.mark.parametrize("choice", ["rebaseline", "isolated_restore"])
+def test_session_show_renders_an_operator_workspace_choice_as_an_operator_line(
+    rt: Runtime, repo: Workspace, home: Path, choice: Any
+) -> None:
+    from maka_core.runtime.session_view import transcript_lines
+
+    parked_turn(rt, repo)
+    (repo.root / "src.py").write_text("edited\n")
+    before = transcript_lines(rt.ledger.events(session_id=SID))
+    workspace_continuity.choose(rt.ledger, provider_of(home), SID, choice)  # type: ignore[arg-type]
+    after = transcript_lines(rt.ledger.events(session_id=SID))
+    assert after[: len(before)] == before
+    added = after[len(before) :]
+    assert len(added) == 1 and added[0].startswith("-- operator "), added
+    expected = "rebaseline from refs/maka/checkpoints/s1/1" if choice == "rebaseline" else "restore isolated"
+    assert expected in added[0], added
+    # Control: the same fact read as an ordinary event is the old phantom line.
+    plain = [e for e in rt.ledger.events(session_id=SID) if e.run_id.startswith("resolution-")]
+    old = transcript_lines([e.model_copy(update={"run_id": "r-plain"}) for e in plain])
+    assert old and not old[0].startswith("-- operator"), old
+
+
 def test_maka_ledger_gc_checkpoints_as_a_command(
     rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
 ) -> None:

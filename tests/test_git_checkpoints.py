@@ -34,6 +34,7 @@ from maka_core.checkpoints import (
     observe_boundary,
     ref_component,
 )
+from maka_core.checkpoints.contract import HOST_NO_CHECKPOINT_CODES
 from maka_core.checkpoints.git_carrier import _Entry
 from maka_core.errors import CheckpointError
 from maka_core.workspace import MARKER_NAME, Workspace
@@ -461,7 +462,9 @@ def _ineligible(kind: str, tmp_path: Path) -> tuple[Workspace, GitCheckpointProv
     return Workspace.open(root), provider
 
 
-@pytest.mark.parametrize("code", sorted(NO_CHECKPOINT_CODES - {"repository_unreadable"}))
+@pytest.mark.parametrize(
+    "code", sorted(NO_CHECKPOINT_CODES - HOST_NO_CHECKPOINT_CODES - {"repository_unreadable"})
+)
 def test_an_ineligible_workspace_gets_a_typed_no_checkpoint_and_no_store(code: str, tmp_path: Path) -> None:
     ws, provider = _ineligible(code, tmp_path)
     files = tree_files(ws.root)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from maka_core.checkpoints import CheckpointBundle, GitCheckpointProvider
+from maka_core.errors import MakaError
 from maka_core.runtime import model_step, tool_call, turn, workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, resume_session
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
@@ -97,14 +98,14 @@ def provider_of(home: Path) -> GitCheckpointProvider:
     return workspace_continuity.provider_at(home)
 
 
-def parked_turn(rt: Runtime, ws: Workspace, ids: RunIds = IDS) -> None:
+def parked_turn(rt: Runtime, ws: Workspace, ids: RunIds = IDS, **config: Any) -> None:
     """A turn that wrote a file, then ended parked (its execution closed): a resumable boundary."""
     run(
         turn.begin_run(
             rt,
             BeginRunInput(
                 ids=ids, text="do it", ts=1, workflow_id=WF, workflow_run_id="wr", task_queue="q",
-                workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT,
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT, **config,
             ),
         )
     )  # fmt: skip
@@ -319,7 +320,7 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
 ) -> None:
     parked_turn(rt, repo)
     provider = provider_of(home)
-    orphan = provider.capture(repo, "someone-else")  # an artifact whose fact never committed
+    orphan = provider.capture(repo, SID)  # an artifact whose fact never committed
     assert not isinstance(orphan, type(None)) and hasattr(orphan, "ref")
     bundle = terminal_bundle(rt)
     assert bundle is not None and bundle.checkpoint is not None
@@ -329,6 +330,102 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
     assert out["deleted"] == 1 and out["stores"][0]["deleted"] == [orphan.ref]  # type: ignore[union-attr]
     assert provider.verify(repo, bundle.checkpoint).verified
     assert resume(rt, home).decision == "continue"
+
+
+def test_gc_against_another_ledger_on_the_same_home_keeps_this_ledgers_refs(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path
+) -> None:
+    parked_turn(rt, repo)
+    provider = provider_of(home)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    other = LedgerStore.open(tmp_path / "b.sqlite")  # `maka worker --db b.sqlite`, same MAKA_HOME
+    try:
+        own_orphan = provider.capture(repo, "b-session")
+        out = workspace_continuity.gc_checkpoints(other, provider, grace_seconds=0)
+        assert out["deleted"] == 0, out
+        assert provider.verify(repo, bundle.checkpoint).verified
+        assert resume(rt, home).decision == "continue"
+        # Negative control: today's keep set (the refs ledger B's facts name) alone deletes both.
+        handle = Workspace(root=repo.root, identity=repo.identity)
+        keep_b = workspace_continuity.referenced_refs(other.events())
+        kept_b = keep_b.get(repo.identity.removeprefix("workspace:v1:"), set())
+        gone = provider.gc(handle, kept_b, grace_seconds=0)
+        assert bundle.checkpoint.ref in gone and getattr(own_orphan, "ref", None) in gone
+    finally:
+        other.close()
+
+
+def test_gc_keeps_the_ref_of_a_bundle_it_cannot_decode(rt: Runtime, repo: Workspace, home: Path) -> None:
+    parked_turn(rt, repo)
+    events = rt.ledger.events(session_id=SID)
+    terminal = next(e for e in events if e.is_terminal)
+    assert terminal.actions is not None and terminal.actions.state_delta is not None
+    delta = dict(terminal.actions.state_delta)
+    wire = {**delta["workspaceCheckpoint"], "futureField": 1}  # a newer writer's bundle
+    actions = terminal.actions.model_copy(update={"state_delta": {**delta, "workspaceCheckpoint": wire}})
+    newer = [*(e for e in events if not e.is_terminal), terminal.model_copy(update={"actions": actions})]
+    ref = wire["checkpoint"]["ref"]
+    workspace_id = repo.identity.removeprefix("workspace:v1:")
+    keep = workspace_continuity.referenced_refs(newer)
+    assert keep == {workspace_id: {ref}}
+    provider = provider_of(home)
+    assert provider.gc(repo, keep[workspace_id], grace_seconds=0) == ()
+    # Negative control: today's keep set (only what the strict decoder reads) deletes it.
+    strict = {b.checkpoint.ref for _, b in workspace_continuity.session_bundles(newer) if b.checkpoint}
+    assert provider.gc(repo, strict, grace_seconds=0) == (ref,)
+
+
+def test_the_gate_finds_the_capturing_store_whatever_maka_home_the_resuming_process_has(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path
+) -> None:
+    parked_turn(rt, repo)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    assert bundle.checkpoint.store == str(home / "checkpoints")
+    operator = tmp_path / "operator_home"
+    operator.mkdir()
+    assert resume(rt, home, checkpoints=provider_of(operator)).decision == "continue"
+    # An older bundle (no store recorded), read from another MAKA_HOME: the store is elsewhere,
+    # its own code (resume on the workspace's host), not a checkpoint that is gone for good.
+    events = rt.ledger.events(session_id=SID)
+    old = bundle.model_copy(update={"checkpoint": bundle.checkpoint.model_copy(update={"store": None})})
+    assert "store" not in old.to_wire()["checkpoint"]
+    events = [workspace_continuity.with_bundle(e, old) if e.is_terminal else e for e in events]
+    continuity = workspace_continuity.source_continuity(events, "r1")
+    seen = workspace_continuity.observe_source(provider_of(operator), str(repo.root), continuity)
+    assert seen is not None and seen.code == "checkpoint_store_unavailable", seen
+    # Control: the same old bundle on the capturing home still matches.
+    same = workspace_continuity.observe_source(provider_of(home), str(repo.root), continuity)
+    assert same is not None and same.code == "workspace_matches_checkpoint", same
+
+
+@pytest.mark.parametrize("finisher", ["box-b", "box-a"])
+def test_a_run_that_ends_on_another_host_than_the_workspaces_captures_nothing(
+    tmp_path: Path, repo: Workspace, home: Path, finisher: str
+) -> None:
+    """The run's end runs on the shared queue: on a worker of another host, a folder with the same
+    path is not the session's, so no capture (the gate passes, as without Git); control: on the
+    session's host (box-a) the same run is captured and the edit parks."""
+    settings = RuntimeSettings(maka_home=home, host=finisher)
+    runtime = Runtime(LedgerStore.open(tmp_path / "ledger.sqlite"), settings=settings)
+    try:
+        parked_turn(runtime, repo, host="box-a")
+        bundle = terminal_bundle(runtime)
+        assert bundle is not None
+        (repo.root / "src.py").write_text("edited while parked\n")
+        decision = resume(runtime, home)
+        if finisher == "box-b":
+            assert bundle.no_checkpoint is not None and bundle.checkpoint is None
+            assert bundle.no_checkpoint.code == "checkpoint_host_elsewhere"
+            assert provider_of(home).refs(repo) == {}
+            assert decision.decision == "continue", decision
+        else:
+            assert bundle.checkpoint is not None
+            assert decision.rejection_reasons == ("workspace_content_changed",)
+    finally:
+        runtime.close()
+        runtime.ledger.close()  # type: ignore[attr-defined]
 
 
 # --- SIGKILL at each new commit point -------------------------------------------------------------
@@ -487,13 +584,140 @@ def test_the_audit_shows_each_checkpoint_restore_and_rebaseline_beside_its_run(
     assert len(missing) == 1 and "refs/maka/checkpoints/s1/1" in missing[0]["message"]
 
 
+@pytest.mark.parametrize("store_inside", [True, False])
+def test_a_failed_capture_has_its_own_code_the_gate_passes_and_the_audit_notices(
+    tmp_path: Path, repo: Workspace, store_inside: bool
+) -> None:
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+
+    home = tmp_path / "home2"
+    home.mkdir()
+    if store_inside:  # a real failure: MAKA_HOME/checkpoints resolves into the workspace
+        (repo.root / "cpstore").mkdir()
+        os.symlink(repo.root / "cpstore", home / "checkpoints")
+    runtime = Runtime(LedgerStore.open(tmp_path / "ledger.sqlite"), settings=RuntimeSettings(maka_home=home))
+    try:
+        parked_turn(runtime, repo)
+        bundle = terminal_bundle(runtime)
+        assert bundle is not None
+        report = audit(read_ledger(runtime.ledger, SID, checkpoints=provider_of(home)), []).to_json()
+        notices = [f for f in report["findings"] if f["check"] == "checkpoint_capture_failed"]
+        if store_inside:
+            assert bundle.no_checkpoint is not None
+            assert bundle.no_checkpoint.code == "checkpoint_capture_failed", bundle
+            assert "checkpoint_store_inside_workspace" in bundle.no_checkpoint.detail
+            assert [(n["severity"], n["runId"]) for n in notices] == [("notice", "r1")]
+            assert resume(runtime, home).decision == "continue"  # passed, as today
+        else:
+            assert bundle.checkpoint is not None and notices == []
+    finally:
+        runtime.close()
+        runtime.ledger.close()  # type: ignore[attr-defined]
+
+
+def test_gc_at_worker_start_logs_an_os_error_and_goes_on(rt: Runtime, repo: Workspace, home: Path) -> None:
+    parked_turn(rt, repo)
+    provider = provider_of(home)
+    bundle = terminal_bundle(rt)
+    assert bundle is not None and bundle.checkpoint is not None
+    store = provider.store(repo)
+    old = {"GIT_COMMITTER_DATE": "1000000000 +0000", "GIT_AUTHOR_DATE": "1000000000 +0000"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | old
+    env |= {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
+    cmd = ["git", f"--git-dir={store}"]
+    commit = subprocess.run(
+        [*cmd, "commit-tree", "-m", "orphan", bundle.checkpoint.tree],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run([*cmd, "update-ref", "refs/maka/checkpoints/s1/9", commit], env=env, check=True)
+    lock = store.parent / f"{repo.workspace_id}.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()  # an OSError (IsADirectoryError) when retention takes the store's lock
+    assert workspace_continuity.gc_quietly(rt.ledger, home) is None  # type: ignore[arg-type]
+    # Control: the same gc outside the quiet wrapper raises (what stopped startup repair).
+    with pytest.raises(OSError):
+        workspace_continuity.gc_checkpoints(rt.ledger, provider)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("git_binary", ["/nonexistent/git", "git"])
+def test_a_restore_whose_git_init_fails_is_restore_failed_and_leaves_no_folder(
+    tmp_path: Path, rt: Runtime, repo: Workspace, home: Path, git_binary: str
+) -> None:
+    parked_turn(rt, repo)
+    (repo.root / "src.py").write_text("edited\n")
+    provider = provider_of(home)
+    if git_binary != "git":
+        with pytest.raises(MakaError) as refused:
+            workspace_continuity.restore_isolated(rt.ledger, provider, SID, git=git_binary)  # type: ignore[arg-type]
+        assert refused.value.code == "restore_failed"
+        assert not (tmp_path / "proj.restored-1").exists()
+        assert resume(rt, home).rejection_reasons == ("workspace_content_changed",)  # still parked
+    else:  # control: the same restore with a working git makes the folder
+        workspace_continuity.restore_isolated(rt.ledger, provider, SID, git=git_binary)  # type: ignore[arg-type]
+        assert (tmp_path / "proj.restored-1" / ".git").is_dir()
+
+
+def test_a_capture_over_its_time_budget_records_why_and_creates_no_ref(
+    tmp_path: Path, repo: Workspace, home: Path
+) -> None:
+    for i in range(300):  # files no cache vouches for: the budget is checked between them
+        (repo.root / f"gen{i}.txt").write_text(f"{i}\n")
+    provider = provider_of(home)
+    boundary = workspace_continuity.SourceBoundary(
+        workspace_identity=repo.identity,
+        immutable_runtime_high_water=1,
+        immutable_runtime_digest="sha256:" + "0" * 64,
+    )
+    slow = workspace_continuity.capture_bundle(provider, repo, SID, boundary, 0, budget_s=0.0)
+    assert slow.no_checkpoint is not None and slow.no_checkpoint.code == "checkpoint_budget_exceeded"
+    assert provider.refs(repo) == {}
+    # Control: the default budget (CAPTURE_BUDGET_S, well under the ledger's timeout) captures it.
+    assert workspace_continuity.CAPTURE_BUDGET_S < 10.0
+    fast = workspace_continuity.capture_bundle(
+        provider, repo, SID, boundary, 0, budget_s=workspace_continuity.CAPTURE_BUDGET_S
+    )
+    assert fast.checkpoint is not None and fast.checkpoint.file_count >= 300
+    assert list(provider.refs(repo)) == [fast.checkpoint.ref]
+
+
+@pytest.mark.parametrize("choice", ["rebaseline", "isolated_restore"])
+def test_session_show_renders_an_operator_workspace_choice_as_an_operator_line(
+    rt: Runtime, repo: Workspace, home: Path, choice: Any
+) -> None:
+    from maka_core.runtime.session_view import transcript_lines
+
+    parked_turn(rt, repo)
+    (repo.root / "src.py").write_text("edited\n")
+    before = transcript_lines(rt.ledger.events(session_id=SID))
+    workspace_continuity.choose(rt.ledger, provider_of(home), SID, choice)  # type: ignore[arg-type]
+    after = transcript_lines(rt.ledger.events(session_id=SID))
+    assert after[: len(before)] == before
+    added = after[len(before) :]
+    assert len(added) == 1 and added[0].startswith("-- operator "), added
+    expected = "rebaseline from refs/maka/checkpoints/s1/1" if choice == "rebaseline" else "restore isolated"
+    assert expected in added[0], added
+    # Control: the same fact read as an ordinary event is the old phantom line.
+    plain = [e for e in rt.ledger.events(session_id=SID) if e.run_id.startswith("resolution-")]
+    old = transcript_lines([e.model_copy(update={"run_id": "r-plain"}) for e in plain])
+    assert old and not old[0].startswith("-- operator"), old
+
+
 def test_maka_ledger_gc_checkpoints_as_a_command(
     rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
 ) -> None:
     import json
 
     parked_turn(rt, repo)
-    orphan = provider_of(home).capture(repo, "never-committed")
+    orphan = provider_of(home).capture(repo, SID)  # a capture whose fact never committed
     assert hasattr(orphan, "ref")
     env = {**os.environ, "MAKA_HOME": str(home)}
     cmd = [

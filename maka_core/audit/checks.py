@@ -18,6 +18,7 @@ from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime.compaction import check_compactions
 from maka_core.runtime.contracts import EXECUTE_TOOL, FINISH_RUN, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
+from maka_core.runtime.workspace_continuity import session_bundles
 from maka_core.store.rows import prefix_digest
 
 #: Verify and corruption findings are capped: a broken ledger says enough in its first lines.
@@ -438,6 +439,10 @@ def check_checkpoints(ix: AuditIndex) -> Iterator[Finding]:
             yield Finding("checkpoint_ref_missing", f"{ref} is named by a committed fact and missing")
         elif present is None:
             yield Finding("checkpoint_store_unavailable", f"{ref}: no Maka store for its workspace here")
+    for event, bundle in session_bundles(ix.ledger.events):
+        failed = bundle.no_checkpoint
+        if failed is not None and failed.code == "checkpoint_capture_failed":
+            yield Finding("checkpoint_capture_failed", failed.detail or failed.code, run_id=event.run_id)
 
 
 CHECK_FUNCTIONS: tuple[Callable[[AuditIndex], Iterator[Finding]], ...] = (

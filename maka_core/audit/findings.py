@@ -53,6 +53,7 @@ CheckId = Literal[
     "history_unavailable",
     "run_repaired",
     "checkpoint_store_unavailable",
+    "checkpoint_capture_failed",
 ]
 
 #: Each check id's severity and one line of meaning (the README's table says the same).
@@ -109,6 +110,10 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     "checkpoint_store_unavailable": (
         "notice",
         "a committed workspace boundary's Maka store is not on this host: its ref was not checked",
+    ),
+    "checkpoint_capture_failed": (
+        "notice",
+        "a run's end could not capture its workspace (the gate passes it as a boundary without one)",
     ),
     "history_unavailable": ("notice", "an execution's history is gone: only the ledger was audited"),
     "run_repaired": ("notice", "a run's terminal fact was written by startup repair, not finish_run"),

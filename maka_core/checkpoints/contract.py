@@ -48,8 +48,15 @@ NoCheckpointCode = Literal[
     "repository_has_submodules",  # a gitlink or a nested repository a capture cannot hold
     "workspace_too_large",  # over the policy's file count or byte size
     "repository_unreadable",  # git refused the repository (ownership, corruption)
+    "checkpoint_host_elsewhere",  # the run ended on a worker that is not the session's workspace host
+    "checkpoint_capture_failed",  # the capture failed (git killed, the store unwritable or misplaced)
+    "checkpoint_budget_exceeded",  # the capture did not finish within its time budget
 ]
 NO_CHECKPOINT_CODES: Final[frozenset[str]] = frozenset(get_args(NoCheckpointCode))
+#: The codes the host records about a capture (not a property of the workspace a carrier reports).
+HOST_NO_CHECKPOINT_CODES: Final[frozenset[str]] = frozenset(
+    {"checkpoint_host_elsewhere", "checkpoint_capture_failed", "checkpoint_budget_exceeded"}
+)
 ChangeKind = Literal["added", "modified", "deleted", "type_changed"]
 #: Why a recorded checkpoint does not verify: the fact is then not backed and fails closed.
 VerifyFailure = Literal[
@@ -116,6 +123,9 @@ class Checkpoint(CheckpointModel):
     tree: ObjectId
     file_count: int = Field(ge=0)
     byte_count: int = Field(ge=0)
+    #: Where the capturing host keeps its checkpoint stores (an absolute path on that host), so a
+    #: reader on the same machine finds them whatever its own MAKA_HOME. Absent in older bundles.
+    store: NonEmpty | None = None
 
 
 class NoCheckpoint(CheckpointModel):

@@ -122,6 +122,12 @@ class _Scan:
     cache: dict[str, list[object]]
     trees: frozenset[str]  # trees the last capture left in the store
     remembered: _Remembered | None = None
+    #: ``time.monotonic()`` by which the capture must be done (None: no budget).
+    deadline: float | None = None
+
+    def check_budget(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _Ineligible("checkpoint_budget_exceeded", "the capture ran out of its time budget")
 
 
 @dataclass(frozen=True)
@@ -463,6 +469,7 @@ class GitCheckpointProvider:
         present: list[_Entry] = []
         for entry in scan.entries:
             if entry.blob is None:
+                scan.check_budget()
                 data = self._read(workspace, entry)
                 if data is None:
                     continue
@@ -551,8 +558,13 @@ class GitCheckpointProvider:
         finally:
             os.close(fd)  # closing releases the lock
 
-    def capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
-        """Capture ``workspace`` as the next checkpoint of ``session_id`` (see ``_capture``)."""
+    def capture(
+        self, workspace: Workspace, session_id: str, *, budget_s: float | None = None
+    ) -> Checkpoint | NoCheckpoint:
+        """Capture ``workspace`` as the next checkpoint of ``session_id`` (see ``_capture``); with
+        ``budget_s``, one not done in that many seconds (checked between files) is
+        ``checkpoint_budget_exceeded`` and creates no ref."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
         state, root = os.path.realpath(self.state_dir), str(workspace.root)
         if state == root or state.startswith(root + os.sep):
             # A tool could rewrite what recovery trusts, and every capture would hold the last one.
@@ -566,7 +578,7 @@ class GitCheckpointProvider:
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)
         with self._locked(workspace):
-            return self._capture(workspace, session_id)
+            return self._capture(workspace, session_id, deadline)
 
     def verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
         """Is ``checkpoint`` backed by its objects (see ``_verify``)."""
@@ -583,7 +595,9 @@ class GitCheckpointProvider:
         with self._locked(workspace):
             return self._materialize(workspace, checkpoint, dest)
 
-    def _capture(self, workspace: Workspace, session_id: str) -> Checkpoint | NoCheckpoint:
+    def _capture(
+        self, workspace: Workspace, session_id: str, deadline: float | None = None
+    ) -> Checkpoint | NoCheckpoint:
         """Capture ``workspace`` as the next checkpoint of ``session_id``.
 
         Raises:
@@ -594,11 +608,15 @@ class GitCheckpointProvider:
         component = ref_component(session_id)
         try:
             scan = self._scan(workspace)
+            scan.deadline = deadline
+            scan.check_budget()
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)
         store = self._open_store(workspace)
         try:
             present, tree = self._write_tree(workspace, store, scan)
+        except _Ineligible as why:  # out of budget: blobs may be stored, no ref names them
+            return NoCheckpoint(code=why.code, detail=why.detail)
         except CheckpointError:
             # A blob the cache named may have been collected since: capture once more from the bytes.
             self._cache_path(workspace).unlink(missing_ok=True)
@@ -606,7 +624,10 @@ class GitCheckpointProvider:
                 entry.blob = None
             scan.cache, scan.trees, scan.remembered = {}, frozenset(), None
             self._remembered.clear()
-            present, tree = self._write_tree(workspace, store, scan)
+            try:
+                present, tree = self._write_tree(workspace, store, scan)
+            except _Ineligible as why:
+                return NoCheckpoint(code=why.code, detail=why.detail)
         failpoints.hit("checkpoint_capture_after_objects")
         byte_count = sum(e.key[0] for e in present)
         for _ in range(100):
@@ -631,7 +652,12 @@ class GitCheckpointProvider:
             if made.returncode == 0:
                 failpoints.hit("checkpoint_capture_after_ref")
                 return Checkpoint(
-                    ref=ref, commit=commit, tree=tree, file_count=len(present), byte_count=byte_count
+                    ref=ref,
+                    commit=commit,
+                    tree=tree,
+                    file_count=len(present),
+                    byte_count=byte_count,
+                    store=str(self.state_dir),
                 )
         raise CheckpointError("checkpoint_store_failed", f"no free checkpoint number for {session_id}")
 

@@ -35,6 +35,7 @@ BoundaryCode = Literal[
     "checkpoint_workspace_mismatch",  # the bundle binds another workspace identity
     "checkpoint_workspace_ineligible",  # the workspace cannot be compared now (mid-merge...)
     "workspace_content_changed",
+    "checkpoint_store_unavailable",  # the store that holds the checkpoint is not on this machine
     VerifyFailure,
 ]
 BOUNDARY_CODES: frozenset[str] = frozenset(

@@ -56,6 +56,7 @@ _MESSAGES = {
     "operation_resolved": "an operator resolved this operation; the model sees the decision",
     "workspace_content_changed": "workspace contents differ from the source boundary's checkpoint",
     "checkpoint_missing": "the source boundary's checkpoint is missing or its bundle unreadable",
+    "checkpoint_store_unavailable": "the checkpoint store is not here: resume on the workspace host",
     "checkpoint_ref_moved": "the source boundary's checkpoint ref names another commit",
     "checkpoint_tree_mismatch": "the source boundary's checkpoint holds another tree",
     "checkpoint_objects_missing": "the source boundary's checkpoint lacks objects",

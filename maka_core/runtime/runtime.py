@@ -125,6 +125,9 @@ class RuntimeSettings:
     ledger_file: Path | None = None
     #: The MCP servers file, parsed (``maka worker --mcp-config``); the worker runs its servers.
     mcp_config: McpConfig | None = None
+    #: The host this worker serves (``maka worker --host``): a run's end captures the workspace
+    #: only on the session's host (``None``: unknown, capture as before).
+    host: str | None = None
 
     def with_protected(self, maka_home: Path | None, ledger_file: Path | None) -> RuntimeSettings:
         return replace(self, maka_home=maka_home, ledger_file=ledger_file)

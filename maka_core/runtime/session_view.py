@@ -23,6 +23,7 @@ from maka_core.runtime.contracts import PARK_REASONS, TURN_CANCELLED, SessionSta
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
 from maka_core.runtime.usage_limits import CAPS, limits_in_force, raise_payload, raises_of
+from maka_core.runtime.workspace_continuity import transition_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
@@ -292,6 +293,23 @@ def usage_text(usage: Usage) -> str:
     return f"{head} ({', '.join(parts)})" if parts else head
 
 
+def _transition_line(moved: Mapping[str, Any]) -> str:
+    """An operator's workspace choice (its note to the model is not a user message)."""
+    source = _one_line(moved.get("fromCheckpointRef"))
+    if moved.get("kind") == "isolated_restore":
+        return (
+            f"-- operator restore isolated of {source}: {_one_line(moved.get('fromCwd'))} -> "
+            f"{_one_line(moved.get('cwd'))} --"
+        )
+    by_kind = moved.get("changedPaths")
+    lists = by_kind.values() if isinstance(by_kind, Mapping) else ()
+    count = sum(len(v) for v in lists if isinstance(v, list))
+    return (
+        f"-- operator rebaseline from {source}: workspace epoch {_one_line(moved.get('workspaceEpoch'))}, "
+        f"{count} changed path(s) named to the model --"
+    )
+
+
 def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[str]:
     """A readable transcript: user and model text, tool calls, results, recovery and run ends;
     each ended turn's token usage under its end, and the session's at the bottom."""
@@ -329,6 +347,8 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 for k in ("resolvedBy", "operationId", "toolName", "decision", "reason")
             )
             lines.append(f"-- operator {by} resolved {op} ({tool}): {decision}: {reason} --")
+        elif (moved := transition_of(e)) is not None:
+            lines.append(_transition_line(moved))
         elif e.actions is not None and e.actions.continuation_start is not None:
             src = e.actions.continuation_start.immediate_source
             lines.append(f"-- continues run {src.run_id} from high-water {src.high_water} --")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -49,7 +50,7 @@ from maka_core.checkpoints.contract import (
     NoCheckpoint,
     PathChange,
 )
-from maka_core.checkpoints.git_carrier import GitCheckpointProvider
+from maka_core.checkpoints.git_carrier import REF_PREFIX, GitCheckpointProvider, ref_component
 from maka_core.checkpoints.observe import BoundaryObservation, SourceBoundary, observe_boundary
 from maka_core.errors import CheckpointError, MakaError
 from maka_core.facts import canonical_json
@@ -72,6 +73,10 @@ TRANSITION_PROTOCOL: Final = "maka.workspace_transition.v1"
 TransitionKind = Literal["isolated_restore", "rebaseline"]
 #: Codes a continuation goes on with: the contents match, or there is no checkpoint (today's gate).
 PASSING: Final = frozenset({"workspace_matches_checkpoint", "workspace_has_no_checkpoint"})
+#: Seconds a run's end may spend capturing its workspace: well under the ledger's timeout, so a
+#: slow capture never makes finish_run time out (and its retries start more captures); over it
+#: the boundary records ``checkpoint_budget_exceeded`` and keeps today's behaviour.
+CAPTURE_BUDGET_S: Final = 5.0
 #: How long an orphan ref (no fact names it) is kept: a capture whose fact is committing is young.
 GC_GRACE_S: Final = 3600.0
 
@@ -82,7 +87,12 @@ _providers_lock = threading.Lock()
 
 def provider_at(home: Path | None = None) -> GitCheckpointProvider:
     """The host's provider over ``<MAKA_HOME>/checkpoints`` (one per process: it caches stat data)."""
-    state = Path(os.path.abspath((home or maka_home()) / "checkpoints"))
+    return provider_over((home or maka_home()) / "checkpoints")
+
+
+def provider_over(state_dir: Path) -> GitCheckpointProvider:
+    """The process's provider over one checkpoint state directory."""
+    state = Path(os.path.abspath(state_dir))
     with _providers_lock:
         found = _providers.get(state)
         if found is None:
@@ -176,9 +186,10 @@ def _source_boundary(run_events: Sequence[RuntimeEvent], identity: str) -> Sourc
 
 @dataclass(frozen=True)
 class _Pending:
-    workspace: Workspace
+    workspace: Workspace | None  # None: not captured here, ``elsewhere`` says why
     boundary: SourceBoundary
     epoch: int
+    elsewhere: NoCheckpoint | None = None
 
 
 def workspace_of_run(
@@ -193,9 +204,13 @@ def workspace_of_run(
     return None if record is None else (record.workspace, record.workspace_identity)
 
 
-def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pending | None:
+def _prepare(
+    store: LedgerStore, terminal: RuntimeEvent, host: str | None = None
+) -> RuntimeEvent | _Pending | None:
     """Ledger half: the run's terminal fact if it already has one (an exact retry), else what to
-    capture (None: no workspace to bind)."""
+    capture (None: no workspace to bind). A worker that is not the session's workspace host (the
+    run's end runs on the shared queue) captures nothing: a folder with the same path here is not
+    the session's."""
     session_events = store.events(session_id=terminal.session_id)
     run_events = [e for e in session_events if e.run_id == terminal.run_id]
     done = next((e for e in run_events if e.is_terminal), None)
@@ -204,6 +219,15 @@ def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pend
     where = workspace_of_run(store, terminal.session_id, terminal.run_id, session_events)
     if where is None:
         return None
+    record = session_record(session_events)
+    pinned = record.config.host if record is not None else None
+    if pinned and host and pinned != host:
+        boundary = _source_boundary(run_events, where[1])
+        if boundary is None:
+            return None
+        detail = f"ended on {host}, workspace on {pinned}"
+        away = NoCheckpoint(code="checkpoint_host_elsewhere", detail=detail)
+        return _Pending(None, boundary, current_epoch(session_events, where[1]), away)
     try:
         workspace = Workspace.open(where[0], create=False)
     except MakaError:
@@ -218,14 +242,25 @@ def _prepare(store: LedgerStore, terminal: RuntimeEvent) -> RuntimeEvent | _Pend
 
 
 def capture_bundle(
-    provider: CheckpointProvider, workspace: Workspace, session_id: str, boundary: SourceBoundary, epoch: int
+    provider: CheckpointProvider,
+    workspace: Workspace,
+    session_id: str,
+    boundary: SourceBoundary,
+    epoch: int,
+    *,
+    budget_s: float | None = None,
 ) -> CheckpointBundle:
-    """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``."""
+    """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``;
+    with ``budget_s``, within that many seconds (a carrier that takes a budget)."""
     try:
-        outcome: Checkpoint | NoCheckpoint = provider.capture(workspace, session_id)
-    except CheckpointError as refused:  # git failed, or the store lies inside the workspace
+        outcome: Checkpoint | NoCheckpoint = (
+            provider.capture(workspace, session_id, budget_s=budget_s)
+            if isinstance(provider, GitCheckpointProvider)
+            else provider.capture(workspace, session_id)
+        )
+    except CheckpointError as refused:  # git failed or was killed, the store is unwritable or misplaced
         outcome = NoCheckpoint(
-            code="repository_unreadable", detail=f"{refused.code}: {refused.message}"[:500]
+            code="checkpoint_capture_failed", detail=f"{refused.code}: {refused.message}"[:500]
         )
     fields = {**boundary.model_dump(), "workspace_epoch": epoch}
     return CheckpointBundle.of(fields, outcome, provider.policy)
@@ -237,7 +272,13 @@ def with_bundle(terminal: RuntimeEvent, bundle: CheckpointBundle) -> RuntimeEven
     return terminal.model_copy(update={"actions": actions.model_copy(update={"state_delta": delta})})
 
 
-def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: RuntimeEvent) -> RuntimeEvent:
+def bind_terminal(
+    store: LedgerStore,
+    provider: CheckpointProvider,
+    terminal: RuntimeEvent,
+    *,
+    budget_s: float = CAPTURE_BUDGET_S,
+) -> RuntimeEvent:
     """The terminal fact to commit, carrying the checkpoint of the run's workspace (synchronous:
     the ledger reads and the capture; the async caller runs each half on its own thread)."""
     pending = _prepare(store, terminal)
@@ -245,25 +286,32 @@ def bind_terminal(store: LedgerStore, provider: CheckpointProvider, terminal: Ru
         return pending
     if pending is None:
         return terminal
-    bundle = capture_bundle(provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch)
-    return with_bundle(terminal, bundle)
+    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id, budget_s))
+
+
+def _capture_pending(
+    provider: CheckpointProvider, pending: _Pending, session_id: str, budget_s: float = CAPTURE_BUDGET_S
+) -> CheckpointBundle:
+    if pending.workspace is None:
+        assert pending.elsewhere is not None
+        fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
+        return CheckpointBundle.of(fields, pending.elsewhere, provider.policy)
+    return capture_bundle(
+        provider, pending.workspace, session_id, pending.boundary, pending.epoch, budget_s=budget_s
+    )
 
 
 async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
     """``bind_terminal`` with its ledger reads on the ledger thread and the capture on the tool pool
     (a capture reads the workspace: it never holds the ledger)."""
     store: LedgerStore = rt.ledger  # type: ignore[assignment]
-    pending = await rt.on_ledger(lambda: _prepare(store, terminal))
+    pending = await rt.on_ledger(lambda: _prepare(store, terminal, rt.settings.host))
     if isinstance(pending, RuntimeEvent):
         return pending
     if pending is None:
         return terminal
     provider = provider_at(rt.settings.maka_home)
-    bundle = await rt.on_tool_pool(
-        lambda: capture_bundle(
-            provider, pending.workspace, terminal.session_id, pending.boundary, pending.epoch
-        )
-    )
+    bundle = await rt.on_tool_pool(lambda: _capture_pending(provider, pending, terminal.session_id))
     return with_bundle(terminal, bundle)
 
 
@@ -315,6 +363,30 @@ def source_continuity(session_events: Sequence[RuntimeEvent], source_run_id: str
     return SourceContinuity(source_run_id, bundle, boundary, transition)
 
 
+def provider_for(provider: CheckpointProvider, checkpoint: Checkpoint | None) -> CheckpointProvider:
+    """The provider over the store the checkpoint was captured into (the bundle names it), so a
+    process with another MAKA_HOME on the same machine reads the same store."""
+    if (
+        isinstance(provider, GitCheckpointProvider)
+        and checkpoint is not None
+        and checkpoint.store is not None
+        and Path(checkpoint.store) != provider.state_dir
+    ):
+        return provider_over(Path(checkpoint.store))
+    return provider
+
+
+def store_unavailable(provider: CheckpointProvider, workspace: Workspace) -> BoundaryObservation | None:
+    """``checkpoint_store_unavailable`` when the workspace's store is not on this machine (another
+    host captured it): not a missing checkpoint, which would fail closed for good."""
+    if isinstance(provider, GitCheckpointProvider) and not (provider.store(workspace) / "HEAD").exists():
+        return BoundaryObservation(
+            code="checkpoint_store_unavailable",
+            detail=f"no checkpoint store at {provider.store(workspace)}: resume on the workspace's host",
+        )
+    return None
+
+
 def observe_source(
     provider: CheckpointProvider, cwd: str, continuity: SourceContinuity
 ) -> BoundaryObservation | None:
@@ -331,6 +403,9 @@ def observe_source(
         workspace = Workspace.open(cwd, create=False)
     except MakaError as exc:
         return BoundaryObservation(code="checkpoint_workspace_mismatch", detail=f"{exc.code}: {exc.message}")
+    provider = provider_for(provider, continuity.bundle.checkpoint)
+    if continuity.bundle.checkpoint is not None and (away := store_unavailable(provider, workspace)):
+        return away
     try:
         return observe_boundary(provider, workspace, continuity.boundary, continuity.bundle)
     except CheckpointError as failed:
@@ -446,6 +521,7 @@ def rebaseline(store: LedgerStore, provider: CheckpointProvider, session_id: str
     continuity = source_continuity(events, latest.run_id)
     old, checkpoint = _checkpointed(continuity)
     workspace = _source_workspace(continuity, events, latest.run_id)
+    provider = provider_for(provider, checkpoint)
     observed = observe_source(provider, str(workspace.root), continuity)
     changes = observed.changes if observed is not None else ()
     assert continuity.boundary is not None
@@ -503,6 +579,7 @@ def restore_isolated(
     continuity = source_continuity(events, latest.run_id)
     _old, checkpoint = _checkpointed(continuity)
     workspace = _source_workspace(continuity, events, latest.run_id)
+    provider = provider_for(provider, checkpoint)
     verification = provider.verify(workspace, checkpoint)
     if verification.code is not None:
         raise MakaError(
@@ -511,9 +588,13 @@ def restore_isolated(
     dest = provider.materialize(workspace, checkpoint, restore_destination(workspace.root))
     # Its own empty repository: its untracked files are what its next boundaries capture.
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(
-        [git, "init", "--quiet", "--template=", str(dest)], env=env, check=True, capture_output=True
-    )
+    try:
+        subprocess.run(
+            [git, "init", "--quiet", "--template=", str(dest)], env=env, check=True, capture_output=True
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)  # no fact names it: nothing half-built stays
+        raise MakaError("restore_failed", f"git init in {dest} failed: {exc}", path=str(dest)) from None
     restored = Workspace.open(dest, create=True)
     assert continuity.boundary is not None
     boundary = continuity.boundary.model_copy(update={"workspace_identity": restored.identity})
@@ -553,39 +634,84 @@ def rebaseline_note(transition: Mapping[str, Any]) -> str | None:
 # --- retention -------------------------------------------------------------------------------
 
 
+#: The workspace key of refs named by a bundle this reader cannot decode and whose workspace it
+#: cannot tell: retention keeps them in every store.
+ANY_WORKSPACE: Final = "*"
+
+
+def _raw_refs(raw: Any) -> set[str]:
+    """Every ``refs/maka/...`` string anywhere in a stored payload."""
+    if isinstance(raw, str):
+        return {raw} if raw.startswith("refs/maka/") else set()
+    values = raw.values() if isinstance(raw, Mapping) else raw if isinstance(raw, list) else ()
+    return {ref for value in values for ref in _raw_refs(value)}
+
+
+def _raw_identity(raw: Any) -> str:
+    """The workspace identity an undecodable bundle names, else ``ANY_WORKSPACE``."""
+    boundary = raw.get("boundary") if isinstance(raw, Mapping) else None
+    found = boundary.get("workspaceIdentity") if isinstance(boundary, Mapping) else None
+    return found if isinstance(found, str) and found else ANY_WORKSPACE
+
+
 def referenced_refs(events: Sequence[RuntimeEvent]) -> dict[str, set[str]]:
-    """Workspace id -> every checkpoint ref a committed fact names (any session, any lineage)."""
+    """Workspace id -> every checkpoint ref a committed fact names (any session, any lineage).
+
+    A bundle the strict decoder refuses (a newer writer's field, damage) still names its refs: every
+    ``refs/maka/...`` string in its raw payload is kept, since retention must not delete what it
+    cannot read."""
     out: dict[str, set[str]] = {}
     for event in events:
-        try:
-            bundle = bundle_of(event) if event.is_terminal else None
-            transition = transition_of(event)
-        except CheckpointError:
-            continue
+        delta = _delta(event)
+        transition = transition_of(event)
         refs: list[tuple[str, str]] = []
-        if bundle is not None and bundle.checkpoint is not None:
-            refs.append((bundle.boundary.workspace_identity, bundle.checkpoint.ref))
+        raws = [delta.get(CHECKPOINT_KEY)] if delta is not None and event.is_terminal else []
         if transition is not None:
-            try:
-                inner = _decode(transition.get("bundle"))
-            except CheckpointError:
-                inner = None
-            if inner is not None and inner.checkpoint is not None:
-                refs.append((inner.boundary.workspace_identity, inner.checkpoint.ref))
+            raws.append(transition.get("bundle"))
             source_id = transition.get("fromWorkspaceIdentity")
             if isinstance(source_id, str) and isinstance(transition.get("fromCheckpointRef"), str):
                 refs.append((source_id, transition["fromCheckpointRef"]))
+        for raw in raws:
+            try:
+                bundle = _decode(raw)
+            except CheckpointError:
+                refs.extend((_raw_identity(raw), ref) for ref in sorted(_raw_refs(raw)))
+                continue
+            if bundle is not None and bundle.checkpoint is not None:
+                refs.append((bundle.boundary.workspace_identity, bundle.checkpoint.ref))
         for identity, ref in refs:
             out.setdefault(identity.removeprefix("workspace:v1:"), set()).add(ref)
+    return out
+
+
+def _ref_session(ref: str) -> str | None:
+    """The session component of ``refs/maka/checkpoints/<session>/<n>`` (None: another shape)."""
+    if not ref.startswith(REF_PREFIX):
+        return None
+    session, _, number = ref.removeprefix(REF_PREFIX).rpartition("/")
+    return session if session and number.isdigit() else None
+
+
+def _held_components(events: Sequence[RuntimeEvent]) -> set[str]:
+    """The ref components of the sessions this ledger holds."""
+    out: set[str] = set()
+    for session_id in {e.session_id for e in events}:
+        try:
+            out.add(ref_component(session_id))
+        except MakaError:
+            continue  # an id no capture could have named a ref after
     return out
 
 
 def gc_checkpoints(
     store: LedgerStore, provider: GitCheckpointProvider, *, grace_seconds: float = GC_GRACE_S
 ) -> dict[str, Any]:
-    """Collect every checkpoint ref no committed fact names and older than ``grace_seconds``; keeps
-    every ref any fact of any session references. Returns what was kept and deleted per store."""
-    keep = referenced_refs(store.events())
+    """Collect every checkpoint ref of a session this ledger holds that no committed fact names and
+    older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
+    of a session the ledger does not hold (another ledger's). Returns what was kept and deleted per store."""
+    events = store.events()
+    keep = referenced_refs(events)
+    held = _held_components(events)
     stores = sorted((provider.state_dir / "git").glob("*.git"))
     out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
     for path in stores:
@@ -593,7 +719,10 @@ def gc_checkpoints(
         # Retention reads only the Maka store (named by the id): the folder itself is not needed.
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
         refs = provider.refs(handle)
-        kept = keep.get(workspace_id, set())
+        # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
+        # not hold belongs to another ledger's facts, which this one cannot read.
+        foreign = {r for r in refs if _ref_session(r) not in held}
+        kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
         now = time.time()
         due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
         # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
@@ -617,6 +746,9 @@ def gc_quietly(store: LedgerStore, home: Path | None = None) -> dict[str, Any] |
         return gc_checkpoints(store, provider_at(home))
     except MakaError as exc:
         log.warning("checkpoint gc skipped: %s: %s", exc.code, exc.message)
+        return None
+    except OSError as exc:  # an unreadable store folder must not stop a worker's start
+        log.warning("checkpoint gc skipped: %s", exc)
         return None
 
 

@@ -235,7 +235,8 @@ class MakaPlugin(SimplePlugin):
         except MakaError as exc:
             raise SessionError.of(exc) from None
         ledger_file = sqlite_file(database_url(self.settings.ledger))
-        settings = self._runtime_settings.with_protected(maka_home(), ledger_file)
+        protected = self._runtime_settings.with_protected(maka_home(), ledger_file)
+        settings = dataclasses.replace(protected, host=self.host)
         try:
             if self._make_runtime is not None:
                 runtime = self._make_runtime(store, settings)

@@ -21,7 +21,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from maka_core.errors import MakaError
-from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.runtime.contracts import (
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
+    NEW_SESSION_TOOL_MODE,
+)
 from maka_core.settings import MakaSettings, load_settings
 from maka_temporal.workers.cli_base import open_ledger
 from maka_temporal.workers.session_client import (
@@ -227,6 +231,7 @@ class SessionClient:
         on_behalf_of: tuple[str, ...] = (),
         unhinged: bool = False,
         accept_timeout: float | None = None,
+        tool_mode: str = NEW_SESSION_TOOL_MODE,
     ) -> TurnStarted:
         """Start a session on ``workspace`` and send its first message (``maka session start``).
 
@@ -260,6 +265,7 @@ class SessionClient:
                 principal=principal,
                 on_behalf_of=on_behalf_of,
                 unhinged=unhinged,
+                tool_mode=tool_mode,
             )
             with open_ledger(s.ledger, create=True) as store:
                 recorded = new.record(store)

@@ -188,6 +188,19 @@ class ToolSlots:
                     self._wake_one()
                 raise
 
+    def try_take(self) -> ToolSlot | None:
+        """A free slot now, or ``None`` when all are taken or the worker is stopping (a local
+        attempt never waits for a thread: it defers its call instead)."""
+        with self._lock:
+            if self._stopping or self._free <= 0:
+                return None
+            self._free -= 1
+            return ToolSlot(self)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def give_back(self) -> None:
         with self._lock:
             self._free += 1

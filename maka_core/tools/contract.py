@@ -231,6 +231,7 @@ class FunctionTool:
         reconcile: ReconcileHook | None = None,
         preflight: PreflightHook | None = None,
         result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
+        bound_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise _invalid(str(name), "a name is 1-64 of A-Z a-z 0-9 _ -")
@@ -250,6 +251,8 @@ class FunctionTool:
             declared = frozenset({"read"}) if guarantee == "read-only" else frozenset({"mutate"})
         if guarantee == "reconciliation-required" and reconcile is None:
             raise _invalid(name, "reconciliation-required needs a reconcile= hook")
+        if bound_s is not None and not (isinstance(bound_s, int | float) and 0 < bound_s <= 3600):
+            raise _invalid(name, "bound_s is a number of seconds in (0, 3600]")
         if (args_model is None) == (parameters is None):
             raise _invalid(name, "give exactly one of args_model and parameters")
         if args_model is not None:
@@ -287,6 +290,10 @@ class FunctionTool:
         #: The largest result committed (canonical JSON bytes): a larger one is
         #: ``tool_result_too_large``, as for every built-in.
         self.result_byte_limit = result_byte_limit
+        #: The longest one call takes, declared by the tool (seconds; ``None``: no bound declared).
+        #: A ``read-only`` tool with a short bound may run as a local activity in a hybrid session
+        #: (``runtime.local_calls``); nothing enforces it but the local attempt's start-to-close.
+        self.bound_s = bound_s
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r}, guarantee={self.guarantee!r})"
@@ -337,6 +344,7 @@ def tool(
     evidence: EvidenceHook | None = None,
     reconcile: ReconcileHook | None = None,
     preflight: PreflightHook | None = None,
+    bound_s: float | None = None,
 ) -> Any:
     """Make ``fn(args: YourModel, ctx: ToolContext)`` a tool (``@tool`` or ``@tool(...)``).
 
@@ -364,6 +372,7 @@ def tool(
             evidence=evidence,
             reconcile=reconcile,
             preflight=preflight,
+            bound_s=bound_s,
         )
 
     return make if fn is None else make(fn)

@@ -10,7 +10,7 @@ from maka_core.audit.checks import CHECK_FUNCTIONS
 from maka_core.audit.findings import Finding
 from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
-from maka_core.runtime.contracts import EXECUTE_TOOL, RECOVER_OPERATION
+from maka_core.runtime.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 
 
@@ -60,6 +60,11 @@ def _execution(ix: AuditIndex, execution: Execution) -> dict[str, Any]:
     out = execution.to_json()
     out["runs"] = sorted({f.run_id for f in execution.activities if f.run_id and f.activity_type in BEGINS})
     out["toolActivities"] = sum(f.activity_type == EXECUTE_TOOL for f in execution.activities)
+    local = sum(f.activity_type == EXECUTE_TOOL_LOCAL for f in execution.activities)
+    if local:
+        out["localToolAttempts"] = local
+    if execution.lost_workflow_tasks:
+        out["lostWorkflowTasks"] = execution.lost_workflow_tasks
     return out
 
 
@@ -99,13 +104,20 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
     return out
 
 
+_PATH_NAMES = {EXECUTE_TOOL: "tool", EXECUTE_TOOL_LOCAL: "local"}
+
+
 def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for key, facts in ix.ops_by_call.items():
         decision = ix.decisions.get(key)
         op_id = facts.operation_id
         placed = sorted(
-            (p for p in ix.by_call.get(key, ()) if p.fact.activity_type in (EXECUTE_TOOL, RECOVER_OPERATION)),
+            (
+                p
+                for p in ix.by_call.get(key, ())
+                if p.fact.activity_type in (EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, RECOVER_OPERATION)
+            ),
             key=lambda p: p.order,
         )
         activities = [
@@ -133,7 +145,7 @@ def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
             for r in ix.attempts_by_op.get(op_id or "", [])
         ]
         path = [
-            f"{'tool' if a['type'] == EXECUTE_TOOL else 'recover'}:{a['result'] or a['outcome']}"
+            f"{_PATH_NAMES.get(str(a['type']), 'recover')}:{a['result'] or a['outcome']}"
             for a in activities
         ]
         out.append(

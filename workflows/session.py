@@ -854,6 +854,11 @@ class SessionWorkflow:
         after recovery, and recovery itself, are regular activities."""
         return self._local and bool(call.bounded) and self._off_host < OFF_HOST_LIMIT
 
+    def _local_input(self, tool_input: ToolInput) -> LocalToolInput:
+        """The local attempt's input: the call and the session's host, which the attempt checks
+        against its worker's before anything else (``off_host``)."""
+        return LocalToolInput(**tool_input.model_dump(), host=self._inp.config.host)
+
     async def _bound_local_chain(self) -> None:
         """Every ``LOCAL_CHAIN_BOUND`` local activities, a 1 ms timer first: the workflow task
         completes, so its markers reach the server and a waiting Query or Update is answered."""
@@ -877,7 +882,7 @@ class SessionWorkflow:
         meeting its T1, a timeout) goes to recovery, on the host queue, as a regular one does."""
         self._tried_locally = False
         await self._bound_local_chain()
-        local_input = LocalToolInput(**tool_input.model_dump(), host=self._inp.config.host)
+        local_input = self._local_input(tool_input)
         timeout = LOCAL_TOOL_TIMEOUT_S + (self._step_timeout().total_seconds() if tool_input.next_step else 0)
         self._dispatching = True
         try:

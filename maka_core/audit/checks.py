@@ -235,7 +235,14 @@ def _deferred(ix: AuditIndex, placed: Placed, facts: OperationFacts) -> Iterator
         ):
             continue
         if placed.execution.lost_workflow_tasks > 0:
-            continue  # the row's own check reports it as a notice
+            yield _f(
+                "local_attempt_unrecorded",
+                placed,
+                (facts.run_id, facts.tool_call_id),
+                f"local attempt {fact.activity_id} committed T1 for {facts.operation_id} in a workflow "
+                "task that never completed (its marker lost); the replay's re-run deferred",
+            )
+            continue
         yield _f(
             "deferred_after_dispatch",
             placed,

@@ -428,8 +428,8 @@ async def main(args: argparse.Namespace) -> None:
     if conc and plain_conc:
         print(
             f"\n{conc[0]['sessions']} concurrent sessions x {conc[0]['calls_per_session']} tool calls "
-            f"(tools on the {args.routing[0]} queue; medians of {len(conc)} round(s), each round "
-            "maka-temporal then plain Temporal):\n"
+            f"(tools on the {args.routing[0]} queue; medians of {len(plain_conc)} round(s), each round "
+            "maka-temporal in each tool mode, then plain Temporal):\n"
         )
         print("| system | tool calls/s (range) | turn p50 ms | turn p95 ms |")
         print("|---|---:|---:|---:|")

@@ -66,6 +66,26 @@ def local_markers(history: Any) -> list[str]:
     return ids
 
 
+def local_attempts(history: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Each local tool attempt a history recorded: its activity id and its result (``outcome`` or
+    ``deferred``), decoded from the marker's JSON payload."""
+    out = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+            continue
+        details = event.marker_recorded_event_attributes.details
+        data = details.get("data")
+        if data is None or not data.payloads:
+            continue
+        meta = json.loads(data.payloads[0].data)
+        if meta.get("activity_type") != "maka.execute_tool_local":
+            continue
+        result = details.get("result")
+        decoded = json.loads(result.payloads[0].data) if result is not None and result.payloads else {}
+        out.append((meta["activity_id"], decoded))
+    return out
+
+
 def scheduled(history: Any) -> Counter[str]:
     return Counter(
         e.activity_task_scheduled_event_attributes.activity_type.name

@@ -263,13 +263,15 @@ async def start_session(
     host: str | None = None,
     host_wait_s: float | None = None,
     config: SessionConfig | None = None,
-    tool_mode: str = NEW_SESSION_TOOL_MODE,
+    tool_mode: str = "activity",
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
     The settings (provider, step mode and timeout, step limit, continue-as-new thresholds, host and
     host wait) become the session's ``SessionConfig``: every later execution of the session runs
-    with them. ``host`` pins the session to a workspace host (its tools and recoveries run only on
+    with them. ``tool_mode``: ``activity`` here (the tests' and library callers' mode before hybrid
+    calls), ``hybrid`` from ``maka session start`` and ``SessionClient.start`` (``NEW_SESSION_TOOL_MODE``).
+    ``host`` pins the session to a workspace host (its tools and recoveries run only on
     that host's queue); ``host_wait_s`` bounds how long the host has to start one (default
     ``MAKA_HOST_WAIT``, read now and recorded with the session). No ``host``: an unpinned session
     whose tools run on ``task_queue`` (library callers, as before host affinity).

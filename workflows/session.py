@@ -20,7 +20,13 @@ Where a model step runs (``SessionConfig.model_step_mode``):
 A local step is safe because the step is idempotent through the ledger: a re-run after a crash or a
 workflow-task timeout finds the committed output and never calls the provider again. Long provider
 calls are fine (the SDK heartbeats the workflow task; a riding step heartbeats its tool activity);
-tools are never local activities.
+a tool is a local activity only in a hybrid session (below).
+
+Hybrid tool calls (``SessionConfig.tool_mode == "hybrid"``, ``LOCAL_TOOLS_PATCH``): a bounded
+call's first dispatch (``CallRef.bounded``, ``runtime.local_calls``) is the local activity
+``maka.execute_tool_local`` with the id ``lt:<operationId>``; a deferral (``off_host``, ``stopping``,
+``busy``, ``approval``) falls through to the regular dispatch below, a failure to recovery. Every
+``LOCAL_CHAIN_BOUND`` local activities a 1 ms timer completes the workflow task.
 
 Host affinity: a session pinned to a workspace host (``SessionConfig.host``) sends every tool and
 recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its

@@ -256,6 +256,8 @@ def _outcome(ix: AuditIndex, placed: Placed, facts: OperationFacts) -> Iterator[
     fact = placed.fact
     response = facts.response
     wanted = fact.result.get("response_event_id")
+    if fact.result.get("status") == "awaiting_approval":
+        return  # nothing ran: the call waits for its answer and claims no outcome
     if response is None:
         yield Finding(
             "outcome_missing",

@@ -130,11 +130,12 @@ def _attempt() -> Attempt:
     return Attempt(record=record, heartbeat=activity.heartbeat, cancel_requested=_cancel_requested)
 
 
-def _local_attempt() -> Attempt:
+def _local_attempt(runtime: Runtime) -> Attempt:
     """A local attempt as the runtime records it (activity id ``lt:<operationId>``). It never
     heartbeats (a local activity has no heartbeat: the worker's hold on the workflow task is its
-    liveness), and a cancel always waits for the call's end: a bounded call finishes and commits
-    its T2 rather than leave a T1 without one."""
+    liveness). Only a cancel its workflow asked for (``cancel_turn``, ``local_calls.AskedCancels``)
+    is waited for and its stopped end committed (``tool_cancelled``); its timeout, an eviction or a
+    worker shutdown abandons it, T1 without T2, for the recovery the workflow then runs."""
     info = activity.info()
     record = ToolAttempt(
         workflow_id=info.workflow_id,
@@ -142,7 +143,14 @@ def _local_attempt() -> Attempt:
         activity_id=info.activity_id,
         attempt=info.attempt,
     )
-    return Attempt(record=record, cancel_requested=lambda: True)
+
+    def asked() -> bool:
+        details = activity.cancellation_details()
+        if details is not None and (details.timed_out or details.worker_shutdown or details.not_found):
+            return False
+        return runtime.local_cancel_asked(info.workflow_run_id or "", info.activity_id)
+
+    return Attempt(record=record, cancel_requested=asked)
 
 
 def _cancel_requested() -> bool:
@@ -199,12 +207,15 @@ class MakaActivities:
         away = local_calls.host_deferral(self.host, inp.host)
         if away is not None:
             return LocalToolResult(deferred=away)
+        info = activity.info()
         try:
             outcome = await _mapped(
-                model_step.execute_tool_then_step(self.runtime, inp, _local_attempt(), local=True)
+                model_step.execute_tool_then_step(self.runtime, inp, _local_attempt(self.runtime), local=True)
             )
         except Deferred as deferred:
             return LocalToolResult(deferred=deferred.reason)
+        finally:
+            local_calls.ASKED_CANCELS.forget(info.workflow_run_id or "", info.activity_id)
         return LocalToolResult(outcome=outcome)
 
     @activity.defn(name=RECOVER_OPERATION)

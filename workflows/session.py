@@ -73,6 +73,7 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from maka_core.runtime.contracts import LOCAL_TOOL_ID_PREFIX
     from maka_core.runtime.local_calls import (
+        ASKED_CANCELS,
         LOCAL_CHAIN_BOUND,
         LOCAL_TOOL_TIMEOUT_S,
         OFF_HOST_LIMIT,
@@ -259,6 +260,8 @@ class SessionWorkflow:
         self._local = False
         self._local_runs = 0
         self._off_host = 0
+        #: The activity id of the local tool call in flight (``cancel_turn`` names it).
+        self._local_call: str | None = None
         self._tried_locally = False
         if inp.first_message is not None and inp.in_flight is None and inp.continuation is None:
             # A child session's message, taken before any Update can be (as if sent first).
@@ -414,6 +417,10 @@ class SessionWorkflow:
             )
         )
         if self._turn_task is not None and self._cancelled is None and self._cancel is inp:
+            if self._local_call is not None and not workflow.unsafe.is_replaying():
+                # The local attempt learns that this cancel was asked for (``AskedCancels``):
+                # it finishes with ``tool_cancelled`` rather than abandoning its T1.
+                ASKED_CANCELS.ask(workflow.info().run_id, self._local_call)
             self._turn_task.cancel()
             await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is not inp)
         if self._cancelled is None:
@@ -891,12 +898,13 @@ class SessionWorkflow:
         local_input = self._local_input(tool_input)
         timeout = LOCAL_TOOL_TIMEOUT_S + (self._step_timeout().total_seconds() if tool_input.next_step else 0)
         self._dispatching = True
+        self._local_call = f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}"
         try:
             got: LocalToolResult = await workflow.execute_local_activity(
                 EXECUTE_TOOL_LOCAL,
                 local_input,
                 result_type=LocalToolResult,
-                activity_id=f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}",
+                activity_id=self._local_call,
                 start_to_close_timeout=timedelta(seconds=timeout),
                 retry_policy=SIDE_EFFECT_RETRY,
                 cancellation_type=cancellation,
@@ -905,7 +913,10 @@ class SessionWorkflow:
             # A local failure arrives unwrapped (an ApplicationError) or as an ActivityError (a
             # timeout): either way only the ledger knows whether the effect happened.
             self._dispatching = False
+            self._local_call = None
             self._tried_locally = True
+            # An abandoned attempt (its timeout) may still be committing its T2: recovery's own
+            # T2 then meets it, and recovery reports the committed outcome (``recovery``).
             recovered = await self._recover(ids, call, settings)
             if recovered.status == "completed":
                 return recovered
@@ -916,6 +927,7 @@ class SessionWorkflow:
             return None
         finally:
             self._dispatching = False
+            self._local_call = None
         if got.outcome is not None:
             self._off_host = 0
             return got.outcome

@@ -23,6 +23,7 @@ it always was, which is that call's first dispatch.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Final
 
 from maka_core.runtime.contracts import LocalDeferral
@@ -52,6 +53,38 @@ LOCAL_CHAIN_BOUND: Final = 64
 #: After this many ``off_host`` deferrals in a row an execution stops trying local calls: its
 #: workflow task runs on another host's worker, and each attempt would only cost time.
 OFF_HOST_LIMIT: Final = 2
+
+
+class AskedCancels:
+    """The local attempts whose workflow asked for their cancel (``cancel_turn``), in this process.
+
+    The SDK cancels a local attempt in the same way (``is_cancelled``) whether its workflow asked
+    (a ``cancel_turn``) or core evicts the run (a lost workflow-task lease), so the cancel's details
+    cannot tell a cancel to finish (``tool_cancelled`` in T2) from one to abandon (T1 without T2,
+    for recovery). The workflow holding the task runs in the same process as its local attempt, so
+    it says so here before it cancels; nothing else does. A replay never asks (its local calls
+    resolve from their markers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: set[tuple[str, str]] = set()
+
+    def ask(self, workflow_run_id: str, activity_id: str) -> None:
+        with self._lock:
+            self._asked.add((workflow_run_id, activity_id))
+
+    def asked(self, workflow_run_id: str, activity_id: str) -> bool:
+        with self._lock:
+            return (workflow_run_id, activity_id) in self._asked
+
+    def forget(self, workflow_run_id: str, activity_id: str) -> None:
+        """The attempt ended: its entry goes (an ask after its end leaves one small entry)."""
+        with self._lock:
+            self._asked.discard((workflow_run_id, activity_id))
+
+
+#: This process's asked cancels: written by the session workflow, read by its local attempts.
+ASKED_CANCELS: Final = AskedCancels()
 
 
 def is_bounded(tool: Any, guarantee: str | None) -> bool:

@@ -57,6 +57,7 @@ from maka_core.observe import NOOP, Observer
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
 from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec, parse_provider_spec
+from maka_core.runtime import local_calls
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
@@ -440,6 +441,12 @@ class Runtime:
         if self.settings.provider_call_log:
             with open(self.settings.provider_call_log, "a", encoding="utf-8") as fh:
                 fh.write(step_id + "\n")
+
+    def local_cancel_asked(self, workflow_run_id: str, activity_id: str) -> bool:
+        """Whether the workflow asked for this local attempt's cancel (``cancel_turn``): then its
+        tool's stopped end commits as ``tool_cancelled``; any other cancel (its timeout, an
+        eviction, a worker shutdown) abandons it, leaving T1 without T2 for recovery."""
+        return local_calls.ASKED_CANCELS.asked(workflow_run_id, activity_id)
 
     def stop_tools(self) -> None:
         """No new tool calls (shutdown's first step): a call waiting for its tool thread, or asking

@@ -146,9 +146,8 @@ def _local_attempt(runtime: Runtime) -> Attempt:
 
     def asked() -> bool:
         details = activity.cancellation_details()
-        if details is not None and (details.timed_out or details.worker_shutdown or details.not_found):
-            return False
-        return runtime.local_cancel_asked(info.workflow_run_id or "", info.activity_id)
+        gone = details is not None and (details.timed_out or details.worker_shutdown or details.not_found)
+        return runtime.local_cancel_asked(info.workflow_run_id or "", info.activity_id, gone=gone)
 
     return Attempt(record=record, cancel_requested=asked)
 

@@ -53,7 +53,7 @@ class EveryCancelAsked(Runtime):
     """Negative control: every cancel of a local attempt counts as a ``cancel_turn`` (before the
     fix the local attempt's ``cancel_requested`` was ``lambda: True``)."""
 
-    def local_cancel_asked(self, workflow_run_id: str, activity_id: str) -> bool:
+    def local_cancel_asked(self, workflow_run_id: str, activity_id: str, *, gone: bool) -> bool:
         return True
 
 

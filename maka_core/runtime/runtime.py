@@ -442,11 +442,12 @@ class Runtime:
             with open(self.settings.provider_call_log, "a", encoding="utf-8") as fh:
                 fh.write(step_id + "\n")
 
-    def local_cancel_asked(self, workflow_run_id: str, activity_id: str) -> bool:
+    def local_cancel_asked(self, workflow_run_id: str, activity_id: str, *, gone: bool) -> bool:
         """Whether the workflow asked for this local attempt's cancel (``cancel_turn``): then its
-        tool's stopped end commits as ``tool_cancelled``; any other cancel (its timeout, an
-        eviction, a worker shutdown) abandons it, leaving T1 without T2 for recovery."""
-        return local_calls.ASKED_CANCELS.asked(workflow_run_id, activity_id)
+        tool's stopped end commits as ``tool_cancelled``; any other cancel (``gone``: its timeout
+        or a worker shutdown, as the SDK says; an eviction, which the SDK does not tell from an
+        asked cancel) abandons it, leaving T1 without T2 for recovery."""
+        return not gone and local_calls.ASKED_CANCELS.asked(workflow_run_id, activity_id)
 
     def stop_tools(self) -> None:
         """No new tool calls (shutdown's first step): a call waiting for its tool thread, or asking

@@ -14,6 +14,7 @@ treats every cancel as asked for (the behaviour before the fix) commits ``tool_c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.contract import ToolContext, tool
+from maka_temporal.workers import turn_messages
 from maka_temporal.workers.worker import default_runtime
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 
@@ -117,3 +119,61 @@ async def test_negative_control_every_cancel_taken_as_asked_commits_tool_cancell
     status, responses = await _drill(temporal_client, tmp_path, task_queue, "hybrid", every_cancel_asked=True)
     # The same assertion as the drill's fails: T2 says the turn was cancelled, though nobody asked.
     assert "tool_cancelled" in json.dumps(responses), (status, responses)
+
+
+STARTED: list[float] = []
+
+
+@tool(guarantee="read-only", bound_s=5)
+def probe12(args: ProbeArgs, ctx: ToolContext) -> str:
+    """A slow read (12 s, heartbeating), well inside the local attempt's timeout."""
+    STARTED.append(time.monotonic())
+    for _ in range(24):
+        ctx.heartbeat()
+        time.sleep(0.5)
+    return "finished"
+
+
+class NoCancelAsked(Runtime):
+    """Negative control: a runtime that never learns of an asked cancel."""
+
+    def local_cancel_asked(self, workflow_run_id: str, activity_id: str, *, gone: bool) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("control", [False, True])
+async def test_cancel_turn_during_a_local_call_stops_it_and_commits_tool_cancelled(
+    control: bool, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    """``cancel_turn`` 2 s into a local call: the tool stops, T2 commits ``tool_cancelled``, the
+    run ends cancelled. Negative control: without the asked-cancel registry the attempt abandons
+    its T1 and recovery re-reads it to its end (``finished``)."""
+    STARTED.clear()
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = write_script(tmp_path / "s.json", [tool_step(("probe12", {"n": 1})), {"text": "done"}])
+
+    def make(store: LedgerStore, settings: Any) -> Runtime:
+        runtime = default_runtime(store, settings, tools=[probe12])
+        if control:
+            runtime.__class__ = NoCancelAsked
+        return runtime
+
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=make):
+        sid, acc = await start(temporal_client, ws, script, task_queue, "go", tool_mode="hybrid")
+        deadline = time.monotonic() + 60
+        while not STARTED and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert STARTED, "the probe never started"
+        await asyncio.sleep(2.0)
+        await asyncio.wait_for(turn_messages.cancel_turn(temporal_client, sid, reason="x"), 90)
+        await wait_turn(temporal_client, sid, acc.run_id, timeout=120)
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select payload_json from runtime_events order by ledger_seq").fetchall()
+    said = [json.loads(p).get("content") or {} for (p,) in rows]
+    results = [c.get("result") for c in said if c.get("kind") == "function_response"]
+    if control:
+        assert "tool_cancelled" not in json.dumps(results), results
+    else:
+        assert len(results) == 1 and "tool_cancelled" in json.dumps(results), results

@@ -263,14 +263,14 @@ async def start_session(
     host: str | None = None,
     host_wait_s: float | None = None,
     config: SessionConfig | None = None,
-    tool_mode: str = "activity",
+    tool_mode: str = NEW_SESSION_TOOL_MODE,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
     The settings (provider, step mode and timeout, step limit, continue-as-new thresholds, host and
     host wait) become the session's ``SessionConfig``: every later execution of the session runs
-    with them. ``tool_mode``: ``activity`` here (the tests' and library callers' mode before hybrid
-    calls), ``hybrid`` from ``maka session start`` and ``SessionClient.start`` (``NEW_SESSION_TOOL_MODE``).
+    with them. ``tool_mode``: ``NEW_SESSION_TOOL_MODE`` (``hybrid``), as ``maka session start`` and
+    ``SessionClient.start``: every path to a new session starts it in the same mode.
     ``host`` pins the session to a workspace host (its tools and recoveries run only on
     that host's queue); ``host_wait_s`` bounds how long the host has to start one (default
     ``MAKA_HOST_WAIT``, read now and recorded with the session). No ``host``: an unpinned session

@@ -19,6 +19,10 @@ not the session's host (``off_host``), it is stopping (``stopping``), or no tool
 (``busy``); and after its policy asked for an approval (``approval``: the permission request is
 committed, nothing else). The workflow then dispatches the call as the regular host-queue activity
 it always was, which is that call's first dispatch.
+
+A local attempt finishes only the cancel its workflow asked for (``cancel_turn``: T2 commits
+``tool_cancelled``, ``AskedCancels``); its timeout, an eviction or a worker shutdown abandons it, T1
+without T2, and the workflow's recovery settles the call as after a crash.
 """
 
 from __future__ import annotations

@@ -40,10 +40,10 @@ ModelStepMode = Literal["local", "activity", "with_tool"]
 ToolMode = Literal["activity", "hybrid"]
 #: Why a local attempt handed its call to the regular activity, before any ledger read or write.
 LocalDeferral = Literal["off_host", "stopping", "busy", "approval"]
-#: The tool mode of a session started now (``maka session start --tool-mode``, ``SessionClient``):
-#: ``hybrid`` measured 0.37-0.49x of ``activity`` per call (README "Benchmarks"). A recorded config
-#: without one is ``activity`` (``SessionConfig.tool_mode``), and so is the low-level
-#: ``session_client.start_session`` unless asked.
+#: The tool mode of a session started now, on every path (``maka session start --tool-mode``,
+#: ``SessionClient.start``, ``session_client.start_session``): ``hybrid`` measured 0.37-0.49x of
+#: ``activity`` per call (README "Benchmarks"). A recorded config without one is ``activity``
+#: (``SessionConfig.tool_mode``).
 NEW_SESSION_TOOL_MODE: Final[ToolMode] = "hybrid"
 #: Why a resume parked (the host's wire union, ``maka-runtime-facts.md`` §3e in its post-#3506
 #: form); the planner's own codes travel beside it as ``rejectionReasons``.

@@ -36,9 +36,9 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached
 from maka_core.providers import ProviderError
-from maka_core.runtime import approvals, model_step, recovery, turn
+from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
-from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, DispatchWithoutOutcome
+from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, Deferred, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
 from maka_temporal.workflows.contracts import (
     ANSWER_APPROVAL,
@@ -47,6 +47,7 @@ from maka_temporal.workflows.contracts import (
     CLOSE_APPROVAL,
     DISPATCH_WITHOUT_OUTCOME,
     EXECUTE_TOOL,
+    EXECUTE_TOOL_LOCAL,
     FINISH_RUN,
     HOST_PARK,
     LEDGER_CHAIN_BROKEN,
@@ -63,6 +64,8 @@ from maka_temporal.workflows.contracts import (
     FinishRunInput,
     FinishRunResult,
     HostParkInput,
+    LocalToolInput,
+    LocalToolResult,
     ModelStepInput,
     ModelStepResult,
     RecoverInput,
@@ -127,6 +130,28 @@ def _attempt() -> Attempt:
     return Attempt(record=record, heartbeat=activity.heartbeat, cancel_requested=_cancel_requested)
 
 
+def _local_attempt(runtime: Runtime) -> Attempt:
+    """A local attempt as the runtime records it (activity id ``lt:<operationId>``). It never
+    heartbeats (a local activity has no heartbeat: the worker's hold on the workflow task is its
+    liveness). Only a cancel its workflow asked for (``cancel_turn``, ``local_calls.AskedCancels``)
+    is waited for and its stopped end committed (``tool_cancelled``); its timeout, an eviction or a
+    worker shutdown abandons it, T1 without T2, for the recovery the workflow then runs."""
+    info = activity.info()
+    record = ToolAttempt(
+        workflow_id=info.workflow_id,
+        workflow_run_id=info.workflow_run_id,
+        activity_id=info.activity_id,
+        attempt=info.attempt,
+    )
+
+    def asked() -> bool:
+        details = activity.cancellation_details()
+        gone = details is not None and (details.timed_out or details.worker_shutdown or details.not_found)
+        return runtime.local_cancel_asked(info.workflow_run_id or "", info.activity_id, gone=gone)
+
+    return Attempt(record=record, cancel_requested=asked)
+
+
 def _cancel_requested() -> bool:
     details = activity.cancellation_details()
     return details is not None and details.cancel_requested and not (details.not_found or details.timed_out)
@@ -151,8 +176,11 @@ async def _mapped(call: Awaitable[T]) -> T:
 class MakaActivities:
     """The activities of one worker process, over one shared ``Runtime``."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, host: str | None = None) -> None:
         self.runtime = runtime
+        #: The workspace host this worker serves (``None``: none; a pinned session's local
+        #: attempt then defers ``off_host``).
+        self.host = host
 
     @activity.defn(name=BEGIN_RUN)
     async def begin_run(self, inp: BeginRunInput) -> BeginRunResult:
@@ -169,6 +197,25 @@ class MakaActivities:
     @activity.defn(name=EXECUTE_TOOL)
     async def execute_tool(self, inp: ToolInput) -> ToolOutcome:
         return await _mapped(model_step.execute_tool_then_step(self.runtime, inp, _attempt()))
+
+    @activity.defn(name=EXECUTE_TOOL_LOCAL)
+    async def execute_tool_local(self, inp: LocalToolInput) -> LocalToolResult:
+        """A bounded call's first dispatch, run on the worker holding the workflow task; it hands
+        the call to ``execute_tool`` (``deferred``) before any ledger work when it cannot run it
+        here and now (``runtime.local_calls``)."""
+        away = local_calls.host_deferral(self.host, inp.host)
+        if away is not None:
+            return LocalToolResult(deferred=away)
+        info = activity.info()
+        try:
+            outcome = await _mapped(
+                model_step.execute_tool_then_step(self.runtime, inp, _local_attempt(self.runtime), local=True)
+            )
+        except Deferred as deferred:
+            return LocalToolResult(deferred=deferred.reason)
+        finally:
+            local_calls.ASKED_CANCELS.forget(info.workflow_run_id or "", info.activity_id)
+        return LocalToolResult(outcome=outcome)
 
     @activity.defn(name=RECOVER_OPERATION)
     async def recover_operation(self, inp: RecoverInput) -> RecoverResult:
@@ -207,6 +254,7 @@ class MakaActivities:
             self.host_park,
             self.answer_approval,
             self.close_approval,
+            self.execute_tool_local,
         ]
 
     def host_bound(self) -> list[Callable[..., Any]]:

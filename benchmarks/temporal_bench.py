@@ -30,6 +30,11 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   sessions calling ``mcp__time__get_current_time`` of PyPI's ``mcp-server-time`` over stdio (the
   worker's ``McpServers``: the SDK's ``tools/call`` through the manager's event loop thread, a ~150 B
   result), side by side in the same rounds.
+- **tool mode**: ``--tool-mode`` (``activity`` by default): ``activity`` runs every call as a regular
+  activity; ``hybrid`` runs each bounded call's first dispatch (here every ``read_file``) as the
+  local activity ``maka.execute_tool_local`` on the worker holding the workflow task
+  (``runtime.local_calls``), with no server round trip; ``--tool-mode activity hybrid`` measures both
+  side by side in the same rounds. The worker serves ``HOST``, so host-pinned hybrid calls run local.
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
   on the same server in the same process run, right before each N's sessions (and its concurrent
   run right after theirs), so every ratio compares figures taken side by side in time.
@@ -53,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
@@ -77,7 +83,7 @@ from maka_temporal.activities import MakaActivities  # noqa: E402
 from maka_temporal.workers.cli.session import query_status, start_session  # noqa: E402
 from maka_temporal.workers.client.session_client import wait_settled  # noqa: E402
 from maka_temporal.workers.host.worker import build_host_worker, build_worker  # noqa: E402
-from maka_temporal.workflows.contracts import EXECUTE_TOOL, workflow_id_for  # noqa: E402
+from maka_temporal.workflows.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, workflow_id_for  # noqa: E402
 
 #: The benchmark's one workspace host (its host queue is polled by this process).
 HOST = "bench-host"
@@ -113,6 +119,25 @@ async def _settle(client: Client, session_id: str, run_id: str, timeout: float, 
         await asyncio.sleep(poll)
 
 
+async def _local_calls(client: Client, workflow_id: str, first_run: str | None) -> int:
+    """Local tool calls that completed (their ``core_local_activity`` markers), over the chain."""
+    count, run_id = 0, first_run
+    while True:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        next_run: str | None = None
+        for event in history.events:
+            if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+                data = event.marker_recorded_event_attributes.details.get("data")
+                if data is not None and data.payloads:
+                    meta = json.loads(data.payloads[0].data)
+                    count += meta.get("activity_type") == EXECUTE_TOOL_LOCAL
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                next_run = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        if not next_run:
+            return count
+        run_id = next_run
+
+
 def _span(store: Ledger, run_id: str) -> tuple[float, float]:
     events = store.events(run_id=run_id)
     return events[0].ts, events[-1].ts
@@ -134,6 +159,7 @@ async def one_session(
     mode: str = "with_tool",
     routing: str = "host",
     tool: str = "builtin",
+    tool_mode: str = "activity",
 ) -> dict[str, Any]:
     script = _script(tmp / f"script-{n}-{time.monotonic_ns()}.json", n, tool)
     before = dict(acts.runtime.timings)
@@ -149,6 +175,7 @@ async def one_session(
         model_step_mode=mode,
         host=HOST if routing == "host" else None,
         host_wait_s=120.0,
+        tool_mode=tool_mode,
     )
     status = await _settle(client, session_id, accepted.run_id, timeout)
     wall = time.perf_counter() - t0
@@ -159,6 +186,7 @@ async def one_session(
     desc = await handle.describe()
     first_run = desc.raw_description.workflow_execution_info.first_run_id or None
     history = await chain_history(client, handle.id, first_run, lambda name: name == EXECUTE_TOOL)
+    local = await _local_calls(client, handle.id, first_run)
     turn_ms = _turn_ms(acts.runtime.ledger, accepted.run_id)
     ledger_s = spent["t1"] + spent["t2"]
     per_call = list(acts.runtime.call_ledger_s)[samples_before:]
@@ -167,8 +195,10 @@ async def one_session(
         "mode": mode,
         "routing": routing,
         "tool": tool,
+        "tool_mode": tool_mode,
         "state": status.state,
-        "calls_done": history.tool_calls,
+        "calls_done": history.tool_calls + local,
+        "local_calls": local,
         "ms_per_call": turn_ms / n,
         "wall_ms_per_call": wall * 1000 / n,
         "cpu_ms_per_call": (cpu1[0] - cpu0[0]) * 1000 / n,
@@ -196,6 +226,7 @@ async def concurrent_sessions(
     sessions: int,
     calls: int,
     routing: str = "host",
+    tool_mode: str = "activity",
 ) -> dict[str, Any]:
     script = _script(tmp / "concurrent.json", calls)
     workspaces = []
@@ -214,6 +245,7 @@ async def concurrent_sessions(
             message="go",
             host=HOST if routing == "host" else None,
             host_wait_s=120.0,
+            tool_mode=tool_mode,
         )
         # The CLI's own waiter (one long-poll Update per session): polling the status Query from 20
         # clients made ~80 extra workflow tasks a second on the worker under measurement.
@@ -227,6 +259,7 @@ async def concurrent_sessions(
     # Throughput from the ledger: first user message to last terminal fact (no polling slack).
     busy_s = (max(end for _, end in spans) - min(begin for begin, _ in spans)) / 1000
     return {
+        "tool_mode": tool_mode,
         "sessions": sessions,
         "calls_per_session": calls,
         "wall_s": wall,
@@ -259,7 +292,8 @@ async def main(args: argparse.Namespace) -> None:
             if args.mcp:
                 tools = McpToolset(tools, McpServers(parse_mcp_config({"mcpServers": MCP_SERVERS})))
                 await asyncio.to_thread(tools.start)
-            acts = MakaActivities(Runtime(store, tools=tools, group_commit=not args.no_group_commit))
+            runtime = Runtime(store, tools=tools, group_commit=not args.no_group_commit)
+            acts = MakaActivities(runtime, host=HOST)  # a host-pinned session's local calls run here
             kinds = ["builtin", "mcp"] if args.mcp else ["builtin"]
             queue = "maka-bench"
             worker = build_worker(client, acts, queue)
@@ -276,9 +310,11 @@ async def main(args: argparse.Namespace) -> None:
             async with worker, host_worker:
                 for routing in args.routing:  # warm-up
                     for kind in kinds:
-                        await one_session(
-                            client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing, tool=kind
-                        )
+                        for tool_mode in args.tool_mode:
+                            await one_session(
+                                client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing, tool=kind,
+                                tool_mode=tool_mode,
+                            )  # fmt: skip
                 for n in args.calls:
                     # Side by side: each N's floor first, then every mode with tools on the host
                     # queue and on the shared one, ``--repeat`` times in turn. The machine's speed
@@ -290,31 +326,45 @@ async def main(args: argparse.Namespace) -> None:
                         )
                         plain.setdefault(n, []).append(floor)
                         print(f"plain Temporal N={n}: {floor['ms_per_call']:.1f} ms/call", file=sys.stderr)
-                        for mode in args.modes:
-                            for routing in args.routing:
-                                for kind in kinds:
-                                    row = await one_session(
-                                        client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode,
-                                        routing, kind,
-                                    )  # fmt: skip
-                                    row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
-                                    rows.append(row)
-                                    print(
-                                        json.dumps(row)
-                                        if args.json
-                                        else f"N={n} ({mode}, tools {routing}, {kind}): "
-                                        f"{row['ms_per_call']:.1f} ms/call",
-                                        file=sys.stderr,
-                                        flush=True,
-                                    )
+                        cells = [
+                            (mode, routing, kind, tool_mode)
+                            for mode in args.modes
+                            for routing in args.routing
+                            for kind in kinds
+                            for tool_mode in args.tool_mode
+                        ]
+                        for mode, routing, kind, tool_mode in cells:
+                            row = await one_session(
+                                client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode,
+                                routing, kind, tool_mode,
+                            )  # fmt: skip
+                            row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
+                            rows.append(row)
+                            print(
+                                json.dumps(row)
+                                if args.json
+                                else f"N={n} ({mode}, tools {routing}, {kind}, {tool_mode}): "
+                                f"{row['ms_per_call']:.1f} ms/call",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                 conc: list[dict[str, Any]] = []
                 plain_conc: list[dict[str, Any]] = []
                 for _ in range(args.repeat if args.concurrent else 0):
-                    conc.append(
-                        await concurrent_sessions(
-                            client, acts, queue, ws_root, tmp, args.concurrent, 10, args.routing[0]
+                    for tool_mode in args.tool_mode:
+                        conc.append(
+                            await concurrent_sessions(
+                                client,
+                                acts,
+                                queue,
+                                ws_root,
+                                tmp,
+                                args.concurrent,
+                                10,
+                                args.routing[0],
+                                tool_mode,
+                            )
                         )
-                    )
                     plain_conc.append(
                         await run_plain_concurrent(
                             plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
@@ -338,16 +388,17 @@ async def main(args: argparse.Namespace) -> None:
         "the rounds' ratios (each against its own round's floor), with their range\n"
     )
     print(
-        "| N | model step | tools | tool | state | ms/call (turn) | plain Temporal ms/call | ratio (range) "
+        "| N | model step | tools | tool | tool mode | state | ms/call (turn) | plain Temporal ms/call "
+        "| ratio (range) "
         "| ms/call (wall) | CPU ms/call: this process + server (plain Temporal) "
         "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| tool activity body ms/call (mean) | ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    groups: dict[tuple[int, str, str, str], list[dict[str, Any]]] = {}
+    print("|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    groups: dict[tuple[int, str, str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["calls"], r["mode"], r["routing"], r["tool"]), []).append(r)
-    for (n, mode, routing, kind), runs in groups.items():
+        groups.setdefault((r["calls"], r["mode"], r["routing"], r["tool"], r["tool_mode"]), []).append(r)
+    for (n, mode, routing, kind, tool_mode), runs in groups.items():
 
         def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
             return float(statistics.median(r[key] for r in runs))
@@ -358,7 +409,7 @@ async def main(args: argparse.Namespace) -> None:
         states = ",".join(sorted({r["state"] for r in runs}))
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(
-            f"| {n} | {mode} | {routing} | {TOOL_CALLS[kind]['name']} | {states} "
+            f"| {n} | {mode} | {routing} | {TOOL_CALLS[kind]['name']} | {tool_mode} | {states} "
             f"| {med('ms_per_call'):.1f} | {statistics.median(f['ms_per_call'] for f in plain[n]):.1f} "
             f"| {statistics.median(ratios):.2f}x{spread} | {med('wall_ms_per_call'):.1f} "
             f"| {med('cpu_ms_per_call'):.1f} + {med('server_cpu_ms_per_call'):.1f} "
@@ -377,12 +428,13 @@ async def main(args: argparse.Namespace) -> None:
     if conc and plain_conc:
         print(
             f"\n{conc[0]['sessions']} concurrent sessions x {conc[0]['calls_per_session']} tool calls "
-            f"(tools on the {args.routing[0]} queue; medians of {len(conc)} round(s), each round "
-            "maka-temporal then plain Temporal):\n"
+            f"(tools on the {args.routing[0]} queue; medians of {len(plain_conc)} round(s), each round "
+            "maka-temporal in each tool mode, then plain Temporal):\n"
         )
         print("| system | tool calls/s (range) | turn p50 ms | turn p95 ms |")
         print("|---|---:|---:|---:|")
-        for name, runs in (("maka-temporal", conc), ("plain Temporal", plain_conc)):
+        by_mode = [(f"maka-temporal ({m})", [c for c in conc if c["tool_mode"] == m]) for m in args.tool_mode]
+        for name, runs in (*by_mode, ("plain Temporal", plain_conc)):
             rates = [c["calls_per_s"] for c in runs]
             spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
             print(
@@ -401,6 +453,13 @@ if __name__ == "__main__":
         default=["with_tool"],
         choices=["with_tool", "local", "activity"],
         help="where model steps run (session start --model-step-mode); several: side by side per N",
+    )
+    parser.add_argument(
+        "--tool-mode",
+        nargs="+",
+        default=["activity"],
+        choices=["activity", "hybrid"],
+        help="where tool calls run (session start --tool-mode); several: side by side per N",
     )
     parser.add_argument("--concurrent", type=int, default=20, help="sessions of 10 calls (0: skip)")
     parser.add_argument(

@@ -102,6 +102,8 @@ class Cell:
     expect: Expect | None = None
     tool: str | None = None
     guard_disabled: bool = False
+    #: The session's ``tool_mode`` (``hybrid``: the file tools' first dispatch is a local activity).
+    tool_mode: str = "activity"
 
 
 @dataclass
@@ -373,7 +375,7 @@ async def _run_cell(
                     if before_start is not None:
                         before_start(box, session_id)
                     result.session_id, accepted = await start(
-                        client, box.ws, script, box.queue, session_id=session_id
+                        client, box.ws, script, box.queue, session_id=session_id, tool_mode=cell.tool_mode
                     )
                     run_id = accepted.run_id
                 code = await doomed.wait_exit(timeout=90)

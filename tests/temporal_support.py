@@ -194,6 +194,9 @@ async def start(
     **kwargs: Any,
 ) -> tuple[str, Any]:
     kwargs.setdefault("task_timeout", timedelta(seconds=3))
+    # The drills pin activity mode's history shapes (scheduled tool activities); a hybrid drill
+    # asks for ``tool_mode="hybrid"``. New sessions elsewhere start in NEW_SESSION_TOOL_MODE.
+    kwargs.setdefault("tool_mode", "activity")
     return await start_session(
         client,
         workspace=workspace,

@@ -25,6 +25,7 @@ def test_activity_names_are_pinned() -> None:
         "maka.host_park",
         "maka.answer_approval",
         "maka.close_approval",
+        "maka.execute_tool_local",
     )
 
 
@@ -40,6 +41,7 @@ def test_registered_activities_use_the_pinned_names() -> None:
         MakaActivities.host_park,
         MakaActivities.answer_approval,
         MakaActivities.close_approval,
+        MakaActivities.execute_tool_local,
     ):
         definition = ActivityDefinition.from_callable(fn)
         assert definition is not None

@@ -104,7 +104,9 @@ def test_principal_on_behalf_of_and_model_step_mode_flags_reach_the_ledger_and_t
         for name, extra in runs:
             out = maka(
                 "session", "start", "--workspace", str(ws_dir), "--script", str(script), "--session-id",
-                f"{name}-{uuid.uuid4().hex[:8]}", *extra, "--wait", "--json", "go", env=env,
+                # The step modes' shapes in history, with the write a regular activity (not hybrid).
+                f"{name}-{uuid.uuid4().hex[:8]}", *extra, "--tool-mode", "activity", "--wait", "--json", "go",
+                env=env,
             )  # fmt: skip
             assert out.returncode == 0, (out.stdout, out.stderr)
             body = json.loads(out.stdout)

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_
 HOST_WAIT_S = 3.0
 BASH = "echo ran >> effects.log"
 UNPINNED_WORKER: tuple[str, ...] = ("-m", "tests.children.unpinned_worker")
+HOSTLESS_LOCAL_WORKER: tuple[str, ...] = ("-m", "tests.children.hostless_local_worker")
 
 
 @dataclass
@@ -48,8 +49,11 @@ class Host:
 class Fleet:
     """One ledger, one queue, two hosts with their own workspace roots and effect journals."""
 
-    def __init__(self, server: Any, root: Path, *, backend: str = "sqlite") -> None:
+    def __init__(
+        self, server: Any, root: Path, *, backend: str = "sqlite", tool_mode: str = "activity"
+    ) -> None:
         self.server = server
+        self.tool_mode = tool_mode
         self.root = root
         self._resources = ExitStack()
         self.db: Path | str = (
@@ -97,7 +101,7 @@ class Fleet:
         ws.mkdir()
         session_id, _ = await start(
             client, ws, self.script, self.queue, session_id=f"{label}-{self.queue}", host=host,
-            host_wait_s=HOST_WAIT_S,
+            host_wait_s=HOST_WAIT_S, tool_mode=self.tool_mode,
         )  # fmt: skip
         return session_id
 
@@ -160,8 +164,14 @@ def header_park(fleet: Fleet, session_id: str) -> tuple[str, str | None]:
         return run.status, run.park_reason
 
 
-async def two_host_drill(server: Any, client: Any, root: Path, *, backend: str, per_host: int) -> None:
-    fleet = Fleet(server, root, backend=backend)
+async def two_host_drill(
+    server: Any, client: Any, root: Path, *, backend: str, per_host: int, tool_mode: str = "activity"
+) -> None:
+    """``tool_mode="hybrid"``: the same conclusions. A session's ``write_file`` runs locally where its
+    workflow task runs on its own host's worker and defers (``off_host``) to the host queue where it
+    does not; host a's worker dying in a local write loses that task, and the replay on host b
+    defers, waits on the host queue and parks, as a regular call does."""
+    fleet = Fleet(server, root, backend=backend, tool_mode=tool_mode)
     # Host a's worker dies in its first write of the second wave: effect done, T2 not committed.
     a = fleet.worker("a", Kill("P4", tag="write_file", skip=per_host))
     b = fleet.worker("b")
@@ -224,10 +234,15 @@ async def two_host_drill(server: Any, client: Any, root: Path, *, backend: str, 
         fleet.close()
 
 
+@pytest.mark.parametrize(
+    "tool_mode", ["activity", pytest.param("hybrid", marks=pytest.mark.slow)]
+)
 async def test_sessions_run_tools_only_on_their_host_and_park_while_it_is_away(
-    temporal_server: Any, temporal_client: Any, tmp_path: Path
+    tool_mode: str, temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
-    await two_host_drill(temporal_server, temporal_client, tmp_path, backend="sqlite", per_host=2)
+    await two_host_drill(
+        temporal_server, temporal_client, tmp_path, backend="sqlite", per_host=2, tool_mode=tool_mode
+    )
 
 
 @pytest.mark.slow
@@ -271,6 +286,39 @@ async def test_negative_control_a_worker_that_sends_tools_to_the_shared_queue_is
         await until(temporal_client, misrouted, "idle")
         a_file = str((fleet.workspace(misrouted) / "a.txt").resolve())
         assert fleet.misplaced("b") == [a_file], "the check must catch a tool run off its host"
+    finally:
+        await stop(wrong)
+        fleet.close()
+
+
+@pytest.mark.slow
+async def test_negative_control_a_local_attempt_that_skips_the_host_check_is_caught(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """Only host b's worker runs, and a hybrid session is pinned to host a. The real worker's local
+    attempt defers (``off_host``) and the session parks without a write; the worker built to send
+    local attempts without the session's host runs host a's ``write_file`` on host b, and host b's
+    journal (``misplaced``) reports it."""
+    fleet = Fleet(temporal_server, tmp_path, tool_mode="hybrid")
+    b = fleet.worker("b")
+    try:
+        await ready(b)
+        pinned = await fleet.session(temporal_client, "a", "a-pinned")
+        status = await until(temporal_client, pinned, "parked")
+        assert status.park_reason == "workspace_host_unavailable"
+        assert fleet.misplaced("b") == [] and fleet.writes(pinned) == 0
+        await temporal_client.get_workflow_handle(workflow_id_for(pinned)).terminate("negative control next")
+    finally:
+        await stop(b)
+    wrong = fleet.worker("b", entry=HOSTLESS_LOCAL_WORKER)
+    try:
+        await ready(wrong)
+        misrouted = await fleet.session(temporal_client, "a", "a-misrouted")
+        a_file = str((fleet.workspace(misrouted) / "a.txt").resolve())
+        deadline = asyncio.get_running_loop().time() + 60
+        while fleet.misplaced("b") != [a_file]:
+            assert asyncio.get_running_loop().time() < deadline, f"b's journal: {fleet.misplaced('b')}"
+            await asyncio.sleep(0.2)
     finally:
         await stop(wrong)
         fleet.close()

@@ -24,6 +24,7 @@ The negative control runs the after-effect cells with the Resolver guard disable
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from tests.drills import (
     run_cells,
 )
 from tests.pg_support import SKIP_REASON, pg_base_url
+from tests.test_hybrid_tools import audit_clean
 
 #: Marks of the drills (the effect-journal unit test at the end needs no server).
 DRILL = (
@@ -209,6 +211,49 @@ async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path:
     assert sum(r.kills for r in results) == sum(len(c.kills) for c in cells)
 
 
+# --- the same drills in hybrid mode ---------------------------------------------------------------------
+
+#: The cells whose kill lands inside a local tool call (``write_file``, ``edit_file``: their first
+#: dispatch is a local activity in hybrid mode), one torn T1 and T2 each, a second kill inside the
+#: recovery that a local call's re-run leads to, and ``bash`` (still a regular activity) after local
+#: calls. The other cells kill a model step, ``finish_run`` or ``bash``, which hybrid mode leaves as
+#: they are.
+HYBRID_CELLS = (
+    *(f"{p} {t}" for t in (W, E) for p in ("P0", "P2", "P3", "P4", "P5", "P6")),
+    f"T1 torn {W}",
+    f"T2 torn {E}",
+    f"P4>P10 {W}",
+    f"P4 {B}",
+)
+
+
+def hybrid_matrix() -> list[Cell]:
+    """The same cells, same expected conclusions, in a session started with ``tool_mode=hybrid``."""
+    by_name = {c.name: c for c in matrix()}
+    return [
+        dataclasses.replace(by_name[name], name=f"{name} hybrid", tool_mode="hybrid") for name in HYBRID_CELLS
+    ]
+
+
+@drill
+@pytest.mark.timeout(480)
+async def test_kill_matrix_in_hybrid_mode(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """Same conclusion per crash point as the activity-mode matrix, and ``maka audit`` clean after
+    every cell (a lost local marker is at most the notice ``local_attempt_unrecorded``)."""
+    cells = _selected(hybrid_matrix())
+    results = await run_cells(temporal_server, temporal_client, tmp_path, cells, parallel=PARALLEL)
+    table = format_table(results, title="Kill matrix, hybrid tool mode (local file tools)")
+    with capsys.disabled():
+        print("\n" + table + "\n" + _detection(results) + "\n")
+    assert [r.cell.name for r in results if not r.passed] == [], table
+    assert sum(r.duplicates for r in results) == 0
+    for result in results:
+        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
+        await audit_clean(db, temporal_server.address)
+
+
 # --- the same drills on a PostgreSQL ledger ------------------------------------------------------------
 
 #: A representative subset (a kill after T1 on write_file and on bash, kills inside a ledger activity,
@@ -249,6 +294,11 @@ async def test_kill_matrix_on_postgres(
 
 CONTROL_CELLS = [
     *(Cell(f"P4 {t} guard off", (Kill("P4", t),), tool=t, guard_disabled=True) for t in TOOLS),
+    # A local call's re-run after the crash meets no guard either: it runs the effect again.
+    *(
+        Cell(f"P4 {t} guard off hybrid", (Kill("P4", t),), tool=t, guard_disabled=True, tool_mode="hybrid")
+        for t in (W, E)
+    ),
     *(
         Cell(
             f"T2 torn {t} guard off",

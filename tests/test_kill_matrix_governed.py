@@ -33,7 +33,8 @@ from tests.drills import (
     format_table,
     run_cell,
 )
-from tests.test_kill_matrix import PARALLEL, _selected, drill, matrix
+from tests.test_hybrid_tools import audit_clean
+from tests.test_kill_matrix import PARALLEL, _selected, drill, hybrid_matrix, matrix
 
 CONFIRM_ALL = {
     "policyVersion": "kill-matrix-confirm",
@@ -120,3 +121,32 @@ async def test_kill_matrix_with_every_mutation_confirmed(
     assert sum(r.duplicates for r in results) == 0
     # The approver was needed: every cell approved at least the first write before anything ran.
     assert all(n >= 1 for _, n in outcomes), [(r.cell.name, n) for r, n in outcomes]
+
+
+@drill
+@pytest.mark.timeout(900)
+async def test_kill_matrix_with_every_mutation_confirmed_in_hybrid_mode(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """The hybrid cells (``test_kill_matrix.HYBRID_CELLS``) under the confirming policy: each local
+    write commits its permission request and defers (``approval``) before T1, and the regular
+    activity that follows waits for the answer, so every crash point settles as in activity mode;
+    ``maka audit`` is clean after every cell."""
+    cells = _selected(hybrid_matrix())
+    gate = asyncio.Semaphore(PARALLEL)
+
+    async def one(cell: Cell) -> tuple[CellResult, int]:
+        async with gate:
+            return await run_governed_cell(temporal_server, temporal_client, tmp_path, cell)
+
+    outcomes = await asyncio.gather(*(one(c) for c in cells))
+    results = [r for r, _ in outcomes]
+    table = format_table(results, title="Kill matrix, hybrid tool mode, every mutation confirmed")
+    with capsys.disabled():
+        print("\n" + table + "\n")
+    assert [r.cell.name for r in results if not r.passed] == [], table
+    assert sum(r.duplicates for r in results) == 0
+    assert all(n >= 1 for _, n in outcomes), [(r.cell.name, n) for r, n in outcomes]
+    for result in results:
+        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
+        await audit_clean(db, temporal_server.address)

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from maka_temporal.workflows.contracts import SessionInput
+from maka_temporal.workflows.contracts import CallRef, SessionInput, SessionStatus
 from maka_temporal.workflows.session import SessionWorkflow
 
 GOLDEN = sorted((Path(__file__).parent / "golden_histories").glob("*.json"))
@@ -27,6 +27,8 @@ def test_golden_histories_are_present() -> None:
         "model_step_as_activity",
         "crash_recover_park",
         "approval_and_cancel",
+        "hybrid_two_turns_every_tool",
+        "hybrid_crash_recover",
     } <= names
 
 
@@ -58,5 +60,32 @@ async def test_replay_detects_a_non_deterministic_change() -> None:
     raw = (Path(__file__).parent / "golden_histories" / "two_turns_every_tool.json").read_text()
     history = WorkflowHistory.from_json("golden", raw)
     replayer = Replayer(workflows=[Drifted], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+@workflow.defn(name="maka.session", sandboxed=False)
+class NoLocalCalls(SessionWorkflow):
+    """The session workflow as if hybrid calls were never built: every call a regular activity."""
+
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        super().__init__(inp)
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionStatus:
+        return await super().run(inp)
+
+    def _local_eligible(self, call: CallRef) -> bool:
+        return False
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_hybrid_golden_history_pins_its_local_calls() -> None:
+    """Negative control: the hybrid history does not replay on a workflow that schedules its local
+    calls as regular activities, so the golden history guards the local path."""
+    raw = (Path(__file__).parent / "golden_histories" / "hybrid_two_turns_every_tool.json").read_text()
+    history = WorkflowHistory.from_json("golden", raw)
+    replayer = Replayer(workflows=[NoLocalCalls], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

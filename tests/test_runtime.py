@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from maka_core.runtime.runtime import Attempt, Leg, ResolverGuard, Runtime, Tool
 from maka_core.runtime.settle import repair_run
 from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.writer import LedgerStore, ToolAttempt
+from maka_core.tools.files import ReadFileTool
 from maka_core.workspace import Workspace
 
 IDS = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
@@ -480,3 +483,57 @@ def test_a_relay_tells_finished_once_whether_it_ends_at_its_last_leg_or_early(st
         assert told == ["end", "early"]
     finally:
         rt.close()
+
+
+# --- hybrid: a local attempt on a stopping worker, recovery meeting an abandoned attempt's T2 ---------
+
+
+def test_a_local_attempt_on_a_stopping_worker_defers_before_t1_and_the_next_attempt_runs_it_once(
+    rt: Runtime, ws: Workspace
+) -> None:
+    ref = one_call(rt, ws, "write_file", {"path": "s.txt", "content": "once\n"})
+    rt.stop_tools()
+    with pytest.raises(tool_call.Deferred) as deferred:
+        run(tool_call.execute_tool_then(rt, tool_input(ws, ref), ATTEMPT, None, local=True))
+    assert deferred.value.reason == "stopping"
+    assert op_status(rt, ref)[0] != "dispatched" and not (ws.root / "s.txt").exists()  # no T1, no effect
+    # Control: the regular attempt on the same stopping worker is refused, not deferred.
+    with pytest.raises(MakaError) as refused:
+        run(tool_call.execute_tool(rt, tool_input(ws, ref), ATTEMPT))
+    assert refused.value.code == "worker_stopping"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadRacedByAnAbandonedAttempt(ReadFileTool):
+    """A read whose abandoned first attempt commits its T2 while recovery's re-read runs."""
+
+    meanwhile: Callable[[], None] = lambda: None
+
+    def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Any) -> Any:
+        result = super().run(args, ws, heartbeat)
+        self.meanwhile()
+        return result
+
+
+def test_recovery_that_meets_a_t2_committed_meanwhile_reports_that_outcome(
+    rt: Runtime, ws: Workspace
+) -> None:
+    """An abandoned local attempt (past its timeout) commits its T2 while recovery re-reads the same
+    call: recovery's T2 is refused ``duplicate_event_id`` and recovery reports the committed one
+    (before the fix the refusal failed the recovery activity and the session parked)."""
+    (ws.root / "r.txt").write_text("read me\n")
+    ref = one_call(rt, ws, "read_file", {"path": "r.txt"})
+    prepare_only(rt, ws, ref, {"path": "r.txt"})
+
+    def abandoned_attempt_commits() -> None:
+        response = builders.response_event(
+            IDS, f"{ref.operation_id}_response", ref.tool_call_id, ref.tool_name, "earlier", False, 5,
+            ref.operation_id,
+        )  # fmt: skip
+        rt.ledger.commit_tool_outcome(response)
+
+    rt.tools = {**rt.tools, "read_file": ReadRacedByAnAbandonedAttempt(meanwhile=abandoned_attempt_commits)}
+    recovered = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
+    assert recovered.status == "completed", recovered
+    assert recovered.response_event_id == f"{ref.operation_id}_response"
+    assert op_status(rt, ref)[0] == "completed"

@@ -51,6 +51,7 @@ EXPECTED = {
     "continue_as_new_after_turns": 5,
     "continue_as_new_after_steps": 8,
     "model_step_timeout_s": 45.0,
+    "tool_mode": "hybrid",  # not the default a record without one reads (the negative control)
 }
 MODEL_PARAMS = {"system": SYSTEM, "temperature": 0.25, "max_tokens": 77}
 
@@ -151,7 +152,8 @@ async def drill(
                 "--session-id", session_id, "--system", f"@{prompt}", "--temperature", "0.25",
                 "--max-tokens", "77", "--step-timeout", "45", "--max-steps", "9",
                 "--continue-as-new-after", "5", "--continue-as-new-after-steps", "8",
-                "--model-step-mode", "local", "--offer", "builtins", "--json", "write a",
+                "--model-step-mode", "local", "--offer", "builtins", "--tool-mode", "hybrid",
+                "--json", "write a",
                 env=env,
             )  # fmt: skip
             assert started.returncode == 0, started.stdout + started.stderr
@@ -212,6 +214,7 @@ async def test_resume_and_a_send_over_a_closed_execution_keep_every_setting(dril
         assert offered == {"read_file", "list_dir", "write_file", "edit_file", "bash"}, offered
     config = drill.status["config"]
     assert config["modelStepMode"] == "local" and config["maxStepsPerTurn"] == 9, config
+    assert config["toolMode"] == "hybrid", config
     assert config["continueAsNewAfter"] == 5 and config["modelStepTimeout"] == 45.0, config
     assert "continueAsNewAfterTurns" not in config and "continueAsNewAfterSteps" in config, config
 

@@ -30,6 +30,7 @@ from maka_temporal.workers.host.serve import serve
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Sandbox, maka_cli, ready, settle, stop
 from tests.temporal_support import start, write_script
+from tests.test_hybrid_tools import local_attempts
 
 pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_scope="session")]
 
@@ -140,3 +141,81 @@ async def test_a_stopping_worker_refuses_waiting_calls_before_t1_and_the_next_wo
     else:
         assert t1s_at_stop == 2
         assert sorted(settled) == [("idle", None, 1), ("parked", "dispatch_without_response", 0)], settled
+
+
+@pytest.mark.slow
+async def test_hybrid_a_local_call_with_no_free_tool_thread_defers_and_runs_once_after_the_stop(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """Hybrid mode, one tool thread held by session a's bash: session b's ``write_file`` local
+    attempt finds no free thread and defers (``busy``) before T1 to the regular activity, which waits
+    for the thread; the stopping worker refuses it before T1, and the next worker runs it once.
+    Nothing parks, and the audit reads the deferred marker as a non-dispatch."""
+    box = Sandbox(temporal_server, tmp_path / "box")
+    db = Path(box.db)
+
+    def one_tool_thread(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+        tools = default_tools(
+            hidden_paths=settings.protected_paths, unsafe_no_sandbox=settings.unsafe_no_sandbox
+        )
+        return Runtime(store, tools=tools, settings=settings, tool_threads=1)
+
+    stopping, up = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(
+        serve(
+            temporal_client, db, box.queue, make_runtime=one_tool_thread, stop=stopping, ready=up,
+            repair=False, out=io.StringIO(),
+        )
+    )  # fmt: skip
+    await asyncio.wait_for(up.wait(), 60)
+    steps = {
+        "a": [{"toolCalls": [{"name": "bash", "args": {"command": BASH}}]}, {"text": "done"}],
+        "b": [
+            {"toolCalls": [{"name": "write_file", "args": {"path": "b.txt", "content": "b\n"}}]},
+            {"text": "done"},
+        ],
+    }
+    sessions = []
+    for name, script_steps in steps.items():
+        ws = tmp_path / f"ws-{name}"
+        ws.mkdir()
+        script = write_script(tmp_path / f"{name}.json", script_steps)
+        session_id, accepted = await start(
+            temporal_client, ws, script, box.queue, session_id=f"{name}-{box.queue}", tool_mode="hybrid"
+        )
+        sessions.append((session_id, accepted.run_id, ws))
+        if name == "a":  # a's bash holds the only thread before b's call asks for one
+            deadline = time.monotonic() + 60
+            while not await _tool_started(temporal_client, session_id):
+                assert time.monotonic() < deadline, "a's bash did not start"
+                await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while not await _tool_started(temporal_client, sessions[1][0]):
+        assert time.monotonic() < deadline, f"b's write never reached its regular activity; T1s {_t1s(db)}"
+        await asyncio.sleep(0.05)
+    history = await temporal_client.get_workflow_handle(workflow_id_for(sessions[1][0])).fetch_history()
+    attempts = local_attempts(history)
+    assert [r.get("deferred") for _, r in attempts] == ["busy"], attempts
+    assert _t1s(db) == 1, "the deferred call committed T1"
+    stopping.set()
+    await asyncio.wait_for(first, 60)
+    second = box.worker()
+    await ready(second)
+    try:
+        settled = []
+        for session_id, run_id, _ws in sessions:
+            status = await settle(temporal_client, session_id, run_id, timeout=120)
+            settled.append((status.state, status.park_reason))
+    finally:
+        await stop(second)
+    assert settled == [("idle", None), ("idle", None)], settled
+    assert (sessions[0][2] / "effects.log").read_text().count("ran") == 1
+    assert box.file_effects() == {("write_file", str((sessions[1][2] / "b.txt").resolve())): 1}
+    audit = await asyncio.to_thread(
+        subprocess.run,
+        [*maka_cli(), "audit", "--all", "--db", str(db), "--address", temporal_server.address, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert audit.returncode == 0 and json.loads(audit.stdout)["ok"] is True, audit.stdout + audit.stderr

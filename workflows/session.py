@@ -20,7 +20,13 @@ Where a model step runs (``SessionConfig.model_step_mode``):
 A local step is safe because the step is idempotent through the ledger: a re-run after a crash or a
 workflow-task timeout finds the committed output and never calls the provider again. Long provider
 calls are fine (the SDK heartbeats the workflow task; a riding step heartbeats its tool activity);
-tools are never local activities.
+a tool is a local activity only in a hybrid session (below).
+
+Hybrid tool calls (``SessionConfig.tool_mode == "hybrid"``, ``LOCAL_TOOLS_PATCH``): a bounded
+call's first dispatch (``CallRef.bounded``, ``runtime.local_calls``) is the local activity
+``maka.execute_tool_local`` with the id ``lt:<operationId>``; a deferral (``off_host``, ``stopping``,
+``busy``, ``approval``) falls through to the regular dispatch below, a failure to recovery. Every
+``LOCAL_CHAIN_BOUND`` local activities a 1 ms timer completes the workflow task.
 
 Host affinity: a session pinned to a workspace host (``SessionConfig.host``) sends every tool and
 recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
@@ -65,6 +71,13 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from maka_core.runtime.contracts import LOCAL_TOOL_ID_PREFIX
+    from maka_core.runtime.local_calls import (
+        ASKED_CANCELS,
+        LOCAL_CHAIN_BOUND,
+        LOCAL_TOOL_TIMEOUT_S,
+        OFF_HOST_LIMIT,
+    )
     from maka_temporal.workflows.contracts import (
         ANSWER_APPROVAL,
         APPROVE,
@@ -74,6 +87,7 @@ with workflow.unsafe.imports_passed_through():
         CLOSE_APPROVAL,
         DENY,
         EXECUTE_TOOL,
+        EXECUTE_TOOL_LOCAL,
         FINISH_RUN,
         HOST_PARK,
         LEDGER_CHAIN_BROKEN,
@@ -104,6 +118,8 @@ with workflow.unsafe.imports_passed_through():
         FinishRunResult,
         HostParkInput,
         InFlightTurn,
+        LocalToolInput,
+        LocalToolResult,
         ModelStepInput,
         ModelStepResult,
         NextStep,
@@ -156,6 +172,10 @@ HOST_UNAVAILABLE: ParkReason = "workspace_host_unavailable"
 #: that ``cancel_turn`` can cancel. Recorded before it, an execution waits inside the tool activity
 #: and its turns cannot be cancelled (``turn_not_cancellable``): its history replays unchanged.
 TURN_MESSAGES_PATCH = "maka-turn-messages-1"
+#: Executions of a ``tool_mode="hybrid"`` session that began with this patch run a bounded call's
+#: first dispatch as a local activity (``runtime.local_calls``). Asked only when the session's
+#: config says ``hybrid``, so no history recorded before it (none says so) changes.
+LOCAL_TOOLS_PATCH = "maka-local-tools-1"
 
 
 def host_away(err: BaseException) -> bool:
@@ -235,6 +255,14 @@ class SessionWorkflow:
         self._recovering = False
         #: A tool activity is in flight: the request it may be about to report is in the ledger.
         self._dispatching = False
+        #: This execution runs bounded calls' first dispatch locally (``LOCAL_TOOLS_PATCH``), the
+        #: local activities it has run (``LOCAL_CHAIN_BOUND``) and its ``off_host`` streak.
+        self._local = False
+        self._local_runs = 0
+        self._off_host = 0
+        #: The activity id of the local tool call in flight (``cancel_turn`` names it).
+        self._local_call: str | None = None
+        self._tried_locally = False
         if inp.first_message is not None and inp.in_flight is None and inp.continuation is None:
             # A child session's message, taken before any Update can be (as if sent first).
             self._pending = (self._new_turn(), inp.first_message)
@@ -389,6 +417,10 @@ class SessionWorkflow:
             )
         )
         if self._turn_task is not None and self._cancelled is None and self._cancel is inp:
+            if self._local_call is not None and not workflow.unsafe.is_replaying():
+                # The local attempt learns that this cancel was asked for (``AskedCancels``):
+                # it finishes with ``tool_cancelled`` rather than abandoning its T1.
+                ASKED_CANCELS.ask(workflow.info().run_id, self._local_call)
             self._turn_task.cancel()
             await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is not inp)
         if self._cancelled is None:
@@ -462,6 +494,7 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
         self._messages = self._holds_messages()
+        self._local = inp.config.tool_mode == "hybrid" and workflow.patched(LOCAL_TOOLS_PATCH)
         if inp.continuation is not None and self._carried is None:
             # A new execution made by ``maka resume``: its first turn is the claimed continuation.
             try:
@@ -735,6 +768,7 @@ class SessionWorkflow:
         if self._inp.config.model_step_mode != "activity":
             # Local: one server round trip less and no input in history. Safe because the step is
             # idempotent through the ledger (a re-run returns the committed output).
+            await self._bound_local_chain()
             local: ModelStepResult = await workflow.execute_local_activity(
                 MODEL_STEP,
                 inp,
@@ -772,6 +806,12 @@ class SessionWorkflow:
             else ActivityCancellationType.TRY_CANCEL
         )
         dispatches = 0
+        if self._local_eligible(call):
+            ran = await self._local_tool(ids, call, settings, tool_input, cancellation)
+            if ran is not None:
+                return ran
+            if self._tried_locally:
+                dispatches = 1  # recovery said it never ran: the regular dispatch is its second
         while dispatches < MAX_DISPATCHES:
             dispatches += 1
             # A cancelled tool activity that completed anyway (``WAIT_CANCELLATION_COMPLETED``
@@ -820,6 +860,81 @@ class SessionWorkflow:
                     raise _Cancelled() from None  # it never ran, and the turn is cancelled
                 # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
         raise _Park("dispatch_attempts_exhausted", call.operation_id)
+
+    # --- hybrid tool calls (``runtime.local_calls``) ------------------------------------------
+
+    def _local_eligible(self, call: CallRef) -> bool:
+        """A bounded call of a hybrid execution, unless this execution's workflow task keeps
+        landing off the session's host. Only a call's first dispatch comes here: a redispatch
+        after recovery, and recovery itself, are regular activities."""
+        return self._local and bool(call.bounded) and self._off_host < OFF_HOST_LIMIT
+
+    def _local_input(self, tool_input: ToolInput) -> LocalToolInput:
+        """The local attempt's input: the call and the session's host, which the attempt checks
+        against its worker's before anything else (``off_host``)."""
+        return LocalToolInput(**tool_input.model_dump(), host=self._inp.config.host)
+
+    async def _bound_local_chain(self) -> None:
+        """Every ``LOCAL_CHAIN_BOUND`` local activities, a 1 ms timer first: the workflow task
+        completes, so its markers reach the server and a waiting Query or Update is answered."""
+        if not self._local:
+            return
+        self._local_runs += 1
+        if self._local_runs % LOCAL_CHAIN_BOUND == 0:
+            await workflow.sleep(0.001)
+
+    async def _local_tool(
+        self,
+        ids: RunIds,
+        call: CallRef,
+        settings: ToolSettings,
+        tool_input: ToolInput,
+        cancellation: ActivityCancellationType,
+    ) -> ToolOutcome | RecoverResult | None:
+        """The call's first dispatch as a local activity: its outcome, or ``None`` when it was
+        deferred (nothing ran, nothing of it is in the ledger but an approval request) or recovery
+        found it never ran; the regular path then dispatches it. A failure (a re-run after a crash
+        meeting its T1, a timeout) goes to recovery, on the host queue, as a regular one does."""
+        self._tried_locally = False
+        await self._bound_local_chain()
+        local_input = self._local_input(tool_input)
+        timeout = LOCAL_TOOL_TIMEOUT_S + (self._step_timeout().total_seconds() if tool_input.next_step else 0)
+        self._dispatching = True
+        self._local_call = f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}"
+        try:
+            got: LocalToolResult = await workflow.execute_local_activity(
+                EXECUTE_TOOL_LOCAL,
+                local_input,
+                result_type=LocalToolResult,
+                activity_id=self._local_call,
+                start_to_close_timeout=timedelta(seconds=timeout),
+                retry_policy=SIDE_EFFECT_RETRY,
+                cancellation_type=cancellation,
+            )
+        except (ActivityError, ApplicationError, TemporalTimeoutError):
+            # A local failure arrives unwrapped (an ApplicationError) or as an ActivityError (a
+            # timeout): either way only the ledger knows whether the effect happened.
+            self._dispatching = False
+            self._local_call = None
+            self._tried_locally = True
+            # An abandoned attempt (its timeout) may still be committing its T2: recovery's own
+            # T2 then meets it, and recovery reports the committed outcome (``recovery``).
+            recovered = await self._recover(ids, call, settings)
+            if recovered.status == "completed":
+                return recovered
+            if recovered.status == "parked":
+                raise _Park(recovered.park_reason, call.operation_id) from None
+            if self._cancel is not None:
+                raise _Cancelled() from None
+            return None
+        finally:
+            self._dispatching = False
+            self._local_call = None
+        if got.outcome is not None:
+            self._off_host = 0
+            return got.outcome
+        self._off_host = self._off_host + 1 if got.deferred == "off_host" else 0
+        return None
 
     def _raise_if_cancelled(self, approval_id: str | None) -> None:
         if self._cancel is None:

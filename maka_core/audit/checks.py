@@ -16,13 +16,20 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import header_status_for
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime.compaction import check_compactions
-from maka_core.runtime.contracts import EXECUTE_TOOL, FINISH_RUN, RECOVER_OPERATION
+from maka_core.runtime.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, FINISH_RUN, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 from maka_core.runtime.workspace_continuity import session_bundles
 from maka_core.store.rows import prefix_digest
 
 #: Verify and corruption findings are capped: a broken ledger says enough in its first lines.
 MAX_LEDGER_FINDINGS = 20
+#: The activities that dispatch a call: the regular one, and a hybrid session's local attempt.
+TOOL_TYPES = (EXECUTE_TOOL, EXECUTE_TOOL_LOCAL)
+
+
+def _hosts(placed: Placed) -> bool:
+    """The activity ran the call (a deferred local attempt handed it on before T1)."""
+    return placed.fact.activity_type in TOOL_TYPES and placed.fact.outcome != "deferred"
 
 
 def check_histories(ix: AuditIndex) -> Iterator[Finding]:
@@ -155,7 +162,7 @@ def check_tools(ix: AuditIndex) -> Iterator[Finding]:
     for key, placed_list in ix.by_call.items():
         for placed in placed_list:
             fact = placed.fact
-            if fact.activity_type not in (EXECUTE_TOOL, RECOVER_OPERATION):
+            if fact.activity_type not in (*TOOL_TYPES, RECOVER_OPERATION):
                 continue
             facts = ix.ops_by_call.get(key)
             if facts is None or (facts.operation_id not in (None, fact.operation_id)):
@@ -167,21 +174,24 @@ def check_tools(ix: AuditIndex) -> Iterator[Finding]:
                     operation_id=fact.operation_id,
                     execution_run_id=placed.execution.run_id,
                 )
-            elif fact.activity_type == EXECUTE_TOOL and fact.outcome == "completed":
+            elif fact.activity_type in TOOL_TYPES and fact.outcome == "completed":
                 yield from _outcome(ix, placed, facts)
+            elif fact.outcome == "deferred":
+                yield from _deferred(ix, placed, facts)
     for key, facts in ix.ops_by_call.items():
         op_id = facts.operation_id
         if op_id is None:
             continue
-        ran = [p for p in ix.by_call.get(key, ()) if p.fact.activity_type == EXECUTE_TOOL]
-        if not ran and ix.fully_visible(key[0]):
+        ran = [p for p in ix.by_call.get(key, ()) if _hosts(p)]
+        rows = ix.attempts_by_op.get(op_id, [])
+        lost = bool(rows) and all(ix.lost_local(r) for r in rows)
+        if not ran and not lost and ix.fully_visible(key[0]):
             yield Finding(
                 "operation_unhosted",
                 f"operation {op_id} ({facts.tool_name}) was dispatched but no execute_tool activity ran it",
                 run_id=key[0],
                 operation_id=op_id,
             )
-        rows = ix.attempts_by_op.get(op_id, [])
         # An exact T1 retry records no row, so two rows are two dispatches (one attempt or two).
         t1 = [(r["workflow_run_id"], r["activity_id"], r["attempt"]) for r in rows if r["phase"] == "t1"]
         if len(t1) > 1:
@@ -192,7 +202,17 @@ def check_tools(ix: AuditIndex) -> Iterator[Finding]:
                 operation_id=op_id,
             )
         for row in rows:
-            if ix.attempt_known(row) is False:
+            if ix.attempt_known(row) is False and ix.lost_local(row):
+                yield Finding(
+                    "local_attempt_unrecorded",
+                    f"{row['phase']} of {op_id} was recorded by local attempt {row['activity_id']} of "
+                    f"{row['workflow_run_id']}, whose marker was lost with a workflow task that never "
+                    "completed: the ledger alone speaks for it",
+                    run_id=key[0],
+                    operation_id=op_id,
+                    execution_run_id=row["workflow_run_id"],
+                )
+            elif ix.attempt_known(row) is False:
                 yield Finding(
                     "dispatch_attempt_unknown" if row["phase"] == "t1" else "outcome_attempt_unknown",
                     f"{row['phase']} of {op_id} was recorded by activity {row['activity_id']} attempt "
@@ -203,10 +223,42 @@ def check_tools(ix: AuditIndex) -> Iterator[Finding]:
                 )
 
 
+def _deferred(ix: AuditIndex, placed: Placed, facts: OperationFacts) -> Iterator[Finding]:
+    """A deferred local attempt handed its call on before T1: a T1 by it is drift, unless its
+    execution lost a workflow task (an earlier run of the same attempt may have dispatched, its
+    marker lost with the task, and the replay's re-run deferred: ``local_attempt_unrecorded``)."""
+    fact = placed.fact
+    for row in ix.attempts_by_op.get(facts.operation_id or "", []):
+        if (
+            row["phase"] != "t1"
+            or row["activity_id"] != fact.activity_id
+            or row["workflow_run_id"] != placed.execution.run_id
+        ):
+            continue
+        if placed.execution.lost_workflow_tasks > 0:
+            yield _f(
+                "local_attempt_unrecorded",
+                placed,
+                (facts.run_id, facts.tool_call_id),
+                f"local attempt {fact.activity_id} committed T1 for {facts.operation_id} in a workflow "
+                "task that never completed (its marker lost); the replay's re-run deferred",
+            )
+            continue
+        yield _f(
+            "deferred_after_dispatch",
+            placed,
+            (facts.run_id, facts.tool_call_id),
+            f"local attempt {fact.activity_id} deferred ({fact.result.get('deferred')}), but committed "
+            f"T1 for {facts.operation_id}",
+        )
+
+
 def _outcome(ix: AuditIndex, placed: Placed, facts: OperationFacts) -> Iterator[Finding]:
     fact = placed.fact
     response = facts.response
     wanted = fact.result.get("response_event_id")
+    if fact.result.get("status") == "awaiting_approval":
+        return  # nothing ran: the call waits for its answer and claims no outcome
     if response is None:
         yield Finding(
             "outcome_missing",
@@ -230,14 +282,14 @@ def _outcome(ix: AuditIndex, placed: Placed, facts: OperationFacts) -> Iterator[
 def check_recovery(ix: AuditIndex) -> Iterator[Finding]:
     for key, placed_list in ix.by_call.items():
         chain = sorted(
-            (p for p in placed_list if p.fact.activity_type in (EXECUTE_TOOL, RECOVER_OPERATION)),
+            (p for p in placed_list if p.fact.activity_type in (*TOOL_TYPES, RECOVER_OPERATION)),
             key=lambda p: p.order,
         )
         for i, placed in enumerate(chain):
             fact = placed.fact
             nxt = chain[i + 1] if i + 1 < len(chain) else None
-            if fact.activity_type == EXECUTE_TOOL and fact.outcome in ("failed", "timed_out"):
-                if nxt is not None and nxt.fact.activity_type == EXECUTE_TOOL:
+            if fact.activity_type in TOOL_TYPES and fact.outcome in ("failed", "timed_out"):
+                if nxt is not None and nxt.fact.activity_type in TOOL_TYPES:
                     yield _f(
                         "redispatch_without_recovery",
                         placed,
@@ -293,7 +345,7 @@ def _recovered(
         op_id = facts.operation_id if facts is not None else None
         rows = ix.attempts_by_op.get(op_id or "", [])
         earlier = {
-            (p.execution.run_id, p.fact.activity_id) for p in before if p.fact.activity_type == EXECUTE_TOOL
+            (p.execution.run_id, p.fact.activity_id) for p in before if p.fact.activity_type in TOOL_TYPES
         }
         dispatched = [
             r for r in rows if r["phase"] == "t1" and (r["workflow_run_id"], r["activity_id"]) in earlier

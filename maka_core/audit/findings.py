@@ -27,6 +27,7 @@ CheckId = Literal[
     "operation_unhosted",
     "duplicate_dispatch",
     "dispatch_attempt_unknown",
+    "deferred_after_dispatch",
     # 3. outcomes
     "outcome_missing",
     "outcome_mismatch",
@@ -54,6 +55,7 @@ CheckId = Literal[
     "run_repaired",
     "checkpoint_store_unavailable",
     "checkpoint_capture_failed",
+    "local_attempt_unrecorded",
 ]
 
 #: Each check id's severity and one line of meaning (the README's table says the same).
@@ -74,6 +76,7 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     "operation_unhosted": ("drift", "a dispatched operation that no execute_tool activity ran"),
     "duplicate_dispatch": ("drift", "an operation has more than one T1, or two attempts that dispatched"),
     "dispatch_attempt_unknown": ("drift", "a T1 was recorded by an activity attempt no history shows"),
+    "deferred_after_dispatch": ("drift", "a local tool attempt that deferred its call committed a T1"),
     "outcome_missing": ("drift", "a completed tool activity has no T2 or completed recovery in the ledger"),
     "outcome_mismatch": ("drift", "a tool activity returned another outcome event than the ledger holds"),
     "outcome_attempt_unknown": ("drift", "a T2 or recovery was recorded by an attempt no history shows"),
@@ -117,6 +120,10 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     ),
     "history_unavailable": ("notice", "an execution's history is gone: only the ledger was audited"),
     "run_repaired": ("notice", "a run's terminal fact was written by startup repair, not finish_run"),
+    "local_attempt_unrecorded": (
+        "notice",
+        "a T1/T2 by a local tool attempt whose marker was lost with a workflow task that never completed",
+    ),
 }
 
 

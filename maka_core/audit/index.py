@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -16,7 +16,9 @@ from maka_core.ledger.scanner import LedgerScanner, OperationFacts, scan
 from maka_core.runtime.contracts import (
     BEGIN_CONTINUATION,
     BEGIN_RUN,
+    EXECUTE_TOOL_LOCAL,
     FINISH_RUN,
+    LOCAL_TOOL_ID_PREFIX,
 )
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload
 from maka_core.runtime.usage_limits import raise_payload
@@ -104,6 +106,15 @@ class AuditIndex:
         if not events or any(p is None for p in payloads):
             return None
         return payloads[-1]
+    def lost_local(self, row: dict[str, Any]) -> bool:
+        """A row by a local tool attempt in an execution that lost a workflow task: its marker may
+        have been lost with that task (the ledger alone speaks for it)."""
+        execution = self.execution_ids.get(str(row.get("workflow_run_id") or ""))
+        return (
+            execution is not None
+            and execution.lost_workflow_tasks > 0
+            and is_local_tool_attempt(row.get("activity_id"))
+        )
 
     def attempt_known(self, row: dict[str, Any]) -> bool | None:
         """Whether a history shows the activity attempt a ledger row names (None: cannot tell)."""
@@ -115,6 +126,12 @@ class AuditIndex:
             return False
         attempt = row.get("attempt") or 1
         return fact.outcome == "pending" or attempt <= fact.attempt
+
+
+def is_local_tool_attempt(activity_id: object) -> bool:
+    """An activity id of a local tool attempt (``lt:<operationId>``, unique per execution: only a
+    call's first dispatch is local, and a replay's re-run carries the same id)."""
+    return isinstance(activity_id, str) and activity_id.startswith(LOCAL_TOOL_ID_PREFIX)
 
 
 def _is(placed: Placed, activity_type: str) -> bool:
@@ -145,14 +162,20 @@ def build_index(ledger: LedgerFacts, executions: Sequence[Execution]) -> AuditIn
         decisions=decisions,
         attempts_by_op=dict(attempts_by_op),
     )
+    by_operation = {f.operation_id: f for f in scanner.operations() if f.operation_id}
     for i, execution in enumerate(ordered):
         for fact in execution.activities:
+            local = fact.activity_type == EXECUTE_TOOL_LOCAL
+            call = by_operation.get(fact.operation_id or "") if local else None
+            if call is not None:
+                # A local tool call's marker names its operation only (``lt:<operationId>``).
+                fact = replace(fact, run_id=call.run_id, tool_call_id=call.tool_call_id)
             placed = Placed(execution, i, fact)
             index.by_type.setdefault(fact.activity_type, []).append(placed)
             if fact.run_id:
                 index.by_run.setdefault(fact.run_id, []).append(placed)
                 if fact.tool_call_id:
                     index.by_call.setdefault((fact.run_id, fact.tool_call_id), []).append(placed)
-            if not fact.local:
+            if not fact.local or is_local_tool_attempt(fact.activity_id):
                 index.known_attempts[(execution.run_id, fact.activity_id)] = fact
     return index

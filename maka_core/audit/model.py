@@ -19,7 +19,8 @@ from maka_core.runtime.workspace_continuity import provider_at, referenced_refs
 from maka_core.workspace import IDENTITY_PREFIX, Workspace
 
 #: How one activity (all its attempts under one schedule) ended in a history.
-ActivityOutcome = Literal["completed", "failed", "timed_out", "cancelled", "pending"]
+#: ``deferred``: a local tool attempt that handed its call to the regular activity before T1.
+ActivityOutcome = Literal["completed", "failed", "timed_out", "cancelled", "pending", "deferred"]
 #: A Temporal execution's status as the audit reports it.
 ExecutionStatus = Literal[
     "running", "completed", "failed", "cancelled", "terminated", "continued_as_new", "timed_out", "unknown"
@@ -65,6 +66,9 @@ class Execution:
     history_available: bool = True
     unavailable_reason: str | None = None
     activities: tuple[ActivityFact, ...] = ()
+    #: Workflow tasks this history shows started and never completed (timed out, failed, or cut
+    #: off by the execution's close): the local activity markers of each were lost with it.
+    lost_workflow_tasks: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

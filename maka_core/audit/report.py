@@ -12,7 +12,7 @@ from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
 from maka_core.errors import CheckpointError
 from maka_core.facts.events import RuntimeEvent
-from maka_core.runtime.contracts import EXECUTE_TOOL, RECOVER_OPERATION
+from maka_core.runtime.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
 from maka_core.runtime.usage_limits import RAISE_PROTOCOL
 from maka_core.runtime.workspace_continuity import bundle_of
@@ -64,6 +64,11 @@ def _execution(ix: AuditIndex, execution: Execution) -> dict[str, Any]:
     out = execution.to_json()
     out["runs"] = sorted({f.run_id for f in execution.activities if f.run_id and f.activity_type in BEGINS})
     out["toolActivities"] = sum(f.activity_type == EXECUTE_TOOL for f in execution.activities)
+    local = sum(f.activity_type == EXECUTE_TOOL_LOCAL for f in execution.activities)
+    if local:
+        out["localToolAttempts"] = local
+    if execution.lost_workflow_tasks:
+        out["lostWorkflowTasks"] = execution.lost_workflow_tasks
     return out
 
 
@@ -141,6 +146,7 @@ def _bound(terminal: RuntimeEvent | None) -> dict[str, Any] | None:
     elif bundle.no_checkpoint is not None:
         out["noCheckpoint"] = bundle.no_checkpoint.code
     return out
+_PATH_NAMES = {EXECUTE_TOOL: "tool", EXECUTE_TOOL_LOCAL: "local"}
 
 
 def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
@@ -149,7 +155,11 @@ def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
         decision = ix.decisions.get(key)
         op_id = facts.operation_id
         placed = sorted(
-            (p for p in ix.by_call.get(key, ()) if p.fact.activity_type in (EXECUTE_TOOL, RECOVER_OPERATION)),
+            (
+                p
+                for p in ix.by_call.get(key, ())
+                if p.fact.activity_type in (EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, RECOVER_OPERATION)
+            ),
             key=lambda p: p.order,
         )
         activities = [
@@ -177,7 +187,7 @@ def _operations(ix: AuditIndex) -> list[dict[str, Any]]:
             for r in ix.attempts_by_op.get(op_id or "", [])
         ]
         path = [
-            f"{'tool' if a['type'] == EXECUTE_TOOL else 'recover'}:{a['result'] or a['outcome']}"
+            f"{_PATH_NAMES.get(str(a['type']), 'recover')}:{a['result'] or a['outcome']}"
             for a in activities
         ]
         out.append(

@@ -35,6 +35,16 @@ TurnStatus = Literal["completed", "failed", "cancelled"]
 #: activity of its previous step's last call, after that call's T2: one activity task and one
 #: workflow activation per call instead of two; a local activity whenever the ride did not happen).
 ModelStepMode = Literal["local", "activity", "with_tool"]
+#: Where a tool call runs (``SessionConfig.tool_mode``): ``activity``, every dispatch a regular
+#: activity; ``hybrid``, a bounded call's first dispatch a local activity (``runtime.local_calls``).
+ToolMode = Literal["activity", "hybrid"]
+#: Why a local attempt handed its call to the regular activity, before any ledger read or write.
+LocalDeferral = Literal["off_host", "stopping", "busy", "approval"]
+#: The tool mode of a session started now, on every path (``maka session start --tool-mode``,
+#: ``SessionClient.start``, ``session_client.start_session``): ``hybrid`` measured 0.37-0.49x of
+#: ``activity`` per call (README "Benchmarks"). A recorded config without one is ``activity``
+#: (``SessionConfig.tool_mode``).
+NEW_SESSION_TOOL_MODE: Final[ToolMode] = "hybrid"
 #: Why a resume parked (the host's wire union, ``maka-runtime-facts.md`` §3e in its post-#3506
 #: form); the planner's own codes travel beside it as ``rejectionReasons``.
 HostParkReason = Literal[
@@ -109,6 +119,10 @@ HOST_PARK: Final = "maka.host_park"
 ANSWER_APPROVAL: Final = "maka.answer_approval"
 #: Ledger-only: close a request unanswered at its ``expiresAt`` (the workflow's timer fired).
 CLOSE_APPROVAL: Final = "maka.close_approval"
+#: A bounded tool call's first dispatch as a local activity (``tool_mode="hybrid"``); its
+#: activity id is ``lt:<operationId>`` (``LOCAL_TOOL_ID_PREFIX``).
+EXECUTE_TOOL_LOCAL: Final = "maka.execute_tool_local"
+LOCAL_TOOL_ID_PREFIX: Final = "lt:"
 ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     BEGIN_RUN,
     MODEL_STEP,
@@ -119,6 +133,7 @@ ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     HOST_PARK,
     ANSWER_APPROVAL,
     CLOSE_APPROVAL,
+    EXECUTE_TOOL_LOCAL,
 )
 
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]
@@ -210,6 +225,9 @@ class SessionConfig(Contract):
     #: The tools the session offers the model (``tools.offer``: groups and tool names, checked at
     #: its start); ``None``: every tool the worker serves (sessions started before sets existed).
     tool_set: tuple[str, ...] | None = None
+    #: ``hybrid``: bounded calls' first dispatch runs as a local activity (``--tool-mode``). Absent
+    #: from every history recorded before it, which therefore decodes as ``activity``.
+    tool_mode: ToolMode = "activity"
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""
@@ -327,6 +345,9 @@ class CallRef(Contract):
     tool_name: str
     #: A read-only tool (replay_safe, no mutation) may be retried by Temporal; others never.
     read_only: bool | None = None
+    #: A bounded tool (``runtime.local_calls.is_bounded``): in a hybrid session its first dispatch
+    #: may run as a local activity.
+    bounded: bool | None = None
 
 
 class ModelStepResult(Contract):
@@ -394,6 +415,21 @@ class ToolOutcome(Contract):
     approval: ApprovalWait | None = None
     #: The attempt was cancelled (``cancel_turn``) and its T2 records ``tool_cancelled``.
     cancelled: bool | None = None
+
+
+class LocalToolInput(ToolInput):
+    """``maka.execute_tool_local``: the call and the session's host (a local activity's input is
+    never recorded in history, so it costs nothing there)."""
+
+    host: str | None = None
+
+
+class LocalToolResult(Contract):
+    """A local attempt's end: the call's outcome, or why it handed the call to the regular
+    activity (before any ledger read or write, so the regular attempt is the call's first)."""
+
+    outcome: ToolOutcome | None = None
+    deferred: LocalDeferral | None = None
 
 
 class AnswerInput(Contract):

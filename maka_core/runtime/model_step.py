@@ -34,7 +34,7 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
-from maka_core.runtime import builders, compaction, governed, tool_call
+from maka_core.runtime import builders, compaction, governed, local_calls, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -58,18 +58,19 @@ def _result(
         if content is None or content.kind != "function_call" or event.refs is None:
             continue
         tool = rt.tools.get(content.name)
+        guarantee = (
+            governed.guarantee_of(tool, governed.classify(tool, content.args))
+            if tool is not None and isinstance(content.args, dict)
+            else None
+        )
         calls.append(
             CallRef(
                 tool_call_id=content.id,
                 operation_id=event.refs.operation_id or "",
                 tool_name=content.name,
                 # A read-only call may be retried by Temporal; every other call never is.
-                read_only=(
-                    tool is not None
-                    and isinstance(content.args, dict)
-                    and governed.guarantee_of(tool, governed.classify(tool, content.args)) == "read-only"
-                )
-                or None,
+                read_only=guarantee == "read-only" or None,
+                bounded=(tool is not None and local_calls.is_bounded(tool, guarantee)) or None,
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
@@ -410,7 +411,9 @@ def _count_tokens(rt: Runtime, recorded: Any, batch: list[RuntimeEvent]) -> None
             rt.observer.count(MODEL_TOKENS, value, provider=provider, model=model, kind=kind)
 
 
-async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
+async def execute_tool_then_step(
+    rt: Runtime, inp: ToolInput, attempt: Attempt, *, local: bool = False
+) -> ToolOutcome:
     """Run one call (``tool_call.execute_tool``), then, if the workflow asked (``inp.next_step``),
     the model step that follows it, in the same activity: the step's output rides back on the
     outcome.
@@ -424,15 +427,16 @@ async def execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) 
     """
     began = time.perf_counter()
     try:
-        return await _execute_tool_then_step(rt, inp, attempt)
+        return await _execute_tool_then_step(rt, inp, attempt, local)
     finally:
         rt.timings["tool_activity"] += time.perf_counter() - began
 
 
-async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOutcome:
+async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt, local: bool) -> ToolOutcome:
     after = inp.next_step
     if after is None:
-        return await tool_call.execute_tool(rt, inp, attempt)
+        alone, _ = await tool_call.execute_tool_then(rt, inp, attempt, None, local=local)
+        return alone
     try:
         needs_history = _needs_history(rt.provider(after.provider))
     except Exception:  # an unusable provider: the step's own activity reports it
@@ -451,7 +455,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt)
             log.exception("reading model step %s:%d after its call failed", inp.run_id, after.step)
             return None
 
-    outcome, read = await tool_call.execute_tool_then(rt, inp, attempt, read_step)
+    outcome, read = await tool_call.execute_tool_then(rt, inp, attempt, read_step, local=local)
     if outcome.status == "awaiting_approval" or outcome.cancelled:
         return outcome  # the call has not settled, or its turn is cancelled: no step follows it
     try:

@@ -84,6 +84,23 @@ def _completed(op_id: str, reason: str, response: RuntimeEvent) -> RecoverResult
     )
 
 
+def _settled(rt: Runtime, inp: RecoverInput) -> RecoverResult | None:
+    """On the ledger thread, after a commit was refused: what the ledger now says of the call when
+    another writer settled it first (completed or parked), else None (the refusal stands)."""
+    settled = call_state(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id, inp.call.tool_call_id)
+    if settled is None or settled.op.status not in ("completed", "parked"):
+        return None
+    if settled.op.status == "parked":
+        return _parked(inp, park_reason_for(settled.op))
+    return RecoverResult(
+        operation_id=inp.call.operation_id,
+        status="completed",
+        reason=settled.op.reason,
+        is_error=bool(settled.op.response_is_error),
+        response_event_id=settled.op.response_event_id,
+    )
+
+
 async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) -> RecoverResult:
     """Resolve one operation and settle it from evidence, or park it; never re-run a side effect."""
     call = inp.call
@@ -147,7 +164,15 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         dispatched = Dispatched(
             state.ids, tool, args, ws, op.dispatch_event_id or "", record, gov, run_number=run_number
         )
-        _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
+        try:
+            _, response = await run_and_commit_outcome(rt, dispatched, call, attempt)
+        except LedgerRejection:
+            # An attempt abandoned meanwhile (a local call past its timeout) committed its T2
+            # first: the ledger's guard kept one, and that one is the outcome.
+            settled = await rt.on_ledger(lambda: _settled(rt, inp), attempt=attempt)
+            if settled is None:
+                raise
+            return settled
         reason = "replay_safe_reread" if guarantee == "read-only" else "idempotent_rerun"
         return _completed(op_id, reason, response)
     if guarantee != "reconciliation-required":
@@ -320,18 +345,10 @@ async def _reconcile(
         except LedgerRejection:
             # Another recoverer settled it first (a different observation is refused: parked is
             # terminal). Report what the ledger now says rather than what we observed.
-            settled = call_state(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id, ref.tool_call_id)
-            if settled is None or settled.op.status not in ("completed", "parked"):
+            settled = _settled(rt, inp)
+            if settled is None:
                 raise
-            if settled.op.status == "parked":
-                return _parked(inp, park_reason_for(settled.op))
-            return RecoverResult(
-                operation_id=op_id,
-                status="completed",
-                reason=settled.op.reason,
-                is_error=bool(settled.op.response_is_error),
-                response_event_id=settled.op.response_event_id,
-            )
+            return settled
 
     raced = await rt.on_ledger(commit, attempt=attempt)
     if raced is not None:

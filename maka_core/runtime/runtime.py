@@ -57,6 +57,7 @@ from maka_core.observe import NOOP, Observer
 from maka_core.policy import Policy
 from maka_core.providers import Provider, provider_from_spec
 from maka_core.providers.spec import ProviderSpec, UnrecognizedSpec, parse_provider_spec
+from maka_core.runtime import local_calls
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
@@ -191,6 +192,19 @@ class ToolSlots:
                 if chosen:  # a release picked this call: pass its wake-up on
                     self._wake_one()
                 raise
+
+    def try_take(self) -> ToolSlot | None:
+        """A free slot now, or ``None`` when all are taken or the worker is stopping (a local
+        attempt never waits for a thread: it defers its call instead)."""
+        with self._lock:
+            if self._stopping or self._free <= 0:
+                return None
+            self._free -= 1
+            return ToolSlot(self)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     def give_back(self) -> None:
         with self._lock:
@@ -459,6 +473,13 @@ class Runtime:
         if self.settings.provider_call_log:
             with open(self.settings.provider_call_log, "a", encoding="utf-8") as fh:
                 fh.write(step_id + "\n")
+
+    def local_cancel_asked(self, workflow_run_id: str, activity_id: str, *, gone: bool) -> bool:
+        """Whether the workflow asked for this local attempt's cancel (``cancel_turn``): then its
+        tool's stopped end commits as ``tool_cancelled``; any other cancel (``gone``: its timeout
+        or a worker shutdown, as the SDK says; an eviction, which the SDK does not tell from an
+        asked cancel) abandons it, leaving T1 without T2 for recovery."""
+        return not gone and local_calls.ASKED_CANCELS.asked(workflow_run_id, activity_id)
 
     def stop_tools(self) -> None:
         """No new tool calls (shutdown's first step): a call waiting for its tool thread, or asking

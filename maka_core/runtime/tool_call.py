@@ -42,7 +42,7 @@ from maka_core.ledger.lanes import args_hash_or_none
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
-from maka_core.runtime.contracts import ApprovalWait, CallRef, RunIds, ToolInput, ToolOutcome
+from maka_core.runtime.contracts import ApprovalWait, CallRef, LocalDeferral, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
 from maka_core.tools.base import FileEvidence, GuardedWrite
@@ -62,6 +62,15 @@ class DispatchWithoutOutcome(MakaError):
     """The call has a dispatch fact and no outcome: running it again could repeat its effect."""
 
     default_code = "dispatch_without_outcome"
+
+
+class Deferred(Exception):
+    """A local attempt hands its call to the regular activity (``runtime.local_calls``): raised
+    before T1 (no thread free, the worker stopping, an approval asked for), never after."""
+
+    def __init__(self, reason: LocalDeferral) -> None:
+        super().__init__(reason)
+        self.reason: LocalDeferral = reason
 
 
 class AttemptCancelled(MakaError):
@@ -204,22 +213,25 @@ async def execute_tool(rt: Runtime, inp: ToolInput, attempt: Attempt) -> ToolOut
 
 
 async def execute_tool_then(
-    rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None
+    rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None, *, local: bool = False
 ) -> tuple[ToolOutcome, T | None]:
     """``execute_tool``, and ``then`` on the ledger thread in T2's own hop, right after T2 commits;
     its value is None when the call did not run here (refused, or settled before). A riding model
     step reads its ledger state this way, saving a hand-off and a return per call (``runtime``).
-    ``then`` must not raise: inside a group commit its failure would undo T2 with it."""
+    ``then`` must not raise: inside a group commit its failure would undo T2 with it.
+
+    ``local``: a local attempt (``runtime.local_calls``): it takes a tool thread only if one is free
+    and raises ``Deferred`` where the regular attempt would wait (for a thread or an approval)."""
     began = time.perf_counter()
     try:
-        return await _execute(rt, inp, attempt, then)
+        return await _execute(rt, inp, attempt, then, local)
     finally:
         rt.timings["tool_call"] += time.perf_counter() - began
         rt.timings["calls"] += 1
 
 
 async def _execute(
-    rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None
+    rt: Runtime, inp: ToolInput, attempt: Attempt, then: Callable[[], T] | None, local: bool = False
 ) -> tuple[ToolOutcome, T | None]:
     spent: list[float] = []
 
@@ -244,7 +256,13 @@ async def _execute(
 
     while True:
         # The call's tool thread is reserved before T1, so a durable T1 never queues for one.
-        slot = await rt.tool_slots.take(attempt, rt.settings.heartbeat_interval)
+        if local:
+            free = rt.tool_slots.try_take()
+            if free is None:
+                raise Deferred("stopping" if rt.tool_slots.stopping else "busy")
+            slot = free
+        else:
+            slot = await rt.tool_slots.take(attempt, rt.settings.heartbeat_interval)
         relay = rt.relay(
             [
                 Leg("ledger", admit, "t1"),
@@ -258,6 +276,8 @@ async def _execute(
         settled = await _cancelling(relay, cancellation, attempt)
         if not isinstance(settled, AwaitingApproval):
             break
+        if local:  # the request is committed, no T1: the regular attempt finds it and waits
+            raise Deferred("approval")
         if inp.approval_wait == "workflow":  # the workflow waits, holding no thread (``approvals``)
             waiting = ToolOutcome(
                 operation_id=inp.call.operation_id, status="awaiting_approval", approval=settled.wait

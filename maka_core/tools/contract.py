@@ -247,6 +247,7 @@ class FunctionTool:
         preflight: PreflightHook | None = None,
         result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
         hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
+        bound_s: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise _invalid(str(name), "a name is 1-64 of A-Z a-z 0-9 _ -")
@@ -266,6 +267,8 @@ class FunctionTool:
             declared = frozenset({"read"}) if guarantee == "read-only" else frozenset({"mutate"})
         if guarantee == "reconciliation-required" and reconcile is None:
             raise _invalid(name, "reconciliation-required needs a reconcile= hook")
+        if bound_s is not None and not (isinstance(bound_s, int | float) and 0 < bound_s <= 3600):
+            raise _invalid(name, "bound_s is a number of seconds in (0, 3600]")
         if (args_model is None) == (parameters is None):
             raise _invalid(name, "give exactly one of args_model and parameters")
         if args_model is not None:
@@ -306,6 +309,10 @@ class FunctionTool:
         if not hook_timeout_s > 0:
             raise _invalid(name, "hook_timeout_s is positive")
         self.hook_timeout_s = hook_timeout_s
+        #: The longest one call takes, declared by the tool (seconds; ``None``: no bound declared).
+        #: A ``read-only`` tool with a short bound may run as a local activity in a hybrid session
+        #: (``runtime.local_calls``); nothing enforces it but the local attempt's start-to-close.
+        self.bound_s = bound_s
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r}, guarantee={self.guarantee!r})"
@@ -357,6 +364,7 @@ def tool(
     reconcile: ReconcileHook | None = None,
     preflight: PreflightHook | None = None,
     hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
+    bound_s: float | None = None,
 ) -> Any:
     """Make ``fn(args: YourModel, ctx: ToolContext)`` a tool (``@tool`` or ``@tool(...)``).
 
@@ -385,6 +393,7 @@ def tool(
             reconcile=reconcile,
             preflight=preflight,
             hook_timeout_s=hook_timeout_s,
+            bound_s=bound_s,
         )
 
     return make if fn is None else make(fn)

@@ -136,6 +136,15 @@ async def main(wanted: set[str]) -> None:
                 await wait_turn(client, sid, acc.run_id)
                 written += await _save(client, sid, name, all_runs=True)
 
+            if want("hybrid_two_turns_every_tool"):
+                # ``tool_mode="hybrid"`` (``maka-local-tools-1``): the file tools' first dispatch is
+                # a local activity (a marker), bash a regular activity, the refused read a marker.
+                sid, first = await start(client, ws, every_tool, queue, "do it", tool_mode="hybrid")
+                await wait_turn(client, sid, first.run_id)
+                second = await send_message(client, sid, "anything else?")
+                await wait_turn(client, sid, second.run_id)
+                written += await _save(client, sid, "hybrid_two_turns_every_tool")
+
             model_activity = write_script(
                 tmp / "ma.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}]
             )
@@ -203,6 +212,22 @@ async def main(wanted: set[str]) -> None:
                 worker.wait_ready()
                 await wait_turn(client, sid, acc.run_id)
                 written += await _save(client, sid, name)
+        if want("hybrid_crash_recover"):
+            # A worker killed after a local write_file's effect, before its T2: the task's markers
+            # are lost, the replay's re-run meets T1 (a failure marker), recovery finalizes it.
+            crash_script = write_script(
+                tmp / "hybrid-crash.json",
+                [tool_step(("write_file", {"path": "h.txt", "content": "hybrid\n"})), {"text": "ok"}],
+            )
+            armed = {"failpoint": "P4", "failpoint_tag": "write_file"}
+            with WorkerProcess(server, db, queue, home=tmp, **armed) as doomed:
+                doomed.wait_ready()
+                sid, acc = await start(client, ws, crash_script, queue, "go", tool_mode="hybrid")
+                await doomed.wait_exit()
+            with WorkerProcess(server, db, queue, home=tmp) as worker:
+                worker.wait_ready()
+                await wait_turn(client, sid, acc.run_id)
+                written += await _save(client, sid, "hybrid_crash_recover")
         for path in written:
             print(f"wrote {path.relative_to(HERE.parents[1])} ({path.stat().st_size} bytes)")
     finally:

@@ -22,7 +22,11 @@ from rich.table import Table
 
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
-from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.runtime.contracts import (
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
+    NEW_SESSION_TOOL_MODE,
+)
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli.base import (
@@ -112,6 +116,13 @@ def session() -> None:
 )
 @click.option("--model-step-mode", type=click.Choice(["with_tool", "local", "activity"]), default="with_tool")
 @click.option(
+    "--tool-mode",
+    type=click.Choice(["activity", "hybrid"]),
+    default=NEW_SESSION_TOOL_MODE,
+    show_default=True,
+    help="hybrid: a bounded tool call's first dispatch runs as a local activity (no server round trip)",
+)
+@click.option(
     "--max-steps",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_STEPS_PER_TURN,
@@ -189,6 +200,7 @@ def cmd_start(
     continue_as_new_after: int | None,
     continue_as_new_after_steps: int | None,
     model_step_mode: str,
+    tool_mode: str,
     max_steps: int,
     system: str | None,
     temperature: float | None,
@@ -226,6 +238,7 @@ def cmd_start(
         context_window=context_window,
         context_reserve=context_reserve,
         model_step_mode=model_step_mode,
+        tool_mode=tool_mode,
         max_steps=max_steps,
         continue_as_new_after=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,

@@ -26,7 +26,9 @@ from maka_temporal.workflows.contracts import (
     BEGIN_CONTINUATION,
     BEGIN_RUN,
     EXECUTE_TOOL,
+    EXECUTE_TOOL_LOCAL,
     FINISH_RUN,
+    LOCAL_TOOL_ID_PREFIX,
     MODEL_STEP,
     RECOVER_OPERATION,
     BeginContinuationInput,
@@ -35,6 +37,7 @@ from maka_temporal.workflows.contracts import (
     Contract,
     FinishRunInput,
     FinishRunResult,
+    LocalToolResult,
     ModelStepResult,
     RecoverInput,
     RecoverResult,
@@ -50,10 +53,12 @@ CONTRACTS: dict[str, tuple[type[Contract] | None, type[Contract]]] = {
     BEGIN_CONTINUATION: (BeginContinuationInput, BeginRunResult),
     MODEL_STEP: (None, ModelStepResult),
     EXECUTE_TOOL: (ToolInput, ToolOutcome),
+    EXECUTE_TOOL_LOCAL: (None, LocalToolResult),
     RECOVER_OPERATION: (RecoverInput, RecoverResult),
     FINISH_RUN: (FinishRunInput, FinishRunResult),
 }
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
+_TASK_LOST = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
 _STATUS: dict[int, ExecutionStatus] = {
     WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING: "running",
     WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_COMPLETED: "completed",
@@ -152,8 +157,15 @@ def normalize_history(
     start_ms = close_ms = None
     continued_from = continued_to = None
     current_run: str | None = None
+    lost_tasks, task_open = 0, False
     for event in events:
         kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            task_open = True
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            task_open = False
+        elif kind in _TASK_LOST:
+            lost_tasks, task_open = lost_tasks + (1 if task_open else 0), False
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             attrs = event.workflow_execution_started_event_attributes
             start_ms = _ms(event.event_time)
@@ -223,6 +235,8 @@ def normalize_history(
                 continued_to = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
     if close_ms is None:
         status = "running"
+    elif task_open:
+        lost_tasks += 1  # closed (terminated, reset) while a workflow task ran
     facts = tuple(ActivityFact(**scheduled[i]) for i in order)
     return Execution(
         workflow_id,
@@ -233,6 +247,7 @@ def normalize_history(
         continued_from=continued_from,
         continued_to=continued_to or None,
         activities=facts,
+        lost_workflow_tasks=lost_tasks,
     )
 
 
@@ -250,17 +265,29 @@ def _local_activity(converter: Any, event: HistoryEvent, current_run: str | None
     if "result" in attrs.details and result_model is not None:
         result = _decode(converter, attrs.details["result"].payloads, result_model)
     failed = attrs.HasField("failure")
+    activity_id = str(data.get("activity_id", event.event_id))
+    outcome: ActivityOutcome = "failed" if failed else "completed"
+    call: dict[str, Any] = {}
+    if name == EXECUTE_TOOL_LOCAL:
+        # The marker holds no input: its id names the operation (the index finds the call).
+        if activity_id.startswith(LOCAL_TOOL_ID_PREFIX):
+            call = {"operation_id": activity_id[len(LOCAL_TOOL_ID_PREFIX) :]}
+        if result.get("deferred"):
+            outcome = "deferred"
+        deferred = {"deferred": result["deferred"]} if "deferred" in result else {}
+        result = {**result.get("outcome", {}), **deferred}
     return {
         "activity_type": name,
-        "activity_id": str(data.get("activity_id", event.event_id)),
+        "activity_id": activity_id,
         "seq": event.event_id,
-        "outcome": "failed" if failed else "completed",
+        "outcome": outcome,
         "attempt": int(data.get("attempt", 1) or 1),
         "local": True,
         "closed_at": _ms(event.event_time),
         "run_id": current_run,
         "result": result,
         "failure": attrs.failure.message if failed else None,
+        **call,
     }
 
 

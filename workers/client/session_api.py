@@ -21,7 +21,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from maka_core.errors import MakaError
-from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S
+from maka_core.runtime.contracts import (
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
+    NEW_SESSION_TOOL_MODE,
+)
 from maka_core.settings import MakaSettings, load_settings
 from maka_temporal.workers.client import turn_messages
 from maka_temporal.workers.client.ledger import open_ledger, session_events
@@ -239,6 +243,7 @@ class SessionClient:
         unhinged: bool = False,
         accept_timeout: float | None = None,
         offer: Sequence[str] | None = None,
+        tool_mode: str = NEW_SESSION_TOOL_MODE,
     ) -> TurnStarted:
         """Start a session on ``workspace`` and send its first message (``maka session start``).
 
@@ -275,6 +280,7 @@ class SessionClient:
                 on_behalf_of=on_behalf_of,
                 unhinged=unhinged,
                 offer=offer,
+                tool_mode=tool_mode,
             )
             with open_ledger(s.ledger, create=True) as store:
                 recorded = new.record(store)

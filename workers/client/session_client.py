@@ -25,9 +25,11 @@ from maka_core.errors import ConfigError, MakaError
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
+    NEW_SESSION_TOOL_MODE,
     STEP_TIMEOUT_BOUNDS_S,
     ModelStepMode,
     SessionConfig,
+    ToolMode,
 )
 from maka_core.settings import load_settings
 
@@ -202,6 +204,7 @@ def new_session_config(
     continue_as_new_after_steps: int | None = None,
     host: str | None = None,
     host_wait_s: float | None = None,
+    tool_mode: str = NEW_SESSION_TOOL_MODE,
 ) -> SessionConfig:
     """The config of a session being started now, every value checked (a recorded config is taken
     as it was written; this is where a new one enters).
@@ -225,7 +228,11 @@ def new_session_config(
             raise ConfigError("config_invalid", f"{name} is at least 1", setting=name)
     if host_wait_s is not None and host_wait_s <= 0:
         raise ConfigError("config_invalid", "the host wait is positive", setting="host_wait_s")
+    tool_modes: tuple[ToolMode, ...] = get_args(ToolMode)
+    if tool_mode not in tool_modes:
+        raise ConfigError("config_invalid", f"tool_mode is one of {tool_modes}", setting="tool_mode")
     return SessionConfig(
+        tool_mode=tool_mode,
         provider=spec,
         model_step_mode=model_step_mode,
         model_step_timeout_s=step_timeout_s,
@@ -256,12 +263,15 @@ async def start_session(
     host: str | None = None,
     host_wait_s: float | None = None,
     config: SessionConfig | None = None,
+    tool_mode: str = NEW_SESSION_TOOL_MODE,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
     The settings (provider, step mode and timeout, step limit, continue-as-new thresholds, host and
     host wait) become the session's ``SessionConfig``: every later execution of the session runs
-    with them. ``host`` pins the session to a workspace host (its tools and recoveries run only on
+    with them. ``tool_mode``: ``NEW_SESSION_TOOL_MODE`` (``hybrid``), as ``maka session start`` and
+    ``SessionClient.start``: every path to a new session starts it in the same mode.
+    ``host`` pins the session to a workspace host (its tools and recoveries run only on
     that host's queue); ``host_wait_s`` bounds how long the host has to start one (default
     ``MAKA_HOST_WAIT``, read now and recorded with the session). No ``host``: an unpinned session
     whose tools run on ``task_queue`` (library callers, as before host affinity).
@@ -294,6 +304,7 @@ async def start_session(
         continue_as_new_after_steps=continue_as_new_after_steps,
         host=host,
         host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
+        tool_mode=tool_mode,
     )
     ws = Workspace.open(workspace, create=True)
     if task_timeout is None:

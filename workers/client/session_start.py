@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.session_id import check_session_id
-from maka_core.runtime.contracts import DEFAULT_MAX_STEPS_PER_TURN, DEFAULT_STEP_TIMEOUT_S, SessionConfig
+from maka_core.runtime.contracts import (
+    DEFAULT_MAX_STEPS_PER_TURN,
+    DEFAULT_STEP_TIMEOUT_S,
+    NEW_SESSION_TOOL_MODE,
+    SessionConfig,
+)
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.tools.offer import parse_tool_set
@@ -196,6 +201,7 @@ def new_session(
     on_behalf_of: tuple[str, ...] = (),
     unhinged: bool = False,
     offer: Sequence[str] | None = None,
+    tool_mode: str = NEW_SESSION_TOOL_MODE,
 ) -> NewSession:
     """Check a new session's every input, in the CLI's order (message, id, step timeout, provider,
     settings, workspace, policy). ``s.host`` and ``s.host_wait`` pin it to a workspace host.
@@ -230,6 +236,7 @@ def new_session(
         continue_as_new_after_steps=continue_as_new_after_steps,
         host=s.host,
         host_wait_s=s.host_wait,
+        tool_mode=tool_mode,
     )
     path = check_workspace(Path(workspace), s)
     governed = session_policy(

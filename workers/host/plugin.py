@@ -250,7 +250,8 @@ class MakaPlugin(SimplePlugin):
         return _Served(
             store=store,
             runtime=runtime,
-            acts=MakaActivities(runtime),
+            # A local tool attempt runs only where the session's workspace lives.
+            acts=MakaActivities(runtime, host=self.host if self.serve_host_queue else None),
             child=ChildSessionActivities(runtime, self.settings),
             task_queue=task_queue,
         )

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.contract import ToolContext, tool
-from maka_temporal.workers import turn_messages
+from maka_temporal.workers.client import turn_messages
 from maka_temporal.workers.host.worker import default_runtime
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 

@@ -9,6 +9,9 @@ and real files.
 - A call the model makes to a tool it was not offered is refused before T1 with a committed
   ``tool_not_offered``; the control (no set) runs the same call, T1 and all.
 - A set naming a tool the worker does not serve fails the step ``tool_set_unavailable``.
+- MELRA reaches only the tools offered: with ``melra`` alone, ``melra_plan`` of a task that runs
+  ``bash`` is ``tool_not_offered`` (no task stored, no T1), and ``melra_execute`` of a task planned
+  under a wider set is refused again before T1; the control (no set) plans and runs the same task.
 - Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config.
 """
 
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from maka_core.governance import parse_policy
+from maka_core.governance.tasks import task_id_for
 from maka_core.runtime import model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds, SessionConfig, ToolInput
 from maka_core.runtime.governed import SessionGovernance
@@ -30,6 +34,9 @@ from maka_core.store.writer import ToolAttempt
 from maka_core.tools import default_tools
 from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
 from maka_core.workspace import Workspace
+from tests.test_governed_execution import result_of
+from tests.test_melra_runtime import Session
+from tests.test_runtime import ATTEMPT, run, tool_input
 from tests.windowed_vendor import WindowedVendor
 
 SID = "s-offer"
@@ -84,12 +91,12 @@ def _call(rt: Runtime, ws: Workspace, ref: Any, tool_set: tuple[str, ...] | None
     return asyncio.run(tool_call.execute_tool(rt, inp, Attempt(record=ToolAttempt("wf", "wr", "a1", 1))))
 
 
-def _dispatched(rt: Runtime, operation_id: str) -> bool:
+def _dispatched(rt: Runtime, operation_id: str, session_id: str = SID) -> bool:
     return any(
         e.actions is not None
         and e.actions.tool_dispatch is not None
         and e.actions.tool_dispatch.operation_id == operation_id
-        for e in rt.ledger.events(session_id=SID)
+        for e in rt.ledger.events(session_id=session_id)
     )
 
 
@@ -179,6 +186,53 @@ def test_a_set_naming_a_tool_the_worker_does_not_serve_fails_the_step(
         _step(rt, ws, ("builtins", "lookup", "mcp:github"))
     assert err.value.detail["missing"] == ["lookup", "mcp:github"]
     assert not vendor.requests  # no provider call was made
+
+
+TOUCH_TASK: dict[str, Any] = {
+    "goal": "make a file",
+    "operation": {"kind": "terminal", "action": "run", "command": "touch", "args": ["made.txt"]},
+    "requiredEvidence": [{"type": "exit_code", "value": 0}],
+}
+
+
+def _melra(s: Session, name: str, args: dict[str, Any], tool_set: tuple[str, ...] | None) -> Any:
+    """One MELRA call of the session ``s`` (``tests.test_melra_runtime``), under ``tool_set``."""
+    ref = s.ask(name, args)
+    inp = tool_input(s.ws, ref).model_copy(update={"tool_set": tool_set})
+    return ref, result_of(s.rt, run(tool_call.execute_tool(s.rt, inp, ATTEMPT)).response_event_id)
+
+
+@pytest.mark.parametrize("offered", [("melra",), None], ids=["melra only", "control: no set"])
+def test_melra_plan_refuses_a_task_whose_tool_is_not_offered(
+    rt: Runtime, ws: Workspace, offered: tuple[str, ...] | None
+) -> None:
+    s = Session(rt, ws)
+    ref, planned = _melra(s, "melra_plan", TOUCH_TASK, offered)
+    if offered is None:
+        _, done = _melra(s, "melra_execute", {"taskId": planned["taskId"]}, offered)
+        assert done["status"] == "verified_success" and (ws.root / "made.txt").exists(), done
+        return
+    assert planned["code"] == "tool_not_offered" and planned["tool"] == "bash", planned
+    assert rt.ledger.melra_task(task_id_for(ref.operation_id)) is None  # type: ignore[attr-defined]
+    assert not _dispatched(rt, ref.operation_id, "s1")
+    # The task id it would have had runs nothing either.
+    _, done = _melra(s, "melra_execute", {"taskId": task_id_for(ref.operation_id)}, offered)
+    assert done["code"] == "task_not_found" and not (ws.root / "made.txt").exists(), done
+
+
+@pytest.mark.parametrize("offered", [("melra",), None], ids=["melra only", "control: no set"])
+def test_melra_execute_refuses_a_task_whose_tool_is_not_offered(
+    rt: Runtime, ws: Workspace, offered: tuple[str, ...] | None
+) -> None:
+    s = Session(rt, ws)
+    _, planned = _melra(s, "melra_plan", TOUCH_TASK, None)  # planned where bash was offered
+    assert planned["status"] == "planned", planned
+    ref, done = _melra(s, "melra_execute", {"taskId": planned["taskId"]}, offered)
+    if offered is None:
+        assert done["status"] == "verified_success" and (ws.root / "made.txt").exists(), done
+        return
+    assert done["code"] == "tool_not_offered" and done["tool"] == "bash", done
+    assert not _dispatched(rt, ref.operation_id, "s1") and not (ws.root / "made.txt").exists()
 
 
 def test_groups_and_names_resolve_against_the_catalog() -> None:

@@ -343,7 +343,7 @@ def _admit(
         # The model named a tool its request never held: refused like an unknown one, before T1.
         message = f"tool {call.tool_name!r} is not offered in this session"
         return _commit_refusal(rt, ids, call, ToolResult.error("tool_not_offered", message))
-    tool = melra.bind(rt, tool, ids.session_id, call.operation_id)
+    tool = melra.bind(rt, tool, ids.session_id, call.operation_id, offered)
     tool = contract.for_call(tool, contract.CallContext(ids.session_id, call.operation_id, loop=loop))
     try:
         ws = rt.workspace(inp.workspace)

@@ -8,7 +8,9 @@ and real files.
 - A policy's ``offeredTools`` cuts a session's set down; a session never widens it.
 - A call the model makes to a tool it was not offered is refused before T1 with a committed
   ``tool_not_offered``; the control (no set) runs the same call, T1 and all.
-- A set naming a tool the worker does not serve fails the step ``tool_set_unavailable``.
+- A set naming a tool the worker does not serve fails the step, and a call, ``tool_set_unavailable``:
+  one worker's view, so it is a non-retryable failure (the workflow parks the turn with that reason)
+  and nothing is committed: no result, no T1; the control (a served set) runs the same call.
 - MELRA reaches only the tools offered: with ``melra`` alone, ``melra_plan`` of a task that runs
   ``bash`` is ``tool_not_offered`` (no task stored, no T1), and ``melra_execute`` of a task planned
   under a wider set is refused again before T1; the control (no set) plans and runs the same task.
@@ -34,6 +36,8 @@ from maka_core.store.writer import ToolAttempt
 from maka_core.tools import default_tools
 from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
 from maka_core.workspace import Workspace
+from maka_temporal.activities import to_application_error
+from maka_temporal.workflows.contracts import TOOL_SET_UNAVAILABLE
 from tests.test_governed_execution import result_of
 from tests.test_melra_runtime import Session
 from tests.test_runtime import ATTEMPT, run, tool_input
@@ -186,6 +190,26 @@ def test_a_set_naming_a_tool_the_worker_does_not_serve_fails_the_step(
         _step(rt, ws, ("builtins", "lookup", "mcp:github"))
     assert err.value.detail["missing"] == ["lookup", "mcp:github"]
     assert not vendor.requests  # no provider call was made
+    failure = to_application_error(err.value)
+    assert failure.type == TOOL_SET_UNAVAILABLE and failure.non_retryable
+
+
+@pytest.mark.parametrize("tool_set", [("builtins", "lookup"), ("builtins",)], ids=["unserved", "control"])
+def test_a_call_under_a_set_the_worker_does_not_serve_commits_nothing(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, tool_set: tuple[str, ...]
+) -> None:
+    _begin(rt, ws)
+    [ref] = _step(rt, ws, None).calls  # write_file, asked for by a step of another worker
+    if tool_set == ("builtins",):
+        _call(rt, ws, ref, tool_set)
+        assert _dispatched(rt, ref.operation_id) and (ws.root / "notes" / "1.txt").is_file()
+        return
+    with pytest.raises(ToolSetUnavailable) as err:
+        _call(rt, ws, ref, tool_set)
+    assert to_application_error(err.value).non_retryable
+    with pytest.raises(AssertionError, match="no committed result"):
+        _result(rt, ref.tool_call_id)  # nothing for the model to see: a worker that serves it runs it
+    assert not _dispatched(rt, ref.operation_id) and not (ws.root / "notes").exists()
 
 
 TOUCH_TASK: dict[str, Any] = {

@@ -139,13 +139,17 @@ def test_no_set_offers_every_tool(rt: Runtime, ws: Workspace, vendor: WindowedVe
     print(f"\nwhole first request, default set: {len(json.dumps(vendor.requests[-1].body).encode())} B")
 
 
+@pytest.mark.parametrize("cut", [True, False], ids=["policy cuts", "control: no offeredTools"])
 def test_a_policy_cuts_the_sessions_set_down_and_is_never_widened(
-    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, cut: bool
 ) -> None:
-    _with_policy(rt, {"offeredTools": ["read_file", "list_dir", "melra"]})
+    _with_policy(rt, {"offeredTools": ["read_file", "list_dir", "melra"]} if cut else {})
     _begin(rt, ws)
     _step(rt, ws, ("builtins",))
-    assert _offered(vendor) == {"read_file", "list_dir"}  # bash, write_file... forbidden by the policy
+    if cut:
+        assert _offered(vendor) == {"read_file", "list_dir"}  # bash, write_file... forbidden by the policy
+    else:
+        assert _offered(vendor) == BUILTINS  # the same step, the same set, no cut
 
 
 def test_a_policy_alone_bounds_a_session_without_a_set(

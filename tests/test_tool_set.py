@@ -22,17 +22,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from maka_core.governance import parse_policy
 from maka_core.governance.tasks import task_id_for
+from maka_core.ledger.continuation import CATALOG_KEY
 from maka_core.runtime import model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds, SessionConfig, ToolInput
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.store.writer import ToolAttempt
+from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.tools import default_tools
 from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
 from maka_core.workspace import Workspace
@@ -303,3 +305,52 @@ def test_the_set_is_recorded_in_the_sessions_config() -> None:
     assert (
         old is not None and old.tool_set is None and "toolSet" not in SessionConfig(provider=SPEC).to_json()
     )
+
+
+def test_a_ledger_carrying_the_tool_catalog_exports_imports_verifies_and_plans(
+    tmp_path: Path, vendor: WindowedVendor
+) -> None:
+    """``stateDelta.makaToolCatalog`` on the user event passes every ``maka ledger`` command."""
+    from tests.test_ledger_cli import maka, out_json
+
+    src = tmp_path / "src.sqlite"
+    root = tmp_path / "ws"
+    root.mkdir()
+    ws = Workspace.open(root)
+    with LedgerStore.open(src) as store:
+        runtime = Runtime(store)
+        try:
+            config = SessionConfig(provider=SPEC, tool_set=("builtins",))
+            asyncio.run(
+                turn.begin_run(
+                    runtime,
+                    BeginRunInput(
+                        ids=IDS, text="turn 1", ts=1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                        workspace=str(ws.root), workspace_identity=ws.identity, provider=SPEC, config=config,
+                    ),
+                )
+            )  # fmt: skip
+            [ref] = _step(runtime, ws, ("builtins",)).calls
+            _call(runtime, ws, ref, ("builtins",))
+            user = next(e for e in runtime.ledger.events(session_id=SID) if e.role == "user")
+            delta = user.actions.state_delta if user.actions else None
+            assert delta and delta[CATALOG_KEY] == runtime.tool_catalog(), delta
+        finally:
+            runtime.close()
+    home = tmp_path / "home"
+    exported = maka("ledger", "export", "--db", src, "--session", SID, home=home)
+    assert exported.returncode == 0 and CATALOG_KEY in exported.stdout, exported.stderr
+    jsonl = tmp_path / "offer.jsonl"
+    jsonl.write_text(exported.stdout)
+    db = tmp_path / "imported.sqlite"
+    imported = maka("ledger", "import", "--db", db, jsonl, "--json", home=home)
+    assert imported.returncode == 0 and out_json(imported)["ok"], imported.stdout + imported.stderr
+    verified = maka("ledger", "verify", "--db", db, home=home)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    planned = maka("ledger", "plan", "--db", db, "--session", SID, "--run", IDS.run_id, "--json", home=home)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "recovery" in out_json(planned), planned.stdout
+    planned_file = maka("ledger", "plan", jsonl, "--json", home=home)
+    assert planned_file.returncode == 0, planned_file.stdout + planned_file.stderr
+    again = maka("ledger", "export", "--db", db, "--session", SID, home=home)
+    assert again.stdout == exported.stdout  # byte-identical round trip

@@ -14,7 +14,10 @@ and real files.
 - MELRA reaches only the tools offered: with ``melra`` alone, ``melra_plan`` of a task that runs
   ``bash`` is ``tool_not_offered`` (no task stored, no T1), and ``melra_execute`` of a task planned
   under a wider set is refused again before T1; the control (no set) plans and runs the same task.
-- Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config.
+- Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config,
+  and a resumed or reopened session (its recorded config) offers the same set (control: no set).
+- A ledger whose user event carries ``stateDelta.makaToolCatalog`` exports, imports, verifies and
+  plans through the real ``maka ledger`` CLI.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from maka_core.ledger.continuation import CATALOG_KEY
 from maka_core.runtime import model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds, SessionConfig, ToolInput
 from maka_core.runtime.governed import SessionGovernance
+from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.tools import default_tools
@@ -354,3 +358,26 @@ def test_a_ledger_carrying_the_tool_catalog_exports_imports_verifies_and_plans(
     assert planned_file.returncode == 0, planned_file.stdout + planned_file.stderr
     again = maka("ledger", "export", "--db", db, "--session", SID, home=home)
     assert again.stdout == exported.stdout  # byte-identical round trip
+
+
+@pytest.mark.parametrize("tool_set", [("builtins",), None], ids=["set", "control: no set"])
+def test_a_resumed_or_reopened_session_offers_the_same_set(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, tool_set: tuple[str, ...] | None
+) -> None:
+    """``maka resume`` and ``session send`` over a closed execution start the new one with the
+    config recorded on the run's user event (``lost_run.session_record``), whole: its steps offer
+    what the first execution's did."""
+    config = SessionConfig(provider=SPEC, tool_set=tool_set)
+    asyncio.run(
+        turn.begin_run(
+            rt,
+            BeginRunInput(
+                ids=IDS, text="turn 1", ts=1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=SPEC, config=config,
+            ),
+        )
+    )  # fmt: skip
+    record = session_record(rt.ledger.events(session_id=SID))
+    assert record is not None and record.config.tool_set == tool_set
+    _step(rt, ws, record.config.tool_set)  # the continuation's step, from the record
+    assert _offered(vendor) == (BUILTINS if tool_set else set(default_tools()))

@@ -16,6 +16,8 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
   tool was stopped (``runtime.tool_call``) and it committed no T2.
 - ``UsageLimitReached`` (type ``UsageLimitReached``): non-retryable; the workflow parks the turn.
+- ``ToolSetUnavailable`` (type ``tool_set_unavailable``): non-retryable, nothing committed; the
+  workflow parks the turn ``tool_set_unavailable``.
 - ``ApprovalRefused``: non-retryable, its type the stable code (``approval_expired``...): the
   ``approve``/``deny`` Update fails with it, as its validator would have.
 - ``StoreError``: retryable (a locked or briefly unavailable database), except ``schema_too_new``,
@@ -40,6 +42,7 @@ from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, Deferred, DispatchWithoutOutcome
 from maka_core.store.writer import ToolAttempt
+from maka_core.tools.offer import ToolSetUnavailable
 from maka_temporal.workflows.contracts import (
     ANSWER_APPROVAL,
     BEGIN_CONTINUATION,
@@ -108,7 +111,7 @@ def to_application_error(exc: MakaError) -> ApplicationError:
         return ApplicationError(str(exc), detail, type=LEDGER_CHAIN_BROKEN, non_retryable=True)
     if isinstance(exc, UsageLimitReached):
         return ApplicationError(str(exc), detail, type=USAGE_LIMIT_REACHED, non_retryable=True)
-    if isinstance(exc, approvals.ApprovalRefused):
+    if isinstance(exc, (approvals.ApprovalRefused, ToolSetUnavailable)):
         return ApplicationError(exc.message, detail, type=exc.code, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)

@@ -425,3 +425,46 @@ async def test_a_child_session_offers_the_set_it_was_given(
     assert [r.result["value"]["code"] for r in responses] == ["tool_not_offered"] and not dispatched
     tool_set, responses, dispatched = results["offered-2"]
     assert tool_set is None and len(dispatched) == 1 and not responses[0].is_error
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_session_offering_a_tool_no_worker_serves_parks_tool_set_unavailable(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``offer=["builtins", "lookup"]`` on a worker that serves no ``lookup``: the step fails
+    non-retryable and the turn parks ``tool_set_unavailable``, nothing committed for the model (no
+    call, no result). Control: ``offer=["builtins"]`` runs the same script to idle."""
+    from maka_core.store.writer import LedgerStore
+    from maka_temporal import SessionResult
+    from tests.children.child_session_workflow import OfferedChildSessionWorkflow
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    script = write_script(
+        tmp_path / "s.json", [tool_step(("list_dir", {"path": "."}), text="x"), {"text": "done"}]
+    )
+    plugin = MakaPlugin(ledger=db)
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[OfferedChildSessionWorkflow], plugins=[plugin]
+    ):
+        done: dict[str, Any] = {}
+        for sid, offer in (("unserved-1", ["builtins", "lookup"]), ("unserved-2", ["builtins"])):
+            done[sid] = await temporal_client.execute_workflow(
+                OfferedChildSessionWorkflow.run,
+                args=[str(ws_dir), str(script), sid, offer],
+                id=f"p-{sid}-{task_queue}",
+                task_queue=task_queue,
+                result_type=SessionResult,
+            )
+    with LedgerStore.open(db) as store:
+        parked = store.events(session_id="unserved-1")
+        control = store.events(session_id="unserved-2")
+    assert (done["unserved-1"].state, done["unserved-1"].park_reason) == ("parked", "tool_set_unavailable")
+    assert not [
+        e
+        for e in parked
+        if e.content is not None and e.content.kind in ("function_call", "function_response")
+    ]
+    assert done["unserved-2"].state == "idle", done["unserved-2"]
+    assert any(e.content is not None and e.content.kind == "function_response" for e in control)

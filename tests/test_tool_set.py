@@ -8,8 +8,16 @@ and real files.
 - A policy's ``offeredTools`` cuts a session's set down; a session never widens it.
 - A call the model makes to a tool it was not offered is refused before T1 with a committed
   ``tool_not_offered``; the control (no set) runs the same call, T1 and all.
-- A set naming a tool the worker does not serve fails the step ``tool_set_unavailable``.
-- Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config.
+- A set naming a tool the worker does not serve fails the step, and a call, ``tool_set_unavailable``:
+  one worker's view, so it is a non-retryable failure (the workflow parks the turn with that reason)
+  and nothing is committed: no result, no T1; the control (a served set) runs the same call.
+- MELRA reaches only the tools offered: with ``melra`` alone, ``melra_plan`` of a task that runs
+  ``bash`` is ``tool_not_offered`` (no task stored, no T1), and ``melra_execute`` of a task planned
+  under a wider set is refused again before T1; the control (no set) plans and runs the same task.
+- Bad sets: ``tool_set_invalid`` naming the entry; the set is recorded in the session's config,
+  and a resumed or reopened session (its recorded config) offers the same set (control: no set).
+- A ledger whose user event carries ``stateDelta.makaToolCatalog`` exports, imports, verifies and
+  plans through the real ``maka ledger`` CLI.
 """
 
 from __future__ import annotations
@@ -17,19 +25,28 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from maka_core.governance import parse_policy
+from maka_core.governance.tasks import task_id_for
+from maka_core.ledger.continuation import CATALOG_KEY
 from maka_core.runtime import model_step, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds, SessionConfig, ToolInput
 from maka_core.runtime.governed import SessionGovernance
+from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.store.writer import ToolAttempt
+from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.tools import default_tools
 from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
 from maka_core.workspace import Workspace
+from maka_temporal.activities import to_application_error
+from maka_temporal.workflows.contracts import TOOL_SET_UNAVAILABLE
+from tests.test_governed_execution import result_of
+from tests.test_melra_runtime import Session
+from tests.test_runtime import ATTEMPT, run, tool_input
 from tests.windowed_vendor import WindowedVendor
 
 SID = "s-offer"
@@ -84,12 +101,12 @@ def _call(rt: Runtime, ws: Workspace, ref: Any, tool_set: tuple[str, ...] | None
     return asyncio.run(tool_call.execute_tool(rt, inp, Attempt(record=ToolAttempt("wf", "wr", "a1", 1))))
 
 
-def _dispatched(rt: Runtime, operation_id: str) -> bool:
+def _dispatched(rt: Runtime, operation_id: str, session_id: str = SID) -> bool:
     return any(
         e.actions is not None
         and e.actions.tool_dispatch is not None
         and e.actions.tool_dispatch.operation_id == operation_id
-        for e in rt.ledger.events(session_id=SID)
+        for e in rt.ledger.events(session_id=session_id)
     )
 
 
@@ -128,13 +145,17 @@ def test_no_set_offers_every_tool(rt: Runtime, ws: Workspace, vendor: WindowedVe
     print(f"\nwhole first request, default set: {len(json.dumps(vendor.requests[-1].body).encode())} B")
 
 
+@pytest.mark.parametrize("cut", [True, False], ids=["policy cuts", "control: no offeredTools"])
 def test_a_policy_cuts_the_sessions_set_down_and_is_never_widened(
-    rt: Runtime, ws: Workspace, vendor: WindowedVendor
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, cut: bool
 ) -> None:
-    _with_policy(rt, {"offeredTools": ["read_file", "list_dir", "melra"]})
+    _with_policy(rt, {"offeredTools": ["read_file", "list_dir", "melra"]} if cut else {})
     _begin(rt, ws)
     _step(rt, ws, ("builtins",))
-    assert _offered(vendor) == {"read_file", "list_dir"}  # bash, write_file... forbidden by the policy
+    if cut:
+        assert _offered(vendor) == {"read_file", "list_dir"}  # bash, write_file... forbidden by the policy
+    else:
+        assert _offered(vendor) == BUILTINS  # the same step, the same set, no cut
 
 
 def test_a_policy_alone_bounds_a_session_without_a_set(
@@ -179,6 +200,73 @@ def test_a_set_naming_a_tool_the_worker_does_not_serve_fails_the_step(
         _step(rt, ws, ("builtins", "lookup", "mcp:github"))
     assert err.value.detail["missing"] == ["lookup", "mcp:github"]
     assert not vendor.requests  # no provider call was made
+    failure = to_application_error(err.value)
+    assert failure.type == TOOL_SET_UNAVAILABLE and failure.non_retryable
+
+
+@pytest.mark.parametrize("tool_set", [("builtins", "lookup"), ("builtins",)], ids=["unserved", "control"])
+def test_a_call_under_a_set_the_worker_does_not_serve_commits_nothing(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, tool_set: tuple[str, ...]
+) -> None:
+    _begin(rt, ws)
+    [ref] = _step(rt, ws, None).calls  # write_file, asked for by a step of another worker
+    if tool_set == ("builtins",):
+        _call(rt, ws, ref, tool_set)
+        assert _dispatched(rt, ref.operation_id) and (ws.root / "notes" / "1.txt").is_file()
+        return
+    with pytest.raises(ToolSetUnavailable) as err:
+        _call(rt, ws, ref, tool_set)
+    assert to_application_error(err.value).non_retryable
+    with pytest.raises(AssertionError, match="no committed result"):
+        _result(rt, ref.tool_call_id)  # nothing for the model to see: a worker that serves it runs it
+    assert not _dispatched(rt, ref.operation_id) and not (ws.root / "notes").exists()
+
+
+TOUCH_TASK: dict[str, Any] = {
+    "goal": "make a file",
+    "operation": {"kind": "terminal", "action": "run", "command": "touch", "args": ["made.txt"]},
+    "requiredEvidence": [{"type": "exit_code", "value": 0}],
+}
+
+
+def _melra(s: Session, name: str, args: dict[str, Any], tool_set: tuple[str, ...] | None) -> Any:
+    """One MELRA call of the session ``s`` (``tests.test_melra_runtime``), under ``tool_set``."""
+    ref = s.ask(name, args)
+    inp = tool_input(s.ws, ref).model_copy(update={"tool_set": tool_set})
+    return ref, result_of(s.rt, run(tool_call.execute_tool(s.rt, inp, ATTEMPT)).response_event_id)
+
+
+@pytest.mark.parametrize("offered", [("melra",), None], ids=["melra only", "control: no set"])
+def test_melra_plan_refuses_a_task_whose_tool_is_not_offered(
+    rt: Runtime, ws: Workspace, offered: tuple[str, ...] | None
+) -> None:
+    s = Session(rt, ws)
+    ref, planned = _melra(s, "melra_plan", TOUCH_TASK, offered)
+    if offered is None:
+        _, done = _melra(s, "melra_execute", {"taskId": planned["taskId"]}, offered)
+        assert done["status"] == "verified_success" and (ws.root / "made.txt").exists(), done
+        return
+    assert planned["code"] == "tool_not_offered" and planned["tool"] == "bash", planned
+    assert rt.ledger.melra_task(task_id_for(ref.operation_id)) is None  # type: ignore[attr-defined]
+    assert not _dispatched(rt, ref.operation_id, "s1")
+    # The task id it would have had runs nothing either.
+    _, done = _melra(s, "melra_execute", {"taskId": task_id_for(ref.operation_id)}, offered)
+    assert done["code"] == "task_not_found" and not (ws.root / "made.txt").exists(), done
+
+
+@pytest.mark.parametrize("offered", [("melra",), None], ids=["melra only", "control: no set"])
+def test_melra_execute_refuses_a_task_whose_tool_is_not_offered(
+    rt: Runtime, ws: Workspace, offered: tuple[str, ...] | None
+) -> None:
+    s = Session(rt, ws)
+    _, planned = _melra(s, "melra_plan", TOUCH_TASK, None)  # planned where bash was offered
+    assert planned["status"] == "planned", planned
+    ref, done = _melra(s, "melra_execute", {"taskId": planned["taskId"]}, offered)
+    if offered is None:
+        assert done["status"] == "verified_success" and (ws.root / "made.txt").exists(), done
+        return
+    assert done["code"] == "tool_not_offered" and done["tool"] == "bash", done
+    assert not _dispatched(rt, ref.operation_id, "s1") and not (ws.root / "made.txt").exists()
 
 
 def test_groups_and_names_resolve_against_the_catalog() -> None:
@@ -221,3 +309,75 @@ def test_the_set_is_recorded_in_the_sessions_config() -> None:
     assert (
         old is not None and old.tool_set is None and "toolSet" not in SessionConfig(provider=SPEC).to_json()
     )
+
+
+def test_a_ledger_carrying_the_tool_catalog_exports_imports_verifies_and_plans(
+    tmp_path: Path, vendor: WindowedVendor
+) -> None:
+    """``stateDelta.makaToolCatalog`` on the user event passes every ``maka ledger`` command."""
+    from tests.test_ledger_cli import maka, out_json
+
+    src = tmp_path / "src.sqlite"
+    root = tmp_path / "ws"
+    root.mkdir()
+    ws = Workspace.open(root)
+    with LedgerStore.open(src) as store:
+        runtime = Runtime(store)
+        try:
+            config = SessionConfig(provider=SPEC, tool_set=("builtins",))
+            asyncio.run(
+                turn.begin_run(
+                    runtime,
+                    BeginRunInput(
+                        ids=IDS, text="turn 1", ts=1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                        workspace=str(ws.root), workspace_identity=ws.identity, provider=SPEC, config=config,
+                    ),
+                )
+            )  # fmt: skip
+            [ref] = _step(runtime, ws, ("builtins",)).calls
+            _call(runtime, ws, ref, ("builtins",))
+            user = next(e for e in runtime.ledger.events(session_id=SID) if e.role == "user")
+            delta = user.actions.state_delta if user.actions else None
+            assert delta and delta[CATALOG_KEY] == runtime.tool_catalog(), delta
+        finally:
+            runtime.close()
+    home = tmp_path / "home"
+    exported = maka("ledger", "export", "--db", src, "--session", SID, home=home)
+    assert exported.returncode == 0 and CATALOG_KEY in exported.stdout, exported.stderr
+    jsonl = tmp_path / "offer.jsonl"
+    jsonl.write_text(exported.stdout)
+    db = tmp_path / "imported.sqlite"
+    imported = maka("ledger", "import", "--db", db, jsonl, "--json", home=home)
+    assert imported.returncode == 0 and out_json(imported)["ok"], imported.stdout + imported.stderr
+    verified = maka("ledger", "verify", "--db", db, home=home)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    planned = maka("ledger", "plan", "--db", db, "--session", SID, "--run", IDS.run_id, "--json", home=home)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "recovery" in out_json(planned), planned.stdout
+    planned_file = maka("ledger", "plan", jsonl, "--json", home=home)
+    assert planned_file.returncode == 0, planned_file.stdout + planned_file.stderr
+    again = maka("ledger", "export", "--db", db, "--session", SID, home=home)
+    assert again.stdout == exported.stdout  # byte-identical round trip
+
+
+@pytest.mark.parametrize("tool_set", [("builtins",), None], ids=["set", "control: no set"])
+def test_a_resumed_or_reopened_session_offers_the_same_set(
+    rt: Runtime, ws: Workspace, vendor: WindowedVendor, tool_set: tuple[str, ...] | None
+) -> None:
+    """``maka resume`` and ``session send`` over a closed execution start the new one with the
+    config recorded on the run's user event (``lost_run.session_record``), whole: its steps offer
+    what the first execution's did."""
+    config = SessionConfig(provider=SPEC, tool_set=tool_set)
+    asyncio.run(
+        turn.begin_run(
+            rt,
+            BeginRunInput(
+                ids=IDS, text="turn 1", ts=1, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+                workspace=str(ws.root), workspace_identity=ws.identity, provider=SPEC, config=config,
+            ),
+        )
+    )  # fmt: skip
+    record = session_record(rt.ledger.events(session_id=SID))
+    assert record is not None and record.config.tool_set == tool_set
+    _step(rt, ws, record.config.tool_set)  # the continuation's step, from the record
+    assert _offered(vendor) == (BUILTINS if tool_set else set(default_tools()))

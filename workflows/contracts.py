@@ -140,6 +140,7 @@ __all__ = [
     "WaitSettled",
     "TurnStatus",
     "USAGE_LIMIT_REACHED",
+    "TOOL_SET_UNAVAILABLE",
     "host_queue",
     "workflow_id_for",
 ]
@@ -184,6 +185,10 @@ LEDGER_CHAIN_BROKEN: Final = "LedgerChainBroken"
 #: ``model_step`` refused a call that would pass a token cap of the session's policy: the turn
 #: parks ``usage_limit_reached`` (no provider call was made).
 USAGE_LIMIT_REACHED: Final = "UsageLimitReached"
+#: A step or call of a session whose tool set names a tool or server this worker does not serve
+#: (``tools.offer.ToolSetUnavailable``): one worker's view, so nothing is committed; the turn parks
+#: ``tool_set_unavailable`` (like a catalog mismatch) until a worker serving the set resumes it.
+TOOL_SET_UNAVAILABLE: Final = "tool_set_unavailable"
 
 
 def workflow_id_for(session_id: str) -> str:

@@ -101,6 +101,7 @@ with workflow.unsafe.imports_passed_through():
         SEND_MESSAGE,
         SESSION_WORKFLOW,
         STATUS_QUERY,
+        TOOL_SET_UNAVAILABLE,
         USAGE_LIMIT_REACHED,
         WAIT_SETTLED,
         AnswerInput,
@@ -717,6 +718,9 @@ class SessionWorkflow:
                     cause = err.cause if isinstance(err, ActivityError) else err
                     if isinstance(cause, ApplicationError) and cause.type == USAGE_LIMIT_REACHED:
                         raise _Park("usage_limit_reached", None) from None
+                    # Raised only since tool sets (a session without one never raises it).
+                    if isinstance(cause, ApplicationError) and cause.type == TOOL_SET_UNAVAILABLE:
+                        raise _Park("tool_set_unavailable", None) from None
                     raise
             output, carried = carried, None
             if output.final:
@@ -842,6 +846,9 @@ class SessionWorkflow:
                     continue
                 return outcome
             except ActivityError as err:
+                if isinstance(err.cause, ApplicationError) and err.cause.type == TOOL_SET_UNAVAILABLE:
+                    # Refused before T1 (nothing ran, nothing committed); raised only since tool sets.
+                    raise _Park("tool_set_unavailable", call.operation_id) from None
                 if host_away(err):
                     # The host never started this attempt: not a failed dispatch. Wait for the
                     # host; an earlier attempt may have died mid-call, so recovery still decides.

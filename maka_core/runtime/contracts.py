@@ -94,6 +94,9 @@ ParkReason = Literal[
     # the session's workspace host did not pick a tool or recovery activity up within the
     # session's host wait (schedule-to-start); ``maka resume`` continues once the host is back
     "workspace_host_unavailable",
+    # the session's tool set names a tool or MCP server the worker that took its step or call
+    # does not serve (``tools.offer``); nothing was committed, a worker that serves it resumes
+    "tool_set_unavailable",
     # a session whose execution was lost and whose resume parked (the host's union, above)
     HostParkReason,
 ]

@@ -37,8 +37,14 @@ if TYPE_CHECKING:
     from maka_core.workspace import Workspace
 
 
-def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
-    """``tool`` bound to this call when it is a MELRA tool; otherwise ``tool`` itself."""
+def bind(
+    rt: Runtime, tool: Tool, session_id: str, operation_id: str, offered: frozenset[str] | None = None
+) -> Tool:
+    """``tool`` bound to this call when it is a MELRA tool; otherwise ``tool`` itself.
+
+    ``offered`` is what the session offers (``Runtime.offered``; ``None``: every tool): a task
+    reaches only those tools, so a set that leaves ``bash`` out leaves it out of MELRA too.
+    """
     if not getattr(tool, "binds_to_session", False):
         return tool
     gov = rt.session_governance(session_id)
@@ -57,7 +63,8 @@ def bind(rt: Runtime, tool: Tool, session_id: str, operation_id: str) -> Tool:
         identity=gov.identity,
         worker_forbidden=rt.policy.forbidden_effects,
         worker_check=worker_check,
-        tools=rt.tools,
+        tools=rt.tools if offered is None else {n: t for n, t in rt.tools.items() if n in offered},
+        offered=offered,
         now=datetime.fromtimestamp(ms / 1000, tz=UTC),
         now_ms=ms,
     )

@@ -150,7 +150,9 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
                 lambda: rt.ledger.record_rerun(op_id, attempt=attempt.record), attempt=attempt
             )
         key = None if record is None else record.get("idempotencyKey")
-        # Bound to its call again (a MELRA tool: its task, its store) like the first run.
+        # Bound to its call again (a MELRA tool: its task, its store) like the first run. With every
+        # tool: this call's T1 was admitted under the session's set (fixed at its start, as its
+        # policy is), so the tool and a task's inner tool were offered then and still are.
         tool = contract.for_call(
             melra.bind(rt, tool, inp.session_id, op_id),
             contract.CallContext(

@@ -46,7 +46,6 @@ from maka_core.runtime.contracts import ApprovalWait, CallRef, LocalDeferral, Ru
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
 from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
 from maka_core.tools.base import FileEvidence, GuardedWrite
-from maka_core.tools.offer import ToolSetUnavailable
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")
@@ -356,15 +355,14 @@ def _admit(
         return _commit_refusal(
             rt, ids, call, ToolResult.error("tool_not_found", f"no tool named {call.tool_name!r}")
         )
-    try:
-        offered = rt.offered(ids.session_id, inp.tool_set)
-    except ToolSetUnavailable as exc:
-        return _commit_refusal(rt, ids, call, ToolResult.error(exc.code, exc.message))
+    # ToolSetUnavailable (this worker lacks a tool the set names) is one worker's view, not the
+    # call's outcome: it propagates, non-retryable, and the turn parks with nothing committed.
+    offered = rt.offered(ids.session_id, inp.tool_set)
     if offered is not None and call.tool_name not in offered:
         # The model named a tool its request never held: refused like an unknown one, before T1.
         message = f"tool {call.tool_name!r} is not offered in this session"
         return _commit_refusal(rt, ids, call, ToolResult.error("tool_not_offered", message))
-    tool = melra.bind(rt, tool, ids.session_id, call.operation_id)
+    tool = melra.bind(rt, tool, ids.session_id, call.operation_id, offered)
     tool = contract.for_call(tool, contract.CallContext(ids.session_id, call.operation_id, loop=loop))
     try:
         ws = rt.workspace(inp.workspace)

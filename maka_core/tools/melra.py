@@ -134,9 +134,22 @@ class MelraContext:
     worker_forbidden: frozenset[Effect]
     #: The worker's own switches for a sibling tool call (None: clear), as ``Policy.evaluate``.
     worker_check: Callable[[Tool, dict[str, Any]], ToolResult | None]
+    #: The sibling tools a task may run: only those the session offers.
     tools: Mapping[str, Tool]
     now: datetime
     now_ms: int
+    #: The names the session offers (``tools.offer``); ``None``: every tool.
+    offered: frozenset[str] | None = None
+
+    def not_offered(self, inner_name: str) -> ToolResult | None:
+        """``tool_not_offered`` when a task's operation runs a tool the session does not offer."""
+        if self.offered is None or inner_name in self.offered:
+            return None
+        return ToolResult.error(
+            "tool_not_offered",
+            f"this task runs {inner_name!r}, which is not offered in this session",
+            tool=inner_name,
+        )
 
 
 @dataclass(frozen=True)
@@ -280,10 +293,11 @@ class BoundMelraTool(MelraTool):
 class _BoundPlan(BoundMelraTool, MelraPlanTool):
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
-            parse_request(args, self.ctx.identity)
+            request = parse_request(args, self.ctx.identity)
         except MakaError as exc:
             return error_result(exc)
-        return None
+        # Refused before T1, so no task is stored that could only ever be refused at execute.
+        return self.ctx.not_offered(inner_call(request)[0])
 
     def run(self, args: dict[str, Any], ws: Workspace, heartbeat: Heartbeat) -> ToolResult:
         ctx = self.ctx
@@ -291,6 +305,9 @@ class _BoundPlan(BoundMelraTool, MelraPlanTool):
         stored = ctx.store.melra_task(task_id)
         if stored is None:
             request = parse_request(args, ctx.identity)
+            refused = ctx.not_offered(inner_call(request)[0])
+            if refused is not None:
+                return refused
             plan = plan_task(
                 ctx.policy,
                 request,
@@ -339,6 +356,10 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
             inner_name, self.inner_args = inner_call(request)
         except MakaError as exc:
             self.problem = error_result(exc)
+            return
+        # Planning refuses such a task already; a task planned under a wider set is refused here.
+        self.problem = ctx.not_offered(inner_name)
+        if self.problem is not None:
             return
         self.inner = ctx.tools.get(inner_name)
         if self.inner is None:

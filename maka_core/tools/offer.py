@@ -10,8 +10,9 @@ What a step offers is the session's set cut down to the policy's: a policy may f
 never widens what its policy allows. A tool not offered is never in a request, and a call the
 model makes to it anyway is refused before T1 (``tool_not_offered``). The session's set is checked
 when it starts (``tool_set_invalid``); whether the worker serves a named user or MCP tool is
-known only to the worker, so a step whose session names one it does not serve fails
-``tool_set_unavailable`` instead of silently offering less than was asked.
+known only to the worker, so a step (or call) whose session names one it does not serve fails
+``tool_set_unavailable`` instead of silently offering less than was asked: one worker's view, so
+nothing is committed and the turn parks with that reason.
 """
 
 from __future__ import annotations

@@ -309,6 +309,17 @@ def test_recoveries_racing_each_other_exchange_at_most_once(
 # --- SIGKILL drills ------------------------------------------------------------------------------
 
 
+def thread_states(pid: int) -> dict[str, str]:
+    """Each thread's scheduler state (``R``, ``S``, ``T``...) from ``/proc/<pid>/task/*/stat``."""
+    states = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states[task.name] = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+    return states
+
+
 class Drill:
     """One ledger and workspace; each step is a real process (``tests.children.redo_child``)."""
 
@@ -347,12 +358,15 @@ class Drill:
         proc = subprocess.Popen(
             argv, cwd=ROOT, env={**env, "MAKA_FAILPOINT_ACTION": "stop"}, stdout=subprocess.PIPE, text=True
         )
-        deadline, state = time.monotonic() + 60, ""
-        while time.monotonic() < deadline and state != "T" and proc.poll() is None:
-            with open(f"/proc/{proc.pid}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+        # Every thread, not the main one's state alone: the point fires on a tool-pool thread, and
+        # the process is frozen at it only once that thread (and so all of them) is stopped.
+        deadline, states = time.monotonic() + 60, {"main": ""}
+        while time.monotonic() < deadline and set(states.values()) != {"T"} and proc.poll() is None:
+            states = thread_states(proc.pid)
             time.sleep(0.02)
-        assert state == "T", f"the recovery never stopped at {point} (state {state!r}, rc {proc.poll()})"
+        assert set(states.values()) == {"T"}, (
+            f"the recovery never stopped at {point} (thread states {states}, rc {proc.poll()})"
+        )
         return proc
 
     def recover(self, point: str | None = None, naive: bool = False, *flags: str) -> dict[str, Any]:
@@ -462,7 +476,9 @@ def test_a_recovery_beside_a_frozen_redo_touches_nothing(tmp_path: Path, control
     first = drill.frozen("guarded_replace_after_exchange")
     side = drill.target.parent / side_name("app.txt", FileIdentity.of(AFTER.encode()))
     try:
-        assert (drill.target.read_text(), side.read_text()) == (AFTER, BEFORE)  # exchanged, unchecked
+        # Exchanged, unchecked: the target holds the new bytes, the side file the old ones.
+        seen_frozen = (drill.target.read_text(), side.read_text() if side.exists() else None)
+        assert seen_frozen == (AFTER, BEFORE), (seen_frozen, leftovers(drill.ws), thread_states(first.pid))
         beside = drill.recover(None, False, *(["--unlocked"] if control else []))
         seen = (side.exists(), drill.target.read_text())
     finally:

@@ -15,6 +15,7 @@ ways, each with a negative control built by the test:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -250,8 +251,25 @@ class Counted(WriteFileTool):
         return done
 
 
+#: The recoveries racing in ``test_recoveries_racing_each_other_exchange_at_most_once``.
+WORKERS = 4
+
+
 class EveryRunFirst(Counted):
     """Negative control: every recovery believes it recorded the first redo (run 2)."""
+
+    #: All the racing recoveries meet here before any replacement runs: none can settle the
+    #: operation (and so spare a slower peer its replacement) before every peer has started one.
+    together: ClassVar[threading.Barrier] = threading.Barrier(WORKERS, timeout=60)
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        # A peer that never comes breaks the barrier: the count the test asserts says how many did.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            EveryRunFirst.together.wait()
+        return Counted.replace(root, rel, before, data, max_bytes)
 
     def redo(
         self,
@@ -276,8 +294,9 @@ def test_recoveries_racing_each_other_exchange_at_most_once(
     ref = interrupted(Runtime(first), ws, "write_file")
     Counted.calls.clear()
     Counted.settles.clear()
+    EveryRunFirst.together.reset()
     # One in-memory database is one store, shared; every other backend gets a store per worker.
-    stores = [first if store_url == "sqlite://" else LedgerStore.open(store_url) for _ in range(4)]
+    stores = [first if store_url == "sqlite://" else LedgerStore.open(store_url) for _ in range(WORKERS)]
     workers = [Runtime(s, tools={**default_tools(), "write_file": tool()}) for s in stores]
     barrier = threading.Barrier(len(workers))
     results: list[Any] = []
@@ -300,8 +319,10 @@ def test_recoveries_racing_each_other_exchange_at_most_once(
     # Never applied while the target holds the old bytes; a park is a doubt (a peer parked while
     # run 2 was still exchanging), whatever the target holds.
     assert content == AFTER if results[0].status == "completed" else content in (BEFORE, AFTER)
-    if tool is EveryRunFirst:  # the control starts a replacement in every recovery
-        assert len(Counted.calls) == len(workers), Counted.calls
+    if tool is EveryRunFirst:
+        # The control starts a replacement in every recovery (its barrier lets none finish first),
+        # so it fails the real case's ``len(Counted.calls) <= 1`` by construction.
+        assert len(Counted.calls) == len(workers), (Counted.calls, EveryRunFirst.together.broken)
         return
     assert len(Counted.calls) <= 1 and (content == AFTER) <= (len(Counted.calls) == 1), Counted.calls
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Final
 
 #: Phase 0 crash catalog (reference ``RUNTIME_RESUME_FAILPOINTS``): id -> boundary.
@@ -132,7 +133,10 @@ def hit(name: str, tag: str | None = None) -> None:
         _skip -= 1
         return
     if _stop:
-        os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT, then it goes on
+        # Directed at this thread: a process-directed SIGSTOP is taken by whichever thread the
+        # kernel picks (the main one first), so a hit on a tool-pool thread kept running past the
+        # point until the main thread got the CPU to stop the group.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # frozen here until SIGCONT
         return
     # SIGKILL, not exit: no finally blocks, no atexit, no buffered flush, exactly like a crash.
     os.kill(os.getpid(), signal.SIGKILL)

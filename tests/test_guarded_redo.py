@@ -15,6 +15,7 @@ ways, each with a negative control built by the test:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -250,8 +251,25 @@ class Counted(WriteFileTool):
         return done
 
 
+#: The recoveries racing in ``test_recoveries_racing_each_other_exchange_at_most_once``.
+WORKERS = 4
+
+
 class EveryRunFirst(Counted):
     """Negative control: every recovery believes it recorded the first redo (run 2)."""
+
+    #: All the racing recoveries meet here before any replacement runs: none can settle the
+    #: operation (and so spare a slower peer its replacement) before every peer has started one.
+    together: ClassVar[threading.Barrier] = threading.Barrier(WORKERS, timeout=60)
+
+    @staticmethod
+    def replace(
+        root: str, rel: str, before: FileIdentity | None, data: bytes, max_bytes: int
+    ) -> GuardedReplace:
+        # A peer that never comes breaks the barrier: the count the test asserts says how many did.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            EveryRunFirst.together.wait()
+        return Counted.replace(root, rel, before, data, max_bytes)
 
     def redo(
         self,
@@ -276,8 +294,9 @@ def test_recoveries_racing_each_other_exchange_at_most_once(
     ref = interrupted(Runtime(first), ws, "write_file")
     Counted.calls.clear()
     Counted.settles.clear()
+    EveryRunFirst.together.reset()
     # One in-memory database is one store, shared; every other backend gets a store per worker.
-    stores = [first if store_url == "sqlite://" else LedgerStore.open(store_url) for _ in range(4)]
+    stores = [first if store_url == "sqlite://" else LedgerStore.open(store_url) for _ in range(WORKERS)]
     workers = [Runtime(s, tools={**default_tools(), "write_file": tool()}) for s in stores]
     barrier = threading.Barrier(len(workers))
     results: list[Any] = []
@@ -300,13 +319,26 @@ def test_recoveries_racing_each_other_exchange_at_most_once(
     # Never applied while the target holds the old bytes; a park is a doubt (a peer parked while
     # run 2 was still exchanging), whatever the target holds.
     assert content == AFTER if results[0].status == "completed" else content in (BEFORE, AFTER)
-    if tool is EveryRunFirst:  # the control starts a replacement in every recovery
-        assert len(Counted.calls) == len(workers), Counted.calls
+    if tool is EveryRunFirst:
+        # The control starts a replacement in every recovery (its barrier lets none finish first),
+        # so it fails the real case's ``len(Counted.calls) <= 1`` by construction.
+        assert len(Counted.calls) == len(workers), (Counted.calls, EveryRunFirst.together.broken)
         return
     assert len(Counted.calls) <= 1 and (content == AFTER) <= (len(Counted.calls) == 1), Counted.calls
 
 
 # --- SIGKILL drills ------------------------------------------------------------------------------
+
+
+def thread_states(pid: int) -> dict[str, str]:
+    """Each thread's scheduler state (``R``, ``S``, ``T``...) from ``/proc/<pid>/task/*/stat``."""
+    states = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states[task.name] = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+    return states
 
 
 class Drill:
@@ -347,12 +379,15 @@ class Drill:
         proc = subprocess.Popen(
             argv, cwd=ROOT, env={**env, "MAKA_FAILPOINT_ACTION": "stop"}, stdout=subprocess.PIPE, text=True
         )
-        deadline, state = time.monotonic() + 60, ""
-        while time.monotonic() < deadline and state != "T" and proc.poll() is None:
-            with open(f"/proc/{proc.pid}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+        # Every thread, not the main one's state alone: the point fires on a tool-pool thread, and
+        # the process is frozen at it only once that thread (and so all of them) is stopped.
+        deadline, states = time.monotonic() + 60, {"main": ""}
+        while time.monotonic() < deadline and set(states.values()) != {"T"} and proc.poll() is None:
+            states = thread_states(proc.pid)
             time.sleep(0.02)
-        assert state == "T", f"the recovery never stopped at {point} (state {state!r}, rc {proc.poll()})"
+        assert set(states.values()) == {"T"}, (
+            f"the recovery never stopped at {point} (thread states {states}, rc {proc.poll()})"
+        )
         return proc
 
     def recover(self, point: str | None = None, naive: bool = False, *flags: str) -> dict[str, Any]:
@@ -462,7 +497,9 @@ def test_a_recovery_beside_a_frozen_redo_touches_nothing(tmp_path: Path, control
     first = drill.frozen("guarded_replace_after_exchange")
     side = drill.target.parent / side_name("app.txt", FileIdentity.of(AFTER.encode()))
     try:
-        assert (drill.target.read_text(), side.read_text()) == (AFTER, BEFORE)  # exchanged, unchecked
+        # Exchanged, unchecked: the target holds the new bytes, the side file the old ones.
+        seen_frozen = (drill.target.read_text(), side.read_text() if side.exists() else None)
+        assert seen_frozen == (AFTER, BEFORE), (seen_frozen, leftovers(drill.ws), thread_states(first.pid))
         beside = drill.recover(None, False, *(["--unlocked"] if control else []))
         seen = (side.exists(), drill.target.read_text())
     finally:

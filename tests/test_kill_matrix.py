@@ -50,7 +50,7 @@ from tests.drills import (
     run_cells,
 )
 from tests.pg_support import SKIP_REASON, pg_base_url
-from tests.test_hybrid_tools import audit_clean
+from tests.test_hybrid_tools import audit_all_clean
 
 #: Marks of the drills (the effect-journal unit test at the end needs no server).
 DRILL = (
@@ -263,9 +263,8 @@ async def test_kill_matrix_in_hybrid_mode(
         print("\n" + table + "\n" + _detection(results) + "\n")
     assert [r.cell.name for r in results if not r.passed] == [], table
     assert sum(r.duplicates for r in results) == 0
-    for result in results:
-        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
-        await audit_clean(db, temporal_server.address)
+    dbs = [tmp_path / r.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite" for r in results]
+    await audit_all_clean(dbs, temporal_server.address)
 
 
 # --- the same drills on a PostgreSQL ledger ------------------------------------------------------------

@@ -159,7 +159,8 @@ CELLS = [
 async def test_crashes_audit_clean_after_recovery_and_a_disabled_guard_is_drift(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
-    results = await run_cells(temporal_server, temporal_client, tmp_path, CELLS, parallel=2)
+    # The cells are independent (own ledger, workspace, queue, workers), as in test_kill_matrix.
+    results = await run_cells(temporal_server, temporal_client, tmp_path, CELLS, parallel=len(CELLS))
     assert [r.error for r in results] == [None, None, None]
     reports = {}
     for result in results:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from maka_core.errors import MakaError
@@ -78,6 +79,24 @@ async def _until(what: str, check: Any, timeout: float = 30) -> Any:
         assert time.monotonic() < deadline, f"{what}: never happened ({seen!r})"
         await asyncio.sleep(0.1)
     return seen
+
+
+UPDATE_ACCEPTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+
+
+async def _until_in_history(
+    client: Client, session: str, what: str, event_type: EventType.ValueType, timeout: float = 30
+) -> None:
+    """Wait until the session's workflow history holds an event of ``event_type``."""
+    handle = client.get_workflow_handle(workflow_id_for(session))
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = [e.event_type async for e in handle.fetch_history_events()]
+        if event_type in seen:
+            return
+        names = [EventType.Name(t) for t in seen]
+        assert time.monotonic() < deadline, f"{what}: never happened (history: {names})"
+        await asyncio.sleep(0.1)
 
 
 def _ledger(db: Path) -> LedgerStore:
@@ -371,7 +390,7 @@ async def test_a_cancel_that_lands_in_the_turns_finish_is_answered_and_the_next_
         (held,) = box
         await _until("the turn's finish_run committing", held.arrived.is_set)
         cancel = asyncio.ensure_future(turn_messages.cancel_turn(temporal_client, session, reason="late"))
-        await asyncio.sleep(1.0)  # the Update is accepted while the finish is held
+        await _until_in_history(temporal_client, session, "the cancel Update accepted", UPDATE_ACCEPTED)
         held.release.set()
         with pytest.raises(MakaError) as refused:
             await asyncio.wait_for(cancel, 20)

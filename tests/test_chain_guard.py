@@ -171,6 +171,13 @@ async def test_negative_control_without_the_check_the_forged_name_is_written(
         await stop(worker)
 
 
+def _first_turn_ended(box: Sandbox, session_id: str) -> bool:
+    if not Path(box.db).exists():
+        return False
+    with LedgerStore.open(box.db) as store:
+        return any(e.is_terminal for e in store.events(session_id=session_id))
+
+
 def _live_script(path: Path) -> Path:
     return write_script(
         path,
@@ -199,10 +206,14 @@ async def test_a_live_session_parks_its_next_turn_on_a_tampered_row(
         session_id, _ = await start(
             temporal_client, box.ws, script, box.queue, session_id=f"live-{box.queue}"
         )
-        code, first, err = await cli(box, "session", "status", session_id)
+        # The first turn's terminal fact, read from the ledger file in-process, then the CLI's own
+        # word that the session is idle (each ``maka session status`` is a whole process).
         deadline = time.monotonic() + 60
-        while first.get("state") != "idle" and time.monotonic() < deadline:
+        while not _first_turn_ended(box, session_id) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        code, first, err = await cli(box, "session", "status", session_id)
+        while first.get("state") != "idle" and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
             code, first, err = await cli(box, "session", "status", session_id)
         assert first["state"] == "idle", (first, err)
         conn = sqlite3.connect(box.db)

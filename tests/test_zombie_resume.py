@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from maka_core.errors import MakaError
+from maka_core.facts.events import FunctionResponseContent
 from maka_core.ledger.resolver import resolve
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
@@ -302,7 +303,14 @@ async def test_negative_control_the_old_writer_and_an_unfenced_resume_wedge_the_
             return any(o.operation_id == op_id and o.status == "completed" for o in ops)
 
         await _until("the zombie's T2 after the terminal fact", zombie_t2, timeout=30)
-        await asyncio.sleep(1.0)  # its riding model step commits right after its T2
+
+        def riding_step() -> list[str]:
+            """Its riding model step, committed right after its T2: the model events past the T2."""
+            events = _events(box, session_id)
+            t2 = max(i for i, e in enumerate(events) if isinstance(e.content, FunctionResponseContent))
+            return [e.id for e in events[t2 + 1 :] if e.role == "model"]
+
+        await _until("the zombie's model step after its T2", riding_step, timeout=30)
         code, status, _ = await cli(box, "session", "status", session_id)
         problems = inconsistencies(box, session_id, status)
         assert any("after its terminal fact" in p for p in problems), (problems, status)

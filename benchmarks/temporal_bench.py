@@ -1,6 +1,6 @@
 """Maka sessions on Temporal: ms and history bytes per tool call, concurrency, and ledger share.
 
-Run: ``.venv/bin/python benchmarks/temporal_bench.py [--calls 20 100 1000] [--concurrent 20]``.
+Run: ``.venv/bin/python benchmarks/temporal_bench.py [--calls 20 100 1000] [--concurrent 20 100]``.
 
 The server is the one ``maka dev`` starts (``bench_server``). The worker is this project's worker
 (``workers.host.worker.build_worker`` over ``MakaActivities``) in this process, so the benchmark can read
@@ -350,26 +350,27 @@ async def main(args: argparse.Namespace) -> None:
                             )
                 conc: list[dict[str, Any]] = []
                 plain_conc: list[dict[str, Any]] = []
-                for _ in range(args.repeat if args.concurrent else 0):
-                    for tool_mode in args.tool_mode:
-                        conc.append(
-                            await concurrent_sessions(
-                                client,
-                                acts,
-                                queue,
-                                ws_root,
-                                tmp,
-                                args.concurrent,
-                                10,
-                                args.routing[0],
-                                tool_mode,
+                for sessions in (k for k in args.concurrent if k > 0):
+                    for _ in range(args.repeat):
+                        for tool_mode in args.tool_mode:
+                            conc.append(
+                                await concurrent_sessions(
+                                    client,
+                                    acts,
+                                    queue,
+                                    ws_root,
+                                    tmp,
+                                    sessions,
+                                    10,
+                                    args.routing[0],
+                                    tool_mode,
+                                )
+                            )
+                        plain_conc.append(
+                            await run_plain_concurrent(
+                                plain_client, "bench-plain-c", sessions, 10, args.output_bytes
                             )
                         )
-                    plain_conc.append(
-                        await run_plain_concurrent(
-                            plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
-                        )
-                    )
             peer_rows = (
                 [*await _peers(plain_client, args), *(f[-1] for f in plain.values())] if args.peers else []
             )
@@ -425,22 +426,26 @@ async def main(args: argparse.Namespace) -> None:
 
         print("\nPeers on the same server, same tool and outputs (bench_server.measure):\n")
         print(markdown_table(peer_rows))
-    if conc and plain_conc:
+    for sessions in sorted({c["sessions"] for c in conc}):
+        mine = [c for c in conc if c["sessions"] == sessions]
+        plain_runs = [c for c in plain_conc if c["sessions"] == sessions]
         print(
-            f"\n{conc[0]['sessions']} concurrent sessions x {conc[0]['calls_per_session']} tool calls "
-            f"(tools on the {args.routing[0]} queue; medians of {len(plain_conc)} round(s), each round "
+            f"\n{sessions} concurrent sessions x {mine[0]['calls_per_session']} tool calls "
+            f"(tools on the {args.routing[0]} queue; medians of {len(plain_runs)} round(s), each round "
             "maka-temporal in each tool mode, then plain Temporal):\n"
         )
-        print("| system | tool calls/s (range) | turn p50 ms | turn p95 ms |")
-        print("|---|---:|---:|---:|")
-        by_mode = [(f"maka-temporal ({m})", [c for c in conc if c["tool_mode"] == m]) for m in args.tool_mode]
-        for name, runs in (*by_mode, ("plain Temporal", plain_conc)):
-            rates = [c["calls_per_s"] for c in runs]
+        print("| system | tool calls/s (range) | vs plain | turn p50 ms | turn p95 ms |")
+        print("|---|---:|---:|---:|---:|")
+        plain_rate = statistics.median(c["calls_per_s"] for c in plain_runs)
+        by_mode = [(f"maka-temporal ({m})", [c for c in mine if c["tool_mode"] == m]) for m in args.tool_mode]
+        for name, group in (*by_mode, ("plain Temporal", plain_runs)):
+            rates = [c["calls_per_s"] for c in group]
             spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
             print(
                 f"| {name} | {statistics.median(rates):.0f}{spread} "
-                f"| {statistics.median(c['turn_p50_ms'] for c in runs):.0f} "
-                f"| {statistics.median(c['turn_p95_ms'] for c in runs):.0f} |"
+                f"| {statistics.median(rates) / plain_rate:.2f}x "
+                f"| {statistics.median(c['turn_p50_ms'] for c in group):.0f} "
+                f"| {statistics.median(c['turn_p95_ms'] for c in group):.0f} |"
             )
 
 
@@ -461,7 +466,13 @@ if __name__ == "__main__":
         choices=["activity", "hybrid"],
         help="where tool calls run (session start --tool-mode); several: side by side per N",
     )
-    parser.add_argument("--concurrent", type=int, default=20, help="sessions of 10 calls (0: skip)")
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        nargs="+",
+        default=[20],
+        help="sessions of 10 calls, one round per count (0: skip)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per N (the floor, then every mode and routing); medians"
     )

@@ -1,6 +1,6 @@
 """Maka sessions on Temporal: ms and history bytes per tool call, concurrency, and ledger share.
 
-Run: ``.venv/bin/python benchmarks/temporal_bench.py [--calls 20 100 1000] [--concurrent 20]``.
+Run: ``.venv/bin/python benchmarks/temporal_bench.py [--calls 20 100 1000] [--concurrent 20 100]``.
 
 The server is the one ``maka dev`` starts (``bench_server``). The worker is this project's worker
 (``workers.host.worker.build_worker`` over ``MakaActivities``) in this process, so the benchmark can read
@@ -35,6 +35,12 @@ the activity set's phase timings. Each session is scripted: N steps, each one ``
   local activity ``maka.execute_tool_local`` on the worker holding the workflow task
   (``runtime.local_calls``), with no server round trip; ``--tool-mode activity hybrid`` measures both
   side by side in the same rounds. The worker serves ``HOST``, so host-pinned hybrid calls run local.
+- **ledger**: ``--ledger`` (``durable`` by default): ``durable`` is the production store
+  (``LedgerStore.open``: WAL, ``synchronous=FULL``, so T1 is on disk before the effect and T2 before the
+  model sees the result); ``nondurable`` is a store this benchmark builds itself (``nondurable_store``)
+  whose connections run ``PRAGMA synchronous=OFF``: **not durable** (a power loss can drop committed
+  T1/T2 rows), measured only as the invariant's price. ``--ledger durable nondurable`` runs both side by
+  side in the same rounds, each with its own worker, runtime and task queue in this process.
 - **plain Temporal** (``peer_plain_temporal``: one activity per call, no model step, no ledger) runs
   on the same server in the same process run, right before each N's sessions (and its concurrent
   run right after theirs), so every ratio compares figures taken side by side in time.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from sqlalchemy import event as sa_event  # noqa: E402
 from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
@@ -73,6 +81,7 @@ from benchmarks.bench_server import (  # noqa: E402
 )
 from benchmarks.peer_plain_temporal import run_plain_concurrent, run_plain_temporal  # noqa: E402
 from maka_core.runtime.runtime import Runtime  # noqa: E402
+from maka_core.store.engine import database_url, make_engine  # noqa: E402
 from maka_core.store.ledger import Ledger  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from maka_core.tools import default_tools  # noqa: E402
@@ -146,6 +155,27 @@ def _span(store: Ledger, run_id: str) -> tuple[float, float]:
 def _turn_ms(store: Ledger, run_id: str) -> float:
     begin, end = _span(store, run_id)
     return float(end - begin)
+
+
+def nondurable_store(path: Path) -> LedgerStore:
+    """NOT DURABLE, the invariant's price: the production ledger with ``synchronous=OFF``.
+
+    The file is created and migrated by ``LedgerStore.open`` (production pragmas), then reopened on
+    an engine whose every connection, after the production pragmas, turns fsync off: a commit then
+    returns once SQLite has handed the WAL frames to the OS. Built here, never by production code.
+    """
+    LedgerStore.open(path).close()
+    engine = make_engine(path)
+
+    @sa_event.listens_for(engine, "connect")
+    def _no_fsync(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.execute("PRAGMA synchronous=OFF")
+
+    store = LedgerStore(engine, database_url(path))
+    with engine.connect() as conn:
+        level = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+    assert level == 0, f"nondurable ledger: synchronous={level}, expected 0 (OFF)"
+    return store
 
 
 async def one_session(
@@ -287,17 +317,23 @@ async def main(args: argparse.Namespace) -> None:
             client = await Client.connect(
                 server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
             )
-            store = LedgerStore.open(tmp / "ledger.sqlite")
             tools: Any = default_tools()
             if args.mcp:
                 tools = McpToolset(tools, McpServers(parse_mcp_config({"mcpServers": MCP_SERVERS})))
                 await asyncio.to_thread(tools.start)
-            runtime = Runtime(store, tools=tools, group_commit=not args.no_group_commit)
-            acts = MakaActivities(runtime, host=HOST)  # a host-pinned session's local calls run here
+            # One store, runtime, activity set and pair of workers per ledger kind, each on its own
+            # task queue (so its own host queue), all polled by this process.
+            stacks: dict[str, tuple[LedgerStore, MakaActivities, str]] = {}
+            workers: list[Any] = []
+            for ledger in args.ledger:
+                path = tmp / f"ledger-{ledger}.sqlite"
+                store = LedgerStore.open(path) if ledger == "durable" else nondurable_store(path)
+                runtime = Runtime(store, tools=tools, group_commit=not args.no_group_commit)
+                acts = MakaActivities(runtime, host=HOST)  # a host-pinned session's local calls run here
+                queue = "maka-bench" if ledger == "durable" else f"maka-bench-{ledger}"
+                stacks[ledger] = (store, acts, queue)
+                workers += [build_worker(client, acts, queue), build_host_worker(client, acts, queue, HOST)]
             kinds = ["builtin", "mcp"] if args.mcp else ["builtin"]
-            queue = "maka-bench"
-            worker = build_worker(client, acts, queue)
-            host_worker = build_host_worker(client, acts, queue, HOST)
             sample = sample_workspace(args.output_bytes)
             ws_root = tmp / "workspaces"
             ws_root.mkdir()
@@ -307,14 +343,17 @@ async def main(args: argparse.Namespace) -> None:
             # Plain Temporal (the floor) on its own client, worker and queue, on the same server.
             plain_client = await Client.connect(server.address, runtime=quiet_runtime())
             plain: dict[int, list[dict[str, Any]]] = {}
-            async with worker, host_worker:
-                for routing in args.routing:  # warm-up
-                    for kind in kinds:
-                        for tool_mode in args.tool_mode:
-                            await one_session(
-                                client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing, tool=kind,
-                                tool_mode=tool_mode,
-                            )  # fmt: skip
+            async with contextlib.AsyncExitStack() as running:
+                for w in workers:
+                    await running.enter_async_context(w)
+                for _, acts, queue in stacks.values():  # warm-up
+                    for routing in args.routing:
+                        for kind in kinds:
+                            for tool_mode in args.tool_mode:
+                                await one_session(
+                                    client, acts, queue, ws_root / "base", tmp, 3, 60, routing=routing,
+                                    tool=kind, tool_mode=tool_mode,
+                                )  # fmt: skip
                 for n in args.calls:
                     # Side by side: each N's floor first, then every mode with tools on the host
                     # queue and on the shared one, ``--repeat`` times in turn. The machine's speed
@@ -327,54 +366,60 @@ async def main(args: argparse.Namespace) -> None:
                         plain.setdefault(n, []).append(floor)
                         print(f"plain Temporal N={n}: {floor['ms_per_call']:.1f} ms/call", file=sys.stderr)
                         cells = [
-                            (mode, routing, kind, tool_mode)
+                            (mode, routing, kind, tool_mode, ledger)
                             for mode in args.modes
                             for routing in args.routing
                             for kind in kinds
                             for tool_mode in args.tool_mode
+                            for ledger in args.ledger
                         ]
-                        for mode, routing, kind, tool_mode in cells:
+                        for mode, routing, kind, tool_mode, ledger in cells:
+                            _, acts, queue = stacks[ledger]
                             row = await one_session(
                                 client, acts, queue, ws_root / "base", tmp, n, args.timeout, mode,
                                 routing, kind, tool_mode,
                             )  # fmt: skip
                             row["rep"], row["floor_ms_per_call"] = rep, floor["ms_per_call"]
+                            row["ledger"] = ledger
                             rows.append(row)
                             print(
                                 json.dumps(row)
                                 if args.json
-                                else f"N={n} ({mode}, tools {routing}, {kind}, {tool_mode}): "
+                                else f"N={n} ({mode}, tools {routing}, {kind}, {tool_mode}, {ledger}): "
                                 f"{row['ms_per_call']:.1f} ms/call",
                                 file=sys.stderr,
                                 flush=True,
                             )
                 conc: list[dict[str, Any]] = []
                 plain_conc: list[dict[str, Any]] = []
-                for _ in range(args.repeat if args.concurrent else 0):
-                    for tool_mode in args.tool_mode:
-                        conc.append(
-                            await concurrent_sessions(
-                                client,
-                                acts,
-                                queue,
-                                ws_root,
-                                tmp,
-                                args.concurrent,
-                                10,
-                                args.routing[0],
-                                tool_mode,
+                _, acts, queue = stacks[args.ledger[0]]
+                for sessions in (k for k in args.concurrent if k > 0):
+                    for _ in range(args.repeat):
+                        for tool_mode in args.tool_mode:
+                            conc.append(
+                                await concurrent_sessions(
+                                    client,
+                                    acts,
+                                    queue,
+                                    ws_root,
+                                    tmp,
+                                    sessions,
+                                    10,
+                                    args.routing[0],
+                                    tool_mode,
+                                )
+                            )
+                        plain_conc.append(
+                            await run_plain_concurrent(
+                                plain_client, "bench-plain-c", sessions, 10, args.output_bytes
                             )
                         )
-                    plain_conc.append(
-                        await run_plain_concurrent(
-                            plain_client, "bench-plain-c", args.concurrent, 10, args.output_bytes
-                        )
-                    )
             peer_rows = (
                 [*await _peers(plain_client, args), *(f[-1] for f in plain.values())] if args.peers else []
             )
-            store.close()
-            acts.close()
+            for store, acts, _ in stacks.values():
+                store.close()
+                acts.close()
             if isinstance(tools, McpToolset):
                 tools.close()
     finally:
@@ -388,17 +433,18 @@ async def main(args: argparse.Namespace) -> None:
         "the rounds' ratios (each against its own round's floor), with their range\n"
     )
     print(
-        "| N | model step | tools | tool | tool mode | state | ms/call (turn) | plain Temporal ms/call "
-        "| ratio (range) "
+        "| N | model step | tools | tool | tool mode | ledger | state | ms/call (turn) "
+        "| plain Temporal ms/call | ratio (range) "
         "| ms/call (wall) | CPU ms/call: this process + server (plain Temporal) "
         "| history proto B/call | events | runs | ledger ms/call p50 (mean T1 hop + T2 hop) "
         "| tool activity body ms/call (mean) | ledger share of tool activity | of turn |"
     )
-    print("|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    groups: dict[tuple[int, str, str, str, str], list[dict[str, Any]]] = {}
+    print("|---:|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    groups: dict[tuple[int, str, str, str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["calls"], r["mode"], r["routing"], r["tool"], r["tool_mode"]), []).append(r)
-    for (n, mode, routing, kind, tool_mode), runs in groups.items():
+        key = (r["calls"], r["mode"], r["routing"], r["tool"], r["tool_mode"], r["ledger"])
+        groups.setdefault(key, []).append(r)
+    for (n, mode, routing, kind, tool_mode, ledger), runs in groups.items():
 
         def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
             return float(statistics.median(r[key] for r in runs))
@@ -409,7 +455,8 @@ async def main(args: argparse.Namespace) -> None:
         states = ",".join(sorted({r["state"] for r in runs}))
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(
-            f"| {n} | {mode} | {routing} | {TOOL_CALLS[kind]['name']} | {tool_mode} | {states} "
+            f"| {n} | {mode} | {routing} | {TOOL_CALLS[kind]['name']} | {tool_mode} "
+            f"| {'durable' if ledger == 'durable' else 'NOT durable (synchronous=OFF)'} | {states} "
             f"| {med('ms_per_call'):.1f} | {statistics.median(f['ms_per_call'] for f in plain[n]):.1f} "
             f"| {statistics.median(ratios):.2f}x{spread} | {med('wall_ms_per_call'):.1f} "
             f"| {med('cpu_ms_per_call'):.1f} + {med('server_cpu_ms_per_call'):.1f} "
@@ -425,22 +472,26 @@ async def main(args: argparse.Namespace) -> None:
 
         print("\nPeers on the same server, same tool and outputs (bench_server.measure):\n")
         print(markdown_table(peer_rows))
-    if conc and plain_conc:
+    for sessions in sorted({c["sessions"] for c in conc}):
+        mine = [c for c in conc if c["sessions"] == sessions]
+        plain_runs = [c for c in plain_conc if c["sessions"] == sessions]
         print(
-            f"\n{conc[0]['sessions']} concurrent sessions x {conc[0]['calls_per_session']} tool calls "
-            f"(tools on the {args.routing[0]} queue; medians of {len(plain_conc)} round(s), each round "
+            f"\n{sessions} concurrent sessions x {mine[0]['calls_per_session']} tool calls "
+            f"(tools on the {args.routing[0]} queue; medians of {len(plain_runs)} round(s), each round "
             "maka-temporal in each tool mode, then plain Temporal):\n"
         )
-        print("| system | tool calls/s (range) | turn p50 ms | turn p95 ms |")
-        print("|---|---:|---:|---:|")
-        by_mode = [(f"maka-temporal ({m})", [c for c in conc if c["tool_mode"] == m]) for m in args.tool_mode]
-        for name, runs in (*by_mode, ("plain Temporal", plain_conc)):
-            rates = [c["calls_per_s"] for c in runs]
+        print("| system | tool calls/s (range) | vs plain | turn p50 ms | turn p95 ms |")
+        print("|---|---:|---:|---:|---:|")
+        plain_rate = statistics.median(c["calls_per_s"] for c in plain_runs)
+        by_mode = [(f"maka-temporal ({m})", [c for c in mine if c["tool_mode"] == m]) for m in args.tool_mode]
+        for name, group in (*by_mode, ("plain Temporal", plain_runs)):
+            rates = [c["calls_per_s"] for c in group]
             spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
             print(
                 f"| {name} | {statistics.median(rates):.0f}{spread} "
-                f"| {statistics.median(c['turn_p50_ms'] for c in runs):.0f} "
-                f"| {statistics.median(c['turn_p95_ms'] for c in runs):.0f} |"
+                f"| {statistics.median(rates) / plain_rate:.2f}x "
+                f"| {statistics.median(c['turn_p50_ms'] for c in group):.0f} "
+                f"| {statistics.median(c['turn_p95_ms'] for c in group):.0f} |"
             )
 
 
@@ -461,7 +512,20 @@ if __name__ == "__main__":
         choices=["activity", "hybrid"],
         help="where tool calls run (session start --tool-mode); several: side by side per N",
     )
-    parser.add_argument("--concurrent", type=int, default=20, help="sessions of 10 calls (0: skip)")
+    parser.add_argument(
+        "--ledger",
+        nargs="+",
+        default=["durable"],
+        choices=["durable", "nondurable"],
+        help="the production ledger, or (nondurable: NOT durable, synchronous=OFF) the invariant's price",
+    )
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        nargs="+",
+        default=[20],
+        help="sessions of 10 calls, one round per count (0: skip)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per N (the floor, then every mode and routing); medians"
     )

@@ -84,12 +84,6 @@ class HotSQL:
     sessions_page: str
     #: the session ids with a row in (a, b] of ledger_seq
     sessions_between: str
-    #: one row of an invocation: its (session, run, turn)
-    invocation_spine: str
-    #: a run's terminal fact, in any session (the run/terminal index)
-    run_terminal: str
-    #: the invocation and call an operation id is bound to
-    operation_owner: str
     #: governed execution: a decision with T1 or a refusal, a receipt with T2
     decision: Insert | None = None
     receipt: Insert | None = None
@@ -134,10 +128,6 @@ class HotSQL:
                 f"(SELECT run_id FROM {runtime_events.name} GROUP BY run_id "
                 "HAVING SUM(CASE WHEN terminal THEN 1 ELSE 0 END) = 0) ORDER BY session_id"
             ),
-            invocation_spine=(
-                f"SELECT session_id, run_id, turn_id FROM {runtime_events.name} "
-                f"WHERE invocation_id = {mark} LIMIT 1"
-            ),
             sessions_page=(
                 f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq <= {mark} "
                 f"AND session_id > {mark} ORDER BY session_id LIMIT {mark}"
@@ -146,12 +136,79 @@ class HotSQL:
                 f"SELECT DISTINCT session_id FROM {runtime_events.name} WHERE ledger_seq > {mark} "
                 f"AND ledger_seq <= {mark} ORDER BY session_id"
             ),
-            run_terminal=(
-                f"SELECT event_id FROM {runtime_events.name} WHERE run_id = {mark} AND terminal "
-                "ORDER BY ledger_seq LIMIT 1"
-            ),
-            operation_owner=(
-                f"SELECT invocation_id, provider_tool_call_id FROM {tool_operations.name} "
-                f"WHERE operation_id = {mark}"
-            ),
         )
+
+
+@dataclass(frozen=True)
+class KeyFacts:
+    """What the database's keys hold for a batch a session's fold cannot answer: which event ids
+    are committed, each invocation's first spine, which operation ids are bound, each run's
+    terminal fact. One read, under the write lock, for every check of a write."""
+
+    events: frozenset[str] = frozenset()
+    spines: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
+    owned: frozenset[str] = frozenset()
+    terminals: Mapping[str, str] = field(default_factory=dict)
+    #: the keys asked (an answer about a key not asked is not an answer)
+    asked: frozenset[tuple[str, str]] = frozenset()
+
+    def answers(self, kind: str, keys: Sequence[str]) -> bool:
+        return all((kind, k) in self.asked for k in keys)
+
+
+def read_keys(
+    conn: Connection,
+    mark: str,
+    *,
+    events: Sequence[str] = (),
+    invocations: Sequence[str] = (),
+    operations: Sequence[str] = (),
+    runs: Sequence[str] = (),
+) -> KeyFacts:
+    """Every key lookup of one write as one ``UNION ALL`` statement (rows ``(kind, key, a, b, c)``).
+    A per-key ``LIMIT 1`` sits in a derived table, as SQLite and PostgreSQL both allow."""
+    ev, ops = runtime_events.name, tool_operations.name
+    parts: list[str] = []
+    params: list[str] = []
+    if events:
+        parts.append(
+            f"SELECT 'e' AS k, event_id AS key, NULL AS a, NULL AS b, NULL AS c FROM {ev} "
+            f"WHERE event_id IN ({', '.join(mark for _ in events)})"
+        )
+        params.extend(events)
+    for n, inv in enumerate(invocations):
+        parts.append(
+            f"SELECT * FROM (SELECT 's' AS k, invocation_id AS key, session_id AS a, run_id AS b, "
+            f"turn_id AS c FROM {ev} WHERE invocation_id = {mark} LIMIT 1) AS s{n}"
+        )
+        params.append(inv)
+    if operations:
+        parts.append(
+            f"SELECT 'o' AS k, operation_id AS key, NULL AS a, NULL AS b, NULL AS c FROM {ops} "
+            f"WHERE operation_id IN ({', '.join(mark for _ in operations)})"
+        )
+        params.extend(operations)
+    for n, run in enumerate(runs):
+        parts.append(
+            f"SELECT * FROM (SELECT 't' AS k, run_id AS key, event_id AS a, NULL AS b, NULL AS c "
+            f"FROM {ev} WHERE run_id = {mark} AND terminal ORDER BY ledger_seq LIMIT 1) AS t{n}"
+        )
+        params.append(run)
+    asked = frozenset(
+        [("e", k) for k in events]
+        + [("s", k) for k in invocations]
+        + [("o", k) for k in operations]
+        + [("t", k) for k in runs]
+    )
+    if not parts:
+        return KeyFacts(asked=asked)
+    found: dict[str, list[tuple[str, Any, Any, Any]]] = {"e": [], "s": [], "o": [], "t": []}
+    for kind, key, a, b, c in execute(conn, " UNION ALL ".join(parts), tuple(params)).fetchall():
+        found[kind].append((str(key), a, b, c))
+    return KeyFacts(
+        events=frozenset(k for k, *_ in found["e"]),
+        spines={k: (str(a), str(b), str(c)) for k, a, b, c in found["s"]},
+        owned=frozenset(k for k, *_ in found["o"]),
+        terminals={k: str(a) for k, a, *_ in found["t"]},
+        asked=asked,
+    )

@@ -60,7 +60,7 @@ from maka_core.store.governance_rows import (
 )
 from maka_core.store.group_commit import WriteGroup, open_group
 from maka_core.store.health import LedgerHealth, create_private, unwritable
-from maka_core.store.hot_sql import HotSQL, rows_since
+from maka_core.store.hot_sql import HotSQL, KeyFacts, read_keys, rows_since
 from maka_core.store.reads import LedgerReads, _detail
 from maka_core.store.rows import Prefix, event_columns, row_event
 from maka_core.store.runs import RunHeaderStore, write_run_header
@@ -178,6 +178,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
         #: SQLite: ``view`` catches up with one driver SELECT (``engine.select_rows``).
         self._fast_reads = is_sqlite(engine)
+        self._mark = "?" if self._fast_reads else "%s"
         with read_tx(engine) as conn:
             #: The file and identity opened; checked before every writer transaction.
             self.health = LedgerHealth(sqlite_file(url), ledger_id(conn))
@@ -460,8 +461,8 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         # write lock), so only an id it knows, or another session's row found by its key, can be
         # an exact retry.
         known = [e.id for e in batch if scanner.position(e.id) is not None]
-        unknown = [e.id for e in batch if e.id not in known]
-        known.extend(self._existing(conn, unknown) if unknown else ())
+        keys = self._read_keys(conn, scope, scanner, [e for e in batch if e.id not in known], live)
+        known.extend(e.id for e in batch if e.id in keys.events)
         stored = self._stored(conn, known) if known else {}
         fresh: list[tuple[RuntimeEvent, str]] = []
         for event, line in zip(batch, lines, strict=True):
@@ -478,7 +479,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         if live:
-            foreign = self._foreign_terminal(conn, scope, fresh)
+            foreign = self._foreign_terminal(conn, scope, fresh, keys)
             _refuse_after_terminal(scope.view, [e for e, _ in fresh], foreign)
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
@@ -492,7 +493,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         # The admitted batch stays folded in the scanner (no second fold below): if this
         # transaction does not commit, ``_abort`` drops every scope anyway.
         scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
-        self._check_crossing(conn, crossing)
+        self._check_crossing(conn, crossing, keys)
         seq = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
             scope.view.fold(event, scanned=id(event) in scanned)
@@ -500,35 +501,54 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
+    def _read_keys(
+        self,
+        conn: Connection,
+        scope: SessionScope,
+        scanner: LedgerScanner,
+        unknown: Sequence[RuntimeEvent],
+        live: bool,
+    ) -> KeyFacts:
+        """One read of every key the batch's events the session has not folded may meet elsewhere:
+        their ids, the invocations and operation ids the session has not seen, and (live) the
+        terminal facts of runs it has not seen. A superset of what the checks below ask."""
+        if not unknown:
+            return KeyFacts()
+        crossing = _crossing_identities(scanner, unknown)
+        runs = sorted({e.run_id for e in unknown} - scope.view.first_of_run.keys()) if live else []
+        return read_keys(
+            conn,
+            self._mark,
+            events=[e.id for e in unknown],
+            invocations=[e.invocation_id for e, _ in crossing.invocations],
+            operations=sorted({op for _, op, _ in crossing.operations}),
+            runs=runs,
+        )
+
     def _foreign_terminal(
-        self, conn: Connection, scope: SessionScope, fresh: Sequence[tuple[RuntimeEvent, str]]
+        self, conn: Connection, scope: SessionScope, fresh: Sequence[tuple[RuntimeEvent, str]], keys: KeyFacts
     ) -> dict[str, str]:
         """The terminal facts of the batch's runs this session has never seen (a run id another
         session uses), from the run/terminal index: the full fold refuses what follows them too."""
-        runs = {e.run_id for e, _ in fresh} - scope.view.first_of_run.keys()
-        out: dict[str, str] = {}
-        for run_id in sorted(runs):
-            rows = rows_since(conn, self._sql.run_terminal, run_id)
-            if rows:
-                out[run_id] = str(rows[0]["event_id"])
-        return out
+        runs = sorted({e.run_id for e, _ in fresh} - scope.view.first_of_run.keys())
+        if not keys.answers("t", runs):
+            keys = read_keys(conn, self._mark, runs=runs)
+        return {run: keys.terminals[run] for run in runs if run in keys.terminals}
 
-    def _existing(self, conn: Connection, ids: Sequence[str]) -> list[str]:
-        """Which of these event ids some session has committed (one read by the key)."""
-        marks = ", ".join("?" if self._fast_reads else "%s" for _ in ids)
-        rows = rows_since(conn, f"SELECT event_id FROM runtime_events WHERE event_id IN ({marks})", *ids)
-        return [str(row["event_id"]) for row in rows]
-
-    def _check_crossing(self, conn: Connection, crossing: _Crossing) -> None:
+    def _check_crossing(self, conn: Connection, crossing: _Crossing, keys: KeyFacts) -> None:
         """The fold's identity checks for what only another session can hold: an invocation seen
         first under another spine, an operation id bound to another call, a batch of two sessions
         (the scanner of the batch's session cannot see them; the database's keys can)."""
+        invocations = [e.invocation_id for e, _ in crossing.invocations]
+        operations = [op for _, op, _ in crossing.operations]
+        if not (keys.answers("s", invocations) and keys.answers("o", operations)):
+            keys = read_keys(conn, self._mark, invocations=invocations, operations=operations)
         for event, spine in crossing.invocations:
-            rows = rows_since(conn, self._sql.invocation_spine, event.invocation_id)
-            if rows and (rows[0]["session_id"], rows[0]["run_id"], rows[0]["turn_id"]) != spine:
+            found = keys.spines.get(event.invocation_id)
+            if found is not None and found != spine:
                 raise _crossing_rejection("invocation_identity_conflict", event)
         for event, op_id, call_id in crossing.operations:
-            if rows_since(conn, self._sql.operation_owner, op_id):
+            if op_id in keys.owned:
                 raise _crossing_rejection("duplicate_operation", event, op_id, call_id)
         if crossing.sessions > 1:
             raise _crossing_rejection("invocation_identity_conflict", crossing.first)

@@ -524,7 +524,7 @@ if __name__ == "__main__":
         type=int,
         nargs="+",
         default=[20],
-        help="sessions of 10 calls, one round per count (0: skip)",
+        help="sessions of 10 calls, --repeat rounds per count (0: skip)",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per N (the floor, then every mode and routing); medians"

@@ -166,7 +166,9 @@ def read_keys(
     runs: Sequence[str] = (),
 ) -> KeyFacts:
     """Every key lookup of one write as one ``UNION ALL`` statement (rows ``(kind, key, a, b, c)``).
-    A per-key ``LIMIT 1`` sits in a derived table, as SQLite and PostgreSQL both allow."""
+    A per-key ``LIMIT 1`` sits in a derived table, as SQLite and PostgreSQL both allow. Each
+    invocation and run is one compound term and SQLite refuses a compound SELECT of more than 500
+    terms: a write batch holds at most a few events (the lanes split imports into groups), far below."""
     ev, ops = runtime_events.name, tool_operations.name
     parts: list[str] = []
     params: list[str] = []

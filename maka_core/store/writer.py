@@ -531,7 +531,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         """The terminal facts of the batch's runs this session has never seen (a run id another
         session uses), from the run/terminal index: the full fold refuses what follows them too."""
         runs = sorted({e.run_id for e, _ in fresh} - scope.view.first_of_run.keys())
-        if not keys.answers("t", runs):
+        if not keys.answers("t", runs):  # never today (the write's read covers the batch); kept as a net
             keys = read_keys(conn, self._mark, runs=runs)
         return {run: keys.terminals[run] for run in runs if run in keys.terminals}
 
@@ -541,7 +541,7 @@ class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerR
         (the scanner of the batch's session cannot see them; the database's keys can)."""
         invocations = [e.invocation_id for e, _ in crossing.invocations]
         operations = [op for _, op, _ in crossing.operations]
-        if not (keys.answers("s", invocations) and keys.answers("o", operations)):
+        if not (keys.answers("s", invocations) and keys.answers("o", operations)):  # a net, as above
             keys = read_keys(conn, self._mark, invocations=invocations, operations=operations)
         for event, spine in crossing.invocations:
             found = keys.spines.get(event.invocation_id)

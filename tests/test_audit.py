@@ -120,6 +120,27 @@ async def test_the_cli_prints_json_text_and_a_self_contained_page(
     ]
 
 
+async def test_the_cli_and_session_client_audit_answer_the_same(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """``maka audit`` is ``SessionClient.audit``/``audit_all``: the same JSON, the same refusal."""
+    from maka_temporal import SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    session_id = await _session(temporal_client, db, ws_dir, tmp_path, task_queue)
+    sessions = SessionClient(temporal_client, ledger=db)
+    where = ["--db", str(db), "--address", temporal_server.address, "--json"]
+    one, every = _cli("audit", session_id, *where), _cli("audit", "--all", *where)
+    assert one.returncode == every.returncode == 0, one.stdout + every.stdout
+    assert json.loads(one.stdout) == (await sessions.audit(session_id)).raw
+    api = await sessions.audit_all()
+    assert json.loads(every.stdout) == {"ok": api.ok, "sessions": [r.raw for r in api.sessions]}
+    unknown = _cli("audit", "nope", *where)
+    with pytest.raises(SessionError) as caught:
+        await sessions.audit("nope")
+    assert caught.value.code == json.loads(unknown.stdout)["code"] == "session_not_found"
+
+
 async def test_refusals_unknown_session_and_unreachable_server(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:

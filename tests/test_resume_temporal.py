@@ -627,3 +627,36 @@ async def test_an_imported_session_without_run_headers_is_refused_alike_by_resum
     assert (code, out["code"]) == (2, "session_not_found")
     code, out, _ = await cli(box, "session", "status", "sess-2")
     assert (code, out["code"]) == (2, "session_not_found")
+
+
+async def test_the_cli_and_session_client_resume_answer_the_same(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``maka resume`` is ``SessionClient.resume``: the same park, the same refusals, by code."""
+    from maka_temporal import SessionClient, SessionError
+
+    box = Sandbox(temporal_server, tmp_path / "same")
+    monkeypatch.setenv("MAKA_HOME", str(box.root))  # as ``cli`` gives the CLI process
+    sessions = SessionClient(temporal_client, ledger=box.db)
+    script = _script(tmp_path / "s.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P4", tag="bash"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, by_cli, err = await cli(box, "resume", session_id)
+        assert code == 1 and by_cli["decision"] == "park", (by_cli, err)
+        by_api = await sessions.resume(session_id)
+        assert by_api.raw == by_cli  # the second resume plans the same park
+        assert (by_api.decision, by_api.state, by_api.park_reason) == ("park", "parked", by_cli["parkReason"])
+        both: dict[str, Any] = {"restore": "isolated", "rebaseline": True}
+        for args, kwargs, want in (
+            (("resume", session_id, "--restore", "isolated", "--rebaseline"), both, "config_invalid"),
+            (("resume", "no-such-session"), {}, "session_not_found"),
+        ):
+            code, refused, _ = await cli(box, *args)
+            assert code == 2 and refused["code"] == want, refused
+            with pytest.raises(SessionError) as caught:
+                await sessions.resume(args[1], **kwargs)
+            assert caught.value.code == want
+    finally:
+        await stop(worker)

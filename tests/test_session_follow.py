@@ -113,3 +113,38 @@ def test_follow_with_run_refuses_an_unknown_session_at_once(
         assert refused.value.code == "run_not_found" and waited >= 3, (refused.value.code, waited)
     else:
         assert refused.value.code == "session_not_found" and waited < 2, (refused.value.code, waited)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_the_cli_and_session_client_follow_answer_the_same(
+    tmp_path: Path, ws: Workspace, as_json: bool
+) -> None:
+    """``session show --follow`` prints ``SessionClient.follow``'s lines, one for one, and both
+    refuse an unknown session by the same code."""
+    from maka_temporal import FollowLine, SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    _turn(db, ws, 1)
+    cmd = [sys.executable, "-m", "maka_temporal", "session", "show", "--follow", "--db", str(db)]
+    flags = ["--json"] if as_json else []
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
+    printed = subprocess.run(
+        [*cmd, SESSION, *flags], cwd=REPO, env=env, text=True, capture_output=True, timeout=60
+    )
+    sessions = SessionClient(None, ledger=db)
+
+    async def lines(session_id: str) -> list[FollowLine]:
+        return [line async for line in sessions.follow(session_id, as_json=as_json)]
+
+    got = asyncio.run(lines(SESSION))
+    assert printed.returncode == 0 and printed.stdout.splitlines() == [line.text for line in got]
+    assert {line.kind for line in got} == {"event" if as_json else "transcript"}
+    assert len(got) > 3  # both turns' lines, not an empty agreement
+    unknown = subprocess.run(
+        [*cmd, "nope", "--json"], cwd=REPO, env=env, text=True, capture_output=True, timeout=60
+    )
+    with pytest.raises(SessionError) as refused:
+        asyncio.run(lines("nope"))
+    assert refused.value.code == "session_not_found" and unknown.returncode == 2
+    assert '"session_not_found"' in unknown.stdout + unknown.stderr

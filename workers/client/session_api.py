@@ -62,6 +62,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: How long an abandoned ``follow`` waits for its reader thread to end (one ledger read).
+FOLLOW_JOIN_S = 5.0
 
 
 class SessionError(MakaError):
@@ -467,7 +469,9 @@ class SessionClient:
             # The ledger is polled with blocking reads: on one thread of its own, which owns the
             # opened store from first read to last.
             try:
-                follow_ledger(s.ledger, session_id, as_json=as_json, write=write, run_id=run_id)
+                follow_ledger(
+                    s.ledger, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop
+                )
             except _FollowStopped:
                 return
             except BaseException as exc:
@@ -475,7 +479,8 @@ class SessionClient:
                 return
             put(None)
 
-        threading.Thread(target=read, name=f"maka-follow-{session_id}", daemon=True).start()
+        reader = threading.Thread(target=read, name=f"maka-follow-{session_id}", daemon=True)
+        reader.start()
         try:
             while (item := await lines.get()) is not None:
                 if isinstance(item, MakaError):
@@ -484,7 +489,10 @@ class SessionClient:
                     raise item
                 yield item
         finally:
+            # A caller that stops reading (break, cancel) ends the poll and closes the ledger now;
+            # the reader wakes from its wait at once, or after the one read it is in.
             stop.set()
+            reader.join(FOLLOW_JOIN_S)
 
     async def audit(self, session_id: str) -> AuditResult:
         """The ledger's lineage against every execution that hosted it (``maka audit``)."""

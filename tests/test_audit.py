@@ -186,3 +186,21 @@ async def test_a_session_across_continue_as_new_audits_clean(
     assert [e["status"] for e in out["executions"]][:2] == ["continued_as_new", "continued_as_new"]
     hosts = [r["workflowRunId"] for r in out["runs"]]
     assert len(set(hosts)) == 3
+
+
+@pytest.mark.parametrize("every", [False, True])
+async def test_audit_names_a_ledger_fault_before_an_unreachable_server(
+    tmp_path: Path, every: bool
+) -> None:
+    """No ledger (a folder in its place) and no Temporal: the CLI and ``SessionClient.audit`` /
+    ``audit_all`` both name the ledger's fault, checked before connecting."""
+    from maka_temporal import SessionClient, SessionError
+
+    which = ["--all"] if every else ["s1"]
+    for db, want in ((tmp_path / "missing.sqlite", "ledger_not_found"), (tmp_path, "store_unreadable")):
+        done = _cli("audit", *which, "--db", str(db), "--address", "127.0.0.1:1", "--json")
+        assert done.returncode == 2 and json.loads(done.stdout)["code"] == want, done.stdout + done.stderr
+        sessions = SessionClient(None, ledger=db)
+        with pytest.raises(SessionError) as caught:
+            await (sessions.audit_all() if every else sessions.audit("s1"))
+        assert caught.value.code == want

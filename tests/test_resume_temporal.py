@@ -660,3 +660,31 @@ async def test_the_cli_and_session_client_resume_answer_the_same(
             assert caught.value.code == want
     finally:
         await stop(worker)
+
+
+@pytest.mark.parametrize(
+    ("tools", "ledger", "want"),
+    [("no_such_module_xyz", True, "tools_invalid"), ("", False, "ledger_not_found")],
+)
+async def test_resume_names_a_local_fault_before_an_unreachable_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tools: str, ledger: bool, want: str
+) -> None:
+    """Bad ``MAKA_TOOLS`` (or no ledger) and no Temporal: the CLI and ``SessionClient.resume`` both
+    name the local fault, checked before connecting (as ``maka resume`` always did)."""
+    from maka_temporal import SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    if ledger:
+        LedgerStore.open(db).close()
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home"), "MAKA_TOOLS": tools}
+    proc = await asyncio.create_subprocess_exec(
+        *maka_cli(), "resume", "s1", "--json", "--db", str(db), "--address", "127.0.0.1:1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 2 and json.loads(out)["code"] == want, (out, err)
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MAKA_TOOLS", tools)
+    with pytest.raises(SessionError) as caught:
+        await SessionClient(None, ledger=db).resume("s1")
+    assert caught.value.code == want

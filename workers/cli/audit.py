@@ -59,6 +59,7 @@ def cmd_audit(
     sessions = SessionClient(None, ledger=db)
 
     async def main() -> int:
+        sessions.check_local()  # the ledger's refusals before Temporal's, as the call gives them
         try:
             sessions.client = await asyncio.wait_for(connect(address, namespace), 10)
         except TimeoutError:

@@ -51,6 +51,7 @@ def cmd_resume(
     sessions = SessionClient(None, ledger=db, task_queue=queue)
 
     async def main() -> int:
+        sessions.check_local(tools=True)  # settings, MAKA_TOOLS, the ledger: before connecting
         sessions.client = await connect(address, namespace)
         done = await sessions.resume(
             session_id, wait=wait, restore=_restore(restore), rebaseline=rebaseline, on_progress=_progress

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 #: How long an abandoned ``follow`` waits for its reader thread to end (one ledger read).
 FOLLOW_JOIN_S = 5.0
 
@@ -236,11 +238,17 @@ class SessionClient:
     """
 
     def __init__(
-        self, client: Any, *, ledger: str | Path | None = None, task_queue: str | None = None
+        self,
+        client: Any,
+        *,
+        ledger: str | Path | None = None,
+        task_queue: str | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> None:
         self.client = client
         self._ledger = str(ledger) if ledger is not None else None
         self._task_queue = task_queue
+        self._tools = tuple(tools) if tools is not None else None
         self.settings().ledger  # noqa: B018  a bad ledger or queue is refused here, not at first use
 
     def settings(self, **flags: Any) -> MakaSettings:
@@ -249,6 +257,30 @@ class SessionClient:
             return load_settings(db=self._ledger, task_queue=self._task_queue, **flags)
         except MakaError as exc:
             raise SessionError.of(exc) from None
+
+    def check_local(self, *, tools: bool = False) -> list[Any]:
+        """What ``resume`` (``tools``) and ``audit`` check before they reach Temporal: the settings,
+        the tools (``tools_invalid``) and that the ledger opens (``ledger_not_found``,
+        ``store_unreadable``, ``schema_too_new``); the tools loaded. The CLI calls it before it
+        connects, so a command failing both ways names the local fault, as the call does."""
+        s = self.settings()
+        try:
+            loaded = self._workers_tools(s) if tools else []
+            with open_ledger(s.ledger, create=False):
+                pass
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+        return loaded
+
+    def _workers_tools(self, s: MakaSettings) -> list[Any]:
+        # The fleet's own tools, so the catalog gate sees what its workers serve: those given to
+        # this client (a library fleet's ``MakaPlugin(tools=...)``), else ``MAKA_TOOLS`` (``maka worker``).
+        from maka_core.tools import default_tools
+        from maka_core.tools.loader import load_tools
+
+        if self._tools is not None:
+            return list(self._tools)
+        return load_tools(s.tools, default_tools())
 
     def _temporal(self) -> Any:
         if self.client is None:
@@ -509,7 +541,7 @@ class SessionClient:
         s = self.settings()
 
         async def go() -> AuditAll:
-            with open_ledger(s.ledger, create=False) as store:
+            with open_ledger(s.ledger, create=False) as store:  # its refusals before Temporal's
                 client = self._temporal()
                 sessions = store.sessions() if session_ids is None else session_ids
                 problems = store.verify() if session_ids is None else None
@@ -642,22 +674,25 @@ class SessionClient:
         """
         # The one call that runs host work: the runtime and its tools load here, not for every client.
         from maka_core.runtime import workspace_continuity
-        from maka_core.tools import default_tools
-        from maka_core.tools.loader import load_tools
         from maka_temporal.workers.host.attempt_fence import AttemptFence
         from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
         from maka_temporal.workers.host.worker import default_runtime
 
         s = self.settings()
+        tools = self.check_local(tools=True)  # the local refusals first, as the CLI gives them
         client = self._temporal()
 
         def say(kind: ProgressKind, message: str) -> None:
-            if on_progress is not None:
+            if on_progress is None:
+                return
+            try:
                 on_progress(ResumeProgress(session_id=session_id, kind=kind, message=message))
+            except Exception:
+                # A caller's broken callback must not abort a resume half-way (after its workspace
+                # choice committed, say): it hears nothing more from this step.
+                log.exception("resume %s: on_progress raised; the resume goes on", session_id)
 
         async def go() -> Resumed:
-            # The fleet's own tools (MAKA_TOOLS), so the catalog gate sees what its workers serve.
-            tools = load_tools(s.tools, default_tools())
             store = open_ledger(s.ledger, create=False)
             rt = default_runtime(store, s.runtime_settings(), tools=tools)
             fence = AttemptFence(

@@ -494,3 +494,10 @@ def test_a_new_sessions_settings_are_declared_once() -> None:
     with pytest.raises(MakaError) as extra:
         SessionStart.of(workspace=".", message="go", colour="red")
     assert extra.value.detail["setting"] == "colour"
+    # Strict: no lax coercion (a lax model took True as 1 step and "7" as 7).
+    for setting, value in (("max_steps", True), ("max_steps", "7"), ("unhinged", 1), ("step_timeout", "5")):
+        with pytest.raises(MakaError) as coerced:
+            SessionStart.of(workspace=".", message="go", **{setting: value})
+        assert (coerced.value.code, coerced.value.detail["setting"]) == ("config_invalid", setting), value
+    fine = SessionStart.of(workspace=".", message="go", step_timeout=5, offer=["user"], on_behalf_of=["a"])
+    assert (fine.step_timeout, fine.offer, fine.on_behalf_of) == (5.0, ("user",), ("a",))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.session_id import check_session_id
@@ -193,7 +193,8 @@ class SessionStart(BaseModel):
     ``new_session`` checks it (a value of the wrong type is ``config_invalid`` naming it, ``of``).
     The workspace host is no field: it is a setting (``MAKA_HOST``, ``--host``), read from ``s``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Strict: ``max_steps=True`` or ``"7"`` is ``config_invalid``, not 1 or 7 (an int is a float).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     workspace: Path | str
     message: str
@@ -212,10 +213,11 @@ class SessionStart(BaseModel):
     continue_as_new_after: int | None = None
     continue_as_new_after_steps: int | None = None
     principal: str | None = None
-    on_behalf_of: tuple[str, ...] = ()
+    # A list is a sequence as good as a tuple (its items stay strictly str).
+    on_behalf_of: tuple[str, ...] = Field((), strict=False)
     unhinged: bool = False
     #: The tool set the model is offered (``tools.offer``); ``None``: every tool.
-    offer: tuple[str, ...] | None = None
+    offer: tuple[str, ...] | None = Field(None, strict=False)
     tool_mode: str = NEW_SESSION_TOOL_MODE
 
     @classmethod

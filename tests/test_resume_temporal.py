@@ -688,3 +688,29 @@ async def test_resume_names_a_local_fault_before_an_unreachable_server(
     with pytest.raises(SessionError) as caught:
         await SessionClient(None, ledger=db).resume("s1")
     assert caught.value.code == want
+
+
+async def test_session_client_resume_checks_the_catalog_against_the_tools_it_is_given(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library fleet serves its tools through ``MakaPlugin(tools=...)``, not ``MAKA_TOOLS``:
+    ``SessionClient(tools=...)`` resumes with them. Control: the same client without them checks
+    the lost run's catalog against the built-ins alone and parks ``tool_catalog_mismatch``."""
+    from examples.own_tool.tools import word_count
+    from maka_temporal import SessionClient
+
+    box = Sandbox(temporal_server, tmp_path / "catalog")
+    monkeypatch.setenv("MAKA_HOME", str(box.root))
+    monkeypatch.setenv("MAKA_TOOLS", "examples.own_tool.tools")  # the lost worker served it
+    script = write_script(
+        tmp_path / "s.json",
+        [{"toolCalls": [{"name": "word_count", "args": {"text": "a b"}}]}, {"text": "done"}],
+    )  # P7: the word_count result committed, the next model step never began
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    monkeypatch.delenv("MAKA_TOOLS")
+    without = await SessionClient(temporal_client, ledger=box.db, task_queue=box.queue).resume(session_id)
+    assert without.decision == "park", without.raw
+    assert without.raw["rejectionReasons"] == ["tool_catalog_mismatch"], without.raw
+    given = SessionClient(temporal_client, ledger=box.db, task_queue=box.queue, tools=[word_count])
+    resumed = await given.resume(session_id)
+    assert resumed.decision == "continue", resumed.raw

@@ -232,7 +232,9 @@ class SessionClient:
     data converter: ``maka_temporal.connect`` or a client given ``MakaPlugin``).
 
     ``ledger``: the workers' ledger (path or SQLAlchemy URL); ``task_queue``: the queue their
-    workers poll (default ``MAKA_TASK_QUEUE`` or ``maka``). ``client`` may be ``None`` for the
+    workers poll (default ``MAKA_TASK_QUEUE`` or ``maka``); ``tools``: the tools they serve beside
+    the built-ins, which ``resume`` checks a lost run's catalog against (a library fleet's
+    ``MakaPlugin(tools=...)``; default ``MAKA_TOOLS``, as ``maka worker``). ``client`` may be ``None`` for the
     ledger-only calls (``show``, ``approve``, ``deny``, ``resolve``) and for ``status``, which then
     answers from the ledger.
     """

@@ -23,7 +23,7 @@ from maka_core.runtime.contracts import TurnStatus
 from maka_core.runtime.runtime import Runtime
 from maka_core.settings import MakaSettings
 from maka_temporal.activities import to_application_error
-from maka_temporal.workers.client.session_start import new_session
+from maka_temporal.workers.client.session_start import SessionStart, new_session
 from maka_temporal.workflows.contracts import (
     PREPARE_SESSION,
     SESSION_REPLY,
@@ -59,8 +59,7 @@ class ChildSessionActivities:
         s = self.settings if inp.host is None else self.settings.model_copy(update={"host": inp.host})
 
         def check() -> Any:
-            return new_session(
-                s,
+            given = SessionStart.of(
                 workspace=inp.workspace,
                 message=inp.message,
                 script=inp.script,
@@ -69,6 +68,7 @@ class ChildSessionActivities:
                 session_id=inp.session_id,
                 offer=inp.offer,
             )
+            return new_session(s, given)
 
         try:
             new = await asyncio.to_thread(check)

@@ -8,7 +8,7 @@ The public face of the library, the only names a user imports::
 - ``MakaPlugin``: add it to ``Client.connect(..., plugins=[...])`` (or to your ``Worker``): your
   worker then hosts maka sessions (the session workflow, its activities, startup repair, the host
   queue of its tools).
-- ``SessionClient``: start, message, wait for, inspect, approve, deny, resolve, resume and audit
+- ``SessionClient``: start, message, wait for, inspect, follow, approve, deny, resolve, resume and audit
   sessions from your code; every refusal is a ``SessionError`` whose ``.code`` is the CLI's.
 - ``maka_temporal.workflow.run_session``: a session as a child workflow of yours, for one message.
 - ``connect``: a Temporal client with maka's settings (``TEMPORAL_*``, envconfig profiles) and the
@@ -30,14 +30,18 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "ApprovalAnswer",
+    "AuditAll",
     "AuditResult",
+    "FollowLine",
     "MakaPlugin",
     "Operation",
     "Resolution",
+    "ResumeProgress",
     "Resumed",
     "SessionClient",
     "SessionError",
     "SessionResult",
+    "SessionStart",
     "Status",
     "Transcript",
     "TurnCancelled",
@@ -50,15 +54,19 @@ __all__ = [
 _PUBLIC: dict[str, str] = {
     "MakaPlugin": "maka_temporal.workers.host.plugin",
     "SessionResult": "maka_temporal.workflows.child",
+    "SessionStart": "maka_temporal.workers.client.session_start",
     "TurnCancelled": "maka_temporal.workflows.contracts",
     "connect": "maka_temporal.workers.client.connect",
     **{
         name: "maka_temporal.workers.client.session_api"
         for name in (
             "ApprovalAnswer",
+            "AuditAll",
             "AuditResult",
+            "FollowLine",
             "Operation",
             "Resolution",
+            "ResumeProgress",
             "Resumed",
             "SessionClient",
             "SessionError",
@@ -74,10 +82,13 @@ if TYPE_CHECKING:
     from maka_temporal.workers.client.connect import connect
     from maka_temporal.workers.client.session_api import (
         ApprovalAnswer,
+        AuditAll,
         AuditResult,
+        FollowLine,
         Operation,
         Resolution,
         Resumed,
+        ResumeProgress,
         SessionClient,
         SessionError,
         Status,
@@ -85,6 +96,7 @@ if TYPE_CHECKING:
         TurnInfo,
         TurnStarted,
     )
+    from maka_temporal.workers.client.session_start import SessionStart
     from maka_temporal.workers.host.plugin import MakaPlugin
     from maka_temporal.workflows.child import SessionResult
     from maka_temporal.workflows.contracts import TurnCancelled

@@ -120,6 +120,27 @@ async def test_the_cli_prints_json_text_and_a_self_contained_page(
     ]
 
 
+async def test_the_cli_and_session_client_audit_answer_the_same(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+) -> None:
+    """``maka audit`` is ``SessionClient.audit``/``audit_all``: the same JSON, the same refusal."""
+    from maka_temporal import SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    session_id = await _session(temporal_client, db, ws_dir, tmp_path, task_queue)
+    sessions = SessionClient(temporal_client, ledger=db)
+    where = ["--db", str(db), "--address", temporal_server.address, "--json"]
+    one, every = _cli("audit", session_id, *where), _cli("audit", "--all", *where)
+    assert one.returncode == every.returncode == 0, one.stdout + every.stdout
+    assert json.loads(one.stdout) == (await sessions.audit(session_id)).raw
+    api = await sessions.audit_all()
+    assert json.loads(every.stdout) == {"ok": api.ok, "sessions": [r.raw for r in api.sessions]}
+    unknown = _cli("audit", "nope", *where)
+    with pytest.raises(SessionError) as caught:
+        await sessions.audit("nope")
+    assert caught.value.code == json.loads(unknown.stdout)["code"] == "session_not_found"
+
+
 async def test_refusals_unknown_session_and_unreachable_server(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
@@ -165,3 +186,21 @@ async def test_a_session_across_continue_as_new_audits_clean(
     assert [e["status"] for e in out["executions"]][:2] == ["continued_as_new", "continued_as_new"]
     hosts = [r["workflowRunId"] for r in out["runs"]]
     assert len(set(hosts)) == 3
+
+
+@pytest.mark.parametrize("every", [False, True])
+async def test_audit_names_a_ledger_fault_before_an_unreachable_server(
+    tmp_path: Path, every: bool
+) -> None:
+    """No ledger (a folder in its place) and no Temporal: the CLI and ``SessionClient.audit`` /
+    ``audit_all`` both name the ledger's fault, checked before connecting."""
+    from maka_temporal import SessionClient, SessionError
+
+    which = ["--all"] if every else ["s1"]
+    for db, want in ((tmp_path / "missing.sqlite", "ledger_not_found"), (tmp_path, "store_unreadable")):
+        done = _cli("audit", *which, "--db", str(db), "--address", "127.0.0.1:1", "--json")
+        assert done.returncode == 2 and json.loads(done.stdout)["code"] == want, done.stdout + done.stderr
+        sessions = SessionClient(None, ledger=db)
+        with pytest.raises(SessionError) as caught:
+            await (sessions.audit_all() if every else sessions.audit("s1"))
+        assert caught.value.code == want

@@ -627,3 +627,90 @@ async def test_an_imported_session_without_run_headers_is_refused_alike_by_resum
     assert (code, out["code"]) == (2, "session_not_found")
     code, out, _ = await cli(box, "session", "status", "sess-2")
     assert (code, out["code"]) == (2, "session_not_found")
+
+
+async def test_the_cli_and_session_client_resume_answer_the_same(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``maka resume`` is ``SessionClient.resume``: the same park, the same refusals, by code."""
+    from maka_temporal import SessionClient, SessionError
+
+    box = Sandbox(temporal_server, tmp_path / "same")
+    monkeypatch.setenv("MAKA_HOME", str(box.root))  # as ``cli`` gives the CLI process
+    sessions = SessionClient(temporal_client, ledger=box.db)
+    script = _script(tmp_path / "s.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P4", tag="bash"), script)
+    worker = box.worker()
+    await ready(worker)
+    try:
+        code, by_cli, err = await cli(box, "resume", session_id)
+        assert code == 1 and by_cli["decision"] == "park", (by_cli, err)
+        by_api = await sessions.resume(session_id)
+        assert by_api.raw == by_cli  # the second resume plans the same park
+        assert (by_api.decision, by_api.state, by_api.park_reason) == ("park", "parked", by_cli["parkReason"])
+        both: dict[str, Any] = {"restore": "isolated", "rebaseline": True}
+        for args, kwargs, want in (
+            (("resume", session_id, "--restore", "isolated", "--rebaseline"), both, "config_invalid"),
+            (("resume", "no-such-session"), {}, "session_not_found"),
+        ):
+            code, refused, _ = await cli(box, *args)
+            assert code == 2 and refused["code"] == want, refused
+            with pytest.raises(SessionError) as caught:
+                await sessions.resume(args[1], **kwargs)
+            assert caught.value.code == want
+    finally:
+        await stop(worker)
+
+
+@pytest.mark.parametrize(
+    ("tools", "ledger", "want"),
+    [("no_such_module_xyz", True, "tools_invalid"), ("", False, "ledger_not_found")],
+)
+async def test_resume_names_a_local_fault_before_an_unreachable_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tools: str, ledger: bool, want: str
+) -> None:
+    """Bad ``MAKA_TOOLS`` (or no ledger) and no Temporal: the CLI and ``SessionClient.resume`` both
+    name the local fault, checked before connecting (as ``maka resume`` always did)."""
+    from maka_temporal import SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    if ledger:
+        LedgerStore.open(db).close()
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home"), "MAKA_TOOLS": tools}
+    proc = await asyncio.create_subprocess_exec(
+        *maka_cli(), "resume", "s1", "--json", "--db", str(db), "--address", "127.0.0.1:1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 2 and json.loads(out)["code"] == want, (out, err)
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MAKA_TOOLS", tools)
+    with pytest.raises(SessionError) as caught:
+        await SessionClient(None, ledger=db).resume("s1")
+    assert caught.value.code == want
+
+
+async def test_session_client_resume_checks_the_catalog_against_the_tools_it_is_given(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library fleet serves its tools through ``MakaPlugin(tools=...)``, not ``MAKA_TOOLS``:
+    ``SessionClient(tools=...)`` resumes with them. Control: the same client without them checks
+    the lost run's catalog against the built-ins alone and parks ``tool_catalog_mismatch``."""
+    from examples.own_tool.tools import word_count
+    from maka_temporal import SessionClient
+
+    box = Sandbox(temporal_server, tmp_path / "catalog")
+    monkeypatch.setenv("MAKA_HOME", str(box.root))
+    monkeypatch.setenv("MAKA_TOOLS", "examples.own_tool.tools")  # the lost worker served it
+    script = write_script(
+        tmp_path / "s.json",
+        [{"toolCalls": [{"name": "word_count", "args": {"text": "a b"}}]}, {"text": "done"}],
+    )  # P7: the word_count result committed, the next model step never began
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    monkeypatch.delenv("MAKA_TOOLS")
+    without = await SessionClient(temporal_client, ledger=box.db, task_queue=box.queue).resume(session_id)
+    assert without.decision == "park", without.raw
+    assert without.raw["rejectionReasons"] == ["tool_catalog_mismatch"], without.raw
+    given = SessionClient(temporal_client, ledger=box.db, task_queue=box.queue, tools=[word_count])
+    resumed = await given.resume(session_id)
+    assert resumed.decision == "continue", resumed.raw

@@ -468,3 +468,36 @@ async def test_a_session_offering_a_tool_no_worker_serves_parks_tool_set_unavail
     ]
     assert done["unserved-2"].state == "idle", done["unserved-2"]
     assert any(e.content is not None and e.content.kind == "function_response" for e in control)
+
+
+def test_a_new_sessions_settings_are_declared_once() -> None:
+    """``SessionClient.start``'s keywords are ``SessionStart``'s fields (the model the CLI and a
+    child session build too), with the same defaults, plus ``host`` and ``accept_timeout``; a
+    value of the wrong type is ``config_invalid`` naming it. Control: a field the model lacks is
+    refused, so a keyword added to ``start`` alone would fail the first assertion."""
+    import inspect
+
+    from pydantic_core import PydanticUndefined
+
+    from maka_core.errors import MakaError
+    from maka_temporal.workers.client.session_start import SessionStart
+
+    params = inspect.signature(SessionClient.start).parameters
+    keywords = {n: p.default for n, p in params.items() if n != "self"}
+    fields = {n: f.default for n, f in SessionStart.model_fields.items()}
+    assert {n: d for n, d in keywords.items() if n not in ("host", "accept_timeout")} == {
+        n: (inspect.Parameter.empty if d is PydanticUndefined else d) for n, d in fields.items()
+    }
+    with pytest.raises(MakaError) as wrong:
+        SessionStart.of(workspace=".", message="go", max_steps="many")
+    assert wrong.value.code == "config_invalid" and wrong.value.detail["setting"] == "max_steps"
+    with pytest.raises(MakaError) as extra:
+        SessionStart.of(workspace=".", message="go", colour="red")
+    assert extra.value.detail["setting"] == "colour"
+    # Strict: no lax coercion (a lax model took True as 1 step and "7" as 7).
+    for setting, value in (("max_steps", True), ("max_steps", "7"), ("unhinged", 1), ("step_timeout", "5")):
+        with pytest.raises(MakaError) as coerced:
+            SessionStart.of(workspace=".", message="go", **{setting: value})
+        assert (coerced.value.code, coerced.value.detail["setting"]) == ("config_invalid", setting), value
+    fine = SessionStart.of(workspace=".", message="go", step_timeout=5, offer=["user"], on_behalf_of=["a"])
+    assert (fine.step_timeout, fine.offer, fine.on_behalf_of) == (5.0, ("user",), ("a",))

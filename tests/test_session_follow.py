@@ -13,7 +13,9 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,128 @@ def test_follow_with_run_refuses_an_unknown_session_at_once(
         assert refused.value.code == "run_not_found" and waited >= 3, (refused.value.code, waited)
     else:
         assert refused.value.code == "session_not_found" and waited < 2, (refused.value.code, waited)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_the_cli_and_session_client_follow_answer_the_same(
+    tmp_path: Path, ws: Workspace, as_json: bool
+) -> None:
+    """``session show --follow`` prints ``SessionClient.follow``'s lines, one for one, and both
+    refuse an unknown session by the same code."""
+    from maka_temporal import FollowLine, SessionClient, SessionError
+
+    db = tmp_path / "ledger.sqlite"
+    _turn(db, ws, 0)
+    _turn(db, ws, 1)
+    cmd = [sys.executable, "-m", "maka_temporal", "session", "show", "--follow", "--db", str(db)]
+    flags = ["--json"] if as_json else []
+    env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
+    printed = subprocess.run(
+        [*cmd, SESSION, *flags], cwd=REPO, env=env, text=True, capture_output=True, timeout=60
+    )
+    sessions = SessionClient(None, ledger=db)
+
+    async def lines(session_id: str) -> list[FollowLine]:
+        return [line async for line in sessions.follow(session_id, as_json=as_json)]
+
+    got = asyncio.run(lines(SESSION))
+    assert printed.returncode == 0 and printed.stdout.splitlines() == [line.text for line in got]
+    assert {line.kind for line in got} == {"event" if as_json else "transcript"}
+    assert len(got) > 3  # both turns' lines, not an empty agreement
+    unknown = subprocess.run(
+        [*cmd, "nope", "--json"], cwd=REPO, env=env, text=True, capture_output=True, timeout=60
+    )
+    with pytest.raises(SessionError) as refused:
+        asyncio.run(lines("nope"))
+    assert refused.value.code == "session_not_found" and unknown.returncode == 2
+    assert '"session_not_found"' in unknown.stdout + unknown.stderr
+
+
+def _running(db: Path, ws: Workspace) -> None:
+    """A run whose header stays ``running`` and that commits nothing more: a lost execution's."""
+    ids = RunIds(session_id=SESSION, turn_id="t0", run_id="r0", invocation_id="i0")
+
+    async def go(rt: Runtime) -> None:
+        begin = BeginRunInput(
+            ids=ids, text="turn 0", ts=0, workflow_id="wf", workflow_run_id="wr", task_queue="q",
+            workspace=str(ws.root),
+        )  # fmt: skip
+        await turn.begin_run(rt, begin)
+
+    with LedgerStore.open(db) as store:
+        rt = Runtime(store)
+        try:
+            asyncio.run(go(rt))
+        finally:
+            rt.close()
+
+
+def _ledger_fds(db: Path) -> list[str]:
+    fds = Path("/proc/self/fd")
+    found = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith(str(db)):
+            found.append(target)
+    return found
+
+
+def _followers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"maka-follow-{SESSION}" and t.is_alive()]
+
+
+def _wait_for(done: Callable[[], bool], bound: float = 10.0) -> float:
+    began = time.monotonic()
+    while not done() and time.monotonic() - began < bound:
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def test_an_abandoned_follow_ends_its_reader_and_closes_the_ledger(
+    tmp_path: Path, ws: Workspace
+) -> None:
+    """A caller that breaks out of ``follow`` on a run that never settles (its execution lost, its
+    header ``running``, no new fact) ends the reader thread and closes the ledger within seconds."""
+    from maka_temporal import SessionClient
+
+    db = tmp_path / "ledger.sqlite"
+    _running(db, ws)
+    sessions = SessionClient(None, ledger=db)
+
+    async def first_line() -> str:
+        async for line in sessions.follow(SESSION):
+            return line.text
+        return ""
+
+    assert "user: turn 0" in asyncio.run(first_line())
+    waited = _wait_for(lambda: not _followers() and not _ledger_fds(db))
+    assert not _followers() and not _ledger_fds(db), (waited, _followers(), _ledger_fds(db))
+
+
+def test_a_follow_not_told_to_stop_polls_on(tmp_path: Path, ws: Workspace) -> None:
+    """The control: the same follow without its ``stop`` (as the reader ran before) is still
+    polling, the ledger open, after the bound the abandoned one ends within."""
+    db = tmp_path / "ledger.sqlite"
+    _running(db, ws)
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=follow, args=(db, SESSION), kwargs={"as_json": False, "write": lines.append},
+        name=f"maka-follow-{SESSION}", daemon=True,
+    )  # fmt: skip
+    reader.start()
+    _wait_for(lambda: bool(lines))
+    waited = _wait_for(lambda: not reader.is_alive(), bound=3.0)
+    assert reader.is_alive() and _ledger_fds(db), (waited, lines)
+    # The run settles: the follow ends, as it always did.
+    with LedgerStore.open(db) as store:
+        rt = Runtime(store)
+        try:
+            ids = RunIds(session_id=SESSION, turn_id="t0", run_id="r0", invocation_id="i0")
+            asyncio.run(turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=1)))
+        finally:
+            rt.close()
+    reader.join(30)
+    assert not reader.is_alive()

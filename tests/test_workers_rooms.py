@@ -42,6 +42,10 @@ DECIDING_MODULES = (
     "maka_core.runtime.settle",
 )
 
+#: What the CLI reaches only through ``SessionClient`` (resume with its fence, audit, follow): the
+#: command and the library answer alike because there is one path (modules under the package).
+THROUGH_THE_CLIENT = ("host.resume", "host.attempt_fence", "client.audit", "client.session_follow")
+
 
 def modules_of(root: Path, package: str) -> dict[str, Path]:
     """Every module under ``root`` (a package folder) by its dotted name under ``package``."""
@@ -133,6 +137,8 @@ def cli_decisions(root: Path, package: str) -> list[str]:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in DECISIONS:
                     found.append(f"{name} defines {node.name} (the {DECISIONS[node.name]}'s)")
             found += [f"{name} imports {m}" for m in sorted(imported) if m in DECIDING_MODULES]
+            through = {f"{package}.{m}" for m in THROUGH_THE_CLIENT}
+            found += [f"{name} imports {m} (not through SessionClient)" for m in sorted(imported & through)]
         elif room is not None:
             cli = [m for m in sorted(imported) if m in modules and room_of(m, package) == "cli"]
             found += [f"{name} imports {m}" for m in cli]
@@ -266,3 +272,20 @@ def test_negative_control_a_decision_in_the_cli_is_found(tmp_path: Path) -> None
         "pkg.cli.session imports maka_core.runtime.approvals",
         "pkg.host.worker imports pkg.cli.resume",
     ]
+
+
+def test_negative_control_the_cli_going_around_the_session_client_is_found(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "cli/__init__.py": "",
+            "host/__init__.py": "",
+            "client/__init__.py": "",
+            "host/resume.py": "def go():\n    pass\n",
+            "client/session_api.py": "from pkg.host.resume import go\n",
+            "cli/resume.py": "from pkg.host.resume import go\n",
+        },
+    )
+    assert cli_decisions(pkg, "pkg") == ["pkg.cli.resume imports pkg.host.resume (not through SessionClient)"]
+    (pkg / "cli" / "resume.py").write_text("from pkg.client.session_api import go\n")
+    assert cli_decisions(pkg, "pkg") == []

@@ -108,3 +108,32 @@ async def test_the_readme_walk_restore_isolated_and_rebaseline(
         assert "rebaseline from refs/maka/checkpoints/walk-rebaseline/1 epoch 1  changed: src.py" in out, out
     finally:
         await stop(worker)
+
+
+async def test_a_broken_on_progress_does_not_abort_a_resume_after_its_workspace_choice(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SessionClient.resume(rebaseline=True, on_progress=...)`` whose callback raises once the
+    rebaseline committed: the resume goes on and continues the session (the error is logged)."""
+    from maka_temporal import ResumeProgress, SessionClient
+
+    box = Sandbox(temporal_server, tmp_path / "cb")
+    monkeypatch.setenv("MAKA_HOME", str(box.root))
+    worker = box.worker()
+    await ready(worker)
+    heard: list[ResumeProgress] = []
+
+    def broken(step: ResumeProgress) -> None:
+        heard.append(step)
+        raise RuntimeError("the caller's callback is broken")
+
+    try:
+        ws = box.root / "proj"
+        session = await parked_session(box, temporal_client, ws, "cb-rebaseline")
+        (ws / "src.py").write_text("print('edited while parked')\n")
+        sessions = SessionClient(temporal_client, ledger=box.db, task_queue=box.queue)
+        done = await sessions.resume(session, rebaseline=True, wait=True, on_progress=broken)
+        assert (done.decision, done.state) == ("continue", "idle"), done.raw
+        assert [h.kind for h in heard][:1] == ["workspace"], heard
+    finally:
+        await stop(worker)

@@ -1,4 +1,5 @@
-"""``maka audit SESSION|--all``: the ledger's lineage against every Temporal execution that hosted it.
+"""``maka audit SESSION|--all``: the ledger's lineage against every Temporal execution that hosted it
+(``SessionClient.audit`` / ``audit_all``; this module parses and prints).
 
 Exit 0 when the ledger and the histories agree, 1 on drift, 2 refused (``session_not_found``,
 ``temporal_unavailable``, ``ledger_not_found``...). Reads only: nothing is written to the ledger
@@ -22,12 +23,10 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_json,
     run_async,
-    settings,
     temporal_options,
 )
-from maka_temporal.workers.client.audit import audit_session
 from maka_temporal.workers.client.connect import connect
-from maka_temporal.workers.client.ledger import open_ledger
+from maka_temporal.workers.client.session_api import SessionClient
 
 
 @click.command("audit")
@@ -57,19 +56,21 @@ def cmd_audit(
         raise MakaError("usage_invalid", "give one SESSION or --all")
     if all_sessions and html_file is not None:
         raise MakaError("usage_invalid", "--html draws one session: give SESSION")
-    target = settings(db=db).ledger
+    sessions = SessionClient(None, ledger=db)
 
     async def main() -> int:
-        with open_ledger(target, create=False) as store:
-            sessions: list[str] = store.sessions() if all_sessions else [str(session_id)]
-            try:
-                client = await asyncio.wait_for(connect(address, namespace), 10)
-            except TimeoutError:
-                raise MakaError("temporal_unavailable", "Temporal did not answer within 10s") from None
-            problems = store.verify() if all_sessions else None
-            reports = [await audit_session(client, store, s, verify_problems=problems) for s in sessions]
-        _emit([r.to_json() for r in reports], all_sessions, as_json, html_file)
-        return 0 if all(r.ok for r in reports) else 1
+        sessions.check_local()  # the ledger's refusals before Temporal's, as the call gives them
+        try:
+            sessions.client = await asyncio.wait_for(connect(address, namespace), 10)
+        except TimeoutError:
+            raise MakaError("temporal_unavailable", "Temporal did not answer within 10s") from None
+        if all_sessions:
+            done = await sessions.audit_all()
+            reports = [r.raw for r in done.sessions]
+        else:
+            reports = [(await sessions.audit(str(session_id))).raw]
+        _emit(reports, all_sessions, as_json, html_file)
+        return 0 if all(r["ok"] for r in reports) else 1
 
     finish(run_async(main()))
 

@@ -1,31 +1,24 @@
-"""``maka resume SESSION [--wait] [--json]``: the command over ``workers.host.resume`` (what resume
-decides and does lives there; this module parses, connects and prints)."""
+"""``maka resume SESSION [--wait] [--json]``: the command over ``SessionClient.resume`` (what resume
+decides and does lives in ``workers.host.resume``; this module parses, connects and prints)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import click
 
-from maka_core.runtime import workspace_continuity
-from maka_core.tools import default_tools
-from maka_core.tools.loader import load_tools
 from maka_temporal.workers.cli.base import (
     db_option,
     finish,
     json_option,
     print_json,
     run_async,
-    settings,
     temporal_options,
 )
 from maka_temporal.workers.client.connect import connect
-from maka_temporal.workers.client.ledger import open_ledger
-from maka_temporal.workers.host.attempt_fence import AttemptFence
-from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
-from maka_temporal.workers.host.worker import default_runtime
+from maka_temporal.workers.client.session_api import ResumeProgress, SessionClient
 
 __all__ = ["cmd_resume"]
 
@@ -53,46 +46,37 @@ def cmd_resume(
 ) -> None:
     """Continue a session whose workflow execution is lost, through the planner (never a retry), or
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
-    s = settings(db=db, task_queue=task_queue)
-    feature = s.runtime_safe_boundary_resume is not False
+    # ``--task-queue``, else ``MAKA_TASK_QUEUE``, else the queue the session last ran on.
     queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
-    # The fleet's own tools (MAKA_TOOLS), so the catalog gate sees what its workers serve.
-    user_tools = load_tools(s.tools, default_tools())
+    sessions = SessionClient(None, ledger=db, task_queue=queue)
 
     async def main() -> int:
-        client = await connect(address, namespace)
-        store = open_ledger(s.ledger, create=False)
-        rt = default_runtime(store, s.runtime_settings(), tools=user_tools)
-        fence = AttemptFence(client, rt.settings.tool_heartbeat_timeout_s, say=_progress)
-        try:
-            chosen = await choose_workspace(client, rt, session_id, restore, rebaseline)
-            if chosen is not None:
-                click.echo(f"session {session_id}: {workspace_continuity.describe(chosen)}", err=True)
-            out = await resume_lost_session(
-                client, rt, session_id, task_queue=queue, feature_enabled=feature, fence=fence
-            )
-            if chosen is not None:
-                out["workspaceTransition"] = chosen
-            if fence.waited:
-                out["attemptFenceS"] = round(fence.waited, 1)
-            if wait and out["decision"] == "continue":
-                out = await wait_continued(client, rt, out)
-        finally:
-            rt.close()
-            store.close()
+        sessions.check_local(tools=True)  # settings, MAKA_TOOLS, the ledger: before connecting
+        sessions.client = await connect(address, namespace)
+        done = await sessions.resume(
+            session_id, wait=wait, restore=_restore(restore), rebaseline=rebaseline, on_progress=_progress
+        )
+        out = done.raw
         if as_json:
             print_json(out, indent=2)
         else:
             _print(out)
-        if out["decision"] != "continue":
+        if done.decision != "continue":
             return 1
-        return 0 if not wait or out["state"] == "idle" else 1
+        return 0 if not wait or done.state == "idle" else 1
 
     finish(run_async(main()))
 
 
-def _progress(message: str) -> None:
-    print(f"maka: {message}", file=sys.stderr, flush=True)
+def _restore(value: str | None) -> Literal["isolated"] | None:
+    return "isolated" if value == "isolated" else None
+
+
+def _progress(step: ResumeProgress) -> None:
+    if step.kind == "workspace":
+        click.echo(f"session {step.session_id}: {step.message}", err=True)
+    else:
+        print(f"maka: {step.message}", file=sys.stderr, flush=True)
 
 
 def _print(out: dict[str, Any]) -> None:

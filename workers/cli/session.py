@@ -52,8 +52,7 @@ from maka_temporal.workers.client.session_client import (
     update_error,
     wait_settled,
 )
-from maka_temporal.workers.client.session_follow import follow as follow_ledger
-from maka_temporal.workers.client.session_start import check_message, new_session
+from maka_temporal.workers.client.session_start import SessionStart, check_message, new_session
 from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
@@ -224,7 +223,7 @@ def cmd_start(
 
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
 
-    inputs: dict[str, Any] = dict(
+    given = SessionStart.of(
         workspace=workspace,
         message=message,
         script=script,
@@ -247,12 +246,12 @@ def cmd_start(
         unhinged=unhinged,
         offer=offer or None,
     )
-    new_session(s, **inputs)  # every input refused before connecting (SessionClient checks again)
+    new_session(s, given)  # every input refused before connecting (SessionClient checks again)
 
     async def main() -> int:
         client = await connect(address, namespace)
         sessions = SessionClient(client, ledger=s.ledger, task_queue=s.task_queue)
-        started = await sessions.start(host=s.host, accept_timeout=s.wait_timeout, **inputs)
+        started = await sessions.start(host=s.host, accept_timeout=s.wait_timeout, **given.model_dump())
         return await _after_send(client, s, started.session_id, started, wait=wait, as_json=as_json)
 
     finish(run_async(main()))
@@ -425,7 +424,12 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_i
             sys.stdout.write((line if as_json else _printable(line)) + "\n")
             sys.stdout.flush()
 
-        follow_ledger(settings(db=db).ledger, session_id, as_json=as_json, write=write, run_id=run_id)
+        async def follow_lines() -> None:
+            sessions = SessionClient(None, ledger=settings(db=db).ledger)
+            async for line in sessions.follow(session_id, run_id, as_json=as_json):
+                write(line.text)
+
+        asyncio.run(follow_lines())
         return
     if run_id is not None:
         raise click.UsageError("--run needs --follow")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Mapping, Sequence
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -39,14 +41,18 @@ from maka_temporal.workers.client.session_client import (
     start_session,
     wait_settled,
 )
-from maka_temporal.workers.client.session_start import check_message, new_session
+from maka_temporal.workers.client.session_follow import follow as follow_ledger
+from maka_temporal.workers.client.session_start import SessionStart, check_message, new_session
 from maka_temporal.workflows.contracts import TurnCancelled
 
 __all__ = [
     "ApprovalAnswer",
+    "AuditAll",
     "AuditResult",
+    "FollowLine",
     "Operation",
     "Resolution",
+    "ResumeProgress",
     "Resumed",
     "SessionClient",
     "SessionError",
@@ -57,6 +63,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+#: How long an abandoned ``follow`` waits for its reader thread to end (one ledger read).
+FOLLOW_JOIN_S = 5.0
 
 
 class SessionError(MakaError):
@@ -175,10 +184,44 @@ class Resumed(_Answer):
     raw: dict[str, Any]
 
 
+ProgressKind = Literal["workspace", "attempt_fence"]
+
+
+class ResumeProgress(_Answer):
+    """One step of ``resume`` as it happens: ``workspace`` (the workspace choice it committed) or
+    ``attempt_fence`` (the wait until a lost run's old tool attempt cannot still be running)."""
+
+    session_id: str
+    kind: ProgressKind
+    message: str
+
+
+FollowKind = Literal["transcript", "event"]
+
+
+class FollowLine(_Answer):
+    """One line ``follow`` read: a ``transcript`` line, or one ``event``'s canonical JSON."""
+
+    session_id: str
+    kind: FollowKind
+    text: str
+
+
+class _FollowStopped(Exception):
+    """The reader of ``follow`` went away: its ledger thread ends."""
+
+
 class AuditResult(_Answer):
     session_id: str
     ok: bool
     raw: dict[str, Any]
+
+
+class AuditAll(_Answer):
+    """Every session's audit; ``ok`` when none drifted."""
+
+    ok: bool
+    sessions: tuple[AuditResult, ...]
 
 
 Decision = Literal["applied", "not_applied", "abandon"]
@@ -189,17 +232,25 @@ class SessionClient:
     data converter: ``maka_temporal.connect`` or a client given ``MakaPlugin``).
 
     ``ledger``: the workers' ledger (path or SQLAlchemy URL); ``task_queue``: the queue their
-    workers poll (default ``MAKA_TASK_QUEUE`` or ``maka``). ``client`` may be ``None`` for the
+    workers poll (default ``MAKA_TASK_QUEUE`` or ``maka``); ``tools``: the tools they serve beside
+    the built-ins, which ``resume`` checks a lost run's catalog against (a library fleet's
+    ``MakaPlugin(tools=...)``; default ``MAKA_TOOLS``, as ``maka worker``). ``client`` may be ``None`` for the
     ledger-only calls (``show``, ``approve``, ``deny``, ``resolve``) and for ``status``, which then
     answers from the ledger.
     """
 
     def __init__(
-        self, client: Any, *, ledger: str | Path | None = None, task_queue: str | None = None
+        self,
+        client: Any,
+        *,
+        ledger: str | Path | None = None,
+        task_queue: str | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> None:
         self.client = client
         self._ledger = str(ledger) if ledger is not None else None
         self._task_queue = task_queue
+        self._tools = tuple(tools) if tools is not None else None
         self.settings().ledger  # noqa: B018  a bad ledger or queue is refused here, not at first use
 
     def settings(self, **flags: Any) -> MakaSettings:
@@ -208,6 +259,30 @@ class SessionClient:
             return load_settings(db=self._ledger, task_queue=self._task_queue, **flags)
         except MakaError as exc:
             raise SessionError.of(exc) from None
+
+    def check_local(self, *, tools: bool = False) -> list[Any]:
+        """What ``resume`` (``tools``) and ``audit`` check before they reach Temporal: the settings,
+        the tools (``tools_invalid``) and that the ledger opens (``ledger_not_found``,
+        ``store_unreadable``, ``schema_too_new``); the tools loaded. The CLI calls it before it
+        connects, so a command failing both ways names the local fault, as the call does."""
+        s = self.settings()
+        try:
+            loaded = self._workers_tools(s) if tools else []
+            with open_ledger(s.ledger, create=False):
+                pass
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+        return loaded
+
+    def _workers_tools(self, s: MakaSettings) -> list[Any]:
+        # The fleet's own tools, so the catalog gate sees what its workers serve: those given to
+        # this client (a library fleet's ``MakaPlugin(tools=...)``), else ``MAKA_TOOLS`` (``maka worker``).
+        from maka_core.tools import default_tools
+        from maka_core.tools.loader import load_tools
+
+        if self._tools is not None:
+            return list(self._tools)
+        return load_tools(s.tools, default_tools())
 
     def _temporal(self) -> Any:
         if self.client is None:
@@ -252,7 +327,8 @@ class SessionClient:
         ``MAKA_HOST``, the machine's name); ``accept_timeout``: how long a worker has to accept the
         message (default ``MAKA_WAIT_TIMEOUT``); ``offer``: the tool set the model is offered
         (``builtins``, ``melra``, ``user``, ``mcp``, ``mcp:<server>``, tool names; default every
-        tool), recorded in the session's config.
+        tool), recorded in the session's config. The keywords are ``SessionStart``'s fields (the
+        one declaration of a new session's settings), with ``host`` and ``accept_timeout``.
         """
         s = self.settings(host=host, wait_timeout=accept_timeout)
         client = self._temporal()
@@ -260,27 +336,29 @@ class SessionClient:
         async def go() -> TurnStarted:
             new = new_session(
                 s,
-                workspace=workspace,
-                message=message,
-                script=script,
-                model=model,
-                policy=policy,
-                session_id=session_id,
-                system=system,
-                temperature=temperature,
-                max_tokens=max_tokens,
-                step_timeout=step_timeout,
-                context_window=context_window,
-                context_reserve=context_reserve,
-                model_step_mode=model_step_mode,
-                max_steps=max_steps,
-                continue_as_new_after=continue_as_new_after,
-                continue_as_new_after_steps=continue_as_new_after_steps,
-                principal=principal,
-                on_behalf_of=on_behalf_of,
-                unhinged=unhinged,
-                offer=offer,
-                tool_mode=tool_mode,
+                SessionStart.of(
+                    workspace=workspace,
+                    message=message,
+                    script=script,
+                    model=model,
+                    policy=policy,
+                    session_id=session_id,
+                    system=system,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                    step_timeout=step_timeout,
+                    context_window=context_window,
+                    context_reserve=context_reserve,
+                    model_step_mode=model_step_mode,
+                    max_steps=max_steps,
+                    continue_as_new_after=continue_as_new_after,
+                    continue_as_new_after_steps=continue_as_new_after_steps,
+                    principal=principal,
+                    on_behalf_of=on_behalf_of,
+                    unhinged=unhinged,
+                    offer=offer,
+                    tool_mode=tool_mode,
+                ),
             )
             with open_ledger(s.ledger, create=True) as store:
                 recorded = new.record(store)
@@ -393,17 +471,87 @@ class SessionClient:
 
         return await _refusing(asyncio.to_thread(read))
 
+    async def follow(
+        self, session_id: str, run_id: str | None = None, *, as_json: bool = False
+    ) -> AsyncIterator[FollowLine]:
+        """The transcript as its facts commit, until the turn settles (``maka session show
+        --follow``): one ``FollowLine`` per transcript line (``as_json``: per event, its canonical
+        JSON). ``run_id``: follow that run (the one ``send`` returned), waiting for its header.
+        Read from the ledger alone, so it follows a turn whatever process runs it.
+
+        Raises:
+            SessionError: ``session_not_found``, ``run_not_found``, the ledger's codes.
+        """
+        s = self.settings()
+        loop = asyncio.get_running_loop()
+        lines: asyncio.Queue[FollowLine | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+        kind: FollowKind = "event" if as_json else "transcript"
+
+        def put(item: FollowLine | BaseException | None) -> None:
+            try:
+                loop.call_soon_threadsafe(lines.put_nowait, item)
+            except RuntimeError:
+                stop.set()  # the loop is gone: nobody reads any more
+
+        def write(text: str) -> None:
+            if stop.is_set():
+                raise _FollowStopped
+            put(FollowLine(session_id=session_id, kind=kind, text=text))
+
+        def read() -> None:
+            # The ledger is polled with blocking reads: on one thread of its own, which owns the
+            # opened store from first read to last.
+            try:
+                follow_ledger(
+                    s.ledger, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop
+                )
+            except _FollowStopped:
+                return
+            except BaseException as exc:
+                put(exc)
+                return
+            put(None)
+
+        reader = threading.Thread(target=read, name=f"maka-follow-{session_id}", daemon=True)
+        reader.start()
+        try:
+            while (item := await lines.get()) is not None:
+                if isinstance(item, MakaError):
+                    raise SessionError.of(item) from None
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            # A caller that stops reading (break, cancel) ends the poll and closes the ledger now;
+            # the reader wakes from its wait at once, or after the one read it is in.
+            stop.set()
+            reader.join(FOLLOW_JOIN_S)
+
     async def audit(self, session_id: str) -> AuditResult:
         """The ledger's lineage against every execution that hosted it (``maka audit``)."""
+        return (await self._audit([session_id])).sessions[0]
+
+    async def audit_all(self) -> AuditAll:
+        """Every session of the ledger audited over one opened ledger, whose chain is verified once
+        (``maka audit --all``)."""
+        return await self._audit(None)
+
+    async def _audit(self, session_ids: list[str] | None) -> AuditAll:
         from maka_temporal.workers.client.audit import audit_session
 
         s = self.settings()
-        client = self._temporal()
 
-        async def go() -> AuditResult:
-            with open_ledger(s.ledger, create=False) as store:
-                report = await audit_session(client, store, session_id)
-            return AuditResult(session_id=session_id, ok=report.ok, raw=report.to_json())
+        async def go() -> AuditAll:
+            with open_ledger(s.ledger, create=False) as store:  # its refusals before Temporal's
+                client = self._temporal()
+                sessions = store.sessions() if session_ids is None else session_ids
+                problems = store.verify() if session_ids is None else None
+                results: list[AuditResult] = []
+                for sid in sessions:
+                    report = await audit_session(client, store, sid, verify_problems=problems)
+                    results.append(AuditResult(session_id=sid, ok=report.ok, raw=report.to_json()))
+            return AuditAll(ok=all(r.ok for r in results), sessions=tuple(results))
 
         return await _refusing(go())
 
@@ -504,27 +652,70 @@ class SessionClient:
 
         return await _refusing(asyncio.to_thread(write))
 
-    async def resume(self, session_id: str, *, wait: bool = False) -> Resumed:
+    async def resume(
+        self,
+        session_id: str,
+        *,
+        wait: bool = False,
+        restore: Literal["isolated"] | None = None,
+        rebaseline: bool = False,
+        on_progress: Callable[[ResumeProgress], None] | None = None,
+    ) -> Resumed:
         """Continue a session whose execution is lost, through the planner, or one parked with
-        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles."""
+        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles.
+
+        ``restore="isolated"`` continues in a new folder restored from the checkpoint,
+        ``rebaseline`` from the workspace's current files (a new epoch): the choice is committed
+        before the resume plans. A lost run with a tool in flight is settled only once its old
+        attempt cannot still be running (the attempt fence); ``on_progress`` hears the workspace
+        choice and the fence's wait as they happen.
+
+        Raises:
+            SessionError: ``config_invalid`` (both ``restore`` and ``rebaseline``), ``session_busy``,
+                ``session_not_found``, ``resume_not_needed``, ``continuation_already_exists``, ...
+        """
         # The one call that runs host work: the runtime and its tools load here, not for every client.
-        from maka_temporal.workers.host.resume import resume_lost_session, wait_continued
+        from maka_core.runtime import workspace_continuity
+        from maka_temporal.workers.host.attempt_fence import AttemptFence
+        from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
         from maka_temporal.workers.host.worker import default_runtime
 
         s = self.settings()
+        tools = self.check_local(tools=True)  # the local refusals first, as the CLI gives them
         client = self._temporal()
+
+        def say(kind: ProgressKind, message: str) -> None:
+            if on_progress is None:
+                return
+            try:
+                on_progress(ResumeProgress(session_id=session_id, kind=kind, message=message))
+            except Exception:
+                # A caller's broken callback must not abort a resume half-way (after its workspace
+                # choice committed, say): it hears nothing more from this step.
+                log.exception("resume %s: on_progress raised; the resume goes on", session_id)
 
         async def go() -> Resumed:
             store = open_ledger(s.ledger, create=False)
-            rt = default_runtime(store, s.runtime_settings())
+            rt = default_runtime(store, s.runtime_settings(), tools=tools)
+            fence = AttemptFence(
+                client, rt.settings.tool_heartbeat_timeout_s, say=lambda m: say("attempt_fence", m)
+            )
             try:
+                chosen = await choose_workspace(client, rt, session_id, restore, rebaseline)
+                if chosen is not None:
+                    say("workspace", workspace_continuity.describe(chosen))
                 out = await resume_lost_session(
                     client,
                     rt,
                     session_id,
                     task_queue=self._task_queue,
                     feature_enabled=s.runtime_safe_boundary_resume is not False,
+                    fence=fence,
                 )
+                if chosen is not None:
+                    out["workspaceTransition"] = chosen
+                if fence.waited:
+                    out["attemptFenceS"] = round(fence.waited, 1)
                 if wait and out["decision"] == "continue":
                     out = await wait_continued(client, rt, out)
             finally:

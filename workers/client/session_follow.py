@@ -14,6 +14,7 @@ the previous, settled one; the follow waits for the named run (``run_not_found``
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ def follow(
     poll_s: float = POLL_S,
     run_id: str | None = None,
     run_wait_s: float = RUN_WAIT_S,
+    stop: threading.Event | None = None,
 ) -> None:
     """Print the session's transcript (``as_json``: one event's canonical JSON a line) as it
     commits, until its latest run settles.
@@ -49,6 +51,7 @@ def follow(
         MakaError: ``session_not_found`` when the ledger holds no event of the session (yet: a
             session whose first turn has not begun has nothing to follow); ``open_ledger``'s codes.
     """
+    stop = stop or threading.Event()
     events: list[Any] = []
     cursor = shown_lines = 0
     footer: str | None = None
@@ -77,6 +80,8 @@ def follow(
                 raise MakaError(
                     "session_not_found", f"no events for session {session_id}", sessionId=session_id
                 )
+            if stop.is_set():
+                return
             if new:
                 cursor = new[-1][0]
                 events.extend(event for _, event in new)
@@ -92,6 +97,8 @@ def follow(
                     shown_lines = len(lines)
             if settled:
                 break
-            time.sleep(poll_s)
+            # A lost execution's header stays ``running`` forever: wake at once when told to stop.
+            if stop.wait(poll_s):
+                return
     if footer is not None:
         write(footer)

@@ -9,10 +9,11 @@ then writes is the session's policy in the ledger (``NewSession.record``) and th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.session_id import check_session_id
@@ -34,7 +35,15 @@ if TYPE_CHECKING:
     from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
     from maka_temporal.workflows.contracts import SessionInput
 
-__all__ = ["MAX_SYSTEM_BYTES", "NewSession", "check_message", "new_session", "provider_spec", "system_prompt"]
+__all__ = [
+    "MAX_SYSTEM_BYTES",
+    "NewSession",
+    "SessionStart",
+    "check_message",
+    "new_session",
+    "provider_spec",
+    "system_prompt",
+]
 
 #: The longest system prompt a session takes: the prompt rides in the provider spec, which every
 #: model-step and tool activity input carries into the workflow's history.
@@ -178,31 +187,55 @@ class NewSession:
         )
 
 
-def new_session(
-    s: MakaSettings,
-    *,
-    workspace: Path | str,
-    message: str,
-    script: Path | str | None = None,
-    model: str | None = None,
-    policy: Path | str | None = None,
-    session_id: str | None = None,
-    system: str | None = None,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
-    context_window: int | None = None,
-    context_reserve: int | None = None,
-    model_step_mode: str = "with_tool",
-    max_steps: int = DEFAULT_MAX_STEPS_PER_TURN,
-    continue_as_new_after: int | None = None,
-    continue_as_new_after_steps: int | None = None,
-    principal: str | None = None,
-    on_behalf_of: tuple[str, ...] = (),
-    unhinged: bool = False,
-    offer: Sequence[str] | None = None,
-    tool_mode: str = NEW_SESSION_TOOL_MODE,
-) -> NewSession:
+class SessionStart(BaseModel):
+    """A new session's settings as given, declared once: ``maka session start``'s options,
+    ``SessionClient.start``'s keywords and a child session's inputs all build this, and
+    ``new_session`` checks it (a value of the wrong type is ``config_invalid`` naming it, ``of``).
+    The workspace host is no field: it is a setting (``MAKA_HOST``, ``--host``), read from ``s``."""
+
+    # Strict: ``max_steps=True`` or ``"7"`` is ``config_invalid``, not 1 or 7 (an int is a float).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    workspace: Path | str
+    message: str
+    script: Path | str | None = None
+    model: str | None = None
+    policy: Path | str | None = None
+    session_id: str | None = None
+    system: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    step_timeout: float = DEFAULT_STEP_TIMEOUT_S
+    context_window: int | None = None
+    context_reserve: int | None = None
+    model_step_mode: str = "with_tool"
+    max_steps: int = DEFAULT_MAX_STEPS_PER_TURN
+    continue_as_new_after: int | None = None
+    continue_as_new_after_steps: int | None = None
+    principal: str | None = None
+    # A list is a sequence as good as a tuple (its items stay strictly str).
+    on_behalf_of: tuple[str, ...] = Field((), strict=False)
+    unhinged: bool = False
+    #: The tool set the model is offered (``tools.offer``); ``None``: every tool.
+    offer: tuple[str, ...] | None = Field(None, strict=False)
+    tool_mode: str = NEW_SESSION_TOOL_MODE
+
+    @classmethod
+    def of(cls, **given: Any) -> SessionStart:
+        """The settings, or ``config_invalid`` naming the first one of the wrong type.
+
+        Raises:
+            ConfigError: ``config_invalid`` (``setting``: the field).
+        """
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else "settings"
+            raise ConfigError("config_invalid", f"{name}: {first['msg']}", setting=name) from None
+
+
+def new_session(s: MakaSettings, start: SessionStart) -> NewSession:
     """Check a new session's every input, in the CLI's order (message, id, step timeout, provider,
     settings, workspace, policy). ``s.host`` and ``s.host_wait`` pin it to a workspace host.
 
@@ -213,35 +246,37 @@ def new_session(
             ``unhinged_not_confirmed``, ``principal_invalid``; ``tool_set_invalid`` (``offer``:
             the tool set the session offers the model, ``tools.offer``).
     """
-    text = check_message(message)
-    if session_id is not None:
-        check_session_id(session_id)
+    text = check_message(start.message)
+    if start.session_id is not None:
+        check_session_id(start.session_id)
+    step_timeout = start.step_timeout
     check_step_timeout(step_timeout)  # before it becomes the provider's HTTP timeout too
     spec = provider_spec(
-        Path(script) if script is not None else None,
-        model,
-        system=system_prompt(system),
-        temperature=temperature,
-        max_tokens=max_tokens,
+        Path(start.script) if start.script is not None else None,
+        start.model,
+        system=system_prompt(start.system),
+        temperature=start.temperature,
+        max_tokens=start.max_tokens,
         step_timeout=step_timeout if step_timeout != DEFAULT_STEP_TIMEOUT_S else None,
-        context_window=context_window,
-        context_reserve=context_reserve,
+        context_window=start.context_window,
+        context_reserve=start.context_reserve,
     )
     config = new_session_config(
         spec,
-        model_step_mode=model_step_mode,
+        model_step_mode=start.model_step_mode,
         step_timeout_s=step_timeout,
-        max_steps_per_turn=max_steps,
-        continue_as_new_after_turns=continue_as_new_after,
-        continue_as_new_after_steps=continue_as_new_after_steps,
+        max_steps_per_turn=start.max_steps,
+        continue_as_new_after_turns=start.continue_as_new_after,
+        continue_as_new_after_steps=start.continue_as_new_after_steps,
         host=s.host,
         host_wait_s=s.host_wait,
-        tool_mode=tool_mode,
+        tool_mode=start.tool_mode,
     )
-    path = check_workspace(Path(workspace), s)
+    path = check_workspace(Path(start.workspace), s)
+    policy = Path(start.policy) if start.policy is not None else None
     governed = session_policy(
-        s, session_id, Path(policy) if policy is not None else None, principal, on_behalf_of, unhinged
+        s, start.session_id, policy, start.principal, start.on_behalf_of, start.unhinged
     )
-    tool_set = parse_tool_set(offer) if offer is not None else None
+    tool_set = parse_tool_set(start.offer) if start.offer is not None else None
     config = config.model_copy(update={"policy_digest": governed.record["digest"], "tool_set": tool_set})
     return NewSession(governed.session_id, text, path, config, governed, spec)

@@ -158,10 +158,10 @@ async def test_resume_refuses_an_open_execution_and_an_unknown_session(
         )
         code, out, _ = await cli(box, "session", "status", session_id)
         before = out["eventCount"]
-        code, out, _ = await cli(box, "resume", session_id)
-        assert code == 2 and out["code"] == "session_busy"
-        code, out, _ = await cli(box, "resume", "no-such-session")
-        assert code == 2 and out["code"] == "session_not_found"
+        code, out, err = await cli(box, "resume", session_id)
+        assert code == 2 and out.get("code") == "session_busy", (code, out, err)
+        code, out, err = await cli(box, "resume", "no-such-session")
+        assert code == 2 and out.get("code") == "session_not_found", (code, out, err)
         code, out, _ = await cli(box, "session", "status", session_id)
         assert out["eventCount"] == before  # nothing written
     finally:

@@ -1,0 +1,173 @@
+"""A run lost mid-turn and closed by repair gets the workspace checkpoint a run's own end gets.
+
+A real child process runs a turn (a real write in a real Git workspace) and is SIGKILLed before its
+terminal fact (P8): the run is lost. Repair (``settle_lost_runs``, as startup repair and ``maka
+resume`` run it) closes it; an outside edit before the resume then parks ``workspace_content_changed``.
+The control is the old repair (``bind=unbound``): the same edit continues on the changed folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.runtime import workspace_continuity
+from maka_core.runtime.lost_run import unbound
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
+from maka_core.store.writer import LedgerStore
+from maka_core.workspace import Workspace
+from maka_temporal.workers.host.resume import settle_lost_runs
+from tests.test_workspace_continuity import (
+    IDS,
+    ROOT,
+    SID,
+    make_repo,
+    provider_of,
+    resume,
+    terminal_bundle,
+)
+
+#: The repair's commit points (``test_git_checkpoints`` checks every checkpoint point is drilled).
+REPAIR_POINTS = ("checkpoint_repair_captured", "checkpoint_repair_committed")
+
+CHILD = r"""
+import asyncio, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
+from maka_core.store.writer import LedgerStore
+from maka_core.workspace import Workspace
+from maka_temporal.workers.host.resume import settle_lost_runs
+from tests.test_workspace_continuity import parked_turn
+rt = Runtime(LedgerStore.open({db!r}), settings=RuntimeSettings(maka_home=Path({home!r}), host={host!r}))
+if {phase!r} == "turn":
+    parked_turn(rt, Workspace.open({ws!r}, create=False), host="box-a")
+else:
+    asyncio.run(settle_lost_runs(rt, "s1"))
+print("survived")
+"""
+
+
+def child(
+    tmp_path: Path, home: Path, ws: Workspace, phase: str, point: str
+) -> subprocess.CompletedProcess[str]:
+    code = CHILD.format(
+        root=str(ROOT), home=str(home), db=str(tmp_path / "ledger.sqlite"), ws=str(ws.root), phase=phase,
+        host="box-a",
+    )  # fmt: skip
+    env = {**os.environ, "MAKA_FAILPOINT": point}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def lost(tmp_path: Path) -> tuple[Path, Workspace]:
+    """A run whose worker was SIGKILLed after its write, before its terminal fact (P8)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    LedgerStore.open(tmp_path / "ledger.sqlite").close()
+    proc = child(tmp_path, home, repo, "turn", "P8")
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    return home, repo
+
+
+def runtime(tmp_path: Path, home: Path, host: str = "box-a") -> Runtime:
+    store = LedgerStore.open(tmp_path / "ledger.sqlite")
+    return Runtime(store, settings=RuntimeSettings(maka_home=home, host=host))
+
+
+def close(rt: Runtime) -> None:
+    rt.close()
+    rt.ledger.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old_repair", [False, True])
+def test_a_run_repair_closes_carries_a_checkpoint_and_a_later_edit_parks(
+    tmp_path: Path, lost: tuple[Path, Workspace], old_repair: bool
+) -> None:
+    home, repo = lost
+    rt = runtime(tmp_path, home)
+    try:
+        assert not any(e.is_terminal for e in rt.ledger.events(run_id=IDS.run_id))  # lost, not ended
+        kw: dict[str, Any] = {"bind": unbound} if old_repair else {}
+        assert asyncio.run(settle_lost_runs(rt, SID, **kw)) == [IDS.run_id]
+        bundle = terminal_bundle(rt)
+        (repo.root / "notes.txt").write_text("edited by a teammate after the crash\n")
+        decision = resume(rt, home)
+        if old_repair:  # the control: no checkpoint, the marker-only gate lets the edit through
+            assert bundle is None and provider_of(home).refs(repo) == {}
+            assert decision.decision == "continue", decision.to_json()
+        else:
+            assert bundle is not None and bundle.checkpoint is not None, bundle
+            assert set(provider_of(home).refs(repo)) == {bundle.checkpoint.ref}
+            assert decision.decision == "park", decision.to_json()
+            assert decision.rejection_reasons == ("workspace_content_changed",)
+            diag = next(d for d in decision.diagnostics if d["code"] == "workspace_content_changed")
+            assert diag["detail"]["changedPaths"] == {"modified": ["notes.txt"]}
+    finally:
+        close(rt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repairer", ["box-b", "box-a"])
+def test_a_repair_off_the_workspaces_host_records_checkpoint_host_elsewhere(
+    tmp_path: Path, lost: tuple[Path, Workspace], repairer: str
+) -> None:
+    home, repo = lost
+    rt = runtime(tmp_path, home, host=repairer)
+    try:
+        asyncio.run(settle_lost_runs(rt, SID))
+        bundle = terminal_bundle(rt)
+        assert bundle is not None
+        if repairer == "box-b":
+            assert bundle.checkpoint is None and bundle.no_checkpoint is not None
+            assert bundle.no_checkpoint.code == "checkpoint_host_elsewhere"
+            assert provider_of(home).refs(repo) == {}
+        else:  # the control: on the workspace's host the same repair captures
+            assert bundle.checkpoint is not None
+    finally:
+        close(rt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "orphans"),
+    [
+        # the artifact stored, the repair's fact not committed: the next repair captures again and
+        # commits; the first ref is an orphan gc collects
+        ("checkpoint_repair_captured", 1),
+        # the fact with its bundle committed, the header lagging: the next repair follows the fact
+        ("checkpoint_repair_committed", 0),
+    ],
+)
+def test_sigkill_in_the_repair_leaves_an_orphan_or_a_whole_fact(
+    tmp_path: Path, lost: tuple[Path, Workspace], point: str, orphans: int
+) -> None:
+    home, repo = lost
+    proc = child(tmp_path, home, repo, "repair", point)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    rt = runtime(tmp_path, home)
+    try:
+        committed = any(e.is_terminal for e in rt.ledger.events(run_id=IDS.run_id))
+        assert committed == (orphans == 0)
+        asyncio.run(settle_lost_runs(rt, SID))
+        header = rt.ledger.get_run(IDS.run_id)
+        assert header is not None and header.is_terminal
+        bundle = terminal_bundle(rt)
+        assert bundle is not None and bundle.checkpoint is not None
+        provider = provider_of(home)
+        assert len(provider.refs(repo)) == 1 + orphans
+        gc = workspace_continuity.gc_checkpoints(rt.ledger, provider, grace_seconds=0)  # type: ignore[arg-type]
+        assert gc["deleted"] == orphans
+        assert set(provider.refs(repo)) == {bundle.checkpoint.ref}
+        (repo.root / "src.py").write_text("edited after the crash\n")
+        assert resume(rt, home).rejection_reasons == ("workspace_content_changed",)
+    finally:
+        close(rt)

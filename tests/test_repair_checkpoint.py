@@ -28,6 +28,7 @@ from tests.test_workspace_continuity import (
     ROOT,
     SID,
     make_repo,
+    parked_turn,
     provider_of,
     resume,
     terminal_bundle,
@@ -77,7 +78,7 @@ def lost(tmp_path: Path) -> tuple[Path, Workspace]:
     return home, repo
 
 
-def runtime(tmp_path: Path, home: Path, host: str = "box-a") -> Runtime:
+def runtime(tmp_path: Path, home: Path, host: str | None = "box-a") -> Runtime:
     store = LedgerStore.open(tmp_path / "ledger.sqlite")
     return Runtime(store, settings=RuntimeSettings(maka_home=home, host=host))
 
@@ -169,5 +170,77 @@ def test_sigkill_in_the_repair_leaves_an_orphan_or_a_whole_fact(
         assert set(provider.refs(repo)) == {bundle.checkpoint.ref}
         (repo.root / "src.py").write_text("edited after the crash\n")
         assert resume(rt, home).rejection_reasons == ("workspace_content_changed",)
+    finally:
+        close(rt)
+
+
+# --- the claim records which checkpoint the gate checked ------------------------------------------
+
+
+def gate_checked(rt: Runtime) -> dict[str, Any] | None:
+    (claim,) = rt.ledger.session_claims(SID)  # type: ignore[attr-defined]
+    snapshot = (claim.target_run_header_json or {}).get("safetySnapshot") or {}
+    return snapshot.get("workspaceCheckpoint")
+
+
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_the_claim_records_the_checkpoint_that_allowed_the_continuation_and_the_audit_shows_it(
+    tmp_path: Path, with_gate: bool
+) -> None:
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+    from maka_core.audit.text import report_lines
+
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    rt = runtime(tmp_path, home, host=None)
+    try:
+        parked_turn(rt, repo)
+        bundle = terminal_bundle(rt)
+        assert bundle is not None and bundle.checkpoint is not None
+        # The control is a planner without the gate: its claim records nothing, as every claim
+        # before this one did, and the audit reads it all the same.
+        decision = resume(rt, home) if with_gate else resume(rt, home, checkpoints=None)
+        assert decision.decision == "continue", decision.to_json()
+        checked = gate_checked(rt)
+        report = audit(read_ledger(rt.ledger, SID, checkpoints=provider_of(home)), []).to_json()
+        source = next(r["continuationSource"] for r in report["runs"] if r.get("continuationSource"))
+        text = "\n".join(report_lines(report))
+        if with_gate:
+            expected = {
+                "code": "workspace_matches_checkpoint",
+                "sourceRunId": IDS.run_id,
+                "workspaceEpoch": 0,
+                "ref": bundle.checkpoint.ref,
+                "tree": bundle.checkpoint.tree,
+            }
+            assert checked == expected
+            assert source["workspaceCheckpoint"] == expected
+            line = f"continuation gate: workspace_matches_checkpoint against {bundle.checkpoint.ref}"
+            assert f"{line} tree {bundle.checkpoint.tree}" in text
+        else:
+            assert checked is None and "workspaceCheckpoint" not in source
+            assert "continuation gate" not in text
+    finally:
+        close(rt)
+
+
+def test_a_claim_over_a_boundary_without_a_checkpoint_records_why(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    ws = Workspace.open(plain)  # no Git: the bundle records why, the gate passes as today
+    rt = runtime(tmp_path, home, host=None)
+    try:
+        parked_turn(rt, ws)
+        assert resume(rt, home).decision == "continue"
+        checked = gate_checked(rt)
+        assert checked is not None and "ref" not in checked
+        assert (checked["code"], checked["noCheckpoint"]) == (
+            "workspace_has_no_checkpoint",
+            "workspace_not_git",
+        )
     finally:
         close(rt)

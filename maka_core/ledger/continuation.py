@@ -388,6 +388,8 @@ def _collected(
             "ref": checkpoint["ref"],
             "runtimeEventHighWater": checkpoint.get("runtimeEventHighWater"),
         }
+    elif bound is not None and isinstance(bound.get("checkpoint"), Mapping):
+        snapshot["workspaceCheckpoint"] = dict(bound["checkpoint"])  # what Phase 4's gate checked
     continuation: dict[str, Any] = {
         "sessionId": first.session_id,
         "invocationId": invocation_id,

@@ -420,6 +420,24 @@ def changed_paths(changes: Sequence[PathChange]) -> dict[str, list[str]]:
     return out
 
 
+def gate_record(continuity: SourceContinuity, code: str) -> dict[str, Any]:
+    """What a continuation's gate checked, as its claim records it (``safetySnapshot``'s
+    ``workspaceCheckpoint``): the code, and the checkpoint's ref and tree or why there is none."""
+    bundle = continuity.bundle
+    out: dict[str, Any] = {"code": code, "sourceRunId": continuity.source_run_id}
+    if continuity.transition is not None:
+        out["transition"] = continuity.transition.get("kind")
+    if bundle is None:
+        out["noCheckpoint"] = "checkpoint_bundle_absent"
+        return out
+    out["workspaceEpoch"] = bundle.boundary.workspace_epoch
+    if bundle.checkpoint is not None:
+        out |= {"ref": bundle.checkpoint.ref, "tree": bundle.checkpoint.tree}
+    elif bundle.no_checkpoint is not None:
+        out["noCheckpoint"] = bundle.no_checkpoint.code
+    return out
+
+
 def gate_diagnostic(observation: BoundaryObservation) -> dict[str, Any]:
     """The planner diagnostic's detail for a boundary observation."""
     detail: dict[str, Any] = {"checkpointRef": observation.checkpoint_ref}

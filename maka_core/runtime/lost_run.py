@@ -209,7 +209,7 @@ async def settle_lost_run(
         if park is not None
         else recovered_terminal_event(anchor, run_id, "process_crashed")
     )
-    if existing is None:
+    if existing is None and untrusted is None:  # nothing read from broken facts is acted on
         candidate = await bind(rt, candidate)
         failpoints.hit("checkpoint_repair_captured")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from maka_core.checkpoints import Checkpoint, GitCheckpointProvider
 from maka_core.runtime import workspace_continuity
 from maka_core.runtime.lost_run import unbound
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
@@ -244,3 +245,49 @@ def test_a_claim_over_a_boundary_without_a_checkpoint_records_why(tmp_path: Path
         )
     finally:
         close(rt)
+
+
+# --- retention keyed by the ledger too ---------------------------------------------------------------
+
+
+class SessionKeyedCarrier(GitCheckpointProvider):
+    """The carrier as retention knew it before: a ref's session, never the ledger that captured it."""
+
+    def ref_ledgers(self, workspace: Workspace) -> dict[str, str | None]:
+        return dict.fromkeys(self.refs(workspace))
+
+
+@pytest.mark.parametrize("knows_ledgers", [True, False])
+def test_gc_keeps_the_refs_another_ledger_captured_for_the_same_session_id(
+    tmp_path: Path, knows_ledgers: bool
+) -> None:
+    """Two ledgers on one MAKA_HOME each hold a session ``s1`` over the same workspace: each one's gc
+    keeps the other's checkpoint and still collects its own orphan. Control: keyed by session only,
+    ledger A's gc deletes ledger B's checkpoint and B's gate then fails closed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    a = Runtime(LedgerStore.open(tmp_path / "a.sqlite"), settings=RuntimeSettings(maka_home=home))
+    b = Runtime(LedgerStore.open(tmp_path / "b.sqlite"), settings=RuntimeSettings(maka_home=home))
+    try:
+        parked_turn(a, repo)
+        parked_turn(b, repo)
+        ref_a, ref_b = (terminal_bundle(rt).checkpoint.ref for rt in (a, b))  # type: ignore[union-attr]
+        assert ref_a != ref_b
+        provider = provider_of(home)
+        ledger_a = workspace_continuity.ledger_of(a.ledger)  # type: ignore[arg-type]
+        assert ledger_a is not None
+        orphan = provider.capture(repo, SID, ledger=ledger_a)  # A's artifact whose fact never committed
+        assert isinstance(orphan, Checkpoint)
+        carrier = provider if knows_ledgers else SessionKeyedCarrier(provider.state_dir)
+        out = workspace_continuity.gc_checkpoints(a.ledger, carrier, grace_seconds=0)  # type: ignore[arg-type]
+        if knows_ledgers:
+            assert out["stores"][0]["deleted"] == [orphan.ref], out
+            assert set(provider.refs(repo)) == {ref_a, ref_b}
+            assert resume(b, home).decision == "continue"
+        else:
+            assert set(out["stores"][0]["deleted"]) == {orphan.ref, ref_b}, out
+            assert resume(b, home).rejection_reasons == ("checkpoint_missing",)
+    finally:
+        for rt in (a, b):
+            close(rt)

@@ -249,12 +249,14 @@ def capture_bundle(
     epoch: int,
     *,
     budget_s: float | None = None,
+    ledger: str | None = None,
 ) -> CheckpointBundle:
     """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``;
-    with ``budget_s``, within that many seconds (a carrier that takes a budget)."""
+    with ``budget_s``, within that many seconds (a carrier that takes a budget); ``ledger``: the
+    capturing ledger's identity, which the carrier records for retention."""
     try:
         outcome: Checkpoint | NoCheckpoint = (
-            provider.capture(workspace, session_id, budget_s=budget_s)
+            provider.capture(workspace, session_id, budget_s=budget_s, ledger=ledger)
             if isinstance(provider, GitCheckpointProvider)
             else provider.capture(workspace, session_id)
         )
@@ -286,18 +288,34 @@ def bind_terminal(
         return pending
     if pending is None:
         return terminal
-    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id, budget_s))
+    bundle = _capture_pending(provider, pending, terminal.session_id, budget_s, ledger_of(store))
+    return with_bundle(terminal, bundle)
+
+
+def ledger_of(store: LedgerStore) -> str | None:
+    """The ledger's identity (None: a ledger from before it had one)."""
+    return store.health.ledger_id
 
 
 def _capture_pending(
-    provider: CheckpointProvider, pending: _Pending, session_id: str, budget_s: float = CAPTURE_BUDGET_S
+    provider: CheckpointProvider,
+    pending: _Pending,
+    session_id: str,
+    budget_s: float = CAPTURE_BUDGET_S,
+    ledger: str | None = None,
 ) -> CheckpointBundle:
     if pending.workspace is None:
         assert pending.elsewhere is not None
         fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
         return CheckpointBundle.of(fields, pending.elsewhere, provider.policy)
     return capture_bundle(
-        provider, pending.workspace, session_id, pending.boundary, pending.epoch, budget_s=budget_s
+        provider,
+        pending.workspace,
+        session_id,
+        pending.boundary,
+        pending.epoch,
+        budget_s=budget_s,
+        ledger=ledger,
     )
 
 
@@ -311,7 +329,10 @@ async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEve
     if pending is None:
         return terminal
     provider = provider_at(rt.settings.maka_home)
-    bundle = await rt.on_tool_pool(lambda: _capture_pending(provider, pending, terminal.session_id))
+    ledger = ledger_of(store)
+    bundle = await rt.on_tool_pool(
+        lambda: _capture_pending(provider, pending, terminal.session_id, ledger=ledger)
+    )
     return with_bundle(terminal, bundle)
 
 
@@ -545,7 +566,7 @@ def rebaseline(store: LedgerStore, provider: CheckpointProvider, session_id: str
     assert continuity.boundary is not None
     epoch = max(current_epoch(events, workspace.identity), old.boundary.workspace_epoch) + 1
     boundary = continuity.boundary.model_copy(update={"workspace_identity": workspace.identity})
-    bundle = capture_bundle(provider, workspace, session_id, boundary, epoch)
+    bundle = capture_bundle(provider, workspace, session_id, boundary, epoch, ledger=ledger_of(store))
     if bundle.checkpoint is None:
         assert bundle.no_checkpoint is not None
         raise MakaError(
@@ -616,7 +637,7 @@ def restore_isolated(
     restored = Workspace.open(dest, create=True)
     assert continuity.boundary is not None
     boundary = continuity.boundary.model_copy(update={"workspace_identity": restored.identity})
-    bundle = capture_bundle(provider, restored, session_id, boundary, 0)
+    bundle = capture_bundle(provider, restored, session_id, boundary, 0, ledger=ledger_of(store))
     failpoints.hit("checkpoint_restore_materialized")
     payload = {
         "protocol": TRANSITION_PROTOCOL,
@@ -726,7 +747,8 @@ def gc_checkpoints(
 ) -> dict[str, Any]:
     """Collect every checkpoint ref of a session this ledger holds that no committed fact names and
     older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
-    of a session the ledger does not hold (another ledger's). Returns what was kept and deleted per store."""
+    of a session the ledger does not hold or that another ledger captured (its commit names that
+    ledger). Returns what was kept and deleted per store."""
     events = store.events()
     keep = referenced_refs(events)
     held = _held_components(events)
@@ -743,6 +765,11 @@ def gc_checkpoints(
         kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
         now = time.time()
         due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
+        if due:  # a ref another ledger captured (its commit names it) is that ledger's, whatever its session
+            mine = ledger_of(store)
+            captured_by = provider.ref_ledgers(handle)
+            kept |= {r for r in due if captured_by.get(r) not in (None, mine)}
+            due = [r for r in due if r not in kept]
         # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
         deleted = provider.gc(handle, kept, grace_seconds=grace_seconds) if due else ()
         out["stores"].append(

@@ -105,6 +105,18 @@ async def audit_clean(db: Path | str, address: str) -> None:
     assert audit.returncode == 0 and json.loads(audit.stdout)["ok"] is True, audit.stdout + audit.stderr
 
 
+async def audit_all_clean(dbs: list[Path], address: str, *, at_once: int = 4) -> None:
+    """``audit_clean`` on every ledger, ``at_once`` ``maka audit`` processes at a time (a drill's
+    cells audited one after another spent most of it starting interpreters)."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(db: Path) -> None:
+        async with gate:
+            await audit_clean(db, address)
+
+    await asyncio.gather(*(one(db) for db in dbs))
+
+
 @pytest.mark.parametrize("mode", ["hybrid", "activity"])
 async def test_bounded_calls_run_locally_in_hybrid_mode_and_bash_stays_regular(
     mode: str, temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str

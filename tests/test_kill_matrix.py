@@ -32,9 +32,11 @@ from typing import Any
 import pytest
 
 from maka_core import failpoints
+from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
 from maka_core.workspace import Workspace
+from maka_temporal.workers.client.audit import audit_session
 from tests.drills import (
     NOTES_AFTER_TURN,
     TOOLS,
@@ -48,7 +50,7 @@ from tests.drills import (
     run_cells,
 )
 from tests.pg_support import SKIP_REASON, pg_base_url
-from tests.test_hybrid_tools import audit_clean
+from tests.test_hybrid_tools import audit_all_clean
 
 #: Marks of the drills (the effect-journal unit test at the end needs no server).
 DRILL = (
@@ -209,6 +211,18 @@ async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path:
     assert [r.cell.name for r in results if not r.passed] == [], table
     assert sum(r.duplicates for r in results) == 0
     assert sum(r.kills for r in results) == sum(len(c.kills) for c in cells)
+    # ``maka audit`` over every cell's own ledger: every crash audits clean after recovery (this was
+    # a second run of the whole matrix in test_audit_drift; the cells' ledgers are the same facts).
+    dirty = {}
+    for result in results:
+        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
+        with LedgerStore.open(db) as store:
+            report = await audit_session(temporal_client, store, result.session_id)
+        if not report.ok:
+            dirty[result.cell.name] = [f.to_json() for f in report.drift]
+    with capsys.disabled():
+        print(f"{len(results)} kill-matrix cells audited, {len(dirty)} with drift")
+    assert dirty == {}
 
 
 # --- the same drills in hybrid mode ---------------------------------------------------------------------
@@ -249,9 +263,8 @@ async def test_kill_matrix_in_hybrid_mode(
         print("\n" + table + "\n" + _detection(results) + "\n")
     assert [r.cell.name for r in results if not r.passed] == [], table
     assert sum(r.duplicates for r in results) == 0
-    for result in results:
-        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
-        await audit_clean(db, temporal_server.address)
+    dbs = [tmp_path / r.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite" for r in results]
+    await audit_all_clean(dbs, temporal_server.address)
 
 
 # --- the same drills on a PostgreSQL ledger ------------------------------------------------------------

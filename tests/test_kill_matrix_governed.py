@@ -33,7 +33,7 @@ from tests.drills import (
     format_table,
     run_cell,
 )
-from tests.test_hybrid_tools import audit_clean
+from tests.test_hybrid_tools import audit_all_clean
 from tests.test_kill_matrix import PARALLEL, _selected, drill, hybrid_matrix, matrix
 
 CONFIRM_ALL = {
@@ -147,6 +147,5 @@ async def test_kill_matrix_with_every_mutation_confirmed_in_hybrid_mode(
     assert [r.cell.name for r in results if not r.passed] == [], table
     assert sum(r.duplicates for r in results) == 0
     assert all(n >= 1 for _, n in outcomes), [(r.cell.name, n) for r, n in outcomes]
-    for result in results:
-        db = tmp_path / result.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite"
-        await audit_clean(db, temporal_server.address)
+    dbs = [tmp_path / r.cell.name.replace(" ", "_").replace("/", "_") / "ledger.sqlite" for r in results]
+    await audit_all_clean(dbs, temporal_server.address)

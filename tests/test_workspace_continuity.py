@@ -332,6 +332,32 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
     assert resume(rt, home).decision == "continue"
 
 
+class _CountingReads(LedgerStore):
+    """A store that counts whole-ledger reads (``events()`` with no session)."""
+
+    whole_reads = 0
+
+    def events(self, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs.get("session_id"):
+            self.whole_reads += 1
+        return super().events(*args, **kwargs)
+
+
+def test_gc_over_young_refs_does_not_read_the_whole_ledger(
+    tmp_path: Path, repo: Workspace, home: Path
+) -> None:
+    """A worker start runs gc: with no ref past its grace nothing can go, so the ledger is not read."""
+    provider = provider_of(home)
+    provider.capture(repo, SID)
+    with _CountingReads.open(tmp_path / "count.sqlite") as store:
+        assert workspace_continuity.gc_checkpoints(store, provider)["deleted"] == 0
+        assert store.whole_reads == 0
+        # Control: once a ref is past the grace, the ledger is read for the keep set (and the ref,
+        # of a session this empty ledger does not hold, is kept as another ledger's).
+        assert workspace_continuity.gc_checkpoints(store, provider, grace_seconds=0)["deleted"] == 0
+        assert store.whole_reads == 1
+
+
 def test_gc_against_another_ledger_on_the_same_home_keeps_this_ledgers_refs(
     tmp_path: Path, rt: Runtime, repo: Workspace, home: Path
 ) -> None:

@@ -749,21 +749,26 @@ def gc_checkpoints(
     older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
     of a session the ledger does not hold or that another ledger captured (its commit names that
     ledger). Returns what was kept and deleted per store."""
-    events = store.events()
-    keep = referenced_refs(events)
-    held = _held_components(events)
     stores = sorted((provider.state_dir / "git").glob("*.git"))
-    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
+    # Retention reads only the Maka store (named by the id): the folder itself is not needed.
+    listed: list[tuple[str, Workspace, dict[str, tuple[str, int]]]] = []
     for path in stores:
         workspace_id = path.name.removesuffix(".git")
-        # Retention reads only the Maka store (named by the id): the folder itself is not needed.
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
-        refs = provider.refs(handle)
+        listed.append((workspace_id, handle, provider.refs(handle)))
+    # The whole ledger is read only when some ref is past its grace (a worker start over young or
+    # no refs reads nothing); read after the listing, it names every ref listed that a fact holds.
+    now = time.time()
+    old = any(now - when >= grace_seconds for _, _, refs in listed for _, when in refs.values())
+    events = store.events() if old else []
+    keep = referenced_refs(events)
+    held = _held_components(events)
+    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
+    for workspace_id, handle, refs in listed:
         # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
         # not hold belongs to another ledger's facts, which this one cannot read.
         foreign = {r for r in refs if _ref_session(r) not in held}
         kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
-        now = time.time()
         due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
         if due:  # a ref another ledger captured (its commit names it) is that ledger's, whatever its session
             mine = ledger_of(store)

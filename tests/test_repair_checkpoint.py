@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from maka_core.checkpoints import Checkpoint, GitCheckpointProvider
+from maka_core.errors import MakaError
 from maka_core.runtime import workspace_continuity
 from maka_core.runtime.lost_run import unbound
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
@@ -291,3 +292,124 @@ def test_gc_keeps_the_refs_another_ledger_captured_for_the_same_session_id(
     finally:
         for rt in (a, b):
             close(rt)
+
+
+# --- gc deletes only what it listed, filtered under the lock ------------------------------------------
+
+
+class ListingAgainCarrier(GitCheckpointProvider):
+    """The carrier as retention knew it before: its gc lists the refs again under the lock and deletes
+    whatever is not kept and past its grace, whatever the caller listed."""
+
+    def gc(self, workspace: Workspace, keep: Any, **kw: Any) -> tuple[str, ...]:
+        kw.pop("candidates", None)
+        kw.pop("capturers", None)
+        return super().gc(workspace, keep, **kw)
+
+
+class CaptureDuringRead(LedgerStore):
+    """A ledger whose whole read is slow enough that another ledger's capture lands during it."""
+
+    during_read: Any = None
+
+    def events(self, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs and self.during_read is not None:
+            hook, self.during_read = self.during_read, None
+            hook()
+        return super().events(*args, **kwargs)
+
+
+@pytest.mark.parametrize("listed_only", [True, False])
+def test_gc_never_deletes_a_ref_captured_while_it_read_the_ledger(tmp_path: Path, listed_only: bool) -> None:
+    """grace 0: ledger B captures a checkpoint of its own session while ledger A's gc reads A's facts.
+    A's gc collects A's orphan and leaves B's new ref, and counts what is there. Control: the carrier
+    that lists again under its lock deletes B's ref, judged against facts read before it existed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    a_store = CaptureDuringRead.open(tmp_path / "a.sqlite")
+    assert isinstance(a_store, CaptureDuringRead)
+    a = Runtime(a_store, settings=RuntimeSettings(maka_home=home))
+    b_store = LedgerStore.open(tmp_path / "b.sqlite")
+    try:
+        parked_turn(a, repo)
+        bundle = terminal_bundle(a)
+        assert bundle is not None and bundle.checkpoint is not None
+        provider = provider_of(home)
+        orphan = provider.capture(repo, SID, ledger=workspace_continuity.ledger_of(a_store))
+        assert isinstance(orphan, Checkpoint)
+        captured: list[Checkpoint] = []
+
+        def b_captures() -> None:
+            out = provider.capture(repo, "b-session", ledger=workspace_continuity.ledger_of(b_store))
+            assert isinstance(out, Checkpoint)
+            captured.append(out)
+
+        a_store.during_read = b_captures
+        carrier = provider if listed_only else ListingAgainCarrier(provider.state_dir)
+        out = workspace_continuity.gc_checkpoints(a_store, carrier, grace_seconds=0)
+        (b_ref,) = (c.ref for c in captured)
+        (row,) = out["stores"]
+        if listed_only:
+            assert row["deleted"] == [orphan.ref], out
+            assert set(provider.refs(repo)) == {bundle.checkpoint.ref, b_ref}
+            assert row["kept"] == out["kept"] == 2, out
+        else:
+            assert set(row["deleted"]) == {orphan.ref, b_ref}, out
+            assert set(provider.refs(repo)) == {bundle.checkpoint.ref}
+    finally:
+        a.close()
+        a_store.close()
+        b_store.close()
+
+
+class OwnershipOutsideTheLock(GitCheckpointProvider):
+    """A carrier that applies no ledger filter itself (the caller's early ``ref_ledgers`` read was all)."""
+
+    def gc(self, workspace: Workspace, keep: Any, **kw: Any) -> tuple[str, ...]:
+        kw.pop("capturers", None)
+        return super().gc(workspace, keep, **kw)
+
+
+@pytest.mark.parametrize("filtered_under_lock", [True, False])
+def test_the_carrier_keeps_another_ledgers_capture_among_the_candidates_it_is_given(
+    tmp_path: Path, filtered_under_lock: bool
+) -> None:
+    """The ledger filter runs under the store's lock against each commit: a candidate another ledger
+    captured is kept even when the caller named it. Control: without the filter it goes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    provider = provider_of(home)
+    mine = provider.capture(repo, SID, ledger="ledger:a")
+    theirs = provider.capture(repo, SID, ledger="ledger:b")
+    assert isinstance(mine, Checkpoint) and isinstance(theirs, Checkpoint)
+    candidates = {(r, oid) for r, (oid, _) in provider.refs(repo).items()}
+    carrier = provider if filtered_under_lock else OwnershipOutsideTheLock(provider.state_dir)
+    gone = carrier.gc(repo, (), grace_seconds=0, candidates=candidates, capturers={None, "ledger:a"})
+    assert gone == ((mine.ref,) if filtered_under_lock else tuple(sorted((mine.ref, theirs.ref))))
+
+
+def test_a_store_gc_cannot_list_is_skipped_and_the_others_are_collected(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    rt = runtime(tmp_path, home, host=None)
+    try:
+        parked_turn(rt, repo)
+        provider = provider_of(home)
+        orphan = provider.capture(repo, SID, ledger=workspace_continuity.ledger_of(rt.ledger))  # type: ignore[arg-type]
+        assert isinstance(orphan, Checkpoint)
+        broken = provider.state_dir / "git" / "0000broken.git"  # sorted first
+        broken.mkdir()
+        (broken / "HEAD").write_text("not a ref\n")
+        handle = Workspace(root=broken, identity="workspace:v1:0000broken")
+        with pytest.raises(MakaError):  # the control: listing this store really fails
+            provider.refs(handle)
+        out = workspace_continuity.gc_checkpoints(rt.ledger, provider, grace_seconds=0)  # type: ignore[arg-type]
+        rows = {row["workspaceId"]: row for row in out["stores"]}
+        assert rows["0000broken"]["skipped"] == "checkpoint_git_failed", out
+        assert rows[repo.workspace_id]["deleted"] == [orphan.ref], out
+        assert out["deleted"] == 1
+    finally:
+        close(rt)

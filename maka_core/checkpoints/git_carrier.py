@@ -973,26 +973,53 @@ class GitCheckpointProvider:
         *,
         grace_seconds: float = 3600.0,
         prune: str = "1.hour.ago",
+        candidates: Collection[tuple[str, str]] | None = None,
+        capturers: Collection[str | None] | None = None,
     ) -> tuple[str, ...]:
         """Delete the checkpoint refs not in ``keep`` and older than ``grace_seconds`` (a capture
         whose fact is being committed right now is young), then let Git drop what no ref reaches
         and is older than ``prune``. ``keep`` must be every ref a live lineage of any session still
         references.
 
+        ``candidates``: the ``(ref, commit)`` pairs the caller decided may go, from a listing taken
+        before it read its ledger; only those are deleted, so a ref created (or re-created) since
+        that listing survives. ``capturers``: the ledgers whose captures this collection may delete
+        (``None`` in it: a capture that names no ledger); a ref whose commit names another is kept,
+        checked under the lock against the commit itself.
+
         Returns the refs deleted.
         """
         with self._locked(workspace, exclusive=True):
-            return self._gc(workspace, frozenset(keep), grace_seconds, prune)
+            return self._gc(
+                workspace,
+                frozenset(keep),
+                grace_seconds,
+                prune,
+                None if candidates is None else frozenset(candidates),
+                None if capturers is None else frozenset(capturers),
+            )
 
     def _gc(
-        self, workspace: Workspace, keep: frozenset[str], grace_seconds: float, prune: str
+        self,
+        workspace: Workspace,
+        keep: frozenset[str],
+        grace_seconds: float,
+        prune: str,
+        candidates: frozenset[tuple[str, str]] | None = None,
+        capturers: frozenset[str | None] | None = None,
     ) -> tuple[str, ...]:
+        # Under the exclusive lock no capture creates a ref, so this listing is what exists now.
         now = time.time()
         doomed = sorted(
             (ref, oid)
             for ref, (oid, when) in self.refs(workspace).items()
-            if ref not in keep and now - when >= grace_seconds
+            if ref not in keep
+            and now - when >= grace_seconds
+            and (candidates is None or (ref, oid) in candidates)
         )
+        if doomed and capturers is not None:
+            captured_by = self.ref_ledgers(workspace)
+            doomed = [(ref, oid) for ref, oid in doomed if captured_by.get(ref) in capturers]
         if doomed:
             # Each delete names the old value: a ref is only ever created, so this deletes what was seen.
             script = b"".join(b"delete %s\0%s\0" % (ref.encode(), oid.encode()) for ref, oid in doomed)

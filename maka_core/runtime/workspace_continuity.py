@@ -748,14 +748,21 @@ def gc_checkpoints(
     """Collect every checkpoint ref of a session this ledger holds that no committed fact names and
     older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
     of a session the ledger does not hold or that another ledger captured (its commit names that
-    ledger). Returns what was kept and deleted per store."""
+    ledger). Only a ref seen, with the same commit, in the listing taken before the ledger is read
+    can go: one captured since is not judged against facts read before it. A store that cannot be
+    listed or collected is skipped (logged, ``skipped`` in its row), the others are still collected.
+    Returns what was kept and deleted per store."""
     stores = sorted((provider.state_dir / "git").glob("*.git"))
+    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
     # Retention reads only the Maka store (named by the id): the folder itself is not needed.
     listed: list[tuple[str, Workspace, dict[str, tuple[str, int]]]] = []
     for path in stores:
         workspace_id = path.name.removesuffix(".git")
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
-        listed.append((workspace_id, handle, provider.refs(handle)))
+        try:
+            listed.append((workspace_id, handle, provider.refs(handle)))
+        except (MakaError, OSError) as exc:
+            out["stores"].append(_skipped(workspace_id, exc))
     # The whole ledger is read only when some ref is past its grace (a worker start over young or
     # no refs reads nothing); read after the listing, it names every ref listed that a fact holds.
     now = time.time()
@@ -763,31 +770,41 @@ def gc_checkpoints(
     events = store.events() if old else []
     keep = referenced_refs(events)
     held = _held_components(events)
-    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
+    # A capture that names no ledger is from before captures did (or from a ledger without an id).
+    capturers = {None, ledger_of(store)}
     for workspace_id, handle, refs in listed:
         # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
         # not hold belongs to another ledger's facts, which this one cannot read.
         foreign = {r for r in refs if _ref_session(r) not in held}
         kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
-        due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
-        if due:  # a ref another ledger captured (its commit names it) is that ledger's, whatever its session
-            mine = ledger_of(store)
-            captured_by = provider.ref_ledgers(handle)
-            kept |= {r for r in due if captured_by.get(r) not in (None, mine)}
-            due = [r for r in due if r not in kept]
-        # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
-        deleted = provider.gc(handle, kept, grace_seconds=grace_seconds) if due else ()
+        due = {(r, oid) for r, (oid, when) in refs.items() if r not in kept and now - when >= grace_seconds}
+        deleted: tuple[str, ...] = ()
+        remaining = len(refs)
+        if due:  # Git's own gc (a repack) only when a ref may go: a worker start over idle stores stays cheap
+            try:
+                deleted = provider.gc(
+                    handle, kept, grace_seconds=grace_seconds, candidates=due, capturers=capturers
+                )
+            except (MakaError, OSError) as exc:
+                out["stores"].append(_skipped(workspace_id, exc))
+                continue
+            try:  # what is there now (a capture may have added one), not the early listing
+                remaining = len(provider.refs(handle))
+            except (MakaError, OSError):
+                remaining = len(refs) - len(deleted)  # deleted is a subset of the listing
         out["stores"].append(
-            {
-                "workspaceId": workspace_id,
-                "refs": len(refs),
-                "deleted": list(deleted),
-                "kept": len(refs) - len(deleted),
-            }
+            {"workspaceId": workspace_id, "refs": len(refs), "deleted": list(deleted), "kept": remaining}
         )
         out["deleted"] += len(deleted)
-        out["kept"] += len(refs) - len(deleted)
+        out["kept"] += remaining
     return out
+
+
+def _skipped(workspace_id: str, exc: MakaError | OSError) -> dict[str, Any]:
+    """A store gc could not list or collect: logged, and its row says why."""
+    code = exc.code if isinstance(exc, MakaError) else "checkpoint_store_unreadable"
+    log.warning("checkpoint gc skipped store %s: %s: %s", workspace_id, code, exc)
+    return {"workspaceId": workspace_id, "skipped": code, "refs": 0, "deleted": [], "kept": 0}
 
 
 def gc_quietly(store: LedgerStore, home: Path | None = None) -> dict[str, Any] | None:

@@ -107,6 +107,12 @@ def test_a_run_repair_closes_carries_a_checkpoint_and_a_later_edit_parks(
         if old_repair:  # the control: no checkpoint, the marker-only gate lets the edit through
             assert bundle is None and provider_of(home).refs(repo) == {}
             assert decision.decision == "continue", decision.to_json()
+            checked = gate_checked(rt)  # and the claim says the boundary had no bundle at all
+            assert checked is not None and "capturedBy" not in checked, checked
+            assert (checked["code"], checked["noCheckpoint"]) == (
+                "workspace_has_no_checkpoint",
+                "checkpoint_bundle_absent",
+            )
         else:
             assert bundle is not None and bundle.checkpoint is not None, bundle
             assert set(provider_of(home).refs(repo)) == {bundle.checkpoint.ref}
@@ -182,7 +188,7 @@ def test_sigkill_in_the_repair_leaves_an_orphan_or_a_whole_fact(
 def gate_checked(rt: Runtime) -> dict[str, Any] | None:
     (claim,) = rt.ledger.session_claims(SID)  # type: ignore[attr-defined]
     snapshot = (claim.target_run_header_json or {}).get("safetySnapshot") or {}
-    return snapshot.get("workspaceCheckpoint")
+    return snapshot.get("workspaceGate")
 
 
 @pytest.mark.parametrize("with_gate", [True, False])
@@ -218,11 +224,11 @@ def test_the_claim_records_the_checkpoint_that_allowed_the_continuation_and_the_
                 "tree": bundle.checkpoint.tree,
             }
             assert checked == expected
-            assert source["workspaceCheckpoint"] == expected
+            assert source["workspaceGate"] == expected
             line = f"continuation gate: workspace_matches_checkpoint against {bundle.checkpoint.ref}"
             assert f"{line} tree {bundle.checkpoint.tree}" in text
         else:
-            assert checked is None and "workspaceCheckpoint" not in source
+            assert checked is None and "workspaceGate" not in source
             assert "continuation gate" not in text
     finally:
         close(rt)
@@ -411,5 +417,42 @@ def test_a_store_gc_cannot_list_is_skipped_and_the_others_are_collected(tmp_path
         assert rows["0000broken"]["skipped"] == "checkpoint_git_failed", out
         assert rows[repo.workspace_id]["deleted"] == [orphan.ref], out
         assert out["deleted"] == 1
+    finally:
+        close(rt)
+
+
+# --- a repair capture says it is one -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_continuation_from_a_repair_capture_says_so_in_the_claim_and_the_audit(
+    tmp_path: Path, lost: tuple[Path, Workspace]
+) -> None:
+    """An edit between the crash and the repair is inside the repair's checkpoint, so the gate's match
+    vouches for the folder at the repair, not at the run's last boundary: the claim and the audit say
+    the checkpoint was the repair's. (The control, a run's own end, records no ``capturedBy``:
+    ``test_the_claim_records_the_checkpoint_that_allowed_the_continuation_and_the_audit_shows_it``.)"""
+    from maka_core.audit.model import read_ledger
+    from maka_core.audit.report import audit
+    from maka_core.audit.text import report_lines
+
+    home, repo = lost
+    rt = runtime(tmp_path, home)
+    try:
+        (repo.root / "notes.txt").write_text("edited after the crash, before the repair\n")
+        asyncio.run(settle_lost_runs(rt, SID))
+        bundle = terminal_bundle(rt)
+        assert bundle is not None and bundle.checkpoint is not None
+        decision = resume(rt, home)
+        assert decision.decision == "continue", decision.to_json()  # the edit is in the checkpoint
+        checked = gate_checked(rt)
+        assert checked is not None and checked["code"] == "workspace_matches_checkpoint", checked
+        assert checked["capturedBy"] == "repair" and checked["ref"] == bundle.checkpoint.ref
+        report = audit(read_ledger(rt.ledger, SID, checkpoints=provider_of(home)), []).to_json()
+        source = next(r["continuationSource"] for r in report["runs"] if r.get("continuationSource"))
+        assert source["workspaceGate"]["capturedBy"] == "repair"
+        line = f"continuation gate: workspace_matches_checkpoint against {bundle.checkpoint.ref}"
+        text = "\n".join(report_lines(report))
+        assert f"{line} tree {bundle.checkpoint.tree} (captured by repair)" in text, text
     finally:
         close(rt)

@@ -129,7 +129,7 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
         }
         checked = _gate_checked(ix.ledger.claims.get(continuation.claim_id))
         if checked is not None:
-            out["continuationSource"]["workspaceCheckpoint"] = checked
+            out["continuationSource"]["workspaceGate"] = checked
     return out
 
 
@@ -138,7 +138,7 @@ def _gate_checked(claim: ContinuationClaim | None) -> dict[str, Any] | None:
     the claim recorded it, or a planner without the gate)."""
     header = claim.target_run_header_json if claim is not None else None
     snapshot = header.get("safetySnapshot") if isinstance(header, Mapping) else None
-    checked = snapshot.get("workspaceCheckpoint") if isinstance(snapshot, Mapping) else None
+    checked = snapshot.get("workspaceGate") if isinstance(snapshot, Mapping) else None
     return dict(checked) if isinstance(checked, Mapping) else None
 
 

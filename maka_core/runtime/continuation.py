@@ -258,9 +258,9 @@ class WorkspaceGate:
         seen = observe_source(self.provider, cwd, self.continuity)
         if seen is None:  # nothing bound (a run from before Phase 4): passes, and the claim says so
             code = "workspace_has_no_checkpoint"
-            return {"code": code, "detail": {}, "checkpoint": gate_record(self.continuity, code)}
+            return {"code": code, "detail": {}, "gate": gate_record(self.continuity, code)}
         checked = gate_record(self.continuity, seen.code)
-        return {"code": seen.code, "detail": gate_diagnostic(seen), "checkpoint": checked}
+        return {"code": seen.code, "detail": gate_diagnostic(seen), "gate": checked}
 
 
 def plan_for(
@@ -512,10 +512,10 @@ def _claim_and_start(
         )
     claimed_at = now_ms()
     fields: dict[str, Any] = {"cwd": observation.current_cwd}
-    checked = continuation["safetySnapshot"].get("workspaceCheckpoint")
+    checked = continuation["safetySnapshot"].get("workspaceGate")
     # Phase 4's gate record (not a reference document's), in the claim's free-form header JSON.
     if isinstance(checked, Mapping) and "code" in checked:
-        fields["safetySnapshot"] = {"workspaceCheckpoint": dict(checked)}
+        fields["safetySnapshot"] = {"workspaceGate": dict(checked)}
     target = build_target_header(continuation, fields, claimed_at)
     row = claim_row(build_claim(continuation, target, claimed_at))
     try:

@@ -349,6 +349,10 @@ class SourceContinuity:
     transition: Mapping[str, Any] | None = None
     #: A bound fact that cannot be read: the gate fails closed on it.
     unreadable: str | None = None
+    #: ``"repair"``: the bundle is the one repair captured when it closed the run lost mid-turn, so
+    #: it holds the folder as it was at the repair, not at the run's last boundary (an edit between
+    #: the crash and the repair is inside it). None: the run's own end, or an operator's choice.
+    captured_by: Literal["repair"] | None = None
 
     @property
     def cwd(self) -> str | None:
@@ -381,7 +385,10 @@ def source_continuity(session_events: Sequence[RuntimeEvent], source_run_id: str
     if bundle is None:
         return SourceContinuity(source_run_id, transition=transition)
     boundary = _source_boundary(run_events, bundle.boundary.workspace_identity)
-    return SourceContinuity(source_run_id, bundle, boundary, transition)
+    # Only repair commits a recovered terminal fact, and it binds the bundle as it commits it.
+    delta = _delta(terminal) if transition is None and terminal is not None else None
+    by: Literal["repair"] | None = "repair" if delta is not None and delta.get("recovered") is True else None
+    return SourceContinuity(source_run_id, bundle, boundary, transition, captured_by=by)
 
 
 def provider_for(provider: CheckpointProvider, checkpoint: Checkpoint | None) -> CheckpointProvider:
@@ -443,9 +450,11 @@ def changed_paths(changes: Sequence[PathChange]) -> dict[str, list[str]]:
 
 def gate_record(continuity: SourceContinuity, code: str) -> dict[str, Any]:
     """What a continuation's gate checked, as its claim records it (``safetySnapshot``'s
-    ``workspaceCheckpoint``): the code, and the checkpoint's ref and tree or why there is none."""
+    ``workspaceGate``): the code, and the checkpoint's ref and tree or why there is none."""
     bundle = continuity.bundle
     out: dict[str, Any] = {"code": code, "sourceRunId": continuity.source_run_id}
+    if continuity.captured_by is not None:
+        out["capturedBy"] = continuity.captured_by
     if continuity.transition is not None:
         out["transition"] = continuity.transition.get("kind")
     if bundle is None:

@@ -19,7 +19,8 @@ import pytest
 
 from maka_core.checkpoints import Checkpoint, GitCheckpointProvider
 from maka_core.errors import MakaError
-from maka_core.runtime import workspace_continuity
+from maka_core.runtime import turn, workspace_continuity
+from maka_core.runtime.contracts import BeginRunInput, RunIds
 from maka_core.runtime.lost_run import unbound
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
@@ -28,6 +29,7 @@ from maka_temporal.workers.host.resume import settle_lost_runs
 from tests.test_workspace_continuity import (
     IDS,
     ROOT,
+    SCRIPT,
     SID,
     make_repo,
     parked_turn,
@@ -454,5 +456,94 @@ def test_a_continuation_from_a_repair_capture_says_so_in_the_claim_and_the_audit
         line = f"continuation gate: workspace_matches_checkpoint against {bundle.checkpoint.ref}"
         text = "\n".join(report_lines(report))
         assert f"{line} tree {bundle.checkpoint.tree} (captured by repair)" in text, text
+    finally:
+        close(rt)
+
+
+# --- startup repair's captures share one budget -----------------------------------------------------
+
+
+def begun_only(rt: Runtime, ws: Workspace, ids: RunIds) -> None:
+    """A run whose worker died right after its user fact: lost, with nothing in flight."""
+    begin = BeginRunInput(
+        ids=ids, text="do it", ts=1, workflow_id=f"wf-{ids.session_id}", workflow_run_id="wr",
+        task_queue="q", workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT,
+    )  # fmt: skip
+    asyncio.run(turn.begin_run(rt, begin))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_repair_pass_over_several_lost_sessions_shares_one_capture_budget(
+    tmp_path: Path, shared: bool
+) -> None:
+    """Three lost sessions over a workspace no capture can finish in 1 ms: with one shared budget (as
+    startup repair has) the first capture spends it and the other two capture nothing. Control: a
+    budget per run (before) attempts all three, each using up its own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    for i in range(300):  # files no cache vouches for: the budget is checked between them
+        (repo.root / f"gen{i}.txt").write_text(f"{i}\n")
+    rt = runtime(tmp_path, home, host=None)
+    sessions = [
+        RunIds(session_id=f"s{n}", turn_id="t1", run_id=f"r{n}", invocation_id=f"i{n}") for n in range(3)
+    ]
+    try:
+        for ids in sessions:
+            begun_only(rt, repo, ids)
+        budget = workspace_continuity.SharedBudget(0.001)
+        for ids in sessions:
+            one = budget if shared else workspace_continuity.SharedBudget(0.001)
+            assert asyncio.run(settle_lost_runs(rt, ids.session_id, bind=one.bind)) == [ids.run_id]
+        details = []
+        for ids in sessions:
+            bundle = terminal_bundle(rt, ids.run_id)
+            assert bundle is not None and bundle.no_checkpoint is not None, bundle
+            assert bundle.no_checkpoint.code == "checkpoint_budget_exceeded"
+            details.append(bundle.no_checkpoint.detail == workspace_continuity.SHARED_BUDGET_SPENT)
+        assert details == ([False, True, True] if shared else [False, False, False])
+        assert provider_of(home).refs(repo) == {}
+        assert workspace_continuity.REPAIR_CAPTURE_BUDGET_S <= workspace_continuity.CAPTURE_BUDGET_S
+    finally:
+        close(rt)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_repair_of_a_chain_broken_session_over_git_captures_nothing(tmp_path: Path, checked: bool) -> None:
+    """A row edited behind the writers: repair parks ``ledger_chain_broken`` and binds no checkpoint
+    (nothing read from broken facts is acted on). Control: with the guard bypassed the same repair
+    captures the workspace."""
+    import sqlite3
+
+    from maka_core.runtime.runtime import ResolverGuard
+    from tests.children.unchecked_chain_worker import UncheckedChainGuard
+
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    db = tmp_path / "ledger.sqlite"
+    rt = runtime(tmp_path, home, host=None)
+    try:
+        begun_only(rt, repo, IDS)
+    finally:
+        close(rt)
+    conn = sqlite3.connect(db)
+    conn.execute("update runtime_events set payload_json = replace(payload_json, '\"do it\"', '\"rm -rf\"')")
+    assert conn.total_changes == 1
+    conn.commit()
+    conn.close()
+    guard = ResolverGuard() if checked else UncheckedChainGuard()
+    rt = Runtime(LedgerStore.open(db), guard=guard, settings=RuntimeSettings(maka_home=home))
+    try:
+        assert asyncio.run(settle_lost_runs(rt, SID)) == [IDS.run_id]
+        bundle = terminal_bundle(rt)
+        terminal = next(e for e in rt.ledger.events(run_id=IDS.run_id) if e.is_terminal)
+        delta = terminal.actions.state_delta if terminal.actions is not None else None
+        if checked:
+            assert delta is not None and delta.get("parkReason") == "ledger_chain_broken", delta
+            assert bundle is None and provider_of(home).refs(repo) == {}
+        else:
+            assert bundle is not None and bundle.checkpoint is not None, bundle
+            assert set(provider_of(home).refs(repo)) == {bundle.checkpoint.ref}
     finally:
         close(rt)

@@ -77,6 +77,9 @@ PASSING: Final = frozenset({"workspace_matches_checkpoint", "workspace_has_no_ch
 #: slow capture never makes finish_run time out (and its retries start more captures); over it
 #: the boundary records ``checkpoint_budget_exceeded`` and keeps today's behaviour.
 CAPTURE_BUDGET_S: Final = 5.0
+#: Seconds all the captures of one startup repair pass share: it settles lost runs one after another
+#: before the worker polls, so N lost sessions delay its start by this much at most, not N budgets.
+REPAIR_CAPTURE_BUDGET_S: Final = CAPTURE_BUDGET_S
 #: How long an orphan ref (no fact names it) is kept: a capture whose fact is committing is young.
 GC_GRACE_S: Final = 3600.0
 
@@ -319,9 +322,12 @@ def _capture_pending(
     )
 
 
-async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+async def bind_terminal_async(
+    rt: Runtime, terminal: RuntimeEvent, budget: SharedBudget | None = None
+) -> RuntimeEvent:
     """``bind_terminal`` with its ledger reads on the ledger thread and the capture on the tool pool
-    (a capture reads the workspace: it never holds the ledger)."""
+    (a capture reads the workspace: it never holds the ledger). ``budget``: the capture draws on
+    seconds shared with other boundaries (else it has ``CAPTURE_BUDGET_S`` of its own)."""
     store: LedgerStore = rt.ledger  # type: ignore[assignment]
     pending = await rt.on_ledger(lambda: _prepare(store, terminal, rt.settings.host))
     if isinstance(pending, RuntimeEvent):
@@ -330,10 +336,35 @@ async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEve
         return terminal
     provider = provider_at(rt.settings.maka_home)
     ledger = ledger_of(store)
+    if budget is not None and pending.workspace is not None and budget.left <= 0:
+        fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
+        spent = NoCheckpoint(code="checkpoint_budget_exceeded", detail=SHARED_BUDGET_SPENT)
+        return with_bundle(terminal, CheckpointBundle.of(fields, spent, provider.policy))
+    seconds = CAPTURE_BUDGET_S if budget is None else budget.left
+    started = time.monotonic()
     bundle = await rt.on_tool_pool(
-        lambda: _capture_pending(provider, pending, terminal.session_id, ledger=ledger)
+        lambda: _capture_pending(provider, pending, terminal.session_id, seconds, ledger=ledger)
     )
+    if budget is not None:
+        budget.left -= time.monotonic() - started
     return with_bundle(terminal, bundle)
+
+
+#: The detail of a boundary whose shared capture budget was spent before its turn (nothing captured).
+SHARED_BUDGET_SPENT: Final = "the repair pass's shared capture budget was spent by earlier captures"
+
+
+class SharedBudget:
+    """Capture seconds several boundaries share, spent one capture after another (startup repair's
+    pass over its lost runs): each capture may use what is left; once none is, a boundary records
+    ``checkpoint_budget_exceeded`` and captures nothing."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    async def bind(self, rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+        """A ``lost_run.Binder`` whose capture draws on this budget."""
+        return await bind_terminal_async(rt, terminal, self)
 
 
 # --- the gate --------------------------------------------------------------------------------

@@ -419,6 +419,16 @@ def test_a_store_gc_cannot_list_is_skipped_and_the_others_are_collected(tmp_path
         assert rows["0000broken"]["skipped"] == "checkpoint_git_failed", out
         assert rows[repo.workspace_id]["deleted"] == [orphan.ref], out
         assert out["deleted"] == 1
+        cmd = [sys.executable, "-m", "maka_temporal", "ledger", "gc-checkpoints", "--grace", "0"]
+        cli = subprocess.run(
+            [*cmd, "--db", str(tmp_path / "ledger.sqlite")],
+            env={**os.environ, "MAKA_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "skipped store 0000broken: checkpoint_git_failed" in cli.stdout, cli.stdout
     finally:
         close(rt)
 

@@ -76,6 +76,8 @@ CHECKPOINT: Final[dict[str, str]] = {
     "checkpoint_capture_after_ref": "ref created, its fact not committed: an orphan gc collects",
     "checkpoint_during_materialize": "files staged, not in place: no destination; the next restore clears it",
     "checkpoint_boundary_committed": "terminal fact and bundle committed, header lags: repair follows",
+    "checkpoint_repair_captured": "a lost run's workspace captured, repair's fact not committed: an orphan",
+    "checkpoint_repair_committed": "repair's fact and bundle committed, header lags: the next repair follows",
     "checkpoint_rebaseline_captured": "rebaseline captured, no fact: an orphan ref, still parked",
     "checkpoint_restore_materialized": "restore folder in place, no fact: still parked, folder left",
     "guarded_replace_before_exchange": "side file written, target untouched: the next call removes it",

@@ -348,3 +348,25 @@ def test_an_existing_continuation_of_the_same_boundary_parks() -> None:
     again["findExistingContinuation"] = "absent"
     assert plan_continuation_document(again)["disposition"] == "continue"
     assert continuation["runId"] == "run-2"
+
+
+def test_phase_4s_gate_record_has_its_own_key_beside_a_reference_checkpoint() -> None:
+    """The reference ``workspaceCheckpoint`` is ``{ref, runtimeEventHighWater}``; Phase 4's gate record
+    is ``workspaceGate``, so a host that supplies both keeps both (before, the gate record shared the
+    reference key and was dropped whenever a reference checkpoint was supplied)."""
+    import dataclasses
+
+    from maka_core.ledger import continuation_document as docs
+    from maka_core.ledger.continuation import id_source, plan_continuation
+
+    doc = document(safe_ledger())
+    reference = {"ref": "ckpt-1", "restored": True, "runtimeEventHighWater": 6}
+    gate = {"code": "workspace_matches_checkpoint", "sourceRunId": f.RUN, "ref": "refs/maka/checkpoints/s/1"}
+    obs = dataclasses.replace(
+        docs._observation(observation(workspaceCheckpoint=reference)),
+        workspace_boundary={"code": "workspace_matches_checkpoint", "detail": {}, "gate": gate},
+    )
+    result = plan_continuation(f.SESSION, f.RUN, obs, docs._sources(doc), id_source(IDS)).to_json()
+    snapshot = result["continuation"]["safetySnapshot"]
+    assert snapshot["workspaceCheckpoint"] == {"ref": "ckpt-1", "runtimeEventHighWater": 6}
+    assert snapshot["workspaceGate"] == gate

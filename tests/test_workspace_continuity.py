@@ -668,10 +668,11 @@ def test_gc_at_worker_start_logs_an_os_error_and_goes_on(rt: Runtime, repo: Work
     lock = store.parent / f"{repo.workspace_id}.lock"
     lock.unlink(missing_ok=True)
     lock.mkdir()  # an OSError (IsADirectoryError) when retention takes the store's lock
-    assert workspace_continuity.gc_quietly(rt.ledger, home) is None  # type: ignore[arg-type]
-    # Control: the same gc outside the quiet wrapper raises (what stopped startup repair).
+    out = workspace_continuity.gc_quietly(rt.ledger, home)  # type: ignore[arg-type]
+    assert out is not None and out["stores"][0]["skipped"] == "checkpoint_store_unreadable", out
+    # Control: the store's own gc raises (what stopped startup repair); gc skips that store.
     with pytest.raises(OSError):
-        workspace_continuity.gc_checkpoints(rt.ledger, provider)  # type: ignore[arg-type]
+        provider.gc(repo, (), grace_seconds=0)
 
 
 @pytest.mark.parametrize("git_binary", ["/nonexistent/git", "git"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +11,7 @@ from maka_core.audit.findings import Finding
 from maka_core.audit.index import BEGINS, AuditIndex, build_index
 from maka_core.audit.model import Execution, LedgerFacts
 from maka_core.errors import CheckpointError
+from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.events import RuntimeEvent
 from maka_core.runtime.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, RECOVER_OPERATION
 from maka_core.runtime.settle import park_reason_of
@@ -126,7 +127,19 @@ def _run(ix: AuditIndex, run_id: str) -> dict[str, Any]:
             "highWater": src.high_water,
             "claimId": continuation.claim_id,
         }
+        checked = _gate_checked(ix.ledger.claims.get(continuation.claim_id))
+        if checked is not None:
+            out["continuationSource"]["workspaceGate"] = checked
     return out
+
+
+def _gate_checked(claim: ContinuationClaim | None) -> dict[str, Any] | None:
+    """What the workspace gate checked before this continuation's claim (None: a claim from before
+    the claim recorded it, or a planner without the gate)."""
+    header = claim.target_run_header_json if claim is not None else None
+    snapshot = header.get("safetySnapshot") if isinstance(header, Mapping) else None
+    checked = snapshot.get("workspaceGate") if isinstance(snapshot, Mapping) else None
+    return dict(checked) if isinstance(checked, Mapping) else None
 
 
 def _bound(terminal: RuntimeEvent | None) -> dict[str, Any] | None:

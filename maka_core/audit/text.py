@@ -77,6 +77,12 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             where = f"recorded by operator: workspace {w['kind']} of run {w['sourceRunId']}"
         lines += ["", f"run {turn}: {run['runId']}  {run['status']}{park}{cont}  {where}"]
         lines += _workspace_lines(run)
+        checked = (run.get("continuationSource") or {}).get("workspaceGate")
+        if checked is not None:
+            what = checked.get("ref") or f"no checkpoint ({checked.get('noCheckpoint')})"
+            tree = f" tree {checked['tree']}" if checked.get("tree") else ""
+            by = f" (captured by {checked['capturedBy']})" if checked.get("capturedBy") else ""
+            lines.append(f"  continuation gate: {checked.get('code')} against {what}{tree}{by}")
         ops = ops_by_run.get(run["runId"], [])
         if not ops:
             continue

@@ -559,11 +559,17 @@ class GitCheckpointProvider:
             os.close(fd)  # closing releases the lock
 
     def capture(
-        self, workspace: Workspace, session_id: str, *, budget_s: float | None = None
+        self,
+        workspace: Workspace,
+        session_id: str,
+        *,
+        budget_s: float | None = None,
+        ledger: str | None = None,
     ) -> Checkpoint | NoCheckpoint:
         """Capture ``workspace`` as the next checkpoint of ``session_id`` (see ``_capture``); with
         ``budget_s``, one not done in that many seconds (checked between files) is
-        ``checkpoint_budget_exceeded`` and creates no ref."""
+        ``checkpoint_budget_exceeded`` and creates no ref. ``ledger``: the capturing ledger's
+        identity, recorded in the commit so retention tells two ledgers' refs of one session id apart."""
         deadline = None if budget_s is None else time.monotonic() + budget_s
         state, root = os.path.realpath(self.state_dir), str(workspace.root)
         if state == root or state.startswith(root + os.sep):
@@ -578,7 +584,7 @@ class GitCheckpointProvider:
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)
         with self._locked(workspace):
-            return self._capture(workspace, session_id, deadline)
+            return self._capture(workspace, session_id, deadline, ledger)
 
     def verify(self, workspace: Workspace, checkpoint: Checkpoint) -> Verification:
         """Is ``checkpoint`` backed by its objects (see ``_verify``)."""
@@ -596,7 +602,7 @@ class GitCheckpointProvider:
             return self._materialize(workspace, checkpoint, dest)
 
     def _capture(
-        self, workspace: Workspace, session_id: str, deadline: float | None = None
+        self, workspace: Workspace, session_id: str, deadline: float | None = None, ledger: str | None = None
     ) -> Checkpoint | NoCheckpoint:
         """Capture ``workspace`` as the next checkpoint of ``session_id``.
 
@@ -635,7 +641,7 @@ class GitCheckpointProvider:
             ref = f"{REF_PREFIX}{component}/{sequence}"
             message = (
                 f"maka checkpoint {sequence}\n\nsession: {session_id}\nworkspace: {workspace.identity}\n"
-                f"files: {len(present)}\nbytes: {byte_count}\n"
+                f"files: {len(present)}\nbytes: {byte_count}\n" + (f"ledger: {ledger}\n" if ledger else "")
             )
             commit_env = self._store_env(
                 store,
@@ -944,6 +950,22 @@ class GitCheckpointProvider:
             refs[name] = (oid, int(when or 0))
         return refs
 
+    def ref_ledgers(self, workspace: Workspace) -> dict[str, str | None]:
+        """Every checkpoint ref of the workspace -> the ledger its commit names (None: a capture
+        from before captures named their ledger)."""
+        if not (self.store(workspace) / "HEAD").exists():
+            return {}
+        out = self._git_store(
+            workspace, ["for-each-ref", "--format=%(refname)%00%(contents)%01", REF_PREFIX]
+        ).stdout.decode("utf-8", "replace")
+        found: dict[str, str | None] = {}
+        for record in out.split("\x01\n"):
+            name, _, message = record.partition("\x00")
+            if name:
+                lines = [ln for ln in message.splitlines() if ln.startswith("ledger: ")]
+                found[name] = lines[-1].removeprefix("ledger: ").strip() if lines else None
+        return found
+
     def gc(
         self,
         workspace: Workspace,
@@ -951,26 +973,53 @@ class GitCheckpointProvider:
         *,
         grace_seconds: float = 3600.0,
         prune: str = "1.hour.ago",
+        candidates: Collection[tuple[str, str]] | None = None,
+        capturers: Collection[str | None] | None = None,
     ) -> tuple[str, ...]:
         """Delete the checkpoint refs not in ``keep`` and older than ``grace_seconds`` (a capture
         whose fact is being committed right now is young), then let Git drop what no ref reaches
         and is older than ``prune``. ``keep`` must be every ref a live lineage of any session still
         references.
 
+        ``candidates``: the ``(ref, commit)`` pairs the caller decided may go, from a listing taken
+        before it read its ledger; only those are deleted, so a ref created (or re-created) since
+        that listing survives. ``capturers``: the ledgers whose captures this collection may delete
+        (``None`` in it: a capture that names no ledger); a ref whose commit names another is kept,
+        checked under the lock against the commit itself.
+
         Returns the refs deleted.
         """
         with self._locked(workspace, exclusive=True):
-            return self._gc(workspace, frozenset(keep), grace_seconds, prune)
+            return self._gc(
+                workspace,
+                frozenset(keep),
+                grace_seconds,
+                prune,
+                None if candidates is None else frozenset(candidates),
+                None if capturers is None else frozenset(capturers),
+            )
 
     def _gc(
-        self, workspace: Workspace, keep: frozenset[str], grace_seconds: float, prune: str
+        self,
+        workspace: Workspace,
+        keep: frozenset[str],
+        grace_seconds: float,
+        prune: str,
+        candidates: frozenset[tuple[str, str]] | None = None,
+        capturers: frozenset[str | None] | None = None,
     ) -> tuple[str, ...]:
+        # Under the exclusive lock no capture creates a ref, so this listing is what exists now.
         now = time.time()
         doomed = sorted(
             (ref, oid)
             for ref, (oid, when) in self.refs(workspace).items()
-            if ref not in keep and now - when >= grace_seconds
+            if ref not in keep
+            and now - when >= grace_seconds
+            and (candidates is None or (ref, oid) in candidates)
         )
+        if doomed and capturers is not None:
+            captured_by = self.ref_ledgers(workspace)
+            doomed = [(ref, oid) for ref, oid in doomed if captured_by.get(ref) in capturers]
         if doomed:
             # Each delete names the old value: a ref is only ever created, so this deletes what was seen.
             script = b"".join(b"delete %s\0%s\0" % (ref.encode(), oid.encode()) for ref, oid in doomed)

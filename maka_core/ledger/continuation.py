@@ -388,6 +388,9 @@ def _collected(
             "ref": checkpoint["ref"],
             "runtimeEventHighWater": checkpoint.get("runtimeEventHighWater"),
         }
+    if bound is not None and isinstance(bound.get("gate"), Mapping):
+        # What Phase 4's gate checked: its own key, beside a reference document's checkpoint.
+        snapshot["workspaceGate"] = dict(bound["gate"])
     continuation: dict[str, Any] = {
         "sessionId": first.session_id,
         "invocationId": invocation_id,

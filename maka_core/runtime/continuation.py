@@ -55,6 +55,7 @@ from maka_core.runtime.resolution import is_resolution_run, resolutions_of
 from maka_core.runtime.workspace_continuity import (
     SourceContinuity,
     gate_diagnostic,
+    gate_record,
     observe_source,
     source_continuity,
 )
@@ -255,7 +256,11 @@ class WorkspaceGate:
 
     def observe(self, cwd: str) -> dict[str, Any] | None:
         seen = observe_source(self.provider, cwd, self.continuity)
-        return None if seen is None else {"code": seen.code, "detail": gate_diagnostic(seen)}
+        if seen is None:  # nothing bound (a run from before Phase 4): passes, and the claim says so
+            code = "workspace_has_no_checkpoint"
+            return {"code": code, "detail": {}, "gate": gate_record(self.continuity, code)}
+        checked = gate_record(self.continuity, seen.code)
+        return {"code": seen.code, "detail": gate_diagnostic(seen), "gate": checked}
 
 
 def plan_for(
@@ -506,7 +511,12 @@ def _claim_and_start(
             continuation_run_id=winner if lost_race else None,
         )
     claimed_at = now_ms()
-    target = build_target_header(continuation, {"cwd": observation.current_cwd}, claimed_at)
+    fields: dict[str, Any] = {"cwd": observation.current_cwd}
+    checked = continuation["safetySnapshot"].get("workspaceGate")
+    # Phase 4's gate record (not a reference document's), in the claim's free-form header JSON.
+    if isinstance(checked, Mapping) and "code" in checked:
+        fields["safetySnapshot"] = {"workspaceGate": dict(checked)}
+    target = build_target_header(continuation, fields, claimed_at)
     row = claim_row(build_claim(continuation, target, claimed_at))
     try:
         result = store.claim_continuation(row)

@@ -14,10 +14,11 @@ Temporal history is gone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from maka_core import failpoints
 from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
 from maka_core.ledger.resolver import resolve
@@ -31,6 +32,15 @@ from maka_core.runtime.settle import RepairResult, _header_anchor, recovered_ter
 SESSION_KEY: Final[str] = "makaSession"
 #: Operation statuses that need no recovery (the Resolver settled them, or they never ran).
 _SETTLED: Final[frozenset[str]] = frozenset({"completed", "definitely_not_dispatched"})
+
+#: What a recovered terminal fact carries before it commits: the host binds the workspace's
+#: checkpoint (``workspace_continuity.bind_terminal_async``, artifact first, then the fact).
+Binder = Callable[[Runtime, RuntimeEvent], Awaitable[RuntimeEvent]]
+
+
+async def unbound(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+    """A terminal fact as it is: no workspace binding (a repair without a workspace host)."""
+    return terminal
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,12 @@ def parked_terminal_event(
 
 
 async def settle_lost_run(
-    rt: Runtime, run_id: str, record: SessionRecord | None, *, untrusted: ParkReason | None = None
+    rt: Runtime,
+    run_id: str,
+    record: SessionRecord | None,
+    *,
+    untrusted: ParkReason | None = None,
+    bind: Binder = unbound,
 ) -> LostRunResult:
     """Recover every unsettled operation of ``run_id``, then commit its terminal fact and header.
 
@@ -139,6 +154,8 @@ async def settle_lost_run(
     re-runs a side effect; without a session record (no workspace to observe) an unsettled
     operation parks with ``workspace_unavailable``. ``untrusted``: the session's facts cannot be
     trusted (``ledger_chain_broken``): no operation is recovered, the run parks with this reason.
+    ``bind``: what the recovered terminal fact carries (the workspace host binds its checkpoint, so
+    a run lost mid-turn gets the same content gate as one that ended).
 
     Raises:
         StoreError: ``run_not_found`` (no header and no events), or the ledger cannot be read.
@@ -192,10 +209,16 @@ async def settle_lost_run(
         if park is not None
         else recovered_terminal_event(anchor, run_id, "process_crashed")
     )
+    if existing is None and untrusted is None:  # nothing read from broken facts is acted on
+        candidate = await bind(rt, candidate)
+        failpoints.hit("checkpoint_repair_captured")
+
+    def between() -> None:
+        failpoints.hit("checkpoint_repair_committed")
 
     def settle() -> RepairResult:
         try:
-            return settle_run(store, candidate, existing=existing)
+            return settle_run(store, candidate, existing=existing, between=between)
         except LedgerRejection as exc:  # another repairer settled it differently: its fact stands
             if exc.code not in ("duplicate_event_id", "run_already_terminal"):
                 raise

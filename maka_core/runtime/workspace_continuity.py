@@ -77,6 +77,9 @@ PASSING: Final = frozenset({"workspace_matches_checkpoint", "workspace_has_no_ch
 #: slow capture never makes finish_run time out (and its retries start more captures); over it
 #: the boundary records ``checkpoint_budget_exceeded`` and keeps today's behaviour.
 CAPTURE_BUDGET_S: Final = 5.0
+#: Seconds all the captures of one startup repair pass share: it settles lost runs one after another
+#: before the worker polls, so N lost sessions delay its start by this much at most, not N budgets.
+REPAIR_CAPTURE_BUDGET_S: Final = CAPTURE_BUDGET_S
 #: How long an orphan ref (no fact names it) is kept: a capture whose fact is committing is young.
 GC_GRACE_S: Final = 3600.0
 
@@ -249,12 +252,14 @@ def capture_bundle(
     epoch: int,
     *,
     budget_s: float | None = None,
+    ledger: str | None = None,
 ) -> CheckpointBundle:
     """Capture ``workspace`` (the artifact exists when this returns) and bundle it for ``boundary``;
-    with ``budget_s``, within that many seconds (a carrier that takes a budget)."""
+    with ``budget_s``, within that many seconds (a carrier that takes a budget); ``ledger``: the
+    capturing ledger's identity, which the carrier records for retention."""
     try:
         outcome: Checkpoint | NoCheckpoint = (
-            provider.capture(workspace, session_id, budget_s=budget_s)
+            provider.capture(workspace, session_id, budget_s=budget_s, ledger=ledger)
             if isinstance(provider, GitCheckpointProvider)
             else provider.capture(workspace, session_id)
         )
@@ -286,24 +291,43 @@ def bind_terminal(
         return pending
     if pending is None:
         return terminal
-    return with_bundle(terminal, _capture_pending(provider, pending, terminal.session_id, budget_s))
+    bundle = _capture_pending(provider, pending, terminal.session_id, budget_s, ledger_of(store))
+    return with_bundle(terminal, bundle)
+
+
+def ledger_of(store: LedgerStore) -> str | None:
+    """The ledger's identity (None: a ledger from before it had one)."""
+    return store.health.ledger_id
 
 
 def _capture_pending(
-    provider: CheckpointProvider, pending: _Pending, session_id: str, budget_s: float = CAPTURE_BUDGET_S
+    provider: CheckpointProvider,
+    pending: _Pending,
+    session_id: str,
+    budget_s: float = CAPTURE_BUDGET_S,
+    ledger: str | None = None,
 ) -> CheckpointBundle:
     if pending.workspace is None:
         assert pending.elsewhere is not None
         fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
         return CheckpointBundle.of(fields, pending.elsewhere, provider.policy)
     return capture_bundle(
-        provider, pending.workspace, session_id, pending.boundary, pending.epoch, budget_s=budget_s
+        provider,
+        pending.workspace,
+        session_id,
+        pending.boundary,
+        pending.epoch,
+        budget_s=budget_s,
+        ledger=ledger,
     )
 
 
-async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+async def bind_terminal_async(
+    rt: Runtime, terminal: RuntimeEvent, budget: SharedBudget | None = None
+) -> RuntimeEvent:
     """``bind_terminal`` with its ledger reads on the ledger thread and the capture on the tool pool
-    (a capture reads the workspace: it never holds the ledger)."""
+    (a capture reads the workspace: it never holds the ledger). ``budget``: the capture draws on
+    seconds shared with other boundaries (else it has ``CAPTURE_BUDGET_S`` of its own)."""
     store: LedgerStore = rt.ledger  # type: ignore[assignment]
     pending = await rt.on_ledger(lambda: _prepare(store, terminal, rt.settings.host))
     if isinstance(pending, RuntimeEvent):
@@ -311,8 +335,36 @@ async def bind_terminal_async(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEve
     if pending is None:
         return terminal
     provider = provider_at(rt.settings.maka_home)
-    bundle = await rt.on_tool_pool(lambda: _capture_pending(provider, pending, terminal.session_id))
+    ledger = ledger_of(store)
+    if budget is not None and pending.workspace is not None and budget.left <= 0:
+        fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
+        spent = NoCheckpoint(code="checkpoint_budget_exceeded", detail=SHARED_BUDGET_SPENT)
+        return with_bundle(terminal, CheckpointBundle.of(fields, spent, provider.policy))
+    seconds = CAPTURE_BUDGET_S if budget is None else budget.left
+    started = time.monotonic()
+    bundle = await rt.on_tool_pool(
+        lambda: _capture_pending(provider, pending, terminal.session_id, seconds, ledger=ledger)
+    )
+    if budget is not None:
+        budget.left -= time.monotonic() - started
     return with_bundle(terminal, bundle)
+
+
+#: The detail of a boundary whose shared capture budget was spent before its turn (nothing captured).
+SHARED_BUDGET_SPENT: Final = "the repair pass's shared capture budget was spent by earlier captures"
+
+
+class SharedBudget:
+    """Capture seconds several boundaries share, spent one capture after another (startup repair's
+    pass over its lost runs): each capture may use what is left; once none is, a boundary records
+    ``checkpoint_budget_exceeded`` and captures nothing."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    async def bind(self, rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
+        """A ``lost_run.Binder`` whose capture draws on this budget."""
+        return await bind_terminal_async(rt, terminal, self)
 
 
 # --- the gate --------------------------------------------------------------------------------
@@ -328,6 +380,10 @@ class SourceContinuity:
     transition: Mapping[str, Any] | None = None
     #: A bound fact that cannot be read: the gate fails closed on it.
     unreadable: str | None = None
+    #: ``"repair"``: the bundle is the one repair captured when it closed the run lost mid-turn, so
+    #: it holds the folder as it was at the repair, not at the run's last boundary (an edit between
+    #: the crash and the repair is inside it). None: the run's own end, or an operator's choice.
+    captured_by: Literal["repair"] | None = None
 
     @property
     def cwd(self) -> str | None:
@@ -360,7 +416,10 @@ def source_continuity(session_events: Sequence[RuntimeEvent], source_run_id: str
     if bundle is None:
         return SourceContinuity(source_run_id, transition=transition)
     boundary = _source_boundary(run_events, bundle.boundary.workspace_identity)
-    return SourceContinuity(source_run_id, bundle, boundary, transition)
+    # Only repair commits a recovered terminal fact, and it binds the bundle as it commits it.
+    delta = _delta(terminal) if transition is None and terminal is not None else None
+    by: Literal["repair"] | None = "repair" if delta is not None and delta.get("recovered") is True else None
+    return SourceContinuity(source_run_id, bundle, boundary, transition, captured_by=by)
 
 
 def provider_for(provider: CheckpointProvider, checkpoint: Checkpoint | None) -> CheckpointProvider:
@@ -417,6 +476,26 @@ def changed_paths(changes: Sequence[PathChange]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for change in changes:
         out.setdefault(change.kind, []).append(change.path)
+    return out
+
+
+def gate_record(continuity: SourceContinuity, code: str) -> dict[str, Any]:
+    """What a continuation's gate checked, as its claim records it (``safetySnapshot``'s
+    ``workspaceGate``): the code, and the checkpoint's ref and tree or why there is none."""
+    bundle = continuity.bundle
+    out: dict[str, Any] = {"code": code, "sourceRunId": continuity.source_run_id}
+    if continuity.captured_by is not None:
+        out["capturedBy"] = continuity.captured_by
+    if continuity.transition is not None:
+        out["transition"] = continuity.transition.get("kind")
+    if bundle is None:
+        out["noCheckpoint"] = "checkpoint_bundle_absent"
+        return out
+    out["workspaceEpoch"] = bundle.boundary.workspace_epoch
+    if bundle.checkpoint is not None:
+        out |= {"ref": bundle.checkpoint.ref, "tree": bundle.checkpoint.tree}
+    elif bundle.no_checkpoint is not None:
+        out["noCheckpoint"] = bundle.no_checkpoint.code
     return out
 
 
@@ -527,7 +606,7 @@ def rebaseline(store: LedgerStore, provider: CheckpointProvider, session_id: str
     assert continuity.boundary is not None
     epoch = max(current_epoch(events, workspace.identity), old.boundary.workspace_epoch) + 1
     boundary = continuity.boundary.model_copy(update={"workspace_identity": workspace.identity})
-    bundle = capture_bundle(provider, workspace, session_id, boundary, epoch)
+    bundle = capture_bundle(provider, workspace, session_id, boundary, epoch, ledger=ledger_of(store))
     if bundle.checkpoint is None:
         assert bundle.no_checkpoint is not None
         raise MakaError(
@@ -598,7 +677,7 @@ def restore_isolated(
     restored = Workspace.open(dest, create=True)
     assert continuity.boundary is not None
     boundary = continuity.boundary.model_copy(update={"workspace_identity": restored.identity})
-    bundle = capture_bundle(provider, restored, session_id, boundary, 0)
+    bundle = capture_bundle(provider, restored, session_id, boundary, 0, ledger=ledger_of(store))
     failpoints.hit("checkpoint_restore_materialized")
     payload = {
         "protocol": TRANSITION_PROTOCOL,
@@ -708,14 +787,22 @@ def gc_checkpoints(
 ) -> dict[str, Any]:
     """Collect every checkpoint ref of a session this ledger holds that no committed fact names and
     older than ``grace_seconds``; keeps every ref any fact of any session references, and every ref
-    of a session the ledger does not hold (another ledger's). Returns what was kept and deleted per store."""
+    of a session the ledger does not hold or that another ledger captured (its commit names that
+    ledger). Only a ref seen, with the same commit, in the listing taken before the ledger is read
+    can go: one captured since is not judged against facts read before it. A store that cannot be
+    listed or collected is skipped (logged, ``skipped`` in its row), the others are still collected.
+    Returns what was kept and deleted per store."""
     stores = sorted((provider.state_dir / "git").glob("*.git"))
+    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
     # Retention reads only the Maka store (named by the id): the folder itself is not needed.
     listed: list[tuple[str, Workspace, dict[str, tuple[str, int]]]] = []
     for path in stores:
         workspace_id = path.name.removesuffix(".git")
         handle = Workspace(root=path, identity=f"workspace:v1:{workspace_id}")
-        listed.append((workspace_id, handle, provider.refs(handle)))
+        try:
+            listed.append((workspace_id, handle, provider.refs(handle)))
+        except (MakaError, OSError) as exc:
+            out["stores"].append(_skipped(workspace_id, exc))
     # The whole ledger is read only when some ref is past its grace (a worker start over young or
     # no refs reads nothing); read after the listing, it names every ref listed that a fact holds.
     now = time.time()
@@ -723,26 +810,41 @@ def gc_checkpoints(
     events = store.events() if old else []
     keep = referenced_refs(events)
     held = _held_components(events)
-    out: dict[str, Any] = {"stores": [], "deleted": 0, "kept": 0}
+    # A capture that names no ledger is from before captures did (or from a ledger without an id).
+    capturers = {None, ledger_of(store)}
     for workspace_id, handle, refs in listed:
         # Stores are shared by every ledger on this MAKA_HOME: a ref of a session this ledger does
         # not hold belongs to another ledger's facts, which this one cannot read.
         foreign = {r for r in refs if _ref_session(r) not in held}
         kept = keep.get(workspace_id, set()) | keep.get(ANY_WORKSPACE, set()) | foreign
-        due = [r for r, (_, when) in refs.items() if r not in kept and now - when >= grace_seconds]
-        # Git's own gc (a repack) only when a ref goes: a worker start over idle stores stays cheap.
-        deleted = provider.gc(handle, kept, grace_seconds=grace_seconds) if due else ()
+        due = {(r, oid) for r, (oid, when) in refs.items() if r not in kept and now - when >= grace_seconds}
+        deleted: tuple[str, ...] = ()
+        remaining = len(refs)
+        if due:  # Git's own gc (a repack) only when a ref may go: a worker start over idle stores stays cheap
+            try:
+                deleted = provider.gc(
+                    handle, kept, grace_seconds=grace_seconds, candidates=due, capturers=capturers
+                )
+            except (MakaError, OSError) as exc:
+                out["stores"].append(_skipped(workspace_id, exc))
+                continue
+            try:  # what is there now (a capture may have added one), not the early listing
+                remaining = len(provider.refs(handle))
+            except (MakaError, OSError):
+                remaining = len(refs) - len(deleted)  # deleted is a subset of the listing
         out["stores"].append(
-            {
-                "workspaceId": workspace_id,
-                "refs": len(refs),
-                "deleted": list(deleted),
-                "kept": len(refs) - len(deleted),
-            }
+            {"workspaceId": workspace_id, "refs": len(refs), "deleted": list(deleted), "kept": remaining}
         )
         out["deleted"] += len(deleted)
-        out["kept"] += len(refs) - len(deleted)
+        out["kept"] += remaining
     return out
+
+
+def _skipped(workspace_id: str, exc: MakaError | OSError) -> dict[str, Any]:
+    """A store gc could not list or collect: logged, and its row says why."""
+    code = exc.code if isinstance(exc, MakaError) else "checkpoint_store_unreadable"
+    log.warning("checkpoint gc skipped store %s: %s: %s", workspace_id, code, exc)
+    return {"workspaceId": workspace_id, "skipped": code, "refs": 0, "deleted": [], "kept": 0}
 
 
 def gc_quietly(store: LedgerStore, home: Path | None = None) -> dict[str, Any] | None:

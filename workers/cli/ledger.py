@@ -322,6 +322,8 @@ def cmd_gc_checkpoints(db: str | None, grace_s: float, as_json: bool) -> None:
     else:
         click.echo(f"checkpoints: {out['deleted']} orphan ref(s) deleted, {out['kept']} kept")
         for row in out["stores"]:
+            if row.get("skipped"):
+                click.echo(f"  skipped store {row['workspaceId']}: {row['skipped']}")
             for ref in row["deleted"]:
                 click.echo(f"  deleted {ref} ({row['workspaceId']})")
     finish(0)

@@ -32,7 +32,7 @@ from maka_core.runtime import workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
-from maka_core.runtime.lost_run import in_flight_operations, settle_lost_run
+from maka_core.runtime.lost_run import Binder, in_flight_operations, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import load_settings as settings
@@ -76,6 +76,7 @@ async def settle_lost_runs(
     session_id: str,
     still_lost: Callable[[RunHeader], Awaitable[bool]] | None = None,
     fence: Fence | None = None,
+    bind: Binder = workspace_continuity.bind_terminal_async,
 ) -> list[str]:
     """Settle every running run of the session (its execution is known to be closed or gone),
     except a claimed continuation that has not run yet (the resume executes it). A run with a tool
@@ -84,6 +85,9 @@ async def settle_lost_runs(
     ``still_lost(run)``: asked before each run's fence and again right before its settlement; False
     (the run's execution is open: a concurrent resumer started it since the caller looked)
     refuses ``session_busy`` instead of settling a live run.
+
+    Each recovered terminal fact carries ``bind``'s checkpoint of the workspace (captured on the
+    workspace's host; elsewhere ``checkpoint_host_elsewhere``), as a run's own end does.
 
     The session's chain is checked first: a row edited behind the writers parks every lost run
     with ``ledger_chain_broken`` and no operation is recovered (nothing read from it is acted on).
@@ -107,7 +111,7 @@ async def settle_lost_runs(
             await fence(run, in_flight)
             await _refuse_live(still_lost, run, session_id)
         untrusted: ParkReason | None = "ledger_chain_broken" if broken is not None else None
-        await settle_lost_run(rt, run.run_id, session.record, untrusted=untrusted)
+        await settle_lost_run(rt, run.run_id, session.record, untrusted=untrusted, bind=bind)
         settled.append(run.run_id)
     return settled
 

@@ -143,6 +143,8 @@ async def startup_repair(
             client, runtime.settings.tool_heartbeat_timeout_s, say=say or (lambda m: log.info("%s", m))
         )
         still_lost = execution_lost(client)
+        # One budget for every capture of this pass: the worker polls only after it.
+        budget = workspace_continuity.SharedBudget(workspace_continuity.REPAIR_CAPTURE_BUDGET_S)
         for run in runs:
             if run.status not in ("running", "parked") or run.run_id in open_runs:
                 continue
@@ -150,7 +152,9 @@ async def startup_repair(
                 report.left_to_host.append(run.run_id)
                 continue
             try:
-                settled = await settle_lost_runs(runtime, run.session_id, still_lost, fence=fence)
+                settled = await settle_lost_runs(
+                    runtime, run.session_id, still_lost, fence=fence, bind=budget.bind
+                )
             except MakaError as exc:
                 if exc.code != "session_busy":
                     raise

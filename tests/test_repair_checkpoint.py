@@ -557,3 +557,25 @@ def test_repair_of_a_chain_broken_session_over_git_captures_nothing(tmp_path: Pa
             assert set(provider_of(home).refs(repo)) == {bundle.checkpoint.ref}
     finally:
         close(rt)
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["candidates-named", "control-no-candidates"])
+def test_a_gc_left_nothing_to_delete_by_the_ledger_filter_does_not_repack(
+    tmp_path: Path, named: bool
+) -> None:
+    """Another ledger's refs under this ledger's session id are never deleted, so a gc over them
+    alone must not repack the store and drop the capture cache at every worker start (review M1).
+    Control: a gc that names no candidates repacks (the cache goes), so the assertion can fail."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = make_repo(tmp_path / "proj")
+    provider = provider_of(home)
+    theirs = provider.capture(repo, SID, ledger="ledger:b")
+    assert isinstance(theirs, Checkpoint)
+    cache = provider._cache_path(repo)
+    assert cache.exists(), cache
+    candidates = {(r, oid) for r, (oid, _) in provider.refs(repo).items()} if named else None
+    keep = () if named else (theirs.ref,)
+    gone = provider.gc(repo, keep, grace_seconds=0, candidates=candidates, capturers={None, "ledger:a"})
+    assert gone == ()
+    assert cache.exists() is named, (named, cache)

@@ -1020,6 +1020,10 @@ class GitCheckpointProvider:
         if doomed and capturers is not None:
             captured_by = self.ref_ledgers(workspace)
             doomed = [(ref, oid) for ref, oid in doomed if captured_by.get(ref) in capturers]
+        if not doomed and candidates is not None:
+            # Nothing listed is collectable after all (another ledger's, say): no repack, and the
+            # capture cache stays, as when the caller found nothing due.
+            return ()
         if doomed:
             # Each delete names the old value: a ref is only ever created, so this deletes what was seen.
             script = b"".join(b"delete %s\0%s\0" % (ref.encode(), oid.encode()) for ref, oid in doomed)

@@ -484,8 +484,8 @@ def gate_record(continuity: SourceContinuity, code: str) -> dict[str, Any]:
     ``workspaceGate``): the code, and the checkpoint's ref and tree or why there is none."""
     bundle = continuity.bundle
     out: dict[str, Any] = {"code": code, "sourceRunId": continuity.source_run_id}
-    if continuity.captured_by is not None:
-        out["capturedBy"] = continuity.captured_by
+    if continuity.captured_by is not None and bundle is not None and bundle.checkpoint is not None:
+        out["capturedBy"] = continuity.captured_by  # a repair's "no checkpoint" captured nothing
     if continuity.transition is not None:
         out["transition"] = continuity.transition.get("kind")
     if bundle is None:

@@ -526,7 +526,7 @@ class SessionClient:
             # A caller that stops reading (break, cancel) ends the poll and closes the ledger now;
             # the reader wakes from its wait at once, or after the one read it is in.
             stop.set()
-            reader.join(FOLLOW_JOIN_S)
+            await asyncio.to_thread(reader.join, FOLLOW_JOIN_S)  # off the loop: it may be mid-read
 
     async def audit(self, session_id: str) -> AuditResult:
         """The ledger's lineage against every execution that hosted it (``maka audit``)."""

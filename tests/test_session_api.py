@@ -501,3 +501,20 @@ def test_a_new_sessions_settings_are_declared_once() -> None:
         assert (coerced.value.code, coerced.value.detail["setting"]) == ("config_invalid", setting), value
     fine = SessionStart.of(workspace=".", message="go", step_timeout=5, offer=["user"], on_behalf_of=["a"])
     assert (fine.step_timeout, fine.offer, fine.on_behalf_of) == (5.0, ("user",), ("a",))
+
+
+def test_a_clients_own_tools_are_checked_as_the_plugin_checks_them(
+    env: dict[str, str | None], tmp_path: Path
+) -> None:
+    """``SessionClient(tools=)`` refuses a built-in's name and a duplicate ``tools_invalid`` in
+    ``check_local``, before anything connects (review L3). Control: a good tool is taken."""
+    ledger = tmp_path / "ledger.sqlite"
+    for bad, name in (([_Echo("bash")], "bash"), ([_Echo(), _Echo()], None)):
+        with pytest.raises(SessionError) as err:
+            SessionClient(None, ledger=ledger, tools=bad).check_local(tools=True)
+        assert err.value.code == "tools_invalid", (err.value.code, err.value.detail)
+        if name is not None:
+            assert err.value.detail.get("tool") == name, err.value.detail
+    with pytest.raises(SessionError) as err:  # the good tool passes the tools and meets the ledger
+        SessionClient(None, ledger=ledger, tools=[_Echo()]).check_local(tools=True)
+    assert err.value.code == "ledger_not_found", err.value.code

@@ -278,9 +278,10 @@ class SessionClient:
         # The fleet's own tools, so the catalog gate sees what its workers serve: those given to
         # this client (a library fleet's ``MakaPlugin(tools=...)``), else ``MAKA_TOOLS`` (``maka worker``).
         from maka_core.tools import default_tools
-        from maka_core.tools.loader import load_tools
+        from maka_core.tools.loader import load_tools, with_tools
 
         if self._tools is not None:
+            with_tools(default_tools(), self._tools)  # checked as MAKA_TOOLS is: tools_invalid
             return list(self._tools)
         return load_tools(s.tools, default_tools())
 

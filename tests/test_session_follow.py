@@ -15,8 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,16 @@ from maka_temporal.workers.client.session_follow import follow
 from tests.temporal_support import REPO
 
 SESSION = "s-follow"
+
+
+def _on_runtime(db: Path, go: Callable[[Runtime], Coroutine[Any, Any, None]]) -> None:
+    """Run ``go`` on a Runtime over the ledger at ``db``, closed after."""
+    with LedgerStore.open(db) as store:
+        rt = Runtime(store)
+        try:
+            asyncio.run(go(rt))
+        finally:
+            rt.close()
 
 
 def _turn(db: Path, ws: Workspace, n: int) -> None:
@@ -47,12 +58,7 @@ def _turn(db: Path, ws: Workspace, n: int) -> None:
         )
         await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=n))
 
-    with LedgerStore.open(db) as store:
-        rt = Runtime(store)
-        try:
-            asyncio.run(go(rt))
-        finally:
-            rt.close()
+    _on_runtime(db, go)
 
 
 @pytest.mark.parametrize("named", [True, False])
@@ -163,12 +169,7 @@ def _running(db: Path, ws: Workspace) -> None:
         )  # fmt: skip
         await turn.begin_run(rt, begin)
 
-    with LedgerStore.open(db) as store:
-        rt = Runtime(store)
-        try:
-            asyncio.run(go(rt))
-        finally:
-            rt.close()
+    _on_runtime(db, go)
 
 
 def _ledger_fds(db: Path) -> list[str]:
@@ -231,12 +232,7 @@ def test_a_follow_not_told_to_stop_polls_on(tmp_path: Path, ws: Workspace) -> No
     waited = _wait_for(lambda: not reader.is_alive(), bound=3.0)
     assert reader.is_alive() and _ledger_fds(db), (waited, lines)
     # The run settles: the follow ends, as it always did.
-    with LedgerStore.open(db) as store:
-        rt = Runtime(store)
-        try:
-            ids = RunIds(session_id=SESSION, turn_id="t0", run_id="r0", invocation_id="i0")
-            asyncio.run(turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=1)))
-        finally:
-            rt.close()
+    ids = RunIds(session_id=SESSION, turn_id="t0", run_id="r0", invocation_id="i0")
+    _on_runtime(db, lambda rt: turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=1)))
     reader.join(30)
     assert not reader.is_alive()

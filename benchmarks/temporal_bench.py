@@ -89,8 +89,11 @@ from maka_core.tools.mcp import parse_mcp_config  # noqa: E402
 from maka_core.tools.mcp.adapter import McpToolset  # noqa: E402
 from maka_core.tools.mcp.servers import McpServers  # noqa: E402
 from maka_temporal.activities import MakaActivities  # noqa: E402
-from maka_temporal.workers.cli.session import query_status, start_session  # noqa: E402
-from maka_temporal.workers.client.session_client import wait_settled  # noqa: E402
+from maka_temporal.workers.client.session_client import (  # noqa: E402
+    query_status,
+    start_session,
+    wait_settled,
+)
 from maka_temporal.workers.host.worker import build_host_worker, build_worker  # noqa: E402
 from maka_temporal.workflows.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, workflow_id_for  # noqa: E402
 
@@ -279,7 +282,7 @@ async def concurrent_sessions(
         )
         # The CLI's own waiter (one long-poll Update per session): polling the status Query from 20
         # clients made ~80 extra workflow tasks a second on the worker under measurement.
-        await wait_settled(client, sid, acc.run_id, timeout=600, progress=False)
+        await wait_settled(client, sid, acc.run_id, timeout=600)
         return sid, acc.run_id
 
     done = await asyncio.gather(*(run(ws) for ws in workspaces))

@@ -34,6 +34,7 @@ __all__ = [
     "AuditResult",
     "FollowLine",
     "MakaPlugin",
+    "NewSession",
     "Operation",
     "Resolution",
     "ResumeProgress",
@@ -47,6 +48,7 @@ __all__ = [
     "TurnCancelled",
     "TurnInfo",
     "TurnStarted",
+    "WaitProgress",
     "connect",
 ]
 
@@ -54,6 +56,7 @@ __all__ = [
 _PUBLIC: dict[str, str] = {
     "MakaPlugin": "maka_temporal.workers.host.plugin",
     "SessionResult": "maka_temporal.workflows.child",
+    "NewSession": "maka_temporal.workers.client.session_start",
     "SessionStart": "maka_temporal.workers.client.session_start",
     "TurnCancelled": "maka_temporal.workflows.contracts",
     "connect": "maka_temporal.workers.client.connect",
@@ -74,6 +77,7 @@ _PUBLIC: dict[str, str] = {
             "Transcript",
             "TurnInfo",
             "TurnStarted",
+            "WaitProgress",
         )
     },
 }
@@ -95,8 +99,9 @@ if TYPE_CHECKING:
         Transcript,
         TurnInfo,
         TurnStarted,
+        WaitProgress,
     )
-    from maka_temporal.workers.client.session_start import SessionStart
+    from maka_temporal.workers.client.session_start import NewSession, SessionStart
     from maka_temporal.workers.host.plugin import MakaPlugin
     from maka_temporal.workflows.child import SessionResult
     from maka_temporal.workflows.contracts import TurnCancelled

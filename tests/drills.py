@@ -35,7 +35,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
-from maka_temporal.workers.cli.session import query_status
+from maka_temporal.workers.client.session_client import query_status
 from maka_temporal.workflows.contracts import (
     SEND_MESSAGE,
     SendMessage,

@@ -21,8 +21,8 @@ from typing import Any
 from temporalio.client import Client
 
 from maka_core.runtime.runtime import RuntimeSettings
-from maka_temporal.workers.cli.session import query_status, send_message, start_session
 from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.client.session_client import query_status, send_message, start_session
 from maka_temporal.workers.host.devserver import DevServer
 from maka_temporal.workers.host.serve import serve
 from maka_temporal.workflows.session import SessionWorkflow

@@ -58,3 +58,22 @@ def test_a_command_loads_on_first_use_and_lists_its_subcommands() -> None:
         session.list_commands(ctx)
     )
     assert cli.maka.get_command(ctx, "no-such-command") is None
+
+
+def test_a_ledger_only_command_runs_without_the_temporal_sdk(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``maka session show`` (through ``SessionClient.show``) reads the ledger alone: the Temporal
+    SDK, whose import is most of a session command's start-up, is never loaded (``cli/__init__``).
+    It fails if ``session_api`` or a ``session`` command module imports the Temporal side at top."""
+    probe = (
+        "import sys, json, contextlib, io\n"
+        "from maka_temporal.workers.cli import app as cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    code = cli.main(['session', 'show', 'sess-none', '--db', {str(tmp_path / 'l.sqlite')!r}])\n"
+        "sdk = sorted(m for m in sys.modules if m.startswith('temporalio'))\n"
+        "print(json.dumps({'code': code, 'modules': sdk}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 2, (seen, done.stderr)  # refused: no such ledger
+    assert seen["modules"] == [], f"maka session show imported {seen['modules'][:5]}..."

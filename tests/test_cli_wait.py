@@ -47,7 +47,7 @@ async def test_wait_follows_the_turn_across_continue_as_new(
             message="go",
             continue_as_new_after_steps=1,
         )
-        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60)
     assert status.state == "idle" and status.current_turn is None and status.continued_runs >= 4
     assert (ws_dir / "calls.txt").read_text() == "".join(f"{i}\n" for i in range(5))
     # The client waited on the server (the Update), not by polling a Query.
@@ -139,6 +139,6 @@ async def test_rounds_reattach_to_one_update(
             task_queue=task_queue,
             message="go",
         )
-        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60)
     assert status.state == "idle"
     assert (await _update_names(temporal_client, session_id)).count("wait_settled") == 1

@@ -101,7 +101,7 @@ def _cli_env(temporal_server: Any, home: Path, queue: str) -> dict[str, str]:
 async def _turns(client: Client, session_id: str, first: int, count: int) -> None:
     for n in range(first, first + count):
         accepted = await send_message(client, session_id, f"turn {n}")
-        status = await wait_settled(client, session_id, accepted.run_id, timeout=120, progress=False)
+        status = await wait_settled(client, session_id, accepted.run_id, timeout=120)
         assert status.state == "idle", (n, status)
 
 
@@ -122,7 +122,7 @@ async def test_a_long_session_compacts_and_its_transcript_export_and_audit_hold(
             message="turn 0",
             continue_as_new_after=50,  # four executions: the summaries live in the ledger, not in one
         )
-        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120, progress=False)
+        status = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120)
         assert status.state == "idle", status
         await _turns(temporal_client, session_id, 1, LONG_TURNS - 1)
         executions = [
@@ -179,7 +179,7 @@ async def _until_killed(client: Client, worker: WorkerProcess, session_id: str, 
     while True:
         accepted = await send_message(client, session_id, f"turn {n}")
         settled = asyncio.ensure_future(
-            wait_settled(client, session_id, accepted.run_id, timeout=120, progress=False)
+            wait_settled(client, session_id, accepted.run_id, timeout=120)
         )
         died = asyncio.ensure_future(worker.wait_exit(timeout=120))
         done, _ = await asyncio.wait({settled, died}, return_when=asyncio.FIRST_COMPLETED)
@@ -259,7 +259,7 @@ async def _drill(
             message="turn 0",
             model_step_mode="local",
         )
-        status = await wait_settled(client, session_id, accepted.run_id, timeout=120, progress=False)
+        status = await wait_settled(client, session_id, accepted.run_id, timeout=120)
         assert status.state == "idle"
         killed = await _until_killed(client, first, session_id, 1)
     before = vendor.summaries
@@ -281,7 +281,7 @@ async def _drill(
 
 async def _settle_last(client: Client, db: Path, session_id: str) -> Any:
     run_id = _events(db, session_id)[-1].run_id
-    return await wait_settled(client, session_id, run_id, timeout=120, progress=False)
+    return await wait_settled(client, session_id, run_id, timeout=120)
 
 
 @pytest.mark.slow
@@ -342,7 +342,7 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
         session_id, accepted = await start_session(
             temporal_client, workspace=ws_dir, provider=SPEC, task_queue=queue, message="turn 0"
         )
-        await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+        await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60)
         vendor.delay = 0.5
         for as_json in (False, True):
             turn = 1 + as_json
@@ -384,7 +384,7 @@ async def test_show_follow_prints_a_running_turn_as_it_commits_and_ends_when_it_
             assert released_at is not None, f"the follower never printed {user_line!r}: {arrivals}"
             assert follow.wait(30) == 0, follow.stderr.read() if follow.stderr else ""
             status = await wait_settled(
-                temporal_client, session_id, accepted.run_id, timeout=5, progress=False
+                temporal_client, session_id, accepted.run_id, timeout=5
             )
             assert status.state == "idle"
             shown = maka("session", "show", session_id, *(["--json"] if as_json else []), env=env)
@@ -434,7 +434,7 @@ async def test_a_committed_compaction_survives_a_lost_execution_and_its_continua
         session_id, accepted = await start_session(
             temporal_client, workspace=ws_dir, provider=SPEC, task_queue=queue, message="turn 0"
         )
-        await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120, progress=False)
+        await wait_settled(temporal_client, session_id, accepted.run_id, timeout=120)
         killed = await _until_killed(temporal_client, first, session_id, 1)
     await temporal_client.get_workflow_handle(workflow_id_for(session_id)).terminate("execution lost")
     with WorkerProcess(temporal_server, db, queue, home=home, extra_env=env) as second:

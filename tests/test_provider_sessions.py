@@ -40,8 +40,7 @@ from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import default_tools, provider_tool_specs
-from maka_temporal.workers.cli.session import start_session
-from maka_temporal.workers.client.session_client import wait_settled
+from maka_temporal.workers.client.session_client import start_session, wait_settled
 from maka_temporal.workers.host.serve import serve
 from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
@@ -267,7 +266,7 @@ async def _gap_after_429(
             message="hi",
             model_step_mode=mode,
         )
-        settled = await wait_settled(client, session_id, accepted.run_id, timeout=60, progress=False)
+        settled = await wait_settled(client, session_id, accepted.run_id, timeout=60)
         assert settled.state == "idle", settled
     assert len(claude.requests) == 2, [r.body for r in claude.requests]
     return claude.requests[1].at - claude.requests[0].at
@@ -330,7 +329,7 @@ async def test_a_sessions_legal_history_reaches_either_vendor_with_the_same_call
                 message="write then read a.txt",
             )
             settled = await wait_settled(
-                temporal_client, session_id, accepted.run_id, timeout=60, progress=False
+                temporal_client, session_id, accepted.run_id, timeout=60
             )
             assert settled.state == "idle", settled
         store = LedgerStore.open(f"sqlite:///{db}")
@@ -424,7 +423,7 @@ async def test_a_key_the_vendor_echoes_in_its_refusal_is_redacted_everywhere(
             task_queue=queue,
             message="hi",
         )
-        settled = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60, progress=False)
+        settled = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60)
         history, _ = await _history_text(temporal_client, session_id)
     assert settled.state == "failed", settled  # 401: permanent, not retried
     assert len(claude.requests) == 1

@@ -46,6 +46,21 @@ DECIDING_MODULES = (
 #: command and the library answer alike because there is one path (modules under the package).
 THROUGH_THE_CLIENT = ("host.resume", "host.attempt_fence", "client.audit", "client.session_follow")
 
+#: The only function-local imports outside the CLI (whose command boundary is lazy, ``cli/__init__``):
+#: module -> the prefixes it may import late, each for the reason its module says.
+LAZY = {
+    # The Temporal side and, for ``resume``, the host: ledger-only calls start without the SDK.
+    "client.session_api": (
+        "maka_temporal.workers.client.session_client",
+        "maka_temporal.workers.client.turn_messages",
+        "maka_temporal.workers.client.connect",
+        "maka_temporal.workers.client.audit",
+        "maka_temporal.workers.host.",
+    ),
+    "host.worker": ("maka_core.tools.mcp.",),  # the MCP SDK, only when an MCP config is given
+    "host.telemetry": ("opentelemetry.exporter.",),  # the OTLP exporter, only when an endpoint is set
+}
+
 
 def modules_of(root: Path, package: str) -> dict[str, Path]:
     """Every module under ``root`` (a package folder) by its dotted name under ``package``."""
@@ -143,6 +158,49 @@ def cli_decisions(root: Path, package: str) -> list[str]:
             cli = [m for m in sorted(imported) if m in modules and room_of(m, package) == "cli"]
             found += [f"{name} imports {m}" for m in cli]
     return found
+
+
+def late_imports(root: Path, package: str, allowed: dict[str, tuple[str, ...]]) -> list[str]:
+    """The function-local imports outside the CLI room that ``allowed`` does not name."""
+    found = []
+    for name, path in modules_of(root, package).items():
+        if room_of(name, package) == "cli":
+            continue
+        ok = allowed.get(name.removeprefix(package + "."), ())
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    targets = [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                else:
+                    continue
+                found += [f"{name}:{node.lineno} {t}" for t in targets if not t.startswith(ok)]
+    return sorted(set(found))
+
+
+def test_imports_are_at_module_level_but_where_declared() -> None:
+    assert late_imports(WORKERS, PACKAGE, LAZY) == []
+    # The declared ones are real: each module does import late what it is allowed to.
+    assert late_imports(WORKERS, PACKAGE, {}) != []
+    late = {f.split(":")[0].removeprefix(PACKAGE + ".") for f in late_imports(WORKERS, PACKAGE, {})}
+    assert late == set(LAZY)
+
+
+def test_negative_control_a_late_import_is_found(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "cli/__init__.py": "",
+            "client/__init__.py": "",
+            "cli/run.py": "def cmd():\n    from pkg.client import calls\n",  # the CLI's boundary: allowed
+            "client/calls.py": "import json\ndef go():\n    import asyncio\n    from pkg.client import x\n",
+        },
+    )
+    assert late_imports(pkg, "pkg", {}) == ["pkg.client.calls:3 asyncio", "pkg.client.calls:4 pkg.client.x"]
+    assert late_imports(pkg, "pkg", {"client.calls": ("asyncio", "pkg.client.")}) == []
 
 
 def registrations(path: Path) -> list[str]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from maka_core import failpoints
 from maka_core.checkpoints.contract import CheckpointProvider
-from maka_core.errors import LedgerRejection
+from maka_core.errors import LedgerRejection, MakaError
 from maka_core.facts.claims import ContinuationClaim
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
@@ -545,4 +545,16 @@ def _claim_and_start(
         execute=_run_ids(result.claim),
         record=session.record,
         events=["plan_approved"],
+    )
+
+
+def runs_missing(session_id: str, events: int) -> MakaError:
+    """A session with events and no run header (a ``ledger import`` of events alone): nothing
+    says which run ran where, so there is no run to continue. ``session status`` says the same."""
+    return MakaError(
+        "session_runs_missing",
+        f"session {session_id} has {events} events but no run headers (an imported ledger): "
+        f"there is no run to resume; `maka ledger plan --session {session_id}` plans its events",
+        sessionId=session_id,
+        eventCount=events,
     )

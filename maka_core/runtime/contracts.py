@@ -197,7 +197,7 @@ class SessionConfig(Contract):
     ``SessionInput`` always had); ``to_json`` gives the camelCase keys of the ledger record and of
     ``session status --json`` (no pydantic aliases: Temporal's converter serializes by alias). No
     bound is checked here: a recorded value must always decode, so a new session's values are
-    checked where they enter (``session_client.new_session_config``)."""
+    checked where they enter (``session_start.new_session_config``)."""
 
     #: The model the session talks to (``maka_core.providers.spec``: tagged by ``kind``; every
     #: object recorded as a plain dict before the union decodes unchanged, an invalid one as an

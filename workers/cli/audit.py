@@ -8,7 +8,6 @@ or to Temporal (``--html`` writes the one file it is given).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from maka_core.audit.html import render_html
 from maka_core.audit.text import report_lines
 from maka_core.errors import MakaError
 from maka_temporal.workers.cli.base import (
+    CONNECT_S,
     db_option,
     finish,
     json_option,
@@ -25,7 +25,6 @@ from maka_temporal.workers.cli.base import (
     run_async,
     temporal_options,
 )
-from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.client.session_api import SessionClient
 
 
@@ -56,14 +55,9 @@ def cmd_audit(
         raise MakaError("usage_invalid", "give one SESSION or --all")
     if all_sessions and html_file is not None:
         raise MakaError("usage_invalid", "--html draws one session: give SESSION")
-    sessions = SessionClient(None, ledger=db)
-
     async def main() -> int:
-        sessions.check_local()  # the ledger's refusals before Temporal's, as the call gives them
-        try:
-            sessions.client = await asyncio.wait_for(connect(address, namespace), 10)
-        except TimeoutError:
-            raise MakaError("temporal_unavailable", "Temporal did not answer within 10s") from None
+        # Lazy: the ledger's refusals come before Temporal's, as the call gives them.
+        sessions = await SessionClient.connect(address, namespace, ledger=db, timeout=CONNECT_S, lazy=True)
         if all_sessions:
             done = await sessions.audit_all()
             reports = [r.raw for r in done.sessions]

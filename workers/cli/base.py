@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
 
 from maka_core.errors import MakaError
 from maka_core.settings import MakaSettings, load_settings
@@ -25,6 +27,8 @@ JSON_META = "maka_json"
 #: Set once a command has talked to Temporal: the console entry point then leaves without
 #: interpreter finalization (see ``workers.cli.app.main``).
 TEMPORAL_USED = "maka_temporal_used"
+#: How long ``audit`` and ``session cancel`` wait for the server to answer their connect.
+CONNECT_S = 10.0
 
 
 # --- options (declared once) -------------------------------------------------------------------
@@ -112,9 +116,51 @@ def stdout_is_tty() -> bool:
 
 
 def console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+#: In a log, a wait prints a line per state change, otherwise one every this many seconds.
+LOG_EVERY_S = 10.0
+
+
+class WaitLine:
+    """A wait's progress on stderr, as ``SessionClient.wait`` and ``resume`` report it: a
+    self-updating Rich status line on a terminal, otherwise log lines (``[  3.2s] running``). Use it
+    as a context manager; ``show`` is the listener (the first call starts the line), ``done``
+    prints the settled state."""
+
+    def __init__(self) -> None:
+        self._began = time.monotonic()
+        self._last: tuple[str, float] = ("", -LOG_EVERY_S)
+        self._live: Any = None
+
+    def __enter__(self) -> WaitLine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop()
+
+    def show(self, state: str, elapsed: float | None = None) -> None:
+        """The state now; ``elapsed``: seconds since the wait began (default: since this line began)."""
+        if elapsed is None:
+            elapsed = time.monotonic() - self._began
+        if sys.stderr.isatty():
+            if self._live is None:
+                self._live = Console(stderr=True).status("")
+                self._live.start()
+            self._live.update(f"[{elapsed:5.1f}s] {state}…")
+        elif state != self._last[0] or elapsed - self._last[1] >= LOG_EVERY_S:
+            print(f"[{elapsed:5.1f}s] {state}", file=sys.stderr, flush=True)
+            self._last = (state, elapsed)
+
+    def done(self, state: str) -> None:
+        self._stop()
+        print(f"[{time.monotonic() - self._began:5.1f}s] {state}", file=sys.stderr, flush=True)
+
+    def _stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
 
 # --- running -----------------------------------------------------------------------------------

@@ -12,11 +12,10 @@ recorded before ``cancel_turn`` existed), ``turn_not_cancelled`` (recovery parke
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
 from maka_temporal.workers.cli.base import (
+    CONNECT_S,
     finish,
     json_option,
     print_json,
@@ -41,11 +40,9 @@ def cmd_cancel(
     as_json: bool,
 ) -> None:
     """Cancel the running turn: the run ends cancelled and the session takes the next message."""
-    from maka_temporal.workers.client.connect import connect
-
     async def main() -> int:
-        client = await asyncio.wait_for(connect(address, namespace), 10)
-        done = await SessionClient(client).cancel(session_id, reason=reason)
+        sessions = await SessionClient.connect(address, namespace, timeout=CONNECT_S)
+        done = await sessions.cancel(session_id, reason=reason)
         if as_json:
             print_json(
                 {

@@ -14,14 +14,16 @@ from pathlib import Path
 from maka_core.providers import demo_script_path
 from maka_core.runtime.session_view import operations, transcript_lines
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli.base import print_json, run_async
+from maka_temporal.workers.cli.base import WaitLine, print_json, run_async
 from maka_temporal.workers.client.connect import connect, reachable, target_address
 from maka_temporal.workers.client.ledger import open_ledger
-from maka_temporal.workers.client.session_client import start_session, wait_settled
+from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.host import devserver
 from maka_temporal.workers.host.serve import serve
 
 DEMO_MESSAGE = "Change the port in config.json from 3000 to 4000, then check it with bash."
+#: How long the demo waits for its turn to settle.
+DEMO_WAIT_S = 120.0
 
 
 def make_demo_workspace(root: Path) -> Path:
@@ -65,23 +67,30 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
             # even when another worker with another ledger polls the shared queue.
             queue = f"maka-demo-{uuid.uuid4().hex[:8]}"
             stop, ready = asyncio.Event(), asyncio.Event()
-            worker_task = asyncio.create_task(serve(client, db, queue, stop=stop, ready=ready, repair=False))
+            worker_task = asyncio.create_task(
+                serve(client, db, queue, stop=stop, ready=ready, repair=False, host=settings.host)
+            )
             await ready.wait()
             workspace = make_demo_workspace(home / "demo-workspace")
+            sessions = SessionClient(client, ledger=db, task_queue=queue)
             try:
-                session_id, accepted = await start_session(
-                    client,
-                    workspace=workspace,
-                    provider={"kind": "script", "path": demo_script_path()},
-                    task_queue=queue,
-                    message=DEMO_MESSAGE,
+                started = await sessions.start(
+                    workspace=workspace, message=DEMO_MESSAGE, script=demo_script_path(), host=settings.host
                 )
+                session_id = started.session_id
                 print(
                     f"maka demo: session {session_id} on {target_address(address)}",
                     file=sys.stderr,
                     flush=True,
                 )
-                status = await wait_settled(client, session_id, accepted.run_id, timeout=120)
+                with WaitLine() as line:
+                    status = await sessions.wait(
+                        session_id,
+                        started.run_id,
+                        timeout=DEMO_WAIT_S,
+                        on_progress=lambda p: line.show(p.state, p.elapsed_s),
+                    )
+                    line.done(status.state)
             finally:
                 stop.set()
                 await worker_task

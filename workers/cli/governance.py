@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,6 @@ from maka_temporal.workers.cli.base import (
     temporal_options,
 )
 from maka_temporal.workers.client.ledger import open_ledger
-from maka_temporal.workers.client.policy import check_session_known
 from maka_temporal.workers.client.session_api import SessionClient
 
 __all__ = ["cmd_approve", "cmd_deny", "cmd_session_receipts", "policy_options", "receipts"]
@@ -136,13 +134,14 @@ def _answer(
     reason: str | None = None,
 ) -> None:
     s = settings(db=db)
-    check_session_known(s.ledger, session_id)  # before any connection is tried
-
     answered: list[dict[str, Any]] = []
 
     async def main() -> int:
-        client = await _reachable(address, namespace)
-        sessions = SessionClient(client, ledger=s.ledger)
+        # An unknown session is refused before any connect; a server that does not answer within
+        # 3 s leaves the answer to the ledger alone (an operator can answer while the server is down).
+        sessions = await SessionClient.connect(
+            address, namespace, ledger=s.ledger, timeout=3, lazy=True, ledger_only_when_unreachable=True
+        )
         if allow:
             answer = await sessions.approve(session_id, approval_id, phrase=str(phrase), by=by)
         else:
@@ -156,17 +155,6 @@ def _answer(
         print_json(done, indent=2)
     else:
         click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
-
-
-async def _reachable(address: str | None, namespace: str | None) -> Any:
-    """A Temporal client when the server answers within 3 s, else None: the answer then goes to
-    the ledger alone (an operator can answer while the server is down)."""
-    from maka_temporal.workers.client.connect import connect
-
-    try:
-        return await asyncio.wait_for(connect(address, namespace), 3)
-    except (MakaError, TimeoutError, OSError, RuntimeError):
-        return None
 
 
 @click.command("receipts")

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import click
 
 from maka_temporal.workers.cli.base import (
+    WaitLine,
     db_option,
     finish,
     json_option,
@@ -17,7 +18,6 @@ from maka_temporal.workers.cli.base import (
     run_async,
     temporal_options,
 )
-from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.client.session_api import ResumeProgress, SessionClient
 
 __all__ = ["cmd_resume"]
@@ -48,14 +48,20 @@ def cmd_resume(
     one parked with workspace_host_unavailable once its host is back (on the same host)."""
     # ``--task-queue``, else ``MAKA_TASK_QUEUE``, else the queue the session last ran on.
     queue = task_queue or os.environ.get("MAKA_TASK_QUEUE") or None
-    sessions = SessionClient(None, ledger=db, task_queue=queue)
 
     async def main() -> int:
-        sessions.check_local(tools=True)  # settings, MAKA_TOOLS, the ledger: before connecting
-        sessions.client = await connect(address, namespace)
-        done = await sessions.resume(
-            session_id, wait=wait, restore=_restore(restore), rebaseline=rebaseline, on_progress=_progress
-        )
+        # Lazy: resume refuses bad settings, MAKA_TOOLS or ledger before it connects, as the call does.
+        sessions = await SessionClient.connect(address, namespace, ledger=db, task_queue=queue, lazy=True)
+        with WaitLine() as line:
+            done = await sessions.resume(
+                session_id,
+                wait=wait,
+                restore=_restore(restore),
+                rebaseline=rebaseline,
+                on_progress=lambda step: _progress(step, line),
+            )
+            if wait and done.decision == "continue" and done.state:
+                line.done(done.state)
         out = done.raw
         if as_json:
             print_json(out, indent=2)
@@ -72,9 +78,11 @@ def _restore(value: str | None) -> Literal["isolated"] | None:
     return "isolated" if value == "isolated" else None
 
 
-def _progress(step: ResumeProgress) -> None:
+def _progress(step: ResumeProgress, line: WaitLine) -> None:
     if step.kind == "workspace":
         click.echo(f"session {step.session_id}: {step.message}", err=True)
+    elif step.kind == "turn":
+        line.show(step.message)
     else:
         print(f"maka: {step.message}", file=sys.stderr, flush=True)
 

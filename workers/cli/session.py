@@ -20,16 +20,15 @@ from typing import Any
 import click
 from rich.table import Table
 
-from maka_core.errors import MakaError
+from maka_core.errors import ConfigError
 from maka_core.facts import canonical_json
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
 )
-from maka_core.runtime.session_view import session_view
-from maka_core.settings import MakaSettings
 from maka_temporal.workers.cli.base import (
+    WaitLine,
     add_commands,
     console,
     db_option,
@@ -43,19 +42,14 @@ from maka_temporal.workers.cli.base import (
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
-from maka_temporal.workers.client.ledger import open_ledger
-from maka_temporal.workers.client.session_api import SessionClient, session_status
-from maka_temporal.workers.client.session_client import (
-    query_status,
-    send_message,
-    start_session,
-    update_error,
-    wait_settled,
-)
-from maka_temporal.workers.client.session_start import SessionStart, check_message, new_session
+from maka_temporal.workers.client.session_api import SessionClient, Status, TurnStarted
+from maka_temporal.workers.client.session_start import SessionStart
 from maka_temporal.workflows.contracts import workflow_id_for
 
-__all__ = ["query_status", "send_message", "start_session", "update_error", "wait_settled"]
+__all__ = ["session"]
+
+#: How long ``session status`` waits for the server before it answers from the ledger alone.
+STATUS_CONNECT_S = 3.0
 
 
 wait_timeout_option = click.option(
@@ -219,8 +213,6 @@ def cmd_start(
     unhinged: bool = False,
 ) -> None:
     """Start a session and send its first message."""
-    from maka_temporal.workers.client.connect import connect
-
     s = settings(db=db, task_queue=task_queue, wait_timeout=wait_timeout, host=host)
 
     given = SessionStart.of(
@@ -246,13 +238,15 @@ def cmd_start(
         unhinged=unhinged,
         offer=offer or None,
     )
-    new_session(s, given)  # every input refused before connecting (SessionClient checks again)
+    sessions = SessionClient(None, ledger=s.ledger, task_queue=s.task_queue)
+    new = sessions.check_start(given, host=s.host)  # every input refused before connecting, once
 
     async def main() -> int:
-        client = await connect(address, namespace)
-        sessions = SessionClient(client, ledger=s.ledger, task_queue=s.task_queue)
-        started = await sessions.start(host=s.host, accept_timeout=s.wait_timeout, **given.model_dump())
-        return await _after_send(client, s, started.session_id, started, wait=wait, as_json=as_json)
+        from maka_temporal.workers.client.connect import connect  # the command boundary: cli/__init__
+
+        sessions.client = await connect(address, namespace)
+        started = await sessions.start_with(new, accept_timeout=s.wait_timeout)
+        return await _after_send(sessions, started, wait=wait, as_json=as_json)
 
     finish(run_async(main()))
 
@@ -276,29 +270,33 @@ def cmd_send(
     as_json: bool,
 ) -> None:
     """Send a message (one new turn)."""
-    from maka_temporal.workers.client.connect import connect
-
     s = settings(db=db, wait_timeout=wait_timeout)
-    check_message(message)  # before connecting: a bad message is refused without a server
 
     async def main() -> int:
-        client = await connect(address, namespace)
-        sessions = SessionClient(client, ledger=s.ledger, task_queue=s.task_queue)
+        # Lazy: a bad message is refused without a server.
+        sessions = await SessionClient.connect(
+            address, namespace, ledger=s.ledger, task_queue=s.task_queue, lazy=True
+        )
         accepted = await sessions.send(session_id, message, accept_timeout=s.wait_timeout)
-        return await _after_send(client, s, session_id, accepted, wait=wait, as_json=as_json)
+        return await _after_send(sessions, accepted, wait=wait, as_json=as_json, wait_timeout=s.wait_timeout)
 
     finish(run_async(main()))
 
 
 async def _after_send(
-    client: Any, s: MakaSettings, session_id: str, accepted: Any, *, wait: bool, as_json: bool
+    sessions: SessionClient,
+    accepted: TurnStarted,
+    *,
+    wait: bool,
+    as_json: bool,
+    wait_timeout: float | None = None,
 ) -> int:
     if not wait:
         if as_json:
             print_json(
                 {
                     "ok": True,
-                    "sessionId": session_id,
+                    "sessionId": accepted.session_id,
                     "turnId": accepted.turn_id,
                     "runId": accepted.run_id,
                     "invocationId": accepted.invocation_id,
@@ -306,26 +304,38 @@ async def _after_send(
                 indent=2,
             )
         else:
-            click.echo(f"session {session_id}: turn {accepted.turn_id} accepted (run {accepted.run_id})")
+            click.echo(
+                f"session {accepted.session_id}: turn {accepted.turn_id} accepted (run {accepted.run_id})"
+            )
         return 0
-    status = await wait_settled(client, session_id, accepted.run_id, timeout=s.wait_timeout)
-    view = _view(s.ledger, session_id, status, create=True)
-    if as_json:
-        print_json(view.to_json(), indent=2)
-    else:
-        _print_view(view)
-    return 0 if view.state == "idle" else 1
-
-
-def _view(db: Any, session_id: str, status: Any | None, *, create: bool) -> Any:
-    with open_ledger(db, create=create) as store:
-        return session_view(
-            store,
-            session_id,
-            workflow_id=workflow_id_for(session_id),
-            state=status.state if status is not None else None,
-            park_reason=status.park_reason if status is not None else None,
+    with WaitLine() as line:
+        st = await sessions.wait(
+            accepted.session_id,
+            accepted.run_id,
+            timeout=wait_timeout,
+            on_progress=lambda p: line.show(p.state, p.elapsed_s),
         )
+        line.done(st.state)
+    _print_status(st, as_json=as_json)
+    return 0 if st.state == "idle" else 1
+
+
+def _print_status(st: Status, *, as_json: bool) -> None:
+    """A session's status as ``session status`` prints it (``send --wait`` and ``start --wait`` too)."""
+    for note in st.notes:
+        print(note, file=sys.stderr)
+    if as_json:
+        print_json(st.raw, indent=2)
+        return
+    _print_view(st, state=st.state)
+    if st.host is not None:
+        host_wait = st.raw["hostWait"]
+        click.echo(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
+    for p in st.pending_approvals:
+        click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
+    health = st.raw["ledger"]
+    if not health["ok"]:
+        click.echo(f"ledger unusable ({health['code']}): {health['message']}")
 
 
 def _print_view(view: Any, *, state: str | None = None) -> None:
@@ -365,31 +375,14 @@ def cmd_status(
     db: str | None, address: str | None, namespace: str | None, session_id: str, as_json: bool
 ) -> None:
     """State, turns and every tool call's facts."""
-    from maka_temporal.workers.client.connect import connect
-
     s = settings(db=db)
 
     async def main() -> int:
-        client, why = None, None
-        try:
-            client = await asyncio.wait_for(connect(address, namespace), 3)
-        except Exception as exc:  # unreachable server: the ledger still answers
-            why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
-        st = await session_status(client, s, session_id, unreachable=why)
-        for note in st.notes:
-            print(note, file=sys.stderr)
-        if as_json:
-            print_json(st.raw, indent=2)
-            return 0
-        _print_view(st, state=st.state)
-        if st.host is not None:
-            host_wait = st.raw["hostWait"]
-            click.echo(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
-        for p in st.pending_approvals:
-            click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
-        health = st.raw["ledger"]
-        if not health["ok"]:
-            click.echo(f"ledger unusable ({health['code']}): {health['message']}")
+        # An unreachable server: the ledger still answers, and the status says why.
+        sessions = await SessionClient.connect(
+            address, namespace, ledger=s.ledger, timeout=STATUS_CONNECT_S, ledger_only_when_unreachable=True
+        )
+        _print_status(await sessions.status(session_id), as_json=as_json)
         return 0
 
     finish(run_async(main()))
@@ -484,8 +477,6 @@ def _tokens(text: str | None, option: str) -> int | None:
     if text is None:
         return None
     if not text.isascii() or not text.isdigit():
-        from maka_core.errors import ConfigError
-
         raise ConfigError("config_invalid", f"{option} must be a whole number of tokens", option=option)
     return int(text)
 
@@ -524,8 +515,6 @@ def cmd_raise_limit(
     if as_json:
         print_json({"ok": True, **raised}, indent=2)
     else:
-        from maka_temporal.workflows.contracts import workflow_id_for
-
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
         click.echo(
             f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "

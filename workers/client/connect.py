@@ -63,8 +63,6 @@ async def connect(address: str | None = None, namespace: str | None = None, **kw
 
 async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:
     """True when a Temporal frontend answers at the configured address within ``timeout``."""
-    import asyncio
-
     try:
         client = await asyncio.wait_for(connect(address, namespace), timeout)
         await asyncio.wait_for(client.service_client.check_health(), timeout)

@@ -4,12 +4,13 @@ refusal out (never a store traceback). Every room uses it: the CLI, ``SessionCli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from maka_core.errors import MakaError, StoreError
-
-if TYPE_CHECKING:
-    from maka_core.store.writer import LedgerStore
+from maka_core.store.engine import database_url, sqlite_file
+from maka_core.store.writer import LedgerStore
 
 __all__ = ["ensure_utf8", "open_ledger", "session_events"]
 
@@ -25,11 +26,6 @@ def open_ledger(target: str | Path, *, create: bool) -> LedgerStore:
         MakaError: ``ledger_not_found``, ``store_unreadable`` (a directory, not SQLite, unreachable),
             ``schema_too_new``.
     """
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from maka_core.store.engine import database_url, sqlite_file
-    from maka_core.store.writer import LedgerStore
-
     file = sqlite_file(database_url(target))
     if file is not None:
         if file.is_dir():

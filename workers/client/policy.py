@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from maka_core.errors import ConfigError, MakaError
+from maka_core.governance import Identity, Principal, load_policy
+from maka_core.runtime import approvals
+from maka_core.runtime.governed import DEFAULT_SESSION_POLICY, SessionGovernance
 from maka_core.settings import MakaSettings
 from maka_temporal.workers.client.ledger import open_ledger
 
@@ -74,9 +77,6 @@ def session_policy(
         ConfigError: ``policy_invalid`` (with ``field``), ``unhinged_not_confirmed`` or
             ``principal_invalid``.
     """
-    from maka_core.governance import Identity, Principal, load_policy
-    from maka_core.runtime.governed import DEFAULT_SESSION_POLICY, SessionGovernance
-
     path = policy_file
     if path is None and s.home is not None and (Path(s.home) / "policy.json").is_file():
         path = Path(s.home) / "policy.json"
@@ -102,8 +102,6 @@ def governance_status(store: Any, session_id: str, state: str) -> dict[str, Any]
     """What ``maka session status --json`` adds: the requests of running turns still awaiting an
     answer (a request left behind by a turn that ended otherwise waits for nobody), and the state
     ``awaiting_approval`` while any does."""
-    from maka_core.runtime import approvals
-
     pending = []
     for item in approvals.pending(store, session_id):
         header = store.get_run(item.pop("runId"))
@@ -139,8 +137,6 @@ def answer_approval(
     """Approve or deny through the ledger alone (the execution is not running); returns what was
     committed (``runtime.approvals.answer`` and its codes). The caller (``SessionClient``) has
     checked the session exists (``check_session_known``)."""
-    from maka_core.runtime import approvals
-
     with open_ledger(ledger, create=False) as store:
         done: dict[str, Any] = approvals.answer(
             store, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason

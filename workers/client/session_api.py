@@ -5,6 +5,12 @@ Each method refuses what the matching ``maka`` command refuses, with the same co
 anything is started or written, by raising ``SessionError`` (one type; ``.code`` is the stable
 refusal code, ``.detail`` its fields). Each answer is a frozen pydantic model.
 
+The Temporal side (``session_client``, ``turn_messages``, ``connect``, ``audit``, and the host for
+``resume``) is imported inside the methods that talk to Temporal, the only function-local imports
+of the client room: the ledger-only calls (``show``, ``resolve``, ``raise_limit``, ``status``
+without a server) and the CLI commands over them start without loading the Temporal SDK
+(``tests/test_cli_startup.py``; 1.0 s against 1.8 s for ``maka session show`` measured).
+
 The ledger a client names is the one its workers serve (default ``MAKA_DB``, else
 ``$MAKA_HOME/ledger.sqlite``): a start records the session's policy there before its workflow
 exists, and status, show, approve, deny, resolve, resume and audit read or write it there.
@@ -23,27 +29,28 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from maka_core.errors import MakaError
+from maka_core.facts import codec
+from maka_core.runtime import workspace_continuity
+from maka_core.runtime.continuation import read_session, runs_missing
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
 )
+from maka_core.runtime.lost_run import session_record
+from maka_core.runtime.resolution import resolve_operation
+from maka_core.runtime.session_view import session_view, transcript_lines
+from maka_core.runtime.usage_limits import raise_limit
 from maka_core.settings import MakaSettings, load_settings
-from maka_temporal.workers.client import turn_messages
+from maka_core.store.engine import database_url, sqlite_file
+from maka_core.store.health import probe_path, probe_url
+from maka_core.tools import default_tools
+from maka_core.tools.loader import load_tools, with_tools
 from maka_temporal.workers.client.ledger import open_ledger, session_events
 from maka_temporal.workers.client.policy import answer_approval, check_session_known, governance_status
-from maka_temporal.workers.client.session_client import (
-    START_NEVER_HAPPENED,
-    describe_execution,
-    query_status,
-    send_message,
-    start_execution,
-    start_session,
-    wait_settled,
-)
 from maka_temporal.workers.client.session_follow import follow as follow_ledger
-from maka_temporal.workers.client.session_start import SessionStart, check_message, new_session
-from maka_temporal.workflows.contracts import TurnCancelled
+from maka_temporal.workers.client.session_start import NewSession, SessionStart, check_message, new_session
+from maka_temporal.workflows.contracts import TurnCancelled, workflow_id_for
 
 __all__ = [
     "ApprovalAnswer",
@@ -60,6 +67,7 @@ __all__ = [
     "Transcript",
     "TurnInfo",
     "TurnStarted",
+    "WaitProgress",
 ]
 
 T = TypeVar("T")
@@ -184,16 +192,27 @@ class Resumed(_Answer):
     raw: dict[str, Any]
 
 
-ProgressKind = Literal["workspace", "attempt_fence"]
+ProgressKind = Literal["workspace", "attempt_fence", "turn"]
 
 
 class ResumeProgress(_Answer):
-    """One step of ``resume`` as it happens: ``workspace`` (the workspace choice it committed) or
-    ``attempt_fence`` (the wait until a lost run's old tool attempt cannot still be running)."""
+    """One step of ``resume`` as it happens: ``workspace`` (the workspace choice it committed),
+    ``attempt_fence`` (the wait until a lost run's old tool attempt cannot still be running) or,
+    with ``wait``, ``turn`` (the continued turn's state while it runs; ``message`` is the state)."""
 
     session_id: str
     kind: ProgressKind
     message: str
+
+
+class WaitProgress(_Answer):
+    """A turn's state while ``wait`` waits for it (``waiting for a worker`` while no worker
+    answers), and the seconds since the wait began."""
+
+    session_id: str
+    run_id: str
+    state: str
+    elapsed_s: float
 
 
 FollowKind = Literal["transcript", "event"]
@@ -251,7 +270,58 @@ class SessionClient:
         self._ledger = str(ledger) if ledger is not None else None
         self._task_queue = task_queue
         self._tools = tuple(tools) if tools is not None else None
+        #: Why ``client`` is None, when ``connect`` could not reach the server (a code): ``status`` says so.
+        self.unreachable: str | None = None
+        self._connector: Callable[[], Awaitable[None]] | None = None  # a lazy ``connect``'s
         self.settings().ledger  # noqa: B018  a bad ledger or queue is refused here, not at first use
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str | None = None,
+        namespace: str | None = None,
+        *,
+        ledger: str | Path | None = None,
+        task_queue: str | None = None,
+        tools: Sequence[Any] | None = None,
+        timeout: float | None = None,
+        lazy: bool = False,
+        ledger_only_when_unreachable: bool = False,
+    ) -> SessionClient:
+        """A client connected with maka's settings (``maka_temporal.connect``: ``TEMPORAL_*``,
+        envconfig profiles, ``address``/``namespace`` win), within ``timeout`` seconds if given.
+
+        ``lazy``: connect on the first call that talks to Temporal, after that call's own local
+        refusals (a bad message, tools or ledger are refused as such with no server up; the CLI
+        connects so). ``ledger_only_when_unreachable``: a server that does not answer gives a
+        ledger-only client (``client`` None, ``unreachable`` the failed connect's code) instead
+        of the refusal: ``status`` then answers from the ledger and says why (``maka session status``).
+
+        Raises:
+            SessionError: ``temporal_unavailable`` (and the connect's other codes), unless
+                ``ledger_only_when_unreachable``; with ``lazy``, from the first call that connects.
+        """
+        made = cls(None, ledger=ledger, task_queue=task_queue, tools=tools)
+
+        async def connector() -> None:
+            from maka_temporal.workers.client.connect import connect as connect_temporal
+
+            try:
+                call = connect_temporal(address, namespace)
+                made.client = await (call if timeout is None else asyncio.wait_for(call, timeout))
+            except Exception as exc:
+                why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
+                if not ledger_only_when_unreachable:
+                    if isinstance(exc, MakaError):
+                        raise SessionError.of(exc) from None
+                    raise SessionError("temporal_unavailable", f"no Temporal server answers: {why}") from None
+                made.unreachable = why
+
+        if lazy:
+            made._connector = connector
+        else:
+            await connector()
+        return made
 
     def settings(self, **flags: Any) -> MakaSettings:
         """The settings this client runs with (the environment, its ledger and queue, ``flags``)."""
@@ -277,18 +347,24 @@ class SessionClient:
     def _workers_tools(self, s: MakaSettings) -> list[Any]:
         # The fleet's own tools, so the catalog gate sees what its workers serve: those given to
         # this client (a library fleet's ``MakaPlugin(tools=...)``), else ``MAKA_TOOLS`` (``maka worker``).
-        from maka_core.tools import default_tools
-        from maka_core.tools.loader import load_tools, with_tools
 
         if self._tools is not None:
             with_tools(default_tools(), self._tools)  # checked as MAKA_TOOLS is: tools_invalid
             return list(self._tools)
         return load_tools(s.tools, default_tools())
 
-    def _temporal(self) -> Any:
-        if self.client is None:
+    async def _connected(self) -> Any:
+        """The Temporal client, or None; a lazy ``connect`` connects here, once."""
+        if self.client is None and self._connector is not None:
+            connector, self._connector = self._connector, None
+            await connector()
+        return self.client
+
+    async def _temporal(self) -> Any:
+        if await self._connected() is None:
+            why = f" ({self.unreachable})" if self.unreachable else ""
             raise SessionError(
-                "temporal_unavailable", "this SessionClient was made without a Temporal client"
+                "temporal_unavailable", f"this SessionClient has no Temporal client{why}"
             )
         return self.client
 
@@ -331,36 +407,52 @@ class SessionClient:
         tool), recorded in the session's config. The keywords are ``SessionStart``'s fields (the
         one declaration of a new session's settings), with ``host`` and ``accept_timeout``.
         """
-        s = self.settings(host=host, wait_timeout=accept_timeout)
-        client = self._temporal()
+        try:
+            given = SessionStart.of(
+                workspace=workspace,
+                message=message,
+                script=script,
+                model=model,
+                policy=policy,
+                session_id=session_id,
+                system=system,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                step_timeout=step_timeout,
+                context_window=context_window,
+                context_reserve=context_reserve,
+                model_step_mode=model_step_mode,
+                max_steps=max_steps,
+                continue_as_new_after=continue_as_new_after,
+                continue_as_new_after_steps=continue_as_new_after_steps,
+                principal=principal,
+                on_behalf_of=on_behalf_of,
+                unhinged=unhinged,
+                offer=offer,
+                tool_mode=tool_mode,
+            )
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+        return await self.start_with(self.check_start(given, host=host), accept_timeout=accept_timeout)
+
+    def check_start(self, given: SessionStart, *, host: str | None = None) -> NewSession:
+        """Every refusal of a new session that needs no server (``start``'s), in the CLI's order,
+        with the policy and script files read once: the session about to start, for ``start_with``.
+        Nothing is written. ``host``: as in ``start``."""
+        try:
+            return new_session(self.settings(host=host), given)
+        except MakaError as exc:
+            raise SessionError.of(exc) from None
+
+    async def start_with(self, new: NewSession, *, accept_timeout: float | None = None) -> TurnStarted:
+        """Start the session ``check_start`` checked: its policy is recorded in the ledger, the
+        workspace marker written, the workflow started and the first message sent."""
+        from maka_temporal.workers.client.session_client import START_NEVER_HAPPENED, start_session
+
+        s = self.settings(wait_timeout=accept_timeout)
 
         async def go() -> TurnStarted:
-            new = new_session(
-                s,
-                SessionStart.of(
-                    workspace=workspace,
-                    message=message,
-                    script=script,
-                    model=model,
-                    policy=policy,
-                    session_id=session_id,
-                    system=system,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    step_timeout=step_timeout,
-                    context_window=context_window,
-                    context_reserve=context_reserve,
-                    model_step_mode=model_step_mode,
-                    max_steps=max_steps,
-                    continue_as_new_after=continue_as_new_after,
-                    continue_as_new_after_steps=continue_as_new_after_steps,
-                    principal=principal,
-                    on_behalf_of=on_behalf_of,
-                    unhinged=unhinged,
-                    offer=offer,
-                    tool_mode=tool_mode,
-                ),
-            )
+            client = await self._temporal()  # before anything is written: a refused connect leaves nothing
             with open_ledger(s.ledger, create=True) as store:
                 recorded = new.record(store)
             config = new.config
@@ -372,15 +464,8 @@ class SessionClient:
                     task_queue=s.task_queue,
                     message=new.message,
                     session_id=new.session_id,
-                    continue_as_new_after=config.continue_as_new_after_turns,
-                    continue_as_new_after_steps=config.continue_as_new_after_steps,
-                    model_step_mode=config.model_step_mode,
-                    max_steps_per_turn=config.max_steps_per_turn,
-                    step_timeout_s=config.model_step_timeout_s,
                     accept_timeout=s.wait_timeout,
                     refusals=True,
-                    host=config.host,
-                    host_wait_s=config.host_wait_s,
                     config=config,
                 )
             except MakaError as exc:
@@ -400,11 +485,13 @@ class SessionClient:
         """Send a message: one new turn (``maka session send``). A session whose execution closed
         after a clean turn gets a new execution built from its recorded config; one lost mid-turn
         is refused ``resume_required``."""
+        from maka_temporal.workers.client.session_client import describe_execution, send_message
+
         s = self.settings(wait_timeout=accept_timeout)
-        client = self._temporal()
 
         async def go() -> TurnStarted:
             text = check_message(message)
+            client = await self._temporal()
             if not (await describe_execution(client, session_id)).open:
                 await reopen(client, s, session_id)
             accepted = await send_message(
@@ -415,14 +502,23 @@ class SessionClient:
         return await _refusing(go())
 
     async def wait(
-        self, session_id: str, run_id: str | None = None, *, timeout: float | None = None
+        self,
+        session_id: str,
+        run_id: str | None = None,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[WaitProgress], None] | None = None,
     ) -> Status:
         """Wait until the turn ``run_id`` (default: the one running now) settles; its status.
-        ``wait_timeout`` when it takes longer than ``timeout`` (default ``MAKA_WAIT_TIMEOUT``)."""
+        ``wait_timeout`` when it takes longer than ``timeout`` (default ``MAKA_WAIT_TIMEOUT``).
+        ``on_progress`` hears the turn's state after each round of the long poll that did not
+        settle it (about every 10 s, and at each continue-as-new)."""
+        from maka_temporal.workers.client.session_client import query_status, wait_settled
+
         s = self.settings(wait_timeout=timeout)
-        client = self._temporal()
 
         async def go() -> Status:
+            client = await self._temporal()
             target = run_id
             if target is None:
                 now = await query_status(client, session_id)
@@ -430,7 +526,15 @@ class SessionClient:
                 if turn is None:
                     return await self.status(session_id)
                 target = turn.run_id
-            await wait_settled(client, session_id, target, timeout=s.wait_timeout, progress=False)
+            watched: str = target
+
+            def heard(state: str, elapsed: float) -> None:
+                if on_progress is not None:
+                    on_progress(
+                        WaitProgress(session_id=session_id, run_id=watched, state=state, elapsed_s=elapsed)
+                    )
+
+            await wait_settled(client, session_id, watched, timeout=s.wait_timeout, on_state=heard)
             return await self.status(session_id)
 
         return await _refusing(go())
@@ -446,20 +550,26 @@ class SessionClient:
             SessionError: ``turn_not_running``, ``turn_not_cancellable``, ``turn_not_cancelled``,
                 ``session_not_found``, ``temporal_unavailable``.
         """
-        client = self._temporal()
-        return await _refusing(turn_messages.cancel_turn(client, session_id, reason=reason, by=by))
+        from maka_temporal.workers.client import turn_messages
+
+        async def go() -> TurnCancelled:
+            return await turn_messages.cancel_turn(await self._temporal(), session_id, reason=reason, by=by)
+
+        return await _refusing(go())
 
     # --- reading -----------------------------------------------------------------------------
 
     async def status(self, session_id: str) -> Status:
         """State, turns and every tool call's facts (``maka session status``): the workflow's state
         while its execution is open, the ledger's otherwise (``notes`` says which)."""
-        return await _refusing(session_status(self.client, self.settings(), session_id))
+        async def go() -> Status:
+            client = await self._connected()
+            return await session_status(client, self.settings(), session_id, unreachable=self.unreachable)
+
+        return await _refusing(go())
 
     async def show(self, session_id: str) -> Transcript:
         """The transcript and events, from the ledger (``maka session show``)."""
-        from maka_core.facts import codec
-        from maka_core.runtime.session_view import transcript_lines
         s = self.settings()
 
         def read() -> Transcript:
@@ -545,7 +655,7 @@ class SessionClient:
 
         async def go() -> AuditAll:
             with open_ledger(s.ledger, create=False) as store:  # its refusals before Temporal's
-                client = self._temporal()
+                client = await self._temporal()
                 sessions = store.sessions() if session_ids is None else session_ids
                 problems = store.verify() if session_ids is None else None
                 results: list[AuditResult] = []
@@ -582,13 +692,16 @@ class SessionClient:
         by: str | None = None,
         reason: str | None = None,
     ) -> ApprovalAnswer:
+        from maka_temporal.workers.client import turn_messages
+
         ledger = self.settings().ledger
-        await asyncio.to_thread(check_session_known, ledger, session_id)
+        await asyncio.to_thread(check_session_known, ledger, session_id)  # before any connect
         sent = None
-        if self.client is not None:
+        client = await self._connected()
+        if client is not None:
             try:
                 sent = await turn_messages.answer_if_running(
-                    self.client, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
+                    client, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
                 )
             except MakaError as exc:
                 if exc.code != "temporal_unavailable":
@@ -624,8 +737,6 @@ class SessionClient:
     ) -> Resolution:
         """Record an operator's resolution of a parked operation (``maka session resolve``); then
         ``resume``."""
-        from maka_core.runtime.resolution import resolve_operation
-
         s = self.settings()
 
         def write() -> Resolution:
@@ -642,8 +753,6 @@ class SessionClient:
         ``maxTokensPerSession`` / ``maxTokensPerTurn`` -> the new cap), recorded with who and why;
         then terminate the parked execution and ``resume`` (a parked turn takes no ``send``).
         Refusals: ``usage_limits.raise_limit``."""
-        from maka_core.runtime.usage_limits import raise_limit
-
         s = self.settings()
 
         def write() -> LimitRaise:
@@ -675,15 +784,13 @@ class SessionClient:
             SessionError: ``config_invalid`` (both ``restore`` and ``rebaseline``), ``session_busy``,
                 ``session_not_found``, ``resume_not_needed``, ``continuation_already_exists``, ...
         """
-        # The one call that runs host work: the runtime and its tools load here, not for every client.
-        from maka_core.runtime import workspace_continuity
+        # The one call that runs host work: the runtime and its tools load here, not for every client
+        # (the only function-local imports of the client room; the CLI's are at its command boundary).
         from maka_temporal.workers.host.attempt_fence import AttemptFence
         from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
         from maka_temporal.workers.host.worker import default_runtime
 
         s = self.settings()
-        tools = self.check_local(tools=True)  # the local refusals first, as the CLI gives them
-        client = self._temporal()
 
         def say(kind: ProgressKind, message: str) -> None:
             if on_progress is None:
@@ -696,7 +803,14 @@ class SessionClient:
                 log.exception("resume %s: on_progress raised; the resume goes on", session_id)
 
         async def go() -> Resumed:
+            # The local refusals first (the tools, then the ledger, opened once), then Temporal's.
+            tools = self._workers_tools(s)
             store = open_ledger(s.ledger, create=False)
+            try:
+                client = await self._temporal()
+            except BaseException:
+                store.close()
+                raise
             rt = default_runtime(store, s.runtime_settings(), tools=tools)
             fence = AttemptFence(
                 client, rt.settings.tool_heartbeat_timeout_s, say=lambda m: say("attempt_fence", m)
@@ -718,7 +832,7 @@ class SessionClient:
                 if fence.waited:
                     out["attemptFenceS"] = round(fence.waited, 1)
                 if wait and out["decision"] == "continue":
-                    out = await wait_continued(client, rt, out)
+                    out = await wait_continued(client, rt, out, on_state=lambda state, _s: say("turn", state))
             finally:
                 rt.close()
                 store.close()
@@ -751,9 +865,7 @@ async def reopen(client: Any, s: MakaSettings, session_id: str) -> None:
     Raises:
         MakaError: ``session_not_found``, ``resume_required``, ``session_busy``.
     """
-    from maka_core.runtime.continuation import read_session
-    from maka_core.runtime.session_view import session_view
-    from maka_temporal.workflows.contracts import workflow_id_for
+    from maka_temporal.workers.client.session_client import start_execution
 
     try:
         store = open_ledger(s.ledger, create=False)
@@ -802,9 +914,7 @@ async def session_status(
 ) -> Status:
     """``SessionClient.status`` (and ``maka session status``): see there. ``unreachable``: why the
     caller has no client (the code of its failed connect), for the note."""
-    from maka_core.runtime.lost_run import session_record
-    from maka_core.runtime.session_view import session_view
-    from maka_temporal.workflows.contracts import workflow_id_for
+    from maka_temporal.workers.client.session_client import describe_execution, query_status
 
     status = None
     execution = None
@@ -852,8 +962,6 @@ async def session_status(
     resume_refusal = None
     if status is None and not view.turns:
         # Events without run headers (an imported ledger): resume refuses, and says so here too.
-        from maka_temporal.workers.host.resume import runs_missing
-
         refusal = runs_missing(session_id, view.event_count)
         resume_refusal = refusal.to_json()
         notes.append(f"maka: {refusal.code}: {refusal.message}")
@@ -915,9 +1023,6 @@ async def session_status(
 
 def _ledger_health(db: Any) -> dict[str, Any]:
     """Whether the ledger can take the next write (read-only, full), without writing to it."""
-    from maka_core.store.engine import database_url, sqlite_file
-    from maka_core.store.health import probe_path, probe_url
-
     url = database_url(db)
     file = sqlite_file(url)
     if file is not None:

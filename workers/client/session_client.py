@@ -13,75 +13,58 @@ worker that predates the Update answers with a failed Update; the wait then poll
 from __future__ import annotations
 
 import asyncio
-import sys
+import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any
 
-from maka_core.errors import ConfigError, MakaError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from maka_core.errors import MakaError
+from maka_core.providers.spec import ProviderSpec
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
-    STEP_TIMEOUT_BOUNDS_S,
-    ModelStepMode,
     SessionConfig,
-    ToolMode,
 )
 from maka_core.settings import load_settings
+from maka_core.workspace import Workspace
+from maka_temporal.workers.client.session_start import new_session_config
+from maka_temporal.workflows.contracts import (
+    RESUME_HOST,
+    SEND_MESSAGE,
+    STATUS_QUERY,
+    WAIT_SETTLED,
+    SendMessage,
+    SessionInput,
+    SessionStatus,
+    TurnAccepted,
+    WaitSettled,
+    workflow_id_for,
+)
+from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
 
-if TYPE_CHECKING:
-    from maka_core.providers.spec import ProviderSpec
+log = logging.getLogger("maka.wait")
 
 #: One round of the long poll, in seconds: the CLI re-attaches to the same Update after each.
 ROUND_S = 10.0
 #: How long the progress line waits for the state between rounds.
 PEEK_S = 2.0
-#: Lines in a log: one per state change, otherwise one every this many seconds.
-LOG_EVERY_S = 10.0
 
-
-class Progress:
-    """A self-updating Rich status line on a terminal; otherwise log lines on stderr."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.start = time.monotonic()
-        self._live: Any = None
-        self._last: tuple[str, float] = ("", -LOG_EVERY_S)
-        if enabled and sys.stderr.isatty():
-            from rich.console import Console
-
-            self._live = Console(stderr=True).status("waiting for the turn…")
-            self._live.start()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def show(self, state: str) -> None:
-        if not self.enabled:
-            return
-        elapsed = self.elapsed()
-        if self._live is not None:
-            self._live.update(f"[{elapsed:5.1f}s] {state}…")
-        elif state != self._last[0] or elapsed - self._last[1] >= LOG_EVERY_S:
-            print(f"[{elapsed:5.1f}s] {state}", file=sys.stderr, flush=True)
-            self._last = (state, elapsed)
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-    def done(self, state: str) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-        if self.enabled:
-            print(f"[{self.elapsed():5.1f}s] {state}", file=sys.stderr, flush=True)
+#: What a wait reports as it goes: the turn's state, and the seconds since the wait began.
+StateListener = Callable[[str, float], None]
 
 
 def settled(status: Any, run_id: str) -> bool:
@@ -93,80 +76,87 @@ def settled(status: Any, run_id: str) -> bool:
 
 
 async def wait_settled(
-    client: Any, session_id: str, run_id: str, *, timeout: float = 600.0, progress: bool = True
+    client: Any,
+    session_id: str,
+    run_id: str,
+    *,
+    timeout: float = 600.0,
+    on_state: StateListener | None = None,
 ) -> Any:
     """Wait until the turn ``run_id`` has settled (idle, parked or failed); returns SessionStatus.
 
     One ``wait_settled`` Update per workflow execution, re-attached by its id after each bounded
     round: a round adds nothing to the workflow's history, only the Update itself does.
+    ``on_state`` hears the state after each round that did not settle (``waiting for a worker``
+    while no worker answers); a listener that raises is logged and the wait goes on.
 
     Raises:
         MakaError: ``wait_timeout`` (the session keeps running), ``session_not_found``,
             ``temporal_unavailable``.
     """
-    from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
-    from temporalio.service import RPCError, RPCStatusCode
+    began = time.monotonic()
+    deadline = began + timeout
 
-    from maka_temporal.workflows.contracts import WAIT_SETTLED, SessionStatus, WaitSettled, workflow_id_for
+    def show(now: str) -> None:
+        if on_state is None:
+            return
+        try:
+            on_state(now, time.monotonic() - began)
+        except Exception:  # a caller's broken listener must not end the wait
+            log.exception("wait %s: on_state raised; the wait goes on", run_id)
 
-    shown = Progress(progress)
-    deadline = time.monotonic() + timeout
     use_query = False
     not_found = 0
     state = "waiting for a worker"
     update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise MakaError(
-                    "wait_timeout",
-                    f"turn {run_id} did not settle in {timeout:.0f}s ({state}); the session continues",
-                    sessionId=session_id,
-                    runId=run_id,
-                    state=state,
-                )
-            handle = client.get_workflow_handle(workflow_id_for(session_id))
-            round_s = min(ROUND_S, remaining)
-            try:
-                if use_query:
-                    status = await asyncio.wait_for(query_status(client, session_id), round_s)
-                else:
-                    # The same id re-attaches to the Update a previous round left waiting.
-                    status = await asyncio.wait_for(
-                        handle.execute_update(
-                            WAIT_SETTLED, WaitSettled(run_id=run_id), id=update_id, result_type=SessionStatus
-                        ),
-                        round_s,
-                    )
-            except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-                state = await _peek_state(client, session_id)
-                shown.show(state)
-                continue
-            except WorkflowUpdateFailedError:
-                use_query = True  # a worker without the Update: poll its status Query instead
-                continue
-            except RPCError as exc:
-                # NOT_FOUND between two executions of a continue-as-new is brief; for longer, it is gone.
-                if exc.status == RPCStatusCode.NOT_FOUND and not_found < 3:
-                    not_found += 1
-                    await asyncio.sleep(0.2)
-                    continue
-                if exc.status == RPCStatusCode.NOT_FOUND:
-                    raise MakaError("session_not_found", str(exc), sessionId=session_id) from None
-                raise MakaError("temporal_unavailable", str(exc), sessionId=session_id) from None
-            not_found = 0
-            state = status.state
-            if settled(status, run_id):
-                shown.done(state)
-                return status
-            shown.show(state)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MakaError(
+                "wait_timeout",
+                f"turn {run_id} did not settle in {timeout:.0f}s ({state}); the session continues",
+                sessionId=session_id,
+                runId=run_id,
+                state=state,
+            )
+        handle = client.get_workflow_handle(workflow_id_for(session_id))
+        round_s = min(ROUND_S, remaining)
+        try:
             if use_query:
+                status = await asyncio.wait_for(query_status(client, session_id), round_s)
+            else:
+                # The same id re-attaches to the Update a previous round left waiting.
+                status = await asyncio.wait_for(
+                    handle.execute_update(
+                        WAIT_SETTLED, WaitSettled(run_id=run_id), id=update_id, result_type=SessionStatus
+                    ),
+                    round_s,
+                )
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            state = await _peek_state(client, session_id)
+            show(state)
+            continue
+        except WorkflowUpdateFailedError:
+            use_query = True  # a worker without the Update: poll its status Query instead
+            continue
+        except RPCError as exc:
+            # NOT_FOUND between two executions of a continue-as-new is brief; for longer, it is gone.
+            if exc.status == RPCStatusCode.NOT_FOUND and not_found < 3:
+                not_found += 1
                 await asyncio.sleep(0.2)
-            else:  # answered unsettled: the execution continued as new; wait on the next one
-                update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
-    finally:
-        shown.close()
+                continue
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise MakaError("session_not_found", str(exc), sessionId=session_id) from None
+            raise MakaError("temporal_unavailable", str(exc), sessionId=session_id) from None
+        not_found = 0
+        state = status.state
+        if settled(status, run_id):
+            return status
+        show(state)
+        if use_query:
+            await asyncio.sleep(0.2)
+        else:  # answered unsettled: the execution continued as new; wait on the next one
+            update_id = f"wait-{run_id}-{uuid.uuid4().hex[:8]}"
 
 
 async def _peek_state(client: Any, session_id: str) -> str:
@@ -178,70 +168,6 @@ async def _peek_state(client: Any, session_id: str) -> str:
 
 
 # --- start, send, query --------------------------------------------------------------------------
-
-
-def check_step_timeout(seconds: float) -> float:
-    """A new session's model-step timeout, within ``STEP_TIMEOUT_BOUNDS_S``.
-
-    Raises:
-        ConfigError: ``config_invalid`` (``setting`` = ``step_timeout_s``).
-    """
-    low, high = STEP_TIMEOUT_BOUNDS_S
-    if not low <= seconds <= high:
-        raise ConfigError(
-            "config_invalid", f"the step timeout is {low:g}..{high:g} seconds", setting="step_timeout_s"
-        )
-    return seconds
-
-
-def new_session_config(
-    provider: Any,
-    *,
-    model_step_mode: str = "with_tool",
-    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-    max_steps_per_turn: int = DEFAULT_MAX_STEPS_PER_TURN,
-    continue_as_new_after_turns: int | None = None,
-    continue_as_new_after_steps: int | None = None,
-    host: str | None = None,
-    host_wait_s: float | None = None,
-    tool_mode: str = NEW_SESSION_TOOL_MODE,
-) -> SessionConfig:
-    """The config of a session being started now, every value checked (a recorded config is taken
-    as it was written; this is where a new one enters).
-
-    Raises:
-        ConfigError: ``provider_spec_invalid``; ``config_invalid`` naming the setting.
-    """
-    from maka_core.providers.spec import new_session_spec
-
-    spec = new_session_spec(provider)  # provider_spec_invalid before anything starts
-    check_step_timeout(step_timeout_s)
-    modes: tuple[ModelStepMode, ...] = get_args(ModelStepMode)  # the one declaration of the set
-    if model_step_mode not in modes:
-        raise ConfigError("config_invalid", f"model_step_mode is one of {modes}", setting="model_step_mode")
-    for name, value in (
-        ("max_steps_per_turn", max_steps_per_turn),
-        ("continue_as_new_after_turns", continue_as_new_after_turns),
-        ("continue_as_new_after_steps", continue_as_new_after_steps),
-    ):
-        if value is not None and value < 1:
-            raise ConfigError("config_invalid", f"{name} is at least 1", setting=name)
-    if host_wait_s is not None and host_wait_s <= 0:
-        raise ConfigError("config_invalid", "the host wait is positive", setting="host_wait_s")
-    tool_modes: tuple[ToolMode, ...] = get_args(ToolMode)
-    if tool_mode not in tool_modes:
-        raise ConfigError("config_invalid", f"tool_mode is one of {tool_modes}", setting="tool_mode")
-    return SessionConfig(
-        tool_mode=tool_mode,
-        provider=spec,
-        model_step_mode=model_step_mode,
-        model_step_timeout_s=step_timeout_s,
-        max_steps_per_turn=max_steps_per_turn,
-        continue_as_new_after_turns=continue_as_new_after_turns,
-        continue_as_new_after_steps=continue_as_new_after_steps,
-        host=host,
-        host_wait_s=host_wait_s if host else None,
-    )
 
 
 async def start_session(
@@ -286,14 +212,6 @@ async def start_session(
             session keeps it), workspace codes; with ``refusals`` also ``session_exists`` and the
             codes of ``send_message``.
     """
-    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-    from temporalio.service import RPCError
-
-    from maka_core.workspace import Workspace
-    from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
-    from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
-
     # ``config``: one checked already (``workers.client.session_start``: with the policy digest), taken whole.
     config = config or new_session_config(
         provider,
@@ -364,10 +282,6 @@ async def send_message(
         MakaError: ``wait_timeout``; with ``refusals``, also the validator's refusal
             (``session_parked``, ``turn_in_flight``...), ``session_not_found``, ``temporal_unavailable``.
     """
-    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
-
-    from maka_temporal.workflows.contracts import SEND_MESSAGE, SendMessage, TurnAccepted, workflow_id_for
-
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     update = handle.execute_update(SEND_MESSAGE, SendMessage(text=message), result_type=TurnAccepted)
     try:
@@ -396,25 +310,17 @@ async def send_message(
 async def resume_host(client: Any, session_id: str) -> Any:
     """Tell a session parked with ``workspace_host_unavailable`` that its host is back (the
     ``resume_host`` Update); returns its status. Raises the Update's failure (``NotParkedOnHost``)."""
-    from maka_temporal.workflows.contracts import RESUME_HOST, SessionStatus, workflow_id_for
-
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     return await handle.execute_update(RESUME_HOST, result_type=SessionStatus)
 
 
 async def query_status(client: Any, session_id: str) -> Any:
-    from maka_temporal.workflows.contracts import STATUS_QUERY, SessionStatus, workflow_id_for
-
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     return await handle.query(STATUS_QUERY, result_type=SessionStatus)
 
 
 def update_error(exc: BaseException) -> tuple[str, str]:
     """A stable snake_case code for an Update or RPC failure."""
-    from temporalio.client import WorkflowUpdateFailedError
-    from temporalio.exceptions import ApplicationError
-    from temporalio.service import RPCError, RPCStatusCode
-
     # The validator's refusal types (SessionParked -> session_parked, TurnInFlight ->
     # turn_in_flight, ...) and the server's answers.
     if isinstance(exc, WorkflowUpdateFailedError) and isinstance(exc.cause, ApplicationError):
@@ -437,8 +343,6 @@ def start_refusal(exc: Any, namespace: str, session_id: str) -> MakaError:
     The namespace must exist and carry maka's search attributes (``deploy/README.md``); anything
     else the server answers is ``temporal_unavailable``.
     """
-    from temporalio.service import RPCStatusCode
-
     text = str(exc)
     if exc.status == RPCStatusCode.NOT_FOUND:
         return MakaError(
@@ -496,11 +400,6 @@ async def describe_execution(client: Any, session_id: str) -> Execution:
     Raises:
         MakaError: ``temporal_unavailable``.
     """
-    from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     try:
         desc = await client.get_workflow_handle(workflow_id_for(session_id)).describe()
     except RPCError as exc:
@@ -541,13 +440,6 @@ async def start_execution(
     Raises:
         MakaError: ``session_busy`` (an execution is open), ``temporal_unavailable``.
     """
-    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-    from temporalio.service import RPCError
-
-    from maka_temporal.workflows.contracts import SessionInput, workflow_id_for
-    from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
-
     inp = SessionInput(
         session_id=session_id,
         workspace=workspace,

@@ -11,36 +11,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.facts.session_id import check_session_id
+from maka_core.providers.scripted import ScriptedProvider
+from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec, model_spec, new_session_spec
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
+    STEP_TIMEOUT_BOUNDS_S,
+    ModelStepMode,
     SessionConfig,
+    ToolMode,
 )
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import sqlite_file
 from maka_core.tools.offer import parse_tool_set
-from maka_core.workspace import check_workspace_location
+from maka_core.workspace import Workspace, check_workspace_location
 from maka_temporal.workers.client.ledger import ensure_utf8
 from maka_temporal.workers.client.policy import SessionPolicy, session_policy
-from maka_temporal.workers.client.session_client import check_step_timeout, new_session_config
-
-if TYPE_CHECKING:
-    from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec
-    from maka_temporal.workflows.contracts import SessionInput
+from maka_temporal.workflows.contracts import SessionInput
 
 __all__ = [
     "MAX_SYSTEM_BYTES",
     "NewSession",
     "SessionStart",
     "check_message",
+    "check_step_timeout",
     "new_session",
+    "new_session_config",
     "provider_spec",
     "system_prompt",
 ]
@@ -98,9 +101,6 @@ def provider_spec(
     context_reserve: int | None = None,
 ) -> ScriptSpec | OpenAISpec | AnthropicSpec:
     """The provider of a new session: a script (checked whole) or ``PROVIDER:NAME``."""
-    from maka_core.providers.scripted import ScriptedProvider
-    from maka_core.providers.spec import ScriptSpec, model_spec
-
     if script is not None and model is not None:
         raise ConfigError("config_invalid", "give either --script or --model")
     if script is not None:
@@ -154,6 +154,68 @@ def check_workspace(path: Path, s: MakaSettings) -> Path:
     return path
 
 
+def check_step_timeout(seconds: float) -> float:
+    """A new session's model-step timeout, within ``STEP_TIMEOUT_BOUNDS_S``.
+
+    Raises:
+        ConfigError: ``config_invalid`` (``setting`` = ``step_timeout_s``).
+    """
+    low, high = STEP_TIMEOUT_BOUNDS_S
+    if not low <= seconds <= high:
+        raise ConfigError(
+            "config_invalid", f"the step timeout is {low:g}..{high:g} seconds", setting="step_timeout_s"
+        )
+    return seconds
+
+
+def new_session_config(
+    provider: Any,
+    *,
+    model_step_mode: str = "with_tool",
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    max_steps_per_turn: int = DEFAULT_MAX_STEPS_PER_TURN,
+    continue_as_new_after_turns: int | None = None,
+    continue_as_new_after_steps: int | None = None,
+    host: str | None = None,
+    host_wait_s: float | None = None,
+    tool_mode: str = NEW_SESSION_TOOL_MODE,
+) -> SessionConfig:
+    """The config of a session being started now, every value checked (a recorded config is taken
+    as it was written; this is where a new one enters).
+
+    Raises:
+        ConfigError: ``provider_spec_invalid``; ``config_invalid`` naming the setting.
+    """
+    spec = new_session_spec(provider)  # provider_spec_invalid before anything starts
+    check_step_timeout(step_timeout_s)
+    modes: tuple[ModelStepMode, ...] = get_args(ModelStepMode)  # the one declaration of the set
+    if model_step_mode not in modes:
+        raise ConfigError("config_invalid", f"model_step_mode is one of {modes}", setting="model_step_mode")
+    for name, value in (
+        ("max_steps_per_turn", max_steps_per_turn),
+        ("continue_as_new_after_turns", continue_as_new_after_turns),
+        ("continue_as_new_after_steps", continue_as_new_after_steps),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError("config_invalid", f"{name} is at least 1", setting=name)
+    if host_wait_s is not None and host_wait_s <= 0:
+        raise ConfigError("config_invalid", "the host wait is positive", setting="host_wait_s")
+    tool_modes: tuple[ToolMode, ...] = get_args(ToolMode)
+    if tool_mode not in tool_modes:
+        raise ConfigError("config_invalid", f"tool_mode is one of {tool_modes}", setting="tool_mode")
+    return SessionConfig(
+        tool_mode=tool_mode,
+        provider=spec,
+        model_step_mode=model_step_mode,
+        model_step_timeout_s=step_timeout_s,
+        max_steps_per_turn=max_steps_per_turn,
+        continue_as_new_after_turns=continue_as_new_after_turns,
+        continue_as_new_after_steps=continue_as_new_after_steps,
+        host=host,
+        host_wait_s=host_wait_s if host else None,
+    )
+
+
 @dataclass(frozen=True)
 class NewSession:
     """A session about to start, every input checked; nothing of it is written yet."""
@@ -174,9 +236,6 @@ class NewSession:
 
     def session_input(self, task_queue: str) -> SessionInput:
         """The workflow input; writes the workspace marker (``Workspace.open``)."""
-        from maka_core.workspace import Workspace
-        from maka_temporal.workflows.contracts import SessionInput
-
         ws = Workspace.open(self.workspace, create=True)
         return SessionInput(
             session_id=self.session_id,

@@ -26,24 +26,31 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from temporalio.client import WorkflowUpdateFailedError
+
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import workspace_continuity
-from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session
+from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session, runs_missing
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import Binder, in_flight_operations, settle_lost_run
+from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import load_settings as settings
 from maka_core.tools import tool_catalog
 from maka_temporal.workers.client.session_client import (
     Execution,
+    StateListener,
     describe_execution,
+    query_status,
     start_execution,
     wait_settled,
 )
+from maka_temporal.workers.client.session_client import resume_host as send_resume_host
 from maka_temporal.workers.host.attempt_fence import AttemptFence
+from maka_temporal.workflows.contracts import workflow_id_for
 
 log = logging.getLogger("maka.resume")
 
@@ -130,8 +137,6 @@ def lost_sessions(store: Any) -> list[str]:
     """Sessions whose latest run was closed by a repair (its execution was lost mid-turn) or is
     a claimed continuation that never ran: the candidates of an auto-resume, read after startup
     repair. Headers first; one event read per candidate."""
-    from maka_core.runtime.resolution import is_resolution_run
-
     latest: dict[str, Any] = {}
     for run in store.list_runs():
         if is_resolution_run(run.run_id):
@@ -155,18 +160,6 @@ def lost_sessions(store: Any) -> list[str]:
         if unstarted_continuation or (isinstance(delta, dict) and delta.get("recovered")):
             out.append(session_id)
     return out
-
-
-def runs_missing(session_id: str, events: int) -> MakaError:
-    """A session with events and no run header (a ``ledger import`` of events alone): nothing
-    says which run ran where, so there is no run to continue. ``session status`` says the same."""
-    return MakaError(
-        "session_runs_missing",
-        f"session {session_id} has {events} events but no run headers (an imported ledger): "
-        f"there is no run to resume; `maka ledger plan --session {session_id}` plans its events",
-        sessionId=session_id,
-        eventCount=events,
-    )
 
 
 def _record_park(rt: Runtime, decision: ResumeDecision) -> None:
@@ -209,8 +202,6 @@ async def resume_lost_session(
             open execution, whose parked turn would go on over an edited row; a closed one parks
             with that reason instead).
     """
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     workflow_id = workflow_id_for(session_id)
     lost_at = time.monotonic()
     execution = await describe_execution(client, session_id)
@@ -383,9 +374,6 @@ async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]
     messages; nothing in it will move again, so the way on is to terminate it and resume from the
     ledger (after ``maka session resolve`` when the park needs a human's word).
     """
-    from maka_temporal.workers.client.session_client import query_status
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     try:
         status = await query_status(client, session_id)
     except Exception:  # the refusal stands without the hint
@@ -412,12 +400,6 @@ async def resume_on_host(
     still away, the session parks again after its host wait; it never runs elsewhere. Returns
     None when the execution is not parked on its host (the caller refuses ``session_busy``).
     """
-    from temporalio.client import WorkflowUpdateFailedError
-
-    from maka_temporal.workers.client.session_client import query_status
-    from maka_temporal.workers.client.session_client import resume_host as send_resume_host
-    from maka_temporal.workflows.contracts import workflow_id_for
-
     try:
         status = await query_status(client, session_id)
     except Exception:  # an execution that cannot answer is busy as far as resume goes
@@ -450,13 +432,18 @@ async def resume_on_host(
 
 
 async def wait_continued(
-    client: Any, rt: Runtime, out: dict[str, Any], announce: Announce = _quiet
+    client: Any,
+    rt: Runtime,
+    out: dict[str, Any],
+    announce: Announce = _quiet,
+    on_state: StateListener | None = None,
 ) -> dict[str, Any]:
-    """Wait for the continued turn to settle; ``state`` becomes its settled state."""
-    from maka_temporal.workflows.contracts import workflow_id_for
-
+    """Wait for the continued turn to settle; ``state`` becomes its settled state. ``on_state``
+    hears its state while it runs (``wait_settled``)."""
     session_id = out["sessionId"]
-    status = await wait_settled(client, session_id, out["continuationRunId"], timeout=settings().wait_timeout)
+    status = await wait_settled(
+        client, session_id, out["continuationRunId"], timeout=settings().wait_timeout, on_state=on_state
+    )
     state = str(status.state)
     ids = {"sessionId": session_id, "continuationRunId": out["continuationRunId"]}
     if state == "idle":
@@ -489,7 +476,6 @@ __all__ = [
     "lost_sessions",
     "resume_lost_session",
     "resume_on_host",
-    "runs_missing",
     "settle_lost_runs",
     "wait_continued",
 ]

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -393,11 +394,10 @@ class Telemetry:
     def from_env(cls, metrics_port: int | None, metrics_host: str = "127.0.0.1") -> Telemetry:
         """The CLI's telemetry: traces over OTLP/HTTP when the standard ``OTEL_EXPORTER_OTLP_*``
         endpoint variables are set, metrics on ``metrics_host:metrics_port``."""
-        import os
-
         exporter: SpanExporter | None = None
         endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if any(os.environ.get(name) for name in endpoints):
+            # The OTLP exporter loads only when an endpoint is configured.
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter()

@@ -26,6 +26,7 @@ from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.policy import Policy
 from maka_core.runtime import workspace_continuity
+from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
@@ -92,7 +93,6 @@ def _pinned_elsewhere(store: LedgerStore, session_id: str, host: str | None) -> 
     """The session is pinned to another workspace host than ``host`` (its record says so)."""
     if host is None:
         return False
-    from maka_core.runtime.lost_run import session_record
 
     record = session_record(store.events(session_id=session_id))
     return record is not None and record.config.host is not None and record.config.host != host
@@ -268,6 +268,7 @@ def default_runtime(
     )
     served: Mapping[str, Tool] = with_tools(builtin, tools)
     if settings.mcp_config is not None:
+        # The MCP SDK (1.5 s of start-up) loads only for a worker given an MCP config.
         from maka_core.tools.mcp.adapter import McpToolset
         from maka_core.tools.mcp.servers import McpServers
 

@@ -57,11 +57,12 @@ _PUBLIC: dict[str, str] = {
     "MakaPlugin": "maka_temporal.workers.host.plugin",
     "SessionResult": "maka_temporal.workflows.child",
     "NewSession": "maka_temporal.workers.client.session_start",
+    "SessionClient": "maka_temporal.workers.client.session_api",
     "SessionStart": "maka_temporal.workers.client.session_start",
     "TurnCancelled": "maka_temporal.workflows.contracts",
     "connect": "maka_temporal.workers.client.connect",
     **{
-        name: "maka_temporal.workers.client.session_api"
+        name: "maka_temporal.workers.client.answers"
         for name in (
             "ApprovalAnswer",
             "AuditAll",
@@ -71,7 +72,6 @@ _PUBLIC: dict[str, str] = {
             "Resolution",
             "ResumeProgress",
             "Resumed",
-            "SessionClient",
             "SessionError",
             "Status",
             "Transcript",
@@ -83,8 +83,7 @@ _PUBLIC: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from maka_temporal.workers.client.connect import connect
-    from maka_temporal.workers.client.session_api import (
+    from maka_temporal.workers.client.answers import (
         ApprovalAnswer,
         AuditAll,
         AuditResult,
@@ -93,7 +92,6 @@ if TYPE_CHECKING:
         Resolution,
         Resumed,
         ResumeProgress,
-        SessionClient,
         SessionError,
         Status,
         Transcript,
@@ -101,6 +99,8 @@ if TYPE_CHECKING:
         TurnStarted,
         WaitProgress,
     )
+    from maka_temporal.workers.client.connect import connect
+    from maka_temporal.workers.client.session_api import SessionClient
     from maka_temporal.workers.client.session_start import NewSession, SessionStart
     from maka_temporal.workers.host.plugin import MakaPlugin
     from maka_temporal.workflows.child import SessionResult

@@ -18,7 +18,8 @@ from maka_temporal.workers.cli.base import (
     run_async,
     temporal_options,
 )
-from maka_temporal.workers.client.session_api import ResumeProgress, SessionClient
+from maka_temporal.workers.client.answers import ResumeProgress
+from maka_temporal.workers.client.session_api import SessionClient
 
 __all__ = ["cmd_resume"]
 

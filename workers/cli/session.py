@@ -42,7 +42,8 @@ from maka_temporal.workers.cli.base import (
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
-from maka_temporal.workers.client.session_api import SessionClient, Status, TurnStarted
+from maka_temporal.workers.client.answers import Status, TurnStarted
+from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_start import SessionStart
 from maka_temporal.workflows.contracts import workflow_id_for
 

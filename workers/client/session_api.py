@@ -24,9 +24,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal
 
 from maka_core.errors import MakaError
 from maka_core.facts import codec
@@ -46,204 +44,42 @@ from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.health import probe_path, probe_url
 from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools, with_tools
+from maka_temporal.workers.client.answers import (
+    ApprovalAnswer,
+    AuditAll,
+    AuditResult,
+    Decision,
+    FollowKind,
+    FollowLine,
+    LimitRaise,
+    Operation,
+    ProgressKind,
+    Resolution,
+    Resumed,
+    ResumeProgress,
+    SessionError,
+    Status,
+    Transcript,
+    TurnInfo,
+    TurnStarted,
+    WaitProgress,
+    refusing,
+)
 from maka_temporal.workers.client.ledger import open_ledger, session_events
 from maka_temporal.workers.client.policy import answer_approval, check_session_known, governance_status
 from maka_temporal.workers.client.session_follow import follow as follow_ledger
 from maka_temporal.workers.client.session_start import NewSession, SessionStart, check_message, new_session
 from maka_temporal.workflows.contracts import TurnCancelled, workflow_id_for
 
-__all__ = [
-    "ApprovalAnswer",
-    "AuditAll",
-    "AuditResult",
-    "FollowLine",
-    "Operation",
-    "Resolution",
-    "ResumeProgress",
-    "Resumed",
-    "SessionClient",
-    "SessionError",
-    "Status",
-    "Transcript",
-    "TurnInfo",
-    "TurnStarted",
-    "WaitProgress",
-]
+__all__ = ["SessionClient", "reopen", "session_status"]
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 #: How long an abandoned ``follow`` waits for its reader thread to end (one ledger read).
 FOLLOW_JOIN_S = 5.0
 
 
-class SessionError(MakaError):
-    """A refusal of ``SessionClient`` (and of ``MakaPlugin``): ``.code`` is the stable code the CLI
-    prints (``session_not_found``, ``config_invalid``, ``approval_phrase_mismatch``...)."""
-
-    default_code = "session_refused"
-
-    @classmethod
-    def of(cls, exc: MakaError) -> SessionError:
-        return exc if isinstance(exc, SessionError) else cls(exc.code, exc.message, **exc.detail)
-
-
-async def _refusing(call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except SessionError:
-        raise
-    except MakaError as exc:
-        raise SessionError.of(exc) from None
-    except RuntimeError as exc:
-        # A lazy client (``Client.connect(..., lazy=True)``) connects on first use; the SDK's
-        # bridge reports a refused connection this way.
-        if "client connect" not in str(exc):
-            raise
-        raise SessionError("temporal_unavailable", f"no Temporal server answers: {exc}") from None
-
-
-class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class TurnStarted(_Answer):
-    """A message the session accepted: the turn it started."""
-
-    session_id: str
-    turn_id: str
-    run_id: str
-    invocation_id: str
-
-
-class TurnInfo(_Answer):
-    turn_id: str
-    run_id: str
-    status: str
-    park_reason: str | None = None
-
-
-class Operation(_Answer):
-    """One tool call's facts, from the ledger."""
-
-    operation_id: str | None
-    tool_call_id: str
-    tool_name: str | None
-    run_id: str
-    status: str
-    reason: str
-    is_error: bool
-
-
-class Status(_Answer):
-    """A session's state (``idle``, ``running``, ``parked``, ``failed``, ``awaiting_approval``), its
-    turns and tool calls."""
-
-    session_id: str
-    state: str
-    park_reason: str | None = None
-    turns: tuple[TurnInfo, ...] = ()
-    operations: tuple[Operation, ...] = ()
-    pending_approvals: tuple[dict[str, Any], ...] = ()
-    config: dict[str, Any] | None = None
-    host: str | None = None
-    execution_status: str | None = None
-    #: What the answer could not learn from Temporal (read from the ledger instead), one line each.
-    notes: tuple[str, ...] = ()
-    #: The object ``maka session status --json`` prints.
-    raw: dict[str, Any]
-
-
-class Transcript(_Answer):
-    session_id: str
-    lines: tuple[str, ...]
-    events: tuple[dict[str, Any], ...]
-
-
-class ApprovalAnswer(_Answer):
-    session_id: str
-    approval_id: str
-    decision: str
-    operation_id: str | None = None
-    raw: dict[str, Any]
-
-
-class Resolution(_Answer):
-    session_id: str
-    operation_id: str
-    decision: str
-    raw: dict[str, Any]
-
-
-class LimitRaise(_Answer):
-    """A recorded limit raise: ``caps`` (policy field -> new cap) and the whole payload."""
-
-    session_id: str
-    caps: dict[str, int]
-    raw: dict[str, Any]
-
-
-class Resumed(_Answer):
-    """``decision``: ``continue`` (a continuation runs) or ``park``."""
-
-    session_id: str
-    decision: str
-    state: str | None = None
-    park_reason: str | None = None
-    raw: dict[str, Any]
-
-
-ProgressKind = Literal["workspace", "attempt_fence", "turn"]
-
-
-class ResumeProgress(_Answer):
-    """One step of ``resume`` as it happens: ``workspace`` (the workspace choice it committed),
-    ``attempt_fence`` (the wait until a lost run's old tool attempt cannot still be running) or,
-    with ``wait``, ``turn`` (the continued turn's state while it runs; ``message`` is the state)."""
-
-    session_id: str
-    kind: ProgressKind
-    message: str
-
-
-class WaitProgress(_Answer):
-    """A turn's state while ``wait`` waits for it (``waiting for a worker`` while no worker
-    answers), and the seconds since the wait began."""
-
-    session_id: str
-    run_id: str
-    state: str
-    elapsed_s: float
-
-
-FollowKind = Literal["transcript", "event"]
-
-
-class FollowLine(_Answer):
-    """One line ``follow`` read: a ``transcript`` line, or one ``event``'s canonical JSON."""
-
-    session_id: str
-    kind: FollowKind
-    text: str
-
-
 class _FollowStopped(Exception):
     """The reader of ``follow`` went away: its ledger thread ends."""
-
-
-class AuditResult(_Answer):
-    session_id: str
-    ok: bool
-    raw: dict[str, Any]
-
-
-class AuditAll(_Answer):
-    """Every session's audit; ``ok`` when none drifted."""
-
-    ok: bool
-    sessions: tuple[AuditResult, ...]
-
-
-Decision = Literal["applied", "not_applied", "abandon"]
 
 
 class SessionClient:
@@ -477,7 +313,7 @@ class SessionClient:
                 raise
             return _started(sid, accepted)
 
-        return await _refusing(go())
+        return await refusing(go())
 
     async def send(
         self, session_id: str, message: str, *, accept_timeout: float | None = None
@@ -499,7 +335,7 @@ class SessionClient:
             )
             return _started(session_id, accepted)
 
-        return await _refusing(go())
+        return await refusing(go())
 
     async def wait(
         self,
@@ -537,7 +373,7 @@ class SessionClient:
             await wait_settled(client, session_id, watched, timeout=s.wait_timeout, on_state=heard)
             return await self.status(session_id)
 
-        return await _refusing(go())
+        return await refusing(go())
 
     async def cancel(
         self, session_id: str, *, reason: str | None = None, by: str | None = None
@@ -555,7 +391,7 @@ class SessionClient:
         async def go() -> TurnCancelled:
             return await turn_messages.cancel_turn(await self._temporal(), session_id, reason=reason, by=by)
 
-        return await _refusing(go())
+        return await refusing(go())
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -566,7 +402,7 @@ class SessionClient:
             client = await self._connected()
             return await session_status(client, self.settings(), session_id, unreachable=self.unreachable)
 
-        return await _refusing(go())
+        return await refusing(go())
 
     async def show(self, session_id: str) -> Transcript:
         """The transcript and events, from the ledger (``maka session show``)."""
@@ -580,7 +416,7 @@ class SessionClient:
                 events=tuple(json.loads(codec.encode(e)) for e in events),
             )
 
-        return await _refusing(asyncio.to_thread(read))
+        return await refusing(asyncio.to_thread(read))
 
     async def follow(
         self, session_id: str, run_id: str | None = None, *, as_json: bool = False
@@ -664,7 +500,7 @@ class SessionClient:
                     results.append(AuditResult(session_id=sid, ok=report.ok, raw=report.to_json()))
             return AuditAll(ok=all(r.ok for r in results), sessions=tuple(results))
 
-        return await _refusing(go())
+        return await refusing(go())
 
     # --- operators ---------------------------------------------------------------------------
 
@@ -674,13 +510,13 @@ class SessionClient:
         """Approve a pending tool call with its challenge phrase (``maka session approve``): the
         ``approve`` Update while the session's execution runs (its turn wakes at once), else the
         ledger alone takes the answer. The decision is a ledger fact first either way."""
-        return await _refusing(self._answer(session_id, approval_id, allow=True, phrase=phrase, by=by))
+        return await refusing(self._answer(session_id, approval_id, allow=True, phrase=phrase, by=by))
 
     async def deny(
         self, session_id: str, approval_id: str, *, by: str | None = None, reason: str | None = None
     ) -> ApprovalAnswer:
         """Deny a pending tool call (``maka session deny``): the ``deny`` Update, or the ledger."""
-        return await _refusing(self._answer(session_id, approval_id, allow=False, by=by, reason=reason))
+        return await refusing(self._answer(session_id, approval_id, allow=False, by=by, reason=reason))
 
     async def _answer(
         self,
@@ -744,7 +580,7 @@ class SessionClient:
                 done = resolve_operation(store, session_id, operation_id, decision, by, reason)
             return Resolution(session_id=session_id, operation_id=operation_id, decision=decision, raw=done)
 
-        return await _refusing(asyncio.to_thread(write))
+        return await refusing(asyncio.to_thread(write))
 
     async def raise_limit(
         self, session_id: str, *, caps: Mapping[str, int], by: str, reason: str
@@ -760,7 +596,7 @@ class SessionClient:
                 done = raise_limit(store, session_id, caps=caps, raised_by=by, reason=reason)
             return LimitRaise(session_id=session_id, caps=dict(done["caps"]), raw=done)
 
-        return await _refusing(asyncio.to_thread(write))
+        return await refusing(asyncio.to_thread(write))
 
     async def resume(
         self,
@@ -844,7 +680,7 @@ class SessionClient:
                 raw=out,
             )
 
-        return await _refusing(go())
+        return await refusing(go())
 
 
 def _started(session_id: str, accepted: Any) -> TurnStarted:

@@ -45,7 +45,7 @@ from maka_core.store.writer import LedgerStore
 from maka_core.tools import FunctionTool
 from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
-from maka_temporal.workers.client.session_api import SessionError
+from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.host.ledger_guard import check_queue, watch, worker_identity
 from maka_temporal.workers.host.telemetry import Telemetry
 from maka_temporal.workers.host.worker import (

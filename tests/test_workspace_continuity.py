@@ -277,6 +277,39 @@ def test_rebaseline_commits_a_new_epoch_and_the_session_continues_with_a_note(
     assert texts[-1] == note  # the model is told which paths to re-read
 
 
+def test_an_operator_choice_commits_its_fact_and_its_run_header_in_one_transaction(
+    rt: Runtime, repo: Workspace, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The choice's run has no workflow to begin it: its header is written with its one fact, as a
+    resolution's and a limit raise's are (``resolution.operator_fact``). Were the header a second
+    write, a kill between the two would leave ``run_header_missing``: here the second write fails
+    instead, and the old two-step commit is the control."""
+    parked_turn(rt, repo)
+    (repo.root / "src.py").write_text("print('teammate')\n")
+
+    def no_second_write(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("killed between the fact and its header")
+
+    monkeypatch.setattr(rt.ledger, "put_run", no_second_write)
+    recorded = workspace_continuity.rebaseline(rt.ledger, provider_of(home), SID)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    fact = next(e for e in rt.ledger.events(session_id=SID) if workspace_continuity.transition_of(e))
+    assert recorded["workspaceEpoch"] == 1
+    header = rt.ledger.get_run(fact.run_id)
+    assert header is not None and header.status == "completed" and header.turn_id == fact.turn_id
+
+    # Control: the old shape, the fact then its header in two writes, leaves the fact headerless.
+    from maka_core.runtime.resolution import operator_fact
+
+    event, old_header = operator_fact(SID, name="workspace", key="x", payload={}, now=1)
+    rt.ledger.commit_terminal(event)
+    monkeypatch.setattr(rt.ledger, "put_run", no_second_write)
+    with pytest.raises(RuntimeError):
+        rt.ledger.put_run(old_header)
+    monkeypatch.undo()
+    assert rt.ledger.get_run(event.run_id) is None
+
+
 def test_isolated_restore_materializes_beside_the_workspace_and_never_writes_the_users_folder(
     rt: Runtime, repo: Workspace, home: Path
 ) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, get_args
 
 from maka_core.errors import MakaError
 from maka_core.facts.clock import now_ms
-from maka_core.facts.events import Actions, FunctionResponseContent, RuntimeEvent
+from maka_core.facts.events import Actions, FunctionResponseContent, RuntimeEvent, TextContent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.digests import read_prefix
 from maka_core.ledger.resolver import OperationResolution, resolve
@@ -79,6 +79,53 @@ def unsettled_operations(events: Sequence[RuntimeEvent]) -> list[tuple[str, Oper
         for op in resolve(run_events).operations
         if op.status in ("indeterminate", "parked")
     ]
+
+
+def operator_fact(
+    session_id: str,
+    *,
+    name: str,
+    key: str,
+    payload: Mapping[str, Any],
+    now: int,
+    hidden: bool = False,
+    note: str | None = None,
+) -> tuple[RuntimeEvent, RunHeader]:
+    """An operator's fact as a run of its own in the resolution lane (``resolution-<uuid>``, which
+    no workflow begins): its one terminal event (``<run>_<name>``, ``state_delta`` ``{key:
+    payload}``) and its header, for ``store.commit_terminal(event, header)``, one transaction (a
+    kill between the fact and its header would leave ``run_header_missing``). ``hidden``: the
+    model never sees it; ``note``: a host-authored user text the model's history holds instead."""
+    run = f"{RESOLUTION_PREFIX}{uuid.uuid4()}"
+    extra: dict[str, Any] = {}  # set only when given: an unset field is encoded as before
+    if hidden:
+        extra["model_visibility"] = "hidden"
+    if note is not None:
+        extra["content"] = TextContent(text=note)
+    event = RuntimeEvent(
+        id=f"{run}_{name}",
+        session_id=session_id,
+        invocation_id=f"inv-{run}",
+        run_id=run,
+        turn_id=f"turn-{run}",
+        ts=now,
+        partial=False,
+        role="system" if note is None else "user",
+        author="host",
+        status="completed",
+        actions=Actions(end_invocation=True, state_delta={key: dict(payload)}),
+        **extra,
+    )
+    header = RunHeader(
+        session_id=session_id,
+        run_id=run,
+        invocation_id=event.invocation_id,
+        turn_id=event.turn_id,
+        status="completed",
+        created_at=now,
+        updated_at=now,
+    )
+    return event, header
 
 
 def is_resolution_run(run_id: str) -> bool:
@@ -160,7 +207,6 @@ def resolve_operation(
         )
     prefix = read_prefix(run_events)
     now = now_ms()
-    resolution_run = f"{RESOLUTION_PREFIX}{uuid.uuid4()}"
     payload = {
         "protocol": RESOLUTION_PROTOCOL,
         "version": 1,
@@ -178,31 +224,9 @@ def resolve_operation(
         "reason": reason,
         "resolvedAt": now,
     }
-    event = RuntimeEvent(
-        id=f"{resolution_run}_resolution",
-        session_id=session_id,
-        invocation_id=f"inv-{resolution_run}",
-        run_id=resolution_run,
-        turn_id=f"turn-{resolution_run}",
-        ts=now,
-        partial=False,
-        role="system",
-        author="host",
-        status="completed",
-        actions=Actions(end_invocation=True, state_delta={RESOLUTION_KEY: payload}),
-    )
-    # One transaction: a kill between the fact and its header would leave ``run_header_missing``.
-    header = RunHeader(
-        session_id=session_id,
-        run_id=resolution_run,
-        invocation_id=event.invocation_id,
-        turn_id=event.turn_id,
-        status="completed",
-        created_at=now,
-        updated_at=now,
-    )
+    event, header = operator_fact(session_id, name="resolution", key=RESOLUTION_KEY, payload=payload, now=now)
     store.commit_terminal(event, header)
-    return {**payload, "resolutionEventId": event.id, "resolutionRunId": resolution_run}
+    return {**payload, "resolutionEventId": event.id, "resolutionRunId": event.run_id}
 
 
 def resolved_history(history: list[RuntimeEvent], events: Sequence[RuntimeEvent]) -> list[RuntimeEvent]:

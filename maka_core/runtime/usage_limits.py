@@ -16,14 +16,12 @@ its own), and only a cap the policy sets (a policy without one has no cap to rai
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from maka_core.errors import ConfigError, LimitRaiseRefused, MakaError
 from maka_core.facts.clock import now_ms
-from maka_core.facts.events import Actions, RuntimeEvent
-from maka_core.facts.run_header import RunHeader
+from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.usage import step_tokens
 from maka_core.governance.policy_file import UsageLimits
 from maka_core.runtime.compaction import CompactionFact, estimate_tokens
@@ -31,9 +29,9 @@ from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import (
     MAX_REASON,
     MAX_RESOLVED_BY,
-    RESOLUTION_PREFIX,
     check_resolution_text,
     is_resolution_run,
+    operator_fact,
 )
 
 RAISE_KEY: Final[str] = "usageLimitRaise"
@@ -179,7 +177,6 @@ def raise_limit(
             )  # fmt: skip
         previous[field] = current
     now = now_ms()
-    run_id = f"{RESOLUTION_PREFIX}{uuid.uuid4()}"
     payload = {
         "protocol": RAISE_PROTOCOL,
         "version": 1,
@@ -191,29 +188,9 @@ def raise_limit(
         "reason": reason,
         "raisedAt": now,
     }
-    event = RuntimeEvent(
-        id=f"{run_id}_usage_limit_raise",
-        session_id=session_id,
-        invocation_id=f"inv-{run_id}",
-        run_id=run_id,
-        turn_id=f"turn-{run_id}",
-        ts=now,
-        partial=False,
-        role="system",
-        author="host",
-        status="completed",
-        model_visibility="hidden",
-        actions=Actions(end_invocation=True, state_delta={RAISE_KEY: payload}),
-    )
-    # One transaction: a kill between the fact and its header would leave ``run_header_missing``.
-    header = RunHeader(
-        session_id=session_id,
-        run_id=run_id,
-        invocation_id=event.invocation_id,
-        turn_id=event.turn_id,
-        status="completed",
-        created_at=now,
-        updated_at=now,
+    event, header = operator_fact(
+        session_id, name="usage_limit_raise", key=RAISE_KEY, payload=payload, now=now, hidden=True
     )
     store.commit_terminal(event, header)
-    return {**payload, "raiseEventId": event.id, "raiseRunId": run_id, "nextCall": next_call_tokens(events)}
+    raised = {"raiseEventId": event.id, "raiseRunId": event.run_id, "nextCall": next_call_tokens(events)}
+    return {**payload, **raised}

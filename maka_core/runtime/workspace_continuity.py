@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +54,12 @@ from maka_core.checkpoints.observe import BoundaryObservation, SourceBoundary, o
 from maka_core.errors import CheckpointError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
-from maka_core.facts.events import Actions, RuntimeEvent, TextContent
+from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.digests import PrefixUnreadable, read_prefix
 from maka_core.paths import maka_home
 from maka_core.runtime.lost_run import session_record
-from maka_core.runtime.resolution import RESOLUTION_PREFIX, is_resolution_run
+from maka_core.runtime.resolution import is_resolution_run, operator_fact
 from maka_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -545,35 +544,16 @@ def _commit_transition(
 ) -> RuntimeEvent:
     """The transition as one operator fact; with ``note``, a host-authored user text the model's
     history holds (the model step reads the session's events; the planner's replay skips this lane)."""
-    run = f"{RESOLUTION_PREFIX}{uuid.uuid4()}"
     now = now_ms()
-    event = RuntimeEvent(
-        id=f"{run}_workspace",
-        session_id=session_id,
-        invocation_id=f"inv-{run}",
-        run_id=run,
-        turn_id=f"turn-{run}",
-        ts=now,
-        partial=False,
-        role="system" if note is None else "user",
-        author="host",
-        status="completed",
-        actions=Actions(end_invocation=True, state_delta={TRANSITION_KEY: {**payload, "recordedAt": now}}),
+    event, header = operator_fact(
+        session_id,
+        name="workspace",
+        key=TRANSITION_KEY,
+        payload={**payload, "recordedAt": now},
+        now=now,
+        note=note,
     )
-    if note is not None:
-        event = event.model_copy(update={"content": TextContent(text=note)})
-    store.commit_terminal(event)
-    store.put_run(
-        RunHeader(
-            session_id=session_id,
-            run_id=run,
-            invocation_id=event.invocation_id,
-            turn_id=event.turn_id,
-            status="completed",
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    store.commit_terminal(event, header)  # with its header: no run_header_missing after a kill between
     return event
 
 

@@ -365,6 +365,32 @@ def test_gc_keeps_every_referenced_ref_and_collects_an_orphan(
     assert resume(rt, home).decision == "continue"
 
 
+def test_gc_whose_repack_fails_after_deleting_still_reports_what_it_deleted(
+    rt: Runtime, repo: Workspace, home: Path, tmp_path: Path
+) -> None:
+    """The refs are gone once ``update-ref`` ran: a repack that fails afterwards is logged, and the
+    report names the deleted refs (it said ``skipped`` with ``deleted: []``; the old ``_gc`` fails
+    this test)."""
+    parked_turn(rt, repo)
+    orphan = provider_of(home).capture(repo, SID)
+    assert hasattr(orphan, "ref")
+    wrapper = tmp_path / "git-without-gc"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = gc ] && { echo "fatal: repack failed" >&2; exit 128; }; done\n'
+        'exec git "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    failing = GitCheckpointProvider(home / "checkpoints", git=str(wrapper))
+    assert failing.state_dir == provider_of(home).state_dir
+    out = workspace_continuity.gc_checkpoints(rt.ledger, failing, grace_seconds=0)  # type: ignore[arg-type]
+    assert out["deleted"] == 1 and out["stores"][0]["deleted"] == [orphan.ref], out  # type: ignore[union-attr]
+    assert "skipped" not in out["stores"][0], out
+    again = workspace_continuity.gc_checkpoints(rt.ledger, failing, grace_seconds=0)  # type: ignore[arg-type]
+    assert again["deleted"] == 0 and "skipped" not in again["stores"][0], again  # nothing due: no repack
+    assert not failing.refs(repo) or orphan.ref not in failing.refs(repo)  # type: ignore[union-attr]
+
+
 class _CountingReads(LedgerStore):
     """A store that counts whole-ledger reads (``events()`` with no session)."""
 

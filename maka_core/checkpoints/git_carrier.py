@@ -54,6 +54,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -110,6 +111,8 @@ _ZERO = "0" * 40
 _MARKER = MARKER_NAME.encode()
 _SLASH_MARKER = b"/" + _MARKER
 _REF_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-@")
+
+log = logging.getLogger("maka.checkpoints")
 
 
 @dataclass
@@ -1029,7 +1032,14 @@ class GitCheckpointProvider:
             script = b"".join(b"delete %s\0%s\0" % (ref.encode(), oid.encode()) for ref, oid in doomed)
             self._git_store(workspace, ["update-ref", "-z", "--stdin"], stdin=script)
         if (self.store(workspace) / "HEAD").exists():
-            self._git_store(workspace, ["gc", "--quiet", f"--prune={prune}"])
+            try:
+                self._git_store(workspace, ["gc", "--quiet", f"--prune={prune}"])
+            except (CheckpointError, OSError) as exc:
+                if not doomed:
+                    raise
+                # The refs are gone whatever the repack did: report them (their objects are
+                # pruned by the next gc that repacks).
+                log.warning("checkpoint gc: %d refs deleted, then the repack failed: %s", len(doomed), exc)
             self._cache_path(workspace).unlink(missing_ok=True)  # it may name a collected blob
         return tuple(ref for ref, _ in doomed)
 

@@ -513,6 +513,16 @@ def test_a_repair_pass_over_several_lost_sessions_shares_one_capture_budget(
             details.append(bundle.no_checkpoint.detail == workspace_continuity.SHARED_BUDGET_SPENT)
         assert details == ([False, True, True] if shared else [False, False, False])
         assert provider_of(home).refs(repo) == {}
+        # A session over a folder without Git, once the budget is spent: the record says no Git, as a
+        # capture would have said first (it said checkpoint_budget_exceeded).
+        (tmp_path / "plain").mkdir()
+        plain = Workspace.open(tmp_path / "plain", create=True)
+        ids = RunIds(session_id="s-plain", turn_id="t1", run_id="r-plain", invocation_id="i-plain")
+        begun_only(rt, plain, ids)
+        assert asyncio.run(settle_lost_runs(rt, ids.session_id, bind=budget.bind)) == [ids.run_id]
+        plain_bundle = terminal_bundle(rt, ids.run_id)
+        assert plain_bundle is not None and plain_bundle.no_checkpoint is not None, plain_bundle
+        assert plain_bundle.no_checkpoint.code == "workspace_not_git", plain_bundle
         assert workspace_continuity.REPAIR_CAPTURE_BUDGET_S <= workspace_continuity.CAPTURE_BUDGET_S
     finally:
         close(rt)

@@ -349,6 +349,14 @@ class GitCheckpointProvider:
             return NoCheckpoint(code=why.code, detail=why.detail)
         return None
 
+    def outside_git(self, workspace: Workspace) -> NoCheckpoint | None:
+        """``workspace_not_git`` for a folder in no Git work tree, found by a stat walk up its
+        parents (no git runs, nothing written): a capture's first check, also made where no
+        capture will run (startup repair once its shared budget is spent)."""
+        if shutil.which(self.git) is not None and not _in_git_tree(workspace.root):
+            return NoCheckpoint(code="workspace_not_git", detail="the workspace is not in a Git work tree")
+        return None
+
     def _check_repository(self, workspace: Workspace) -> None:
         if shutil.which(self.git) is None:
             raise _Ineligible("git_unavailable", f"no {self.git} binary on PATH")
@@ -580,9 +588,10 @@ class GitCheckpointProvider:
             raise CheckpointError(
                 "checkpoint_store_inside_workspace", f"{self.state_dir} is inside the workspace", path=state
             )
-        try:  # a workspace without Git costs a stat walk and leaves nothing in the state directory
-            if shutil.which(self.git) is not None and not _in_git_tree(workspace.root):
-                raise _Ineligible("workspace_not_git", "the workspace is not in a Git work tree")
+        outside = self.outside_git(workspace)
+        if outside is not None:
+            return outside
+        try:
             self._check_repository(workspace)
         except _Ineligible as why:
             return NoCheckpoint(code=why.code, detail=why.detail)

@@ -337,7 +337,10 @@ async def bind_terminal_async(
     ledger = ledger_of(store)
     if budget is not None and pending.workspace is not None and budget.left <= 0:
         fields = {**pending.boundary.model_dump(), "workspace_epoch": pending.epoch}
-        spent = NoCheckpoint(code="checkpoint_budget_exceeded", detail=SHARED_BUDGET_SPENT)
+        # Nothing is captured; the record says why as a capture would have: no Git first.
+        spent = provider.outside_git(pending.workspace) or NoCheckpoint(
+            code="checkpoint_budget_exceeded", detail=SHARED_BUDGET_SPENT
+        )
         return with_bundle(terminal, CheckpointBundle.of(fields, spent, provider.policy))
     seconds = CAPTURE_BUDGET_S if budget is None else budget.left
     started = time.monotonic()

@@ -29,6 +29,8 @@ JSON_META = "maka_json"
 TEMPORAL_USED = "maka_temporal_used"
 #: How long ``audit`` and ``session cancel`` wait for the server to answer their connect.
 CONNECT_S = 10.0
+#: How long ``session status``, ``approve`` and ``deny`` wait before they answer from the ledger alone.
+LEDGER_FALLBACK_S = 3.0
 
 
 # --- options (declared once) -------------------------------------------------------------------

@@ -31,6 +31,7 @@ import click
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_temporal.workers.cli.base import (
+    LEDGER_FALLBACK_S,
     add_commands,
     db_option,
     finish,
@@ -138,9 +139,14 @@ def _answer(
 
     async def main() -> int:
         # An unknown session is refused before any connect; a server that does not answer within
-        # 3 s leaves the answer to the ledger alone (an operator can answer while the server is down).
+        # LEDGER_FALLBACK_S leaves the answer to the ledger alone (an operator answers with the server down).
         sessions = await SessionClient.connect(
-            address, namespace, ledger=s.ledger, timeout=3, lazy=True, ledger_only_when_unreachable=True
+            address,
+            namespace,
+            ledger=s.ledger,
+            timeout=LEDGER_FALLBACK_S,
+            lazy=True,
+            ledger_only_when_unreachable=True,
         )
         if allow:
             answer = await sessions.approve(session_id, approval_id, phrase=str(phrase), by=by)

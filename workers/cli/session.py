@@ -28,6 +28,7 @@ from maka_core.runtime.contracts import (
     NEW_SESSION_TOOL_MODE,
 )
 from maka_temporal.workers.cli.base import (
+    LEDGER_FALLBACK_S,
     WaitLine,
     add_commands,
     console,
@@ -48,9 +49,6 @@ from maka_temporal.workers.client.session_start import SessionStart
 from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session"]
-
-#: How long ``session status`` waits for the server before it answers from the ledger alone.
-STATUS_CONNECT_S = 3.0
 
 
 wait_timeout_option = click.option(
@@ -247,7 +245,7 @@ def cmd_start(
 
         sessions.client = await connect(address, namespace)
         started = await sessions.start_with(new, accept_timeout=s.wait_timeout)
-        return await _after_send(sessions, started, wait=wait, as_json=as_json)
+        return await _after_send(sessions, started, wait=wait, as_json=as_json, wait_timeout=s.wait_timeout)
 
     finish(run_async(main()))
 
@@ -381,7 +379,7 @@ def cmd_status(
     async def main() -> int:
         # An unreachable server: the ledger still answers, and the status says why.
         sessions = await SessionClient.connect(
-            address, namespace, ledger=s.ledger, timeout=STATUS_CONNECT_S, ledger_only_when_unreachable=True
+            address, namespace, ledger=s.ledger, timeout=LEDGER_FALLBACK_S, ledger_only_when_unreachable=True
         )
         _print_status(await sessions.status(session_id), as_json=as_json)
         return 0

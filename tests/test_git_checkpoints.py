@@ -35,7 +35,7 @@ from maka_core.checkpoints import (
     ref_component,
 )
 from maka_core.checkpoints.contract import HOST_NO_CHECKPOINT_CODES
-from maka_core.checkpoints.git_carrier import _Entry
+from maka_core.checkpoints.git_scan import FileEntry as _Entry
 from maka_core.errors import CheckpointError
 from maka_core.workspace import MARKER_NAME, Workspace
 
@@ -749,7 +749,7 @@ def test_observing_a_boundary_names_what_a_continuation_would_find(
 def test_many_new_files_go_through_one_pack_and_round_trip(
     provider: GitCheckpointProvider, tmp_path: Path
 ) -> None:
-    from maka_core.checkpoints.git_carrier import FEW_BLOBS
+    from maka_core.checkpoints.git_capture import FEW_BLOBS
 
     root = tmp_path / "ws"
     (root / "d").mkdir(parents=True)
@@ -784,7 +784,7 @@ def test_tree_ids_agree_with_git_for_git_sort_order_and_an_empty_workspace(
 
 
 def test_the_held_cache_lags_its_file_by_a_few_entries_at_most(repo: Workspace, tmp_path: Path) -> None:
-    from maka_core.checkpoints.git_carrier import CACHE_SLACK
+    from maka_core.checkpoints.git_scan import CACHE_SLACK
 
     worker = CountingReads(tmp_path / "state")
     worker.reads = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from maka_core.checkpoints import CheckpointBundle, GitCheckpointProvider
+from maka_core.checkpoints import CheckpointBundle, GitCheckpointProvider, SourceBoundary
 from maka_core.errors import MakaError
 from maka_core.runtime import model_step, tool_call, turn, workspace_continuity
 from maka_core.runtime.continuation import ResumeDecision, resume_session
@@ -758,7 +758,7 @@ def test_a_capture_over_its_time_budget_records_why_and_creates_no_ref(
     for i in range(300):  # files no cache vouches for: the budget is checked between them
         (repo.root / f"gen{i}.txt").write_text(f"{i}\n")
     provider = provider_of(home)
-    boundary = workspace_continuity.SourceBoundary(
+    boundary = SourceBoundary(
         workspace_identity=repo.identity,
         immutable_runtime_high_water=1,
         immutable_runtime_digest="sha256:" + "0" * 64,

@@ -12,7 +12,7 @@ has no evidence that could prove the side effect's state, so the operation stays
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
@@ -20,7 +20,7 @@ from typing import Literal
 from maka_core.errors import LedgerRejection
 from maka_core.facts.events import ReconcileResult, RecoveryDecision, RuntimeEvent
 from maka_core.ledger.lanes import args_hash_or_none, event_lane
-from maka_core.ledger.scanner import LedgerScanner, OperationFacts
+from maka_core.ledger.operation_facts import OperationFacts
 
 BundleCode = Literal[
     "call_identity_conflict",
@@ -262,9 +262,12 @@ def interpret_recovery(facts: OperationFacts, order: Mapping[str, int]) -> Recov
     )
 
 
-def check_bundle_commit(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -> None:
+def check_bundle_commit(
+    operation: Callable[[str], OperationFacts | None], batch: Sequence[RuntimeEvent]
+) -> None:
     """Refuse a recovery bundle that is invalid in itself, judged against its committed call and
-    dispatch (``validate_bundle``), without the transition check.
+    dispatch (``validate_bundle``; ``operation`` finds an operation's facts by its id), without the
+    transition check.
 
     The writers do not call this first. The reference's answers put the transition check ahead
     of the bundle rules: a recovered response naming another tool is ``identity_conflict`` and a
@@ -289,7 +292,7 @@ def check_bundle_commit(scanner: LedgerScanner, batch: Sequence[RuntimeEvent]) -
     if recovery is None:
         return
     op_id = recovery.payload.operation_id
-    facts = scanner.operation(op_id)
+    facts = operation(op_id)
     if facts is None or facts.call is None or facts.dispatch is None:
         return
     finding = validate_bundle(facts.call, facts.dispatch, reconcile, outcome, decision)

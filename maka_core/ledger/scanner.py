@@ -17,7 +17,6 @@ fold back, so each check costs O(batch), not O(ledger).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -34,6 +33,8 @@ from maka_core.ledger.lanes import (
     same_execution,
     transition_shape_code,
 )
+from maka_core.ledger.operation_facts import LedgerIssue, OperationFacts, OperationState
+from maka_core.ledger.recovery_bundle import check_bundle_commit, interpret_recovery
 
 __all__ = [
     "ISSUE_CODES",
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 ProtocolScope = Literal["ledger", "run"]
-OperationState = Literal["prepared", "outcome_committed", "recovery_completed", "recovery_parked"]
 
 #: Issue codes the fold records (reference ``ToolLedgerIssueCode``).
 ISSUE_CODES: frozenset[str] = frozenset(
@@ -71,76 +71,6 @@ ISSUE_CODES: frozenset[str] = frozenset(
         "event_order_conflict",
     }
 )
-
-
-@dataclass(frozen=True)
-class LedgerIssue:
-    """One thing the ledger says that it must not say."""
-
-    code: str
-    event_id: str
-    operation_id: str | None = None
-    tool_call_id: str | None = None
-
-    def to_json(self) -> dict[str, str]:
-        """The reference's issue object: ``code``, ``eventId`` and the ids that are known."""
-        out = {"code": self.code, "eventId": self.event_id}
-        if self.operation_id is not None:
-            out["operationId"] = self.operation_id
-        if self.tool_call_id is not None:
-            out["toolCallId"] = self.tool_call_id
-        return out
-
-
-@dataclass(eq=False)
-class OperationFacts:
-    """Everything the ledger says about one tool call (one ``(invocation, call id)``)."""
-
-    session_id: str
-    invocation_id: str
-    run_id: str
-    turn_id: str
-    tool_call_id: str
-    tool_name: str
-    call: RuntimeEvent | None = None
-    dispatch: RuntimeEvent | None = None
-    response: RuntimeEvent | None = None
-    reconcile_events: list[RuntimeEvent] = field(default_factory=list)
-    decision_events: list[RuntimeEvent] = field(default_factory=list)
-    issues: list[LedgerIssue] = field(default_factory=list)
-
-    @property
-    def reconcile(self) -> RuntimeEvent | None:
-        """The first reconcile fact (a valid bundle has exactly one)."""
-        return self.reconcile_events[0] if self.reconcile_events else None
-
-    @property
-    def decision(self) -> RuntimeEvent | None:
-        """The first recovery decision (a valid bundle has exactly one)."""
-        return self.decision_events[0] if self.decision_events else None
-
-    @property
-    def operation_id(self) -> str | None:
-        """The operation id named by the dispatch fact; None before T1."""
-        if self.dispatch is None or self.dispatch.actions is None:
-            return None
-        td = self.dispatch.actions.tool_dispatch
-        return td.operation_id if td is not None else None
-
-    @property
-    def state(self) -> OperationState | None:
-        """The ``tool_operations`` projection state; None when there is no T1."""
-        if self.dispatch is None:
-            return None
-        decision = self.decision
-        if decision is not None and decision.actions is not None and decision.actions.tool_recovery:
-            payload = decision.actions.tool_recovery.payload
-            disposition = getattr(payload, "disposition", None)
-            if disposition == "completed":
-                return "recovery_completed"
-            if disposition == "parked":
-                return "recovery_parked"
-        return "outcome_committed" if self.response is not None else "prepared"
 
 
 # --- the scanner ---------------------------------------------------------------------------
@@ -335,14 +265,9 @@ class LedgerScanner:
         Raises:
             LedgerRejection: the reference's bundle validation code.
         """
-        from maka_core.ledger.recovery_bundle import check_bundle_commit
-
-        check_bundle_commit(self, batch)
+        check_bundle_commit(self.operation, batch)
 
     def _check_bound_tail(self, candidates: list[RuntimeEvent], transition: Transition) -> None:
-        # Imported here: the bundle rules consume scanner facts, so the modules are mutual.
-        from maka_core.ledger.recovery_bundle import interpret_recovery
-
         first = candidates[0]
         if transition == "t2_outcome":
             op_id = first.refs.operation_id if first.refs is not None else None

@@ -41,7 +41,7 @@ from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, RunIds  #
 from maka_core.runtime.runtime import Runtime, RuntimeSettings  # noqa: E402
 from maka_core.runtime.settle import settle_run  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
-from maka_core.tools import default_tools  # noqa: E402
+from maka_core.tools.registry import default_tools  # noqa: E402
 from maka_core.workspace import Workspace  # noqa: E402
 
 GIT_ENV = {

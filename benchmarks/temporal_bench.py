@@ -84,10 +84,10 @@ from maka_core.runtime.runtime import Runtime  # noqa: E402
 from maka_core.store.engine import database_url, make_engine  # noqa: E402
 from maka_core.store.ledger import Ledger  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
-from maka_core.tools import default_tools  # noqa: E402
 from maka_core.tools.mcp import parse_mcp_config  # noqa: E402
 from maka_core.tools.mcp.adapter import McpToolset  # noqa: E402
 from maka_core.tools.mcp.servers import McpServers  # noqa: E402
+from maka_core.tools.registry import default_tools  # noqa: E402
 from maka_temporal.activities import MakaActivities  # noqa: E402
 from maka_temporal.workers.client.session_client import (  # noqa: E402
     query_status,

@@ -7,7 +7,7 @@ from typing import Any
 
 from maka_core.governance.classify import Classification
 from maka_core.runtime.governed import classify
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 
 _TOOLS = default_tools()
 

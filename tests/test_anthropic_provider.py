@@ -19,7 +19,8 @@ from maka_core.providers import ModelOutput, ModelToolCall, ProviderError
 from maka_core.providers.anthropic_messages import AnthropicProvider, history_to_messages, tool_use_id
 from maka_core.providers.openai_compat import history_to_messages as openai_messages
 from maka_core.providers.pacing import MAX_RETRY_DELAY_S, retry_delay_s
-from maka_core.tools import default_tools, provider_tool_specs
+from maka_core.tools import provider_tool_specs
+from maka_core.tools.registry import default_tools
 from tests.anthropic_server import MessagesServer, Request, error, message, text, tool_use
 from tests.test_providers import HISTORY, _event
 

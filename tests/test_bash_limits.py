@@ -17,7 +17,7 @@ import pytest
 
 from maka_core.errors import ConfigError
 from maka_core.settings import load_settings
-from maka_core.tools import BashTool, ToolResult, default_tools, sandbox_status
+from maka_core.tools import BashTool, ToolResult, sandbox_status
 from maka_core.tools.bash_limits import (
     CGROUP_PREFIX,
     NO_LIMITS,
@@ -28,6 +28,7 @@ from maka_core.tools.bash_limits import (
     cgroup_parents,
     own_cgroups,
 )
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 STATUS = sandbox_status()

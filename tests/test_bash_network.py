@@ -30,7 +30,8 @@ from maka_core.runtime.runtime import Runtime
 from maka_core.settings import load_settings
 from maka_core.store.schema import tool_decisions
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import BashTool, default_tools, sandbox_status
+from maka_core.tools import BashTool, sandbox_status
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import _until_pending, receipts, result_of, with_policy
 from tests.test_runtime import ATTEMPT, one_call, prepare_only, recover_input, run, tool_input

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from maka_core.facts import canonical_json
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 _PATH = {"type": "string", "description": "Path relative to the workspace root."}

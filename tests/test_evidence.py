@@ -15,7 +15,8 @@ import pytest
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import canonical_args_hash, digest
-from maka_core.tools import FileEvidence, FileIdentity, Tool, default_tools
+from maka_core.tools import FileEvidence, FileIdentity, Tool
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +257,7 @@ def test_observation_digest_is_a_function_of_what_was_observed(ws: Workspace, to
 _CHILD = """
 import json, sys
 from maka_core.workspace import Workspace
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 ws = Workspace.open(sys.argv[1])
 tool = default_tools()[sys.argv[2]]
 args = json.loads(sys.argv[3])

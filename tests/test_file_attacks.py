@@ -17,8 +17,9 @@ import pytest
 
 from maka_core.facts import codec
 from maka_core.facts.events import FunctionResponseContent, Refs, RuntimeEvent
-from maka_core.tools import ToolResult, default_tools
+from maka_core.tools import ToolResult
 from maka_core.tools.beneath import write_replace
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,7 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     # A child, so a blocking open() cannot wedge the test run: it is killed at the timeout.
     code = (
-        "import json, sys; from maka_core.tools import default_tools\n"
+        "import json, sys; from maka_core.tools.registry import default_tools\n"
         "from maka_core.workspace import Workspace\n"
         "ws = Workspace.open(sys.argv[1], create=False); t = default_tools()\n"
         "calls = [('read_file', {'path': 'pipe'}), ('write_file', {'path': 'pipe', 'content': 'x'}),\n"
@@ -278,7 +279,7 @@ def test_a_write_that_fails_midway_leaves_no_temp_file(tmp_path: Path) -> None:
     (tmp_path / "f.txt").write_text("old")
     # A real EFBIG from the kernel: the file-size limit stops the write after the temp file exists.
     code = (
-        "import json, resource, signal, sys; from maka_core.tools import default_tools\n"
+        "import json, resource, signal, sys; from maka_core.tools.registry import default_tools\n"
         "from maka_core.workspace import Workspace\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"

@@ -18,7 +18,7 @@ from maka_core.governance.decision import (
 )
 from maka_core.governance.evidence import EvidencePredicate, ExitCode
 from maka_core.governance.policy_file import GovernancePolicy, Identity, Principal, parse_policy
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from tests.builtin_classify import classify_tool_call
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -14,7 +14,7 @@ from maka_core.governance.guarantee import (
     retry_allowed,
     trusted_read,
 )
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from tests.builtin_classify import classify_tool_call
 
 ARGS = {

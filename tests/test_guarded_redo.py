@@ -35,13 +35,13 @@ from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation
 from maka_core.tools.beneath import locate, write_replace
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
 from maka_core.tools.files import WriteFileTool
 from maka_core.tools.guarded_replace import GuardedReplace, guarded_replace, side_name
 from maka_core.tools.redo import FIRST_REDO
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import with_policy
 from tests.test_runtime import ATTEMPT, one_call, op_status, prepare_only, recover_input, run, tool_input

@@ -33,8 +33,8 @@ import pytest
 
 from maka_core import failpoints
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.effect_journal import ENV as EFFECT_LOG_ENV
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from maka_temporal.workers.client.audit import audit_session
 from tests.drills import (

@@ -267,7 +267,7 @@ def test_recovery_of_a_keyed_mcp_call_whose_server_is_down_commits_no_outcome(tm
     from maka_core.runtime import recovery, tool_call
     from maka_core.runtime.runtime import Runtime
     from maka_core.store.writer import LedgerStore
-    from maka_core.tools import default_tools
+    from maka_core.tools.registry import default_tools
     from maka_core.workspace import Workspace
     from tests.test_runtime import ATTEMPT, one_call, recover_input, run, tool_input
 

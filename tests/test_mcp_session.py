@@ -25,10 +25,11 @@ from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools, idempotency_key
+from maka_core.tools import idempotency_key
 from maka_core.tools.mcp import load_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
 from maka_core.tools.mcp.servers import McpServers, Secrets, ServerTool
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.host.worker import default_runtime
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.mcp_support import COUNTER, calls, http_counter, stdio_counter, write_config

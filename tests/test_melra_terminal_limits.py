@@ -10,7 +10,7 @@ from typing import Any
 
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import receipts as all_receipts
 from tests.test_melra_runtime import Session

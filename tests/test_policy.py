@@ -20,7 +20,8 @@ from maka_core.runtime.governed import (
     guarantee_of,
     judge,
 )
-from maka_core.tools import FileEvidence, Reconciliation, Tool, ToolResult, default_tools
+from maka_core.tools import FileEvidence, Reconciliation, Tool, ToolResult
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 #: The five built-in tools (the MELRA family is judged by its task: tests/test_melra_*.py).

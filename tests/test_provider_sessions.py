@@ -39,7 +39,8 @@ from maka_core.providers.spec import ProviderSpec
 from maka_core.runtime.resolution import resolved_history
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools, provider_tool_specs
+from maka_core.tools import provider_tool_specs
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.session_client import start_session, wait_settled
 from maka_temporal.workers.host.serve import serve
 from maka_temporal.workers.host.worker import default_runtime

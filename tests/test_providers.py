@@ -36,7 +36,8 @@ from maka_core.providers import (
     provider_from_spec,
 )
 from maka_core.providers.openai_compat import OpenAICompatibleProvider, history_to_messages
-from maka_core.tools import default_tools, provider_tool_specs
+from maka_core.tools import provider_tool_specs
+from maka_core.tools.registry import default_tools
 
 # --- scripted ------------------------------------------------------------------------------
 

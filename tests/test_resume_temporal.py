@@ -494,7 +494,7 @@ async def test_a_worker_killed_at_a_continuation_terminal_point_leaves_the_refer
     from maka_core.ledger.continuation import id_source
     from maka_core.runtime.continuation import plan_for
     from maka_core.runtime.inspect import inspect_host
-    from maka_core.tools import default_tools
+    from maka_core.tools.registry import default_tools
 
     box = Sandbox(temporal_server, tmp_path / point)
     script = _script(tmp_path / "script.json")

@@ -32,7 +32,7 @@ from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.resolution import resolve_operation
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_core.tools.sandbox import sandbox_status
 from maka_core.workspace import Workspace
 from maka_temporal.activities import to_application_error

@@ -26,8 +26,9 @@ from maka_core.ledger.continuation import CATALOG_KEY, SafetyObservation, _chang
 from maka_core.runtime.continuation import plan_for
 from maka_core.runtime.inspect import HostObservation, inspect_host
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools, tool_catalog
+from maka_core.tools import tool_catalog
 from maka_core.tools.loader import load_tools, with_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import WorkerProcess, run_maka, start, tool_step, write_script
 

@@ -39,8 +39,8 @@ from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.store.writer import LedgerStore, ToolAttempt
-from maka_core.tools import default_tools
 from maka_core.tools.offer import ToolSetInvalid, ToolSetUnavailable, offered_names, parse_tool_set
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from maka_temporal.activities import to_application_error
 from maka_temporal.workflows.contracts import TOOL_SET_UNAVAILABLE

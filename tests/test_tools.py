@@ -15,14 +15,8 @@ from pathlib import Path
 import pytest
 
 from maka_core.facts import canonical_json
-from maka_core.tools import (
-    BashTool,
-    ReadFileTool,
-    Tool,
-    ToolResult,
-    default_tools,
-    provider_tool_specs,
-)
+from maka_core.tools import BashTool, ReadFileTool, Tool, ToolResult, provider_tool_specs
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import MARKER_NAME, Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +225,7 @@ def test_edit_refused_at_run_time_when_file_changed_after_preflight(
 _CRASH = """
 import json, sys
 from maka_core.workspace import Workspace
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 ws = Workspace.open(sys.argv[1])
 tool = default_tools()[sys.argv[2]]
 args = json.loads(sys.stdin.readline())

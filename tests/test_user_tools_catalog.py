@@ -14,8 +14,8 @@ from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import session_record, settle_lost_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.loader import with_tools
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_continuation_runtime import IDS, SID, begin, provider, resume, run, step_and_tools
 from tests.user_tools_pkg import effects

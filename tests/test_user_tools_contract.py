@@ -22,10 +22,10 @@ from maka_core.tools import (
     ToolContext,
     ToolRefusal,
     ToolsInvalid,
-    default_tools,
     idempotency_key,
     tool,
 )
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_runtime import ATTEMPT, one_call, op_status, recover_input, run, tool_input
 

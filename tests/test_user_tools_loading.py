@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from maka_core.tools import default_tools, tool_catalog
+from maka_core.tools import tool_catalog
 from maka_core.tools.contract import ToolsInvalid, schema_digest
 from maka_core.tools.loader import load_tools, with_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.cli.app import maka
 from maka_temporal.workers.host.devserver import free_port
 from tests.user_tools_pkg import effects

@@ -18,7 +18,8 @@ import pytest
 from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import FunctionTool, default_tools, idempotency_key
+from maka_core.tools import FunctionTool, idempotency_key
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_runtime import ATTEMPT, one_call, recover_input, run, tool_input
 from tests.user_tools_pkg import effects, wide

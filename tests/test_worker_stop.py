@@ -25,7 +25,7 @@ import pytest
 
 from maka_core.runtime.runtime import Runtime, RuntimeSettings, ToolSlots
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.host.serve import serve
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.drills import Sandbox, maka_cli, ready, settle, stop

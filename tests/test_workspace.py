@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from maka_core.errors import ConfigError
-from maka_core.tools import ToolRefusal, default_tools
+from maka_core.tools import ToolRefusal
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import MARKER_NAME, Workspace, check_workspace_location
 
 ROOT = Path(__file__).resolve().parents[1]

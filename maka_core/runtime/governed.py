@@ -60,7 +60,7 @@ from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
 from maka_core.tools.contract import KEYED_GUARANTEES, TOOL_GUARANTEES
-from maka_core.tools.melra import TaskSubject
+from maka_core.tools.melra_base import TaskSubject
 from maka_core.tools.sandbox import NetworkSwitch
 from maka_core.workspace import Workspace
 

@@ -30,7 +30,7 @@ from maka_core.governance.tasks import TaskRequest
 from maka_core.runtime.governed import probe_in
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Reconciliation
-from maka_core.tools.melra import MelraContext
+from maka_core.tools.melra_base import MelraContext
 
 if TYPE_CHECKING:
     from maka_core.runtime.runtime import Runtime

@@ -64,10 +64,11 @@ from maka_core.runtime.ledger_executor import LedgerExecutor
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
-from maka_core.tools import Tool, default_tools, provider_tool_specs, tool_catalog
+from maka_core.tools import Tool, provider_tool_specs, tool_catalog
 from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.mcp.config import McpConfig
 from maka_core.tools.offer import offered_names
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 
 T = TypeVar("T")

@@ -1,20 +1,18 @@
-"""The tool registry: the built-in tools by name and their provider-facing schema.
+"""The tools: the contract every tool meets, the built-in tools and their provider-facing schema.
 
 Tool names and argument shapes are a contract with providers and scripts (``read_file {path}``,
 ``list_dir {path}``, ``write_file {path, content}``, ``edit_file {path, old_text, new_text}``,
-``bash {command}``), so they are declared once, on the tool classes.
+``bash {command}``): the names are declared once (``tools.names``), the arguments on the tool
+classes. Every tool maka ships, the MELRA family included, by name: ``tools.registry.default_tools``
+(it stands above governance, which this package's face stands below).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from maka_core.tools.base import (
-    DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_RESULT_BYTE_LIMIT,
     Effect,
     FileEvidence,
     FileIdentity,
@@ -25,7 +23,6 @@ from maka_core.tools.base import (
     enforce_result_limit,
     tool_effects,
 )
-from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.contract import (
     TOOL_GUARANTEES,
     FunctionTool,
@@ -40,7 +37,7 @@ from maka_core.tools.contract import (
 )
 from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from maka_core.tools.sandbox import ENV_ALLOWLIST, NetworkSwitch, SandboxStatus, sandbox_status
-from maka_core.tools.shell import DEFAULT_TIMEOUT_S, BashTool
+from maka_core.tools.shell import BashTool
 
 __all__ = [
     "ENV_ALLOWLIST",
@@ -69,52 +66,11 @@ __all__ = [
     "ToolResult",
     "WriteFileTool",
     "builtin_default_evidence",
-    "default_tools",
     "enforce_result_limit",
     "provider_tool_specs",
     "sandbox_status",
     "tool_effects",
 ]
-
-
-def default_tools(
-    *,
-    result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-    bash_timeout_s: float = DEFAULT_TIMEOUT_S,
-    hidden_paths: Iterable[str | os.PathLike[str]] = (),
-    bash_network: bool = False,
-    unsafe_no_sandbox: bool = False,
-    bash_limits: BashLimits | None = None,
-) -> dict[str, Tool]:
-    """The five built-in tools and the MELRA tool family (``tools.melra``) by name, each with its
-    own fresh state.
-
-    ``hidden_paths`` (the ledger file, ``MAKA_HOME``) are invisible to ``bash``; ``bash_network``
-    is the operator's key to the network for ``bash`` (a call has it only when its session's
-    policy also allows it, ``allowNetwork``); ``unsafe_no_sandbox`` lets it run unsandboxed where
-    bwrap cannot;
-    ``bash_limits`` bounds one bash call (default: ``BashLimits()``).
-    """
-    # Imported here: the MELRA tools build on governance, which builds on ``tools.base``.
-    from maka_core.tools.melra import melra_tools
-
-    tools: list[Tool] = [
-        ReadFileTool(result_byte_limit, max_file_bytes),
-        ListDirTool(result_byte_limit, max_file_bytes),
-        WriteFileTool(result_byte_limit, max_file_bytes),
-        EditFileTool(result_byte_limit, max_file_bytes),
-        BashTool(
-            result_byte_limit,
-            bash_timeout_s,
-            hidden_paths=tuple(Path(p) for p in hidden_paths),
-            network_permitted=bash_network,
-            unsafe_no_sandbox=unsafe_no_sandbox,
-            limits=bash_limits or BashLimits(),
-        ),
-        *melra_tools(),
-    ]
-    return {tool.name: tool for tool in tools}
 
 
 def builtin_default_evidence() -> dict[str, tuple[dict[str, Any], ...]]:

@@ -22,6 +22,7 @@ from pydantic import Field
 from maka_core import failpoints
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.facts.events import RecoveryMode
+from maka_core.tools import names
 from maka_core.tools.base import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_RESULT_BYTE_LIMIT,
@@ -188,7 +189,7 @@ class _ReadTool(_FileTool):
 
 @dataclass(frozen=True)
 class ReadFileTool(_ReadTool):
-    name: ClassVar[str] = "read_file"
+    name: ClassVar[str] = names.READ_FILE
     capability: ClassVar[str] = "file.read"
     description: ClassVar[str] = "Read a UTF-8 text file in the workspace and return its content."
 
@@ -215,7 +216,7 @@ class ReadFileTool(_ReadTool):
 
 @dataclass(frozen=True)
 class ListDirTool(_ReadTool):
-    name: ClassVar[str] = "list_dir"
+    name: ClassVar[str] = names.LIST_DIR
     capability: ClassVar[str] = "file.list"
     description: ClassVar[str] = (
         "List a directory in the workspace: each entry's name, type (file, dir, symlink, other) "
@@ -440,7 +441,7 @@ class _WriteTool(_FileTool):
 
 @dataclass(frozen=True)
 class WriteFileTool(_WriteTool):
-    name: ClassVar[str] = "write_file"
+    name: ClassVar[str] = names.WRITE_FILE
     capability: ClassVar[str] = "file.write"
     transform: ClassVar[str] = "write_file/v1"
     description: ClassVar[str] = (
@@ -463,7 +464,7 @@ class WriteFileTool(_WriteTool):
 
 @dataclass(frozen=True)
 class EditFileTool(_WriteTool):
-    name: ClassVar[str] = "edit_file"
+    name: ClassVar[str] = names.EDIT_FILE
     capability: ClassVar[str] = "file.edit"
     transform: ClassVar[str] = "edit_file/v1"
     description: ClassVar[str] = (

@@ -11,15 +11,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from maka_core.errors import MakaError
 from maka_core.governance.tasks import executions_from, task_status
+from maka_core.tools import names
 from maka_core.tools.base import Heartbeat, Tool, ToolResult
-from maka_core.tools.melra import BoundMelraTool, MelraContext, MelraTool, check_keys, error_result, task_of
+from maka_core.tools.melra_base import (
+    BoundMelraTool,
+    MelraContext,
+    MelraTool,
+    check_keys,
+    error_result,
+    task_of,
+)
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
 
 
 class MelraTaskStatusTool(MelraTool):
-    name: ClassVar[str] = "melra_task_status"
+    name: ClassVar[str] = names.MELRA_TASK_STATUS
     description: ClassVar[str] = "Return the durable state of a MELRA task: its status, plan and executions."
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -33,7 +41,7 @@ class MelraTaskStatusTool(MelraTool):
 
 
 class MelraReceiptTool(MelraTool):
-    name: ClassVar[str] = "melra_receipt"
+    name: ClassVar[str] = names.MELRA_RECEIPT
     description: ClassVar[str] = (
         "Return a MELRA task's action receipts and the execution certificates that close over them; "
         "give taskId, receiptId, or both."

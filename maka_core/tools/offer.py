@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from functools import cache
 from typing import Any, Final
 
 from maka_core.errors import ConfigError, MakaError
 from maka_core.tools.contract import TOOL_NAME
+from maka_core.tools.names import BUILTIN_TOOL_NAMES, MELRA_TOOL_NAMES
 
 __all__ = [
     "GROUPS",
     "ToolSetInvalid",
     "ToolSetUnavailable",
-    "builtin_names",
-    "melra_names",
     "offered_names",
     "parse_tool_set",
 ]
@@ -53,23 +51,6 @@ class ToolSetUnavailable(MakaError):
     """A session names a tool or MCP server this worker does not serve."""
 
     default_code = "tool_set_unavailable"
-
-
-@cache
-def builtin_names() -> frozenset[str]:
-    """The five built-in tools' names, as their classes declare them."""
-    from maka_core.tools.files import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
-    from maka_core.tools.shell import BashTool
-
-    return frozenset(t.name for t in (ReadFileTool, ListDirTool, WriteFileTool, EditFileTool, BashTool))
-
-
-@cache
-def melra_names() -> frozenset[str]:
-    """The MELRA family's names, as its tools declare them."""
-    from maka_core.tools.melra import melra_tools
-
-    return frozenset(t.name for t in melra_tools())
 
 
 def parse_tool_set(entries: Iterable[str], *, setting: str = "offer") -> tuple[str, ...]:
@@ -103,8 +84,8 @@ def _check_entry(entry: str, setting: str) -> None:
         why = f"unknown group {entry!r} (groups: {', '.join(GROUPS)}, mcp:<server>)"
     elif not TOOL_NAME.match(entry):
         why = f"{entry!r} is not a tool name"
-    elif entry.startswith("melra_") and entry not in melra_names():
-        why = f"no MELRA tool is named {entry!r} ({', '.join(sorted(melra_names()))})"
+    elif entry.startswith("melra_") and entry not in MELRA_TOOL_NAMES:
+        why = f"no MELRA tool is named {entry!r} ({', '.join(sorted(MELRA_TOOL_NAMES))})"
     if why is not None:
         raise ToolSetInvalid(message=f"{setting}: {why}", setting=setting, entry=entry)
 
@@ -112,16 +93,16 @@ def _check_entry(entry: str, setting: str) -> None:
 def _members(entry: str, names: Iterable[str]) -> set[str]:
     """The served tools an entry names."""
     if entry == "builtins":
-        return {n for n in names if n in builtin_names()}
+        return {n for n in names if n in BUILTIN_TOOL_NAMES}
     if entry == "melra":
-        return {n for n in names if n in melra_names()}
+        return {n for n in names if n in MELRA_TOOL_NAMES}
     if entry == "mcp":
         return {n for n in names if n.startswith(_MCP_PREFIX)}
     if entry == "user":
         return {
             n
             for n in names
-            if n not in builtin_names() and n not in melra_names() and not n.startswith(_MCP_PREFIX)
+            if n not in BUILTIN_TOOL_NAMES and n not in MELRA_TOOL_NAMES and not n.startswith(_MCP_PREFIX)
         }
     server = _SERVER_ENTRY.match(entry)
     if server is not None:

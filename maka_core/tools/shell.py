@@ -36,6 +36,7 @@ from pydantic import Field
 from maka_core import failpoints
 from maka_core.errors import MakaError
 from maka_core.facts.events import RecoveryMode
+from maka_core.tools import names
 from maka_core.tools.base import (
     DEFAULT_RESULT_BYTE_LIMIT,
     FileEvidence,
@@ -131,7 +132,7 @@ class BashTool:
     _running: set[subprocess.Popen[bytes]] = field(default_factory=set, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
-    name: ClassVar[str] = "bash"
+    name: ClassVar[str] = names.BASH
     description: ClassVar[str] = (
         "Run a command with /bin/bash -c in the workspace root; returns exitCode, stdout and stderr."
     )

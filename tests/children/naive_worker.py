@@ -18,8 +18,8 @@ from maka_core.policy import Policy
 from maka_core.runtime.runtime import ResolverGuard, Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools, with_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.host.serve import serve
 

@@ -21,7 +21,7 @@ from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import CommitResult, LedgerStore
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.host.serve import serve
 

@@ -25,12 +25,12 @@ from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools import guarded_replace as gr
 from maka_core.tools.base import FileEvidence, FileIdentity, Reconciliation
 from maka_core.tools.beneath import locate
 from maka_core.tools.files import EditFileTool, WriteFileTool
 from maka_core.tools.redo import FIRST_REDO
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import with_policy
 from tests.test_runtime import ATTEMPT, one_call, recover_input, tool_input

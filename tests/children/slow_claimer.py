@@ -14,7 +14,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.runtime.continuation import resume_session
 from maka_core.runtime.inspect import inspect_host
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 
 
 class SlowStartStore(LedgerStore):

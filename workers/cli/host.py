@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.cli import demo
 from maka_temporal.workers.cli.base import (
     db_option,

@@ -42,8 +42,8 @@ from maka_core.runtime.usage_limits import raise_limit
 from maka_core.settings import MakaSettings, load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.health import probe_path, probe_url
-from maka_core.tools import default_tools
 from maka_core.tools.loader import load_tools, with_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.answers import (
     ApprovalAnswer,
     AuditAll,

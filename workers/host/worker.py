@@ -31,8 +31,9 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import FunctionTool, Tool, default_tools
+from maka_core.tools import FunctionTool, Tool
 from maka_core.tools.loader import with_tools
+from maka_core.tools.registry import default_tools
 from maka_temporal.activities import MakaActivities
 from maka_temporal.workers.host.attempt_fence import AttemptFence
 from maka_temporal.workers.host.resume import (

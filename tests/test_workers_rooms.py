@@ -49,13 +49,16 @@ THROUGH_THE_CLIENT = ("host.resume", "host.attempt_fence", "client.audit", "clie
 #: The only function-local imports outside the CLI (whose command boundary is lazy, ``cli/__init__``):
 #: module -> the prefixes it may import late, each for the reason its module says.
 LAZY = {
-    # The Temporal side and, for ``resume``, the host: ledger-only calls start without the SDK.
+    # The Temporal side (``status``, ``reopen`` import it) and, for ``resume``, the host
+    # (``client.resume`` imports it): ledger-only calls start without the SDK.
     "client.session_api": (
         "maka_temporal.workers.client.session_client",
         "maka_temporal.workers.client.turn_messages",
         "maka_temporal.workers.client.connect",
         "maka_temporal.workers.client.audit",
-        "maka_temporal.workers.host.",
+        "maka_temporal.workers.client.status",
+        "maka_temporal.workers.client.reopen",
+        "maka_temporal.workers.client.resume",
     ),
     "host.worker": ("maka_core.tools.mcp.",),  # the MCP SDK, only when an MCP config is given
     "host.telemetry": ("opentelemetry.exporter.",),  # the OTLP exporter, only when an endpoint is set
@@ -247,7 +250,8 @@ def test_workers_modules_import_no_circle() -> None:
     assert {room_of(m, PACKAGE) for m in graph} >= set(ROOMS)
     assert f"{PACKAGE}.host.worker" in graph[f"{PACKAGE}.host.plugin"]
     assert f"{PACKAGE}.host.plugin" in graph[f"{PACKAGE}.host.serve"]
-    assert f"{PACKAGE}.host.worker" in graph[f"{PACKAGE}.client.session_api"]  # a function-local one
+    assert f"{PACKAGE}.client.resume" in graph[f"{PACKAGE}.client.session_api"]  # a function-local one
+    assert f"{PACKAGE}.host.worker" in graph[f"{PACKAGE}.client.resume"]
     assert find_cycle(graph) is None, f"import circle: {' -> '.join(find_cycle(graph) or [])}"
 
 

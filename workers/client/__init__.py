@@ -1,8 +1,9 @@
 """The Temporal client side: connecting (``connect``), opening the ledger (``ledger``), the typed
 ``SessionClient`` (``session_api``) and its answers and refusal (``answers``), the session
 workflow's messages (``session_client``, ``turn_messages``), what a start validates and records
-(``session_start``, ``policy``), following a session's facts as they commit (``session_follow``)
-and the audit."""
+(``session_start``, ``policy``), a session's status (``status``), a new execution for a settled
+session (``reopen``), ``maka resume``'s client half (``resume``), following a session's facts as
+they commit (``session_follow``) and the audit."""
 
 __all__ = [
     "answers",
@@ -10,9 +11,12 @@ __all__ = [
     "connect",
     "ledger",
     "policy",
+    "reopen",
+    "resume",
     "session_api",
     "session_client",
     "session_follow",
     "session_start",
+    "status",
     "turn_messages",
 ]

@@ -6,7 +6,7 @@ anything is started or written, by raising ``SessionError`` (one type; ``.code``
 refusal code, ``.detail`` its fields). Each answer is a frozen pydantic model.
 
 The Temporal side (``session_client``, ``turn_messages``, ``connect``, ``audit``, and the host for
-``resume``) is imported inside the methods that talk to Temporal, the only function-local imports
+``resume``) is imported inside the functions that talk to Temporal, the only function-local imports
 of the client room: the ledger-only calls (``show``, ``resolve``, ``raise_limit``, ``status``
 without a server) and the CLI commands over them start without loading the Temporal SDK
 (``tests/test_cli_startup.py``; 1.0 s against 1.8 s for ``maka session show`` measured).
@@ -21,27 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from maka_core.errors import MakaError
 from maka_core.facts import codec
-from maka_core.runtime import workspace_continuity
-from maka_core.runtime.continuation import read_session, runs_missing
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
 )
-from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.resolution import resolve_operation
-from maka_core.runtime.session_view import session_view, transcript_lines
+from maka_core.runtime.session_view import transcript_lines
 from maka_core.runtime.usage_limits import raise_limit
 from maka_core.settings import MakaSettings, load_settings
-from maka_core.store.engine import database_url, sqlite_file
-from maka_core.store.health import probe_path, probe_url
 from maka_core.tools.loader import load_tools, with_tools
 from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.answers import (
@@ -49,37 +43,27 @@ from maka_temporal.workers.client.answers import (
     AuditAll,
     AuditResult,
     Decision,
-    FollowKind,
     FollowLine,
     LimitRaise,
-    Operation,
-    ProgressKind,
     Resolution,
     Resumed,
     ResumeProgress,
     SessionError,
     Status,
     Transcript,
-    TurnInfo,
     TurnStarted,
     WaitProgress,
     refusing,
 )
 from maka_temporal.workers.client.ledger import open_ledger, session_events
-from maka_temporal.workers.client.policy import answer_approval, check_session_known, governance_status
-from maka_temporal.workers.client.session_follow import follow as follow_ledger
+from maka_temporal.workers.client.policy import answer_approval, check_session_known
+from maka_temporal.workers.client.session_follow import follow_lines
 from maka_temporal.workers.client.session_start import NewSession, SessionStart, check_message, new_session
-from maka_temporal.workflows.contracts import TurnCancelled, workflow_id_for
+from maka_temporal.workflows.contracts import TurnCancelled
 
-__all__ = ["SessionClient", "reopen", "session_status"]
+__all__ = ["SessionClient"]
 
 log = logging.getLogger(__name__)
-#: How long an abandoned ``follow`` waits for its reader thread to end (one ledger read).
-FOLLOW_JOIN_S = 5.0
-
-
-class _FollowStopped(Exception):
-    """The reader of ``follow`` went away: its ledger thread ends."""
 
 
 class SessionClient:
@@ -321,6 +305,7 @@ class SessionClient:
         """Send a message: one new turn (``maka session send``). A session whose execution closed
         after a clean turn gets a new execution built from its recorded config; one lost mid-turn
         is refused ``resume_required``."""
+        from maka_temporal.workers.client.reopen import reopen
         from maka_temporal.workers.client.session_client import describe_execution, send_message
 
         s = self.settings(wait_timeout=accept_timeout)
@@ -398,6 +383,8 @@ class SessionClient:
     async def status(self, session_id: str) -> Status:
         """State, turns and every tool call's facts (``maka session status``): the workflow's state
         while its execution is open, the ledger's otherwise (``notes`` says which)."""
+        from maka_temporal.workers.client.status import session_status
+
         async def go() -> Status:
             client = await self._connected()
             return await session_status(client, self.settings(), session_id, unreachable=self.unreachable)
@@ -429,51 +416,8 @@ class SessionClient:
         Raises:
             SessionError: ``session_not_found``, ``run_not_found``, the ledger's codes.
         """
-        s = self.settings()
-        loop = asyncio.get_running_loop()
-        lines: asyncio.Queue[FollowLine | BaseException | None] = asyncio.Queue()
-        stop = threading.Event()
-        kind: FollowKind = "event" if as_json else "transcript"
-
-        def put(item: FollowLine | BaseException | None) -> None:
-            try:
-                loop.call_soon_threadsafe(lines.put_nowait, item)
-            except RuntimeError:
-                stop.set()  # the loop is gone: nobody reads any more
-
-        def write(text: str) -> None:
-            if stop.is_set():
-                raise _FollowStopped
-            put(FollowLine(session_id=session_id, kind=kind, text=text))
-
-        def read() -> None:
-            # The ledger is polled with blocking reads: on one thread of its own, which owns the
-            # opened store from first read to last.
-            try:
-                follow_ledger(
-                    s.ledger, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop
-                )
-            except _FollowStopped:
-                return
-            except BaseException as exc:
-                put(exc)
-                return
-            put(None)
-
-        reader = threading.Thread(target=read, name=f"maka-follow-{session_id}", daemon=True)
-        reader.start()
-        try:
-            while (item := await lines.get()) is not None:
-                if isinstance(item, MakaError):
-                    raise SessionError.of(item) from None
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            # A caller that stops reading (break, cancel) ends the poll and closes the ledger now;
-            # the reader wakes from its wait at once, or after the one read it is in.
-            stop.set()
-            await asyncio.to_thread(reader.join, FOLLOW_JOIN_S)  # off the loop: it may be mid-read
+        async for line in follow_lines(self.settings().ledger, session_id, run_id, as_json=as_json):
+            yield line
 
     async def audit(self, session_id: str) -> AuditResult:
         """The ledger's lineage against every execution that hosted it (``maka audit``)."""
@@ -620,67 +564,23 @@ class SessionClient:
             SessionError: ``config_invalid`` (both ``restore`` and ``rebaseline``), ``session_busy``,
                 ``session_not_found``, ``resume_not_needed``, ``continuation_already_exists``, ...
         """
-        # The one call that runs host work: the runtime and its tools load here, not for every client
-        # (the only function-local imports of the client room; the CLI's are at its command boundary).
-        from maka_temporal.workers.host.attempt_fence import AttemptFence
-        from maka_temporal.workers.host.resume import choose_workspace, resume_lost_session, wait_continued
-        from maka_temporal.workers.host.worker import default_runtime
+        # The one call that runs host work: the runtime and its tools load here, not for every client.
+        from maka_temporal.workers.client.resume import resume_session
 
         s = self.settings()
-
-        def say(kind: ProgressKind, message: str) -> None:
-            if on_progress is None:
-                return
-            try:
-                on_progress(ResumeProgress(session_id=session_id, kind=kind, message=message))
-            except Exception:
-                # A caller's broken callback must not abort a resume half-way (after its workspace
-                # choice committed, say): it hears nothing more from this step.
-                log.exception("resume %s: on_progress raised; the resume goes on", session_id)
-
-        async def go() -> Resumed:
-            # The local refusals first (the tools, then the ledger, opened once), then Temporal's.
-            tools = self._workers_tools(s)
-            store = open_ledger(s.ledger, create=False)
-            try:
-                client = await self._temporal()
-            except BaseException:
-                store.close()
-                raise
-            rt = default_runtime(store, s.runtime_settings(), tools=tools)
-            fence = AttemptFence(
-                client, rt.settings.tool_heartbeat_timeout_s, say=lambda m: say("attempt_fence", m)
+        return await refusing(
+            resume_session(
+                session_id,
+                settings=s,
+                tools=lambda: self._workers_tools(s),
+                temporal=self._temporal,
+                task_queue=self._task_queue,
+                wait=wait,
+                restore=restore,
+                rebaseline=rebaseline,
+                on_progress=on_progress,
             )
-            try:
-                chosen = await choose_workspace(client, rt, session_id, restore, rebaseline)
-                if chosen is not None:
-                    say("workspace", workspace_continuity.describe(chosen))
-                out = await resume_lost_session(
-                    client,
-                    rt,
-                    session_id,
-                    task_queue=self._task_queue,
-                    feature_enabled=s.runtime_safe_boundary_resume is not False,
-                    fence=fence,
-                )
-                if chosen is not None:
-                    out["workspaceTransition"] = chosen
-                if fence.waited:
-                    out["attemptFenceS"] = round(fence.waited, 1)
-                if wait and out["decision"] == "continue":
-                    out = await wait_continued(client, rt, out, on_state=lambda state, _s: say("turn", state))
-            finally:
-                rt.close()
-                store.close()
-            return Resumed(
-                session_id=session_id,
-                decision=str(out["decision"]),
-                state=out.get("state"),
-                park_reason=out.get("parkReason"),
-                raw=out,
-            )
-
-        return await refusing(go())
+        )
 
 
 def _started(session_id: str, accepted: Any) -> TurnStarted:
@@ -690,177 +590,3 @@ def _started(session_id: str, accepted: Any) -> TurnStarted:
         run_id=accepted.run_id,
         invocation_id=accepted.invocation_id,
     )
-
-
-async def reopen(client: Any, s: MakaSettings, session_id: str) -> None:
-    """A new execution for a session whose execution is gone, only when its last run ended cleanly.
-
-    A run that a repair closed (its execution was lost mid-turn), a parked run, an unresolved
-    operation or a claimed continuation that never ran all need ``maka resume`` (the planner).
-
-    Raises:
-        MakaError: ``session_not_found``, ``resume_required``, ``session_busy``.
-    """
-    from maka_temporal.workers.client.session_client import start_execution
-
-    try:
-        store = open_ledger(s.ledger, create=False)
-    except MakaError as exc:
-        if exc.code != "ledger_not_found":
-            raise
-        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id) from None
-    with store:
-        session = read_session(store, session_id)
-        view = session_view(store, session_id, workflow_id=workflow_id_for(session_id))
-    latest = session.latest
-    if latest is None:
-        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-    events = session.events.get(latest.run_id, [])
-    terminal = next((e for e in reversed(events) if e.is_terminal), None)
-    delta = terminal.actions.state_delta if terminal is not None and terminal.actions is not None else None
-    recovered = isinstance(delta, dict) and bool(delta.get("recovered"))
-    pending_claim = any(
-        not any(e.is_terminal for e in session.events.get(c.target_run_id, [])) for c in session.claims
-    )
-    if view.state not in ("idle", "failed") or terminal is None or recovered or pending_claim:
-        raise MakaError(
-            "resume_required",
-            f"session {session_id} lost its execution before its last run settled; "
-            f"run `maka resume {session_id}`",
-            sessionId=session_id,
-            state=view.state,
-        )
-    record = session.record
-    if record is None:
-        raise MakaError(
-            "resume_required", "the ledger holds no session record to restart from", sessionId=session_id
-        )
-    await start_execution(
-        client,
-        session_id,
-        workspace=record.workspace,
-        workspace_identity=record.workspace_identity,
-        config=record.config,  # the session's settings, as recorded at its start
-        task_queue=record.task_queue or s.task_queue,
-    )
-
-
-async def session_status(
-    client: Any, s: MakaSettings, session_id: str, *, unreachable: str | None = None
-) -> Status:
-    """``SessionClient.status`` (and ``maka session status``): see there. ``unreachable``: why the
-    caller has no client (the code of its failed connect), for the note."""
-    from maka_temporal.workers.client.session_client import describe_execution, query_status
-
-    status = None
-    execution = None
-    # Notes wait until the session is known to exist: an unknown session or a missing ledger is
-    # one refusal, not a note about state "from the ledger" followed by it.
-    notes: list[str] = []
-    try:
-        if client is None:
-            raise MakaError(unreachable or "temporal_unavailable", "no Temporal client")
-        execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
-        if execution.open:
-            status = await asyncio.wait_for(query_status(client, session_id), 5)
-        else:
-            # A closed execution's Query replays its last in-memory state ("running" for one
-            # terminated mid-turn): only the ledger knows what became of it.
-            notes.append(f"maka: execution {execution.status or 'not found'}; state from the ledger")
-    except Exception as exc:  # unreachable server or gone workflow: the ledger still answers
-        why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
-        notes.append(f"maka: workflow not reachable ({why}); state from the ledger")
-    if execution is not None and execution.task_failing:
-        notes.append(
-            f"maka: the workflow task of session {session_id} keeps failing "
-            f"(attempt {execution.task_attempt}; an incompatible deploy?): terminate the execution, "
-            f"then `maka resume {session_id}`"
-        )
-
-    def view_of(db: Any) -> Any:
-        with open_ledger(db, create=False) as store:
-            return session_view(
-                store,
-                session_id,
-                workflow_id=workflow_id_for(session_id),
-                state=status.state if status is not None else None,
-                park_reason=status.park_reason if status is not None else None,
-            )
-
-    try:
-        view = view_of(s.ledger)
-    except MakaError as exc:
-        if exc.code != "ledger_not_found" or status is None:
-            raise
-        view = view_of("sqlite://")  # the workflow alone answers
-    if status is None and view.event_count == 0 and not view.turns:
-        raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
-    resume_refusal = None
-    if status is None and not view.turns:
-        # Events without run headers (an imported ledger): resume refuses, and says so here too.
-        refusal = runs_missing(session_id, view.event_count)
-        resume_refusal = refusal.to_json()
-        notes.append(f"maka: {refusal.code}: {refusal.message}")
-    health = _ledger_health(s.ledger)
-    governed: dict[str, Any] = {"pendingApprovals": []}
-    config = None
-    try:
-        with open_ledger(s.ledger, create=False) as store:
-            governed = governance_status(store, session_id, view.state)
-            record = session_record(store.events(session_id=session_id))
-            config = record.config if record is not None else None
-    except MakaError:
-        pass
-    host_wait = config.host_wait_s if config is not None else None
-    host = (config.host if config is not None else None) or (status.host if status is not None else None)
-    if execution is not None and not execution.open and view.state == "running":
-        notes.append(
-            f"maka: session {session_id} lost its execution before its run settled; a worker's "
-            f"startup repair or `maka resume {session_id}` settles it from the ledger"
-        )
-    out = {
-        **view.to_json(),
-        **(execution.to_json() if execution else {}),
-        "host": host,
-        "hostWait": host_wait,
-        "config": config.status_json() if config is not None else None,
-        "ledger": health,
-        **governed,
-        **({"resume": resume_refusal} if resume_refusal else {}),
-    }
-    return Status(
-        session_id=session_id,
-        state=str(governed.get("state") or view.state),
-        park_reason=view.park_reason,
-        turns=tuple(
-            TurnInfo(turn_id=t.turn_id, run_id=t.run_id, status=t.status, park_reason=t.park_reason)
-            for t in view.turns
-        ),
-        operations=tuple(
-            Operation(
-                operation_id=o.operation_id,
-                tool_call_id=o.tool_call_id,
-                tool_name=o.tool_name,
-                run_id=o.run_id,
-                status=o.status,
-                reason=o.reason,
-                is_error=o.is_error,
-            )
-            for o in view.operations
-        ),
-        pending_approvals=tuple(governed["pendingApprovals"]),
-        config=out["config"],
-        host=host,
-        execution_status=execution.status if execution is not None and execution.exists else None,
-        notes=tuple(notes),
-        raw=out,
-    )
-
-
-def _ledger_health(db: Any) -> dict[str, Any]:
-    """Whether the ledger can take the next write (read-only, full), without writing to it."""
-    url = database_url(db)
-    file = sqlite_file(url)
-    if file is not None:
-        return probe_path(file)
-    return probe_url(url) if url.startswith("postgresql") else {"ok": True}

@@ -14,9 +14,10 @@ the previous, settled one; the follow waits for the named run (``run_not_found``
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from maka_core.errors import MakaError
 from maka_core.facts import codec
 from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.session_view import transcript_lines
+from maka_temporal.workers.client.answers import FollowKind, FollowLine, SessionError
 from maka_temporal.workers.client.ledger import open_ledger
 
 #: How often the ledger is read again while a turn runs.
@@ -102,3 +104,64 @@ def follow(
                 return
     if footer is not None:
         write(footer)
+
+
+#: How long an abandoned ``follow_lines`` waits for its reader thread to end (one ledger read).
+FOLLOW_JOIN_S = 5.0
+
+
+class _FollowStopped(Exception):
+    """The reader of ``follow_lines`` went away: the poll stops."""
+
+
+async def follow_lines(
+    target: str | Path, session_id: str, run_id: str | None = None, *, as_json: bool = False
+) -> AsyncIterator[FollowLine]:
+    """``follow`` as an async iterator of ``FollowLine`` (``SessionClient.follow``): the ledger is
+    polled on a thread of its own, which stops when the caller stops reading.
+
+    Raises:
+        SessionError: ``session_not_found``, ``run_not_found``, the ledger's codes.
+    """
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[FollowLine | BaseException | None] = asyncio.Queue()
+    stop = threading.Event()
+    kind: FollowKind = "event" if as_json else "transcript"
+
+    def put(item: FollowLine | BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(lines.put_nowait, item)
+        except RuntimeError:
+            stop.set()  # the loop is gone: nobody reads any more
+
+    def write(text: str) -> None:
+        if stop.is_set():
+            raise _FollowStopped
+        put(FollowLine(session_id=session_id, kind=kind, text=text))
+
+    def read() -> None:
+        # The ledger is polled with blocking reads: on one thread of its own, which owns the
+        # opened store from first read to last.
+        try:
+            follow(target, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop)
+        except _FollowStopped:
+            return
+        except BaseException as exc:
+            put(exc)
+            return
+        put(None)
+
+    reader = threading.Thread(target=read, name=f"maka-follow-{session_id}", daemon=True)
+    reader.start()
+    try:
+        while (item := await lines.get()) is not None:
+            if isinstance(item, MakaError):
+                raise SessionError.of(item) from None
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        # A caller that stops reading (break, cancel) ends the poll and closes the ledger now;
+        # the reader wakes from its wait at once, or after the one read it is in.
+        stop.set()
+        await asyncio.to_thread(reader.join, FOLLOW_JOIN_S)  # off the loop: it may be mid-read

@@ -44,7 +44,7 @@ from maka_core.runtime.tool_call import (
     committed_args,
     run_and_commit_outcome,
 )
-from maka_core.tools import ToolResult, contract
+from maka_core.tools import ToolResult, bound_call
 from maka_core.tools.base import FileEvidence, GuardedWrite, Reconciliation, parse_evidence
 from maka_core.tools.contract import KEYED_GUARANTEES
 from maka_core.tools.melra import execution_view
@@ -153,9 +153,9 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         # Bound to its call again (a MELRA tool: its task, its store) like the first run. With every
         # tool: this call's T1 was admitted under the session's set (fixed at its start, as its
         # policy is), so the tool and a task's inner tool were offered then and still are.
-        tool = contract.for_call(
+        tool = bound_call.for_call(
             melra.bind(rt, tool, inp.session_id, op_id),
-            contract.CallContext(
+            bound_call.CallContext(
                 inp.session_id,
                 op_id,
                 attempt=run_number or 1,
@@ -195,8 +195,8 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
         )
     evidence_json = await rt.on_ledger(lambda: rt.ledger.evidence(op_id), attempt=attempt)
     evidence = None if evidence_json is None else parse_evidence(evidence_json)
-    bound = contract.for_call(
-        tool, contract.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
+    bound = bound_call.for_call(
+        tool, bound_call.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
     )
     redo = None
     if (

@@ -44,7 +44,7 @@ from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime import approvals, builders, governed, melra
 from maka_core.runtime.contracts import ApprovalWait, CallRef, LocalDeferral, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Leg, Runtime, ToolSlot
-from maka_core.tools import Tool, ToolRefusal, ToolResult, contract
+from maka_core.tools import Tool, ToolRefusal, ToolResult, bound_call, contract
 from maka_core.tools.base import FileEvidence, GuardedWrite
 from maka_core.workspace import Workspace
 
@@ -363,7 +363,7 @@ def _admit(
         message = f"tool {call.tool_name!r} is not offered in this session"
         return _commit_refusal(rt, ids, call, ToolResult.error("tool_not_offered", message))
     tool = melra.bind(rt, tool, ids.session_id, call.operation_id, offered)
-    tool = contract.for_call(tool, contract.CallContext(ids.session_id, call.operation_id, loop=loop))
+    tool = bound_call.for_call(tool, bound_call.CallContext(ids.session_id, call.operation_id, loop=loop))
     try:
         ws = rt.workspace(inp.workspace)
     except MakaError as exc:

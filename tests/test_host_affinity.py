@@ -35,8 +35,9 @@ pytestmark = [pytest.mark.temporal, pytest.mark.crash, pytest.mark.asyncio(loop_
 #: Small in tests: how long a host has to start a tool before its sessions park.
 HOST_WAIT_S = 3.0
 BASH = "echo ran >> effects.log"
-UNPINNED_WORKER: tuple[str, ...] = ("-m", "tests.children.unpinned_worker")
-HOSTLESS_LOCAL_WORKER: tuple[str, ...] = ("-m", "tests.children.hostless_local_worker")
+VARIANT_WORKER: tuple[str, ...] = ("-m", "tests.children.variant_worker", "--workflow")
+UNPINNED_WORKER = (*VARIANT_WORKER, "tests.children.unpinned_workflow:UnpinnedSessionWorkflow")
+HOSTLESS_LOCAL_WORKER = (*VARIANT_WORKER, "tests.children.hostless_local_workflow:HostlessLocalWorkflow")
 
 
 @dataclass

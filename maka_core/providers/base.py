@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
-from maka_core.facts.events import FunctionResponseContent
+from maka_core.facts.events import FunctionCallContent, FunctionResponseContent
 from maka_core.providers import pacing
 from maka_core.providers.spec import (
     AnthropicSpec,
@@ -100,6 +100,18 @@ class ProviderError(MakaError):
         )
 
 
+def usage_invalid(field: str, why: str, **detail: Any) -> ProviderError:
+    """The refusal of a step whose usage cannot be committed: ``usage_invalid``, not retryable
+    (``runtime.step_output`` says why); ``field`` names the count."""
+    return ProviderError(
+        "usage_invalid",
+        f"the vendor's usage {field} {why}; nothing of the step was committed",
+        retryable=False,
+        field=field,
+        **detail,
+    )
+
+
 def status_error(
     status: int, message: str, headers: Mapping[str, str], *, context_exceeded: bool, **detail: Any
 ) -> ProviderError:
@@ -123,6 +135,45 @@ def status_error(
     else:
         code = "provider_bad_request"
     return ProviderError(code, message, retryable=False, **detail)
+
+
+#: Where a function call carries the vendor's own id when the ledger's id for the call is the
+#: runtime's (``runtime.step_output``): ``providerOptions.maka.vendorCallId``. Namespaced as
+#: provider options are (by who wrote them), so a reader that knows only its own vendor's key
+#: ignores it.
+VENDOR_OPTIONS_KEY = "maka"
+VENDOR_CALL_ID = "vendorCallId"
+
+
+def vendor_call_options(vendor_id: str) -> dict[str, Any]:
+    """The ``providerOptions`` of a call whose ledger id is not the vendor's ``vendor_id``."""
+    return {VENDOR_OPTIONS_KEY: {VENDOR_CALL_ID: vendor_id}}
+
+
+def vendor_call_id(content: FunctionCallContent) -> str:
+    """The id the vendor gave a committed call: the one its options carry, else the call's own id
+    (every call committed before runtime ids existed, and every call whose vendor id was new)."""
+    options = content.provider_options or {}
+    ours = options.get(VENDOR_OPTIONS_KEY)
+    vendor = ours.get(VENDOR_CALL_ID) if isinstance(ours, dict) else None
+    return vendor if isinstance(vendor, str) and vendor else content.id
+
+
+class WireCallIds:
+    """The ids a history's calls and results carry on the wire: each call the id its vendor gave
+    it, each result the id of its call, so the vendor sees, in order, the ids it sent. Fed in
+    history order (a call before its results)."""
+
+    def __init__(self) -> None:
+        self._by_call: dict[str, str] = {}
+
+    def call(self, content: FunctionCallContent) -> str:
+        wire = vendor_call_id(content)
+        self._by_call[content.id] = wire
+        return wire
+
+    def result(self, content: FunctionResponseContent) -> str:
+        return self._by_call.get(content.id, content.id)
 
 
 def result_text(content: FunctionResponseContent, *, prefix_errors: bool = True) -> str:

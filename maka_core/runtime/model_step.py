@@ -34,7 +34,7 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
-from maka_core.runtime import builders, compaction, governed, local_calls, tool_call
+from maka_core.runtime import compaction, governed, local_calls, step_output, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -283,7 +283,8 @@ async def _compact(
             stepId=step_id,
         )
     fact = plan.fact(step_id, summary)
-    event = compaction.compaction_event(ids, step_id, fact, now_ms(), output.usage)
+    usage = _checked_usage(rt, ids, compaction.compaction_id(step_id), output)
+    event = compaction.compaction_event(ids, step_id, fact, now_ms(), usage)
     failpoints.hit("compaction_answered")
     committed_here = True
     try:
@@ -364,24 +365,21 @@ async def model_step(
         rt.record_provider_call(step_id)
         output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
     _check_size(output, rt.settings.model_output_max_bytes, step_id)
+    usage = _checked_usage(rt, ids, step_id, output)
     ts = now_ms()
+    ops = [f"op-{uuid.uuid4()}" for _ in output.tool_calls]
     batch: list[RuntimeEvent] = []
-    if output.text is not None or not output.tool_calls:
-        batch.append(builders.model_text(ids, step_id, output.text or "", ts))
-    for index, call in enumerate(output.tool_calls):
-        op = f"op-{uuid.uuid4()}"
-        batch.append(builders.model_call(ids, step_id, index, call.id, call.name, dict(call.args), op, ts))
-    if output.usage is not None:
-        try:
-            batch.append(builders.step_usage(ids, step_id, dict(output.usage), ts))
-        except ValueError:
-            # Usage is an account, not the step's output: a shape Maka refuses is not committed, and
-            # the step still is.
-            log.warning("step %s: provider usage not in Maka's tokenUsage shape; not recorded", step_id)
+
+    def commit() -> None:
+        # The calls' ids are decided against the session's committed ones in the commit's own hop.
+        taken = rt.ledger.view(ids.session_id).call_ids
+        batch[:] = step_output.step_batch(ids, step_id, output, usage, ops, taken, ts)
+        rt.ledger.append(batch)
+
     if output.tool_calls:
         failpoints.hit("P0")
     try:
-        await rt.on_ledger(lambda: rt.ledger.append(batch), attempt=attempt)
+        await rt.on_ledger(commit, attempt=attempt)
     except LedgerRejection as exc:
         if exc.code != "duplicate_event_id":
             raise
@@ -395,6 +393,13 @@ async def model_step(
         failpoints.hit("P1")
     _count_tokens(rt, inp.provider, batch)
     return _result(rt, step_id, tuple(batch), replayed=False)
+
+
+def _checked_usage(rt: Runtime, ids: RunIds, step_id: str, output: ModelOutput) -> dict[str, Any] | None:
+    """The answer's usage as it may commit (``step_output.checked_usage``: ``usage_invalid``
+    otherwise). The session's policy was read (and cached) by the step's lookup."""
+    caps = step_output.capped(rt.session_governance(ids.session_id).policy.usage)
+    return step_output.checked_usage(output.usage, step_id, caps=caps)
 
 
 def _count_tokens(rt: Runtime, recorded: Any, batch: list[RuntimeEvent]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from maka_core import failpoints
@@ -256,6 +257,20 @@ def _plan(
     )
 
 
+async def _call(
+    rt: Runtime, call_id: str, make: Callable[[], Awaitable[ModelOutput]], attempt: Attempt | None
+) -> ModelOutput:
+    """One provider call, heartbeating ``attempt`` meanwhile: refused before its request once the
+    worker is stopping, cut at the worker's graceful timeout (``runtime.model_calls``:
+    ``WorkerStopping``, nothing committed)."""
+
+    def counted() -> Awaitable[ModelOutput]:
+        rt.record_provider_call(call_id)
+        return make()
+
+    return await rt.heartbeating(rt.model_calls.call(call_id, counted), attempt)
+
+
 async def _compact(
     rt: Runtime,
     spec: Any,
@@ -270,9 +285,12 @@ async def _compact(
     step sends it. Returns the history the step sends. Another attempt's committed fact wins (a
     worker presumed dead that got there first): its summary is the one used, never ours."""
     failpoints.hit("compaction_started")
-    rt.record_provider_call(compaction.compaction_id(step_id))
-    answer = provider.complete([plan.request], [], step_index=step_index)
-    output = await rt.heartbeating(answer, attempt)
+    output = await _call(
+        rt,
+        compaction.compaction_id(step_id),
+        lambda: provider.complete([plan.request], [], step_index=step_index),
+        attempt,
+    )
     _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
     summary = (output.text or "").strip()
     if not summary or output.tool_calls:
@@ -346,9 +364,10 @@ async def model_step(
     tools = rt.tool_specs(rt.offered(ids.session_id, inp.tool_set))
     if plan is not None:
         history = await _compact(rt, inp.provider, provider, ids, step_id, plan, step_index, attempt)
-    rt.record_provider_call(step_id)
     try:
-        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
+        output = await _call(
+            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
+        )
     except ProviderError as exc:
         if exc.code != "provider_context_length_exceeded" or compacted:
             raise
@@ -362,8 +381,9 @@ async def model_step(
         if again[0] or again[3] is None:
             raise
         history = await _compact(rt, inp.provider, provider, ids, step_id, again[3], step_index, attempt)
-        rt.record_provider_call(step_id)
-        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
+        output = await _call(
+            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
+        )
     _check_size(output, rt.settings.model_output_max_bytes, step_id)
     usage = _checked_usage(rt, ids, step_id, output)
     ts = now_ms()

@@ -68,17 +68,17 @@ def call_ids(
     to the session and to this answer is the call's id; any other gets ``maka-<stepId>-<index>``
     (``:`` made ``-``), made unique if a vendor ever sent that too.
     """
-    used = set(taken)
+    used: set[str] = set()  # this answer's ids (``taken`` is the session's, never copied)
     out: list[tuple[str, str | None]] = []
     for index, call in enumerate(calls):
         vendor = call.id if isinstance(call.id, str) and call.id else None
-        if vendor is not None and vendor not in used:
+        if vendor is not None and vendor not in taken and vendor not in used:
             out.append((vendor, None))
             used.add(vendor)
             continue
         own = base = f"maka-{step_id}-{index}".replace(":", "-")
         n = 1
-        while own in used:
+        while own in taken or own in used:
             n += 1
             own = f"{base}-{n}"
         used.add(own)

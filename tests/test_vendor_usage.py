@@ -15,6 +15,10 @@ five tool calls and then a text, six requests in all.
   vendor gets all six requests, 3,600 tokens under the 1,000 cap, and the negative count leaves the
   session's usage negative.
 
+A variant of our own: a lie in a step that rides in its call's tool activity (refused there, then
+run again by the workflow as its own step): the worker remembers the refusal and the vendor is not
+asked again; negative control, the refusal forgotten, a third request passes the cap.
+
 Unit checks beside them: the bound, a non-integer, a missing count, the scripted provider's bound.
 """
 
@@ -34,7 +38,7 @@ from maka_core.errors import ConfigError
 from maka_core.facts.usage import MAX_STEP_COUNT, count_problem, step_tokens, usage_problem
 from maka_core.governance import parse_policy
 from maka_core.providers import ModelOutput, ProviderError, ScriptedProvider, anthropic_messages
-from maka_core.runtime import builders, model_step, step_output, usage_limits
+from maka_core.runtime import builders, model_calls, model_step, step_output, usage_limits
 from maka_core.runtime.contracts import RunIds
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view, transcript_lines
@@ -266,3 +270,63 @@ def test_the_scripted_provider_holds_its_usage_to_the_same_bound(usage: dict[str
     with pytest.raises(ConfigError) as err:
         ScriptedProvider([{"text": "x", "usage": usage}])
     assert err.value.code == "script_invalid" and err.value.detail["where"] == where
+
+
+# --- a lie in a step that rides with a tool call ----------------------------------------------------
+
+#: Two steps pass this cap (1,200 billed), three do not.
+RIDING_CAP = 1500
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("remembered", [True, False], ids=["refusal_remembered", "asked_again"])
+async def test_a_lie_in_a_step_riding_with_its_call_is_not_asked_for_again(
+    temporal_client: Client,
+    tmp_path: Path,
+    ws_dir: Path,
+    task_queue: str,
+    chat: ChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    remembered: bool,
+) -> None:
+    """An honest step with a call, then a lying step: the second rides in the call's tool activity
+    (``with_tool``), is refused there, and the workflow runs it again as a step of its own. The
+    worker remembers the refusal (``ModelCalls.refuse``): the vendor is not asked again, two
+    requests, 1,200 billed under a 1,500 cap. Negative control, the refusal forgotten: a third
+    request, 1,800 billed past the cap (the refused answer was never counted)."""
+    monkeypatch.setenv("OPENAI_BASE_URL", chat.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    if not remembered:
+        monkeypatch.setattr(model_calls.ModelCalls, "refusal", lambda self, step_id: None)
+    (ws_dir / "a.txt").write_text("alpha\n")
+    db = tmp_path / "ledger.sqlite"
+    session_id = f"ride-{tmp_path.name}"[-60:]
+    _record_policy(db, session_id, parse_policy({"usage": {"maxTokensPerTurn": RIDING_CAP}}))
+    honest = {"prompt_tokens": 590, "completion_tokens": 10, "total_tokens": 600}
+    for usage in (honest, LIES["negative"][0], LIES["negative"][0]):
+        call = {
+            "id": "call_r",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'},
+        }
+        body = completion({"content": None, "tool_calls": [call]}, "tool_calls")
+        body["usage"] = usage
+        chat.reply(200, body)
+    async with in_process_worker(temporal_client, db, task_queue):
+        _, accepted = await start_session(
+            temporal_client,
+            workspace=ws_dir,
+            provider={"kind": "openai", "model": "m"},
+            task_queue=task_queue,
+            message="read a.txt",
+            session_id=session_id,
+        )
+        status = await wait_turn(temporal_client, session_id, accepted.run_id)
+    billed = REAL * len(chat.requests)
+    print(f"remembered={remembered}: {len(chat.requests)} requests, billed {billed}, {status.state}")
+    assert status.state == "failed", status
+    if remembered:
+        assert len(chat.requests) == 2 and billed <= RIDING_CAP
+    else:
+        assert len(chat.requests) == 3 and billed > RIDING_CAP

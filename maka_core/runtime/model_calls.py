@@ -19,6 +19,12 @@ Either way nothing of the step commits. Where the step goes on is Temporal's: a 
 retried on another worker; a local one fails at once and the workflow gives up the workflow task it
 ran in (``workflows.worker_stop``), which the next worker replays, running the step again.
 
+It also remembers the answers this worker refused after the vendor gave them (``refuse``:
+``usage_invalid``, ``model_output_too_large``, never retried). A step that rode in a tool activity
+and failed there is run again by its workflow as a step of its own, on the same worker; asking the
+vendor again would pay for a second answer no one can count (under a token cap, one past it), so
+the step fails with the same refusal instead (``refusal``).
+
 Everything here runs on the worker's event loop (the provider call is I/O on it; the stop comes from
 the host's shutdown on the same loop), so no lock is needed.
 """
@@ -26,12 +32,17 @@ the host's shutdown on the same loop), so no lock is needed.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from maka_core.errors import WorkerStopping
+from maka_core.providers.base import ProviderError
 
 T = TypeVar("T")
+
+#: How many refused answers a worker remembers (the latest; a step's workflow re-runs it at once).
+REFUSALS_KEPT: Final = 256
 
 
 class ModelCalls:
@@ -42,6 +53,7 @@ class ModelCalls:
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._cut: set[asyncio.Future[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._refused: OrderedDict[str, ProviderError] = OrderedDict()
 
     @property
     def stopping(self) -> bool:
@@ -72,6 +84,19 @@ class ModelCalls:
         finally:
             self._in_flight.discard(task)
             self._cut.discard(task)
+
+    def refuse(self, step_id: str, refusal: ProviderError) -> None:
+        """Remember that this worker refused step ``step_id``'s answer (not retryable)."""
+        self._refused[step_id] = refusal
+        while len(self._refused) > REFUSALS_KEPT:
+            self._refused.popitem(last=False)
+
+    def refusal(self, step_id: str) -> ProviderError | None:
+        """The refusal of step ``step_id``'s answer on this worker, as a fresh error, or ``None``."""
+        refused = self._refused.get(step_id)
+        if refused is None:
+            return None
+        return ProviderError(refused.code, refused.message, retryable=False, **refused.detail)
 
     def stop(self, grace_s: float) -> None:
         """No new provider call from now; the calls in flight are cut after ``grace_s`` seconds

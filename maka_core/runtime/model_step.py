@@ -291,7 +291,12 @@ async def _compact(
         lambda: provider.complete([plan.request], [], step_index=step_index),
         attempt,
     )
-    _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
+    try:
+        _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
+        usage = _checked_usage(rt, ids, compaction.compaction_id(step_id), output)
+    except ProviderError as refusal:
+        rt.model_calls.refuse(step_id, refusal)
+        raise
     summary = (output.text or "").strip()
     if not summary or output.tool_calls:
         raise ProviderError(
@@ -301,7 +306,6 @@ async def _compact(
             stepId=step_id,
         )
     fact = plan.fact(step_id, summary)
-    usage = _checked_usage(rt, ids, compaction.compaction_id(step_id), output)
     event = compaction.compaction_event(ids, step_id, fact, now_ms(), usage)
     failpoints.hit("compaction_answered")
     committed_here = True
@@ -359,6 +363,9 @@ async def model_step(
     committed, step_index, history, plan = found
     if committed:
         return _result(rt, step_id, committed, replayed=True)
+    refused = rt.model_calls.refusal(step_id)
+    if refused is not None:
+        raise refused  # this worker refused the step's answer already: the vendor is not asked again
     compacted = plan is not None
     # The lookup above read the session's policy on the ledger thread (cached since).
     tools = rt.tool_specs(rt.offered(ids.session_id, inp.tool_set))
@@ -384,8 +391,12 @@ async def model_step(
         output = await _call(
             rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
         )
-    _check_size(output, rt.settings.model_output_max_bytes, step_id)
-    usage = _checked_usage(rt, ids, step_id, output)
+    try:
+        _check_size(output, rt.settings.model_output_max_bytes, step_id)
+        usage = _checked_usage(rt, ids, step_id, output)
+    except ProviderError as refusal:
+        rt.model_calls.refuse(step_id, refusal)
+        raise
     ts = now_ms()
     ops = [f"op-{uuid.uuid4()}" for _ in output.tool_calls]
     batch: list[RuntimeEvent] = []

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, NamedTuple
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection, UsageLimitReached
@@ -172,10 +172,20 @@ def check_usage(
             raise refused
 
 
-#: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
-#: session-wide step index, the provider history (empty when the provider does not read it), and
-#: the compaction to run first (``None``: the history fits its budget, or cannot be compacted).
-Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent], "compaction.CompactionPlan | None"]
+class Found(NamedTuple):
+    """What a step reads from the ledger before it runs."""
+
+    #: Its committed output (empty: not run yet).
+    committed: tuple[RuntimeEvent, ...]
+    #: The session-wide step index.
+    step_index: int
+    #: The provider history (empty when the provider does not read it).
+    history: list[RuntimeEvent]
+    #: The compaction to run first (``None``: the history fits its budget, or cannot be compacted).
+    plan: compaction.CompactionPlan | None
+    #: The session's committed call ids: the committed view's own set, read (only) on the ledger
+    #: thread when the step commits, so a new call's id is decided without another read.
+    call_ids: Collection[str]
 
 
 def _needs_history(provider: Provider) -> bool:
@@ -204,7 +214,7 @@ def _lookup(
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
         check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.
-    return committed, view.step_count(ids.session_id), history, plan
+    return Found(committed, view.step_count(ids.session_id), history, plan, view.call_ids)
 
 
 def _compaction_cost(plan: compaction.CompactionPlan | None) -> int:
@@ -360,7 +370,7 @@ async def model_step(
 
     if found is None:
         found = await rt.on_ledger(lookup, attempt=attempt)
-    committed, step_index, history, plan = found
+    committed, step_index, history, plan, taken = found
     if committed:
         return _result(rt, step_id, committed, replayed=True)
     refused = rt.model_calls.refusal(step_id)
@@ -385,9 +395,9 @@ async def model_step(
         again = await rt.on_ledger(
             lambda: _lookup(rt, ids, step_id, needs_history, inp.provider, overflow=sent), attempt=attempt
         )
-        if again[0] or again[3] is None:
+        if again.committed or again.plan is None:
             raise
-        history = await _compact(rt, inp.provider, provider, ids, step_id, again[3], step_index, attempt)
+        history = await _compact(rt, inp.provider, provider, ids, step_id, again.plan, step_index, attempt)
         output = await _call(
             rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
         )
@@ -402,8 +412,9 @@ async def model_step(
     batch: list[RuntimeEvent] = []
 
     def commit() -> None:
-        # The calls' ids are decided against the session's committed ones in the commit's own hop.
-        taken = rt.ledger.view(ids.session_id).call_ids
+        # On the ledger thread, which alone folds ``taken``: the calls' ids are decided against the
+        # session's committed ones as of the step's lookup (nothing else commits a call to this
+        # session meanwhile but another attempt of this very step, whose events would collide first).
         batch[:] = step_output.step_batch(ids, step_id, output, usage, ops, taken, ts)
         rt.ledger.append(batch)
 
@@ -416,7 +427,7 @@ async def model_step(
             raise
         # Another attempt of this step committed first (a worker presumed dead that was still
         # running): its output is the step's output; ours was never committed or acted on.
-        committed, _, _, _ = await rt.on_ledger(lookup)
+        committed = (await rt.on_ledger(lookup)).committed
         if not committed:
             raise
         return _result(rt, step_id, committed, replayed=True)

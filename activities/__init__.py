@@ -16,6 +16,9 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
   tool was stopped (``runtime.tool_call``) and it committed no T2.
 - ``UsageLimitReached`` (type ``UsageLimitReached``): non-retryable; the workflow parks the turn.
+- ``WorkerStopping`` (type ``worker_stopping``): a model step on a stopping worker, nothing
+  committed; retryable from a regular activity (Temporal runs it on another worker), not from a
+  local one (a local retry runs on the same worker): its workflow gives up the workflow task.
 - ``ToolSetUnavailable`` (type ``tool_set_unavailable``): non-retryable, nothing committed; the
   workflow parks the turn ``tool_set_unavailable``.
 - ``ApprovalRefused``: non-retryable, its type the stable code (``approval_expired``...): the
@@ -36,7 +39,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached
+from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached, WorkerStopping
 from maka_core.providers import ProviderError
 from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
@@ -58,6 +61,7 @@ from maka_temporal.workflows.contracts import (
     RECOVER_OPERATION,
     RESUME_REQUIRED,
     USAGE_LIMIT_REACHED,
+    WORKER_STOPPING,
     AnswerInput,
     AnswerResult,
     BeginContinuationInput,
@@ -84,9 +88,14 @@ T = TypeVar("T")
 _PERMANENT_STORE_CODES = frozenset({"schema_too_new", "row_payload_identity_mismatch", "run_not_found"})
 
 
-def to_application_error(exc: MakaError) -> ApplicationError:
-    """The ApplicationError Temporal should see for a maka error (see the module docstring)."""
+def to_application_error(exc: MakaError, *, local: bool = False) -> ApplicationError:
+    """The ApplicationError Temporal should see for a maka error (see the module docstring);
+    ``local``: raised by a local activity."""
     detail = exc.to_json()
+    if isinstance(exc, WorkerStopping):
+        # Retried on another worker when regular; a local retry would run on this stopping worker
+        # again, so a local step fails at once and its workflow gives up the workflow task.
+        return ApplicationError(exc.message, detail, type=WORKER_STOPPING, non_retryable=local)
     if isinstance(exc, ProviderError):
         delay = exc.retry_after_s if exc.retryable and exc.retry_after_s else None
         return ApplicationError(
@@ -164,7 +173,7 @@ async def _mapped(call: Awaitable[T]) -> T:
     try:
         return await call
     except MakaError as exc:
-        raise to_application_error(exc) from exc
+        raise to_application_error(exc, local=activity.info().is_local) from exc
     except asyncio.CancelledError:
         details = activity.cancellation_details()
         if details is None or not (details.not_found or details.timed_out):

@@ -60,6 +60,14 @@ class UsageLimitReached(MakaError):
     default_code = "usage_limit_reached"
 
 
+class WorkerStopping(MakaError):
+    """The worker is stopping (a planned stop): a model step's provider call did not begin, or was
+    cut at the worker's graceful timeout; nothing of the step was committed, and the next worker
+    runs it (``runtime.model_calls``)."""
+
+    default_code = "worker_stopping"
+
+
 class LimitRaiseRefused(MakaError):
     """An operator's raise of a token cap was refused (``usage_limit_not_raised``,
     ``usage_limit_below_used``); nothing was written."""

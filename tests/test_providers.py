@@ -547,3 +547,21 @@ def test_the_factory_builds_each_kind_from_the_environment(monkeypatch: pytest.M
     )
     assert provider_from_spec({"kind": "anthropic", "model": "c", "maxTokens": 99}).max_tokens == 99  # type: ignore[attr-defined]
     assert isinstance(provider_from_spec(OpenAISpec(model="m")), OpenAICompatibleProvider)
+
+
+def test_the_providers_import_no_circle() -> None:
+    """The registry sits above the implementations (``providers/registry.py``) and a provider
+    imports only the contract (``base``), so no import circle runs through the package. Negative
+    control: the registry back in ``base`` (its function-local imports of the providers are edges
+    too) closes a circle."""
+    import maka_core.providers
+    from tests.test_workers_rooms import find_cycle, import_graph
+
+    package = "maka_core.providers"
+    graph = import_graph(Path(maka_core.providers.__file__).parent, package)
+    assert f"{package}.registry" in graph[package]
+    assert f"{package}.openai_compat" in graph[f"{package}.registry"]  # a function-local one is seen
+    assert f"{package}.base" in graph[f"{package}.openai_compat"]
+    assert find_cycle(graph) is None, find_cycle(graph)
+    graph[f"{package}.base"] |= {f"{package}.scripted", f"{package}.openai_compat"}  # 1016e42's base
+    assert find_cycle(graph) is not None

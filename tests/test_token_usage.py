@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from maka_core.facts.events import RuntimeEvent
+from maka_core.providers import ProviderError
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
 from maka_core.store.writer import CommitResult, LedgerStore
@@ -84,11 +85,16 @@ def test_each_step_commits_its_usage_once_and_status_sums_it(tmp_path: Path, cha
         }
         chat.reply(200, second)
         step(rt, ws, 1, SPEC)
-        # A vendor whose usage Maka's shape refuses (nulls): the step commits, its usage does not.
+        # A vendor whose counts are not counts (nulls): the step is refused, nothing of it commits
+        # (its usage was once dropped and the step committed: a step no cap could count).
         bad = completion({"content": "three"})
         bad["usage"] = {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
         chat.reply(200, bad)
-        step(rt, ws, 2, SPEC)
+        with pytest.raises(ProviderError) as refused:
+            step(rt, ws, 2, SPEC)
+        assert (refused.value.code, refused.value.retryable) == ("usage_invalid", False)
+        assert refused.value.detail["field"] == "input"
+        assert not store.view(IDS.session_id).step_events("r1:2")
         view = session_view(store, IDS.session_id, workflow_id="wf")
     finally:
         rt.close()

@@ -189,6 +189,9 @@ USAGE_LIMIT_REACHED: Final = "UsageLimitReached"
 #: (``tools.offer.ToolSetUnavailable``): one worker's view, so nothing is committed; the turn parks
 #: ``tool_set_unavailable`` (like a catalog mismatch) until a worker serving the set resumes it.
 TOOL_SET_UNAVAILABLE: Final = "tool_set_unavailable"
+#: A model step on a stopping worker (``maka_core.runtime.model_calls``): nothing was committed. A
+#: regular attempt is retried elsewhere; a local one gives up its workflow task (``worker_stop``).
+WORKER_STOPPING: Final = "worker_stopping"
 
 
 def workflow_id_for(session_id: str) -> str:

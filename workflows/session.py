@@ -141,6 +141,7 @@ with workflow.unsafe.imports_passed_through():
         WaitSettled,
         host_queue,
     )
+    from maka_temporal.workflows.worker_stop import local_step
 
 SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
 STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
@@ -773,13 +774,14 @@ class SessionWorkflow:
             # Local: one server round trip less and no input in history. Safe because the step is
             # idempotent through the ledger (a re-run returns the committed output).
             await self._bound_local_chain()
-            local: ModelStepResult = await workflow.execute_local_activity(
+            step = workflow.execute_local_activity(
                 MODEL_STEP,
                 inp,
                 result_type=ModelStepResult,
                 start_to_close_timeout=self._step_timeout(),
                 retry_policy=MODEL_RETRY,
             )
+            local: ModelStepResult = await local_step(step)  # a stopping worker gives the task up
             return local
         remote: ModelStepResult = await workflow.execute_activity(
             MODEL_STEP,

@@ -32,6 +32,8 @@ class CommittedView:
     step_counts: dict[str, int] = field(default_factory=dict)
     #: run id -> the id of the run's first terminal event (nothing may follow it: ``store.writer``).
     terminal_of_run: dict[str, str] = field(default_factory=dict)
+    #: every committed function call's id (a new call's id must be new: ``runtime.step_output``).
+    call_ids: set[str] = field(default_factory=set)
 
     def fold(self, event: RuntimeEvent, *, scanned: bool = False) -> None:
         """Fold one committed event (``scanned``: the scanner already folded it, in ``admit``)."""
@@ -40,6 +42,8 @@ class CommittedView:
         self.first_of_run.setdefault(event.run_id, event)
         if event.is_terminal:
             self.terminal_of_run.setdefault(event.run_id, event.id)
+        if event.content is not None and event.content.kind == "function_call":
+            self.call_ids.add(event.content.id)
         if event.role == "model" and event.refs is not None and event.refs.step_id is not None:
             step = self.steps.get(event.refs.step_id)
             if step is None:

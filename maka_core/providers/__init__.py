@@ -8,8 +8,8 @@ from maka_core.providers.base import (
     ModelToolCall,
     Provider,
     ProviderError,
-    provider_from_spec,
 )
+from maka_core.providers.registry import provider_from_spec
 from maka_core.providers.scripted import FINISHED_TEXT, ScriptedProvider
 from maka_core.providers.spec import (
     AnthropicSpec,

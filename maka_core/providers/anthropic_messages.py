@@ -9,8 +9,9 @@ past the context window is ``provider_context_length_exceeded``.
 Mapping (the same legal history either provider is given): user text -> a ``user`` text block;
 model text and function calls -> one ``assistant`` message of ``text`` and ``tool_use`` blocks;
 function responses -> ``tool_result`` blocks of the next ``user`` message, results rendered as
-for OpenAI. A ``tool_use`` id is the function call's id (a Maka id the Messages API would refuse
-is projected to an allowed one, the same way on both sides of the pair); ``tool_use.input`` is
+for OpenAI. A ``tool_use`` id is the id the vendor gave the call (``base.WireCallIds``: the call's
+own id unless the runtime gave it another); a Maka id the Messages API would refuse
+is projected to an allowed one, the same way on both sides of the pair; ``tool_use.input`` is
 the call's args, so ``canonicalArgsHash`` is the same whichever vendor proposed the call. The
 system prompt is the request's ``system``, never a message.
 """
@@ -26,7 +27,16 @@ from typing import TYPE_CHECKING, Any, Final
 import anthropic
 
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
-from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError, result_text, status_error
+from maka_core.facts.usage import count_problem
+from maka_core.providers.base import (
+    ModelOutput,
+    ModelToolCall,
+    ProviderError,
+    WireCallIds,
+    result_text,
+    status_error,
+    usage_invalid,
+)
 from maka_core.providers.spec import AnthropicSpec
 
 if TYPE_CHECKING:
@@ -73,6 +83,7 @@ def history_to_messages(history: Sequence[RuntimeEvent]) -> list[dict[str, Any]]
     are not shown, nor blank text (the API refuses a blank text block).
     """
     messages: list[dict[str, Any]] = []
+    wire = WireCallIds()
 
     def add(role: str, block: dict[str, Any]) -> None:
         if messages and messages[-1]["role"] == role:
@@ -94,7 +105,7 @@ def history_to_messages(history: Sequence[RuntimeEvent]) -> list[dict[str, Any]]
         elif isinstance(content, FunctionCallContent):
             block = {
                 "type": "tool_use",
-                "id": tool_use_id(content.id),
+                "id": tool_use_id(wire.call(content)),
                 "name": content.name,
                 "input": content.args,
             }
@@ -102,7 +113,7 @@ def history_to_messages(history: Sequence[RuntimeEvent]) -> list[dict[str, Any]]
         elif isinstance(content, FunctionResponseContent):
             result: dict[str, Any] = {
                 "type": "tool_result",
-                "tool_use_id": tool_use_id(content.id),
+                "tool_use_id": tool_use_id(wire.result(content)),
                 "content": result_text(content, prefix_errors=False),
             }
             if content.is_error:
@@ -139,23 +150,34 @@ def _classify(exc: Exception) -> ProviderError:
 
 def _usage(message: Any) -> dict[str, Any] | None:
     """The message's usage in Maka's ``tokenUsage`` shape. Anthropic's ``input_tokens`` leaves out
-    cache reads and writes; ``input`` counts them, as OpenAI's ``prompt_tokens`` does."""
+    cache reads and writes; ``input`` counts them, as OpenAI's ``prompt_tokens`` does. The vendor's
+    counts are checked before they are added (the SDK does not check them): a count that is not one
+    refuses the step (``usage_invalid``); the model step checks the sums' bound."""
     usage = message.usage
     if usage is None:
         return None
-    read = usage.cache_read_input_tokens or 0
-    created = usage.cache_creation_input_tokens or 0
-    total_input = usage.input_tokens + read + created
+    counts: dict[str, Any] = {}
+    for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        value = getattr(usage, name, None)
+        if value is None and name.startswith("cache_"):
+            continue  # the vendor did not say
+        problem = count_problem(value)
+        if problem is not None:
+            raise usage_invalid(name, problem)
+        counts[name] = value
+    read = counts.get("cache_read_input_tokens", 0)
+    created = counts.get("cache_creation_input_tokens", 0)
+    total_input = counts["input_tokens"] + read + created
     out: dict[str, Any] = {
         "input": total_input,
-        "output": usage.output_tokens,
-        "total": total_input + usage.output_tokens,
+        "output": counts["output_tokens"],
+        "total": total_input + counts["output_tokens"],
     }
-    if usage.cache_read_input_tokens is not None:
+    if "cache_read_input_tokens" in counts:
         out["cacheRead"] = read
-    if usage.cache_creation_input_tokens is not None:
+    if "cache_creation_input_tokens" in counts:
         out["cacheCreation"] = created
-    if message.stop_reason:
+    if isinstance(message.stop_reason, str) and message.stop_reason:
         out["rawFinishReason"] = message.stop_reason
     return out
 

@@ -13,15 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from maka_core.errors import MakaError
 from maka_core.facts import canonical_json
-from maka_core.facts.events import FunctionResponseContent
+from maka_core.facts.events import FunctionCallContent, FunctionResponseContent
 from maka_core.providers import pacing
-from maka_core.providers.spec import (
-    AnthropicSpec,
-    OpenAISpec,
-    ScriptSpec,
-    UnrecognizedSpec,
-    parse_provider_spec,
-)
 
 if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
@@ -100,6 +93,18 @@ class ProviderError(MakaError):
         )
 
 
+def usage_invalid(field: str, why: str, **detail: Any) -> ProviderError:
+    """The refusal of a step whose usage cannot be committed: ``usage_invalid``, not retryable
+    (``runtime.step_output`` says why); ``field`` names the count."""
+    return ProviderError(
+        "usage_invalid",
+        f"the vendor's usage {field} {why}; nothing of the step was committed",
+        retryable=False,
+        field=field,
+        **detail,
+    )
+
+
 def status_error(
     status: int, message: str, headers: Mapping[str, str], *, context_exceeded: bool, **detail: Any
 ) -> ProviderError:
@@ -123,6 +128,45 @@ def status_error(
     else:
         code = "provider_bad_request"
     return ProviderError(code, message, retryable=False, **detail)
+
+
+#: Where a function call carries the vendor's own id when the ledger's id for the call is the
+#: runtime's (``runtime.step_output``): ``providerOptions.maka.vendorCallId``. Namespaced as
+#: provider options are (by who wrote them), so a reader that knows only its own vendor's key
+#: ignores it.
+VENDOR_OPTIONS_KEY = "maka"
+VENDOR_CALL_ID = "vendorCallId"
+
+
+def vendor_call_options(vendor_id: str) -> dict[str, Any]:
+    """The ``providerOptions`` of a call whose ledger id is not the vendor's ``vendor_id``."""
+    return {VENDOR_OPTIONS_KEY: {VENDOR_CALL_ID: vendor_id}}
+
+
+def vendor_call_id(content: FunctionCallContent) -> str:
+    """The id the vendor gave a committed call: the one its options carry, else the call's own id
+    (every call committed before runtime ids existed, and every call whose vendor id was new)."""
+    options = content.provider_options or {}
+    ours = options.get(VENDOR_OPTIONS_KEY)
+    vendor = ours.get(VENDOR_CALL_ID) if isinstance(ours, dict) else None
+    return vendor if isinstance(vendor, str) and vendor else content.id
+
+
+class WireCallIds:
+    """The ids a history's calls and results carry on the wire: each call the id its vendor gave
+    it, each result the id of its call, so the vendor sees, in order, the ids it sent. Fed in
+    history order (a call before its results)."""
+
+    def __init__(self) -> None:
+        self._by_call: dict[str, str] = {}
+
+    def call(self, content: FunctionCallContent) -> str:
+        wire = vendor_call_id(content)
+        self._by_call[content.id] = wire
+        return wire
+
+    def result(self, content: FunctionResponseContent) -> str:
+        return self._by_call.get(content.id, content.id)
 
 
 def result_text(content: FunctionResponseContent, *, prefix_errors: bool = True) -> str:
@@ -154,37 +198,3 @@ class Provider(Protocol):
             step_index: 0-based count of model steps already taken in the session.
         """
         ...
-
-
-def provider_from_spec(
-    spec: ScriptSpec | OpenAISpec | AnthropicSpec | UnrecognizedSpec | dict[str, Any],
-) -> Provider:
-    """Build the provider a spec names (``maka_core.providers.spec``; a JSON object is parsed first).
-
-    ``script`` -> ``ScriptedProvider``; ``openai`` -> ``OpenAICompatibleProvider``; ``anthropic``
-    -> ``AnthropicProvider``. Keys and base URLs come from the worker's environment.
-
-    Raises:
-        ConfigError: ``provider_spec_invalid``; ``ScriptedProvider`` raises ``script_invalid``.
-    """
-    spec = parse_provider_spec(spec)
-    if isinstance(spec, ScriptSpec):
-        from maka_core.providers.scripted import ScriptedProvider
-
-        if spec.path is not None:
-            return ScriptedProvider.from_file(spec.path)
-        return ScriptedProvider.from_json({"steps": spec.steps})
-    if isinstance(spec, OpenAISpec):
-        from maka_core.providers.openai_compat import DEFAULT_TIMEOUT_S, OpenAICompatibleProvider
-
-        return OpenAICompatibleProvider(
-            model=spec.model,
-            base_url=spec.base_url,
-            system=spec.system,
-            temperature=spec.temperature,
-            max_tokens=spec.max_tokens,
-            timeout_s=float(spec.timeout_seconds or DEFAULT_TIMEOUT_S),
-        )
-    from maka_core.providers.anthropic_messages import AnthropicProvider
-
-    return AnthropicProvider.from_spec(spec)

@@ -17,7 +17,14 @@ import openai
 from maka_core.errors import CodecError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
-from maka_core.providers.base import ModelOutput, ModelToolCall, ProviderError, result_text, status_error
+from maka_core.providers.base import (
+    ModelOutput,
+    ModelToolCall,
+    ProviderError,
+    WireCallIds,
+    result_text,
+    status_error,
+)
 
 if TYPE_CHECKING:
     from maka_core.facts.events import RuntimeEvent
@@ -30,11 +37,13 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
 
     User text -> ``user``; model text and function calls -> one ``assistant`` message per step
     (calls that follow a model text join it); function responses -> ``tool`` messages. Partial,
-    hidden, thinking and error events are not shown to the model.
+    hidden, thinking and error events are not shown to the model. A call goes out with the id its
+    vendor gave it and a result with its call's (``WireCallIds``).
     """
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": system})
+    wire = WireCallIds()
     for event in history:
         content = event.content
         if content is None or event.partial or event.hidden:
@@ -46,7 +55,7 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
                 messages.append({"role": "assistant", "content": content.text})
         elif isinstance(content, FunctionCallContent):
             call = {
-                "id": content.id,
+                "id": wire.call(content),
                 "type": "function",
                 "function": {"name": content.name, "arguments": canonical_json.dumps(content.args)},
             }
@@ -56,7 +65,9 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(content, FunctionResponseContent):
-            messages.append({"role": "tool", "tool_call_id": content.id, "content": result_text(content)})
+            messages.append(
+                {"role": "tool", "tool_call_id": wire.result(content), "content": result_text(content)}
+            )
     return messages
 
 
@@ -95,22 +106,28 @@ def _classify(exc: Exception) -> ProviderError:
     return ProviderError("provider_error", f"{type(exc).__name__}: {exc}", retryable=False)
 
 
-def _usage(usage: Any, finish_reason: str | None) -> dict[str, Any] | None:
-    """The response's usage in Maka's ``tokenUsage`` shape (``prompt_tokens`` counts cached ones)."""
+def _usage(usage: Any, finish_reason: Any) -> dict[str, Any] | None:
+    """The response's usage in Maka's ``tokenUsage`` shape (``prompt_tokens`` counts cached ones).
+
+    The counts go as the vendor sent them (the SDK does not check them): the model step refuses a
+    step whose counts are not counts (``usage_invalid``, ``runtime.step_output``); a detail the
+    vendor sent is never left out for its type."""
     if usage is None:
         return None
     out: dict[str, Any] = {
-        "input": usage.prompt_tokens,
-        "output": usage.completion_tokens,
-        "total": usage.total_tokens,
+        "input": getattr(usage, "prompt_tokens", None),
+        "output": getattr(usage, "completion_tokens", None),
     }
+    total = getattr(usage, "total_tokens", None)
+    if total is not None:
+        out["total"] = total
     cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
-    if isinstance(cached, int):
+    if cached is not None:
         out["cacheRead"] = cached
     reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
-    if isinstance(reasoning, int):
+    if reasoning is not None:
         out["reasoning"] = reasoning
-    if finish_reason:
+    if isinstance(finish_reason, str) and finish_reason:
         out["rawFinishReason"] = finish_reason
     return out
 

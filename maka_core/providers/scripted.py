@@ -5,10 +5,10 @@ Script format (a contract shared with the CLI and the drills)::
     {"steps": [ {"text": "..."} | {"toolCalls": [{"name": "write_file", "args": {...}}, ...]} ]}
 
 A step may carry both ``text`` and ``toolCalls``, and an optional ``usage``: the token counts the
-step reports as if a vendor had, in Maka's ``tokenUsage`` shape (``{"input": 30, "output": 10}``;
-keys ``input``, ``output``, ``total``, ``cacheRead``, ``cacheCreation``, ``reasoning``, each a
-non-negative integer), committed with the step like a vendor's usage. Without it a step reports
-none. Step k is returned on the session's k-th model
+step reports as if a vendor had, in Maka's ``tokenUsage`` shape (``{"input": 30, "output": 10}``:
+``input`` and ``output``, and any of ``total``, ``cacheRead``, ``cacheCreation``, ``reasoning``,
+each an integer from 0 to ``facts.usage.MAX_STEP_COUNT``), committed with the step like a
+vendor's usage. Without it a step reports none. Step k is returned on the session's k-th model
 step (``step_index``, counted across the whole session, so a continuation resumes at the next
 unused step); tool call ids are ``call-<k>-<i>``, deterministic so that a retried or replayed step
 produces the same calls; past the end the script answers ``(script finished)``.
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from maka_core.errors import CodecError, ConfigError
 from maka_core.facts import canonical_json
+from maka_core.facts.usage import MAX_STEP_COUNT, REQUIRED_COUNTS, count_problem
 from maka_core.providers.base import ModelOutput, ModelToolCall
 
 if TYPE_CHECKING:
@@ -53,8 +54,10 @@ def _parse_usage(where: str, usage: Any) -> dict[str, int]:
     if not isinstance(usage, dict) or not usage or set(usage) - _USAGE_KEYS:
         raise _invalid(f"{where}.usage", f"usage is an object of counts named {sorted(_USAGE_KEYS)}")
     for key, value in usage.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise _invalid(f"{where}.usage.{key}", "a count is a non-negative integer")
+        if count_problem(value) is not None:
+            raise _invalid(f"{where}.usage.{key}", f"a count is an integer from 0 to {MAX_STEP_COUNT}")
+    if any(key not in usage for key in REQUIRED_COUNTS):
+        raise _invalid(f"{where}.usage", f"usage reports {' and '.join(REQUIRED_COUNTS)} at least")
     return dict(usage)
 
 

@@ -90,12 +90,17 @@ def model_call(
     args: dict[str, Any],
     op: str,
     ts: int,
+    provider_options: dict[str, Any] | None = None,
 ) -> RuntimeEvent:
+    """A step's function call; ``provider_options`` carries the vendor's own call id where the
+    call's id is the runtime's (``runtime.step_output``)."""
     return RuntimeEvent(
         **_base(ids, f"{step_id}:call:{index}", ts),
         role="model",
         author="agent",
-        content=FunctionCallContent(id=tool_call_id, name=name, args=args),
+        content=FunctionCallContent(
+            id=tool_call_id, name=name, args=args, **_present(provider_options=provider_options)
+        ),
         refs=Refs(operation_id=op, tool_call_id=tool_call_id, step_id=step_id),
     )
 

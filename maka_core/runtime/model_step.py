@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, NamedTuple
 
 from maka_core import failpoints
 from maka_core.errors import CodecError, LedgerRejection, UsageLimitReached
@@ -34,7 +35,7 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
-from maka_core.runtime import builders, compaction, governed, local_calls, tool_call
+from maka_core.runtime import compaction, governed, local_calls, step_output, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -171,10 +172,20 @@ def check_usage(
             raise refused
 
 
-#: What a step reads from the ledger before it runs: its committed output (empty: not run yet), the
-#: session-wide step index, the provider history (empty when the provider does not read it), and
-#: the compaction to run first (``None``: the history fits its budget, or cannot be compacted).
-Found = tuple[tuple[RuntimeEvent, ...], int, list[RuntimeEvent], "compaction.CompactionPlan | None"]
+class Found(NamedTuple):
+    """What a step reads from the ledger before it runs."""
+
+    #: Its committed output (empty: not run yet).
+    committed: tuple[RuntimeEvent, ...]
+    #: The session-wide step index.
+    step_index: int
+    #: The provider history (empty when the provider does not read it).
+    history: list[RuntimeEvent]
+    #: The compaction to run first (``None``: the history fits its budget, or cannot be compacted).
+    plan: compaction.CompactionPlan | None
+    #: The session's committed call ids: the committed view's own set, read (only) on the ledger
+    #: thread when the step commits, so a new call's id is decided without another read.
+    call_ids: Collection[str]
 
 
 def _needs_history(provider: Provider) -> bool:
@@ -203,7 +214,7 @@ def _lookup(
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
         check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.
-    return committed, view.step_count(ids.session_id), history, plan
+    return Found(committed, view.step_count(ids.session_id), history, plan, view.call_ids)
 
 
 def _compaction_cost(plan: compaction.CompactionPlan | None) -> int:
@@ -256,6 +267,20 @@ def _plan(
     )
 
 
+async def _call(
+    rt: Runtime, call_id: str, make: Callable[[], Awaitable[ModelOutput]], attempt: Attempt | None
+) -> ModelOutput:
+    """One provider call, heartbeating ``attempt`` meanwhile: refused before its request once the
+    worker is stopping, cut at the worker's graceful timeout (``runtime.model_calls``:
+    ``WorkerStopping``, nothing committed)."""
+
+    def counted() -> Awaitable[ModelOutput]:
+        rt.record_provider_call(call_id)
+        return make()
+
+    return await rt.heartbeating(rt.model_calls.call(call_id, counted), attempt)
+
+
 async def _compact(
     rt: Runtime,
     spec: Any,
@@ -270,10 +295,18 @@ async def _compact(
     step sends it. Returns the history the step sends. Another attempt's committed fact wins (a
     worker presumed dead that got there first): its summary is the one used, never ours."""
     failpoints.hit("compaction_started")
-    rt.record_provider_call(compaction.compaction_id(step_id))
-    answer = provider.complete([plan.request], [], step_index=step_index)
-    output = await rt.heartbeating(answer, attempt)
-    _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
+    output = await _call(
+        rt,
+        compaction.compaction_id(step_id),
+        lambda: provider.complete([plan.request], [], step_index=step_index),
+        attempt,
+    )
+    try:
+        _check_size(output, rt.settings.model_output_max_bytes, step_id)  # every later step sends it
+        usage = _checked_usage(rt, ids, compaction.compaction_id(step_id), output)
+    except ProviderError as refusal:
+        rt.model_calls.refuse(step_id, refusal)
+        raise
     summary = (output.text or "").strip()
     if not summary or output.tool_calls:
         raise ProviderError(
@@ -283,7 +316,7 @@ async def _compact(
             stepId=step_id,
         )
     fact = plan.fact(step_id, summary)
-    event = compaction.compaction_event(ids, step_id, fact, now_ms(), output.usage)
+    event = compaction.compaction_event(ids, step_id, fact, now_ms(), usage)
     failpoints.hit("compaction_answered")
     committed_here = True
     try:
@@ -337,17 +370,21 @@ async def model_step(
 
     if found is None:
         found = await rt.on_ledger(lookup, attempt=attempt)
-    committed, step_index, history, plan = found
+    committed, step_index, history, plan, taken = found
     if committed:
         return _result(rt, step_id, committed, replayed=True)
+    refused = rt.model_calls.refusal(step_id)
+    if refused is not None:
+        raise refused  # this worker refused the step's answer already: the vendor is not asked again
     compacted = plan is not None
     # The lookup above read the session's policy on the ledger thread (cached since).
     tools = rt.tool_specs(rt.offered(ids.session_id, inp.tool_set))
     if plan is not None:
         history = await _compact(rt, inp.provider, provider, ids, step_id, plan, step_index, attempt)
-    rt.record_provider_call(step_id)
     try:
-        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
+        output = await _call(
+            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
+        )
     except ProviderError as exc:
         if exc.code != "provider_context_length_exceeded" or compacted:
             raise
@@ -358,36 +395,39 @@ async def model_step(
         again = await rt.on_ledger(
             lambda: _lookup(rt, ids, step_id, needs_history, inp.provider, overflow=sent), attempt=attempt
         )
-        if again[0] or again[3] is None:
+        if again.committed or again.plan is None:
             raise
-        history = await _compact(rt, inp.provider, provider, ids, step_id, again[3], step_index, attempt)
-        rt.record_provider_call(step_id)
-        output = await rt.heartbeating(provider.complete(history, tools, step_index=step_index), attempt)
-    _check_size(output, rt.settings.model_output_max_bytes, step_id)
+        history = await _compact(rt, inp.provider, provider, ids, step_id, again.plan, step_index, attempt)
+        output = await _call(
+            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
+        )
+    try:
+        _check_size(output, rt.settings.model_output_max_bytes, step_id)
+        usage = _checked_usage(rt, ids, step_id, output)
+    except ProviderError as refusal:
+        rt.model_calls.refuse(step_id, refusal)
+        raise
     ts = now_ms()
+    ops = [f"op-{uuid.uuid4()}" for _ in output.tool_calls]
     batch: list[RuntimeEvent] = []
-    if output.text is not None or not output.tool_calls:
-        batch.append(builders.model_text(ids, step_id, output.text or "", ts))
-    for index, call in enumerate(output.tool_calls):
-        op = f"op-{uuid.uuid4()}"
-        batch.append(builders.model_call(ids, step_id, index, call.id, call.name, dict(call.args), op, ts))
-    if output.usage is not None:
-        try:
-            batch.append(builders.step_usage(ids, step_id, dict(output.usage), ts))
-        except ValueError:
-            # Usage is an account, not the step's output: a shape Maka refuses is not committed, and
-            # the step still is.
-            log.warning("step %s: provider usage not in Maka's tokenUsage shape; not recorded", step_id)
+
+    def commit() -> None:
+        # On the ledger thread, which alone folds ``taken``: the calls' ids are decided against the
+        # session's committed ones as of the step's lookup (nothing else commits a call to this
+        # session meanwhile but another attempt of this very step, whose events would collide first).
+        batch[:] = step_output.step_batch(ids, step_id, output, usage, ops, taken, ts)
+        rt.ledger.append(batch)
+
     if output.tool_calls:
         failpoints.hit("P0")
     try:
-        await rt.on_ledger(lambda: rt.ledger.append(batch), attempt=attempt)
+        await rt.on_ledger(commit, attempt=attempt)
     except LedgerRejection as exc:
         if exc.code != "duplicate_event_id":
             raise
         # Another attempt of this step committed first (a worker presumed dead that was still
         # running): its output is the step's output; ours was never committed or acted on.
-        committed, _, _, _ = await rt.on_ledger(lookup)
+        committed = (await rt.on_ledger(lookup)).committed
         if not committed:
             raise
         return _result(rt, step_id, committed, replayed=True)
@@ -395,6 +435,13 @@ async def model_step(
         failpoints.hit("P1")
     _count_tokens(rt, inp.provider, batch)
     return _result(rt, step_id, tuple(batch), replayed=False)
+
+
+def _checked_usage(rt: Runtime, ids: RunIds, step_id: str, output: ModelOutput) -> dict[str, Any] | None:
+    """The answer's usage as it may commit (``step_output.checked_usage``: ``usage_invalid``
+    otherwise). The session's policy was read (and cached) by the step's lookup."""
+    caps = step_output.capped(rt.session_governance(ids.session_id).policy.usage)
+    return step_output.checked_usage(output.usage, step_id, caps=caps)
 
 
 def _count_tokens(rt: Runtime, recorded: Any, batch: list[RuntimeEvent]) -> None:

@@ -61,6 +61,7 @@ from maka_core.runtime import local_calls
 from maka_core.runtime.contracts import ToolSettings
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.ledger_executor import LedgerExecutor
+from maka_core.runtime.model_calls import ModelCalls
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
 from maka_core.store.writer import ToolAttempt
@@ -295,6 +296,8 @@ class Runtime:
         self._tool_pool = ThreadPoolExecutor(max_workers=self.tool_threads, thread_name_prefix="maka-tool")
         #: One per tool thread, taken before T1 (see the module docstring).
         self.tool_slots = ToolSlots(self.tool_threads)
+        #: The provider calls in flight, and the planned stop that ends them (``runtime.model_calls``).
+        self.model_calls = ModelCalls()
         self._workspaces: dict[str, Workspace] = {}
         self._providers: dict[str, Provider] = {}
         #: The provider-facing specs per offered set (``None``: every tool), and the catalog
@@ -489,6 +492,12 @@ class Runtime:
         graceful timeout, or ``close`` kills it and recovery settles it."""
         self.tool_slots.stop()
 
+    def stop_model_calls(self, grace_s: float) -> None:
+        """No new provider request (a step about to call its vendor is refused, ``worker_stopping``);
+        a call in flight may answer within ``grace_s`` (the worker's graceful timeout, a tool call's
+        too) and is cancelled after it (``runtime.model_calls``)."""
+        self.model_calls.stop(grace_s)
+
     def close(self, *, wait: bool = True) -> None:
         """Tools first (a running command would hold shutdown for up to its timeout; its attempt is
         recovered like any dead attempt), then the ledger thread."""
@@ -497,4 +506,5 @@ class Runtime:
             if kill is not None:
                 kill()
         self._tool_pool.shutdown(wait=wait, cancel_futures=True)
+        self.model_calls.close()
         self._ledger_thread.shutdown(wait=wait)

@@ -49,6 +49,7 @@ from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.host.ledger_guard import check_queue, watch, worker_identity
 from maka_temporal.workers.host.telemetry import Telemetry
 from maka_temporal.workers.host.worker import (
+    GRACEFUL_STOP,
     build_host_worker,
     default_runtime,
     mcp_log_to,
@@ -354,6 +355,7 @@ async def _stop_pollers(
     if not running:
         return None
     served.runtime.stop_tools()
+    served.runtime.stop_model_calls(GRACEFUL_STOP.total_seconds())
     await asyncio.gather(*(w.shutdown() for w, _ in running), return_exceptions=True)
     await asyncio.gather(*(task for _, task in running), return_exceptions=True)
     for _, task in reversed(running):  # the session worker was started last

@@ -24,7 +24,7 @@ from maka_core.tools import FunctionTool, tool_catalog
 from maka_temporal.workers.host.plugin import MakaPlugin
 from maka_temporal.workers.host.resume import lost_sessions
 from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
-from maka_temporal.workers.host.worker import RepairReport, auto_resume, mcp_of
+from maka_temporal.workers.host.worker import GRACEFUL_STOP, RepairReport, auto_resume, mcp_of
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
@@ -119,7 +119,6 @@ async def serve(
             + (f" and host queue {host_queue(task_queue, host)!r}" if host is not None else "")
             + f" (ledger {db}); {isolation}"
             + (f"; your tools: {', '.join(t.name for t in tools)}" if tools else "")
-
             + (f"; mcp: {len(mcp.servers.tools())} tool(s)" if mcp is not None else ""),
             taskQueue=task_queue,
             **({"host": host, "hostQueue": host_queue(task_queue, host)} if host is not None else {}),
@@ -172,7 +171,7 @@ async def serve(
             # Sandboxed, with its entry snippets compiled once (workers/host/sandbox_runner.py).
             workflow_runner=CompiledOnceSandboxRunner(),
             max_concurrent_activities=64,
-            graceful_shutdown_timeout=timedelta(seconds=5),
+            graceful_shutdown_timeout=GRACEFUL_STOP,
         )
     except MakaError as exc:
         announce("ledger_unusable", f"refusing to serve: {exc}", **exc.to_json())
@@ -193,9 +192,12 @@ async def serve(
         for task in serving:
             task.cancel()
         if not runner.done():
-            # Shutdown order: tools (no new tool bodies; running ones finish or are cancelled by
-            # the worker's graceful timeout), then the workers, then the store (the plugin's).
+            # Shutdown order: tools and model steps (no new tool body, no new provider request;
+            # running ones finish or are cancelled at the worker's graceful timeout, a model step's
+            # call by the runtime: a local step would hold the worker past it), then the workers,
+            # then the store (the plugin's).
             plugin.runtime.stop_tools()
+            plugin.runtime.stop_model_calls(GRACEFUL_STOP.total_seconds())
             await worker.shutdown()
         try:
             await runner

@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("maka.worker")
 
+#: How long work in flight may go on after a planned stop (SIGTERM, Ctrl-C): a running tool call
+#: (the SDK cancels it after this) and a model step's provider call (``Runtime.stop_model_calls``).
+GRACEFUL_STOP = timedelta(seconds=5)
+
 _OPEN = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
 _CONTINUED = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW
 
@@ -232,7 +236,7 @@ def build_worker(
         workflow_runner=options.pop("workflow_runner", CompiledOnceSandboxRunner()),
         activities=acts.all(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
-        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),
+        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", GRACEFUL_STOP),
         **options,
     )
 
@@ -250,7 +254,7 @@ def build_host_worker(
         task_queue=host_queue(task_queue, host),
         activities=acts.host_bound(),
         max_concurrent_activities=options.pop("max_concurrent_activities", 64),
-        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", timedelta(seconds=5)),
+        graceful_shutdown_timeout=options.pop("graceful_shutdown_timeout", GRACEFUL_STOP),
         **options,
     )
 

@@ -11,10 +11,11 @@ The ``mcpServers`` convention MCP clients already share, parsed strictly into fr
 A server has a ``command`` (stdio) or a ``url`` (Streamable HTTP); the ``type`` other clients write
 (``stdio``, ``http``, ``streamable-http``) is accepted and must agree. Maka's own keys:
 ``scope: "session"`` (stdio only) starts the server per session, in its workspace, with
-``${workspace}`` in ``args`` replaced by the workspace root; ``guarantee`` (per server) and
-``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what the tools' annotations give
-(``tools.mcp.guarantee``); only ``"operatorTrust": true`` beside a tool's ``guarantee`` may widen
-it, and that trust is recorded with the call.
+``${workspace}`` in ``args`` replaced by the workspace root; ``"trustAnnotations": true`` (per
+server) lets the server's tool annotations decide its tools' guarantees (without it every tool of
+the server is ``at-most-once``: ``tools.mcp.guarantee``); ``guarantee`` (per server) and
+``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow that; only ``"operatorTrust": true``
+beside a tool's ``guarantee`` may widen it, and that trust is recorded with the call.
 
 ``env`` and ``headers`` are secrets: they are kept as ``SecretStr`` (a repr, a log line or an
 error shows ``**********``), and only the transport that starts or reaches the server reads them.
@@ -77,6 +78,9 @@ class ToolGuarantee(McpModel):
 class _Server(McpModel):
     guarantee: McpGuarantee | None = None
     tools: dict[_NonEmpty, ToolGuarantee] = Field(default_factory=dict)
+    #: The operator vouches for the server's annotations (``tools.mcp.guarantee``): without it they
+    #: are recorded and shown, never acted on.
+    trust_annotations: bool = False
 
 
 class StdioServer(_Server):

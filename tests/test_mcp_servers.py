@@ -22,7 +22,7 @@ from maka_core.tools.contract import FunctionTool, OutcomeUnknown, ToolContext
 from maka_core.tools.mcp import McpOutcomeUnknown, McpServerUnavailable, parse_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
 from maka_core.tools.mcp.servers import McpServers, ServerConnection
-from tests.mcp_support import calls, stdio_counter
+from tests.mcp_support import COUNTER, calls, stdio_counter
 
 
 def _wait(condition: object, what: str, timeout: float = 30.0) -> None:
@@ -202,7 +202,11 @@ def test_a_rerun_that_cannot_reach_its_server_commits_no_outcome(tmp_path: Path,
 
 
 def _session_servers(tmp_path: Path, **kwargs: Any) -> McpServers:
-    entry = stdio_counter(tmp_path / "state", scope="session")
+    # Its state in the workspace: a session-scoped server runs in the sandbox, writing only there.
+    entry = {
+        **stdio_counter(tmp_path / "state", scope="session"),
+        "args": [str(COUNTER), "--state", "${workspace}/.state"],
+    }
     servers = McpServers(parse_mcp_config({"mcpServers": {"counter": entry}}), **kwargs)
     servers.start()
     return servers
@@ -219,8 +223,8 @@ def test_a_session_server_stopped_idle_is_ready_and_started_again(tmp_path: Path
         _wait(lambda: servers.connection_starts("counter", workspace) == 0, "the idle stop")
         assert servers.ready("counter", workspace)  # preflight lets the call through
         servers.call("counter", "bump", {}, idempotency_key="k2", workspace=workspace)
-        bumps = [c for c in calls(tmp_path / "state") if c["tool"] == "bump"]
-        assert len(bumps) == 2 and len({c["pid"] for c in bumps}) == 2
+        bumps = [c for c in calls(workspace / ".state") if c["tool"] == "bump"]
+        assert len(bumps) == 2 and len({c["instance"] for c in bumps}) == 2
     finally:
         servers.close()
 

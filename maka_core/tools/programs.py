@@ -53,12 +53,12 @@ def program_path(source: str | None = None) -> str:
 
 
 def system_program(name: str, path: str | None = None) -> str | None:
-    """The real file a bare ``name`` runs on ``path`` (default ``program_path()``), or None: not
-    found, or it resolves into a workspace."""
+    """The file a bare ``name`` runs on ``path`` (default ``program_path()``), or None: not found,
+    or its real file is in a workspace. The path found is kept as found (a venv's ``python`` is a
+    symlink whose own place tells it its environment)."""
     if not name or "/" in name:
         return None
     found = shutil.which(name, path=program_path() if path is None else path)
     if found is None:
         return None
-    real = os.path.realpath(found)
-    return None if in_workspace(real) else real
+    return None if in_workspace(os.path.realpath(found)) else os.path.abspath(found)

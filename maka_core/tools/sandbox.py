@@ -198,12 +198,15 @@ def plan_hiding(root: Path, hidden_paths: Iterable[Path]) -> tuple[list[str], li
     return before, after
 
 
-def _materialize(ops: list[str], fds: list[int]) -> list[str]:
+def _materialize(ops: list[str], fds: list[int], fd_free: bool = False) -> list[str]:
     args: list[str] = []
     it = iter(ops)
     for op in it:
         if op != _UNREADABLE:
             args.append(op)
+            continue
+        if fd_free:
+            args += ["--ro-bind", os.devnull, next(it)]
             continue
         # No capability inside the sandbox overrides mode 0000: reads and writes fail (EACCES).
         read_end, write_end = os.pipe()
@@ -224,6 +227,7 @@ def bwrap_argv(
     marker_name: str,
     read_only: Iterable[Path] = (),
     tmp_bytes: int | None = None,
+    fd_free: bool = False,
 ) -> tuple[list[str], list[int]]:
     """The ``bwrap`` command line for ``command`` in workspace ``root``, and the fds to pass.
 
@@ -232,6 +236,8 @@ def bwrap_argv(
     the private ``/tmp`` (RAM-backed; ``None``: the kernel's default, half the RAM).
 
     The caller passes the fds to the child (``pass_fds``) and closes them after it started.
+    ``fd_free``: for a caller that cannot pass fds (an MCP server, started by the SDK), a hidden
+    file is covered by ``/dev/null`` (it reads empty) instead of an unreadable file.
     Raises ``HiddenPathError`` when a hidden path cannot be hidden (see ``plan_hiding``).
     """
     root = Path(os.path.realpath(root))
@@ -241,8 +247,8 @@ def bwrap_argv(
         if target.exists():
             protected += ["--ro-bind", str(target), str(target)]
     fds: list[int] = []
-    argv = [bwrap, *_base_mounts(tmp_bytes), *_materialize(before, fds), "--bind", str(root), str(root)]
-    argv += [*protected, *_materialize(after, fds)]
+    argv = [bwrap, *_base_mounts(tmp_bytes), *_materialize(before, fds, fd_free)]
+    argv += ["--bind", str(root), str(root), *protected, *_materialize(after, fds, fd_free)]
     argv += _namespace_flags(network)
     argv += ["--clearenv"]
     for key, value in env.items():

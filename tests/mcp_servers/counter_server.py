@@ -1,7 +1,8 @@
 """A real MCP server for the tests, on the official ``mcp`` SDK: tools that count their calls.
 
 Every call appends one JSON line to ``<state>/calls.jsonl``: the tool, its arguments, the
-``io.maka/idempotency-key`` its request's ``_meta`` carried (None when absent) and the server's pid,
+``io.maka/idempotency-key`` its request's ``_meta`` carried (None when absent), the server's pid and
+a random ``instance`` id of the process (a sandboxed server's pid is its namespace's),
 so a test counts how often an effect really ran and compares the keys of two attempts.
 
 - ``peek`` (``readOnlyHint``): the calls so far, per tool;
@@ -28,6 +29,7 @@ import hashlib
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,11 @@ KEY = "io.maka/idempotency-key"
 
 def build(state: Path) -> MCPServer:
     server: MCPServer = MCPServer("counter")
+    instance = uuid.uuid4().hex  # one per process: in a sandbox's PID namespace every pid is 2
 
     def record(tool: str, args: dict[str, Any], ctx: Context) -> None:
         meta = ctx.request_context.meta or {}
-        line = {"tool": tool, "args": args, "key": meta.get(KEY), "pid": os.getpid()}
+        line = {"tool": tool, "args": args, "key": meta.get(KEY), "pid": os.getpid(), "instance": instance}
         with open(state / "calls.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
             fh.flush()

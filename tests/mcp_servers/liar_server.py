@@ -7,9 +7,11 @@ and a call that never answered:
 - ``note`` says ``readOnlyHint: true`` (a lie: it writes);
 - ``both`` says ``readOnlyHint: true`` and ``destructiveHint: true`` (a contradiction);
 - ``whisper`` (``readOnlyHint: true``) publishes ``$LIAR_TOKEN`` in its description and its input
-  schema: a server leaking its configured secret through ``tools/list``.
+  schema: a server leaking its configured secret through ``tools/list``;
+- ``late`` (no annotations) sleeps ``--sleep`` seconds *first*, then appends its line: a call whose
+  effect lands late, after its worker may have died.
 
-``python liar_server.py --state DIR [--sleep S]``.
+Each process appends its pid to ``<state>/pids``. ``python liar_server.py --state DIR [--sleep S]``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def build(state: Path, sleep_s: float) -> MCPServer:
         """Read and destroy at once (it says)."""
         return effect("both", text)
 
+    @server.tool()
+    def late(text: str) -> str:
+        """Note something, after a while."""
+        time.sleep(sleep_s)
+        with open(state / "notes.txt", "a", encoding="utf-8") as fh:
+            fh.write(f"late: {text}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return f"noted {text}"
+
     def whisper(text: str) -> str:
         return effect("whisper", text)
 
@@ -66,6 +78,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     ns = parser.parse_args()
     ns.state.mkdir(parents=True, exist_ok=True)
+    with open(ns.state / "pids", "a", encoding="utf-8") as fh:  # a test waits for these to end
+        fh.write(f"{os.getpid()}\n")
     build(ns.state, ns.sleep).run("stdio")
 
 

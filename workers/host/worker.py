@@ -277,7 +277,12 @@ def default_runtime(
         from maka_core.tools.mcp.adapter import McpToolset
         from maka_core.tools.mcp.servers import McpServers
 
-        served = McpToolset(served, McpServers(settings.mcp_config))
+        servers = McpServers(
+            settings.mcp_config,
+            hidden_paths=settings.protected_paths,
+            unsafe_no_sandbox=settings.unsafe_no_sandbox,
+        )
+        served = McpToolset(served, servers)
     return Runtime(store, tools=served, policy=Policy.from_env(), settings=settings)
 
 

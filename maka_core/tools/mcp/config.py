@@ -11,7 +11,8 @@ The ``mcpServers`` convention MCP clients already share, parsed strictly into fr
 A server has a ``command`` (stdio) or a ``url`` (Streamable HTTP); the ``type`` other clients write
 (``stdio``, ``http``, ``streamable-http``) is accepted and must agree. Maka's own keys:
 ``scope: "session"`` (stdio only) starts the server per session, in its workspace, with
-``${workspace}`` in ``args`` replaced by the workspace root; ``"trustAnnotations": true`` (per
+``${workspace}`` in ``args`` replaced by the workspace root, inside the bash sandbox
+(``"network": true`` gives that sandbox the network; ``tools.mcp.launch``); ``"trustAnnotations": true`` (per
 server) lets the server's tool annotations decide its tools' guarantees (without it every tool of
 the server is ``at-most-once``: ``tools.mcp.guarantee``); ``guarantee`` (per server) and
 ``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow that; only ``"operatorTrust": true``
@@ -92,11 +93,15 @@ class StdioServer(_Server):
     env: dict[_NonEmpty, SecretStr] = Field(default_factory=dict)
     cwd: str | None = None
     scope: Scope = "worker"
+    #: A session-scoped server's sandbox has the network (``tools.mcp.launch``); none by default.
+    network: bool = False
 
     @model_validator(mode="after")
     def _scoped(self) -> StdioServer:
         if self.scope == "session" and self.cwd is not None:
             raise ValueError("a session-scoped server runs in the session's workspace: drop cwd")
+        if self.scope == "worker" and self.network:
+            raise ValueError('"network" is for a session-scoped server (a worker-scoped one has no sandbox)')
         if self.scope == "worker" and any(WORKSPACE_VARIABLE in a for a in self.args):
             raise ValueError(f'{WORKSPACE_VARIABLE} is known only to a server with "scope": "session"')
         return self

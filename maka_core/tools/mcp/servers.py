@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,6 +71,7 @@ from maka_core.tools.mcp.guarantee import (
     ignores_annotations,
     widened_without_trust,
 )
+from maka_core.tools.mcp.launch import host_argv, host_env, pin_command, sandboxed_argv
 
 log = logging.getLogger("maka.mcp")
 
@@ -265,12 +266,7 @@ class ServerConnection:
         async with contextlib.AsyncExitStack() as stack:
             if isinstance(self.config, StdioServer):
                 errlog = self.owner.stderr_sink(self.label())
-                params = StdioServerParameters(
-                    command=self.config.command,
-                    args=self.config.args_for(self.workspace),
-                    env={k: v.get_secret_value() for k, v in self.config.env.items()},
-                    cwd=self.workspace if self.workspace is not None else self.config.cwd,
-                )
+                params = self.owner.launch(self.name, self.config, self.workspace)
                 try:
                     streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
                 finally:
@@ -339,13 +335,26 @@ class McpServers:
         *,
         session_idle_s: float = SESSION_IDLE_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        hidden_paths: Iterable[Path] = (),
+        unsafe_no_sandbox: bool = False,
     ) -> None:
+        """Raises ``ConfigError`` (``mcp_config_invalid``) for a server whose program a workspace
+        holds (``launch.pin_command``)."""
         self.config = config
         #: A session-scoped server with no call for this long is stopped (its next call restarts it).
         self.session_idle_s = session_idle_s
         #: How long a server has to start, and a call waits for a server being started again.
         self.connect_timeout_s = connect_timeout_s
         self.secrets = Secrets(config)
+        #: Each stdio server's program, pinned now (``mcp_config_invalid`` for one a workspace holds).
+        self.commands = {
+            name: pin_command(name, server)
+            for name, server in config.mcp_servers.items()
+            if isinstance(server, StdioServer)
+        }
+        #: What a session-scoped server's sandbox hides (the ledger, ``MAKA_HOME``).
+        self.hidden_paths = tuple(hidden_paths)
+        self.unsafe_no_sandbox = unsafe_no_sandbox
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="maka-mcp", daemon=True)
         self._lock = threading.Lock()
@@ -376,6 +385,7 @@ class McpServers:
                 )
         self._thread.start()
         self._scratch = Path(tempfile.mkdtemp(prefix="maka-mcp-"))
+        (self._scratch / "worker-cwd").mkdir()
 
         async def begin() -> None:
             waits = []
@@ -387,6 +397,23 @@ class McpServers:
                 await asyncio.wait_for(asyncio.gather(*waits), timeout or self.connect_timeout_s)
 
         asyncio.run_coroutine_threadsafe(begin(), self._loop).result()
+
+    def launch(self, name: str, server: StdioServer, workspace: Path | None) -> StdioServerParameters:
+        """How ``server`` is started (``tools.mcp.launch``): a session-scoped one over ``workspace``
+        in the bash sandbox, a worker-scoped one on the host; either ends with the worker.
+
+        Raises:
+            SandboxUnavailable: a session-scoped server where no sandbox can run.
+        """
+        command, args = self.commands[name], server.args_for(workspace)
+        if server.scope == "session" and not self.unsafe_no_sandbox:
+            assert workspace is not None
+            argv = sandboxed_argv(command, args, server, workspace, hidden_paths=self.hidden_paths)
+            return StdioServerParameters(command=argv[0], args=argv[1:], cwd=workspace)
+        assert self._scratch is not None
+        cwd = workspace if server.scope == "session" else server.cwd or self._scratch / "worker-cwd"
+        argv = host_argv(command, args)
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=host_env(server), cwd=cwd)
 
     def close(self, timeout: float = 15.0) -> None:
         """Stop every server, then the loop (idempotent)."""

@@ -20,6 +20,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import time
 import uuid
@@ -178,12 +179,12 @@ class WorkspaceScan(GitStore):
         """``workspace_not_git`` for a folder in no Git work tree, found by a stat walk up its
         parents (no git runs, nothing written): a capture's first check, also made where no
         capture will run (startup repair once its shared budget is spent)."""
-        if self.git_found() and not _in_git_tree(workspace.root):
+        if shutil.which(self.git) is not None and not _in_git_tree(workspace.root):
             return NoCheckpoint(code="workspace_not_git", detail="the workspace is not in a Git work tree")
         return None
 
     def _check_repository(self, workspace: Workspace) -> None:
-        if not self.git_found():
+        if shutil.which(self.git) is None:
             raise Ineligible("git_unavailable", f"no {self.git} binary on PATH")
         proc = self._run(
             ["rev-parse", "--is-bare-repository", "--is-inside-work-tree", "--absolute-git-dir"],

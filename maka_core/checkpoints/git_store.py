@@ -28,7 +28,6 @@ from typing import IO, Final
 from maka_core.checkpoints.contract import CheckpointPolicy
 from maka_core.errors import CheckpointError
 from maka_core.facts.session_id import check_session_id
-from maka_core.tools.programs import program_path
 from maka_core.workspace import Workspace
 
 REF_PREFIX: Final = "refs/maka/checkpoints/"
@@ -60,14 +59,8 @@ class GitStore:
         self.git = git
         base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         base |= {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
-        # ``git`` by its bare name is the system's: never a program a workspace on PATH holds.
-        base["PATH"] = program_path(base.get("PATH"))
         self._user_env = base
         self._store_env_base = base | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-
-    def git_found(self) -> bool:
-        """Whether ``git`` can be run here (looked up on the PATH it runs with)."""
-        return shutil.which(self.git, path=self._user_env["PATH"]) is not None
 
     def store(self, workspace: Workspace) -> Path:
         """The Maka-owned bare repository of ``workspace``."""

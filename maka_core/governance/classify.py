@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from maka_core.governance.commands import Runs, Trait, classify_command, parse_command_line
+from maka_core.governance.commands import Trait, classify_command, parse_command_line
 from maka_core.tools.base import Effect
 
 Risk = Literal["low", "medium", "high", "critical"]
@@ -61,10 +61,9 @@ def _sorted_traits(traits: frozenset[Trait]) -> tuple[Trait, ...]:
     return tuple(sorted(traits))
 
 
-def classify_bash(command: str, runs: Runs | None = None) -> Classification:
-    """A ``bash`` command line: a read only when every simple command is a known read, run by its
-    bare name from outside every workspace (``runs``: ``parse_command_line``)."""
-    line = parse_command_line(command, runs)
+def classify_bash(command: str) -> Classification:
+    """A ``bash`` command line: a read only when every simple command is a known read."""
+    line = parse_command_line(command)
     names = tuple(c.name for c in line.commands)
     traits = line.traits
     if line.read:

@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 Trait = Literal["package-install", "network"]
-#: Whether a bare command name runs a program from outside every workspace (``parse_command_line``).
-Runs = Callable[[str], bool]
 
 #: Interpreters and privilege switches MELRA denies whatever the allowlist says: each one runs an
 #: arbitrary program the allowlist never saw.
@@ -39,8 +36,6 @@ ALWAYS_DENIED_COMMANDS: frozenset[str] = frozenset(
 
 _EXECUTABLE_SUFFIXES = (".exe", ".cmd", ".bat", ".com", ".ps1")
 _READ_COMMANDS = frozenset({"cat", "findstr", "head", "ls", "pwd", "rg", "tail", "tasklist", "wc", "where"})
-#: The reads bash runs as its own builtins, whatever PATH holds.
-_READ_BUILTINS = frozenset({"pwd"})
 _READ_GIT = frozenset({"branch", "diff", "log", "rev-parse", "show", "status", "tag"})
 _NETWORK_COMMANDS = frozenset({"curl", "wget", "scp", "sftp", "ssh", "rsync", "nc", "ncat", "telnet", "ftp"})
 _NETWORK_GIT = frozenset({"clone", "fetch", "pull", "push", "submodule", "ls-remote"})
@@ -357,7 +352,7 @@ def _simple_commands(line: str) -> list[list[str]]:
     return commands
 
 
-def _simple_command(words: list[str], runs: Runs | None) -> CommandClass:
+def _simple_command(words: list[str]) -> CommandClass:
     first = words[0]
     if first in _RESERVED_WORDS:
         raise _Unanalysable(f"the reserved word {first!r}")
@@ -367,24 +362,14 @@ def _simple_command(words: list[str], runs: Runs | None) -> CommandClass:
         raise _Unanalysable(f"the builtin {first!r}, which may run code its arguments hold")
     command = classify_command(first, words[1:])
     # A read is a program found on PATH by its bare name; "./ls" is whatever the workspace holds.
-    if "/" in first:
-        return dataclasses.replace(command, read=False)
-    # And the name must run the system's program, not one the model wrote (``runs``: a workspace
-    # folder on PATH, a symlink into one); a bash builtin is bash's whatever PATH holds.
-    if command.read and runs is not None and first not in _READ_BUILTINS and not runs(first):
-        return dataclasses.replace(command, read=False)
-    return command
+    return dataclasses.replace(command, read=False) if "/" in first else command
 
 
-def parse_command_line(line: str, runs: Runs | None = None) -> CommandLine:
+def parse_command_line(line: str) -> CommandLine:
     """Split a ``bash -c`` line into simple commands and classify each one, or say why the line
-    is unanalysable (then it names no command, and is judged as a mutation of unknown target).
-
-    ``runs(name)``: whether a bare name runs a program from outside every workspace
-    (``tools.programs.system_program``); a read whose name does not is no read. None: names are
-    taken as the system's (a parse with no machine to look on)."""
+    is unanalysable (then it names no command, and is judged as a mutation of unknown target)."""
     try:
-        commands = tuple(_simple_command(words, runs) for words in _simple_commands(line))
+        commands = tuple(_simple_command(words) for words in _simple_commands(line))
     except _Unanalysable as exc:
         return CommandLine((), f"the line is not analysable: {exc}")
     if not commands:

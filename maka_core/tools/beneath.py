@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maka_core.tools.base import ToolRefusal
-from maka_core.tools.git_guard import completes_repository
 
 MARKER_NAME = ".maka-workspace.json"
 #: Names no file tool may write at any depth: git's directory (its config runs commands on the
@@ -146,14 +145,6 @@ def locate(root: str, rel: str, *, for_write: bool = False, create_parents: bool
         if for_write and is_protected(parts):
             raise ToolRefusal(
                 "protected_path", "git metadata and the workspace marker are protected", path=rel
-            )
-        if for_write and (folder := completes_repository(root, parts)) is not None:
-            # The operator's git would find a repository there and run what its config names.
-            raise ToolRefusal(
-                "git_repository_refused",
-                f"writing {rel} would make {folder} a git directory (HEAD, objects, refs)",
-                path=rel,
-                folder=folder,
             )
         try:
             step = _walk(root, parts, rel, for_write=for_write, create=create_parents)

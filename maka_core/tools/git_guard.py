@@ -103,26 +103,6 @@ def _walk(root: Path) -> _Found:
     return _Found(tuple(dot_gits), tuple(git_dirs), tuple(shape_entries))
 
 
-def completes_repository(root: str, parts: list[str] | tuple[str, ...]) -> str | None:
-    """The folder (relative, ``.`` for the root) that writing a file at ``parts`` under ``root``
-    would make a git directory, or None: the file tools' rule (``tools.beneath.locate``). A write is
-    refused when, in any folder on its path, the entries there plus the one the write names would
-    hold ``HEAD``, ``objects`` and ``refs``: it completes a repository, or writes into one (its
-    ``config`` names commands the operator's git runs). A ``.git`` is refused by name already.
-    A symlink on the way ends the check: ``locate`` resolves it and asks again of the real path."""
-    for depth, child in enumerate(parts):
-        folder = os.path.join(root, *parts[:depth])
-        if depth and os.path.islink(folder):
-            return None
-        try:
-            names = set(os.listdir(folder))
-        except OSError:
-            names = set()  # not there yet: the write would create it holding only ``child``
-        if names | {child} >= GIT_DIR_SHAPE:
-            return "/".join(parts[:depth]) or "."
-    return None
-
-
 def _stamp(root: Path, path: Path) -> Stamp | None:
     try:
         st = path.lstat()

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Self, runtime_checkable
 
-from maka_core.tools.programs import program_path, system_program
-
 # Variables copied from the worker's environment into a command's, besides PATH and LANG (copied,
 # with defaults), HOME (private) and TERM (always ``dumb``). Nothing else crosses: the worker's
 # environment holds provider keys and endpoints, database URLs and failpoints.
 ENV_ALLOWLIST: tuple[str, ...] = ("LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # SQLite keeps uncommitted or recent pages beside the database file: hide those with it.
 SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 SANDBOX_TMP = "/tmp"
@@ -69,12 +68,10 @@ class NetworkSwitch(Protocol):
 
 
 def minimal_env(home: str, source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a command gets: PATH, HOME, LANG, TERM and ``ENV_ALLOWLIST`` only. Its PATH
-    is the worker's without a folder inside a workspace (``programs.program_path``): a program the
-    model wrote is never found by name."""
+    """The environment a command gets: PATH, HOME, LANG, TERM and ``ENV_ALLOWLIST`` only."""
     src = os.environ if source is None else source
     env = {
-        "PATH": program_path(src.get("PATH")),
+        "PATH": src.get("PATH") or DEFAULT_PATH,
         "HOME": home,
         "LANG": src.get("LANG") or "C.UTF-8",
         "TERM": "dumb",
@@ -102,7 +99,7 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
     The probe runs a real sandbox with the same namespaces and mounts a command gets, because
     ``bwrap --version`` succeeds in containers that forbid user namespaces or mounting ``/proc``.
     """
-    path = shutil.which(bwrap) if os.path.isabs(bwrap) else system_program(bwrap)
+    path = shutil.which(bwrap)
     if path is None:
         return SandboxStatus(False, reason=f"{bwrap} not found (install bubblewrap)")
     try:

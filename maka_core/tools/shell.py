@@ -61,7 +61,6 @@ from maka_core.tools.bash_limits import (
     tmp_full,
 )
 from maka_core.tools.git_guard import GitSurvey, refuse_new, survey
-from maka_core.tools.programs import program_path, system_program
 from maka_core.tools.sandbox import (
     SANDBOX_TMP,
     HiddenPathError,
@@ -227,11 +226,7 @@ class BashTool:
         from maka_core.governance.classify import classify_bash
 
         command = args.get("command")
-        # A read runs the system's program: the name looked up as the sandbox will look it up.
-        path = program_path()
-        return classify_bash(
-            command if isinstance(command, str) else "", lambda name: system_program(name, path) is not None
-        )
+        return classify_bash(command if isinstance(command, str) else "")
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:

@@ -29,12 +29,7 @@ def parse_guaranteed_read(
     return derive_guarantee(effect, declares_reconciliation=recovery_mode == "reconcile")
 
 
-def shlex_parse(line: str, runs: object = None) -> object:
-    """The old parse (which never asked where a name resolves)."""
-    return shlex_parse_command_line(line)
-
-
 if __name__ == "__main__":
-    classify.parse_command_line = shlex_parse  # type: ignore[assignment]
+    classify.parse_command_line = shlex_parse_command_line  # type: ignore[assignment]
     governed.guarantee_for_tool = parse_guaranteed_read
     sys.exit(main(["worker", *sys.argv[1:]]))

@@ -45,6 +45,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from maka_core.tools.programs import system_program
+
 DOT_GIT = ".git"
 # The entries that make a folder a git directory to git's discovery (setup.c, is_git_directory),
 # and the ones recorded in every folder so a folder that becomes one loses only what is new.
@@ -133,12 +135,13 @@ def _config_paths(git_dir: Path, worktree: Path) -> list[Path]:
     """What the repository's own config names as more of itself: ``core.hooksPath`` (relative to
     the worktree) and ``include.path`` / ``includeIf.*.path`` files (relative to the config)."""
     config = git_dir / "config"
-    if not config.is_file():
+    git = system_program("git")  # the system's git, never one on a workspace folder of PATH
+    if not config.is_file() or git is None:
         return []
     try:
         # ``--file`` only parses that file (includes off): nothing in it is run.
         found = subprocess.run(
-            ["git", "config", "--file", str(config), "--get-regexp", CONFIG_PATH_KEYS],
+            [git, "config", "--file", str(config), "--get-regexp", CONFIG_PATH_KEYS],
             capture_output=True,
             text=True,
             timeout=GIT_CONFIG_TIMEOUT_S,

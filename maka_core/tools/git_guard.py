@@ -7,7 +7,8 @@ runs: ``core.fsmonitor`` on every ``git status``, ``core.hooksPath`` and ``hooks
 on the host later. What git accepts as a repository in a folder ``D``: ``D/.git`` (a directory, a
 symlink, or a file ``gitdir: PATH`` pointing anywhere, also elsewhere in the workspace), or ``D``
 itself when it is shaped like a git directory (``HEAD``, ``objects``, ``refs``: a bare repository,
-the workspace root included).
+the workspace root included; or ``HEAD`` and a ``commondir`` file naming a folder that holds the
+rest, with its config): ``git_shape.git_dir_shaped``, the rule the file tools refuse a write by.
 
 What this module does around every bash call:
 
@@ -18,10 +19,10 @@ What this module does around every bash call:
   ``core.hooksPath`` folder, an ``include.path`` or ``includeIf.*.path`` file;
 - after it, with every process of the call gone (the sandbox's PID namespace), ``refuse_new``
   walks again and removes each repository entry that was not there before: a new ``.git`` of any
-  kind at any depth, what made a folder a new bare repository (those of its ``HEAD``,
-  ``objects``, ``refs`` and ``config`` that are new), a hooks folder or included config file
-  that an existing repository's config names and that did not exist. The call's result is then
-  ``git_repository_refused`` naming them.
+  kind at any depth, what made a folder a new git directory (those of its ``HEAD``,
+  ``objects``, ``refs``, ``commondir``, ``config`` and ``config.worktree`` that are new), a
+  hooks folder or included config file that an existing repository's config names and that did
+  not exist. The call's result is then ``git_repository_refused`` naming them.
 
 Why not prevent the creation instead: no kernel mechanism bubblewrap offers refuses a *name*
 anywhere in a writable tree. Binding a read-only placeholder over a missing ``<ws>/.git`` makes
@@ -45,13 +46,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from maka_core.tools.git_shape import DOT_GIT, GIT_DIR_ENTRIES, git_dir_shaped
 from maka_core.tools.programs import system_program
 
-DOT_GIT = ".git"
-# The entries that make a folder a git directory to git's discovery (setup.c, is_git_directory),
-# and the ones recorded in every folder so a folder that becomes one loses only what is new.
-GIT_DIR_SHAPE = frozenset({"HEAD", "objects", "refs"})
-GIT_DIR_ENTRIES = GIT_DIR_SHAPE | {"config"}
 GIT_CONFIG_TIMEOUT_S = 5.0
 # Config keys naming files or folders that act as part of the repository's configuration.
 CONFIG_PATH_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
@@ -93,7 +90,7 @@ def _walk(root: Path) -> _Found:
                 entries = list(it)
         except OSError:
             continue  # unreadable or gone: bash could not have made it a repository either
-        if {e.name for e in entries} >= GIT_DIR_SHAPE:
+        if git_dir_shaped({e.name for e in entries}):
             git_dirs.append(folder)
         for entry in entries:
             if entry.name in GIT_DIR_ENTRIES:

@@ -7,8 +7,10 @@ refuse, by the same rule (``git_shape.git_dir_shaped``), the write that would co
 folder or lands in one, anywhere in the workspace: ``git_repository_refused``, an ordinary
 committed refusal. Each shape is written through the real tools, in every order of its parts,
 then the operator's real ``git status`` runs where it would find the repository, and a canary
-file says whether the planted command ran. Negative control: the same writes with the check
-taken out of ``beneath`` (by this test's monkeypatch) make the canary appear.
+file says whether the planted command ran. What an existing repository's config names as more of
+itself (a ``core.hooksPath`` folder, an ``include.path`` file) is refused the same way, as bash
+sees it read-only. Negative controls: the same writes with the checks taken out (by this test's
+monkeypatch of ``beneath`` and ``files``) make the canary appear.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import ToolResult, beneath, default_tools
+from maka_core.tools import ToolResult, beneath, default_tools, files
 from maka_core.workspace import Workspace
 from tests.test_git_guard import operator_git
 
@@ -199,3 +201,63 @@ def test_the_refusal_is_committed_like_any_file_tool_refusal(store: LedgerStore,
     assert value["code"] == "git_repository_refused" and value["folder"] == ".", value
     assert any(e.content.kind == "function_response" for e in committed)  # type: ignore[union-attr]
     assert not (ws.root / "objects").exists()  # no parent folder made on the way
+
+
+# --- what an existing repository's config names --------------------------------------------------
+
+
+def _repo_with(ws: Workspace, key: str, value: str) -> None:
+    subprocess.run(["git", "init", "-q", str(ws.root)], check=True)
+    subprocess.run(["git", "-C", str(ws.root), "config", key, value], check=True)
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative_control"])
+def test_a_hook_the_repositorys_hooks_path_runs_is_not_rewritten(
+    tmp_path: Path, ws: Workspace, fixed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The team's executable hook in ``core.hooksPath``: rewritten, it keeps its mode and runs in
+    the operator's next commit."""
+    _repo_with(ws, "core.hooksPath", ".githooks")
+    hook = ws.root / ".githooks" / "pre-commit"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    if not fixed:
+        monkeypatch.setattr(files, "_refuse_repository_material", lambda *a: None)  # main's tools
+    canary = tmp_path / "canary"
+    result = call(
+        "write_file", {"path": ".githooks/pre-commit", "content": f"#!/bin/sh\ntouch {canary}\n"}, ws
+    )
+    added = call("write_file", {"path": ".githooks/nested/x", "content": "x"}, ws)
+    commit = operator_git(tmp_path, ws.root, "commit", "-q", "--allow-empty", "-m", "operator's commit")
+    assert commit.returncode == 0, commit.stderr
+    if not fixed:
+        assert not result.is_error and canary.exists(), "the rewritten hook runs in the operator's commit"
+        return
+    assert result.error_code == "git_repository_refused", result
+    assert result.result["value"]["folder"] == ".githooks" and added.error_code == "git_repository_refused"
+    assert hook.read_text() == "#!/bin/sh\nexit 0\n" and not canary.exists()
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["include_missing", "include_exists"])
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "negative_control"])
+def test_a_config_file_the_repository_includes_is_not_written(
+    tmp_path: Path, ws: Workspace, exists: bool, fixed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _repo_with(ws, "include.path", "../team.gitconfig")
+    if exists:
+        (ws.root / "team.gitconfig").write_text("[user]\n\tname = team\n")
+    if not fixed:
+        monkeypatch.setattr(files, "_refuse_repository_material", lambda *a: None)
+    canary = tmp_path / "canary"
+    result = call(
+        "write_file", {"path": "team.gitconfig", "content": f"[core]\n\tfsmonitor = touch {canary}\n"}, ws
+    )
+    operator_git(tmp_path, ws.root, "status")
+    if not fixed:
+        assert not result.is_error and canary.exists(), "the included config runs in the operator's git"
+        return
+    assert result.error_code == "git_repository_refused", result
+    assert not canary.exists()
+    # Elsewhere in the repository, files are written as ever.
+    assert not call("write_file", {"path": "src/team.gitconfig", "content": "x"}, ws).is_error

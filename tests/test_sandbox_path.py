@@ -27,10 +27,12 @@ from typing import Any
 
 import pytest
 
+from maka_core.checkpoints.git_carrier import GitCheckpointProvider
 from maka_core.governance import decide, governed_call, parse_policy
 from maka_core.governance.classify import Classification, classify_bash, classify_operation
 from maka_core.governance.commands import CommandLine, parse_command_line
 from maka_core.governance.guarantee import trusted_read
+from maka_core.runtime.workspace_continuity import provider_over
 from maka_core.tools import BashTool, ToolResult, sandbox_status
 from maka_core.tools.git_guard import survey
 from maka_core.tools.programs import DEFAULT_PATH, SANDBOX_OWN_TREES, Program, SearchPath, system_program
@@ -322,3 +324,11 @@ def test_the_workers_own_git_and_bwrap_are_never_a_planted_one(
     assert planted.runs() == 0, planted.log.read_text()
     bwrap = system_program("bwrap")
     assert bwrap is None or not bwrap.startswith(str(planted.ws.root))
+    # The checkpoint carrier runs git on the host, in the workspace, at every capture.
+    carrier = provider_over(planted.place / "checkpoints")
+    assert carrier.git == found
+    carrier._check_repository(planted.ws)  # git rev-parse in the workspace
+    assert planted.runs() == 0, planted.log.read_text()
+    # Negative control: the carrier as main built it (git found on PATH when run) runs the plant.
+    GitCheckpointProvider(planted.place / "old-checkpoints")._check_repository(planted.ws)
+    assert planted.runs() == 1

@@ -60,6 +60,7 @@ from maka_core.ledger.digests import PrefixUnreadable, read_prefix
 from maka_core.paths import maka_home
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.resolution import is_resolution_run, operator_fact
+from maka_core.tools.programs import system_program
 from maka_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ def provider_over(state_dir: Path) -> GitCheckpointProvider:
     with _providers_lock:
         found = _providers.get(state)
         if found is None:
-            found = _providers[state] = GitCheckpointProvider(state)
+            # The system's git: never one on a workspace folder of the worker's PATH (a venv there).
+            found = _providers[state] = GitCheckpointProvider(state, git=system_program("git") or "git")
         return found
 
 

@@ -167,7 +167,7 @@ def classify_operation(operation: dict[str, Any], lookup: ProgramLookup | None =
         args = operation.get("args") or []
         cls = classify_command(command if isinstance(command, str) else "", [str(a) for a in args])
         untrusted: str | None = None
-        if lookup is not None and isinstance(command, str):
+        if lookup is not None and isinstance(command, str) and action != "stop":
             cls, untrusted = located_command(cls, lookup)
         elif "/" in cls.word:
             cls = dataclasses.replace(cls, read=False)  # a read is named bare, as in a bash line

@@ -99,7 +99,6 @@ def provider_over(state_dir: Path) -> GitCheckpointProvider:
     with _providers_lock:
         found = _providers.get(state)
         if found is None:
-            # The system's git: never one on a workspace folder of the worker's PATH (a venv there).
             found = _providers[state] = GitCheckpointProvider(state, git=system_program("git") or "git")
         return found
 

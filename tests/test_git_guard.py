@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from maka_core.tools import BashTool, ToolResult, sandbox_status
+from maka_core.tools import BashTool, ToolResult, git_guard, sandbox_status
 from maka_core.tools.git_guard import GitSurvey
+from maka_core.tools.git_shape import GIT_DIR_SHAPE
 from maka_core.workspace import Workspace
 
 STATUS = sandbox_status()
@@ -105,6 +106,16 @@ ATTACKS = [
         "printf 'gitdir: ../.hidden\\n' > a/b/.git",
         "a/b",
     ),
+    (
+        # Issue 37.5: a linked worktree's git directory, HEAD beside a commondir naming a folder
+        # that holds objects, refs and the config; no folder has HEAD, objects and refs together.
+        "linked_worktree_commondir",
+        "mkdir -p store/objects store/refs sub && printf '[core]\\n\\trepositoryformatversion = 1\\n"
+        "\\tbare = false\\n\\tfsmonitor = touch {canary}\\n[extensions]\\n\\tworktreeConfig = true\\n' "
+        "> store/config && printf '[core]\\n\\tworktree = ..\\n' > sub/config.worktree && "
+        "printf 'ref: refs/heads/main\\n' > sub/HEAD && printf '../store\\n' > sub/commondir",
+        "sub",
+    ),
 ]
 
 
@@ -142,6 +153,17 @@ def test_negative_control_todays_bash_lets_the_operators_git_run_it(
     result, canary = run_attack(TodaysBashTool(), place, attack, where, repo=False)
     assert not result.is_error, result
     assert canary.exists(), f"the attack {name} should plant a command the operator's git runs"
+
+
+def test_negative_control_the_shape_without_commondir_misses_a_linked_worktree(
+    place: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's rule as main had it (HEAD, objects and refs in one folder) removes nothing."""
+    monkeypatch.setattr(git_guard, "git_dir_shaped", lambda names: names >= GIT_DIR_SHAPE)
+    _, attack, where = next(a for a in ATTACKS if a[0] == "linked_worktree_commondir")
+    result, canary = run_attack(BashTool(), place, attack, where, repo=False)
+    assert not result.is_error, result
+    assert canary.exists(), "the linked worktree should run its fsmonitor in the operator's git"
 
 
 HOOK = (

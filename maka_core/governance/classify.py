@@ -9,12 +9,20 @@ approver and an auditor see exactly what was judged.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from maka_core.governance.commands import Trait, classify_command, parse_command_line
+from maka_core.governance.commands import (
+    ProgramLookup,
+    Trait,
+    classify_command,
+    located,
+    located_command,
+    parse_command_line,
+)
 from maka_core.tools.base import Effect
 
 Risk = Literal["low", "medium", "high", "critical"]
@@ -61,9 +69,10 @@ def _sorted_traits(traits: frozenset[Trait]) -> tuple[Trait, ...]:
     return tuple(sorted(traits))
 
 
-def classify_bash(command: str) -> Classification:
-    """A ``bash`` command line: a read only when every simple command is a known read."""
-    line = parse_command_line(command)
+def classify_bash(command: str, lookup: ProgramLookup) -> Classification:
+    """A ``bash`` command line: a read only when every simple command is a known read that runs
+    the system's program, as ``lookup`` (the sandbox's own PATH) finds it."""
+    line = located(parse_command_line(command), lookup)
     names = tuple(c.name for c in line.commands)
     traits = line.traits
     if line.read:
@@ -113,8 +122,10 @@ def classify_declared(
     )
 
 
-def classify_operation(operation: dict[str, Any]) -> Classification:
-    """MELRA's classification of a ``melra_plan`` operation of kind ``file`` or ``terminal``.
+def classify_operation(operation: dict[str, Any], lookup: ProgramLookup | None = None) -> Classification:
+    """MELRA's classification of a ``melra_plan`` operation of kind ``file`` or ``terminal``;
+    a terminal command is judged by the program it runs (``lookup``, the sandbox's PATH, as for
+    ``classify_bash``; without one, a command named by a path is still no read).
 
     Raises:
         ValueError: another kind (browser, memory, computer, http, system are not run here).
@@ -155,20 +166,25 @@ def classify_operation(operation: dict[str, Any]) -> Classification:
         command = operation.get("command")
         args = operation.get("args") or []
         cls = classify_command(command if isinstance(command, str) else "", [str(a) for a in args])
+        untrusted: str | None = None
+        if lookup is not None and isinstance(command, str) and action != "stop":
+            cls, untrusted = located_command(cls, lookup)
+        elif "/" in cls.word:
+            cls = dataclasses.replace(cls, read=False)  # a read is named bare, as in a bash line
         effect = "read" if cls.read else "mutate"
         risk: Risk = "high" if "package-install" in cls.traits else "low" if cls.read else "medium"
         return Classification(
             kind="terminal",
             name=f"terminal.{action}",
             effect=effect,
-            possible_effects=frozenset({effect}),
+            possible_effects=frozenset({effect}) if untrusted is None else _ANY_EFFECT,
             risk=risk,
             traits=_sorted_traits(cls.traits),
             capability=f"terminal.{action}",
             target=job if action == "stop" else f"command:{cls.name}",
             commands=() if action == "stop" or not isinstance(command, str) else (cls.name,),
             unanalysable=(
-                no_job if action == "stop" else None if isinstance(command, str) else "no command given"
+                no_job if action == "stop" else untrusted if isinstance(command, str) else "no command given"
             ),
         )
     raise ValueError(f"operation kind {kind!r} is not run here")

@@ -17,14 +17,27 @@ The read/trait tables follow MELRA's ``classifyCommand``: ``npm ls`` and ``npm i
 same allowlisted command, and only the second installs third-party code and reaches a registry.
 A read must also be invoked by its bare name (``./ls`` may be anything the workspace holds), and
 ``git`` and ``rg`` options that write a file or run a program are not reads.
+
+A name is only as good as the program it runs (``located``): each command word is looked up as the
+sandbox runs it (``tools.programs.SearchPath.locate``, the sandbox's own PATH). A read must run
+the system's program (its real path outside every workspace); a word that runs a program inside
+a workspace (``./cat``, or ``cat`` resolving to a link into one) makes the line unanalysable, so
+no allowlist, grant or read admits it under the name it borrows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from maka_core.tools.programs import Program
+
+#: Where the sandbox finds the program a command word runs (``tools.programs.SearchPath.locate``).
+ProgramLookup = Callable[[str], "Program"]
 
 Trait = Literal["package-install", "network"]
 
@@ -161,6 +174,8 @@ class CommandClass:
     read: bool
     destructive: bool
     traits: frozenset[Trait]
+    #: The command word as written (``./ls``, ``/usr/bin/ls``, ``ls``): what the sandbox looks up.
+    word: str = ""
 
 
 def _git_reads(args: list[str] | tuple[str, ...]) -> bool:
@@ -203,7 +218,7 @@ def classify_command(command: str, args: list[str] | tuple[str, ...]) -> Command
         read = not any(a.startswith("--pre") for a in args)  # --pre runs the program it names
     else:
         read = name in _READ_COMMANDS
-    return CommandClass(name, read, name in _DESTRUCTIVE_COMMANDS, frozenset(traits))
+    return CommandClass(name, read, name in _DESTRUCTIVE_COMMANDS, frozenset(traits), command)
 
 
 @dataclass(frozen=True)
@@ -375,6 +390,45 @@ def parse_command_line(line: str) -> CommandLine:
     if not commands:
         return CommandLine((), "the line names no command")
     return CommandLine(commands, None)
+
+
+def located(line: CommandLine, lookup: ProgramLookup) -> CommandLine:
+    """``line`` with each command judged by the program it runs (``lookup``: the sandbox's PATH).
+
+    A read stays a read only when it runs the system's program, named bare; a program inside a
+    workspace (or where the sandbox would find another file than the host) makes the line
+    unanalysable: it is not the command it is named after.
+    """
+    if line.opaque is not None:
+        return line
+    commands: list[CommandClass] = []
+    for command in line.commands:
+        program = lookup(command.word)
+        if program.place == "untrusted":
+            return CommandLine((), _untrusted(command, program))
+        commands.append(_as_run(command, program))
+    return CommandLine(tuple(commands), None)
+
+
+def located_command(command: CommandClass, lookup: ProgramLookup) -> tuple[CommandClass, str | None]:
+    """One program and its arguments (a MELRA terminal operation) judged as ``located`` judges a
+    line's command: the command, and why it is not analysable (None when it is)."""
+    program = lookup(command.word)
+    if program.place == "untrusted":
+        return dataclasses.replace(command, read=False), _untrusted(command, program)
+    return _as_run(command, program), None
+
+
+def _as_run(command: CommandClass, program: Program) -> CommandClass:
+    system = program.place == "system" and "/" not in command.word
+    return command if system or not command.read else dataclasses.replace(command, read=False)
+
+
+def _untrusted(command: CommandClass, program: Program) -> str:
+    return (
+        f"the line is not analysable: {command.word!r} runs {program.path}, a program inside a "
+        "workspace (or a folder the sandbox replaces), not the system's"
+    )
 
 
 def command_allowed(name: str, allowed: frozenset[str] | None) -> bool:

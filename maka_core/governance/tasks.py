@@ -27,6 +27,7 @@ from maka_core.errors import CodecError, MakaError
 from maka_core.facts import canonical_json
 from maka_core.governance.challenge import ApprovalChallenge, issue_challenge
 from maka_core.governance.classify import Classification, GovernanceModel, classify_operation
+from maka_core.governance.commands import ProgramLookup
 from maka_core.governance.decision import PolicyDecision, decide, governed_call
 from maka_core.governance.evidence import EvidencePredicate, TaskStatus
 from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
@@ -217,9 +218,11 @@ def decide_task(
     session_identity: Identity,
     worker_forbidden: frozenset[Effect],
     now: datetime,
+    lookup: ProgramLookup | None = None,
 ) -> PolicyDecision:
-    """MELRA's decision for the task (default evidence applied first, as its controller does)."""
-    classification = classify_operation(request.operation_json())
+    """MELRA's decision for the task (default evidence applied first, as its controller does);
+    ``lookup``: where the sandbox finds a terminal command's program (``classify_operation``)."""
+    classification = classify_operation(request.operation_json(), lookup)
     call = governed_call(
         policy,
         classification,
@@ -240,10 +243,16 @@ def plan_task(
     session_identity: Identity,
     worker_forbidden: frozenset[Effect] = frozenset(),
     now: datetime,
+    lookup: ProgramLookup | None = None,
 ) -> TaskPlan:
     """Plan without executing: the decision, and for ``confirm`` the task's scoped challenge."""
     decision = decide_task(
-        policy, request, session_identity=session_identity, worker_forbidden=worker_forbidden, now=now
+        policy,
+        request,
+        session_identity=session_identity,
+        worker_forbidden=worker_forbidden,
+        now=now,
+        lookup=lookup,
     )
     c = decision.classification
     status: PlanStatus = {"allow": "planned", "deny": "policy_blocked", "confirm": "awaiting_approval"}[

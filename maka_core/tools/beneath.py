@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from maka_core.tools.base import ToolRefusal
+from maka_core.tools.git_shape import git_dir_shaped
 
 MARKER_NAME = ".maka-workspace.json"
 #: Names no file tool may write at any depth: git's directory (its config runs commands on the
-#: next ``git status``) and the workspace marker (the identity recovery trusts).
+#: next ``git status``) and the workspace marker (the identity recovery trusts). A folder shaped
+#: like a git directory is refused too (``_refuse_git_dir``).
 PROTECTED_NAMES = frozenset({".git", MARKER_NAME})
 MAX_RESTARTS = 40  # symlinks followed plus races retried; the kernel's own limit is 40 too
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -131,12 +133,15 @@ def locate(root: str, rel: str, *, for_write: bool = False, create_parents: bool
 
     Symlinks that stay inside are followed, except a final one when ``for_write`` (an atomic
     rename would replace the link, not write through it). For writes, the root itself is
-    ``path_invalid``, a final symlink ``path_is_symlink`` and ``.git``/the marker
-    ``protected_path``. ``create_parents`` makes missing directories on the way (writes only).
+    ``path_invalid``, a final symlink ``path_is_symlink``, ``.git``/the marker
+    ``protected_path``, and a path through a folder that is, or with this name would become, a
+    git directory ``git_repository_refused`` (``git_shape``: the operator's git would run its
+    config on the host). ``create_parents`` makes missing directories on the way (writes only).
 
     Raises:
         ToolRefusal: ``path_invalid``, ``path_outside_workspace``, ``path_is_symlink``,
-            ``protected_path``, ``not_a_directory``, ``symlink_loop``, ``tool_io_failed``.
+            ``protected_path``, ``git_repository_refused``, ``not_a_directory``,
+            ``symlink_loop``, ``tool_io_failed``.
     """
     parts = split_relative(rel)
     for _ in range(MAX_RESTARTS):
@@ -171,6 +176,8 @@ def _walk(root: str, parts: list[str], rel: str, *, for_write: bool, create: boo
         i = made = 0
         while i < len(parts) - 1:
             name = parts[i]
+            if for_write:
+                _refuse_git_dir(fd, parts, i, rel)
             try:
                 nfd = os.open(name, _DIR, dir_fd=fd)
             except FileNotFoundError:
@@ -209,11 +216,31 @@ def _walk(root: str, parts: list[str], rel: str, *, for_write: bool, create: boo
                         raise ToolRefusal("path_is_symlink", "refusing to write through a symlink", path=rel)
                     return follow
                 return parts  # it changed under us: look again
+            if for_write:
+                _refuse_git_dir(fd, parts, len(parts) - 1, rel)
         target, fd = Target(tuple(parts), fd), -1
         return target
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _refuse_git_dir(dir_fd: int, parts: list[str], i: int, rel: str) -> None:
+    """Refuse writing ``parts[i]`` into the folder ``dir_fd`` (``parts[:i]``) when the folder is a
+    git directory, or would be one with that name in it (``git_shape.git_dir_shaped``, the rule
+    bash's guard removes such a folder's new entries by)."""
+    names = set(os.listdir(dir_fd))
+    if not git_dir_shaped(names | {parts[i]}):
+        return
+    folder = "/".join(parts[:i]) or "."
+    already = git_dir_shaped(names)
+    raise ToolRefusal(
+        "git_repository_refused",
+        f"{folder} {'is' if already else 'would become'} a git directory (HEAD beside objects and "
+        "refs, or beside commondir): the operator's git would run its configuration on the host",
+        path=rel,
+        folder=folder,
+    )
 
 
 def _is_dir_or_link(dir_fd: int, name: str) -> bool:

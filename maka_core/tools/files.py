@@ -47,6 +47,7 @@ from maka_core.tools.beneath import (
 )
 from maka_core.tools.effect_journal import record as record_effect
 from maka_core.tools.evidence import reconcile_file
+from maka_core.tools.git_guard import named_by_repository
 from maka_core.tools.guarded_replace import GuardedReplace, guarded_replace
 from maka_core.tools.redo import guarded, redo_write, settled
 
@@ -98,6 +99,7 @@ def read_existing(
         if for_write:
             target = locate(root, rel, for_write=True)
             try:
+                _refuse_repository_material(ws, target.parts, rel)
                 fd, st = open_existing(target)
             except BaseException:
                 target.close()
@@ -121,6 +123,21 @@ def read_existing(
     finally:
         os.close(fd)
         target.close()
+
+
+def _refuse_repository_material(ws: Workspace, parts: tuple[str, ...], rel: str) -> None:
+    """``git_repository_refused`` for a write into what a repository above the file names in its
+    config (a ``core.hooksPath`` folder, an included config file): the operator's git would run
+    it. (A git directory itself is refused by ``beneath.locate``.)"""
+    named = named_by_repository(ws.root, parts)
+    if named is not None:
+        raise ToolRefusal(
+            "git_repository_refused",
+            f"{named} is named by a repository's config (hooks or an included config): the "
+            "operator's git would run what is written there",
+            path=rel,
+            folder=named,
+        )
 
 
 def _canonical(ws: Workspace, rel: str) -> str:

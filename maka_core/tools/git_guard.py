@@ -7,7 +7,8 @@ runs: ``core.fsmonitor`` on every ``git status``, ``core.hooksPath`` and ``hooks
 on the host later. What git accepts as a repository in a folder ``D``: ``D/.git`` (a directory, a
 symlink, or a file ``gitdir: PATH`` pointing anywhere, also elsewhere in the workspace), or ``D``
 itself when it is shaped like a git directory (``HEAD``, ``objects``, ``refs``: a bare repository,
-the workspace root included).
+the workspace root included; or ``HEAD`` and a ``commondir`` file naming a folder that holds the
+rest, with its config): ``git_shape.git_dir_shaped``, the rule the file tools refuse a write by.
 
 What this module does around every bash call:
 
@@ -18,10 +19,10 @@ What this module does around every bash call:
   ``core.hooksPath`` folder, an ``include.path`` or ``includeIf.*.path`` file;
 - after it, with every process of the call gone (the sandbox's PID namespace), ``refuse_new``
   walks again and removes each repository entry that was not there before: a new ``.git`` of any
-  kind at any depth, what made a folder a new bare repository (those of its ``HEAD``,
-  ``objects``, ``refs`` and ``config`` that are new), a hooks folder or included config file
-  that an existing repository's config names and that did not exist. The call's result is then
-  ``git_repository_refused`` naming them.
+  kind at any depth, what made a folder a new git directory (those of its ``HEAD``,
+  ``objects``, ``refs``, ``commondir``, ``config`` and ``config.worktree`` that are new), a
+  hooks folder or included config file that an existing repository's config names and that did
+  not exist. The call's result is then ``git_repository_refused`` naming them.
 
 Why not prevent the creation instead: no kernel mechanism bubblewrap offers refuses a *name*
 anywhere in a writable tree. Binding a read-only placeholder over a missing ``<ws>/.git`` makes
@@ -38,6 +39,7 @@ next call: check the workspace before resolving such a call).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import stat
@@ -45,11 +47,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-DOT_GIT = ".git"
-# The entries that make a folder a git directory to git's discovery (setup.c, is_git_directory),
-# and the ones recorded in every folder so a folder that becomes one loses only what is new.
-GIT_DIR_SHAPE = frozenset({"HEAD", "objects", "refs"})
-GIT_DIR_ENTRIES = GIT_DIR_SHAPE | {"config"}
+from maka_core.tools.git_shape import DOT_GIT, GIT_DIR_ENTRIES, git_dir_shaped
+from maka_core.tools.programs import system_program
+
 GIT_CONFIG_TIMEOUT_S = 5.0
 # Config keys naming files or folders that act as part of the repository's configuration.
 CONFIG_PATH_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
@@ -91,7 +91,7 @@ def _walk(root: Path) -> _Found:
                 entries = list(it)
         except OSError:
             continue  # unreadable or gone: bash could not have made it a repository either
-        if {e.name for e in entries} >= GIT_DIR_SHAPE:
+        if git_dir_shaped({e.name for e in entries}):
             git_dirs.append(folder)
         for entry in entries:
             if entry.name in GIT_DIR_ENTRIES:
@@ -133,27 +133,85 @@ def _config_paths(git_dir: Path, worktree: Path) -> list[Path]:
     """What the repository's own config names as more of itself: ``core.hooksPath`` (relative to
     the worktree) and ``include.path`` / ``includeIf.*.path`` files (relative to the config)."""
     config = git_dir / "config"
-    if not config.is_file():
+    try:
+        st = config.stat()
+    except OSError:
+        return []
+    if not stat.S_ISREG(st.st_mode):
         return []
     try:
-        # ``--file`` only parses that file (includes off): nothing in it is run.
-        found = subprocess.run(
-            ["git", "config", "--file", str(config), "--get-regexp", CONFIG_PATH_KEYS],
-            capture_output=True,
-            text=True,
-            timeout=GIT_CONFIG_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        ).stdout
+        keys = _config_path_keys(str(config), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return []  # not cached: read again next time
     paths: list[Path] = []
-    for line in found.splitlines():
-        key, _, value = line.partition(" ")
-        if value:
-            base = worktree if key == "core.hookspath" else git_dir
-            paths.append(Path(os.path.realpath(base / Path(value).expanduser())))
+    for key, value in keys:
+        base = worktree if key == "core.hookspath" else git_dir
+        paths.append(Path(os.path.realpath(base / Path(value).expanduser())))  # resolved now
     return paths
+
+
+@functools.lru_cache(maxsize=256)
+def _config_path_keys(config: str, version: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+    """The path keys of one version of a config file (git rewrites a config by renaming a new
+    file over it, so its stat says when to read it again): read once, not on every write.
+
+    Raises:
+        OSError, subprocess.TimeoutExpired: git could not be run (not cached).
+    """
+    git = system_program("git")  # the system's git, never one on a workspace folder of PATH
+    if git is None:
+        return ()
+    # ``--file`` only parses that file (includes off): nothing in it is run.
+    found = subprocess.run(
+        [git, "config", "--file", config, "--get-regexp", CONFIG_PATH_KEYS],
+        capture_output=True,
+        text=True,
+        timeout=GIT_CONFIG_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    ).stdout
+    pairs = (line.partition(" ") for line in found.splitlines())
+    return tuple((key, value) for key, _, value in pairs if value)
+
+
+def named_by_repository(root: Path, parts: tuple[str, ...]) -> str | None:
+    """The path (relative to the workspace ``root``) that a repository found above ``parts``
+    names in its config as more of itself (a ``core.hooksPath`` folder, an included config file)
+    and that a write at ``parts`` would land in; None when there is none.
+
+    For a file tool's write: the repositories git finds going up from the written file's folder
+    (a ``.git``, a ``gitdir:`` file's target inside the workspace, a folder shaped like a git
+    directory), whose commit runs those hooks and whose every command reads that config. git runs
+    nothing here (``_config_paths`` only parses the file).
+    """
+    root = Path(os.path.realpath(root))
+    target = root.joinpath(*parts)
+    folder = target.parent
+    while _inside(folder, root):
+        for git_dir in _repositories_at(folder, root):
+            for named in _config_paths(git_dir, folder):
+                if _inside(target, named) and named != root:
+                    return str(named.relative_to(root)) if _inside(named, root) else str(named)
+        folder = folder.parent
+    return None
+
+
+def _repositories_at(folder: Path, root: Path) -> list[Path]:
+    """The git directories git finds at ``folder``: its ``.git`` (or a ``gitdir:`` file's target
+    inside the workspace), and the folder itself when it is shaped like one."""
+    found: list[Path] = []
+    dot_git = folder / DOT_GIT
+    target = _gitfile_target(dot_git)
+    if target is not None and _inside(target, root) and target.is_dir():
+        found.append(target)
+    elif dot_git.is_dir():
+        found.append(dot_git)
+    try:
+        if git_dir_shaped(set(os.listdir(folder))):
+            found.append(folder)
+    except OSError:
+        pass
+    return found
 
 
 def survey(root: Path) -> GitSurvey:

@@ -186,6 +186,7 @@ class _BoundPlan(BoundMelraTool, MelraPlanTool):
             refused = ctx.not_offered(inner_call(request)[0])
             if refused is not None:
                 return refused
+            bash = ctx.tools.get("bash")
             plan = plan_task(
                 ctx.policy,
                 request,
@@ -193,6 +194,7 @@ class _BoundPlan(BoundMelraTool, MelraPlanTool):
                 session_identity=ctx.identity,
                 worker_forbidden=ctx.worker_forbidden,
                 now=ctx.now,
+                lookup=bash.search_path().locate if isinstance(bash, BashTool) else None,
             )
             stored = ctx.store.put_melra_task(
                 task_id,
@@ -251,7 +253,9 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
             limits = {"timeout_ms": op.timeout_ms, "max_output_chars": op.max_output_chars}
             self.inner = self.inner.with_limits(**limits)
         plan = task["plan"]
-        classification = classify_operation(request.operation_json())
+        # A terminal command is judged by the program the bash tool's sandbox would run for it.
+        lookup = self.inner.search_path().locate if isinstance(self.inner, BashTool) else None
+        classification = classify_operation(request.operation_json(), lookup)
         prior = executions_from(
             [
                 e

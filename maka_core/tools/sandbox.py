@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Self, runtime_checkable
 
-# Variables copied from the worker's environment into a command's, besides PATH and LANG (copied,
-# with defaults), HOME (private) and TERM (always ``dumb``). Nothing else crosses: the worker's
-# environment holds provider keys and endpoints, database URLs and failpoints.
+from maka_core.tools.programs import SearchPath, system_program
+
+# Variables copied from the worker's environment into a command's, besides PATH (its folders
+# outside every workspace only: ``programs.SearchPath``), LANG (copied, with a default), HOME
+# (private) and TERM (always ``dumb``). Nothing else crosses: the worker's environment holds
+# provider keys and endpoints, database URLs and failpoints.
 ENV_ALLOWLIST: tuple[str, ...] = ("LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # SQLite keeps uncommitted or recent pages beside the database file: hide those with it.
 SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 SANDBOX_TMP = "/tmp"
@@ -67,11 +68,17 @@ class NetworkSwitch(Protocol):
     def with_network(self, granted: bool) -> Self: ...
 
 
-def minimal_env(home: str, source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a command gets: PATH, HOME, LANG, TERM and ``ENV_ALLOWLIST`` only."""
+def minimal_env(
+    home: str, source: Mapping[str, str] | None = None, *, search_path: str | None = None
+) -> dict[str, str]:
+    """The environment a command gets: PATH, HOME, LANG, TERM and ``ENV_ALLOWLIST`` only.
+
+    ``search_path``: the PATH (``programs.SearchPath.value``: the one the classifier looked the
+    call's command names up in); default, the source's PATH without a workspace folder in it.
+    """
     src = os.environ if source is None else source
     env = {
-        "PATH": src.get("PATH") or DEFAULT_PATH,
+        "PATH": search_path if search_path is not None else SearchPath.of(src.get("PATH")).value,
         "HOME": home,
         "LANG": src.get("LANG") or "C.UTF-8",
         "TERM": "dumb",
@@ -99,7 +106,8 @@ def sandbox_status(bwrap: str = "bwrap") -> SandboxStatus:
     The probe runs a real sandbox with the same namespaces and mounts a command gets, because
     ``bwrap --version`` succeeds in containers that forbid user namespaces or mounting ``/proc``.
     """
-    path = shutil.which(bwrap)
+    # Never one a tool call may have written: a workspace folder on the worker's PATH is skipped.
+    path = system_program(bwrap)
     if path is None:
         return SandboxStatus(False, reason=f"{bwrap} not found (install bubblewrap)")
     try:

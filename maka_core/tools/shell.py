@@ -61,6 +61,7 @@ from maka_core.tools.bash_limits import (
     tmp_full,
 )
 from maka_core.tools.git_guard import GitSurvey, refuse_new, survey
+from maka_core.tools.programs import SearchPath
 from maka_core.tools.sandbox import (
     SANDBOX_TMP,
     HiddenPathError,
@@ -220,13 +221,19 @@ class BashTool:
             raise refusal
         return command
 
+    def search_path(self) -> SearchPath:
+        """The PATH a command gets, now (``programs.SearchPath``: no folder inside a workspace or
+        one the sandbox replaces or hides); the classifier looks names up in the same value."""
+        return SearchPath.current(self.hidden_paths)
+
     def classify(self, args: dict[str, Any]) -> Classification:
-        """A command line is judged by what it runs, not by the tool (``classify_bash``)."""
+        """A command line is judged by what it runs, not by the tool (``classify_bash``): each
+        command word by the program this tool's sandbox would run for it (``search_path``)."""
         # Imported here: governance builds on ``tools.base``, and this module is part of ``tools``.
         from maka_core.governance.classify import classify_bash
 
         command = args.get("command")
-        return classify_bash(command if isinstance(command, str) else "")
+        return classify_bash(command if isinstance(command, str) else "", self.search_path().locate)
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         try:
@@ -310,7 +317,7 @@ class BashTool:
     ) -> subprocess.Popen[bytes]:
         from maka_core.workspace import MARKER_NAME  # workspace imports tools: not at module level
 
-        env = minimal_env(home)
+        env = minimal_env(home, search_path=self.search_path().value)
         argv = supervised(command, cgroups.enforcement, report_fd)
         fds: list[int] = []
         if sandboxed:

@@ -15,6 +15,7 @@ from maka_core.checkpoints.contract import (
 from maka_core.checkpoints.git_carrier import GitCheckpointProvider
 from maka_core.checkpoints.observe import BoundaryObservation
 from maka_core.paths import maka_home
+from maka_core.tools.programs import system_program
 from maka_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def provider_over(state_dir: Path) -> GitCheckpointProvider:
     with _providers_lock:
         found = _providers.get(state)
         if found is None:
-            found = _providers[state] = GitCheckpointProvider(state)
+            found = _providers[state] = GitCheckpointProvider(state, git=system_program("git") or "git")
         return found
 
 

@@ -4,8 +4,9 @@ worker, and, when it serves one session's workspace, inside the same sandbox as 
 The servers file names a program (``command``); a workspace is written by the model. So:
 
 - **The program is pinned when the worker starts** (``pin_command``): an absolute path outside every
-  workspace, or a bare name found on the worker's ``PATH`` without its empty, relative and
-  in-workspace folders (``tools.programs``) whose real file is outside them too. Anything else (a relative
+  workspace, or a bare name found on the sandbox's search path (``tools.programs.SearchPath``:
+  the worker's ``PATH`` without its empty, relative and in-workspace folders) whose real file is
+  outside them too. Anything else (a relative
   path such as ``./server.py``, a name found only in a workspace) refuses the servers file,
   ``mcp_config_invalid``. A restarted server runs the pinned program again, never a new lookup.
 - **Its interpreter takes nothing from the folder it runs in**: ``PYTHONSAFEPATH=1`` (Python puts
@@ -35,6 +36,7 @@ The servers file names a program (``command``); a workspace is written by the mo
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -44,7 +46,7 @@ from maka_core.errors import ConfigError
 from maka_core.tools.beneath import MARKER_NAME
 from maka_core.tools.git_guard import survey
 from maka_core.tools.mcp.config import StdioServer
-from maka_core.tools.programs import in_workspace, program_path, system_program
+from maka_core.tools.programs import SearchPath, in_workspace
 from maka_core.tools.sandbox import SANDBOX_TMP, bwrap_argv, minimal_env, sandbox_status
 
 #: Package runners that look for the program in the working folder's ``node_modules`` (or a
@@ -77,14 +79,18 @@ def pin_command(name: str, server: StdioServer) -> str:
         return ConfigError("mcp_config_invalid", f"{where}: {why}", field=where)
 
     if os.path.isabs(command):
-        if in_workspace(command):
+        if in_workspace(os.path.realpath(command)):
             raise refuse(f"{command} is inside a workspace: the model could rewrite it")
         return command
     if "/" in command:
         raise refuse(f"{command!r} is a relative path: give an absolute path or a program on PATH")
-    found = system_program(command)
-    if found is None:
+    search = SearchPath.current()
+    if search.locate(command).place != "system":
         raise refuse(f"no program {command!r} on the worker's PATH outside every workspace")
+    # The path as found, not its real file: a venv's ``python`` is a symlink whose own place
+    # tells it its environment.
+    found = shutil.which(command, path=search.value)
+    assert found is not None
     if server.scope == "session" and os.path.basename(command) in PACKAGE_RUNNERS:
         raise refuse(
             f"{command} resolves programs from the workspace first: install the server and name its program"
@@ -98,7 +104,11 @@ def _search_paths(env: Mapping[str, str]) -> dict[str, str]:
     out = dict(env)
     for key in SEARCH_PATHS:
         if key in out:
-            kept = [p for p in out[key].split(os.pathsep) if os.path.isabs(p) and not in_workspace(p)]
+            kept = [
+                p
+                for p in out[key].split(os.pathsep)
+                if os.path.isabs(p) and not in_workspace(os.path.realpath(p))
+            ]
             out[key] = os.pathsep.join(kept)
     out["PYTHONSAFEPATH"] = "1"
     return out
@@ -113,7 +123,7 @@ def host_env(server: StdioServer) -> dict[str, str]:
     """What a worker-scoped server is given besides the SDK's inherited variables: ``PATH`` without
     workspace folders, its entry's ``env``, and the interpreters' search paths made safe."""
     given = {k: v.get_secret_value() for k, v in server.env.items()}
-    return _search_paths({"PATH": program_path(), **given})
+    return _search_paths({"PATH": SearchPath.current().value, **given})
 
 
 class SandboxUnavailable(RuntimeError):

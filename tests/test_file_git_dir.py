@@ -25,7 +25,8 @@ import pytest
 
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import ToolResult, beneath, default_tools, files
+from maka_core.tools import ToolResult, beneath, files
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_git_guard import operator_git
 

@@ -68,6 +68,13 @@ class WorkerStopping(MakaError):
     default_code = "worker_stopping"
 
 
+class AttemptSuperseded(MakaError):
+    """An original attempt that woke after recovery took its operation over (``store.fences``):
+    it wrote nothing, and commits no outcome (recovery's is the operation's)."""
+
+    default_code = "attempt_superseded"
+
+
 class LimitRaiseRefused(MakaError):
     """An operator's raise of a token cap was refused (``usage_limit_not_raised``,
     ``usage_limit_below_used``); nothing was written."""

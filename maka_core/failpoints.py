@@ -80,6 +80,8 @@ CHECKPOINT: Final[dict[str, str]] = {
     "checkpoint_repair_committed": "repair's fact and bundle committed, header lags: the next repair follows",
     "checkpoint_rebaseline_captured": "rebaseline captured, no fact: an orphan ref, still parked",
     "checkpoint_restore_materialized": "restore folder in place, no fact: still parked, folder left",
+    "guarded_replace_unlocked": "a write about to take its folder's lock: nothing touched",
+    "guarded_replace_locked": "the folder's lock held, fence not yet asked: recovery waits for the lock",
     "guarded_replace_before_exchange": "side file written, target untouched: the next call removes it",
     "guarded_replace_after_exchange": "names exchanged, not checked: the next call checks, keeps or undoes",
 }

@@ -34,10 +34,10 @@ def test_a_v2_ledger_migrates_to_v3_with_empty_governance_tables(tmp_path: Path)
             "identity": {},
         }
     conn = sqlite3.connect(db)
-    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 4  # v4: melra_tasks
+    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 5  # v5: operation_fences
     names = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
     conn.close()
-    assert {t.name for t in GOVERNANCE_TABLES} <= names
+    assert {t.name for t in GOVERNANCE_TABLES} | {"operation_fences"} <= names
 
 
 def test_a_refused_start_takes_back_only_the_policy_of_a_session_that_never_ran(store: LedgerStore) -> None:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import pytest
 
 from maka_core import failpoints
+from maka_core.errors import AttemptSuperseded
 from maka_core.governance import parse_policy
 from maka_core.runtime import recovery, tool_call
 from maka_core.runtime.contracts import CallRef
@@ -167,14 +168,16 @@ def test_a_late_original_after_its_redo_never_overwrites_a_later_write(
     redone = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
     assert redone.status == "completed" and target.read_text() == AFTER
     target.write_text("port=5000\n")  # the session's next write
-    late = tool_call._run_effect(original, ref, tool_call.Cancellation())  # the original wakes up
-    assert isinstance(late, tool_call.Ran)
     if tool is UnguardedOriginal:
+        late = tool_call._run_effect(original, ref, tool_call.Cancellation())  # the original wakes up
+        assert isinstance(late, tool_call.Ran)
         assert target.read_text() == AFTER  # the later write is lost under the late original's
         return
+    # The original wakes up: recovery took its call over (the fence), so it writes nothing and
+    # has no result to commit (the model saw the redone outcome only).
+    with pytest.raises(AttemptSuperseded):
+        tool_call._run_effect(original, ref, tool_call.Cancellation())
     assert target.read_text() == "port=5000\n" and leftovers(ws) == []
-    assert late.result.error_code == "target_diverged"
-    # Its T2 is refused: recovery settled the call (the model saw the redone outcome only).
     assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
 
 

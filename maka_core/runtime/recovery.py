@@ -47,7 +47,9 @@ from maka_core.runtime.tool_call import (
 from maka_core.tools import ToolResult, bound_call
 from maka_core.tools.base import FileEvidence, GuardedWrite, Reconciliation, parse_evidence
 from maka_core.tools.contract import KEYED_GUARANTEES
+from maka_core.tools.guarded_replace import wait_for_folder
 from maka_core.tools.melra import execution_view
+from maka_core.tools.redo import held_by_attempt
 
 #: A reconciler's observation -> the park it means (``matches_expected_state`` completes instead).
 _OBSERVATION_PARKS: dict[str, ParkReason] = {
@@ -198,6 +200,23 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
     bound = bound_call.for_call(
         tool, bound_call.CallContext(inp.session_id, op_id, loop=asyncio.get_running_loop())
     )
+    target_held = False
+    if isinstance(bound, GuardedWrite) and isinstance(evidence, FileEvidence):
+        # Take the call over before looking at its target (``store.fences``): a late original
+        # attempt asks the fence holding the target folder's lock, so once that lock is free it
+        # has either written already (observed next) or will write nothing. A lock still held
+        # past the wait is a frozen attempt mid-write: nothing can be judged now, the call parks.
+        await rt.on_ledger(lambda: rt.ledger.fence_operation(op_id), attempt=attempt)
+        target = evidence.target
+        free = await rt.on_tool_pool(lambda: wait_for_folder(str(ws.root), target), attempt=attempt)
+        target_held = not free
+
+    def observe() -> Reconciliation | None:
+        if target_held and isinstance(evidence, FileEvidence):
+            return held_by_attempt(evidence)
+        seen: Reconciliation | None = bound.reconcile(args, ws, evidence)
+        return seen
+
     redo = None
     if (
         isinstance(bound, GuardedWrite)
@@ -230,9 +249,7 @@ async def recover_operation(rt: Runtime, inp: RecoverInput, attempt: Attempt) ->
             failpoints.hit("redo_settled", tag=call.tool_name)
             return done, run_number
 
-    return await _reconcile(
-        rt, inp, state, dispatched, attempt, lambda: bound.reconcile(args, ws, evidence), redo=redo
-    )
+    return await _reconcile(rt, inp, state, dispatched, attempt, observe, redo=redo)
 
 
 def _redos_recorded(rt: Runtime, op_id: str) -> int:

@@ -329,6 +329,11 @@ class Runtime:
         attempt can still act)."""
         return await self._run(self._ledger_thread, fn, attempt)
 
+    def from_tool_thread(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the ledger thread and wait for it, from a tool thread (a tool's write
+        asking its call's fence, ``store.fences``); never from the ledger thread itself."""
+        return self._ledger_thread.submit(fn).result()
+
     async def on_tool_pool(self, fn: Callable[[], T], *, attempt: Attempt | None = None) -> T:
         """Run a tool body (or a reconciler) on the tool pool, heartbeating meanwhile."""
         return await self._run(self._tool_pool, fn, attempt)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from maka_core import failpoints
-from maka_core.errors import LedgerRejection, MakaError
+from maka_core.errors import AttemptSuperseded, LedgerRejection, MakaError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.governance.evidence import TaskStatus
@@ -48,6 +49,7 @@ from maka_core.tools import Tool, ToolRefusal, ToolResult, bound_call, contract
 from maka_core.tools.base import FileEvidence, GuardedWrite
 from maka_core.workspace import Workspace
 
+log = logging.getLogger("maka.runtime")
 T = TypeVar("T")
 
 
@@ -404,6 +406,9 @@ def _admit(
         evidence = tool.capture_evidence(args, ws)
         if isinstance(evidence, FileEvidence) and isinstance(tool, GuardedWrite):
             tool = tool.with_evidence(evidence)  # its write is conditional on this before-state
+            # ... and on its call not taken over by recovery since (a worker frozen before it wrote)
+            op_id = call.operation_id
+            tool = tool.with_fence(lambda: not rt.from_tool_thread(lambda: rt.ledger.fenced(op_id)))
     except ToolRefusal as exc:  # the target changed after preflight, or a network grant this worker lacks
         return _commit_refusal(rt, ids, call, exc.to_result())
     if op.dispatch_event_id is not None:
@@ -471,6 +476,10 @@ def _run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> R
         if not started:
             raise AttemptCancelled(message="cancelled before the tool started")
         result = call.tool.run(call.args, call.ws, cancellation.heartbeat)
+    except AttemptSuperseded as late:
+        # Woken after recovery took the call over (``store.fences``): nothing written, no outcome.
+        log.warning("%s: operation %s: %s", late.code, ref.operation_id, late.message)
+        raise
     except AttemptCancelled as exc:
         if not cancellation.observed:
             return Abandoned(ref.operation_id)

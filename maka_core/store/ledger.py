@@ -52,6 +52,14 @@ class Ledger(Protocol):
         """One more run of a dispatched operation, recorded before it starts; its number (T1's: 1)."""
         ...
 
+    def fence_operation(self, operation_id: str) -> None:
+        """Recovery takes the operation over: its original attempt writes nothing after (``store.fences``)."""
+        ...
+
+    def fenced(self, operation_id: str) -> bool:
+        """Whether recovery has taken the operation over."""
+        ...
+
     def commit_tool_outcome(
         self, response: RuntimeEvent, *, attempt: AttemptArg = None, receipt: Mapping[str, Any] | None = None
     ) -> CommitResult:

@@ -15,7 +15,9 @@ Versions: 1, the schema; 2, ``runtime_events.chain_digest`` (``maka_core.store.c
 existing rows by the migration) and ``maka_meta.ledger_id``; 3, governed execution's operational
 records (``session_policies``, ``tool_decisions``, ``action_receipts``, ``execution_certificates``),
 created empty by the migration: append-only, written in the transaction of the fact they describe;
-4, ``melra_tasks`` (the tasks ``melra_plan`` persists), created empty by the migration.
+4, ``melra_tasks`` (the tasks ``melra_plan`` persists), created empty by the migration; 5,
+``operation_fences`` (an operation recovery took over: its original attempt writes nothing after),
+created empty by the migration.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from maka_core.errors import StoreError
 from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -281,6 +283,16 @@ melra_tasks = Table(
 
 GOVERNANCE_TABLES = (session_policies, tool_decisions, action_receipts, execution_certificates)
 
+#: Operations recovery has taken over (``store.fences``): one row, written before recovery looks at
+#: the operation's target; an original attempt that wakes late checks it, holding the target
+#: folder's lock, and writes nothing once it is there. Insert-if-absent, never updated.
+operation_fences = Table(
+    "operation_fences",
+    metadata,
+    Column("operation_id", String, primary_key=True),
+    Column("fenced_at", BigInteger, nullable=False),
+)
+
 
 def sqlite_file_version(path: Path) -> int | None:
     """``user_version`` of an existing SQLite file, read through a read-only handle.
@@ -385,6 +397,8 @@ def migrate(engine: Engine) -> int:
             metadata.create_all(conn, tables=list(GOVERNANCE_TABLES))
         if 0 < version < 4:
             metadata.create_all(conn, tables=[melra_tasks])
+        if 0 < version < 5:
+            metadata.create_all(conn, tables=[operation_fences])
         # Later versions add steps here, each inside this transaction.
         _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):

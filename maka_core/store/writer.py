@@ -52,6 +52,7 @@ from maka_core.store.engine import (
     select_rows,
     sqlite_file,
 )
+from maka_core.store.fences import FenceRecords
 from maka_core.store.governance_rows import (
     GovernanceRecords,
     insert_certificate,
@@ -156,7 +157,7 @@ def _operation_ids(event: RuntimeEvent) -> set[str]:
     return ids
 
 
-class LedgerStore(ContinuationWrites, RunHeaderStore, GovernanceRecords, LedgerReads):
+class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRecords, LedgerReads):
     """One ledger database (SQLite file, SQLite memory or any SQLAlchemy URL)."""
 
     def __init__(self, engine: Engine, url: str) -> None:

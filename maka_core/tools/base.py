@@ -300,6 +300,12 @@ class GuardedWrite(Protocol):
         while it holds the recorded before-state (a late original refuses ``target_diverged``)."""
         ...
 
+    def with_fence(self, live: Callable[[], bool]) -> Self:
+        """This tool for a call whose write first asks ``live`` (holding the target folder's
+        lock): False once recovery has taken the call over (``store.fences``), and then nothing
+        is written (``AttemptSuperseded``)."""
+        ...
+
     def redo(
         self,
         args: dict[str, Any],

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, Self
 from pydantic import Field
 
 from maka_core import failpoints
+from maka_core.errors import AttemptSuperseded
 from maka_core.facts.codec import canonical_args_hash
 from maka_core.facts.events import RecoveryMode
 from maka_core.tools import names
@@ -320,10 +321,18 @@ class _WriteTool(_FileTool):
 
     #: The evidence committed with this call's T1 (``with_evidence``): the write is guarded by it.
     dispatched: FileEvidence | None = None
+    #: Asked holding the folder's lock before the write (``with_fence``): False once recovery took
+    #: the call over, and the write is not made.
+    live: Callable[[], bool] | None = None
 
     def with_evidence(self, evidence: FileEvidence) -> Self:
         bound = copy.copy(self)
         object.__setattr__(bound, "dispatched", evidence)  # a frozen dataclass, copied for one call
+        return bound
+
+    def with_fence(self, live: Callable[[], bool]) -> Self:
+        bound = copy.copy(self)
+        object.__setattr__(bound, "live", live)
         return bound
 
     def _plan(self, args: Any, ws: Workspace) -> _Plan:
@@ -387,10 +396,22 @@ class _WriteTool(_FileTool):
         if ev is None or ev.target != plan.target:
             return False
         done = guarded_replace(
-            str(ws.root), plan.target, ev.before, plan.after, max_bytes=ev.max_bytes, check_in_use=False
+            str(ws.root),
+            plan.target,
+            ev.before,
+            plan.after,
+            max_bytes=ev.max_bytes,
+            check_in_use=False,
+            live=self.live,
         )
         if done.code == "exchange_unsupported":
             return False
+        if done.code == "attempt_superseded":
+            # A late original: recovery settled the call. No result of ours may commit.
+            raise AttemptSuperseded(
+                message=f"{self.name}: recovery took this call over; {plan.target} was not written",
+                path=plan.target,
+            )
         if not done.done:
             raise ToolRefusal(
                 done.code or "target_diverged",

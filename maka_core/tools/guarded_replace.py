@@ -69,6 +69,7 @@ RefusalCode = Literal[
     "redo_leftover_unresolved",  # an earlier attempt left a side file whose content is unknown
     "target_busy",  # another replacement holds the folder's lock (past ``LOCK_WAIT_S``)
     "redo_already_started",  # a redo of a recovery beside this one is in progress: nothing touched
+    "attempt_superseded",  # recovery took the call over (``store.fences``): a late original, not written
 ]
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -214,6 +215,18 @@ def folder_lock(dir_fd: int, wait_s: float) -> bool:
             time.sleep(0.005)
 
 
+def wait_for_folder(root: str, rel: str, wait_s: float = LOCK_WAIT_S) -> bool:
+    """Wait until no replacement holds the lock of ``rel``'s folder (beneath ``root``); False when
+    one still holds it after ``wait_s`` (a frozen holder). Recovery asks this once it has fenced a
+    call: an original attempt that passed its fence check before has then finished its exchange.
+    A folder that does not exist (or cannot be reached) holds no exchange."""
+    try:
+        with locate(root, rel, for_write=False) as target:
+            return target.dir_fd is None or folder_lock(target.dir_fd, wait_s)
+    except (ToolRefusal, OSError):
+        return True
+
+
 def _exchange(dir_fd: int, a: str, b: str) -> None:
     renameat2(os.fsencode(a), os.fsencode(b), RENAME_EXCHANGE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
@@ -227,12 +240,14 @@ def guarded_replace(
     max_bytes: int = DEFAULT_MAX_FILE_BYTES,
     check_in_use: bool = True,
     create_parents: bool = False,
+    live: Callable[[], bool] | None = None,
 ) -> GuardedReplace:
     """Put ``data`` at ``rel`` (beneath ``root``) only if it holds ``before`` now (None: absent).
 
     ``check_in_use`` False skips the ``/proc`` scan (the file tools' own first write: a plain
     rename has the same exposure to a process holding the old file open); ``create_parents``
-    makes missing folders first.
+    makes missing folders first. ``live``: asked holding the folder's lock, before anything is
+    looked at; False (recovery took the call over) refuses ``attempt_superseded``, nothing touched.
 
     Raises:
         ToolRefusal: the path refusals of ``beneath.locate`` (for a write), ``path_is_symlink``,
@@ -243,6 +258,7 @@ def guarded_replace(
         if target.dir_fd is None:
             return GuardedReplace(code="target_diverged", detail="the target's folder does not exist")
         dir_fd, name = target.dir_fd, target.name
+        failpoints.hit("guarded_replace_unlocked")
         try:
             locked = folder_lock(dir_fd, LOCK_WAIT_S)
         except OSError as exc:  # a filesystem without flock (some network ones): no guarded step
@@ -251,6 +267,9 @@ def guarded_replace(
             return GuardedReplace(code="exchange_unsupported", detail=f"no flock here: {exc.strerror}")
         if not locked:
             return GuardedReplace(code="target_busy", detail="another replacement holds the folder's lock")
+        failpoints.hit("guarded_replace_locked")
+        if live is not None and not live():
+            return GuardedReplace(code="attempt_superseded", detail="recovery took this call over")
         side = side_name(name, after)
         if _exists(dir_fd, side):
             repaired = _repair(dir_fd, name, side, before, after, max_bytes, check_in_use)

@@ -140,6 +140,19 @@ def redo_write(
     )
 
 
+def held_by_attempt(evidence: FileEvidence) -> Reconciliation:
+    """What recovery observes of a target whose folder an attempt still holds locked past the
+    wait (a worker frozen in the middle of its write): nothing it can judge (``unreadable``), so
+    the call parks; the frozen attempt, fenced, writes nothing if it has not begun to."""
+    observed = {"state": "held_by_attempt", "path": evidence.target}
+    return Reconciliation(
+        observation="unreadable",
+        observation_digest=digest(canonical_json.dumps(observed)),
+        recovered=None,
+        observed=observed,
+    )
+
+
 def _content(content: Callable[[], bytes], evidence: FileEvidence) -> bytes:
     data = content()
     if FileIdentity.of(data) != evidence.expected_after:

@@ -26,7 +26,7 @@ from maka_core.tools.mcp import (
     load_mcp_config,
     parse_mcp_config,
 )
-from maka_core.tools.mcp.guarantee import effects_of, ignores_annotations, widened_without_trust
+from maka_core.tools.mcp.guarantee import effects_of
 from maka_temporal.workers.cli.app import maka
 from maka_temporal.workers.host.devserver import free_port
 
@@ -112,10 +112,6 @@ def test_text_that_is_not_json_or_repeats_a_key_is_refused(tmp_path: Path) -> No
         (Annotations(idempotent=True), "provider-idempotent"),
         (Annotations(read_only=False, idempotent=True), "provider-idempotent"),
         (Annotations(read_only=False, idempotent=False), "at-most-once"),
-        # A contradiction is the worst case: believed at all, the destructive hint wins.
-        (Annotations(read_only=True, destructive=True), "at-most-once"),
-        (Annotations(read_only=True, idempotent=True, destructive=True), "at-most-once"),
-        (Annotations(read_only=True, destructive=False), "read-only"),
     ],
 )
 def test_annotations_give_the_guarantee_in_the_issues_order(hints: Annotations | None, expected: str) -> None:
@@ -126,46 +122,20 @@ def _server(**fields: Any) -> StdioServer:
     return StdioServer.model_validate({"command": "x", **fields})
 
 
-def test_annotations_are_hints_until_the_operator_trusts_the_server() -> None:
-    read = Annotations(read_only=True)
-    idem = Annotations(idempotent=True)
-    # Untrusted (the default): whatever the server says, its tools are at-most-once, and the
-    # annotations are recorded beside the guarantee that holds.
-    untrusted = _server()
-    for hints in (read, idem, None):
-        chosen = choose_guarantee(hints, untrusted, "t")
-        assert (chosen.guarantee, chosen.source) == ("at-most-once", "annotations_untrusted")
-        assert chosen.annotated == annotated_guarantee(hints)
-    assert ignores_annotations(untrusted)
-    # Trusted: the annotations decide.
-    trusted = _server(trustAnnotations=True)
-    assert not ignores_annotations(trusted)
-    assert choose_guarantee(read, trusted, "t").guarantee == "read-only"
-    assert choose_guarantee(read, trusted, "t").source == "annotations_trusted"
-    assert choose_guarantee(idem, trusted, "t").guarantee == "provider-idempotent"
-    # A trusted server that contradicts itself gets its worst case.
-    both = Annotations(read_only=True, destructive=True)
-    assert choose_guarantee(both, trusted, "t").guarantee == "at-most-once"
-
-
 def test_the_file_narrows_and_widens_only_with_operator_trust() -> None:
     read = Annotations(read_only=True)
     idem = Annotations(idempotent=True)
     # A server's ceiling narrows every tool; a tool's own guarantee narrows that tool.
-    capped = _server(guarantee="at-most-once", trustAnnotations=True)
+    capped = _server(guarantee="at-most-once")
     assert choose_guarantee(read, capped, "t").guarantee == "at-most-once"
     assert choose_guarantee(read, capped, "t").source == "narrowed"
-    own = _server(tools={"t": {"guarantee": "provider-idempotent"}}, trustAnnotations=True)
+    own = _server(tools={"t": {"guarantee": "provider-idempotent"}})
     assert choose_guarantee(read, own, "t").guarantee == "provider-idempotent"
     assert choose_guarantee(read, own, "other").guarantee == "read-only"
-    # Asking for more than the server is trusted for, without operatorTrust, changes nothing ...
-    wider = _server(tools={"t": {"guarantee": "read-only"}}, trustAnnotations=True)
+    # Asking for more than the annotations give, without trust, changes nothing ...
+    wider = _server(tools={"t": {"guarantee": "read-only"}})
     assert choose_guarantee(idem, wider, "t").guarantee == "provider-idempotent"
-    assert widened_without_trust(idem, wider, "t")
     assert choose_guarantee(None, wider, "t").guarantee == "at-most-once"
-    untrusted_wider = _server(tools={"t": {"guarantee": "read-only"}})
-    assert choose_guarantee(read, untrusted_wider, "t").guarantee == "at-most-once"
-    assert widened_without_trust(read, untrusted_wider, "t")
     # ... with it, the operator's word holds, and says so.
     trusted = _server(
         guarantee="at-most-once", tools={"t": {"guarantee": "read-only", "operatorTrust": True}}
@@ -220,10 +190,6 @@ def test_reading_the_settings_and_the_file_never_imports_the_sdk(tmp_path: Path)
         (Annotations(idempotent=True), "provider-idempotent", ("mutate", "destructive")),
         (Annotations(idempotent=True, destructive=False), "provider-idempotent", ("mutate",)),
         (None, "read-only", ("read",)),  # an operator's trusted read is judged as a read
-        # Read-only and destructive at once: never a read, and destructive.
-        (Annotations(read_only=True, destructive=True), "at-most-once", ("mutate", "destructive")),
-        # An untrusted read hint buys nothing: the guarantee is at-most-once, so a mutation.
-        (Annotations(read_only=True), "at-most-once", ("mutate", "destructive")),
     ],
 )
 def test_the_effects_policy_judges_follow_destructive_hint(

@@ -55,8 +55,7 @@ async def _drill(
 ) -> tuple[str, Any, Any, Path]:
     """``url``: the counter server over Streamable HTTP there (its state is ``tmp_path/state``)."""
     state = tmp_path / "state"
-    # The counter server's annotations are trusted: the drills are of each guarantee they give.
-    extra = {"trustAnnotations": True, **({"tools": {tool: tools}} if tools else {})}
+    extra = {"tools": {tool: tools}} if tools else {}
     entry = stdio_counter(state, **extra) if url is None else {"url": url, **extra}
     config = write_config(tmp_path / "servers.json", {"counter": entry})
     env = {"MAKA_MCP_CONFIG": str(config)}

@@ -150,15 +150,10 @@ def test_a_call_waits_for_a_server_being_started_again(tmp_path: Path, impatient
 
 
 def _once(state: Path, flag: Path) -> dict[str, Any]:
-    """The counter server, which starts once: every later start fails (a server that cannot come back).
-    Its annotations are trusted: the drills need its keyed (``idempotentHint``) tool re-runnable."""
+    """The counter server, which starts once: every later start fails (a server that cannot come back)."""
     entry = stdio_counter(state)
     script = 'if [ -e "$0" ]; then exit 1; fi; touch "$0"; exec "$@"'
-    return {
-        "command": "/bin/sh",
-        "args": ["-c", script, str(flag), entry["command"], *entry["args"]],
-        "trustAnnotations": True,
-    }
+    return {"command": "/bin/sh", "args": ["-c", script, str(flag), entry["command"], *entry["args"]]}
 
 
 def _ctx(attempt: int, workspace: Path) -> ToolContext:

@@ -85,13 +85,11 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
         tool_step(("mcp__counter__fail", {})),  # the server answers isError: an outcome
     ]
     if transport == "stdio":
-        trusted = stdio_counter(state, trustAnnotations=True)
-        config = write_config(tmp_path / "servers.json", {"counter": trusted})
+        config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
         session_id, status, db = await _session(temporal_client, tmp_path, ws_dir, task_queue, config, steps)
     else:
         with http_counter(state, tmp_path / "http.log") as url:
-            entry = {"url": url, "trustAnnotations": True}
-            config = write_config(tmp_path / "servers.json", {"counter": entry})
+            config = write_config(tmp_path / "servers.json", {"counter": {"url": url}})
             session_id, status, db = await _session(
                 temporal_client, tmp_path, ws_dir, task_queue, config, steps
             )
@@ -129,9 +127,9 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
     # destructiveHint (true, or absent: MCP's default) makes a mutation possibly destructive.
     assert [d["decision"]["effect"] for d in decisions if d] == ["read", "destructive", "destructive"]
     assert [(e["schema"], e["tool"], e["guaranteeSource"]) for e in evidence if e] == [
-        ("mcp.call/v1", "peek", "annotations_trusted"),
-        ("mcp.call/v1", "put", "annotations_trusted"),
-        ("mcp.call/v1", "bump", "annotations_trusted"),
+        ("mcp.call/v1", "peek", "annotations"),
+        ("mcp.call/v1", "put", "annotations"),
+        ("mcp.call/v1", "bump", "annotations"),
     ]
     assert len(receipts) >= 3
 
@@ -202,15 +200,10 @@ async def test_a_session_scoped_server_runs_in_the_sessions_workspace(
     assert [c["tool"] for c in calls(ws_dir / ".counter")] == ["bump"]  # ${workspace} was the workspace
 
 
-@pytest.mark.parametrize("trust", [False, True], ids=["untrusted", "trusted"])
 async def test_a_third_party_server_from_pypi_answers_a_real_session(
-    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, trust: bool
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
 ) -> None:
-    time_server = {
-        "command": sys.executable,
-        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
-        "trustAnnotations": trust,
-    }
+    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
     config = write_config(tmp_path / "servers.json", {"time": time_server})
     steps = [
         tool_step(("mcp__time__get_current_time", {"timezone": "Europe/Paris"})),
@@ -233,8 +226,7 @@ async def test_a_third_party_server_from_pypi_answers_a_real_session(
     assert '"datetime": "' in results[1]["text"] and "21:00" in results[1]["text"]
     with LedgerStore.open(db) as store:
         guarantees = [store.decision(o.operation_id)["decision"]["executionGuarantee"] for o in ops]
-    # mcp-server-time annotates readOnlyHint: acted on only once the operator trusts the server.
-    assert guarantees == (["read-only"] * 2 if trust else ["at-most-once"] * 2)
+    assert guarantees == ["read-only", "read-only"]  # mcp-server-time annotates readOnlyHint
 
 
 class _LeakySecrets(Secrets):
@@ -312,7 +304,7 @@ async def test_a_policy_forbidding_destructive_effects_refuses_tools_that_may_de
     temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, blind: bool
 ) -> None:
     state = tmp_path / "state"
-    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state, trustAnnotations=True)})
+    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
     db = tmp_path / "ledger.sqlite"
     session_id = f"mcp-policy-{blind}-{time.monotonic_ns()}"
     policy = parse_policy({"mutations": "allow", "forbiddenEffects": ["destructive"]})

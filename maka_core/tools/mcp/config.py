@@ -12,11 +12,10 @@ A server has a ``command`` (stdio) or a ``url`` (Streamable HTTP); the ``type`` 
 (``stdio``, ``http``, ``streamable-http``) is accepted and must agree. Maka's own keys:
 ``scope: "session"`` (stdio only) starts the server per session, in its workspace, with
 ``${workspace}`` in ``args`` replaced by the workspace root, inside the bash sandbox
-(``"network": true`` gives that sandbox the network; ``tools.mcp.launch``); ``"trustAnnotations": true`` (per
-server) lets the server's tool annotations decide its tools' guarantees (without it every tool of
-the server is ``at-most-once``: ``tools.mcp.guarantee``); ``guarantee`` (per server) and
-``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow that; only ``"operatorTrust": true``
-beside a tool's ``guarantee`` may widen it, and that trust is recorded with the call.
+(``"network": true`` gives that sandbox the network; ``tools.mcp.launch``); ``guarantee`` (per
+server) and ``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what the tools' annotations
+give (``tools.mcp.guarantee``); only ``"operatorTrust": true`` beside a tool's ``guarantee`` may widen
+it, and that trust is recorded with the call.
 
 ``env`` and ``headers`` are secrets: they are kept as ``SecretStr`` (a repr, a log line or an
 error shows ``**********``), and only the transport that starts or reaches the server reads them.
@@ -79,9 +78,6 @@ class ToolGuarantee(McpModel):
 class _Server(McpModel):
     guarantee: McpGuarantee | None = None
     tools: dict[_NonEmpty, ToolGuarantee] = Field(default_factory=dict)
-    #: The operator vouches for the server's annotations (``tools.mcp.guarantee``): without it they
-    #: are recorded and shown, never acted on.
-    trust_annotations: bool = False
 
 
 class StdioServer(_Server):

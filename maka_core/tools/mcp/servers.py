@@ -68,7 +68,6 @@ from maka_core.tools.mcp.guarantee import (
     GuaranteeChoice,
     choose_guarantee,
     effects_of,
-    ignores_annotations,
     widened_without_trust,
 )
 from maka_core.tools.mcp.launch import host_argv, host_env, pin_command, sandboxed_argv
@@ -375,14 +374,6 @@ class McpServers:
         if self._started:
             return
         self._started = True
-        for name, server in self.config.mcp_servers.items():
-            if ignores_annotations(server):
-                log.warning(
-                    "mcp server %s: its tool annotations are recorded, not trusted: every tool of it "
-                    'runs at-most-once and is a mutation for policy (set "trustAnnotations": true to '
-                    "trust them)",
-                    name,
-                )
         self._thread.start()
         self._scratch = Path(tempfile.mkdtemp(prefix="maka-mcp-"))
         (self._scratch / "worker-cwd").mkdir()
@@ -464,30 +455,21 @@ class McpServers:
                     offered,
                 )
                 continue
-            if self.secrets.redact(wire.name) != wire.name:
-                log.warning(
-                    "mcp server %s: a tool not offered: its name holds a value of the servers file's env "
-                    "or headers",
-                    server,
-                )
-                continue
             hints = _hints(wire)
             if widened_without_trust(hints, config, wire.name):
                 log.warning(
-                    "mcp server %s: tool %s: the configured guarantee is wider than the server is "
-                    'trusted for; it keeps that (set "operatorTrust": true to widen it)',
+                    "mcp server %s: tool %s: the configured guarantee is wider than its annotations "
+                    'allow; it keeps theirs (set "operatorTrust": true to widen it)',
                     server,
                     wire.name,
                 )
             choice = choose_guarantee(hints, config, wire.name)
-            # Everything a server publishes reaches the model vendor in ``tools``: cut its secrets
-            # out as its results are (a description that quotes its env, a schema's default).
             fresh[offered] = ServerTool(
                 server=server,
                 name=wire.name,
                 offered_name=offered,
-                description=self.secrets.redact(wire.description or wire.title or f"{wire.name} ({server})"),
-                input_schema=self.secrets.redact_json(dict(wire.input_schema)),
+                description=wire.description or wire.title or f"{wire.name} ({server})",
+                input_schema=dict(wire.input_schema),
                 choice=choice,
                 effects=effects_of(hints, choice.guarantee),
             )

@@ -90,6 +90,16 @@ def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuaran
     return asked if GUARANTEE_LATITUDE[asked] < wider else declared  # type: ignore[return-value]
 
 
+def within(recorded: ExecutionGuarantee, ceiling: ExecutionGuarantee) -> ExecutionGuarantee:
+    """``recorded`` held to ``ceiling``, what may be trusted now: ``at-most-once`` if either is; the
+    one permitting fewer re-runs otherwise (``recorded`` when they permit as many)."""
+    if "at-most-once" in (recorded, ceiling):
+        return "at-most-once"
+    if GUARANTEE_LATITUDE.get(ceiling, 0) < GUARANTEE_LATITUDE.get(recorded, 0):
+        return ceiling
+    return recorded
+
+
 def allows_retry(guarantee: ExecutionGuarantee) -> bool:
     """Whether a second attempt is ever permitted under ``guarantee``."""
     return guarantee in _RETRIABLE

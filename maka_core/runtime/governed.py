@@ -55,7 +55,13 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import TaskStatus, ToolSucceeded, default_evidence_for
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, narrowed, trusted_read
+from maka_core.governance.guarantee import (
+    ExecutionGuarantee,
+    derive_guarantee,
+    narrowed,
+    trusted_read,
+    within,
+)
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
@@ -283,12 +289,18 @@ def recovery_guarantee(
     """The guarantee recovery acts on: the one recorded with T1 (derived now for an operation
     dispatched before decisions were recorded). A command line's recorded ``read-only`` holds only
     while today's derivation agrees: before issue 23 a ``bash`` line was recorded ``read-only`` on
-    the strength of a parse that misread it, and such a record must not buy a second run."""
+    the strength of a parse that misread it, and such a record must not buy a second run. A
+    contract tool's recorded guarantee holds only up to what the tool declares now: an MCP tool's
+    comes from what the servers file trusts, and a call recorded ``read-only`` on an untrusted
+    server's word (before issue 35, or before the operator withdrew the trust) must not buy one
+    either."""
     classification = classify(tool, args)
     derived = guarantee_of(tool, classification, trusted_reads)
     recorded = recorded_guarantee(record)
     if recorded is None or (recorded == "read-only" and classification.commands is not None):
         return derived
+    if subject_of(tool) is None and getattr(tool, "guarantee", None) in TOOL_GUARANTEES:
+        return within(recorded, derived)
     return recorded
 
 

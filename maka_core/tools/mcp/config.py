@@ -11,10 +11,12 @@ The ``mcpServers`` convention MCP clients already share, parsed strictly into fr
 A server has a ``command`` (stdio) or a ``url`` (Streamable HTTP); the ``type`` other clients write
 (``stdio``, ``http``, ``streamable-http``) is accepted and must agree. Maka's own keys:
 ``scope: "session"`` (stdio only) starts the server per session, in its workspace, with
-``${workspace}`` in ``args`` replaced by the workspace root; ``guarantee`` (per server) and
-``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what the tools' annotations give
-(``tools.mcp.guarantee``); only ``"operatorTrust": true`` beside a tool's ``guarantee`` may widen
-it, and that trust is recorded with the call.
+``${workspace}`` in ``args`` replaced by the workspace root. What a server says about its tools
+(its annotations) is a hint the worker records and shows, never acts on, unless the operator vouches
+for the server: ``"trustAnnotations": true`` (``tools.mcp.guarantee``). ``guarantee`` (per server)
+and ``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what is trusted; only
+``"operatorTrust": true`` beside a tool's ``guarantee`` may widen it, and that trust is recorded
+with the call.
 
 ``env`` and ``headers`` are secrets: they are kept as ``SecretStr`` (a repr, a log line or an
 error shows ``**********``), and only the transport that starts or reaches the server reads them.
@@ -77,6 +79,9 @@ class ToolGuarantee(McpModel):
 class _Server(McpModel):
     guarantee: McpGuarantee | None = None
     tools: dict[_NonEmpty, ToolGuarantee] = Field(default_factory=dict)
+    #: The operator vouches for what the server says about its tools (``readOnlyHint``...); without
+    #: it every tool is ``at-most-once`` and a possibly destructive mutation, whatever it says.
+    trust_annotations: bool = False
 
 
 class StdioServer(_Server):

@@ -155,8 +155,11 @@ def classify_operation(operation: dict[str, Any]) -> Classification:
         command = operation.get("command")
         args = operation.get("args") or []
         cls = classify_command(command if isinstance(command, str) else "", [str(a) for a in args])
-        effect = "read" if cls.read else "mutate"
-        risk: Risk = "high" if "package-install" in cls.traits else "low" if cls.read else "medium"
+        # A read is a program found on PATH by its exact bare name, as in a ``bash`` line: "./cat"
+        # is whatever the workspace holds there, and "CAT" or "cat.exe" another program than "cat".
+        read = cls.read and command == cls.name
+        effect = "read" if read else "mutate"
+        risk: Risk = "high" if "package-install" in cls.traits else "low" if read else "medium"
         return Classification(
             kind="terminal",
             name=f"terminal.{action}",

@@ -66,6 +66,19 @@ def trusted_read(classification: Classification, trusted: frozenset[str]) -> boo
     )
 
 
+def task_guarantee(
+    classification: Classification, trusted: frozenset[str], *, declares_reconciliation: bool
+) -> ExecutionGuarantee:
+    """A planned task's guarantee: ``read-only`` for a read, except a terminal command, which is a
+    parse of a command as ``bash``'s line is: ``read-only`` only where the session's policy trusts it
+    (``trusted_read``), else judged as the mutation it may be (``reconciliation-required`` with
+    declared predicates, ``at-most-once`` without)."""
+    read = classification.possible_effects == {"read"} and (
+        classification.kind != "terminal" or trusted_read(classification, trusted)
+    )
+    return derive_guarantee("read" if read else "mutate", declares_reconciliation=declares_reconciliation)
+
+
 def guarantee_for_tool(
     effect: Effect, recovery_mode: RecoveryMode, *, trusted: bool = False
 ) -> ExecutionGuarantee:

@@ -314,6 +314,7 @@ def test_a_trusted_tool_that_says_read_only_and_destructive_parks_after_a_p4_kil
 # --- the worker names what it ignores -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.temporal
 def test_maka_worker_json_names_each_server_whose_annotations_it_ignores(
     temporal_server: Any, tmp_path: Path
@@ -427,6 +428,7 @@ def _catalog_and_request(
     return catalog, request, b"".join(p.read_bytes() for p in tmp_path.glob("ledger.sqlite*"))
 
 
+@pytest.mark.slow
 def test_a_servers_secret_in_its_tool_list_never_reaches_the_vendor_or_the_ledger(
     tmp_path: Path, vendor: WindowedVendor
 ) -> None:

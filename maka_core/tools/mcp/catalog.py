@@ -69,15 +69,15 @@ def offer(server: str, config: StdioServer | HttpServer, wire: Any, secrets: Sec
         )
         return None
     hints = hints_of(wire)
+    choice = choose_guarantee(hints, config, wire.name)
     if widened_without_trust(hints, config, wire.name):
         log.warning(
             "mcp server %s: tool %s: the configured guarantee is wider than what is trusted; it keeps "
             '%s (set "operatorTrust": true to widen it)',
             server,
             wire.name,
-            choose_guarantee(hints, config, wire.name).guarantee,
+            choice.guarantee,
         )
-    choice = choose_guarantee(hints, config, wire.name)
     return ServerTool(
         server=server,
         name=wire.name,

@@ -13,6 +13,7 @@ from maka_core.governance.guarantee import (
     restart_action,
     retry_allowed,
     trusted_read,
+    within,
 )
 from maka_core.tools.registry import default_tools
 from tests.builtin_classify import classify_tool_call
@@ -107,3 +108,42 @@ def test_outcome_unknown_errors_park() -> None:
     assert is_outcome_unknown("effect_outcome_unknown:timeout")
     assert not is_outcome_unknown("execution_error")
     assert not is_outcome_unknown(None)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "ceiling", "held"),
+    [
+        ("read-only", "at-most-once", "at-most-once"),  # trust withdrawn since T1: park
+        ("read-only", "provider-idempotent", "provider-idempotent"),
+        ("provider-idempotent", "read-only", "provider-idempotent"),  # never widened by today
+        ("at-most-once", "read-only", "at-most-once"),
+        ("reconciliation-required", "read-only", "reconciliation-required"),
+        ("reconciliation-required", "at-most-once", "at-most-once"),
+        ("read-only", "read-only", "read-only"),
+    ],
+)
+def test_a_recorded_guarantee_is_held_within_what_is_trusted_now(
+    recorded: str, ceiling: str, held: str
+) -> None:
+    assert within(recorded, ceiling) == held  # type: ignore[arg-type]
+
+
+def test_recovery_holds_a_contract_tools_recorded_guarantee_to_its_declaration() -> None:
+    from maka_core.runtime.governed import recovery_guarantee
+    from maka_core.tools import FunctionTool
+    from maka_core.tools.base import ToolResult
+
+    def tool(guarantee: str) -> FunctionTool:
+        return FunctionTool(
+            name="lookup",
+            run=lambda args, ctx: ToolResult.text("x"),
+            parameters={"type": "object"},
+            validate=lambda args: args,
+            guarantee=guarantee,  # type: ignore[arg-type]
+            effects=("read",) if guarantee == "read-only" else ("mutate",),
+        )
+
+    record = {"decision": {"executionGuarantee": "read-only"}}
+    # An MCP tool recorded read-only on an untrusted server's word, recovered where it is not trusted.
+    assert recovery_guarantee(record, tool("at-most-once"), {}, frozenset()) == "at-most-once"
+    assert recovery_guarantee(record, tool("read-only"), {}, frozenset()) == "read-only"  # control

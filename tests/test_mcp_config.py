@@ -2,8 +2,10 @@
 
 Every bad file is ``mcp_config_invalid`` with the path of the offending field, and ``maka worker
 --mcp-config`` refuses it (exit 2) before it opens a ledger or reaches Temporal. The guarantee comes
-from the annotations in the issue's order, and the file narrows it; it widens only with
-``operatorTrust``.
+from the annotations in the issue's order only for a server the file trusts (``trustAnnotations``);
+every other server's tools are ``at-most-once`` and possibly destructive mutations whatever they
+say; hints that contradict each other are the worst case; the file narrows what it trusts and widens
+only with ``operatorTrust``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from maka_core.tools.mcp import (
     load_mcp_config,
     parse_mcp_config,
 )
-from maka_core.tools.mcp.guarantee import effects_of
+from maka_core.tools.mcp.guarantee import effects_of, widened_without_trust
 from maka_temporal.workers.cli.app import maka
 from maka_temporal.workers.host.devserver import free_port
 
@@ -112,6 +114,10 @@ def test_text_that_is_not_json_or_repeats_a_key_is_refused(tmp_path: Path) -> No
         (Annotations(idempotent=True), "provider-idempotent"),
         (Annotations(read_only=False, idempotent=True), "provider-idempotent"),
         (Annotations(read_only=False, idempotent=False), "at-most-once"),
+        # Contradictory (issue 37.11): a read that says it destroys is the worst case.
+        (Annotations(read_only=True, destructive=True), "at-most-once"),
+        (Annotations(read_only=True, destructive=True, idempotent=True), "at-most-once"),
+        (Annotations(read_only=True, destructive=False), "read-only"),
     ],
 )
 def test_annotations_give_the_guarantee_in_the_issues_order(hints: Annotations | None, expected: str) -> None:
@@ -126,26 +132,74 @@ def test_the_file_narrows_and_widens_only_with_operator_trust() -> None:
     read = Annotations(read_only=True)
     idem = Annotations(idempotent=True)
     # A server's ceiling narrows every tool; a tool's own guarantee narrows that tool.
-    capped = _server(guarantee="at-most-once")
+    capped = _server(guarantee="at-most-once", trustAnnotations=True)
     assert choose_guarantee(read, capped, "t").guarantee == "at-most-once"
     assert choose_guarantee(read, capped, "t").source == "narrowed"
-    own = _server(tools={"t": {"guarantee": "provider-idempotent"}})
+    own = _server(tools={"t": {"guarantee": "provider-idempotent"}}, trustAnnotations=True)
     assert choose_guarantee(read, own, "t").guarantee == "provider-idempotent"
     assert choose_guarantee(read, own, "other").guarantee == "read-only"
+    assert choose_guarantee(read, own, "other").source == "annotations_trusted"
     # Asking for more than the annotations give, without trust, changes nothing ...
-    wider = _server(tools={"t": {"guarantee": "read-only"}})
+    wider = _server(tools={"t": {"guarantee": "read-only"}}, trustAnnotations=True)
     assert choose_guarantee(idem, wider, "t").guarantee == "provider-idempotent"
     assert choose_guarantee(None, wider, "t").guarantee == "at-most-once"
-    # ... with it, the operator's word holds, and says so.
-    trusted = _server(
-        guarantee="at-most-once", tools={"t": {"guarantee": "read-only", "operatorTrust": True}}
-    )
-    chosen = choose_guarantee(None, trusted, "t")
-    assert (chosen.guarantee, chosen.annotated, chosen.source) == (
-        "read-only",
+    assert widened_without_trust(idem, wider, "t")
+    # ... with it, the operator's word holds, and says so, on any server.
+    for trust in (True, False):
+        trusted = _server(
+            guarantee="at-most-once",
+            tools={"t": {"guarantee": "read-only", "operatorTrust": True}},
+            trustAnnotations=trust,
+        )
+        chosen = choose_guarantee(None, trusted, "t")
+        assert (chosen.guarantee, chosen.annotated, chosen.source, chosen.annotations_trusted) == (
+            "read-only",
+            "at-most-once",
+            "operator_trust",
+            trust,
+        )
+
+
+@pytest.mark.parametrize(
+    "hints",
+    [
+        Annotations(read_only=True),
+        Annotations(idempotent=True),
+        Annotations(read_only=True, destructive=False),
+    ],
+    ids=["readOnlyHint", "idempotentHint", "readOnly-not-destructive"],
+)
+def test_an_untrusted_servers_annotations_are_recorded_and_never_acted_on(hints: Annotations) -> None:
+    untrusted = _server()  # the default: no "trustAnnotations"
+    chosen = choose_guarantee(hints, untrusted, "t")
+    assert (chosen.guarantee, chosen.source, chosen.annotations_trusted) == (
         "at-most-once",
-        "operator_trust",
+        "untrusted_default",
+        False,
     )
+    assert chosen.annotated == annotated_guarantee(hints)  # what they said, kept for the record
+    assert effects_of(hints, chosen.guarantee, trusted=chosen.annotations_trusted) == (
+        "mutate",
+        "destructive",
+    )
+    # A file that narrows still narrows (nothing below at-most-once), and one that asks for more
+    # than the default without operatorTrust is told it did not take effect.
+    asks = _server(tools={"t": {"guarantee": "read-only"}})
+    assert choose_guarantee(hints, asks, "t").guarantee == "at-most-once"
+    assert widened_without_trust(hints, asks, "t")
+    # The control: the same hints from a trusted server decide.
+    trusted = choose_guarantee(hints, _server(trustAnnotations=True), "t")
+    assert (trusted.guarantee, trusted.source) == (annotated_guarantee(hints), "annotations_trusted")
+
+
+def test_trust_annotations_is_a_strict_boolean_per_server() -> None:
+    config = parse_mcp_config(
+        {"mcpServers": {"a": {"command": "x", "trustAnnotations": True}, "b": {"url": "http://h/"}}}
+    )
+    assert [s.trust_annotations for s in config.mcp_servers.values()] == [True, False]
+    for bad in ("true", 1, None):
+        error = invalid({"mcpServers": {"a": {"command": "x", "trustAnnotations": bad}}})
+        assert error.detail["field"] == "mcpServers.a.trustAnnotations", error.message
 
 
 def test_maka_worker_refuses_a_bad_mcp_config_before_anything_starts(tmp_path: Path) -> None:
@@ -190,9 +244,26 @@ def test_reading_the_settings_and_the_file_never_imports_the_sdk(tmp_path: Path)
         (Annotations(idempotent=True), "provider-idempotent", ("mutate", "destructive")),
         (Annotations(idempotent=True, destructive=False), "provider-idempotent", ("mutate",)),
         (None, "read-only", ("read",)),  # an operator's trusted read is judged as a read
+        # Contradictory: the destructive hint wins.
+        (Annotations(read_only=True, destructive=True), "at-most-once", ("mutate", "destructive")),
     ],
 )
-def test_the_effects_policy_judges_follow_destructive_hint(
+def test_the_effects_policy_judges_follow_a_trusted_destructive_hint(
     hints: Annotations | None, guarantee: Any, expected: tuple[str, ...]
 ) -> None:
-    assert effects_of(hints, guarantee) == expected
+    assert effects_of(hints, guarantee, trusted=True) == expected
+    # Untrusted, destructiveHint: false is only a claim: every non-read is possibly destructive.
+    untrusted = ("read",) if guarantee == "read-only" else ("mutate", "destructive")
+    assert effects_of(hints, guarantee) == untrusted
+
+
+def test_a_contradictory_tool_of_a_trusted_server_is_the_worst_case() -> None:
+    both = Annotations(read_only=True, destructive=True)
+    chosen = choose_guarantee(both, _server(trustAnnotations=True), "t")
+    assert (chosen.guarantee, chosen.annotated, chosen.source) == (
+        "at-most-once",
+        "at-most-once",
+        "annotations_trusted",
+    )
+    assert effects_of(both, chosen.guarantee, trusted=True) == ("mutate", "destructive")
+    assert both.to_json() == {"readOnlyHint": True, "destructiveHint": True}

@@ -1,4 +1,5 @@
-"""Kill drills for MCP tools: a real ``maka worker --mcp-config`` is SIGKILLed at P4 (the server's
+"""Kill drills for MCP tools of a server whose annotations the operator trusts
+(``"trustAnnotations": true``): a real ``maka worker --mcp-config`` is SIGKILLed at P4 (the server's
 effect returned, T2 not committed: ``MAKA_FAILPOINT=P4 MAKA_FAILPOINT_TAG=mcp__counter__<tool>``),
 a fresh worker recovers the session, and the counter server's call log says how often the effect
 really ran, with which ``_meta`` key.
@@ -55,7 +56,8 @@ async def _drill(
 ) -> tuple[str, Any, Any, Path]:
     """``url``: the counter server over Streamable HTTP there (its state is ``tmp_path/state``)."""
     state = tmp_path / "state"
-    extra = {"tools": {tool: tools}} if tools else {}
+    # The operator trusts the counter server's annotations (the default, untrusted: test_mcp_trust).
+    extra = {"trustAnnotations": True, **({"tools": {tool: tools}} if tools else {})}
     entry = stdio_counter(state, **extra) if url is None else {"url": url, **extra}
     config = write_config(tmp_path / "servers.json", {"counter": entry})
     env = {"MAKA_MCP_CONFIG": str(config)}

@@ -153,7 +153,8 @@ def _once(state: Path, flag: Path) -> dict[str, Any]:
     """The counter server, which starts once: every later start fails (a server that cannot come back)."""
     entry = stdio_counter(state)
     script = 'if [ -e "$0" ]; then exit 1; fi; touch "$0"; exec "$@"'
-    return {"command": "/bin/sh", "args": ["-c", script, str(flag), entry["command"], *entry["args"]]}
+    command = {"command": "/bin/sh", "args": ["-c", script, str(flag), entry["command"], *entry["args"]]}
+    return {**command, "trustAnnotations": True}  # put's idempotentHint makes it a keyed call
 
 
 def _ctx(attempt: int, workspace: Path) -> ToolContext:

@@ -38,6 +38,8 @@ from tests.temporal_support import in_process_worker, start, tool_step, wait_tur
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 
 CANARY = "canary-7d1f3e9a5b"
+#: A servers-file entry's trust in its server's annotations.
+TRUSTED = {"trustAnnotations": True}
 
 
 def settings_for(config: Path) -> RuntimeSettings:
@@ -84,12 +86,14 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
         tool_step(("mcp__counter__put", {"key": 7})),  # the input schema refuses it before T1
         tool_step(("mcp__counter__fail", {})),  # the server answers isError: an outcome
     ]
+    # The operator vouches for the counter server: its annotations decide (see test_mcp_trust for
+    # the default, where they decide nothing).
     if transport == "stdio":
-        config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
+        config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state, **TRUSTED)})
         session_id, status, db = await _session(temporal_client, tmp_path, ws_dir, task_queue, config, steps)
     else:
         with http_counter(state, tmp_path / "http.log") as url:
-            config = write_config(tmp_path / "servers.json", {"counter": {"url": url}})
+            config = write_config(tmp_path / "servers.json", {"counter": {"url": url, **TRUSTED}})
             session_id, status, db = await _session(
                 temporal_client, tmp_path, ws_dir, task_queue, config, steps
             )
@@ -126,11 +130,12 @@ async def test_a_session_calls_mcp_tools_of_every_guarantee_once_each_with_its_k
     ]
     # destructiveHint (true, or absent: MCP's default) makes a mutation possibly destructive.
     assert [d["decision"]["effect"] for d in decisions if d] == ["read", "destructive", "destructive"]
-    assert [(e["schema"], e["tool"], e["guaranteeSource"]) for e in evidence if e] == [
-        ("mcp.call/v1", "peek", "annotations"),
-        ("mcp.call/v1", "put", "annotations"),
-        ("mcp.call/v1", "bump", "annotations"),
+    assert [(e["schema"], e["tool"], e["guaranteeSource"], e.get("annotations")) for e in evidence if e] == [
+        ("mcp.call/v2", "peek", "annotations_trusted", {"readOnlyHint": True}),
+        ("mcp.call/v2", "put", "annotations_trusted", {"idempotentHint": True, "destructiveHint": True}),
+        ("mcp.call/v2", "bump", "annotations_trusted", None),
     ]
+    assert all(e["annotationsTrusted"] is True for e in evidence if e)
     assert len(receipts) >= 3
 
 
@@ -200,10 +205,15 @@ async def test_a_session_scoped_server_runs_in_the_sessions_workspace(
     assert [c["tool"] for c in calls(ws_dir / ".counter")] == ["bump"]  # ${workspace} was the workspace
 
 
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
 async def test_a_third_party_server_from_pypi_answers_a_real_session(
-    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str
+    temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, trusted: bool
 ) -> None:
-    time_server = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+    time_server = {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+        "trustAnnotations": trusted,
+    }
     config = write_config(tmp_path / "servers.json", {"time": time_server})
     steps = [
         tool_step(("mcp__time__get_current_time", {"timezone": "Europe/Paris"})),
@@ -226,7 +236,11 @@ async def test_a_third_party_server_from_pypi_answers_a_real_session(
     assert '"datetime": "' in results[1]["text"] and "21:00" in results[1]["text"]
     with LedgerStore.open(db) as store:
         guarantees = [store.decision(o.operation_id)["decision"]["executionGuarantee"] for o in ops]
-    assert guarantees == ["read-only", "read-only"]  # mcp-server-time annotates readOnlyHint
+        evidence = [store.evidence(o.operation_id) for o in ops]
+    # mcp-server-time annotates readOnlyHint: a read where trusted, recorded and ignored elsewhere.
+    expected = ("read-only", "annotations_trusted") if trusted else ("at-most-once", "untrusted_default")
+    assert [(g, e["guaranteeSource"]) for g, e in zip(guarantees, evidence, strict=True)] == [expected] * 2
+    assert [e["annotations"]["readOnlyHint"] for e in evidence] == [True, True]
 
 
 class _LeakySecrets(Secrets):
@@ -304,7 +318,7 @@ async def test_a_policy_forbidding_destructive_effects_refuses_tools_that_may_de
     temporal_client: Any, tmp_path: Path, ws_dir: Path, task_queue: str, blind: bool
 ) -> None:
     state = tmp_path / "state"
-    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state)})
+    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state, **TRUSTED)})
     db = tmp_path / "ledger.sqlite"
     session_id = f"mcp-policy-{blind}-{time.monotonic_ns()}"
     policy = parse_policy({"mutations": "allow", "forbiddenEffects": ["destructive"]})

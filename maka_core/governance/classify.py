@@ -171,8 +171,10 @@ def classify_operation(operation: dict[str, Any], lookup: ProgramLookup | None =
             cls, untrusted = located_command(cls, lookup)
         elif "/" in cls.word:
             cls = dataclasses.replace(cls, read=False)  # a read is named bare, as in a bash line
-        effect = "read" if cls.read else "mutate"
-        risk: Risk = "high" if "package-install" in cls.traits else "low" if cls.read else "medium"
+        # And by its exact name: "CAT" or "cat.exe" is another program than "cat".
+        read = cls.read and command == cls.name
+        effect = "read" if read else "mutate"
+        risk: Risk = "high" if "package-install" in cls.traits else "low" if read else "medium"
         return Classification(
             kind="terminal",
             name=f"terminal.{action}",

@@ -66,6 +66,19 @@ def trusted_read(classification: Classification, trusted: frozenset[str]) -> boo
     )
 
 
+def task_guarantee(
+    classification: Classification, trusted: frozenset[str], *, declares_reconciliation: bool
+) -> ExecutionGuarantee:
+    """A planned task's guarantee: ``read-only`` for a read, except a terminal command, which is a
+    parse of a command as ``bash``'s line is: ``read-only`` only where the session's policy trusts it
+    (``trusted_read``), else judged as the mutation it may be (``reconciliation-required`` with
+    declared predicates, ``at-most-once`` without)."""
+    read = classification.possible_effects == {"read"} and (
+        classification.kind != "terminal" or trusted_read(classification, trusted)
+    )
+    return derive_guarantee("read" if read else "mutate", declares_reconciliation=declares_reconciliation)
+
+
 def guarantee_for_tool(
     effect: Effect, recovery_mode: RecoveryMode, *, trusted: bool = False
 ) -> ExecutionGuarantee:
@@ -88,6 +101,16 @@ def narrowed(declared: ExecutionGuarantee, asked: str | None) -> ExecutionGuaran
         return declared
     wider = GUARANTEE_LATITUDE.get(declared, 0)  # compensatable: never re-run
     return asked if GUARANTEE_LATITUDE[asked] < wider else declared  # type: ignore[return-value]
+
+
+def within(recorded: ExecutionGuarantee, ceiling: ExecutionGuarantee) -> ExecutionGuarantee:
+    """``recorded`` held to ``ceiling``, what may be trusted now: ``at-most-once`` if either is; the
+    one permitting fewer re-runs otherwise (``recorded`` when they permit as many)."""
+    if "at-most-once" in (recorded, ceiling):
+        return "at-most-once"
+    if GUARANTEE_LATITUDE.get(ceiling, 0) < GUARANTEE_LATITUDE.get(recorded, 0):
+        return ceiling
+    return recorded
 
 
 def allows_retry(guarantee: ExecutionGuarantee) -> bool:

@@ -30,7 +30,7 @@ from maka_core.governance.classify import Classification, GovernanceModel, class
 from maka_core.governance.commands import ProgramLookup
 from maka_core.governance.decision import PolicyDecision, decide, governed_call
 from maka_core.governance.evidence import EvidencePredicate, TaskStatus
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee
+from maka_core.governance.guarantee import ExecutionGuarantee, task_guarantee
 from maka_core.governance.policy_file import GovernancePolicy, Identity
 from maka_core.tools.base import Effect
 
@@ -272,7 +272,9 @@ def plan_task(
         status=status,
         reason=decision.reason,
         classification=c,
-        execution_guarantee=derive_guarantee(c.effect, declares_reconciliation=bool(request.reconciliation)),
+        execution_guarantee=task_guarantee(
+            c, policy.trusted_reads, declares_reconciliation=bool(request.reconciliation)
+        ),
         required_evidence=decision.required_evidence,
         policy_version=decision.policy_version,
         policy_digest=decision.policy_digest,

@@ -55,7 +55,13 @@ from maka_core.governance import (
 )
 from maka_core.governance.challenge import iso_ms
 from maka_core.governance.evidence import TaskStatus, ToolSucceeded, default_evidence_for
-from maka_core.governance.guarantee import ExecutionGuarantee, derive_guarantee, narrowed, trusted_read
+from maka_core.governance.guarantee import (
+    ExecutionGuarantee,
+    narrowed,
+    task_guarantee,
+    trusted_read,
+    within,
+)
 from maka_core.governance.receipts import receipt_id_for, sealed_receipt_json
 from maka_core.tools import Tool, ToolRefusal, ToolResult, builtin_default_evidence
 from maka_core.tools.base import Effect, tool_effects
@@ -141,12 +147,15 @@ def derived_guarantee(
 ) -> ExecutionGuarantee:
     """The one derivation of a call's execution guarantee: ``read-only`` only when the call can
     do nothing but read (a command line we cannot see into is not a read) and its tool may be
-    retried (``bash`` only for the session policy's ``trusted_reads``), else from the tool's
-    declared reconciliation (a task's: from its declared reconciliation predicates)."""
+    retried (``bash``, and a task's terminal command, only for the session policy's
+    ``trusted_reads``), else from the tool's declared reconciliation (a task's: from its declared
+    reconciliation predicates)."""
     effect: Effect = "read" if classification.possible_effects == {"read"} else "mutate"
     subject = subject_of(tool)
     if subject is not None:
-        return derive_guarantee(effect, declares_reconciliation=subject.declares_reconciliation)
+        return task_guarantee(
+            subject.classification, trusted_reads, declares_reconciliation=subject.declares_reconciliation
+        )
     declared = getattr(tool, "guarantee", None)
     if declared in TOOL_GUARANTEES:
         # A contract tool's own declaration (its effects agree with it: ``FunctionTool``).
@@ -269,6 +278,10 @@ def decision_record(
     subject = subject_of(tool)
     if subject is not None:
         record["melraTaskId"] = subject.task_id
+        if guarantee == "read-only" and subject.classification.kind == "terminal":
+            # Only when trusted: a task's command recorded read-only without it (before issue 35)
+            # reads as every one before it did, and recovery does not run it again.
+            record["trustedRead"] = True
     return {**record, **{k: v for k, v in extra.items() if v is not None}}
 
 
@@ -283,13 +296,33 @@ def recovery_guarantee(
     """The guarantee recovery acts on: the one recorded with T1 (derived now for an operation
     dispatched before decisions were recorded). A command line's recorded ``read-only`` holds only
     while today's derivation agrees: before issue 23 a ``bash`` line was recorded ``read-only`` on
-    the strength of a parse that misread it, and such a record must not buy a second run."""
+    the strength of a parse that misread it, and such a record must not buy a second run. A
+    contract tool's recorded guarantee holds only up to what the tool declares now: an MCP tool's
+    comes from what the servers file trusts, and a call recorded ``read-only`` on an untrusted
+    server's word (before issue 35, or before the operator withdrew the trust) must not buy one
+    either."""
     classification = classify(tool, args)
     derived = guarantee_of(tool, classification, trusted_reads)
     recorded = recorded_guarantee(record)
     if recorded is None or (recorded == "read-only" and classification.commands is not None):
         return derived
+    if recorded == "read-only" and _untrusted_task_command(record):
+        return derived  # the unbound task tool: at-most-once
+    if subject_of(tool) is None and getattr(tool, "guarantee", None) in TOOL_GUARANTEES:
+        return within(recorded, derived)
     return recorded
+
+
+def _untrusted_task_command(record: Mapping[str, Any] | None) -> bool:
+    """A task's terminal command recorded ``read-only`` on the strength of its parse alone (no
+    ``trustedRead``: a decision written before issue 35, when a task's command did not need the
+    policy's trust to be re-run)."""
+    decision = {} if record is None else record.get("decision", {})
+    return (
+        "melraTaskId" in decision
+        and decision.get("capability") == "terminal.run"
+        and decision.get("trustedRead") is not True
+    )
 
 
 def required_evidence(record: Mapping[str, Any]) -> list[EvidencePredicate]:

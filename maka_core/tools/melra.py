@@ -30,6 +30,7 @@ from maka_core.facts.events import RecoveryMode
 from maka_core.governance.challenge import ApprovalChallenge
 from maka_core.governance.classify import classify_operation
 from maka_core.governance.evidence import EvidenceItem, TaskStatus
+from maka_core.governance.guarantee import task_guarantee
 from maka_core.governance.receipts import receipt_id_for
 from maka_core.governance.tasks import (
     TaskError,
@@ -301,13 +302,19 @@ class BoundExecute(BoundMelraTool, MelraExecuteTool):
 
     @property
     def recovery_mode(self) -> RecoveryMode:  # type: ignore[override]
-        # A read task may be read again after a crash; a mutation whose plan declared
-        # reconciliation predicates is settled from them (``runtime.melra.reconcile_task``); any
-        # other mutation is at-most-once (it parks).
+        # A read task may be read again after a crash (a terminal command only where the session's
+        # policy trusts it); a mutation whose plan declared reconciliation predicates is settled
+        # from them (``runtime.melra.reconcile_task``); any other mutation is at-most-once (it parks).
         subject = self.subject
-        if subject is not None and subject.classification.possible_effects == {"read"}:
-            return "replay_safe"
-        return "reconcile" if subject is not None and subject.declares_reconciliation else "never_auto_retry"
+        if subject is None:
+            return "never_auto_retry"
+        guarantee = task_guarantee(
+            subject.classification,
+            self.ctx.policy.trusted_reads,
+            declares_reconciliation=subject.declares_reconciliation,
+        )
+        modes: dict[str, RecoveryMode] = {"read-only": "replay_safe", "reconciliation-required": "reconcile"}
+        return modes.get(guarantee, "never_auto_retry")
 
     def preflight(self, args: dict[str, Any], ws: Workspace) -> ToolResult | None:
         self._load(args)

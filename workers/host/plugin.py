@@ -43,6 +43,7 @@ from maka_core.settings import MakaSettings, load_settings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import FunctionTool
+from maka_core.tools.mcp.catalog import ignored_annotations
 from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
 from maka_temporal.workers.client.answers import SessionError
@@ -102,7 +103,9 @@ class MakaPlugin(SimplePlugin):
         make_runtime: how the runtime is built over the opened ledger (default: the built-in tools
             and yours, ``MAKA_POLICY``).
         on_event: told what the plugin did: ``repaired`` (the report), ``serving`` (polling
-            starts), ``attempt_fence``, ``ledger_unusable``.
+            starts), ``attempt_fence``, ``ledger_unusable``, ``mcp_annotations_ignored`` (once per
+            MCP server whose annotations the servers file does not trust, when they start:
+            ``tools.mcp.catalog.ignored_annotations``).
         workflow: the session workflow class (a test's variant).
         serve_host_queue: ``False``: no host-queue worker, and startup repair takes every host's
             runs (``maka worker`` without a host: older deployments and tests).
@@ -292,6 +295,8 @@ class MakaPlugin(SimplePlugin):
             if mcp is not None:
                 # Before repair: recovery may read an MCP tool again.
                 await asyncio.to_thread(mcp.start)
+                for notice in ignored_annotations(mcp.servers.config.mcp_servers, mcp.servers.tools()):
+                    self._on_event("mcp_annotations_ignored", notice)
             if served is not self._preflown:
                 await check_queue(client, served.task_queue, served.store.health.ledger_id)
             if self.repair:

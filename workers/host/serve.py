@@ -21,6 +21,7 @@ from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import FunctionTool, tool_catalog
+from maka_core.tools.mcp.catalog import ignored_line
 from maka_temporal.workers.host.plugin import MakaPlugin
 from maka_temporal.workers.host.resume import lost_sessions
 from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
@@ -64,7 +65,9 @@ async def serve(
     tests), and startup repair takes every host's runs.
 
     Lifecycle lines go to ``out``: readable sentences, or with ``json_events`` one JSON object a
-    line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors.
+    line (``{"event": "repaired" | "ready" | "stopped", ...}``) for scripts and supervisors; before
+    ``ready``, one ``mcp_annotations_ignored`` (``{"server", "ignoredHints"}``) per MCP server whose
+    annotations the servers file does not trust.
     ``make_runtime`` builds the runtime over the opened ledger (default: the built-in tools and
     ``MAKA_POLICY``); a test passes its own to inject a deliberately broken variant.
     ``telemetry`` (``workers.host.telemetry.Telemetry``): traces, ledger commit timing, ``/metrics``.
@@ -104,6 +107,8 @@ async def serve(
             serving.append(asyncio.create_task(_ready(plugin)))
         elif event == "mcp_log":
             announce("mcp_log", fields["message"], **fields)
+        elif event == "mcp_annotations_ignored":
+            announce(event, ignored_line(fields), **fields)
 
     async def _ready(plugin: MakaPlugin) -> None:
         runtime = plugin.runtime

@@ -1,8 +1,10 @@
 """MCP servers as maka tools: the servers file, their guarantees, and the servers themselves.
 
-``config`` parses the ``mcpServers`` file, ``guarantee`` turns a tool's annotations (and the
-file's narrowing) into its execution guarantee, ``servers`` runs the servers on the official
-``mcp`` SDK, ``adapter`` puts their tools on the tool contract. The SDK (and its HTTP stack) is
+``config`` parses the ``mcpServers`` file, ``guarantee`` decides a tool's execution guarantee from
+what the file trusts (a server's annotations only where it says ``trustAnnotations``), ``redaction``
+cuts the file's secrets out of what servers say, ``catalog`` turns a listed tool into an offered one,
+``servers`` runs the servers on the official ``mcp`` SDK, ``adapter`` puts their tools on the tool
+contract. The SDK (and its HTTP stack) is
 imported only when ``servers`` or ``adapter`` is first used: every ``maka`` command reads the
 settings, which parse the file, and only a worker talks to servers.
 """
@@ -32,8 +34,8 @@ _LAZY = {
     "McpResponseInvalid": "servers",
     "McpServerUnavailable": "servers",
     "McpServers": "servers",
-    "Secrets": "servers",
-    "ServerTool": "servers",
+    "Secrets": "redaction",
+    "ServerTool": "catalog",
 }
 
 __all__ = [

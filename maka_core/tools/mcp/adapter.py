@@ -3,8 +3,9 @@
 Each server tool becomes a ``FunctionTool`` named ``mcp__<server>__<tool>``: its argument schema is
 the server's ``inputSchema`` (arguments are validated against it before T1, ``tool_args_invalid``),
 its guarantee the one ``tools.mcp.guarantee`` chose, and a call goes guard, preflight, policy, T1
-(with the call's MCP facts as its evidence: the server, the tool and where its guarantee came
-from, ``operatorTrust`` included), the effect, T2 and a receipt like every other tool.
+(with the call's MCP facts as its evidence: the server, the tool, where its guarantee came from
+and whether the server's annotations were trusted, and the annotations themselves, recorded even
+where they decided nothing), the effect, T2 and a receipt like every other tool.
 
 - preflight refuses ``mcp_server_unavailable`` when the server is not connected: an ordinary
   committed error result, and no T1;
@@ -40,19 +41,22 @@ from maka_core.tools.base import (
     enforce_result_limit,
 )
 from maka_core.tools.contract import FunctionTool, OutcomeUnknown, ToolArgsInvalid, ToolContext
+from maka_core.tools.mcp.catalog import ServerTool
 from maka_core.tools.mcp.config import StdioServer
+from maka_core.tools.mcp.redaction import Secrets
 from maka_core.tools.mcp.servers import (
     McpOutcomeUnknown,
     McpResponseInvalid,
     McpServers,
     McpServerUnavailable,
-    Secrets,
-    ServerTool,
 )
 
 #: The schema of the evidence every MCP call commits with its T1 (a tool's own: ``maka.*`` is the
-#: runtime's).
-CALL_EVIDENCE_SCHEMA = "mcp.call/v1"
+#: runtime's). ``v2``: ``guaranteeSource`` says whether the annotations were trusted
+#: (``annotations_trusted``, ``narrowed``, ``operator_trust``, ``untrusted_default``), beside
+#: ``annotationsTrusted`` and the ``annotations`` the server gave; ``v1`` rows (written before trust
+#: existed, when annotations were always believed) say ``annotations`` and are read as they are.
+CALL_EVIDENCE_SCHEMA = "mcp.call/v2"
 
 
 def _validator(offered: ServerTool) -> Any:
@@ -129,6 +133,8 @@ def mcp_tool(servers: McpServers, offered: ServerTool) -> FunctionTool:
             "guarantee": choice.guarantee,
             "annotatedGuarantee": choice.annotated,
             "guaranteeSource": choice.source,
+            "annotationsTrusted": choice.annotations_trusted,
+            **({"annotations": offered.hints.to_json()} if offered.hints is not None else {}),
         }
 
     def run(args: dict[str, Any], ctx: ToolContext) -> ToolResult:

@@ -12,10 +12,12 @@ A server has a ``command`` (stdio) or a ``url`` (Streamable HTTP); the ``type`` 
 (``stdio``, ``http``, ``streamable-http``) is accepted and must agree. Maka's own keys:
 ``scope: "session"`` (stdio only) starts the server per session, in its workspace, with
 ``${workspace}`` in ``args`` replaced by the workspace root, inside the bash sandbox
-(``"network": true`` gives that sandbox the network; ``tools.mcp.launch``); ``guarantee`` (per
-server) and ``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what the tools' annotations
-give (``tools.mcp.guarantee``); only ``"operatorTrust": true`` beside a tool's ``guarantee`` may widen
-it, and that trust is recorded with the call.
+(``"network": true`` gives that sandbox the network; ``tools.mcp.launch``). What a server says about
+its tools (its annotations) is a hint the worker records and shows, never acts on, unless the
+operator vouches for the server: ``"trustAnnotations": true`` (``tools.mcp.guarantee``).
+``guarantee`` (per server) and ``tools: {"<tool>": {"guarantee": ...}}`` (per tool) narrow what is
+trusted; only ``"operatorTrust": true`` beside a tool's ``guarantee`` may widen it, and that trust
+is recorded with the call.
 
 ``env`` and ``headers`` are secrets: they are kept as ``SecretStr`` (a repr, a log line or an
 error shows ``**********``), and only the transport that starts or reaches the server reads them.
@@ -78,6 +80,9 @@ class ToolGuarantee(McpModel):
 class _Server(McpModel):
     guarantee: McpGuarantee | None = None
     tools: dict[_NonEmpty, ToolGuarantee] = Field(default_factory=dict)
+    #: The operator vouches for what the server says about its tools (``readOnlyHint``...); without
+    #: it every tool is ``at-most-once`` and a possibly destructive mutation, whatever it says.
+    trust_annotations: bool = False
 
 
 class StdioServer(_Server):

@@ -14,8 +14,9 @@ the last list a server gave stays offered while it is down (its calls then answe
 
 A stdio server's stderr goes to the worker's log, line by line, through a pipe this module reads.
 Secrets never leave: a server's ``env`` and ``headers`` are read only by its transport, and every
-value of them (``Secrets``) is cut out of what a server says back (log lines, errors, results) as
-``[redacted]``.
+value of them (``tools.mcp.redaction.Secrets``) is cut out of what a server says back (its tool
+list, log lines, errors, results) as ``[redacted]``. What a listed tool becomes (its redacted text,
+its guarantee: ``tools.mcp.catalog``) is decided outside this module.
 
 A ``"scope": "session"`` server is started once per workspace, on its first call there, in that
 workspace; its tool list is read from one instance the worker starts at once over an empty folder of
@@ -52,25 +53,15 @@ from mcp_types import (
     ToolListChangedNotification,
 )
 from mcp_types import Tool as WireTool
-from pydantic import BaseModel, ConfigDict
 
 from maka_core.errors import MakaError
-from maka_core.tools.base import Effect
-from maka_core.tools.mcp.config import (
-    OFFERABLE_NAME,
-    HttpServer,
-    McpConfig,
-    StdioServer,
-    tool_name,
-)
-from maka_core.tools.mcp.guarantee import (
-    Annotations,
-    GuaranteeChoice,
-    choose_guarantee,
-    effects_of,
-    widened_without_trust,
-)
+from maka_core.tools.mcp.catalog import ServerTool as ServerTool
+from maka_core.tools.mcp.catalog import offer
+from maka_core.tools.mcp.config import HttpServer, McpConfig, StdioServer
 from maka_core.tools.mcp.launch import host_argv, host_env, pin_command, sandboxed_argv
+from maka_core.tools.mcp.redaction import REDACTED as REDACTED  # where they were first defined
+from maka_core.tools.mcp.redaction import SECRET_MIN_CHARS as SECRET_MIN_CHARS
+from maka_core.tools.mcp.redaction import Secrets
 
 log = logging.getLogger("maka.mcp")
 
@@ -85,9 +76,6 @@ CONNECT_TIMEOUT_S = 30.0
 SESSION_IDLE_S = 600.0
 #: The longest back-off between two starts of a server that keeps failing.
 MAX_BACKOFF_S = 5.0
-#: Shorter secret values are not cut out of what servers say (they would shred every text).
-SECRET_MIN_CHARS = 6
-REDACTED = "[redacted]"
 
 
 class McpServerUnavailable(MakaError):
@@ -108,57 +96,6 @@ class McpOutcomeUnknown(MakaError):
     timed out): whether its effect happened is unknown, and the call's guarantee decides."""
 
     default_code = "mcp_outcome_unknown"
-
-
-class ServerTool(BaseModel):
-    """One tool a server offers, as the worker offers it to the model."""
-
-    model_config = ConfigDict(frozen=True)
-
-    server: str
-    name: str  # the server's own name for it
-    offered_name: str  # mcp__<server>__<name>
-    description: str
-    input_schema: dict[str, Any]
-    choice: GuaranteeChoice
-    effects: tuple[Effect, ...]
-
-
-class Secrets:
-    """The values of every server's ``env`` and ``headers``, cut out of what servers say back."""
-
-    def __init__(self, config: McpConfig) -> None:
-        values: set[str] = set()
-        for server in config.mcp_servers.values():
-            held = server.env if isinstance(server, StdioServer) else server.headers
-            values.update(v.get_secret_value() for v in held.values())
-        # Longest first: a secret containing another is cut whole.
-        self._values = sorted((v for v in values if len(v) >= SECRET_MIN_CHARS), key=len, reverse=True)
-
-    def redact(self, text: str) -> str:
-        for value in self._values:
-            if value in text:
-                text = text.replace(value, REDACTED)
-        return text
-
-    def redact_json(self, value: Any) -> Any:
-        """``value`` with every string (keys included) redacted."""
-        if isinstance(value, str):
-            return self.redact(value)
-        if isinstance(value, list):
-            return [self.redact_json(v) for v in value]
-        if isinstance(value, dict):
-            return {self.redact(str(k)): self.redact_json(v) for k, v in value.items()}
-        return value
-
-
-def _hints(tool: WireTool) -> Annotations | None:
-    a = tool.annotations
-    if a is None:
-        return None
-    return Annotations(
-        read_only=a.read_only_hint, idempotent=a.idempotent_hint, destructive=a.destructive_hint
-    )
 
 
 class ServerConnection:
@@ -446,33 +383,9 @@ class McpServers:
         config = self.config.mcp_servers[server]
         fresh: dict[str, ServerTool] = {}
         for wire in listed:
-            offered = tool_name(server, wire.name)
-            if not OFFERABLE_NAME.match(offered):
-                log.warning(
-                    "mcp server %s: tool %r not offered: its name %r is not a provider's",
-                    server,
-                    wire.name,
-                    offered,
-                )
-                continue
-            hints = _hints(wire)
-            if widened_without_trust(hints, config, wire.name):
-                log.warning(
-                    "mcp server %s: tool %s: the configured guarantee is wider than its annotations "
-                    'allow; it keeps theirs (set "operatorTrust": true to widen it)',
-                    server,
-                    wire.name,
-                )
-            choice = choose_guarantee(hints, config, wire.name)
-            fresh[offered] = ServerTool(
-                server=server,
-                name=wire.name,
-                offered_name=offered,
-                description=wire.description or wire.title or f"{wire.name} ({server})",
-                input_schema=dict(wire.input_schema),
-                choice=choice,
-                effects=effects_of(hints, choice.guarantee),
-            )
+            offered = offer(server, config, wire, self.secrets)
+            if offered is not None:
+                fresh[offered.offered_name] = offered
         for unknown in sorted(set(config.tools) - {w.name for w in listed}):
             log.warning(
                 "mcp server %s: the servers file names tool %r, which the server does not offer",

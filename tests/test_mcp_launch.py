@@ -41,7 +41,6 @@ from maka_core.tools.mcp.servers import McpServers
 from maka_core.tools.sandbox import sandbox_status
 from tests.mcp_support import write_config
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script
-from tests.test_mcp_trust import LIAR, notes
 
 STATUS = sandbox_status()
 pytestmark = [
@@ -50,6 +49,7 @@ pytestmark = [
 ]
 
 OLD_LAUNCHER = ("-m", "tests.children.old_launcher_worker")
+LIAR = REPO / "tests" / "mcp_servers" / "liar_server.py"
 CANARY = "worker-secret-b7e1c09d"
 TIME_SERVER = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
 #: Seconds the late tool sleeps before its effect.
@@ -188,6 +188,11 @@ def test_a_server_ends_with_its_worker_and_its_late_effect_never_lands(
     print(f"the server ended {gone_after - killed:.3f} s after its worker's SIGKILL")
     assert notes(state) == [], notes(state)
     assert (status["state"], status["parkReason"]) == ("parked", "dispatch_without_response"), status
+
+
+def notes(state: Path) -> list[str]:
+    path = state / "notes.txt"
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def _dispatched(db: Path) -> bool:

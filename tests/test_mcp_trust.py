@@ -41,11 +41,11 @@ from maka_core.runtime.contracts import BeginRunInput, ModelStepInput, RunIds
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_view import operations
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.mcp import load_mcp_config
 from maka_core.tools.mcp.adapter import McpToolset
 from maka_core.tools.mcp.redaction import Secrets
 from maka_core.tools.mcp.servers import McpServers
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.mcp_support import write_config
 from tests.temporal_support import REPO, WorkerProcess, tool_step, write_script

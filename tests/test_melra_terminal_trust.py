@@ -32,7 +32,7 @@ from maka_core.governance.policy_file import Identity, Principal
 from maka_core.governance.tasks import TaskRequest, plan_task
 from maka_core.runtime import governed, tool_call
 from maka_core.runtime.runtime import Runtime
-from maka_core.tools import default_tools
+from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
 from tests.test_governed_execution import with_policy
 from tests.test_melra_reconciliation import land_effect, recover

@@ -20,13 +20,13 @@ from maka_core.policy import Policy
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
-from maka_core.tools import default_tools
 from maka_core.tools.base import Effect
 from maka_core.tools.mcp.adapter import McpToolset
 from maka_core.tools.mcp.catalog import ServerTool
 from maka_core.tools.mcp.config import McpGuarantee
 from maka_core.tools.mcp.guarantee import Annotations, GuaranteeChoice, narrower
 from maka_core.tools.mcp.servers import McpServers
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.host.serve import serve
 

@@ -624,10 +624,18 @@ CAPTURE_POINTS = ("checkpoint_capture_after_objects", "checkpoint_capture_after_
 
 def test_every_checkpoint_failpoint_is_drilled() -> None:
     from tests.test_guarded_replace import POINTS
+    from tests.test_late_attempt import FENCE_POINTS
     from tests.test_repair_checkpoint import REPAIR_POINTS
     from tests.test_workspace_continuity import WIRED_POINTS
 
-    drilled = {*CAPTURE_POINTS, "checkpoint_during_materialize", *POINTS, *WIRED_POINTS, *REPAIR_POINTS}
+    drilled = {
+        *CAPTURE_POINTS,
+        "checkpoint_during_materialize",
+        *POINTS,
+        *FENCE_POINTS,
+        *WIRED_POINTS,
+        *REPAIR_POINTS,
+    }
     assert drilled == set(failpoints.CHECKPOINT)
 
 

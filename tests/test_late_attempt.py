@@ -115,6 +115,10 @@ async def _settled(db: Path, session_id: str, run_id: str, timeout: float = 90) 
         await asyncio.sleep(0.2)
 
 
+# The fence drills' failpoints: before the folder's lock, and holding it.
+FENCE_POINTS = ("guarded_replace_unlocked", "guarded_replace_locked")
+
+
 @pytest.mark.parametrize("entry", [TODAY, UNFENCED], ids=["fenced", "negative-control-unfenced"])
 @pytest.mark.parametrize("tool", ["write_file", "edit_file"])
 async def test_a_frozen_attempt_never_writes_after_recovery_settled_its_call(
@@ -133,7 +137,7 @@ async def test_a_frozen_attempt_never_writes_after_recovery_settled_its_call(
         ws_dir,
         task_queue,
         tool,
-        "guarded_replace_unlocked",
+        FENCE_POINTS[0],
         entry,
     )
     assert status.state == "idle", status  # recovery redid the write once; the turn went on
@@ -169,7 +173,7 @@ async def test_an_attempt_frozen_holding_the_folder_writes_nothing_after_the_par
         ws_dir,
         task_queue,
         "write_file",
-        "guarded_replace_locked",
+        FENCE_POINTS[1],
         entry,
     )
     # Recovery could not look at a target an attempt held: it parked, touching nothing.

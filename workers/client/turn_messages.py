@@ -9,7 +9,9 @@ its validator refuses leaves no event in the workflow's history):
 - ``cancel_turn``: ``turn_not_running`` (idle, parked, or the execution closed),
   ``turn_not_cancellable`` (an execution recorded before the Update existed),
   ``turn_not_cancelled`` (recovery parked a call whose end nobody saw);
-- either: ``session_not_found``, ``temporal_unavailable``.
+- either: ``session_not_found``, ``temporal_unavailable``; ``input_invalid`` for a ``by``,
+  ``reason``, id or phrase out of its bound (``maka_core.facts.bounds``), refused here before
+  anything is sent, and by the validator for any other client.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 from typing import Any, TypeVar
 
 from maka_core.errors import MakaError
+from maka_core.facts.bounds import check_fields
 from maka_temporal.workers.client.session_client import describe_execution, update_error
 from maka_temporal.workflows.contracts import (
     APPROVE,
@@ -99,6 +102,9 @@ async def cancel_turn(
 
 
 async def _update(client: Any, session_id: str, name: str, arg: Any, result_type: type[R]) -> R:
+    # The validator's bounds, checked here first: a value no JSON can carry (a lone surrogate from
+    # an argument that was not UTF-8) is refused with the validator's code, not a converter's error.
+    check_fields(arg)
     handle = client.get_workflow_handle(workflow_id_for(session_id))
     try:
         result: R = await handle.execute_update(name, arg, result_type=result_type)

@@ -13,7 +13,6 @@ from typing import Annotated, Any, Final
 
 from pydantic import ConfigDict, ModelWrapValidatorHandler, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
-from temporalio.exceptions import ApplicationError
 
 from maka_core.facts.bounds import (
     APPROVAL_PHRASE,
@@ -297,6 +296,10 @@ class UpdateInput(Contract):
         try:
             return handler(data)
         except ValidationError as exc:
+            # Imported here: the ledger-only commands read these models and load no Temporal SDK
+            # (``tests/test_cli_startup.py``); a refusal is the only path that needs it.
+            from temporalio.exceptions import ApplicationError
+
             why = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()[:3]
             )

@@ -18,29 +18,26 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["UNSAFE", "line_problem", "printable", "printable_block"]
+__all__ = ["UNSAFE", "line_problem", "printable", "printable_block", "printable_json"]
 
 #: Every character that moves, hides or reorders what a line shows: the C0 controls (newline, tab
 #: and carriage return included), DEL and the C1 controls (Cc), the surrogates a non-UTF-8
 #: argument decodes to (Cs), the line and paragraph separators (Zl, Zp), and Unicode's
 #: Bidi_Control characters (U+061C, U+200E-U+200F, the overrides and embeddings U+202A-U+202E, the
 #: isolates U+2066-U+2069).
-UNSAFE: Final = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
+_C0: Final = "\x00-\x1f"
+_BEYOND_C0: Final = "\x7f-\x9f\ud800-\udfff\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+UNSAFE: Final = re.compile(f"[{_C0}{_BEYOND_C0}]")
 #: The same set but the newline and the tab: what a multi-line text may not hold when shown.
-_UNSAFE_IN_BLOCK: Final = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
-
+_UNSAFE_IN_BLOCK: Final = re.compile(f"[\x00-\x08\x0b-\x1f{_BEYOND_C0}]")
+#: What JSON text leaves raw of the set (a JSON string escapes every C0 control itself).
+_UNSAFE_IN_JSON: Final = re.compile(f"[{_BEYOND_C0}]")
 
 _NAMED: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def _escaped(match: re.Match[str]) -> str:
-    # ``\n``, ``\t``, ``\x1b``, ``\u202e``, ``\ud800``: ASCII, so printing it is always safe. Built
-    # by hand, not with the ``unicode_escape`` codec: a codec lookup imports, and a workflow's
-    # validator runs in Temporal's sandbox, where an import in a validator stalls the task.
+    # ``\n``, ``\t``, ``\x1b``, ``\u202e``, ``\ud800``: ASCII, so printing it is always safe.
     ch = match.group()
     named = _NAMED.get(ch)
     if named is not None:
@@ -59,6 +56,12 @@ def printable_block(text: str) -> str:
     """``text`` whose newlines and tabs are meant (a transcript): every other ``UNSAFE``
     character escaped, so no line is overwritten, reordered or driven."""
     return _UNSAFE_IN_BLOCK.sub(_escaped, text)
+
+
+def printable_json(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) with every ``UNSAFE`` character a string
+    of it holds raw written as a ``\\uXXXX`` escape: the same JSON value, inert on a screen."""
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def line_problem(text: str) -> str | None:

@@ -7,7 +7,6 @@ from collections.abc import Awaitable
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
-from temporalio.exceptions import ApplicationError
 
 from maka_core.errors import MakaError
 
@@ -54,9 +53,6 @@ async def refusing(call: Awaitable[T]) -> T:
         raise
     except MakaError as exc:
         raise SessionError.of(exc) from None
-    except ApplicationError as exc:
-        # An Update input built of values that are not its model's (``UpdateInput``: ``input_invalid``).
-        raise SessionError(exc.type or "input_invalid", exc.message) from None
     except RuntimeError as exc:
         # A lazy client (``Client.connect(..., lazy=True)``) connects on first use; the SDK's
         # bridge reports a refused connection this way.

@@ -24,6 +24,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,16 @@ from maka_core.ledger.resolver import resolve
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers.cli.app import maka
 from tests.ledger_factory import call, text, user
-from tests.temporal_support import REPO, in_process_worker, start, tool_step, wait_turn, write_script
+from tests.mcp_support import COUNTER, write_config
+from tests.temporal_support import (
+    REPO,
+    WorkerProcess,
+    in_process_worker,
+    start,
+    tool_step,
+    wait_turn,
+    write_script,
+)
 
 FORGED = "session sess-forged  state=idle  (all clear)"
 #: The tool name the model chooses: a line of its own, reordered text, a colour, markup, a link.
@@ -227,3 +237,43 @@ def test_every_command_module_prints_through_the_printers() -> None:
             if name.endswith(".print") and node.args and not isinstance(node.args[0], ast.Name | ast.Call):
                 seen[(path.name, name)] = seen.get((path.name, name), 0) + 1
     assert seen == allowed
+
+
+@pytest.mark.slow
+@pytest.mark.temporal
+def test_the_workers_lifecycle_lines_show_an_mcp_servers_stderr_escaped(
+    temporal_server: Any, tmp_path: Path
+) -> None:
+    """``maka worker`` announces each line an MCP server writes on its stderr (``mcp_log``): a
+    server that writes an escape sequence, a carriage return and a bidi override gets its lines
+    escaped, each attributed to it. Negative control: the worker as the old printer
+    (``tests/children/old_printer.py``) writes the raw escape sequence and override."""
+    loud = "hello\x1b[2J\r" + FORGED + "\u202e end"
+    server = (  # the counter server, after one loud line on its stderr
+        f"import runpy, sys; sys.stderr.write({loud!r} + '\\n'); sys.stderr.flush(); "
+        f"sys.argv = [{str(COUNTER)!r}, '--state', {str(tmp_path)!r}]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    servers = {"loud": {"command": sys.executable, "args": ["-c", server]}}
+    config = write_config(tmp_path / "mcp.json", servers)
+    seen: dict[str, str] = {}
+    for name, cmd in (("new", NEW), ("old", OLD)):
+        entry = (*cmd[1:], "worker")
+        extra = {"MAKA_MCP_CONFIG": str(config)}
+        db = tmp_path / f"{name}.sqlite"
+        with WorkerProcess(
+            temporal_server, db, f"q-{name}", home=tmp_path / name, extra_env=extra, entry=entry
+        ) as worker:
+            worker.wait_ready()
+            deadline = time.monotonic() + 30
+            while "hello" not in worker.log.read_text(errors="replace"):
+                assert time.monotonic() < deadline, worker.log.read_text()
+                time.sleep(0.1)
+            seen[name] = worker.log.read_text()
+    # The server's stderr is read as text lines (a carriage return ends one too): each is its own
+    # line, attributed to its server, escaped.
+    said = [line for line in seen["new"].splitlines() if "hello" in line or FORGED in line]
+    assert len(said) == 2 and all(line.startswith("maka worker: mcp server loud (stderr): ") for line in said)
+    assert "hello\\x1b[2J" in said[0] and said[1].endswith(f"{FORGED}\\u202e end"), said
+    assert not any(raw in seen["new"] for raw in ("\x1b", "\r", "\u202e")), seen["new"]
+    assert "hello\x1b[2J" in seen["old"] and "\u202e" in seen["old"], seen["old"]  # negative control

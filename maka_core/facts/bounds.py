@@ -63,8 +63,9 @@ class InputInvalid(MakaError):
 @dataclass(frozen=True)
 class TextBound:
     """A string's bound. ``one_line``: 1 to ``max_chars`` characters, one printable line;
-    otherwise a text of lines: at most ``max_bytes`` of UTF-8, no NUL (no PostgreSQL text holds
-    one), no lone surrogate."""
+    otherwise a text of lines: at most ``max_bytes`` of UTF-8, no NUL (nobody types one, and a
+    consumer that reads C strings, a log, a terminal or a vendor's parser, cuts the text there),
+    no lone surrogate (not UTF-8: no vendor takes it)."""
 
     max_chars: int = 200
     one_line: bool = True

@@ -202,7 +202,7 @@ def test_the_ledger_commands_show_a_recorded_hostile_name_on_one_line(tmp_path: 
     assert _forged(old) and "\u202e" in old, old  # negative control: the old printer forges a line
 
 
-def test_printable_escapes_every_unsafe_character_and_nothing_else() -> None:
+def test_printable_escapes_every_unsafe_and_invisible_character_and_nothing_else() -> None:
     unsafe = "\x00\t\n\r\x1b\x7f\x85\x9b\u061c\u200e\u200f\u2028\u2029\u202a\u202e\u2066\u2069\ud800\udfff"
     out = printable(f"a{unsafe}b")
     assert out.isascii() and out.isprintable(), out
@@ -211,9 +211,14 @@ def test_printable_escapes_every_unsafe_character_and_nothing_else() -> None:
         "\\ud800\\udfffb"
     )
     assert printable(out) == out  # idempotent
-    kept = "Grüße, 東京, مرحبا, emoji 🙂, nbsp\u00a0, [bold], ~/.bashrc"
+    # A one-line value shows its invisible characters too: two names that print alike are alike.
+    assert printable("bob\u200b\U000e0041\u00a0") == "bob\\u200b\\U000e0041\\xa0"
+    kept = "Grüße, 東京, مرحبا, emoji 🙂, [bold], ~/.bashrc, a b"
     assert printable(kept) == kept
-    assert printable_block("two\nlines\tand\r\x1b") == "two\nlines\tand\\r\\x1b"
+    # A transcript keeps its lines, tabs and words; only what moves or reorders them is escaped.
+    family = "👨\u200d👩"
+    shown = printable_block(f"two\nlines\tand\r\x1b\u202e {family}")
+    assert shown == f"two\nlines\tand\\r\\x1b\\u202e {family}"
 
 
 def test_every_command_module_prints_through_the_printers() -> None:

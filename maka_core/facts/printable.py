@@ -9,6 +9,11 @@ carriage return overwrites it, an escape sequence drives the terminal, and a bid
 line is exactly one line, in the order it is stored. The stored value never changes: ``--json``
 and the ledger keep it as it came.
 
+A one-line value (a name, an id, a reason) is shown as Python's ``str.isprintable`` sees it: every
+other character escaped, the invisible ones too (a zero-width space, the tag characters that hide
+text in a name, a non-breaking space), so two names that print alike are alike. A transcript keeps
+its text but for ``UNSAFE``: the lines are the model's and the user's own words.
+
 ``UNSAFE`` is also what ``maka_core.facts.bounds`` refuses in one-line inputs (an operator's
 name or reason, an id): the characters are declared here, once.
 """
@@ -36,20 +41,29 @@ _UNSAFE_IN_JSON: Final = re.compile(f"[{_BEYOND_C0}]")
 _NAMED: Final = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-def _escaped(match: re.Match[str]) -> str:
-    # ``\n``, ``\t``, ``\x1b``, ``\u202e``, ``\ud800``: ASCII, so printing it is always safe.
-    ch = match.group()
+def _escape(ch: str) -> str:
+    # ``\n``, ``\t``, ``\x1b``, ``\u202e``, ``\ud800``, ``\U000e0041``: ASCII, always safe to print.
     named = _NAMED.get(ch)
     if named is not None:
         return named
     code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return _escape(match.group())
 
 
 def printable(value: object) -> str:
-    """``value`` as one line a terminal shows as it reads: every ``UNSAFE`` character escaped
-    (``\\n``, ``\\x1b``, ``\\u202e``). Idempotent: a shown string shows the same again."""
-    return UNSAFE.sub(_escaped, value if isinstance(value, str) else str(value))
+    """``value`` as one line a terminal shows as it reads: every character ``str.isprintable``
+    refuses but the space escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\u200b``): all of
+    ``UNSAFE``, and the invisible ones. Idempotent: a shown string shows the same again."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
 
 
 def printable_block(text: str) -> str:

@@ -21,8 +21,9 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   local one (a local retry runs on the same worker): its workflow gives up the workflow task.
 - ``ToolSetUnavailable`` (type ``tool_set_unavailable``): non-retryable, nothing committed; the
   workflow parks the turn ``tool_set_unavailable``.
-- ``ApprovalRefused``: non-retryable, its type the stable code (``approval_expired``...): the
-  ``approve``/``deny`` Update fails with it, as its validator would have.
+- ``ApprovalRefused`` and ``InputInvalid``: non-retryable, its type the stable code
+  (``approval_expired``, ``input_invalid``...): the ``approve``/``deny`` Update fails with it, as
+  its validator would have.
 - ``StoreError``: retryable (a locked or briefly unavailable database), except ``schema_too_new``,
   ``row_payload_identity_mismatch`` and ``run_not_found``, which will not heal by waiting.
 - any other ``MakaError`` (``ConfigError``: a missing workspace, an invalid script): non-retryable.
@@ -40,6 +41,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached, WorkerStopping
+from maka_core.facts.bounds import InputInvalid
 from maka_core.providers import ProviderError
 from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
@@ -120,7 +122,7 @@ def to_application_error(exc: MakaError, *, local: bool = False) -> ApplicationE
         return ApplicationError(str(exc), detail, type=LEDGER_CHAIN_BROKEN, non_retryable=True)
     if isinstance(exc, UsageLimitReached):
         return ApplicationError(str(exc), detail, type=USAGE_LIMIT_REACHED, non_retryable=True)
-    if isinstance(exc, (approvals.ApprovalRefused, ToolSetUnavailable)):
+    if isinstance(exc, (approvals.ApprovalRefused, ToolSetUnavailable, InputInvalid)):
         return ApplicationError(exc.message, detail, type=exc.code, non_retryable=True)
     if isinstance(exc, LedgerRejection):
         return ApplicationError(str(exc), detail, type="LedgerRejection", non_retryable=True)

@@ -9,10 +9,20 @@ pins them). Nothing here carries a transcript or a tool result: activities pass 
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Any, Final
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ModelWrapValidatorHandler, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from maka_core.facts.bounds import (
+    APPROVAL_PHRASE,
+    IDENTIFIER,
+    INPUT_INVALID,
+    OPERATOR_NAME,
+    OPERATOR_REASON,
+    USER_MESSAGE,
+    WAIT_SECONDS,
+)
 
 # The activity contracts live with the runtime that implements them; re-exported here so the
 # workflow imports every model it puts into history from one module.
@@ -136,6 +146,7 @@ __all__ = [
     "ToolOutcome",
     "ToolSettings",
     "TurnAccepted",
+    "UpdateInput",
     "WAIT_SETTLED",
     "WaitSettled",
     "TurnStatus",
@@ -163,6 +174,8 @@ RESUME_HOST: Final = "resume_host"
 #: with the ledger's codes, the handler commits the answer in the ledger (``maka.answer_approval``)
 #: and the waiting turn goes on. Refusals: ``approval_id_mismatch``, ``approval_phrase_mismatch``,
 #: ``approval_expired``, ``approval_action_digest_mismatch`` (approve only), ``approval_not_pending``.
+#: Every Update also refuses an input outside its fields' bounds (``maka_core.facts.bounds``):
+#: ``input_invalid`` (``message_invalid`` for a message's text), before any other check.
 APPROVE: Final = "approve"
 DENY: Final = "deny"
 #: Stop the running turn (``CancelTurn``): the run ends ``cancelled``. Refusal: ``turn_not_running``.
@@ -272,21 +285,47 @@ class SessionReply(Contract):
     outcome: TurnStatus | None = None
 
 
-class SendMessage(Contract):
+class UpdateInput(Contract):
+    """Base of every Update's input. Its fields declare their bounds (``maka_core.facts.bounds``) as
+    metadata the decoder does not enforce (an accepted Update in a history must decode on replay);
+    the session's validators refuse on them. A value that does not decode as the model at all (a
+    wrong type, a missing field, not an object) is refused ``input_invalid`` here, an
+    ``ApplicationError`` whose type is the code, so the workflow rejects the Update (no event in
+    history) with it rather than the SDK's ``Failed decoding arguments``."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _refuse_undecodable(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            # Imported here: the ledger-only commands read these models and load no Temporal SDK
+            # (``tests/test_cli_startup.py``); a refusal is the only path that needs it.
+            from temporalio.exceptions import ApplicationError
+
+            why = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()[:3]
+            )
+            raise ApplicationError(
+                f"{cls.__name__} input does not decode: {why}", type=INPUT_INVALID, non_retryable=True
+            ) from None
+
+
+class SendMessage(UpdateInput):
     """Update input: one user message starts one turn."""
 
-    text: str
+    text: Annotated[str, USER_MESSAGE]
 
 
-class WaitSettled(Contract):
+class WaitSettled(UpdateInput):
     """Input of ``wait_settled``: the turn's run id (from ``TurnAccepted``); ``timeout_s`` bounds
     the wait with a workflow timer (None: no timer, so a wait adds no history event but its own)."""
 
-    run_id: str
-    timeout_s: float | None = None
+    run_id: Annotated[str, IDENTIFIER]
+    timeout_s: Annotated[float | None, WAIT_SECONDS] = None
 
 
-class _UpdateInput(Contract):
+class _UpdateInput(UpdateInput):
     """An Update input people type (``temporal workflow update execute --input``): camelCase keys,
     the field names accepted too."""
 
@@ -296,24 +335,24 @@ class _UpdateInput(Contract):
 class Approve(_UpdateInput):
     """``approve``: ``{"approvalId", "phrase", "by"}``."""
 
-    approval_id: str
-    phrase: str
-    by: str | None = None
+    approval_id: Annotated[str, IDENTIFIER]
+    phrase: Annotated[str, APPROVAL_PHRASE]
+    by: Annotated[str | None, OPERATOR_NAME] = None
 
 
 class Deny(_UpdateInput):
     """``deny``: ``{"approvalId", "by", "reason"}``."""
 
-    approval_id: str
-    by: str | None = None
-    reason: str | None = None
+    approval_id: Annotated[str, IDENTIFIER]
+    by: Annotated[str | None, OPERATOR_NAME] = None
+    reason: Annotated[str | None, OPERATOR_REASON] = None
 
 
 class CancelTurn(_UpdateInput):
     """``cancel_turn``: ``{"reason", "by"}``, both optional."""
 
-    reason: str | None = None
-    by: str | None = None
+    reason: Annotated[str | None, OPERATOR_REASON] = None
+    by: Annotated[str | None, OPERATOR_NAME] = None
 
 
 class TurnCancelled(Contract):

@@ -141,6 +141,7 @@ with workflow.unsafe.imports_passed_through():
         WaitSettled,
         host_queue,
     )
+    from maka_temporal.workflows.validation import check_answer, check_bounds, refuse
     from maka_temporal.workflows.worker_stop import local_step
 
 SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
@@ -202,11 +203,6 @@ class _HandOff(Exception):
 
 class _Cancelled(Exception):
     """Internal: ``cancel_turn`` stopped the turn; the run ends ``cancelled``."""
-
-
-def _refuse(code: str, message: str) -> ApplicationError:
-    """An Update refusal: its type is the stable code clients read (``approval_expired``...)."""
-    return ApplicationError(message, type=code, non_retryable=True)
 
 
 class _Park(Exception):
@@ -288,6 +284,7 @@ class SessionWorkflow:
     @send_message.validator
     def _validate_message(self, msg: SendMessage) -> None:
         # Rejected updates never enter history; each reason has a stable type for clients.
+        self._check_bounds(msg)
         # A parked session waits for an operator. A failed run left no dangling tool state (tool
         # failures go to recovery and park), so a failed session takes the next message.
         if self._state == "parked":
@@ -331,6 +328,7 @@ class SessionWorkflow:
 
     @approve.validator
     def _validate_approve(self, inp: Approve) -> None:
+        self._check_bounds(inp)
         self._check_answer(inp.approval_id, inp.phrase)
 
     @workflow.update(name=DENY)
@@ -348,35 +346,24 @@ class SessionWorkflow:
 
     @deny.validator
     def _validate_deny(self, inp: Deny) -> None:
+        self._check_bounds(inp)
         self._check_answer(inp.approval_id, None)
 
     def _check_answer(self, approval_id: str, phrase: str | None) -> None:
-        """Refuse an answer in MELRA's order (id, phrase, expiry, action digest), from what this
-        execution holds: a refusal here leaves no event in history. ``phrase`` None: a denial."""
-        wait = self._awaiting
-        if wait is None or wait.approval_id != approval_id:
-            seen = self._answered.get(approval_id)
-            if seen == "expired":
-                raise _refuse("approval_expired", f"approval {approval_id} expired")
-            if seen is not None:
-                raise _refuse("approval_not_pending", f"approval {approval_id} is already answered")
-            if wait is None and (self._dispatching or (not self._messages and self._current is not None)):
-                # The request may be committed and its call not back yet (or, recorded before the
-                # patch, the activity waits itself): the ledger decides, and a wait that follows
-                # finds the answer in ``_answered``.
-                return
-            raise _refuse("approval_id_mismatch", f"the session waits on no approval {approval_id}")
-        if self._answering is not None:
-            raise _refuse("approval_not_pending", f"approval {approval_id} is being answered")
-        if phrase is not None and phrase != wait.phrase:
-            raise _refuse("approval_phrase_mismatch", f"approval_phrase_mismatch for approval {approval_id}")
-        if _now_ms() >= wait.expires_at_ms:
-            raise _refuse("approval_expired", f"approval {approval_id} expired")
-        if phrase is not None and not wait.digest_matches:
-            raise _refuse(
-                "approval_action_digest_mismatch",
-                f"the call of approval {approval_id} is not the one approved",
-            )
+        """A refusal here leaves no event in history. ``phrase`` None: a denial."""
+        check_answer(
+            approval_id,
+            phrase,
+            wait=self._awaiting,
+            answered=self._answered,
+            answering=self._answering,
+            undecided=self._dispatching or (not self._messages and self._current is not None),
+            now_ms=_now_ms(),
+        )
+
+    def _check_bounds(self, inp: object) -> None:
+        """Every Update's first check: its input within its fields' bounds (``input_invalid``)."""
+        check_bounds(inp)
 
     async def _answer(self, inp: AnswerInput) -> AnswerResult:
         # The ledger is the authority: it validates again and commits with one compare-and-swap, so
@@ -392,8 +379,8 @@ class SessionWorkflow:
             )
         except ActivityError as err:
             cause = err.cause
-            if isinstance(cause, ApplicationError) and (cause.type or "").startswith("approval_"):
-                raise _refuse(cause.type or "approval_refused", cause.message) from None
+            if isinstance(cause, ApplicationError) and (cause.type or "").startswith(("approval_", "input_")):
+                raise refuse(cause.type or "approval_refused", cause.message) from None
             raise
         finally:
             self._answering = None
@@ -429,20 +416,21 @@ class SessionWorkflow:
             # The turn ended on its own first (completed, failed, or parked by recovery on a call
             # whose end nobody observed: its guarantee decides, not the cancel).
             reason = f" ({self._park_reason})" if self._park_reason else ""
-            raise _refuse("turn_not_cancelled", f"the turn ended {self._state}{reason} before the cancel")
+            raise refuse("turn_not_cancelled", f"the turn ended {self._state}{reason} before the cancel")
         return self._cancelled
 
     @cancel_turn.validator
     def _validate_cancel(self, inp: CancelTurn) -> None:
+        self._check_bounds(inp)
         if self._current is None and self._pending is None and self._carried is None:
-            raise _refuse("turn_not_running", f"session {self._inp.session_id} has no running turn")
+            raise refuse("turn_not_running", f"session {self._inp.session_id} has no running turn")
         if not self._messages:
-            raise _refuse(
+            raise refuse(
                 "turn_not_cancellable",
                 "this execution began before cancel_turn existed; terminate and resume it",
             )
         if self._cancel is not None:
-            raise _refuse("turn_not_running", "the turn is already being cancelled")
+            raise refuse("turn_not_running", "the turn is already being cancelled")
 
     @workflow.update(name=RESUME_HOST)
     def resume_host(self) -> SessionStatus:
@@ -471,6 +459,11 @@ class SessionWorkflow:
                 lambda: self._settled(inp.run_id) or self._continuing, timeout=inp.timeout_s
             )
         return self.status()
+
+    @wait_settled.validator
+    def _validate_wait(self, inp: WaitSettled) -> None:
+        # A timer out of bounds (1e300 s, inf, negative) would fail the workflow task in the handler.
+        self._check_bounds(inp)
 
     def _settled(self, run_id: str) -> bool:
         busy = (

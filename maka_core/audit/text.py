@@ -1,9 +1,16 @@
-"""The audit report for people: executions, runs with their operations, then the findings."""
+"""The audit report for people: executions, runs with their operations, then the findings.
+
+The report holds what a model, a vendor, a tool and an operator chose (a tool name, an operator's
+name, a reason): every cell and every line is shown through ``maka_core.facts.printable``, so a
+newline or a bidi override in one shows escaped and each line of the report is one line.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+
+from maka_core.facts.printable import printable
 
 
 def _when(ms: int | None) -> str:
@@ -13,10 +20,9 @@ def _when(ms: int | None) -> str:
 
 
 def _columns(rows: list[tuple[Any, ...]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    shown = [[printable(v) for v in row] for row in rows]  # escaped before the widths are taken
+    widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
+    return ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in shown]
 
 
 def _workspace_lines(run: dict[str, Any]) -> list[str]:
@@ -40,7 +46,11 @@ def _workspace_lines(run: dict[str, Any]) -> list[str]:
 
 
 def report_lines(report: dict[str, Any]) -> list[str]:
-    """The readable report of ``AuditReport.to_json()``."""
+    """The readable report of ``AuditReport.to_json()``: each item one printable line."""
+    return [printable(line) for line in _lines(report)]
+
+
+def _lines(report: dict[str, Any]) -> list[str]:
     drift = [f for f in report["findings"] if f["severity"] == "drift"]
     verdict = "ledger and Temporal agree" if report["ok"] else f"DRIFT ({len(drift)} finding(s))"
     lines = [f"session {report['sessionId']}: {verdict}", "", "executions"]

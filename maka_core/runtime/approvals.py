@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from maka_core.errors import LedgerRejection, MakaError
+from maka_core.facts.bounds import check_fields
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.governance import action_digest, check_answer, issue_challenge
@@ -354,11 +355,18 @@ def answer(
     """Validate and commit an approval (``allow``) or a denial; returns what was committed.
 
     Raises:
+        InputInvalid: ``input_invalid``, an id, phrase, ``by`` or ``reason`` out of its bound (the
+            Update's: ``maka_core.facts.bounds``), before anything is read.
         ApprovalRefused: ``approval_id_mismatch`` (no pending request of this session has the id),
             ``approval_phrase_mismatch``, ``approval_expired``, ``approval_action_digest_mismatch``
             (approve only), ``approval_expired`` also for a request closed unanswered (at its
             expiry or when its run ended), or ``approval_not_pending`` (answered meanwhile).
     """
+    check_fields(
+        AnswerInput(
+            session_id=session_id, approval_id=approval_id, allow=allow, phrase=phrase, by=by, reason=reason
+        )
+    )
     when = now or datetime.now(UTC)
     held = ledger.decision_by_approval(approval_id)
     if held is None or held["sessionId"] != session_id:

@@ -11,7 +11,7 @@ ledger identifiers (run, operation and event ids), and the ledger holds the fact
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal, get_args
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from maka_core.facts.bounds import APPROVAL_PHRASE, IDENTIFIER, OPERATOR_NAME, OPERATOR_REASON
 from maka_core.providers.spec import RecordedSpec
 
 #: A session as people see it (the workflow's state; the ledger derives the same one).
@@ -436,14 +437,15 @@ class LocalToolResult(Contract):
 
 
 class AnswerInput(Contract):
-    """``maka.answer_approval``: one answer to one request, as the Update received it."""
+    """``maka.answer_approval``: one answer to one request, as the Update received it. Its bounds
+    (the Update's, ``maka_core.facts.bounds``) are checked again by the ledger (``approvals.answer``)."""
 
     session_id: str
-    approval_id: str
+    approval_id: Annotated[str, IDENTIFIER]
     allow: bool
-    phrase: str | None = None
-    by: str | None = None
-    reason: str | None = None
+    phrase: Annotated[str | None, APPROVAL_PHRASE] = None
+    by: Annotated[str | None, OPERATOR_NAME] = None
+    reason: Annotated[str | None, OPERATOR_REASON] = None
 
 
 class AnswerResult(Contract):

@@ -15,13 +15,12 @@ history shows the same result (``resolved_history``).
 
 from __future__ import annotations
 
-import re
-import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, get_args
 
 from maka_core.errors import MakaError
+from maka_core.facts.bounds import OPERATOR_NAME, OPERATOR_REASON, TextBound
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, FunctionResponseContent, RuntimeEvent, TextContent
 from maka_core.facts.run_header import RunHeader
@@ -41,28 +40,21 @@ _NOTES = {
 }
 
 
-#: Bounds on what an operator records: the name and the reason are one line of a transcript each.
-MAX_RESOLVED_BY: Final[int] = 200
-MAX_REASON: Final[int] = 2000
-#: Bidi overrides and isolates reorder a line on screen; the other format characters are text.
-_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+#: Bounds on what an operator records: the name and the reason are one line of a transcript each
+#: (declared once, in ``maka_core.facts.bounds``, with the Update inputs' ``by`` and ``reason``).
+MAX_RESOLVED_BY: Final[int] = OPERATOR_NAME.max_chars
+MAX_REASON: Final[int] = OPERATOR_REASON.max_chars
 
 
-def check_resolution_text(text: str, option: str, limit: int) -> str:
+def check_resolution_text(text: str, option: str, bound: TextBound) -> str:
     """Refuse an operator's ``--by`` / ``--reason`` that could forge or hide a line: empty, longer
-    than ``limit`` characters, or holding a control character (newline and tab included), a
-    surrogate (an argument that was not UTF-8) or a bidi override.
+    than the bound, or not one printable line (a control character, newline and tab included, a
+    surrogate from an argument that was not UTF-8, a line separator or a bidi control).
 
     Raises:
         MakaError: ``config_invalid``, naming the option.
     """
-    why = None
-    if not text.strip():
-        why = "must not be empty"
-    elif len(text) > limit:
-        why = f"is longer than {limit} characters"
-    elif _BIDI.search(text) or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
-        why = "must be one line of printable UTF-8 text (no control characters, newlines or bidi overrides)"
+    why = bound.problem(text)
     if why is not None:
         raise MakaError("config_invalid", f"{option} {why}", option=option)
     return text
@@ -179,8 +171,8 @@ def resolve_operation(
     """
     if decision not in DECISIONS:
         raise MakaError("config_invalid", f"--decision must be one of {', '.join(DECISIONS)}")
-    check_resolution_text(resolved_by, "--by", MAX_RESOLVED_BY)
-    check_resolution_text(reason, "--reason", MAX_REASON)
+    check_resolution_text(resolved_by, "--by", OPERATOR_NAME)
+    check_resolution_text(reason, "--reason", OPERATOR_REASON)
     events = store.events(session_id=session_id)
     if not events:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.printable import printable
 from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
 from maka_core.ledger.resolver import resolve
@@ -269,11 +270,10 @@ def _brief(value: Any, limit: int = 160) -> str:
 
 
 def _one_line(value: Any, limit: int = 2000) -> str:
-    """A recorded field of a one-line fact (an operator's name or reason), inert: every control
-    character, newline and tab included, is shown escaped, so text an old ledger stored unchecked
-    cannot forge a line of the transcript."""
-    text = str(value)
-    text = "".join(ch.encode("unicode_escape").decode("ascii") if not ch.isprintable() else ch for ch in text)
+    """A recorded field of a one-line fact (a tool name, an operator's name or reason), inert:
+    every control character, newline and tab included, and every bidi control is shown escaped
+    (``printable``), so text a model or an old ledger stored cannot forge a line of the transcript."""
+    text = printable(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -354,20 +354,20 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
             lines.append(f"-- continues run {src.run_id} from high-water {src.high_water} --")
         elif e.actions is not None and e.actions.tool_dispatch is not None:
             d = e.actions.tool_dispatch
-            lines.append(f"  [T1] {d.tool_name} dispatched  op={d.operation_id}  event={e.id}")
+            lines.append(f"  [T1] {_one_line(d.tool_name)} dispatched  op={d.operation_id}  event={e.id}")
         elif e.actions is not None and e.actions.tool_recovery is not None:
             p = e.actions.tool_recovery.payload
-            detail = getattr(p, "observation", None) or getattr(p, "reason_code", "")
+            detail = _one_line(getattr(p, "observation", None) or getattr(p, "reason_code", ""))
             lines.append(f"  [recovery] {e.actions.tool_recovery.kind} {detail}  op={p.operation_id}")
         elif c is not None and c.kind == "text" and e.role == "user":
             lines.append(f"user: {c.text}")
         elif c is not None and c.kind == "text":
             lines.append(f"model: {c.text}")
         elif c is not None and c.kind == "function_call":
-            lines.append(f"model -> {c.name}({_brief(c.args, width)})")
+            lines.append(f"model -> {_one_line(c.name)}({_brief(c.args, width)})")
         elif c is not None and c.kind == "function_response":
             tag = "error" if c.is_error else "result"
-            lines.append(f"  {tag} <- {c.name}: {_brief(_result_text(c.result), width)}")
+            lines.append(f"  {tag} <- {_one_line(c.name)}: {_brief(_result_text(c.result), width)}")
         elif e.is_terminal:
             if e.status == "completed":
                 lines.append("-- turn completed --")
@@ -376,7 +376,7 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 delta = e.actions.state_delta if e.actions is not None else None
                 # The wire format ends a parked run "failed"; its failure class says it parked.
                 parked = isinstance(delta, dict) and delta.get("failureClass") == "parked"
-                lines.append(f"-- turn {'parked' if parked else e.status or 'ended'}: {why} --")
+                lines.append(f"-- turn {'parked' if parked else e.status or 'ended'}: {_one_line(why)} --")
             if e.run_id in usage:
                 lines.append(f"   usage: {usage_text(usage[e.run_id])}")
     session = sum_usage(usage.values())

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from maka_core.errors import ConfigError, LimitRaiseRefused, MakaError
+from maka_core.facts.bounds import OPERATOR_NAME, OPERATOR_REASON
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.usage import step_tokens
@@ -27,8 +28,6 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.runtime.compaction import CompactionFact, estimate_tokens
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import (
-    MAX_REASON,
-    MAX_RESOLVED_BY,
     check_resolution_text,
     is_resolution_run,
     operator_fact,
@@ -145,8 +144,8 @@ def raise_limit(
         if field not in CAPS:
             raise ConfigError("config_invalid", f"no token cap {field}", field=field)
         _cap(value, field)
-    check_resolution_text(raised_by, "--by", MAX_RESOLVED_BY)
-    check_resolution_text(reason, "--reason", MAX_REASON)
+    check_resolution_text(raised_by, "--by", OPERATOR_NAME)
+    check_resolution_text(reason, "--reason", OPERATOR_REASON)
     events = store.events(session_id=session_id)
     record = store.session_policy(session_id)
     if not events and record is None:

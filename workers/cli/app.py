@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from maka_core.errors import MakaError
-from maka_temporal.workers.cli.base import JSON_META, TEMPORAL_USED, refusal
+from maka_temporal.workers.cli.base import JSON_META, TEMPORAL_USED, refusal, say_text
 
 #: Whether ``--json`` was on the command line: a usage error stops Click before the flag's own
 #: callback runs, and the refusal must still come out in the mode the caller asked for.
@@ -96,7 +96,7 @@ class MakaGroup(click.Group):
     def _usage(ctx: click.Context, exc: click.UsageError) -> None:
         as_json = _json_asked(ctx)
         if not as_json and exc.ctx is not None:
-            click.echo(exc.ctx.get_usage(), err=True)
+            say_text(exc.ctx.get_usage(), err=True)
         refusal(MakaError("usage_invalid", exc.format_message()), as_json)
         ctx.exit(2)
 
@@ -127,12 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.message, err=True)
+        say_text(exc.ctx.get_help() if exc.ctx is not None else exc.message, err=True)
         code = 2
     except click.UsageError as exc:  # an unknown command or option on the root group itself
         as_json = "--json" in args
         if not as_json and exc.ctx is not None:
-            click.echo(exc.ctx.get_usage(), err=True)
+            say_text(exc.ctx.get_usage(), err=True)
         refusal(MakaError("usage_invalid", exc.message), as_json)
         code = 2
     except click.Abort:

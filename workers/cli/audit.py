@@ -23,6 +23,7 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_json,
     run_async,
+    say,
     temporal_options,
 )
 from maka_temporal.workers.client.session_api import SessionClient
@@ -80,8 +81,10 @@ def _emit(reports: list[dict[str, Any]], many: bool, as_json: bool, html_file: P
         return
     for i, report in enumerate(reports):
         if i:
-            click.echo("")
-        click.echo("\n".join(report_lines(report)))
+            say()
+        for line in report_lines(report):
+            say(line)
     if many:
         bad = sum(not r["ok"] for r in reports)
-        click.echo(f"\n{len(reports)} session(s) audited, {bad} with drift")
+        say()
+        say(f"{len(reports)} session(s) audited, {bad} with drift")

@@ -4,6 +4,14 @@ ledger is opened through ``workers.client.ledger``, which every room uses).
 A refusal is a ``MakaError`` raised anywhere below a command; the root group prints it once
 (``refusal``) and exits 2: ``error: <code>: <message>`` on stderr, or under ``--json`` one JSON object
 ``{"ok": false, "code", "message", ...}`` on stdout. Expected failures never show a traceback.
+
+Text output goes through the printers here, never ``click.echo`` or ``print`` in a command: ``say``
+prints one line, ``say_text`` a text whose lines are meant (a transcript), ``cell`` is a Rich
+table's cell, ``print_json`` the JSON. Each shows what a model, a vendor, a tool, an MCP server or
+an operator chose through ``maka_core.facts.printable``: a newline, an escape sequence or a bidi
+control in a tool name is shown escaped (``\\n``, ``\\x1b``, ``\\u202e``), never obeyed, and Rich reads
+no markup (``[bold]``, ``[link=...]``) or emoji code in it. ``tests/test_text_output.py`` holds
+every text command to it.
 """
 
 from __future__ import annotations
@@ -17,8 +25,10 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from maka_core.errors import MakaError
+from maka_core.facts.printable import printable, printable_block, printable_json
 from maka_core.settings import MakaSettings, load_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,7 +105,11 @@ def json_mode() -> bool:
 
 
 def print_json(value: Any, *, indent: int | None = None) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=indent, default=str) + "\n")
+    """``value`` as JSON on stdout. Non-ASCII text stays readable, but the characters a terminal
+    would obey or reorder (``printable.UNSAFE``: C1 controls, bidi controls, line separators,
+    lone surrogates) are written as ``\\uXXXX`` escapes: the same JSON value, inert on a screen."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent, default=str)
+    sys.stdout.write(printable_json(text) + "\n")
     sys.stdout.flush()
 
 
@@ -109,8 +123,7 @@ def refusal(error: MakaError, as_json: bool) -> None:
     if as_json:
         print_json({"ok": False, "code": error.code, "message": error.message, **error.detail})
     else:
-        sys.stderr.write(f"error: {error.code}: {error.message}\n")
-        sys.stderr.flush()
+        say(f"error: {error.code}: {error.message}", err=True)
 
 
 def stdout_is_tty() -> bool:
@@ -118,7 +131,26 @@ def stdout_is_tty() -> bool:
 
 
 def console(stderr: bool = False) -> Any:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    """A Rich console that reads no markup and no emoji codes in what it prints (a model's
+    ``[link=...]`` prints as typed); its cells are ``cell``s."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False)
+
+
+def say(line: object = "", *, err: bool = False) -> None:
+    """Print one line of text output (stdout, or stderr with ``err``): ``printable``, so a string
+    someone else chose shows escaped and the line stays one line."""
+    click.echo(printable(line), err=err)
+
+
+def say_text(text: str, *, err: bool = False) -> None:
+    """Print a text whose newlines and tabs are meant (a transcript line, a help text): every other
+    control and bidi character shown escaped (``printable_block``)."""
+    click.echo(printable_block(text), err=err)
+
+
+def cell(value: object) -> Text:
+    """A Rich table cell: the value as one printable line, literal (never markup)."""
+    return Text(printable("" if value is None else value))
 
 
 #: In a log, a wait prints a line per state change, otherwise one every this many seconds.
@@ -148,16 +180,16 @@ class WaitLine:
             elapsed = time.monotonic() - self._began
         if sys.stderr.isatty():
             if self._live is None:
-                self._live = Console(stderr=True).status("")
+                self._live = console(stderr=True).status("")
                 self._live.start()
-            self._live.update(f"[{elapsed:5.1f}s] {state}…")
+            self._live.update(Text(printable(f"[{elapsed:5.1f}s] {state}…")))
         elif state != self._last[0] or elapsed - self._last[1] >= LOG_EVERY_S:
-            print(f"[{elapsed:5.1f}s] {state}", file=sys.stderr, flush=True)
+            say(f"[{elapsed:5.1f}s] {state}", err=True)
             self._last = (state, elapsed)
 
     def done(self, state: str) -> None:
         self._stop()
-        print(f"[{time.monotonic() - self._began:5.1f}s] {state}", file=sys.stderr, flush=True)
+        say(f"[{time.monotonic() - self._began:5.1f}s] {state}", err=True)
 
     def _stop(self) -> None:
         if self._live is not None:

@@ -20,6 +20,7 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_json,
     run_async,
+    say,
     temporal_options,
 )
 from maka_temporal.workers.client.session_api import SessionClient
@@ -56,7 +57,7 @@ def cmd_cancel(
             )
         else:
             stopped = f"; stopped {', '.join(done.cancelled_operations)}" if done.cancelled_operations else ""
-            click.echo(f"session {session_id}: run {done.run_id} cancelled{stopped}")
+            say(f"session {session_id}: run {done.run_id} cancelled{stopped}")
         return 0
 
     finish(run_async(main()))

@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
 
+from maka_core.facts.printable import printable
 from maka_core.providers import demo_script_path
 from maka_core.runtime.session_view import operations, transcript_lines
 from maka_core.settings import MakaSettings
-from maka_temporal.workers.cli.base import WaitLine, print_json, run_async
+from maka_temporal.workers.cli.base import WaitLine, print_json, run_async, say, say_text
 from maka_temporal.workers.client.connect import connect, reachable, target_address
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.session_api import SessionClient
@@ -48,12 +48,8 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
         nonlocal address
         if not await reachable(address, namespace, timeout=1.0):
             port = int(target_address(address).rsplit(":", 1)[1])
-            print(
-                f"maka demo: no Temporal server at {target_address(address)}; "
-                "starting the embedded dev server",
-                file=sys.stderr,
-                flush=True,
-            )
+            where = target_address(address)
+            say(f"maka demo: no Temporal server at {where}; starting the embedded dev server", err=True)
             server = devserver.start(
                 port=port if not devserver._port_open(port) else None,
                 ui=False,
@@ -78,11 +74,7 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
                     workspace=workspace, message=DEMO_MESSAGE, script=demo_script_path(), host=settings.host
                 )
                 session_id = started.session_id
-                print(
-                    f"maka demo: session {session_id} on {target_address(address)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(f"maka demo: session {session_id} on {target_address(address)}", err=True)
                 with WaitLine() as line:
                     status = await sessions.wait(
                         session_id,
@@ -114,18 +106,23 @@ def run_demo(settings: MakaSettings, *, address: str | None, namespace: str | No
                 indent=2,
             )
             return 0 if ok else 1
-        print(f"\nSession {session_id}  ({status.state}, {time.monotonic() - t0:.1f}s)\n")
-        print("\n".join(transcript_lines(events)))
-        print(
-            "\nTool calls and their ledger facts "
+        say()
+        say(f"Session {session_id}  ({status.state}, {time.monotonic() - t0:.1f}s)")
+        say()
+        for text in transcript_lines(events):
+            say_text(text)
+        say()
+        say(
+            "Tool calls and their ledger facts "
             "(T1 = dispatch before the effect, T2 = outcome before the model sees it):"
         )
         for o in ops:
-            print(f"  {o.tool_name:<10} op {o.operation_id}")
-            print(f"      T1 dispatch  {o.dispatch_event_id}  canonicalArgsHash {o.canonical_args_hash}")
-            print(f"      T2 outcome   {o.response_event_id}  ({o.status}{', error' if o.is_error else ''})")
-        print(f"\nconfig.json now: {config.strip()}")
-        print(f"Ledger: {db}   Inspect: maka session show {session_id}")
+            say(f"  {printable(o.tool_name):<10} op {o.operation_id}")
+            say(f"      T1 dispatch  {o.dispatch_event_id}  canonicalArgsHash {o.canonical_args_hash}")
+            say(f"      T2 outcome   {o.response_event_id}  ({o.status}{', error' if o.is_error else ''})")
+        say()
+        say_text(f"config.json now: {config.strip()}")
+        say(f"Ledger: {db}   Inspect: maka session show {session_id}")
         return 0 if ok else 1
 
     return run_async(main())

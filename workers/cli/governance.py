@@ -38,6 +38,7 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_json,
     run_async,
+    say,
     settings,
     temporal_options,
 )
@@ -160,7 +161,7 @@ def _answer(
     if as_json:
         print_json(done, indent=2)
     else:
-        click.echo(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
+        say(f"approval {approval_id}: {done['decision']} (operation {done['operationId']})")
 
 
 @click.command("receipts")
@@ -179,13 +180,13 @@ def cmd_session_receipts(db: str | None, session_id: str, as_json: bool) -> None
         return
     for row in rows:
         if row["kind"] == "action_receipt":
-            click.echo(
+            say(
                 f"receipt {row['taskId']}  {row['capability']:<12} {row['policyDecision']['outcome']:<7} "
                 f"{row['observedEffect'].get('status')}"
             )
         else:
             tokens = f"  tokens={row['usage'].get('total')}" if row.get("usage") else ""
-            click.echo(
+            say(
                 f"certificate {row['turnId']}  {row['result']}  receipts={len(row['receiptIds'])}{tokens}"
             )
 
@@ -219,8 +220,8 @@ def cmd_verify(file: Path, as_json: bool) -> None:
         )
     else:
         for p in problems:
-            click.echo(f"line {p.line}: {p.code}: {p.message}")
-        click.echo(f"{count} lines, {len(problems)} problems")
+            say(f"line {p.line}: {p.code}: {p.message}")
+        say(f"{count} lines, {len(problems)} problems")
     finish(1 if problems else 0)
 
 

@@ -21,6 +21,7 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_line,
     run_async,
+    say,
     settings,
     temporal_options,
 )
@@ -218,8 +219,8 @@ def cmd_dev(
             }
         )
     else:
-        click.echo(f"Temporal dev server: {server.address}  (database {server.db_file})")
-        click.echo(f"Temporal UI:         {server.ui_address}")
+        say(f"Temporal dev server: {server.address}  (database {server.db_file})")
+        say(f"Temporal UI:         {server.ui_address}")
 
     async def main() -> int:
         if no_worker:
@@ -228,7 +229,7 @@ def cmd_dev(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             if not as_json:
-                click.echo("maka dev: server only (--no-worker); Ctrl-C to stop")
+                say("maka dev: server only (--no-worker); Ctrl-C to stop")
             await stop.wait()
             return 0
         client = await connect(server.address, namespace)

@@ -18,6 +18,7 @@ from rich.table import Table
 from maka_core.errors import CodecError, MakaError
 from maka_core.facts import codec
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.printable import printable
 from maka_core.ledger.continuation_document import parse_document, plan_continuation_document
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import plan_resume
@@ -25,11 +26,13 @@ from maka_core.runtime import workspace_continuity
 from maka_core.store.jsonl import check_session_ids
 from maka_temporal.workers.cli.base import (
     add_commands,
+    cell,
     console,
     db_option,
     finish,
     json_option,
     print_json,
+    say,
     settings,
     stdout_is_tty,
 )
@@ -130,7 +133,7 @@ def cmd_import(db: str | None, file: Path, as_json: bool) -> None:
     if as_json:
         print_json({"ok": True, "imported": result.imported, "existing": result.existing})
     else:
-        click.echo(f"imported {result.imported} events ({result.existing} already present) into {target}")
+        say(f"imported {result.imported} events ({result.existing} already present) into {target}")
 
 
 @click.command("export")
@@ -215,16 +218,16 @@ def _emit_plans(
         return
     for run_id, recovery, plan in planned:
         if run_id is not None:
-            click.echo(f"run {run_id}")
+            say(f"run {run_id}")
         _print_plan(recovery, plan)
 
 
 def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
-    click.echo(
+    say(
         f"plan: {plan['kind']}  high-water {plan['highWater']}  protocol {recovery['toolBoundaryProtocol']}"
     )
     if plan["rejectionReasons"]:
-        click.echo("rejection reasons: " + ", ".join(plan["rejectionReasons"]))
+        say("rejection reasons: " + ", ".join(plan["rejectionReasons"]))
     header = ("tool call", "operation", "tool", "status", "reason", "settlement")
     rows = [
         (
@@ -239,8 +242,8 @@ def _print_plan(recovery: dict[str, Any], plan: dict[str, Any]) -> None:
     ]
     _table(header, rows)
     for diag in plan["diagnostics"]:
-        click.echo(f"diagnostic {diag['code']}: {diag.get('message', '')} ({diag.get('eventId', '')})")
-    click.echo("replay: " + " ".join(plan["replayEventIds"]))
+        say(f"diagnostic {diag['code']}: {diag.get('message', '')} ({diag.get('eventId', '')})")
+    say("replay: " + " ".join(plan["replayEventIds"]))
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
@@ -248,13 +251,15 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     if stdout_is_tty():
         table = Table(*header, box=None, pad_edge=False)
         for row in rows:
-            table.add_row(*(str(v) for v in row))
+            table.add_row(*(cell(v) for v in row))
         console().print(table)
         return
-    all_rows = [header, *rows]
-    widths = [max(len(str(r[i])) for r in all_rows) for i in range(len(header))]
-    for row in all_rows:
-        click.echo("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    # Each cell shown as one printable line before the widths are taken: a tool name holding a
+    # newline or a bidi override stays in its column, escaped.
+    all_rows: list[list[str]] = [list(header), *([printable(v) for v in row] for row in rows)]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(header))]
+    for shown in all_rows:
+        say("  ".join(v.ljust(w) for v, w in zip(shown, widths, strict=True)).rstrip())
 
 
 @click.command("plan-continuation")
@@ -280,11 +285,11 @@ def cmd_plan_continuation(input_file: Path, as_json: bool) -> None:
     if as_json:
         print_json(result)
     else:
-        click.echo(f"disposition: {result['disposition']}")
+        say(f"disposition: {result['disposition']}")
         for reason in result.get("rejectionReasons", []):
-            click.echo(f"  rejected: {reason}")
+            say(f"  rejected: {reason}")
         for diag in result.get("diagnostics", []):
-            click.echo(f"  {diag['code']}: {diag['message']}")
+            say(f"  {diag['code']}: {diag['message']}")
     finish(0 if result["disposition"] == "continue" else 1)
 
 
@@ -299,9 +304,9 @@ def cmd_verify(db: str | None, as_json: bool) -> None:
         print_json({"ok": not problems, "differences": problems})
     elif problems:
         for line in problems:
-            click.echo(line)
+            say(line)
     else:
-        click.echo("projections equal their rebuild from events")
+        say("projections equal their rebuild from events")
     finish(1 if problems else 0)
 
 
@@ -320,12 +325,12 @@ def cmd_gc_checkpoints(db: str | None, grace_s: float, as_json: bool) -> None:
     if as_json:
         print_json(out)
     else:
-        click.echo(f"checkpoints: {out['deleted']} orphan ref(s) deleted, {out['kept']} kept")
+        say(f"checkpoints: {out['deleted']} orphan ref(s) deleted, {out['kept']} kept")
         for row in out["stores"]:
             if row.get("skipped"):
-                click.echo(f"  skipped store {row['workspaceId']}: {row['skipped']}")
+                say(f"  skipped store {row['workspaceId']}: {row['skipped']}")
             for ref in row["deleted"]:
-                click.echo(f"  deleted {ref} ({row['workspaceId']})")
+                say(f"  deleted {ref} ({row['workspaceId']})")
     finish(0)
 
 add_commands(ledger, cmd_import, cmd_export, cmd_plan, cmd_plan_continuation, cmd_verify, cmd_gc_checkpoints)

@@ -4,7 +4,6 @@ decides and does lives in ``workers.host.resume``; this module parses, connects 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Literal
 
 import click
@@ -16,6 +15,7 @@ from maka_temporal.workers.cli.base import (
     json_option,
     print_json,
     run_async,
+    say,
     temporal_options,
 )
 from maka_temporal.workers.client.answers import ResumeProgress
@@ -81,29 +81,29 @@ def _restore(value: str | None) -> Literal["isolated"] | None:
 
 def _progress(step: ResumeProgress, line: WaitLine) -> None:
     if step.kind == "workspace":
-        click.echo(f"session {step.session_id}: {step.message}", err=True)
+        say(f"session {step.session_id}: {step.message}", err=True)
     elif step.kind == "turn":
         line.show(step.message)
     else:
-        print(f"maka: {step.message}", file=sys.stderr, flush=True)
+        say(f"maka: {step.message}", err=True)
 
 
 def _print(out: dict[str, Any]) -> None:
     if out.get("hostResumed"):
-        click.echo(
+        say(
             f"session {out['sessionId']}: host {out['host']} is back; run {out['sourceRunId']} goes on "
             f"(state {out['state']})"
         )
         return
     if out["decision"] == "continue":
-        click.echo(
+        say(
             f"session {out['sessionId']}: continuing run {out['sourceRunId']} "
             f"at high-water {out['highWater']} as run {out['continuationRunId']} (state {out['state']})"
         )
         return
-    click.echo(
+    say(
         f"session {out['sessionId']}: parked ({out['parkReason']}): {', '.join(out['rejectionReasons'])}"
     )
     for d in out["diagnostics"]:
         where = " ".join(f"{k}={d[k]}" for k in ("toolName", "toolCallId", "eventId") if k in d)
-        click.echo(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())
+        say(f"  {d['code']}  {where}  {d.get('detail') or ''}".rstrip())

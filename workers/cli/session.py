@@ -12,7 +12,6 @@ script, no server, a wait that timed out).
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from maka_core.errors import ConfigError
 from maka_core.facts import canonical_json
+from maka_core.facts.printable import printable
 from maka_core.runtime.contracts import (
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
@@ -31,12 +31,15 @@ from maka_temporal.workers.cli.base import (
     LEDGER_FALLBACK_S,
     WaitLine,
     add_commands,
+    cell,
     console,
     db_option,
     finish,
     json_option,
     print_json,
     run_async,
+    say,
+    say_text,
     settings,
     stdout_is_tty,
     temporal_options,
@@ -303,9 +306,7 @@ async def _after_send(
                 indent=2,
             )
         else:
-            click.echo(
-                f"session {accepted.session_id}: turn {accepted.turn_id} accepted (run {accepted.run_id})"
-            )
+            say(f"session {accepted.session_id}: turn {accepted.turn_id} accepted (run {accepted.run_id})")
         return 0
     with WaitLine() as line:
         st = await sessions.wait(
@@ -322,19 +323,19 @@ async def _after_send(
 def _print_status(st: Status, *, as_json: bool) -> None:
     """A session's status as ``session status`` prints it (``send --wait`` and ``start --wait`` too)."""
     for note in st.notes:
-        print(note, file=sys.stderr)
+        say(note, err=True)
     if as_json:
         print_json(st.raw, indent=2)
         return
     _print_view(st, state=st.state)
     if st.host is not None:
         host_wait = st.raw["hostWait"]
-        click.echo(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
+        say(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
     for p in st.pending_approvals:
-        click.echo(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
+        say(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
     health = st.raw["ledger"]
     if not health["ok"]:
-        click.echo(f"ledger unusable ({health['code']}): {health['message']}")
+        say(f"ledger unusable ({health['code']}): {health['message']}")
 
 
 def _print_view(view: Any, *, state: str | None = None) -> None:
@@ -343,25 +344,23 @@ def _print_view(view: Any, *, state: str | None = None) -> None:
         f"  park={view.park_reason}" if view.park_reason else ""
     )
     if not stdout_is_tty():  # a pipe or a log: one fact a line
-        click.echo(head)
+        say(head)
         for t in view.turns:
-            click.echo(
-                f"  turn {t.turn_id}  run {t.run_id}  {t.status}"
-                + (f" ({t.park_reason})" if t.park_reason else "")
-            )
+            parked = f" ({t.park_reason})" if t.park_reason else ""
+            say(f"  turn {t.turn_id}  run {t.run_id}  {t.status}{parked}")
         for o in view.operations:
-            click.echo(f"  op {o.operation_id}  {o.tool_name:<10} {o.status:<26} {o.reason}")
+            say(f"  op {o.operation_id}  {printable(o.tool_name):<10} {o.status:<26} {o.reason}")
         return
     out = console()
-    out.print(head)
+    out.print(cell(head))
     turns = Table("turn", "run", "status", "park reason", title="turns", title_justify="left")
     for t in view.turns:
-        turns.add_row(t.turn_id, t.run_id, t.status, t.park_reason or "")
+        turns.add_row(cell(t.turn_id), cell(t.run_id), cell(t.status), cell(t.park_reason))
     out.print(turns)
     if view.operations:
         ops = Table("operation", "tool", "status", "reason", title="tool calls", title_justify="left")
         for o in view.operations:
-            ops.add_row(str(o.operation_id), o.tool_name, o.status, o.reason)
+            ops.add_row(cell(o.operation_id), cell(o.tool_name), cell(o.status), cell(o.reason))
         out.print(ops)
 
 
@@ -387,15 +386,6 @@ def cmd_status(
     finish(run_async(main()))
 
 
-#: C0/C1 controls (but newline and tab), DEL, and the bidi overrides/isolates that reorder text.
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _printable(text: str) -> str:
-    """A transcript line safe for a terminal: escape sequences and controls shown, not obeyed."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
 @click.command("show")
 @db_option
 @click.argument("session_id", metavar="SESSION")
@@ -413,8 +403,11 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_i
     """The transcript, from the ledger."""
     if follow:
         def write(line: str) -> None:
-            sys.stdout.write((line if as_json else _printable(line)) + "\n")
-            sys.stdout.flush()
+            if as_json:  # each event's canonical text, as the ledger holds it
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            else:
+                say_text(line)
 
         async def follow_lines() -> None:
             sessions = SessionClient(None, ledger=settings(db=db).ledger)
@@ -430,7 +423,8 @@ def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_i
         for event in shown.events:  # each event's canonical text, as the ledger holds it
             sys.stdout.write(canonical_json.dumps(event) + "\n")
     else:
-        click.echo("\n".join(_printable(line) for line in shown.lines))
+        for line in shown.lines:
+            say_text(line)
 
 
 @click.command("resolve")
@@ -465,7 +459,7 @@ def cmd_resolve(
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
     else:
-        click.echo(
+        say(
             f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
             f"(answers {recorded['parkedEventId']}); now `maka resume {session_id}`"
         )
@@ -515,7 +509,7 @@ def cmd_raise_limit(
         print_json({"ok": True, **raised}, indent=2)
     else:
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
-        click.echo(
+        say(
             f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "
             f"{raised['nextCall']} tokens); now terminate the parked execution "
             f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "

@@ -16,6 +16,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from maka_core.errors import ConfigError, MakaError
+from maka_core.facts.bounds import USER_MESSAGE, check
 from maka_core.facts.session_id import check_session_id
 from maka_core.providers.scripted import ScriptedProvider
 from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec, model_spec, new_session_spec
@@ -54,10 +55,12 @@ MAX_SYSTEM_BYTES = 16 * 1024
 
 
 def check_message(text: str) -> str:
-    """A user message: valid UTF-8 and not blank (``message_invalid``, ``empty_message``)."""
+    """A user message: valid UTF-8 and not blank (``message_invalid``, ``empty_message``), within
+    the ``send_message`` Update's bound (``USER_MESSAGE``: ``message_invalid``)."""
     ensure_utf8(text, "message")
     if not text.strip():
         raise MakaError("empty_message", "the message is empty")
+    check(USER_MESSAGE, text, "message")
     return text
 
 

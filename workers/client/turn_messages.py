@@ -9,7 +9,9 @@ its validator refuses leaves no event in the workflow's history):
 - ``cancel_turn``: ``turn_not_running`` (idle, parked, or the execution closed),
   ``turn_not_cancellable`` (an execution recorded before the Update existed),
   ``turn_not_cancelled`` (recovery parked a call whose end nobody saw);
-- either: ``session_not_found``, ``temporal_unavailable``.
+- either: ``session_not_found``, ``temporal_unavailable``; ``input_invalid`` for a ``by``,
+  ``reason``, id or phrase out of its bound (``maka_core.facts.bounds``), refused here before
+  anything is sent, and by the validator for any other client.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
+from temporalio.exceptions import ApplicationError
+
 from maka_core.errors import MakaError
+from maka_core.facts.bounds import INPUT_INVALID, check_fields
 from maka_temporal.workers.client.session_client import describe_execution, update_error
 from maka_temporal.workflows.contracts import (
     APPROVE,
@@ -28,30 +33,30 @@ from maka_temporal.workflows.contracts import (
     CancelTurn,
     Deny,
     TurnCancelled,
+    UpdateInput,
     workflow_id_for,
 )
 
 __all__ = ["answer_if_running", "approve", "cancel_turn", "deny"]
 
 R = TypeVar("R")
+U = TypeVar("U", bound=UpdateInput)
 
 
 async def approve(
     client: Any, session_id: str, approval_id: str, *, phrase: str, by: str | None = None
 ) -> AnswerResult:
     """Approve the request the session's running turn waits on (the ``approve`` Update)."""
-    return await _update(
-        client, session_id, APPROVE, Approve(approval_id=approval_id, phrase=phrase, by=by), AnswerResult
-    )
+    inp = _input(Approve, approval_id=approval_id, phrase=phrase, by=by)
+    return await _update(client, session_id, APPROVE, inp, AnswerResult)
 
 
 async def deny(
     client: Any, session_id: str, approval_id: str, *, by: str | None = None, reason: str | None = None
 ) -> AnswerResult:
     """Deny the request the session's running turn waits on (the ``deny`` Update)."""
-    return await _update(
-        client, session_id, DENY, Deny(approval_id=approval_id, by=by, reason=reason), AnswerResult
-    )
+    inp = _input(Deny, approval_id=approval_id, by=by, reason=reason)
+    return await _update(client, session_id, DENY, inp, AnswerResult)
 
 
 async def answer_if_running(
@@ -95,7 +100,20 @@ async def cancel_turn(
             f"session {session_id} has no running execution ({execution.status})",
             sessionId=session_id,
         )
-    return await _update(client, session_id, CANCEL_TURN, CancelTurn(reason=reason, by=by), TurnCancelled)
+    inp = _input(CancelTurn, reason=reason, by=by)
+    return await _update(client, session_id, CANCEL_TURN, inp, TurnCancelled)
+
+
+def _input(model: type[U], **fields: Any) -> U:
+    """The Update's input, within the validator's bounds, checked here first: a value no JSON can
+    carry (a lone surrogate from an argument that was not UTF-8) or of the wrong type is refused
+    with the validator's code (``input_invalid``), not a converter's error."""
+    try:
+        inp = model(**fields)
+    except ApplicationError as exc:  # ``UpdateInput``: a value that does not decode as the model
+        raise MakaError(exc.type or INPUT_INVALID, exc.message) from None
+    check_fields(inp)
+    return inp
 
 
 async def _update(client: Any, session_id: str, name: str, arg: Any, result_type: type[R]) -> R:

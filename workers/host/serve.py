@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.worker import Worker
 
 from maka_core.errors import MakaError
+from maka_core.facts.printable import printable
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
@@ -77,7 +78,9 @@ async def serve(
     out = out or sys.stderr
 
     def announce(event: str, text: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}) if json_events else f"maka worker: {text}"
+        # A server's, a tool's or a model's string in a line (an MCP server's log, a tool name) is
+        # shown escaped (``printable``): one event, one line. JSON lines are ASCII (``json.dumps``).
+        line = json.dumps({"event": event, **fields}) if json_events else printable(f"maka worker: {text}")
         print(line, file=out, flush=True)
 
     def lifecycle(event: str, **fields: Any) -> None:

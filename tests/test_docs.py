@@ -260,7 +260,8 @@ def test_the_library_example_runs(temporal_server: Any, tmp_path: Path, library_
     try:
         env = _env(temporal_server, library_home, OPENAI_BASE_URL=vendor.url, OPENAI_API_KEY="sk-docs")
         (tmp_path / "proj").mkdir()
-        call = {"id": "c1", "type": "function", "function": {"name": "word_count", "arguments": '{"text": "to be or not"}'}}
+        args = json.dumps({"text": "to be or not"})
+        call = {"id": "c1", "type": "function", "function": {"name": "word_count", "arguments": args}}
         vendor.reply(200, completion({"content": None, "tool_calls": [call]}, "tool_calls"))
         vendor.reply(200, completion({"content": "Four words."}))
         out = _run_program(source, tmp_path, env)

@@ -3,7 +3,7 @@
 ``word_count`` only reads its argument, so it declares ``guarantee="read-only"``: after a crash
 between its dispatch and its outcome, recovery may simply run it again (a tool that declares
 nothing is ``at-most-once``, never run twice). A tool that changes the world declares its
-``guarantee=`` (see the README's "Your own tools").
+``guarantee=`` (see ``docs/tools/own-tools.md``).
 """
 
 from __future__ import annotations

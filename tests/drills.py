@@ -44,7 +44,8 @@ from maka_temporal.workflows.contracts import (
     TurnAccepted,
     workflow_id_for,
 )
-from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
+from maka_temporal.workflows.session import SessionWorkflow
+from maka_temporal.workflows.session_policy import initial_search_attributes
 from tests.pg_support import fresh_pg_schema
 from tests.temporal_support import WorkerProcess, start
 

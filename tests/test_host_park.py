@@ -30,7 +30,7 @@ from maka_core.runtime.session_view import session_view
 from maka_core.settings import load_settings
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workflows.contracts import SessionInput, host_queue
-from maka_temporal.workflows.session import HOST_UNAVAILABLE, host_away
+from maka_temporal.workflows.session_policy import HOST_UNAVAILABLE, host_away
 
 IDS = RunIds(session_id="s1", turn_id="t1", run_id="r1", invocation_id="i1")
 

@@ -20,7 +20,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus, workflow_id_for
-from maka_temporal.workflows.session import LOCAL_TOOLS_PATCH, SessionWorkflow
+from maka_temporal.workflows.session import SessionWorkflow
+from maka_temporal.workflows.session_policy import LOCAL_TOOLS_PATCH
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]

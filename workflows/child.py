@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         workflow_id_for,
     )
-    from maka_temporal.workflows.session import initial_search_attributes
+    from maka_temporal.workflows.session_policy import initial_search_attributes
 
 __all__ = ["SessionResult", "run_session"]
 

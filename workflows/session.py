@@ -22,23 +22,9 @@ workflow-task timeout finds the committed output and never calls the provider ag
 calls are fine (the SDK heartbeats the workflow task; a riding step heartbeats its tool activity);
 a tool is a local activity only in a hybrid session (below).
 
-Hybrid tool calls (``SessionConfig.tool_mode == "hybrid"``, ``LOCAL_TOOLS_PATCH``): a bounded
-call's first dispatch (``CallRef.bounded``, ``runtime.local_calls``) is the local activity
-``maka.execute_tool_local`` with the id ``lt:<operationId>``; a deferral (``off_host``, ``stopping``,
-``busy``, ``approval``) falls through to the regular dispatch below, a failure to recovery. Every
-``LOCAL_CHAIN_BOUND`` local activities a 1 ms timer completes the workflow task.
-
-Host affinity: a session pinned to a workspace host (``SessionConfig.host``) sends every tool and
-recovery activity to that host's queue (``host_queue``), with ``schedule_to_start_timeout`` = its
-host wait; the ledger-only activities and a turn's first model step stay on the shared queue (a
-step may run on any host: one that rides with a tool runs on the tool's host). Nothing ever sends a
-tool elsewhere: when the host does not start one within the wait (a ``SCHEDULE_TO_START`` timeout,
-which Temporal does not retry), the turn waits in this execution, parked with
-``workspace_host_unavailable`` (recorded on the run's header first), until ``maka resume`` sends
-``resume_host``; recovery then classifies the call on the same host. Routing tools off
-the workflow's queue gives up eager activity dispatch for them (``benchmarks/temporal_bench.py
---routing host shared`` measures it); a session without a host keeps its tools on the workflow's
-queue, with the same commands as before.
+Dispatch (model steps, tool calls, recovery, the approval wait, hybrid calls and the workspace
+host) is ``session_calls.CallDispatch``; the fixed choices (retry policies, timeouts, patches)
+``session_policy``.
 
 Approvals and cancel (``TURN_MESSAGES_PATCH``): a call whose policy asks for confirmation comes
 back ``awaiting_approval`` from its tool activity (the request committed, nothing run); the turn
@@ -62,21 +48,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
-from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from maka_core.runtime.contracts import LOCAL_TOOL_ID_PREFIX
     from maka_core.runtime.local_calls import (
         ASKED_CANCELS,
-        LOCAL_CHAIN_BOUND,
-        LOCAL_TOOL_TIMEOUT_S,
-        OFF_HOST_LIMIT,
     )
     from maka_temporal.workflows.contracts import (
         ANSWER_APPROVAL,
@@ -84,20 +63,11 @@ with workflow.unsafe.imports_passed_through():
         BEGIN_CONTINUATION,
         BEGIN_RUN,
         CANCEL_TURN,
-        CLOSE_APPROVAL,
         DENY,
-        EXECUTE_TOOL,
-        EXECUTE_TOOL_LOCAL,
         FINISH_RUN,
-        HOST_PARK,
         LEDGER_CHAIN_BROKEN,
-        MODEL_STEP,
-        RECOVER_OPERATION,
         RESUME_HOST,
         RESUME_REQUIRED,
-        SA_PARK_REASON,
-        SA_SESSION_ID,
-        SA_STATE,
         SEND_MESSAGE,
         SESSION_WORKFLOW,
         STATUS_QUERY,
@@ -111,111 +81,41 @@ with workflow.unsafe.imports_passed_through():
         BeginContinuationInput,
         BeginRunInput,
         BeginRunResult,
-        CallRef,
         CancelTurn,
-        CloseApprovalInput,
         Deny,
         FinishRunInput,
         FinishRunResult,
-        HostParkInput,
         InFlightTurn,
-        LocalToolInput,
-        LocalToolResult,
-        ModelStepInput,
         ModelStepResult,
-        NextStep,
-        ParkReason,
-        RecoverInput,
-        RecoverResult,
         RunIds,
         SendMessage,
         SessionInput,
         SessionState,
         SessionStatus,
-        ToolInput,
         ToolOutcome,
         ToolSettings,
         TurnAccepted,
         TurnCancelled,
         TurnStatus,
         WaitSettled,
-        host_queue,
+    )
+    from maka_temporal.workflows.session_calls import CallDispatch
+    from maka_temporal.workflows.session_policy import (
+        HOST_UNAVAILABLE,
+        LEDGER_RETRY,
+        LEDGER_TIMEOUT,
+        LOCAL_TOOLS_PATCH,
+        TURN_MESSAGES_PATCH,
+        Cancelled,
+        HandOff,
+        Park,
+        describe,
+        now_ms,
     )
     from maka_temporal.workflows.validation import check_answer, check_bounds, refuse
-    from maka_temporal.workflows.worker_stop import local_step
-
-SESSION_ID_KEY = SearchAttributeKey.for_keyword(SA_SESSION_ID)
-STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
-PARK_REASON_KEY = SearchAttributeKey.for_keyword(SA_PARK_REASON)
-
-#: Ledger-only activities (begin/finish run): idempotent by deterministic event ids, so retry freely.
-LEDGER_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
-)
-#: Model steps: bounded; the provider client's own retries are off, so this is the only retry layer.
-MODEL_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=5
-)
-#: Side-effect tools run at most once per dispatch; read-only tools may retry a little.
-SIDE_EFFECT_RETRY = RetryPolicy(maximum_attempts=1)
-READ_ONLY_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3)
-#: Recovery is ledger work plus a read of the target: retryable, bounded, with backoff.
-RECOVERY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=6
-)
-#: Ledger-only activities take milliseconds; a short start-to-close is how Temporal notices that the
-#: worker running one died (they do not heartbeat), and a retry is an exact, idempotent retry.
-LEDGER_TIMEOUT = timedelta(seconds=10)
-#: A call the Resolver proves never dispatched may be dispatched again, a bounded number of times.
-MAX_DISPATCHES = 3
-#: The park of a session whose workspace host did not start its work within the host wait.
-HOST_UNAVAILABLE: ParkReason = "workspace_host_unavailable"
-#: Executions that began with this patch hold a call's approval wait themselves (a condition and a
-#: timer at ``expiresAt``, answered by the ``approve``/``deny`` Updates) and run each turn as a task
-#: that ``cancel_turn`` can cancel. Recorded before it, an execution waits inside the tool activity
-#: and its turns cannot be cancelled (``turn_not_cancellable``): its history replays unchanged.
-TURN_MESSAGES_PATCH = "maka-turn-messages-1"
-#: Executions of a ``tool_mode="hybrid"`` session that began with this patch run a bounded call's
-#: first dispatch as a local activity (``runtime.local_calls``). Asked only when the session's
-#: config says ``hybrid``, so no history recorded before it (none says so) changes.
-LOCAL_TOOLS_PATCH = "maka-local-tools-1"
-
-
-def host_away(err: BaseException) -> bool:
-    """True when an activity failed because no worker of its queue started it within its
-    schedule-to-start bound: on a host queue, the host is away. Temporal never retries that
-    timeout, and nothing ran (the attempt never started), so the session parks and waits for the
-    host; any other failure goes to recovery as before."""
-    cause = err.cause if isinstance(err, ActivityError) else None
-    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
-
-
-def initial_search_attributes(session_id: str) -> TypedSearchAttributes:
-    """Search attributes a new session workflow starts with."""
-    return TypedSearchAttributes(
-        [SearchAttributePair(SESSION_ID_KEY, session_id), SearchAttributePair(STATE_KEY, "idle")]
-    )
-
-
-class _HandOff(Exception):
-    """Internal: the turn's run belongs to another execution; close and leave it to a resume."""
-
-
-class _Cancelled(Exception):
-    """Internal: ``cancel_turn`` stopped the turn; the run ends ``cancelled``."""
-
-
-class _Park(Exception):
-    """Internal: the turn parks on an operation (never leaves this module)."""
-
-    def __init__(self, reason: ParkReason, operation_id: str | None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.operation_id = operation_id
-
 
 @workflow.defn(name=SESSION_WORKFLOW)
-class SessionWorkflow:
+class SessionWorkflow(CallDispatch):
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
@@ -358,7 +258,7 @@ class SessionWorkflow:
             answered=self._answered,
             answering=self._answering,
             undecided=self._dispatching or (not self._messages and self._current is not None),
-            now_ms=_now_ms(),
+            now_ms=now_ms(),
         )
 
     def _check_bounds(self, inp: object) -> None:
@@ -494,7 +394,7 @@ class SessionWorkflow:
             # A new execution made by ``maka resume``: its first turn is the claimed continuation.
             try:
                 await self._run_turn(inp.continuation, None, 0, None)
-            except _HandOff:
+            except HandOff:
                 return await self._hand_off()
         if self._carried is not None:
             carried = self._carried
@@ -508,7 +408,7 @@ class SessionWorkflow:
                 ids, text = self._pending
                 try:
                     await self._run_turn(ids, text, 0, None)
-                except _HandOff:
+                except HandOff:
                     return await self._hand_off()
                 if inp.close_after_turn:
                     return await self._close()
@@ -585,23 +485,23 @@ class SessionWorkflow:
                 # A row of the session was edited behind the writers: park before anything acts on
                 # it. Raised only since issue 23, so no recorded history takes this branch.
                 if isinstance(err.cause, ApplicationError) and err.cause.type == LEDGER_CHAIN_BROKEN:
-                    raise _Park("ledger_chain_broken", None) from None
+                    raise Park("ledger_chain_broken", None) from None
                 raise
             await self._turn(ids, step, settings)
-        except _Cancelled:
+        except Cancelled:
             await self._end_cancelled(ids)
-        except _Park as park:
+        except Park as park:
             await self._finish(ids, "failed", park_reason=park.reason, parked_operation_id=park.operation_id)
             self._set_state("parked", park.reason, park.operation_id)
         except ActivityError as err:
             if isinstance(err.cause, ApplicationError) and err.cause.type == RESUME_REQUIRED:
-                raise _HandOff() from None
-            await self._finish(ids, "failed", error=_describe(err))
+                raise HandOff() from None
+            await self._finish(ids, "failed", error=describe(err))
             self._set_state("failed", None, None)
         except (ApplicationError, TemporalTimeoutError) as err:
             # A local activity's failure arrives unwrapped (its ApplicationError or TimeoutError),
             # a regular activity's as ActivityError: either way the run fails, not the workflow.
-            await self._finish(ids, "failed", error=_describe(err))
+            await self._finish(ids, "failed", error=describe(err))
             self._set_state("failed", None, None)
         else:
             await self._finish(ids, "completed")
@@ -622,11 +522,11 @@ class SessionWorkflow:
         self._turn_task = asyncio.create_task(self._loop(ids, step, settings))
         try:
             await self._turn_task
-        except (_Park, _HandOff):
+        except (Park, HandOff):
             raise
         except asyncio.CancelledError:
             if self._cancel is not None:
-                raise _Cancelled() from None
+                raise Cancelled() from None
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the workflow itself is cancelled
@@ -638,11 +538,11 @@ class SessionWorkflow:
         except (ActivityError, ApplicationError, TemporalTimeoutError):
             if self._cancel is None:
                 raise
-            raise _Cancelled() from None
+            raise Cancelled() from None
         finally:
             self._turn_task = None
         if self._cancel is not None:
-            raise _Cancelled()
+            raise Cancelled()
 
     async def _end_cancelled(self, ids: RunIds) -> None:
         cancel = self._cancel
@@ -683,7 +583,7 @@ class SessionWorkflow:
             BeginRunInput(
                 ids=ids,
                 text=text,
-                ts=_now_ms(),
+                ts=now_ms(),
                 workflow_id=info.workflow_id,
                 workflow_run_id=info.run_id,
                 task_queue=self._inp.task_queue,
@@ -702,7 +602,7 @@ class SessionWorkflow:
         carried: ModelStepResult | None = None
         while True:
             if step >= self._inp.config.max_steps_per_turn:
-                raise _Park("max_steps_exceeded", None)
+                raise Park("max_steps_exceeded", None)
             if carried is None:
                 try:
                     carried = await self._model_step(self._step_input(ids, step, after_tools))
@@ -711,10 +611,10 @@ class SessionWorkflow:
                     # issue 20, so no recorded history takes this branch.
                     cause = err.cause if isinstance(err, ActivityError) else err
                     if isinstance(cause, ApplicationError) and cause.type == USAGE_LIMIT_REACHED:
-                        raise _Park("usage_limit_reached", None) from None
+                        raise Park("usage_limit_reached", None) from None
                     # Raised only since tool sets (a session without one never raises it).
                     if isinstance(cause, ApplicationError) and cause.type == TOOL_SET_UNAVAILABLE:
-                        raise _Park("tool_set_unavailable", None) from None
+                        raise Park("tool_set_unavailable", None) from None
                     raise
             output, carried = carried, None
             if output.final:
@@ -726,7 +626,7 @@ class SessionWorkflow:
                 if isinstance(result, ToolOutcome) and result.cancelled:
                     self._cancelled_operations.append(result.operation_id)
                 if self._cancel is not None:
-                    raise _Cancelled()  # a tool that ended as the cancel arrived: nothing follows it
+                    raise Cancelled()  # a tool that ended as the cancel arrived: nothing follows it
                 if last and isinstance(result, ToolOutcome):
                     carried = result.next_step
             step += 1
@@ -739,315 +639,6 @@ class SessionWorkflow:
                 # A very long tool loop: carry the turn into a fresh history at a step boundary. A
                 # step that rode with the last call is committed: the next execution finds it.
                 await self._continue_as_new(InFlightTurn(ids=ids, next_step=step, settings=settings))
-
-    def _step_input(self, ids: RunIds, step: int, after_tools: bool) -> ModelStepInput:
-        return ModelStepInput(
-            ids=ids,
-            step=step,
-            workspace=self._inp.workspace,
-            provider=self._inp.config.provider,
-            after_tools=after_tools,
-            tool_set=self._inp.config.tool_set,
-        )
-
-    def _ride(self, step: int) -> NextStep | None:
-        """The model step to run in the tool activity of a step's last call, or ``None``: not in
-        ``with_tool`` mode, or the turn parks before that step (``max_steps_exceeded``)."""
-        if self._inp.config.model_step_mode != "with_tool" or step >= self._inp.config.max_steps_per_turn:
-            return None
-        return NextStep(step=step, provider=self._inp.config.provider)
-
-    def _step_timeout(self) -> timedelta:
-        # The session's own (``--step-timeout``); a history recorded before it existed decodes
-        # with the 120 s it was always given, so its commands are unchanged.
-        return timedelta(seconds=self._inp.config.model_step_timeout_s)
-
-    async def _model_step(self, inp: ModelStepInput) -> ModelStepResult:
-        if self._inp.config.model_step_mode != "activity":
-            # Local: one server round trip less and no input in history. Safe because the step is
-            # idempotent through the ledger (a re-run returns the committed output).
-            await self._bound_local_chain()
-            step = workflow.execute_local_activity(
-                MODEL_STEP,
-                inp,
-                result_type=ModelStepResult,
-                start_to_close_timeout=self._step_timeout(),
-                retry_policy=MODEL_RETRY,
-            )
-            local: ModelStepResult = await local_step(step)  # a stopping worker gives the task up
-            return local
-        remote: ModelStepResult = await workflow.execute_activity(
-            MODEL_STEP,
-            inp,
-            result_type=ModelStepResult,
-            start_to_close_timeout=self._step_timeout(),
-            retry_policy=MODEL_RETRY,
-        )
-        return remote
-
-    async def _tool(
-        self, ids: RunIds, call: CallRef, settings: ToolSettings, next_step: NextStep | None
-    ) -> ToolOutcome | RecoverResult:
-        tool_input = ToolInput(
-            session_id=ids.session_id,
-            run_id=ids.run_id,
-            call=call,
-            workspace=self._inp.workspace,
-            workspace_identity=self._inp.workspace_identity,
-            next_step=next_step,
-            approval_wait="workflow" if self._messages else None,
-            tool_set=self._inp.config.tool_set,
-        )
-        # A cancelled tool is waited for: its T2 (``tool_cancelled``) commits before the run ends.
-        cancellation = (
-            ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
-            if self._messages
-            else ActivityCancellationType.TRY_CANCEL
-        )
-        dispatches = 0
-        if self._local_eligible(call):
-            ran = await self._local_tool(ids, call, settings, tool_input, cancellation)
-            if ran is not None:
-                return ran
-            if self._tried_locally:
-                dispatches = 1  # recovery said it never ran: the regular dispatch is its second
-        while dispatches < MAX_DISPATCHES:
-            dispatches += 1
-            # A cancelled tool activity that completed anyway (``WAIT_CANCELLATION_COMPLETED``
-            # returns its result) consumed the cancel: the turn must not dispatch or wait again.
-            self._raise_if_cancelled(None)
-            try:
-                self._dispatching = True
-                try:
-                    outcome: ToolOutcome = await workflow.execute_activity(
-                        EXECUTE_TOOL,
-                        tool_input,
-                        result_type=ToolOutcome,
-                        task_queue=self._tool_queue(),
-                        schedule_to_start_timeout=self._host_wait(),
-                        start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
-                        heartbeat_timeout=timedelta(seconds=settings.heartbeat_timeout_s),
-                        retry_policy=READ_ONLY_RETRY if call.read_only else SIDE_EFFECT_RETRY,
-                        cancellation_type=cancellation,
-                    )
-                finally:
-                    self._dispatching = False
-                if outcome.status == "awaiting_approval" and outcome.approval is not None:
-                    # Nothing ran: wait here for the answer (or the expiry), then dispatch the
-                    # call again, which acts on what the ledger then holds.
-                    dispatches -= 1
-                    self._raise_if_cancelled(outcome.approval.approval_id)
-                    await self._await_approval(ids, outcome.approval)
-                    continue
-                return outcome
-            except ActivityError as err:
-                if isinstance(err.cause, ApplicationError) and err.cause.type == TOOL_SET_UNAVAILABLE:
-                    # Refused before T1 (nothing ran, nothing committed); raised only since tool sets.
-                    raise _Park("tool_set_unavailable", call.operation_id) from None
-                if host_away(err):
-                    # The host never started this attempt: not a failed dispatch. Wait for the
-                    # host; an earlier attempt may have died mid-call, so recovery still decides.
-                    dispatches -= 1
-                    if self._cancel is None:
-                        await self._wait_for_host(ids, call)
-                    # else: no wait for the host, but recovery (never cancelled) still decides.
-                # Failed, crashed or timed out: Temporal cannot know whether the effect happened.
-                # Only the ledger can; never re-schedule the tool without asking it.
-                recovered = await self._recover(ids, call, settings)
-                if recovered.status == "completed":
-                    return recovered
-                if recovered.status == "parked":
-                    raise _Park(recovered.park_reason, call.operation_id) from None
-                if self._cancel is not None:
-                    raise _Cancelled() from None  # it never ran, and the turn is cancelled
-                # not_dispatched: no T1, so the tool never ran; dispatching again is safe.
-        raise _Park("dispatch_attempts_exhausted", call.operation_id)
-
-    # --- hybrid tool calls (``runtime.local_calls``) ------------------------------------------
-
-    def _local_eligible(self, call: CallRef) -> bool:
-        """A bounded call of a hybrid execution, unless this execution's workflow task keeps
-        landing off the session's host. Only a call's first dispatch comes here: a redispatch
-        after recovery, and recovery itself, are regular activities."""
-        return self._local and bool(call.bounded) and self._off_host < OFF_HOST_LIMIT
-
-    def _local_input(self, tool_input: ToolInput) -> LocalToolInput:
-        """The local attempt's input: the call and the session's host, which the attempt checks
-        against its worker's before anything else (``off_host``)."""
-        return LocalToolInput(**tool_input.model_dump(), host=self._inp.config.host)
-
-    async def _bound_local_chain(self) -> None:
-        """Every ``LOCAL_CHAIN_BOUND`` local activities, a 1 ms timer first: the workflow task
-        completes, so its markers reach the server and a waiting Query or Update is answered."""
-        if not self._local:
-            return
-        self._local_runs += 1
-        if self._local_runs % LOCAL_CHAIN_BOUND == 0:
-            await workflow.sleep(0.001)
-
-    async def _local_tool(
-        self,
-        ids: RunIds,
-        call: CallRef,
-        settings: ToolSettings,
-        tool_input: ToolInput,
-        cancellation: ActivityCancellationType,
-    ) -> ToolOutcome | RecoverResult | None:
-        """The call's first dispatch as a local activity: its outcome, or ``None`` when it was
-        deferred (nothing ran, nothing of it is in the ledger but an approval request) or recovery
-        found it never ran; the regular path then dispatches it. A failure (a re-run after a crash
-        meeting its T1, a timeout) goes to recovery, on the host queue, as a regular one does."""
-        self._tried_locally = False
-        await self._bound_local_chain()
-        local_input = self._local_input(tool_input)
-        timeout = LOCAL_TOOL_TIMEOUT_S + (self._step_timeout().total_seconds() if tool_input.next_step else 0)
-        self._dispatching = True
-        self._local_call = f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}"
-        try:
-            got: LocalToolResult = await workflow.execute_local_activity(
-                EXECUTE_TOOL_LOCAL,
-                local_input,
-                result_type=LocalToolResult,
-                activity_id=self._local_call,
-                start_to_close_timeout=timedelta(seconds=timeout),
-                retry_policy=SIDE_EFFECT_RETRY,
-                cancellation_type=cancellation,
-            )
-        except (ActivityError, ApplicationError, TemporalTimeoutError):
-            # A local failure arrives unwrapped (an ApplicationError) or as an ActivityError (a
-            # timeout): either way only the ledger knows whether the effect happened.
-            self._dispatching = False
-            self._local_call = None
-            self._tried_locally = True
-            # An abandoned attempt (its timeout) may still be committing its T2: recovery's own
-            # T2 then meets it, and recovery reports the committed outcome (``recovery``).
-            recovered = await self._recover(ids, call, settings)
-            if recovered.status == "completed":
-                return recovered
-            if recovered.status == "parked":
-                raise _Park(recovered.park_reason, call.operation_id) from None
-            if self._cancel is not None:
-                raise _Cancelled() from None
-            return None
-        finally:
-            self._dispatching = False
-            self._local_call = None
-        if got.outcome is not None:
-            self._off_host = 0
-            return got.outcome
-        self._off_host = self._off_host + 1 if got.deferred == "off_host" else 0
-        return None
-
-    def _raise_if_cancelled(self, approval_id: str | None) -> None:
-        if self._cancel is None:
-            return
-        if approval_id is not None:
-            # The run's terminal fact closes the request, as after a cancel during the wait.
-            self._answered.setdefault(approval_id, "expired")
-        raise _Cancelled()
-
-    async def _await_approval(self, ids: RunIds, wait: ApprovalWait) -> None:
-        """Wait for the answer to ``wait`` until its ``expiresAt`` (a timer), holding no thread;
-        at the expiry, close the request unanswered (``maka.close_approval``)."""
-        self._awaiting = wait
-        try:
-            left = wait.expires_at_ms - _now_ms()
-            if left > 0:
-                with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(
-                        lambda: wait.approval_id in self._answered, timeout=timedelta(milliseconds=left)
-                    )
-            # An answer accepted before the timer fired is being committed: the ledger takes one.
-            await workflow.wait_condition(lambda: self._answering is None)
-            if wait.approval_id not in self._answered:
-                await workflow.execute_activity(
-                    CLOSE_APPROVAL,
-                    CloseApprovalInput(session_id=ids.session_id, approval_id=wait.approval_id),
-                    start_to_close_timeout=LEDGER_TIMEOUT,
-                    retry_policy=LEDGER_RETRY,
-                )
-                self._answered[wait.approval_id] = "expired"
-        except asyncio.CancelledError:
-            # ``cancel_turn``: the run's terminal fact closes the request, as the ledger will say.
-            self._answered.setdefault(wait.approval_id, "expired")
-            raise
-        finally:
-            self._awaiting = None
-
-    async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
-        self._recovering = True
-        try:
-            return await self._recover_call(ids, call, settings)
-        finally:
-            self._recovering = False
-
-    async def _recover_call(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
-        while True:
-            try:
-                recovered: RecoverResult = await workflow.execute_activity(
-                    RECOVER_OPERATION,
-                    RecoverInput(
-                        session_id=ids.session_id,
-                        run_id=ids.run_id,
-                        call=call,
-                        workspace=self._inp.workspace,
-                        workspace_identity=self._inp.workspace_identity,
-                    ),
-                    result_type=RecoverResult,
-                    # Recovery reads the workspace: it runs on the session's host, like the tool.
-                    task_queue=self._tool_queue(),
-                    schedule_to_start_timeout=self._host_wait(),
-                    start_to_close_timeout=timedelta(seconds=settings.start_to_close_timeout_s),
-                    # The recover activity heartbeats while it observes or re-reads: a dead worker
-                    # is noticed as fast as in the tool activity itself.
-                    heartbeat_timeout=timedelta(seconds=max(settings.heartbeat_timeout_s, 5.0)),
-                    retry_policy=RECOVERY_RETRY,
-                )
-            except ActivityError as err:
-                if not host_away(err):
-                    raise _Park("recovery_unavailable", call.operation_id) from None
-                await self._wait_for_host(ids, call)
-                continue
-            return recovered
-
-    # --- host affinity ---------------------------------------------------------------------
-
-    def _tool_queue(self) -> str | None:
-        """Where tool and recovery activities go: the session's host queue, so a tool only ever
-        runs where its workspace lives. ``None`` (the workflow's own queue, and the same command
-        bytes as before host affinity) for a session without a host."""
-        return host_queue(self._inp.task_queue, self._inp.config.host) if self._inp.config.host else None
-
-    def _host_wait(self) -> timedelta | None:
-        """The schedule-to-start bound of host-queue activities (``None``: unbounded, as before)."""
-        if not self._inp.config.host or self._inp.config.host_wait_s is None:
-            return None
-        return timedelta(seconds=self._inp.config.host_wait_s)
-
-    async def _wait_for_host(self, ids: RunIds, call: CallRef) -> None:
-        """Park the turn on its host until ``resume_host``; the run stays open.
-
-        The run is not finished (no terminal fact): its turn is whole and goes on where it stopped,
-        on the same host, so no continuation or planner is needed and a call the host never
-        started is dispatched by recovery's word (``not_dispatched``), never guessed. The ledger
-        records the park on the run's header first (``maka.host_park``, a ledger-only activity
-        on the shared queue), then the workflow's state and search attributes say it. Nothing is
-        ever sent to another queue.
-        """
-        await self._host_park(ids, call.operation_id, parked=True)
-        self._set_state("parked", HOST_UNAVAILABLE, call.operation_id)
-        self._host_back = False
-        await workflow.wait_condition(lambda: self._host_back)
-        self._host_back = False
-        await self._host_park(ids, call.operation_id, parked=False)
-
-    async def _host_park(self, ids: RunIds, operation_id: str, *, parked: bool) -> None:
-        await workflow.execute_activity(
-            HOST_PARK,
-            HostParkInput(ids=ids, parked=parked, operation_id=operation_id),
-            start_to_close_timeout=LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
 
     async def _finish(
         self,
@@ -1063,7 +654,7 @@ class SessionWorkflow:
             FinishRunInput(
                 ids=ids,
                 status=status,
-                ts=_now_ms(),
+                ts=now_ms(),
                 park_reason=park_reason,
                 parked_operation_id=parked_operation_id,
                 error=error,
@@ -1074,27 +665,3 @@ class SessionWorkflow:
             retry_policy=LEDGER_RETRY,
         )
         return finished
-
-    def _set_state(self, state: SessionState, reason: str | None, operation_id: str | None) -> None:
-        changed = state != self._state or reason != self._park_reason
-        self._state = state
-        self._park_reason = reason
-        self._parked_operation_id = operation_id
-        if changed:
-            workflow.upsert_search_attributes(
-                [
-                    STATE_KEY.value_set(state),
-                    PARK_REASON_KEY.value_set(reason) if reason else PARK_REASON_KEY.value_unset(),
-                ]
-            )
-
-
-def _now_ms() -> int:
-    return int(workflow.now().timestamp() * 1000)
-
-
-def _describe(err: Exception) -> str:
-    cause = err.cause if isinstance(err, ActivityError) else err
-    if isinstance(cause, ApplicationError):
-        return f"{cause.type or 'ApplicationError'}: {cause.message}"
-    return str(cause or err)

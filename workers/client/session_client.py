@@ -54,7 +54,8 @@ from maka_temporal.workflows.contracts import (
     WaitSettled,
     workflow_id_for,
 )
-from maka_temporal.workflows.session import SessionWorkflow, initial_search_attributes
+from maka_temporal.workflows.session import SessionWorkflow
+from maka_temporal.workflows.session_policy import initial_search_attributes
 
 log = logging.getLogger("maka.wait")
 

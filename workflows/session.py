@@ -60,11 +60,8 @@ with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.contracts import (
         ANSWER_APPROVAL,
         APPROVE,
-        BEGIN_CONTINUATION,
-        BEGIN_RUN,
         CANCEL_TURN,
         DENY,
-        FINISH_RUN,
         LEDGER_CHAIN_BROKEN,
         RESUME_HOST,
         RESUME_REQUIRED,
@@ -78,13 +75,8 @@ with workflow.unsafe.imports_passed_through():
         AnswerResult,
         ApprovalWait,
         Approve,
-        BeginContinuationInput,
-        BeginRunInput,
-        BeginRunResult,
         CancelTurn,
         Deny,
-        FinishRunInput,
-        FinishRunResult,
         InFlightTurn,
         ModelStepResult,
         RunIds,
@@ -96,7 +88,6 @@ with workflow.unsafe.imports_passed_through():
         ToolSettings,
         TurnAccepted,
         TurnCancelled,
-        TurnStatus,
         WaitSettled,
     )
     from maka_temporal.workflows.session_calls import CallDispatch
@@ -113,6 +104,7 @@ with workflow.unsafe.imports_passed_through():
         now_ms,
     )
     from maka_temporal.workflows.validation import check_answer, check_bounds, refuse
+
 
 @workflow.defn(name=SESSION_WORKFLOW)
 class SessionWorkflow(CallDispatch):
@@ -557,46 +549,6 @@ class SessionWorkflow(CallDispatch):
         )
         self._cancel = None
 
-    def _is_continuation(self, ids: RunIds) -> bool:
-        return self._inp.continuation is not None and self._inp.continuation.run_id == ids.run_id
-
-    async def _begin_continuation(self, ids: RunIds) -> ToolSettings:
-        info = workflow.info()
-        result: BeginRunResult = await workflow.execute_activity(
-            BEGIN_CONTINUATION,
-            BeginContinuationInput(
-                ids=ids,
-                workflow_id=info.workflow_id,
-                workflow_run_id=info.run_id,
-                task_queue=self._inp.task_queue,
-            ),
-            result_type=BeginRunResult,
-            start_to_close_timeout=LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
-        return result.tool_settings
-
-    async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
-        info = workflow.info()
-        result: BeginRunResult = await workflow.execute_activity(
-            BEGIN_RUN,
-            BeginRunInput(
-                ids=ids,
-                text=text,
-                ts=now_ms(),
-                workflow_id=info.workflow_id,
-                workflow_run_id=info.run_id,
-                task_queue=self._inp.task_queue,
-                workspace=self._inp.workspace,
-                workspace_identity=self._inp.workspace_identity,
-                config=self._inp.config,
-            ),
-            result_type=BeginRunResult,
-            start_to_close_timeout=LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
-        return result.tool_settings
-
     async def _loop(self, ids: RunIds, step: int, settings: ToolSettings) -> None:
         after_tools = step > 0
         carried: ModelStepResult | None = None
@@ -639,29 +591,3 @@ class SessionWorkflow(CallDispatch):
                 # A very long tool loop: carry the turn into a fresh history at a step boundary. A
                 # step that rode with the last call is committed: the next execution finds it.
                 await self._continue_as_new(InFlightTurn(ids=ids, next_step=step, settings=settings))
-
-    async def _finish(
-        self,
-        ids: RunIds,
-        status: TurnStatus,
-        *,
-        park_reason: str | None = None,
-        parked_operation_id: str | None = None,
-        error: str | None = None,
-    ) -> FinishRunResult:
-        finished: FinishRunResult = await workflow.execute_activity(
-            FINISH_RUN,
-            FinishRunInput(
-                ids=ids,
-                status=status,
-                ts=now_ms(),
-                park_reason=park_reason,
-                parked_operation_id=parked_operation_id,
-                error=error,
-                continuation=self._is_continuation(ids) or None,
-            ),
-            result_type=FinishRunResult,
-            start_to_close_timeout=LEDGER_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
-        )
-        return finished

@@ -1,6 +1,6 @@
-"""How the session workflow dispatches its work: model steps, tool calls and their recovery, the
-approval wait, and the session's workspace host. ``SessionWorkflow`` inherits these; the turn loop
-and the Updates stay in ``session``.
+"""How the session workflow dispatches its work: a run's begin and finish facts, model steps, tool
+calls and their recovery, the approval wait, and the session's workspace host. ``SessionWorkflow``
+inherits these; the turn loop and the Updates stay in ``session``.
 
 A tool activity that fails, crashes or times out is never scheduled again on Temporal's word: only
 the ledger knows whether its effect happened, so ``recover_operation`` decides (completed,
@@ -40,17 +40,25 @@ with workflow.unsafe.imports_passed_through():
     from maka_core.runtime.contracts import LOCAL_TOOL_ID_PREFIX
     from maka_core.runtime.local_calls import LOCAL_CHAIN_BOUND, LOCAL_TOOL_TIMEOUT_S, OFF_HOST_LIMIT
     from maka_temporal.workflows.contracts import (
+        BEGIN_CONTINUATION,
+        BEGIN_RUN,
         CLOSE_APPROVAL,
         EXECUTE_TOOL,
         EXECUTE_TOOL_LOCAL,
+        FINISH_RUN,
         HOST_PARK,
         MODEL_STEP,
         RECOVER_OPERATION,
         TOOL_SET_UNAVAILABLE,
         ApprovalWait,
+        BeginContinuationInput,
+        BeginRunInput,
+        BeginRunResult,
         CallRef,
         CancelTurn,
         CloseApprovalInput,
+        FinishRunInput,
+        FinishRunResult,
         HostParkInput,
         LocalToolInput,
         LocalToolResult,
@@ -65,6 +73,7 @@ with workflow.unsafe.imports_passed_through():
         ToolInput,
         ToolOutcome,
         ToolSettings,
+        TurnStatus,
         host_queue,
     )
     from maka_temporal.workflows.session_policy import (
@@ -433,3 +442,71 @@ class CallDispatch:
                     PARK_REASON_KEY.value_set(reason) if reason else PARK_REASON_KEY.value_unset(),
                 ]
             )
+
+    # --- the run's ledger facts (begin, finish) -----------------------------------------------
+
+    def _is_continuation(self, ids: RunIds) -> bool:
+        return self._inp.continuation is not None and self._inp.continuation.run_id == ids.run_id
+
+    async def _begin_continuation(self, ids: RunIds) -> ToolSettings:
+        info = workflow.info()
+        result: BeginRunResult = await workflow.execute_activity(
+            BEGIN_CONTINUATION,
+            BeginContinuationInput(
+                ids=ids,
+                workflow_id=info.workflow_id,
+                workflow_run_id=info.run_id,
+                task_queue=self._inp.task_queue,
+            ),
+            result_type=BeginRunResult,
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
+        return result.tool_settings
+
+    async def _begin(self, ids: RunIds, text: str) -> ToolSettings:
+        info = workflow.info()
+        result: BeginRunResult = await workflow.execute_activity(
+            BEGIN_RUN,
+            BeginRunInput(
+                ids=ids,
+                text=text,
+                ts=now_ms(),
+                workflow_id=info.workflow_id,
+                workflow_run_id=info.run_id,
+                task_queue=self._inp.task_queue,
+                workspace=self._inp.workspace,
+                workspace_identity=self._inp.workspace_identity,
+                config=self._inp.config,
+            ),
+            result_type=BeginRunResult,
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
+        return result.tool_settings
+
+    async def _finish(
+        self,
+        ids: RunIds,
+        status: TurnStatus,
+        *,
+        park_reason: str | None = None,
+        parked_operation_id: str | None = None,
+        error: str | None = None,
+    ) -> FinishRunResult:
+        finished: FinishRunResult = await workflow.execute_activity(
+            FINISH_RUN,
+            FinishRunInput(
+                ids=ids,
+                status=status,
+                ts=now_ms(),
+                park_reason=park_reason,
+                parked_operation_id=parked_operation_id,
+                error=error,
+                continuation=self._is_continuation(ids) or None,
+            ),
+            result_type=FinishRunResult,
+            start_to_close_timeout=LEDGER_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+        )
+        return finished

@@ -233,7 +233,7 @@ def duplicates(counts: Iterable[int]) -> int:
 # --- waiting -----------------------------------------------------------------------------------------
 
 
-async def ready(worker: WorkerProcess, timeout: float = 60.0) -> None:
+async def ready(worker: WorkerProcess, timeout: float = 120.0) -> None:
     await asyncio.to_thread(worker.wait_ready, timeout)
 
 

@@ -149,7 +149,7 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
         )
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if b"polling task queue" in self.log.read_bytes():

@@ -342,7 +342,7 @@ def _answers(address: str, port: int) -> bool:
         return False
 
 
-def _ready_line(worker: WorkerProcess, timeout: float = 30) -> dict[str, Any]:
+def _ready_line(worker: WorkerProcess, timeout: float = 120) -> dict[str, Any]:
     import json
 
     deadline = time.monotonic() + timeout

@@ -66,7 +66,7 @@ def _events(text: str) -> list[dict[str, Any]]:
     return out
 
 
-async def _until_ready(proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
+async def _until_ready(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
     assert proc.stderr is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

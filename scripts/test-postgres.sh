@@ -18,7 +18,7 @@ start_test_postgres() {
   fi
   if ! "${as_owner[@]}" initdb -D "$dir/data" -A trust -U maka >"$dir/initdb.log" 2>&1 \
     || ! "${as_owner[@]}" pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300" start >/dev/null 2>&1; then
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=800" start >/dev/null 2>&1; then
     echo "scripts/test: could not start a test PostgreSQL; its cases will skip" >&2
     rm -rf "$dir"
     return 0

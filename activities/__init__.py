@@ -46,7 +46,7 @@ from maka_core.providers import ProviderError
 from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, Deferred, DispatchWithoutOutcome
-from maka_core.store.writer import ToolAttempt
+from maka_core.store.results import ToolAttempt
 from maka_core.tools.offer import ToolSetUnavailable
 from maka_temporal.workflows.contracts import (
     ANSWER_APPROVAL,

@@ -28,12 +28,14 @@ from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows,
 from maka_core.ledger.scanner import Transition
 from maka_core.store.chain import chain_digest
 from maka_core.store.crossing import (
+    Crossing,
     check_crossing,
     crossing_identities,
     foreign_terminal,
     read_batch_keys,
     refuse_after_terminal,
 )
+from maka_core.store.hot_sql import KeyFacts
 from maka_core.store.reads import _detail
 from maka_core.store.results import CommitResult, ToolAttempt, row_values
 from maka_core.store.rows import event_columns, row_event
@@ -116,7 +118,7 @@ class CommitPath(ScopeSync):
         if not fresh:
             return CommitResult(False, ids, max(int(r["ledger_seq"]) for r in stored.values()))
         if live:
-            foreign = foreign_terminal(conn, self._mark, scope, fresh, keys)
+            foreign = self._foreign_terminal(conn, scope, fresh, keys)
             refuse_after_terminal(scope.view, [e for e, _ in fresh], foreign)
         t1_call_committed = transition == "t1_prepare" and [e.id for e, _ in fresh] == [batch[-1].id]
         if stored and not (t1_call_committed or partial_retry) and transition != "generic_append":
@@ -130,13 +132,24 @@ class CommitPath(ScopeSync):
         # The admitted batch stays folded in the scanner (no second fold below): if this
         # transaction does not commit, ``_abort`` drops every scope anyway.
         scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
-        check_crossing(conn, self._mark, crossing, keys)
+        self._check_crossing(conn, crossing, keys)
         seq = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
             scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
+
+    # The two cross-session checks stay methods of the store (``store.crossing`` does the work):
+    # a subclass that takes one out is how the negative controls in ``test_ledger_scopes`` show
+    # what each one catches.
+    def _foreign_terminal(
+        self, conn: Connection, scope: SessionScope, fresh: Sequence[tuple[RuntimeEvent, str]], keys: KeyFacts
+    ) -> dict[str, str]:
+        return foreign_terminal(conn, self._mark, scope, fresh, keys)
+
+    def _check_crossing(self, conn: Connection, crossing: Crossing, keys: KeyFacts) -> None:
+        check_crossing(conn, self._mark, crossing, keys)
 
     def _insert_events(
         self,

@@ -24,11 +24,11 @@ the waiting requests (``agent_runs``, ``tool_decisions``): the ledger's records,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from functools import partial
 
-from sqlalchemy import Connection, RowMapping, select
+from sqlalchemy import Connection, RowMapping, func, select
 
 from maka_core.facts import canonical_json
 from maka_core.facts.events import RuntimeEvent
@@ -101,11 +101,12 @@ def _row(
     session_id: str,
     tally: _Tally,
     runs: list[RunHeader],
-    waiting_runs: set[str],
-    events: Any,
+    waiting_runs: Callable[[], set[str]],
+    events: Callable[[], list[tuple[RuntimeEvent, int]]],
 ) -> SessionRow:
-    """A session's row. ``events``: a callable giving its events (read only when the state needs
-    them), ``waiting_runs``: the runs of its requests still awaiting an answer."""
+    """A session's row. Read only when the state needs them: ``events``, the session's events (a
+    latest turn that ended), ``waiting_runs``, the runs of its requests still awaiting an answer
+    (a running one)."""
     last = latest_run(runs)
     ended = (
         last is not None and last.status != "running" and not (last.park_reason or last.status == "parked")
@@ -117,7 +118,7 @@ def _row(
         derived, park_reason = derive_state(runs)
     state: ShownState = derived
     running = {r.run_id for r in runs if r.status == "running"}
-    if state == "running" and waiting_runs & running:
+    if state == "running" and waiting_runs() & running:
         state = "awaiting_approval"
     last_run_at = max((r.updated_at for r in runs), default=0)
     return SessionRow(
@@ -151,7 +152,7 @@ class IndexUpkeep:
     index by ``flush`` inside that transaction (``reset`` when it does not commit)."""
 
     def __init__(self) -> None:
-        self._events: dict[str, list[str]] = {}
+        self._events: dict[str, list[RuntimeEvent]] = {}
         self._sessions: list[str] = []
 
     def reset(self) -> None:
@@ -167,7 +168,7 @@ class IndexUpkeep:
         """These events were inserted in this transaction (ledger order)."""
         for event in events:
             self.touch(event.session_id)
-            self._events.setdefault(event.session_id, []).append(event.id)
+            self._events.setdefault(event.session_id, []).append(event)
 
     def flush(self, conn: Connection) -> None:
         try:
@@ -177,7 +178,7 @@ class IndexUpkeep:
             self.reset()
 
     @staticmethod
-    def _refresh(conn: Connection, session_id: str, new_ids: list[str]) -> None:
+    def _refresh(conn: Connection, session_id: str, new: list[RuntimeEvent]) -> None:
         current = (
             conn.execute(select(session_index).where(session_index.c.session_id == session_id))
             .mappings()
@@ -186,18 +187,29 @@ class IndexUpkeep:
         if current is None:
             # The session's first row (or one a rebuild left out): fold all of its events once.
             tally = _Tally().plus(_session_events(conn, session_id))
+        elif new:
+            # The batch's own events, as admitted (no read-back), at the time the writer stamped.
+            stamp = conn.execute(
+                select(func.max(runtime_events.c.committed_at)).where(
+                    runtime_events.c.event_id.in_([e.id for e in new])
+                )
+            ).scalar_one()
+            tally = _Tally.of_row(current).plus((e, int(stamp)) for e in new)
         else:
-            new = select(runtime_events).where(runtime_events.c.event_id.in_(new_ids))
-            rows = list(conn.execute(new.order_by(runtime_events.c.ledger_seq)).mappings()) if new_ids else []
-            tally = _Tally.of_row(current).plus((row_event(r), int(r["committed_at"])) for r in rows)
+            tally = _Tally.of_row(current)
         runs = [
             header_of(r)
             for r in conn.execute(select(agent_runs).where(agent_runs.c.session_id == session_id)).mappings()
         ]
         if not runs and tally.event_count == 0:
             return  # nothing of the session is in the ledger
-        waiting = _waiting_runs(conn, session_id).get(session_id, set())
-        row = _row(session_id, tally, runs, waiting, lambda: _session_events(conn, session_id))
+        row = _row(
+            session_id,
+            tally,
+            runs,
+            lambda: _waiting_runs(conn, session_id).get(session_id, set()),
+            lambda: _session_events(conn, session_id),
+        )
         values = asdict(row)
         if current is None:
             conn.execute(session_index.insert().values(**values))
@@ -220,9 +232,8 @@ def rebuild_rows(conn: Connection) -> list[SessionRow]:
     out = []
     for sid in sorted(events.keys() | runs.keys()):
         mine = events.get(sid, [])
-        out.append(
-            _row(sid, _Tally().plus(mine), runs.get(sid, []), waiting.get(sid, set()), lambda m=mine: m)
-        )
+        asks = waiting.get(sid, set())
+        out.append(_row(sid, _Tally().plus(mine), runs.get(sid, []), partial(set, asks), partial(list, mine)))
     return out
 
 

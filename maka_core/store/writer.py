@@ -253,7 +253,11 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
 
     def _write(self, write: Callable[[Connection], Any]) -> Any:
         def body(conn: Connection) -> Any:
-            out = write(conn)
+            try:
+                out = write(conn)
+            except BaseException:
+                self._index.reset()  # a group member's savepoint is rolled back: nothing to follow
+                raise
             self._index.flush(conn)  # the session index follows, in the same transaction
             return out
 

@@ -7,11 +7,9 @@ another writer) is refused rather than trusted, because every later decision wou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import RowMapping
 
 from maka_core.errors import CodecError, StoreError
 from maka_core.facts import canonical_json, codec
@@ -124,7 +122,7 @@ def make_prefix(session_id: str, run_id: str, events: Sequence[RuntimeEvent]) ->
     return Prefix(session_id, run_id, tuple(events), len(events), prefix_digest(events))
 
 
-def header_of(row: RowMapping) -> RunHeader:
+def header_of(row: Mapping[Any, Any]) -> RunHeader:
     """An ``agent_runs`` row as its header."""
     values = dict(row)
     if values["continuation_source"] is not None:

@@ -24,11 +24,12 @@ the waiting requests (``agent_runs``, ``tool_decisions``): the ledger's records,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
+from typing import Any
 
-from sqlalchemy import Connection, RowMapping, func, select
+from sqlalchemy import Connection, select
 
 from maka_core.facts import canonical_json
 from maka_core.facts.events import RuntimeEvent
@@ -37,6 +38,8 @@ from maka_core.facts.usage import Usage, add_usage
 from maka_core.ledger.session_state import ShownState, derive_state, latest_run, operations
 from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.session_record import record_of
+from maka_core.store.engine import driver_execute
+from maka_core.store.hot_sql import rows_since
 from maka_core.store.rows import header_of, row_event
 from maka_core.store.schema import agent_runs, runtime_events, session_index, tool_decisions
 
@@ -56,6 +59,10 @@ class SessionRow:
     turns: int
     event_count: int
     usage_json: str | None
+
+
+_FIELDS = tuple(f.name for f in fields(SessionRow))
+_COLUMNS = ", ".join(_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ class _Tally:
         return tally
 
     @classmethod
-    def of_row(cls, row: RowMapping) -> _Tally:
+    def of_row(cls, row: Mapping[str, Any]) -> _Tally:
         usage = canonical_json.loads(row["usage_json"]) if row["usage_json"] is not None else None
         return cls(int(row["last_event_at"]), int(row["event_count"]), usage, row["host"])
 
@@ -179,27 +186,26 @@ class IndexUpkeep:
 
     @staticmethod
     def _refresh(conn: Connection, session_id: str, new: list[RuntimeEvent]) -> None:
-        current = (
-            conn.execute(select(session_index).where(session_index.c.session_id == session_id))
-            .mappings()
-            .first()
+        # The driver's own SQL (``hot_sql``'s reason: this runs in every writer transaction).
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        found = rows_since(
+            conn, f"SELECT {_COLUMNS} FROM session_index WHERE session_id = {mark}", session_id
         )
+        current = found[0] if found else None
         if current is None:
             # The session's first row (or one a rebuild left out): fold all of its events once.
             tally = _Tally().plus(_session_events(conn, session_id))
         elif new:
             # The batch's own events, as admitted (no read-back), at the time the writer stamped.
-            stamp = conn.execute(
-                select(func.max(runtime_events.c.committed_at)).where(
-                    runtime_events.c.event_id.in_([e.id for e in new])
-                )
-            ).scalar_one()
+            marks = ", ".join([mark] * len(new))
+            sql = f"SELECT max(committed_at) FROM runtime_events WHERE event_id IN ({marks})"
+            stamp = driver_execute(conn, sql, tuple(e.id for e in new)).fetchone()[0]
             tally = _Tally.of_row(current).plus((e, int(stamp)) for e in new)
         else:
             tally = _Tally.of_row(current)
         runs = [
             header_of(r)
-            for r in conn.execute(select(agent_runs).where(agent_runs.c.session_id == session_id)).mappings()
+            for r in rows_since(conn, f"SELECT * FROM agent_runs WHERE session_id = {mark}", session_id)
         ]
         if not runs and tally.event_count == 0:
             return  # nothing of the session is in the ledger
@@ -212,11 +218,12 @@ class IndexUpkeep:
         )
         values = asdict(row)
         if current is None:
-            conn.execute(session_index.insert().values(**values))
-        elif {k: current[k] for k in values} != values:
-            conn.execute(
-                session_index.update().where(session_index.c.session_id == session_id).values(**values)
-            )
+            sql = f"INSERT INTO session_index ({_COLUMNS}) VALUES ({', '.join([mark] * len(_FIELDS))})"
+            driver_execute(conn, sql, tuple(values[f] for f in _FIELDS))
+        elif current != values:
+            sets = ", ".join(f"{f} = {mark}" for f in _FIELDS[1:])
+            sql = f"UPDATE session_index SET {sets} WHERE session_id = {mark}"
+            driver_execute(conn, sql, (*(values[f] for f in _FIELDS[1:]), session_id))
 
 
 def rebuild_rows(conn: Connection) -> list[SessionRow]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, select
 
@@ -60,6 +60,8 @@ class SessionRow:
     event_count: int
     usage_json: str | None
 
+
+T = TypeVar("T")
 
 _FIELDS = tuple(f.name for f in fields(SessionRow))
 _COLUMNS = ", ".join(_FIELDS)
@@ -176,6 +178,20 @@ class IndexUpkeep:
         for event in events:
             self.touch(event.session_id)
             self._events.setdefault(event.session_id, []).append(event)
+
+    def following(self, write: Callable[[Connection], T]) -> Callable[[Connection], T]:
+        """``write`` and then the index rows it changed, as one transaction body."""
+
+        def body(conn: Connection) -> T:
+            try:
+                out = write(conn)
+            except BaseException:
+                self.reset()  # rolled back (a group member's savepoint too): nothing to follow
+                raise
+            self.flush(conn)
+            return out
+
+        return body
 
     def flush(self, conn: Connection) -> None:
         try:

@@ -175,8 +175,7 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
         self._corrupt: dict[str, LedgerIssue] = {}
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
-        #: The session index rows this transaction changes (``store.session_index``).
-        self._index = IndexUpkeep()
+        self._index = IndexUpkeep()  # the session index rows a transaction changes
         self._sql = HotSQL.for_engine(engine)
         #: A SQLite file's writers reuse one connection (``engine.KeptConnection``).
         self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
@@ -252,15 +251,7 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
         self._index.touch(session_id)
 
     def _write(self, write: Callable[[Connection], Any]) -> Any:
-        def body(conn: Connection) -> Any:
-            try:
-                out = write(conn)
-            except BaseException:
-                self._index.reset()  # a group member's savepoint is rolled back: nothing to follow
-                raise
-            self._index.flush(conn)  # the session index follows, in the same transaction
-            return out
-
+        body = self._index.following(write)  # the session index follows, in the same transaction
         group = self._group
         if group is not None and group.owned_here():
             return group.member(body, self._abort)

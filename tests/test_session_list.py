@@ -265,9 +265,8 @@ def test_cli_json_contract_order_and_filters(
     assert len(listed("--since", "1h")) == len(every)
     future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     assert listed("--since", future) == []
-    lines = run_maka("session", "list", "--db", str(ledger), env=env)
-    assert lines.returncode == 0, lines.stderr
-    table = lines.stdout.splitlines()
+    assert maka_main(["session", "list", "--db", str(ledger)]) == 0
+    table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:2] == ["SESSION", "STATE"] and len(table) == 1 + len(every)
     assert table[1].split()[:2] == ["cancelled", "idle"]
     assert any(row.split()[:3] == ["parked", "parked", "max_steps_exceeded"] for row in table)
@@ -319,3 +318,21 @@ def test_the_library_call_validates_and_answers_as_the_cli(ledger: Path) -> None
     assert (
         list_query(since="2026-01-01T00:00:00").since_ms == list_query(since="2026-01-01T00:00:00Z").since_ms
     )
+
+
+def test_the_table_shows_recorded_text_inert(
+    tmp_path: Path, workspace: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host recorded with terminal escapes (an imported or old ledger) prints escaped, one line."""
+    db = tmp_path / "hostile.sqlite"
+    store = LedgerStore.open(db)
+    rt = Runtime(store)
+    try:
+        _begin(rt, workspace, _ids("hostile", 1), 1000, host="evil\x1b[2J\nhost\u202e")
+    finally:
+        rt.close()
+        store.close()
+    assert maka_main(["session", "list", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and len(out.splitlines()) == 2, out
+    assert "evil\\x1b[2J\\nhost\\u202e" in out

@@ -75,6 +75,7 @@ from maka_core.store.schema import (
     tool_attempts,
 )
 from maka_core.store.scopes import SessionScope, SessionScopes
+from maka_core.store.session_index import IndexUpkeep, rebuild_index
 from maka_core.store.verification import LedgerVerification
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
@@ -174,6 +175,7 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
         self._corrupt: dict[str, LedgerIssue] = {}
         #: The shared transaction of a group commit, while one is open (``group``).
         self._group: WriteGroup | None = None
+        self._index = IndexUpkeep()  # the session index rows a transaction changes
         self._sql = HotSQL.for_engine(engine)
         #: A SQLite file's writers reuse one connection (``engine.KeptConnection``).
         self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
@@ -213,7 +215,7 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
                 create_private(file)
             engine = make_engine(url)
             try:
-                migrate(engine)
+                migrate(engine, backfill=rebuild_index)
                 return cls(engine, url)
             except BaseException:
                 engine.dispose()
@@ -243,8 +245,13 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
     def _abort(self) -> None:
         self._scopes = None
         self._cursor = 0
+        self._index.reset()
 
-    def _write(self, body: Callable[[Connection], Any]) -> Any:
+    def _touch_session(self, session_id: str) -> None:
+        self._index.touch(session_id)
+
+    def _write(self, write: Callable[[Connection], Any]) -> Any:
+        body = self._index.following(write)  # the session index follows, in the same transaction
         group = self._group
         if group is not None and group.owned_here():
             return group.member(body, self._abort)
@@ -500,6 +507,7 @@ class LedgerStore(ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRe
             scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
+        self._index.saw(new_batch)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
     def _read_keys(

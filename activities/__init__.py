@@ -14,7 +14,7 @@ Error classification (``MakaError`` -> ``ApplicationError``, the only place it h
   write after its run's terminal fact is one (``run_already_terminal``).
 - a cancellation because nobody waits for the attempt any more (its execution is gone, or the server
   timed it out): ``AttemptCancelled``, non-retryable and benign (one debug line, no traceback); its
-  tool was stopped (``runtime.tool_call``) and it committed no T2.
+  tool was stopped (``runtime.cancellation``) and it committed no T2.
 - ``UsageLimitReached`` (type ``UsageLimitReached``): non-retryable; the workflow parks the turn.
 - ``WorkerStopping`` (type ``worker_stopping``): a model step on a stopping worker, nothing
   committed; retryable from a regular activity (Temporal runs it on another worker), not from a
@@ -44,9 +44,11 @@ from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitR
 from maka_core.facts.bounds import InputInvalid
 from maka_core.providers import ProviderError
 from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
+from maka_core.runtime.call_state import CallNotFound, DispatchWithoutOutcome
+from maka_core.runtime.cancellation import AttemptCancelled
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
-from maka_core.runtime.tool_call import AttemptCancelled, CallNotFound, Deferred, DispatchWithoutOutcome
-from maka_core.store.writer import ToolAttempt
+from maka_core.runtime.tool_call import Deferred
+from maka_core.store.results import ToolAttempt
 from maka_core.tools.offer import ToolSetUnavailable
 from maka_temporal.workflows.contracts import (
     ANSWER_APPROVAL,

@@ -23,7 +23,7 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
 from maka_core.store.ledger import Ledger
-from maka_core.store.writer import AttemptArg, CommitResult
+from maka_core.store.results import AttemptArg, CommitResult
 
 AttrValue = str | int | float | bool
 

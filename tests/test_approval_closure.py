@@ -15,7 +15,7 @@ import pytest
 
 from maka_core.errors import LedgerRejection
 from maka_core.facts.events import RuntimeEvent
-from maka_core.runtime import approvals, tool_call, turn
+from maka_core.runtime import approvals, tool_admission, turn
 from maka_core.runtime.approvals import ApprovalRefused
 from maka_core.runtime.contracts import CallRef, FinishRunInput
 from maka_core.runtime.runtime import Runtime
@@ -31,8 +31,8 @@ def open_request(rt: Runtime, ws: Workspace) -> tuple[CallRef, dict[str, Any]]:
     """A call whose permission request is committed and unanswered (its waiter is gone)."""
     with_policy(rt, CONFIRM)
     ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
-    waiting = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(waiting, tool_call.AwaitingApproval)
+    waiting = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(waiting, tool_admission.AwaitingApproval)
     (pending,) = approvals.pending(rt.ledger, "s1")
     return ref, pending
 
@@ -85,7 +85,7 @@ def test_a_repaired_run_closes_its_open_request(rt: Runtime, ws: Workspace) -> N
     # A waiter that outlived its run (a cancelled run's activity) finds the closure and writes
     # nothing after the run's terminal fact.
     with pytest.raises(LedgerRejection) as ended:
-        tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+        tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
     assert ended.value.code == "run_already_terminal"
     assert rt.ledger.events(run_id="r1")[-1].id == result.terminal_event_id
     # Repair again (a second worker at startup): the same terminal fact, nothing more to close.

@@ -19,7 +19,7 @@ from maka_core.facts import canonical_json
 from maka_core.governance import GovernancePolicy, parse_policy, verify_receipts
 from maka_core.governance.policy_file import Identity, Principal
 from maka_core.policy import Policy
-from maka_core.runtime import approvals, recovery, tool_call, turn
+from maka_core.runtime import approvals, recovery, tool_admission, tool_call, turn
 from maka_core.runtime.approvals import ApprovalRefused
 from maka_core.runtime.contracts import CallRef, FinishRunInput
 from maka_core.runtime.governed import SessionGovernance, decision_record, judge
@@ -447,8 +447,9 @@ def test_an_operation_settled_by_recovery_gets_its_receipt_in_the_bundle(
     rt: Runtime, ws: Workspace, found: str | None, status: str
 ) -> None:
     ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 with its decision, then a crash
-    assert isinstance(admitted, tool_call.Dispatched) and admitted.decision is not None
+    # T1 with its decision, then a crash
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.Dispatched) and admitted.decision is not None
     if found is not None:  # "x": the effect ran; "y": an outside write; None: still absent
         (ws.root / "a.txt").write_text(found)
     result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
@@ -465,9 +466,10 @@ def test_an_operation_settled_by_recovery_gets_its_receipt_in_the_bundle(
 def test_a_waiting_call_resumes_its_one_request(rt: Runtime, ws: Workspace) -> None:
     with_policy(rt, CONFIRM)
     ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(admitted, tool_call.AwaitingApproval)
-    assert tool_call._admit(rt, tool_input(ws, ref), ATTEMPT) == admitted  # the same request, resumed
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.AwaitingApproval)
+    # the same request, resumed
+    assert tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT) == admitted
     (request,) = [e for e in rt.ledger.events(run_id="r1") if e.actions and e.actions.permission_request]
     assert request.actions is not None and request.actions.permission_request is not None
     assert request.actions.permission_request["requestId"] == admitted.approval_id

@@ -32,7 +32,7 @@ import pytest
 from maka_core import failpoints
 from maka_core.errors import AttemptSuperseded
 from maka_core.governance import parse_policy
-from maka_core.runtime import recovery, tool_call
+from maka_core.runtime import cancellation, recovery, tool_admission, tool_effect
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
@@ -163,20 +163,20 @@ def test_a_late_original_after_its_redo_never_overwrites_a_later_write(
     target.write_text(BEFORE)
     ref = one_call(rt, ws, "write_file", CALLS["write_file"])
     # T1 as the original attempt commits it; then it stalls (frozen past its heartbeat timeout).
-    original = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(original, tool_call.Dispatched)
+    original = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(original, tool_admission.Dispatched)
     redone = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
     assert redone.status == "completed" and target.read_text() == AFTER
     target.write_text("port=5000\n")  # the session's next write
     if tool is UnguardedOriginal:
-        late = tool_call._run_effect(original, ref, tool_call.Cancellation())  # the original wakes up
-        assert isinstance(late, tool_call.Ran)
+        late = tool_effect.run_effect(original, ref, cancellation.Cancellation())  # the original wakes up
+        assert isinstance(late, tool_effect.Ran)
         assert target.read_text() == AFTER  # the later write is lost under the late original's
         return
     # The original wakes up: recovery took its call over (the fence), so it writes nothing and
     # has no result to commit (the model saw the redone outcome only).
     with pytest.raises(AttemptSuperseded):
-        tool_call._run_effect(original, ref, tool_call.Cancellation())
+        tool_effect.run_effect(original, ref, cancellation.Cancellation())
     assert target.read_text() == "port=5000\n" and leftovers(ws) == []
     assert op_status(rt, ref) == ("completed", "recovery_bundle_completed")
 

@@ -269,7 +269,7 @@ def test_an_answer_the_sdk_refuses_is_mcp_response_invalid_and_redacted(tmp_path
 def test_recovery_of_a_keyed_mcp_call_whose_server_is_down_commits_no_outcome(tmp_path: Path) -> None:
     """The whole path: T1 and the effect, a crash before T2, the server gone when recovery re-runs
     the call. No ``mcp_server_unavailable`` commits as the call's outcome (its effect happened)."""
-    from maka_core.runtime import recovery, tool_call
+    from maka_core.runtime import recovery, tool_admission
     from maka_core.runtime.runtime import Runtime
     from maka_core.store.writer import LedgerStore
     from maka_core.tools.registry import default_tools
@@ -285,8 +285,8 @@ def test_recovery_of_a_keyed_mcp_call_whose_server_is_down_commits_no_outcome(tm
     ws = Workspace.open(tmp_path / "ws")
     try:
         ref = one_call(rt, ws, "mcp__counter__put", {"key": "a", "value": "1"})
-        admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-        assert isinstance(admitted, tool_call.Dispatched), admitted
+        admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+        assert isinstance(admitted, tool_admission.Dispatched), admitted
         admitted.tool.run(admitted.args, admitted.ws, lambda: None)  # the effect; its outcome is lost
         with pytest.raises(McpOutcomeUnknown):
             servers.call("counter", "die", {}, idempotency_key="k0")

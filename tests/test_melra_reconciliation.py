@@ -17,7 +17,7 @@ import pytest
 
 from maka_core.facts import canonical_json
 from maka_core.governance import verify_receipts
-from maka_core.runtime import melra, recovery, tool_call
+from maka_core.runtime import melra, recovery, tool_admission
 from maka_core.runtime.contracts import CallRef, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Runtime, no_heartbeat
 from maka_core.workspace import Workspace
@@ -35,8 +35,8 @@ def interrupted(s: Session, ws: Workspace, reconciliation: list[dict[str, Any]])
     planned = s.plan(WRITE, requiredEvidence=EVIDENCE, reconciliation=reconciliation)
     assert planned["executionGuarantee"] == "reconciliation-required", planned
     ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
-    admitted = tool_call._admit(s.rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(admitted, tool_call.Dispatched)
+    admitted = tool_admission.admit_call(s.rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.Dispatched)
     return planned["taskId"], ref, admitted
 
 
@@ -141,7 +141,7 @@ def test_without_reconciliation_the_task_still_parks_at_most_once(rt: Runtime, w
     planned = s.plan(WRITE, requiredEvidence=EVIDENCE)
     assert planned["executionGuarantee"] == "at-most-once"
     ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
     land_effect(admitted, ws)
     parked = recover(rt, recover_input(ws, ref))
     assert (parked.status, parked.reason) == ("parked", "dispatch_without_response")

@@ -15,7 +15,7 @@ from typing import Any
 from maka_core.facts import canonical_json
 from maka_core.governance import verify_receipts
 from maka_core.governance.tasks import executions_from, task_id_for, task_status
-from maka_core.runtime import approvals, recovery, tool_call, turn
+from maka_core.runtime import approvals, recovery, tool_admission, tool_call, turn
 from maka_core.runtime.contracts import CallRef, FinishRunInput
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.schema import SCHEMA_VERSION
@@ -270,8 +270,9 @@ def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, 
     s = Session(rt, ws)
     planned = s.plan(WRITE)
     ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 and its decision; then the crash
-    assert isinstance(admitted, tool_call.Dispatched)
+    # T1 and its decision; then the crash
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.Dispatched)
     parked = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
     assert (parked.status, parked.reason) == ("parked", "dispatch_without_response")
     assert not (ws.root / "out.txt").exists()  # at-most-once: the write is not repeated by recovery
@@ -281,7 +282,8 @@ def test_an_execute_interrupted_after_t1_is_parked_never_run_again(rt: Runtime, 
     (ws.root / "r.txt").write_text("r")
     read = s.plan({"kind": "file", "action": "read", "path": "r.txt"})
     read_ref = s.ask("melra_execute", {"taskId": read["taskId"]})
-    assert isinstance(tool_call._admit(rt, tool_input(ws, read_ref), ATTEMPT), tool_call.Dispatched)
+    read = tool_admission.admit_call(rt, tool_input(ws, read_ref), ATTEMPT)
+    assert isinstance(read, tool_admission.Dispatched)
     reread = run(recovery.recover_operation(rt, recover_input(ws, read_ref), ATTEMPT))
     assert (reread.status, reread.reason) == ("completed", "replay_safe_reread")
     assert result_of(rt, reread.response_event_id)["status"] == "verified_success"

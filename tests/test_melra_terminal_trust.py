@@ -30,7 +30,7 @@ from maka_core.governance.classify import classify_operation
 from maka_core.governance.decision import decide, governed_call
 from maka_core.governance.policy_file import Identity, Principal
 from maka_core.governance.tasks import TaskRequest, plan_task
-from maka_core.runtime import governed, tool_call
+from maka_core.runtime import governed, tool_admission
 from maka_core.runtime.runtime import Runtime
 from maka_core.tools.registry import default_tools
 from maka_core.workspace import Workspace
@@ -94,8 +94,8 @@ def test_an_interrupted_task_running_a_planted_read_parks_and_ran_once(
     planned = s.plan(_run(command, "a.txt"), requiredEvidence=[{"type": "exit_code", "value": 0}])
     assert planned["status"] == "planned", planned
     ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(admitted, tool_call.Dispatched)
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.Dispatched)
     land_effect(admitted, ws)  # the first attempt ran, then the worker died before T2
     settled = recover(rt, recover_input(ws, ref))
     runs = (ws.root / "runs.log").read_text().splitlines() if (ws.root / "runs.log").exists() else []

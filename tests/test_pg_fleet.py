@@ -28,8 +28,8 @@ from sqlalchemy.exc import OperationalError
 from maka_core import failpoints
 from maka_core.errors import StoreError
 from maka_core.runtime import recovery, tool_call
+from maka_core.runtime.call_state import DispatchWithoutOutcome
 from maka_core.runtime.runtime import Runtime
-from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.engine import make_engine, translate
 from maka_core.store.health import probe_url
 from maka_core.store.schema import SCHEMA_VERSION

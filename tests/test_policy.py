@@ -39,7 +39,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def verdicts(policy: Policy, session: GovernancePolicy = DEFAULT_SESSION_POLICY) -> dict[str, str | None]:
-    """The worker's switches first, then the session's MELRA decision (as ``tool_call._admit``)."""
+    """The worker's switches first, then the session's MELRA decision (as ``tool_admission.admit_call``)."""
     out: dict[str, str | None] = {}
     for name, tool in TOOLS.items():
         switched = policy.evaluate(tool, ARGS[name])

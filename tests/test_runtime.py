@@ -22,6 +22,7 @@ from maka_core.facts.codec import canonical_args_hash
 from maka_core.ledger.resolver import OperationResolution, resolve
 from maka_core.ledger.scanner import scan
 from maka_core.runtime import builders, model_step, recovery, tool_call, turn
+from maka_core.runtime.call_state import DispatchWithoutOutcome
 from maka_core.runtime.contracts import (
     BeginRunInput,
     CallRef,
@@ -33,7 +34,6 @@ from maka_core.runtime.contracts import (
 )
 from maka_core.runtime.runtime import Attempt, Leg, ResolverGuard, Runtime, ToolSlots
 from maka_core.runtime.settle import repair_run
-from maka_core.runtime.tool_call import DispatchWithoutOutcome
 from maka_core.store.writer import LedgerStore, ToolAttempt
 from maka_core.tools.files import ReadFileTool
 from maka_core.workspace import Workspace

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from maka_core.runtime import recovery, tool_call
+from maka_core.runtime import recovery, tool_admission, tool_call
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import (
@@ -333,8 +333,9 @@ def test_async_evidence_and_reconcile_settle_a_call_after_a_crash(tmp_path: Path
     ws = workspace(tmp_path)
     try:
         ref = one_call(rt, ws, "greet_once", {"who": "ada"})
-        admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)  # T1 with the evidence; then a crash
-        assert isinstance(admitted, tool_call.Dispatched)
+        # T1 with the evidence; then a crash
+        admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+        assert isinstance(admitted, tool_admission.Dispatched)
         assert rt.ledger.evidence(ref.operation_id) == {"schema": "tests.greeting/v1", "who": "ada"}
         result = run(recovery.recover_operation(rt, recover_input(ws, ref), ATTEMPT))
         assert (result.status, result.reason) == ("completed", "reconcile_matches_expected_state")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from maka_core.runtime import recovery, tool_call
+from maka_core.runtime import recovery, tool_admission
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import FunctionTool, idempotency_key
@@ -49,8 +49,8 @@ def honest(tmp_path: Path) -> Iterator[Runtime]:
 def crashed_after_effect(rt: Runtime, ws: Workspace, name: str, args: dict[str, Any]) -> Any:
     """T1 as the tool path commits it, the effect run once, and no T2: a kill at P4."""
     ref = one_call(rt, ws, name, args)
-    admitted = tool_call._admit(rt, tool_input(ws, ref), ATTEMPT)
-    assert isinstance(admitted, tool_call.Dispatched), admitted
+    admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
+    assert isinstance(admitted, tool_admission.Dispatched), admitted
     admitted.tool.run(admitted.args, admitted.ws, lambda: None)  # the effect; its outcome is lost
     return ref
 

@@ -3,7 +3,7 @@
 In a session started with ``tool_mode="hybrid"`` a bounded call's first dispatch runs as a local
 activity (``maka.execute_tool_local``, activity id ``lt:<operationId>``) on the worker that holds
 the workflow task, saving the server round trip of a regular activity. That is safe because every
-attempt, local or regular, meets the same ledger guard (``tool_call._admit``): after a crash the
+attempt, local or regular, meets the same ledger guard (``tool_admission.admit_call``): after a crash the
 replay re-runs a local call whose marker was lost, and the re-run finds its T2 (the committed
 outcome), its T1 without T2 (recovery), or nothing (its first and only run).
 

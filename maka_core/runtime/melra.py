@@ -1,7 +1,7 @@
 """Binding a MELRA tool to its call: the ledger, the session's terms, the sibling tools, the clock;
 and settling an interrupted task from its declared reconciliation predicates.
 
-The tool path calls ``bind`` right after looking a tool up (``tool_call._admit``, on the ledger
+The tool path calls ``bind`` right after looking a tool up (``tool_admission.admit_call``, on the ledger
 thread, before preflight), and recovery calls it before re-running a read, so the same call sees
 the same task store and session terms however it is run. Every other tool passes through as is.
 

@@ -35,7 +35,7 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
-from maka_core.runtime import compaction, governed, local_calls, step_output, tool_call
+from maka_core.runtime import call_state, compaction, governed, local_calls, step_output, tool_call
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -492,7 +492,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt,
     def read_step() -> tuple[RunIds, Found] | None:
         # Runs inside T2's hop, after its commit: a failure here must not look like T2's.
         try:
-            ids = tool_call.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
+            ids = call_state.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
             if ids is None:
                 return None
             return ids, _lookup(rt, ids, f"{ids.run_id}:{after.step}", needs_history, after.provider)
@@ -508,7 +508,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt,
     try:
         if read is None:  # the call did not run here (refused, replayed), or the read failed
             ids = await rt.on_ledger(
-                lambda: tool_call.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
+                lambda: call_state.run_ids(rt.ledger.view(inp.session_id), inp.session_id, inp.run_id)
             )
             found = None
         else:

@@ -35,15 +35,11 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.governance import EvidenceItem, TaskStatus
 from maka_core.ledger.resolver import OperationResolution
 from maka_core.runtime import builders, governed, melra
+from maka_core.runtime.call_state import CallState, call_state, committed_args
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.runtime.tool_call import (
-    CallState,
-    Dispatched,
-    call_state,
-    committed_args,
-    run_and_commit_outcome,
-)
+from maka_core.runtime.tool_admission import Dispatched
+from maka_core.runtime.tool_effect import run_and_commit_outcome
 from maka_core.tools import ToolResult, bound_call
 from maka_core.tools.base import FileEvidence, GuardedWrite, Reconciliation, parse_evidence
 from maka_core.tools.contract import KEYED_GUARANTEES

@@ -64,7 +64,7 @@ from maka_core.runtime.ledger_executor import LedgerExecutor
 from maka_core.runtime.model_calls import ModelCalls
 from maka_core.store.chain import ChainBreak
 from maka_core.store.ledger import Ledger
-from maka_core.store.writer import ToolAttempt
+from maka_core.store.results import ToolAttempt
 from maka_core.tools import Tool, provider_tool_specs, tool_catalog
 from maka_core.tools.bash_limits import BashLimits
 from maka_core.tools.mcp.config import McpConfig

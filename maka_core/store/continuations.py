@@ -8,7 +8,7 @@ ending in a terminal event), all inside the writer transaction.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, select, update
 
@@ -19,10 +19,8 @@ from maka_core.facts.claims import ClaimResult, ContinuationClaim
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.store.reads import LedgerReads
+from maka_core.store.results import CommitResult
 from maka_core.store.schema import continuation_claims
-
-if TYPE_CHECKING:
-    from maka_core.store.writer import CommitResult
 
 
 class ContinuationWrites(LedgerReads):

@@ -14,7 +14,7 @@ approvers (or an approver and the expiry) can never both win.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, delete, exists, select, update
@@ -83,6 +83,25 @@ def insert_receipt(
         sql.receipt.run(conn, values)
     else:
         conn.execute(action_receipts.insert().values(**values))
+
+
+def decision_hook(
+    dispatch: RuntimeEvent, decision: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> Callable[[Connection], None] | None:
+    """T1's ``post`` hook (``store.commit``): the operation's decision, or None when there is none."""
+    op_id = dispatch.refs.operation_id if dispatch.refs is not None else None
+    if decision is None or op_id is None:
+        return None
+    return lambda conn: insert_decision(conn, op_id, dispatch.session_id, dispatch.run_id, decision, sql)
+
+
+def receipt_hook(
+    event: RuntimeEvent, receipt: Mapping[str, Any] | None, sql: HotSQL | None = None
+) -> Callable[[Connection], None] | None:
+    """A writer's ``post`` hook for the receipt of ``event``'s operation, or None without one."""
+    if receipt is None:
+        return None
+    return lambda conn: insert_receipt(conn, event.session_id, event.run_id, receipt, sql)
 
 
 def _certificate_result(status: str, receipts: list[dict[str, Any]]) -> str:

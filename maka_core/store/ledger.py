@@ -17,7 +17,8 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.committed import CommittedView
 from maka_core.store.chain import ChainBreak
 from maka_core.store.group_commit import WriteGroup
-from maka_core.store.writer import AttemptArg, CommitResult, LedgerStore
+from maka_core.store.results import AttemptArg, CommitResult
+from maka_core.store.writer import LedgerStore
 
 
 class Ledger(Protocol):

@@ -541,7 +541,7 @@ def _clip(out: _Capture, err: _Capture, limit: int) -> dict[str, Any] | None:
 def _stopped(proc: subprocess.Popen[bytes], out: _Capture, err: _Capture, limit: int) -> dict[str, Any]:
     """What a command stopped by its call's cancellation was seen to do: the signal that ended it
     and the output it wrote until then (each stream cut to a quarter of the result limit), for a
-    cancellation whose end is recorded (``runtime.tool_call``: ``tool_cancelled``)."""
+    cancellation whose end is recorded (``runtime.tool_effect``: ``tool_cancelled``)."""
     for capture in (out, err):
         capture.join(timeout=0.5)
     code = proc.returncode

@@ -8,7 +8,7 @@ follow the terminal fact. Two guards close the race:
 - **the fence, here:** a worker learns that its activity is gone only from its next heartbeat (the
   server answers not-found and the SDK cancels the activity), and the SDK sends a heartbeat at
   least every 0.8 x the activity's heartbeat timeout. A cancelled tool attempt stops its tool
-  (``runtime.tool_call``: the tool's heartbeat raises, bash's process group is killed) and never
+  (``runtime.cancellation``: the tool's heartbeat raises, bash's process group is killed) and never
   commits T2. So before a run that has a tool in flight (an operation with T1 and no T2) is
   settled, repair waits until the activity's heartbeat timeout plus ``FENCE_GRACE_S`` has passed
   since the execution closed: by then a live worker has stopped its tool, or committed its T2

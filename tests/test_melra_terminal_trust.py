@@ -82,7 +82,7 @@ def test_a_terminal_read_task_is_read_only_only_when_trusted(
 
 
 @pytest.mark.parametrize("command", ["./cat", "cat"], ids=["planted", "control-trusted-system-cat"])
-def test_an_interrupted_task_running_a_planted_read_parks_and_ran_once(
+def test_a_planted_read_never_runs_and_the_trusted_system_read_is_read_again(
     rt: Runtime, ws: Workspace, command: str
 ) -> None:
     with_policy(rt, {"trustedReadCommands": ["cat"], "mutations": "allow"})
@@ -92,6 +92,15 @@ def test_an_interrupted_task_running_a_planted_read_parks_and_ran_once(
     planted.chmod(0o755)
     s = Session(rt, ws)
     planned = s.plan(_run(command, "a.txt"), requiredEvidence=[{"type": "exit_code", "value": 0}])
+    if command == "./cat":
+        # A program named by its path resolves into the workspace: the terminal task cannot be
+        # judged by the program it runs, so the plan refuses it and nothing runs (issue 37.4's
+        # rule, stricter than the at-most-once park this drill asked for before it landed).
+        assert (planned["status"], planned["reason"]) == ("policy_blocked", "command_not_allowlisted"), (
+            planned
+        )
+        assert not (ws.root / "runs.log").exists()
+        return
     assert planned["status"] == "planned", planned
     ref = s.ask("melra_execute", {"taskId": planned["taskId"]})
     admitted = tool_admission.admit_call(rt, tool_input(ws, ref), ATTEMPT)
@@ -99,13 +108,10 @@ def test_an_interrupted_task_running_a_planted_read_parks_and_ran_once(
     land_effect(admitted, ws)  # the first attempt ran, then the worker died before T2
     settled = recover(rt, recover_input(ws, ref))
     runs = (ws.root / "runs.log").read_text().splitlines() if (ws.root / "runs.log").exists() else []
-    if command == "./cat":
-        assert (settled.status, settled.reason, runs) == ("parked", "dispatch_without_response", ["ran"])
-        assert planned["executionGuarantee"] == "at-most-once"
-    else:  # the operator trusts cat: the system's cat is read again (nothing planted runs)
-        assert (settled.status, settled.reason, runs) == ("completed", "replay_safe_reread", [])
-        held = rt.ledger.decision(ref.operation_id)
-        assert held is not None and held["decision"]["trustedRead"] is True
+    # The operator trusts cat: the system's cat is read again (nothing planted runs).
+    assert (settled.status, settled.reason, runs) == ("completed", "replay_safe_reread", [])
+    held = rt.ledger.decision(ref.operation_id)
+    assert held is not None and held["decision"]["trustedRead"] is True
 
 
 @pytest.mark.parametrize("marked", [False, True], ids=["recorded-before", "control-recorded-trusted"])

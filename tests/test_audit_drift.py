@@ -155,7 +155,7 @@ CELLS = [
 ]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)
 async def test_crashes_audit_clean_after_recovery_and_a_disabled_guard_is_drift(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:

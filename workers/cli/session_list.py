@@ -17,7 +17,7 @@ import click
 
 from maka_core.facts.usage import step_tokens
 from maka_core.ledger.session_state import SHOWN_STATES
-from maka_temporal.workers.cli.base import db_option, json_option, print_json, settings
+from maka_temporal.workers.cli.base import db_option, json_option, print_json, say, say_text, settings
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_list import SessionSummary
 
@@ -84,6 +84,6 @@ def cmd_list(
     if as_json:
         print_json([summary.to_json() for summary in found], indent=2)
     elif found:
-        click.echo("\n".join(_lines(found)))
+        say_text("\n".join(_lines(found)))
     else:
-        click.echo("no sessions match", err=True)
+        say("no sessions match", err=True)

@@ -1,7 +1,8 @@
 """Hypothesis stateful test: random sequences of appends, T1, T2, recovery bundles, exact retries,
-conflicting retries and reopens. After every step the online projections equal a rebuild from
-events, and the Resolver agrees with a simple model of each operation's state. The same machine runs
-on a SQLite file and, when ``MAKA_TEST_POSTGRES_URL`` is set, on a fresh PostgreSQL schema."""
+conflicting retries, run header moves and reopens. After every step the online projections (the
+session index among them) equal a rebuild from the ledger, and the Resolver agrees with a simple
+model of each operation's state. The same machine runs on a SQLite file and, when
+``MAKA_TEST_POSTGRES_URL`` is set, on a fresh PostgreSQL schema."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from maka_core.errors import LedgerRejection
+from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.resolver import resolve
 from maka_core.store.writer import LedgerStore
 from tests.ledger_factory import (
+    INVOCATION,
+    RUN,
+    SESSION,
+    TURN,
     call,
     completed_bundle,
     dispatch,
@@ -182,6 +188,21 @@ class LedgerMachine(RuleBasedStateMachine):
                 id=f"{op}_dispatch_again",
             )
             self.refused(self.store.commit_tool_prepared, other)
+
+    @rule(parked=st.booleans())
+    def run_header(self, parked: bool) -> None:
+        """The run's header moves between running and parked (a host park): the session index
+        follows it in the header's own transaction, and must still equal its rebuild."""
+        self.store.put_run(
+            RunHeader(
+                session_id=SESSION,
+                run_id=RUN,
+                invocation_id=INVOCATION,
+                turn_id=TURN,
+                status="parked" if parked else "running",
+                park_reason="workspace_host_unavailable" if parked else None,
+            )
+        )
 
     @rule()
     def reopen(self) -> None:

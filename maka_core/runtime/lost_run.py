@@ -14,7 +14,7 @@ Temporal history is gone.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,13 +23,16 @@ from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
-from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput, SessionConfig
+from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput
 from maka_core.runtime.recovery import park_reason_for, recover_operation
 from maka_core.runtime.runtime import Attempt, Runtime
+
+# Re-exported: their home is ``session_record`` (the store's session index reads them too).
+from maka_core.runtime.session_record import SESSION_KEY as SESSION_KEY
+from maka_core.runtime.session_record import SessionRecord as SessionRecord
+from maka_core.runtime.session_record import session_record as session_record
 from maka_core.runtime.settle import RepairResult, _header_anchor, recovered_terminal_event, settle_run
 
-#: ``stateDelta`` key of the session record on a run's user event.
-SESSION_KEY: Final[str] = "makaSession"
 #: Operation statuses that need no recovery (the Resolver settled them, or they never ran).
 _SETTLED: Final[frozenset[str]] = frozenset({"completed", "definitely_not_dispatched"})
 
@@ -41,57 +44,6 @@ Binder = Callable[[Runtime, RuntimeEvent], Awaitable[RuntimeEvent]]
 async def unbound(rt: Runtime, terminal: RuntimeEvent) -> RuntimeEvent:
     """A terminal fact as it is: no workspace binding (a repair without a workspace host)."""
     return terminal
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """What a new execution of a session needs, as the ledger recorded it: where the session works,
-    the queue its workflow ran on, and its settings (``SessionConfig``), so a new execution (``maka
-    resume``, ``session send`` over a closed one) runs with the settings it was started with.
-
-    Stored as one flat camelCase object: ``workspace``, ``workspaceIdentity``, ``taskQueue`` and
-    the config's keys (``provider``, ``host``, ``hostWait``, ``modelStepMode``...). Records written
-    before the config held more than the provider and the host decode with the defaults of the
-    rest (those sessions ran with the defaults), and an older reader finds the keys it knows."""
-
-    workspace: str
-    workspace_identity: str
-    config: SessionConfig
-    task_queue: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "workspace": self.workspace,
-            "workspaceIdentity": self.workspace_identity,
-            **self.config.to_json(),
-        }
-        if self.task_queue:
-            out["taskQueue"] = self.task_queue
-        return out
-
-    @classmethod
-    def from_json(cls, raw: Any) -> SessionRecord | None:
-        if not isinstance(raw, Mapping):
-            return None
-        ws, ident, queue = raw.get("workspace"), raw.get("workspaceIdentity"), raw.get("taskQueue")
-        if not isinstance(ws, str) or not isinstance(ident, str):
-            return None
-        # An empty host was never a pin (the record left it out): read it as none, as before.
-        config = SessionConfig.from_json({k: v for k, v in raw.items() if not (k == "host" and not v)})
-        if config is None:
-            return None
-        return cls(ws, ident, config, queue if isinstance(queue, str) and queue else None)
-
-
-def session_record(events: list[RuntimeEvent]) -> SessionRecord | None:
-    """The latest session record among these events (a session's events, ledger order)."""
-    for event in reversed(events):
-        delta = event.actions.state_delta if event.actions is not None else None
-        if isinstance(delta, Mapping) and SESSION_KEY in delta:
-            record = SessionRecord.from_json(delta[SESSION_KEY])
-            if record is not None:
-                return record
-    return None
 
 
 def in_flight_operations(events: list[RuntimeEvent]) -> list[str]:

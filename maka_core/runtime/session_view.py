@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.printable import printable
-from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
-from maka_core.ledger.resolver import resolve
-from maka_core.ledger.scanner import scan
+from maka_core.ledger.session_state import (
+    OperationView,
+    derive_state,
+    operations,
+)
 from maka_core.runtime.compaction import CompactionFact
-from maka_core.runtime.contracts import PARK_REASONS, TURN_CANCELLED, SessionState
+from maka_core.runtime.contracts import SessionState
 from maka_core.runtime.governed import SessionGovernance
 from maka_core.runtime.resolution import is_resolution_run, resolution_payload, resolutions_of
 from maka_core.runtime.usage_limits import CAPS, limits_in_force, raise_payload, raises_of
@@ -28,6 +30,18 @@ from maka_core.runtime.workspace_continuity import transition_of
 
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore
+
+__all__ = [
+    "OperationView",
+    "SessionView",
+    "TurnView",
+    "derive_state",
+    "operations",
+    "session_view",
+    "transcript_lines",
+    "usage_by_run",
+    "usage_text",
+]
 
 
 def usage_by_run(events: list[RuntimeEvent]) -> dict[str, Usage]:
@@ -57,36 +71,6 @@ class TurnView:
             "status": self.status,
             "parkReason": self.park_reason,
             "usage": self.usage,
-        }
-
-
-@dataclass(frozen=True)
-class OperationView:
-    operation_id: str | None
-    tool_call_id: str
-    tool_name: str | None
-    run_id: str
-    status: str
-    reason: str
-    is_error: bool
-    call_event_id: str | None
-    dispatch_event_id: str | None
-    response_event_id: str | None
-    canonical_args_hash: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "operationId": self.operation_id,
-            "toolName": self.tool_name,
-            "toolCallId": self.tool_call_id,
-            "runId": self.run_id,
-            "status": self.status,
-            "reason": self.reason,
-            "isError": self.is_error,
-            "callEventId": self.call_event_id,
-            "dispatchEventId": self.dispatch_event_id,
-            "responseEventId": self.response_event_id,
-            "canonicalArgsHash": self.canonical_args_hash,
         }
 
 
@@ -123,92 +107,6 @@ class SessionView:
             **({"usageLimits": self.usage_limits} if self.usage_limits else {}),
             **({"limitRaises": list(self.limit_raises)} if self.limit_raises else {}),
         }
-
-
-def derive_state(
-    runs: list[RunHeader],
-    ops: list[OperationView] | None = None,
-    events: list[RuntimeEvent] | None = None,
-) -> tuple[SessionState, str | None]:
-    """The session state the ledger implies: that of its latest run.
-
-    A run that ended while one of its operations is still unresolved (an old repair that did not
-    recover it, an imported ledger) parks the session: the way forward is an operator's, and
-    ``failed`` would invite a blind retry. A ``cancelled`` run is ``idle`` only when ``events``
-    hold its terminal fact and that fact is a ``cancel_turn`` (:func:`turn_cancelled`).
-    """
-    runs = [r for r in runs if not is_resolution_run(r.run_id)]
-    if not runs:
-        return "idle", None
-    last = max(runs, key=lambda r: (r.created_at, r.updated_at))
-    if last.status == "running":
-        return "running", None
-    if last.park_reason or last.status == "parked":
-        return "parked", last.park_reason
-    unresolved = next(
-        (o for o in ops or () if o.run_id == last.run_id and o.status not in _SETTLED_OPS), None
-    )
-    if unresolved is not None:
-        return "parked", unresolved_park_reason(unresolved.status, unresolved.reason)
-    if last.status == "failed" or (last.status == "cancelled" and not turn_cancelled(last.run_id, events)):
-        return "failed", None
-    return "idle", None  # completed, or cancelled by ``cancel_turn``: the session takes the next message
-
-
-def turn_cancelled(run_id: str, events: list[RuntimeEvent] | None) -> bool:
-    """Whether run ``run_id`` ended by ``cancel_turn`` (its terminal fact's code is
-    ``turn_cancelled``), not by an older writer's ``aborted``/``cancelled`` end."""
-    end = next((e for e in reversed(events or ()) if e.run_id == run_id and e.is_terminal), None)
-    return (
-        end is not None and end.content is not None and getattr(end.content, "code", None) == TURN_CANCELLED
-    )
-
-
-_SETTLED_OPS = frozenset({"completed", "definitely_not_dispatched"})
-
-
-def unresolved_park_reason(status: str, reason: str) -> str:
-    """The park an unresolved operation means (as ``recovery.park_reason_for`` names it)."""
-    if status == "corruption":
-        return "ledger_corruption"
-    if status == "parked":
-        return reason if reason.startswith("reconcile_") else "recovery_parked"
-    return reason if reason in PARK_REASONS else "dispatch_without_response"
-
-
-def operations(events: list[RuntimeEvent]) -> list[OperationView]:
-    """Every tool call of these events as the Resolver classifies it, in call order."""
-    by_id = {e.id: e for e in events}
-    views: list[OperationView] = []
-    # A session holds many runs: judge each run's protocol marker on its own first event.
-    for op in resolve(scan(events, protocol_scope="run")).operations:
-        call = by_id.get(op.call_event_id or "")
-        dispatch = by_id.get(op.dispatch_event_id or "")
-        op_id = op.operation_id or (call.refs.operation_id if call is not None and call.refs else None)
-        run_id = (call or dispatch).run_id if (call or dispatch) is not None else ""  # type: ignore[union-attr]
-        args_hash = None
-        if (
-            dispatch is not None
-            and dispatch.actions is not None
-            and dispatch.actions.tool_dispatch is not None
-        ):
-            args_hash = dispatch.actions.tool_dispatch.canonical_args_hash
-        views.append(
-            OperationView(
-                operation_id=op_id,
-                tool_call_id=op.tool_call_id,
-                tool_name=op.tool_name,
-                run_id=run_id,
-                status=op.status,
-                reason=op.reason,
-                is_error=bool(op.response_is_error),
-                call_event_id=op.call_event_id,
-                dispatch_event_id=op.dispatch_event_id,
-                response_event_id=op.response_event_id,
-                canonical_args_hash=args_hash,
-            )
-        )
-    return views
 
 
 def session_view(

@@ -42,6 +42,7 @@ from maka_core.store.rows import event_columns, row_event
 from maka_core.store.schema import runtime_events
 from maka_core.store.scope_sync import ScopeSync
 from maka_core.store.scopes import SessionScope
+from maka_core.store.session_index import IndexUpkeep
 
 BOUNDARY_TRANSITIONS: frozenset[str] = frozenset({"t1_prepare", "t2_outcome", "recovery_bundle"})
 
@@ -55,6 +56,8 @@ class CommitPath(ScopeSync):
 
     #: The driver's parameter marker for ``hot_sql.read_keys`` (``?`` or ``%s``).
     _mark: str
+    #: The session index rows this transaction changes (``session_index.IndexUpkeep``).
+    _index: IndexUpkeep
 
     if TYPE_CHECKING:
 
@@ -138,6 +141,7 @@ class CommitPath(ScopeSync):
             scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
+        self._index.saw(new_batch)  # the session index's rows for this batch (store/session_index.py)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
     # The two cross-session checks stay methods of the store (``store.crossing`` does the work):

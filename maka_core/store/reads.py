@@ -25,12 +25,16 @@ from maka_core.store.chain import ChainBreak, chain_breaks, first_break
 from maka_core.store.engine import read_tx
 from maka_core.store.rows import Prefix, make_prefix, row_event
 from maka_core.store.schema import (
+    agent_runs,
     runtime_events,
+    session_index,
     tool_attempts,
+    tool_decisions,
     tool_evidence,
     tool_journal_events,
     tool_operations,
 )
+from maka_core.store.session_index import SessionRow, rebuild_index, session_rows
 
 
 class LedgerReads:
@@ -145,6 +149,26 @@ class LedgerReads:
         with self._lock, self._reading() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
+    def session_index(self) -> list[SessionRow]:
+        """Every ``session_index`` row (the projection ``maka session list`` reads), by session id."""
+        with self._lock, self._reading() as conn:
+            return [
+                SessionRow(**dict(r))
+                for r in conn.execute(select(session_index).order_by(session_index.c.session_id)).mappings()
+            ]
+
+    def list_sessions(
+        self,
+        *,
+        state: str | None = None,
+        host: str | None = None,
+        since_ms: int | None = None,
+        limit: int = 100,
+    ) -> list[SessionRow]:
+        """Sessions from the session index, newest activity first (``session_index.session_rows``)."""
+        with self._lock, self._reading() as conn:
+            return session_rows(conn, state=state, host=host, since_ms=since_ms, limit=limit)
+
     def prefix(self, session_id: str, run_id: str) -> Prefix:
         """The committed prefix of one run: events, high-water and ``prefix_digest``."""
         with self._lock, self._reading() as conn:
@@ -181,6 +205,8 @@ class LedgerReads:
 
         With a target, the events are copied row for row into a fresh ledger there and its
         projections are written from the rebuild; the new store is returned (the caller closes it).
+        The session index follows the run headers and waiting requests too, so they are copied
+        with the events.
         """
         ops, journal = self.rebuild()
         dest: LedgerReads = self if target is None else type(self).open(target)
@@ -194,11 +220,16 @@ class LedgerReads:
                         select(runtime_events).order_by(runtime_events.c.ledger_seq)
                     ).mappings():
                         conn.execute(runtime_events.insert(), dict(src_row))
+                    for table in (agent_runs, tool_decisions):
+                        copied = [dict(r) for r in src.execute(select(table)).mappings()]
+                        if copied:
+                            conn.execute(table.insert(), copied)
             now = now_ms()
             for row in ops:
                 conn.execute(tool_operations.insert(), asdict(row))
             for entry in journal:
                 conn.execute(tool_journal_events.insert(), {**asdict(entry), "committed_at": now})
+            rebuild_index(conn)
 
         dest._write(body)
         return None if dest is self else dest
@@ -247,8 +278,10 @@ class LedgerReads:
         assert scratch is not None
         try:
             problems = chain + self._non_canonical_rows()
-            return problems + _diff(
-                self.operations(), self.journal(), scratch.operations(), scratch.journal()
+            return (
+                problems
+                + _diff(self.operations(), self.journal(), scratch.operations(), scratch.journal())
+                + _diff_index(self.session_index(), scratch.session_index())
             )
         finally:
             scratch.close()
@@ -294,6 +327,16 @@ def _diff(
         if want != got and set(want) == set(got):
             problems.append(f"tool_journal_events {op_id}: order online={got} rebuilt={want}")
     return problems
+
+
+def _diff_index(online: list[SessionRow], rebuilt: list[SessionRow]) -> list[str]:
+    a = {r.session_id: r for r in online}
+    b = {r.session_id: r for r in rebuilt}
+    return [
+        f"session_index {sid}: online={_brief(a.get(sid))} rebuilt={_brief(b.get(sid))}"
+        for sid in sorted(a.keys() | b.keys())
+        if a.get(sid) != b.get(sid)
+    ]
 
 
 def _brief(value: object) -> str:

@@ -7,13 +7,14 @@ another writer) is refused rather than trusted, because every later decision wou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from maka_core.errors import CodecError, StoreError
-from maka_core.facts import codec
+from maka_core.facts import canonical_json, codec
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, RuntimeEvent
+from maka_core.facts.run_header import RunHeader
 
 #: Domain separation for the prefix digest, so it can never equal another digest of the same lines.
 PREFIX_DOMAIN = "maka.runtime_prefix.v1\n"
@@ -119,3 +120,11 @@ def prefix_digest(events: Sequence[RuntimeEvent]) -> str:
 
 def make_prefix(session_id: str, run_id: str, events: Sequence[RuntimeEvent]) -> Prefix:
     return Prefix(session_id, run_id, tuple(events), len(events), prefix_digest(events))
+
+
+def header_of(row: Mapping[Any, Any]) -> RunHeader:
+    """An ``agent_runs`` row as its header."""
+    values = dict(row)
+    if values["continuation_source"] is not None:
+        values["continuation_source"] = canonical_json.loads(values["continuation_source"])
+    return RunHeader(**values)

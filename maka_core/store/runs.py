@@ -6,13 +6,14 @@ fact; the header follows it), and a terminal header never changes status again.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, RowMapping, select, update
+from sqlalchemy import Connection, select, update
 
 from maka_core.errors import LedgerRejection
 from maka_core.facts import canonical_json
 from maka_core.facts.clock import now_ms
 from maka_core.facts.run_header import RunHeader
 from maka_core.store.reads import LedgerReads
+from maka_core.store.rows import header_of
 from maka_core.store.schema import agent_runs, runtime_events
 
 
@@ -26,8 +27,16 @@ class RunHeaderStore(LedgerReads):
             LedgerRejection: ``terminal_event_missing`` or ``run_already_terminal``.
         """
 
-        result: RunHeader = self._write(lambda conn: write_run_header(conn, header))
+        def body(conn: Connection) -> RunHeader:
+            self._touch_session(header.session_id)
+            return write_run_header(conn, header)
+
+        result: RunHeader = self._write(body)
         return result
+
+    def _touch_session(self, session_id: str) -> None:
+        """A write of this transaction changes what the session index shows of the session
+        (``LedgerStore`` keeps the index; a bare reader has none)."""
 
     def get_run(self, run_id: str) -> RunHeader | None:
         with self._lock, self._reading() as conn:
@@ -40,19 +49,12 @@ class RunHeaderStore(LedgerReads):
         if nonterminal:
             query = query.where(agent_runs.c.status.in_(("running", "parked")))
         with self._lock, self._reading() as conn:
-            return [_header(r) for r in conn.execute(query).mappings()]
-
-
-def _header(row: RowMapping) -> RunHeader:
-    values = dict(row)
-    if values["continuation_source"] is not None:
-        values["continuation_source"] = canonical_json.loads(values["continuation_source"])
-    return RunHeader(**values)
+            return [header_of(r) for r in conn.execute(query).mappings()]
 
 
 def _run_row(conn: Connection, run_id: str) -> RunHeader | None:
     row = conn.execute(select(agent_runs).where(agent_runs.c.run_id == run_id)).mappings().first()
-    return None if row is None else _header(row)
+    return None if row is None else header_of(row)
 
 
 def write_run_header(conn: Connection, header: RunHeader) -> RunHeader:

@@ -17,13 +17,15 @@ records (``session_policies``, ``tool_decisions``, ``action_receipts``, ``execut
 created empty by the migration: append-only, written in the transaction of the fact they describe;
 4, ``melra_tasks`` (the tasks ``melra_plan`` persists), created empty by the migration; 5,
 ``operation_fences`` (an operation recovery took over: its original attempt writes nothing after),
-created empty by the migration.
+created empty by the migration; 6, ``session_index`` (one row per session for ``maka session list``,
+``store.session_index``), filled by the migration from the ledger it finds.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import (
@@ -49,7 +51,7 @@ from maka_core.errors import StoreError
 from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -293,6 +295,25 @@ operation_fences = Table(
     Column("fenced_at", BigInteger, nullable=False),
 )
 
+#: One row per session (``store.session_index``): what ``maka session list`` shows and filters on,
+#: kept by the writers in the transaction of each fact or header that changes it, and rebuilt equal
+#: from the events and run headers. A projection: it never overrides what it follows.
+session_index = Table(
+    "session_index",
+    metadata,
+    Column("session_id", String, primary_key=True),
+    Column("state", String, nullable=False),
+    Column("park_reason", String),
+    Column("last_activity_at", BigInteger, nullable=False),
+    Column("last_event_at", BigInteger, nullable=False),
+    Column("host", String),
+    Column("turns", Integer, nullable=False),
+    Column("event_count", Integer, nullable=False),
+    Column("usage_json", Text),
+    Index("session_index_activity", "last_activity_at", "session_id"),
+    Index("session_index_state", "state", "last_activity_at"),
+)
+
 
 def sqlite_file_version(path: Path) -> int | None:
     """``user_version`` of an existing SQLite file, read through a read-only handle.
@@ -377,8 +398,10 @@ def ledger_id(conn: Connection) -> str | None:
     return None if value is None else str(value)
 
 
-def migrate(engine: Engine) -> int:
+def migrate(engine: Engine, backfill: Callable[[Connection], None] | None = None) -> int:
     """Bring the schema to ``SCHEMA_VERSION`` in one writer transaction; return the version.
+    ``backfill``: fills a projection a step creates from the rows already there, in the same
+    transaction (``session_index.rebuild_index``; passed in, so this module imports no reader).
 
     Raises:
         StoreError: ``schema_too_new`` when the database is newer than this code.
@@ -399,6 +422,10 @@ def migrate(engine: Engine) -> int:
             metadata.create_all(conn, tables=[melra_tasks])
         if 0 < version < 5:
             metadata.create_all(conn, tables=[operation_fences])
+        if 0 < version < 6:
+            metadata.create_all(conn, tables=[session_index])
+            if backfill is not None:
+                backfill(conn)
         # Later versions add steps here, each inside this transaction.
         _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):

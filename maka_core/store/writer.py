@@ -76,6 +76,7 @@ from maka_core.store.schema import (
     sqlite_file_version,
     tool_attempts,
 )
+from maka_core.store.session_index import IndexUpkeep, rebuild_index
 from maka_core.store.verification import LedgerVerification
 
 
@@ -94,6 +95,7 @@ class LedgerStore(
         self._lock = threading.RLock()
         self._corrupt = {}
         self._group = None
+        self._index = IndexUpkeep()  # the session index rows a transaction changes
         self._sql = HotSQL.for_engine(engine)
         self._kept = KeptConnection(engine) if sqlite_file(url) is not None else None
         self._fast_reads = is_sqlite(engine)
@@ -129,7 +131,7 @@ class LedgerStore(
                 create_private(file)
             engine = make_engine(url)
             try:
-                migrate(engine)
+                migrate(engine, backfill=rebuild_index)
                 return cls(engine, url)
             except BaseException:
                 engine.dispose()
@@ -159,8 +161,13 @@ class LedgerStore(
     def _abort(self) -> None:
         self._scopes = None
         self._cursor = 0
+        self._index.reset()
 
-    def _write(self, body: Callable[[Connection], Any]) -> Any:
+    def _touch_session(self, session_id: str) -> None:
+        self._index.touch(session_id)
+
+    def _write(self, write: Callable[[Connection], Any]) -> Any:
+        body = self._index.following(write)  # the session index follows, in the same transaction
         group = self._group
         if group is not None and group.owned_here():
             return group.member(body, self._abort)

@@ -4,7 +4,7 @@ decisions it prints live in those rooms.
 
 Imports are lazy at the command boundary only, for start-up time (``tests/test_cli_startup.py``):
 ``app.COMMANDS`` loads a command's module when it runs, and inside the ``session`` group, whose
-ledger-only commands (``show``, ``resolve``) must not load the Temporal SDK, ``connect`` is imported
+ledger-only commands (``show``, ``resolve``, ``list``) must not load the Temporal SDK, ``connect`` is imported
 where a command connects. Everything else is imported at the top of its module."""
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "ledger",
     "resume",
     "session",
+    "session_list",
 ]

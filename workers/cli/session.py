@@ -1,4 +1,4 @@
-"""``maka session start|send|status|resolve|approve|deny`` answer through ``SessionClient``
+"""``maka session start|send|status|list|resolve|approve|deny`` answer through ``SessionClient``
 (``workers.client.session_api``), the library's own client; ``show`` reads the ledger's events as they are.
 
 Every command reads ``maka_core.settings`` (``MAKA_HOME``, ``MAKA_DB``, ``MAKA_TASK_QUEUE``...; flags
@@ -46,6 +46,7 @@ from maka_temporal.workers.cli.base import (
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
+from maka_temporal.workers.cli.session_list import cmd_list
 from maka_temporal.workers.client.answers import Status, TurnStarted
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_start import SessionStart
@@ -522,6 +523,7 @@ add_commands(
     cmd_start,
     cmd_send,
     cmd_status,
+    cmd_list,
     cmd_show,
     cmd_resolve,
     cmd_approve,

@@ -3,7 +3,7 @@
 workflow's messages (``session_client``, ``turn_messages``), what a start validates and records
 (``session_start``, ``policy``), a session's status (``status``), a new execution for a settled
 session (``reopen``), ``maka resume``'s client half (``resume``), following a session's facts as
-they commit (``session_follow``) and the audit."""
+they commit (``session_follow``), the ledger's sessions (``session_list``) and the audit."""
 
 __all__ = [
     "answers",
@@ -16,6 +16,7 @@ __all__ = [
     "session_api",
     "session_client",
     "session_follow",
+    "session_list",
     "session_start",
     "status",
     "turn_messages",

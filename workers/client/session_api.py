@@ -58,6 +58,7 @@ from maka_temporal.workers.client.answers import (
 from maka_temporal.workers.client.ledger import open_ledger, session_events
 from maka_temporal.workers.client.policy import answer_approval, check_session_known
 from maka_temporal.workers.client.session_follow import follow_lines
+from maka_temporal.workers.client.session_list import SessionSummary, list_query, list_sessions
 from maka_temporal.workers.client.session_start import NewSession, SessionStart, check_message, new_session
 from maka_temporal.workflows.contracts import TurnCancelled
 
@@ -391,6 +392,13 @@ class SessionClient:
 
         return await refusing(go())
 
+    async def list(
+        self, *, state: str | None = None, host: str | None = None, since: Any = None, limit: Any = None
+    ) -> tuple[SessionSummary, ...]:
+        """The ledger's sessions, newest activity first, from its index (``maka session list``)."""
+        ledger, ask = self.settings().ledger, (state, host, since, limit)
+        return await refusing(asyncio.to_thread(lambda: list_sessions(ledger, list_query(*ask))))
+
     async def show(self, session_id: str) -> Transcript:
         """The transcript and events, from the ledger (``maka session show``)."""
         s = self.settings()
@@ -428,7 +436,7 @@ class SessionClient:
         (``maka audit --all``)."""
         return await self._audit(None)
 
-    async def _audit(self, session_ids: list[str] | None) -> AuditAll:
+    async def _audit(self, session_ids: Sequence[str] | None) -> AuditAll:
         from maka_temporal.workers.client.audit import audit_session
 
         s = self.settings()

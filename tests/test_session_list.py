@@ -24,18 +24,21 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from maka_core.facts.events import Actions
+from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, HostParkInput, RunIds, SessionConfig
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
 from maka_core.store import schema
-from maka_core.store.session_index import rebuild_index
+from maka_core.store.session_index import IndexUpkeep, SessionRow, rebuild_index
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from maka_temporal.workers.cli.app import main as maka_main
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_list import SUMMARY_KEYS, list_query
 from maka_temporal.workflows.contracts import workflow_id_for
+from tests import ledger_factory as lf
 from tests.temporal_support import run_maka
 
 SCRIPT = {"kind": "script", "steps": [{"text": "done"}]}
@@ -139,6 +142,80 @@ def test_verify_reports_an_index_row_edited_behind_the_writers(
         conn.execute(text("UPDATE session_index SET state = 'idle' WHERE session_id = 'failed'"))
     problems = store.verify()
     assert len(problems) == 1 and problems[0].startswith("session_index failed: online="), problems
+
+
+class _Blind(IndexUpkeep):
+    """The control's index: it hears a session's run header, then no request begin or stop waiting
+    (the writers before their ``touch``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: set[str] = set()
+
+    def touch(self, session_id: str) -> None:
+        if session_id not in self.heard:
+            self.heard.add(session_id)
+            super().touch(session_id)
+
+
+def _row(store: LedgerStore, session_id: str) -> SessionRow:
+    return next(r for r in store.session_index() if r.session_id == session_id)
+
+
+@pytest.mark.parametrize("index", ["writers", "control-blind-to-requests"])
+def test_a_request_and_its_answer_move_the_index_and_it_rebuilds_equal(
+    store: LedgerStore, index: str
+) -> None:
+    """A running turn's facts only add to its row (no read, ``test_write_statements``); a request
+    that waits and its answer are what move a running session's state, so their writers tell the
+    index. The control's index does not hear them, and ``verify`` finds the row it left behind."""
+    if index != "writers":
+        store._index = _Blind()
+    env = lf.ids(session="asks", run="asks-r1", inv="asks-i1", turn="asks-t1")
+    store.append(
+        [lf.user(id="evt-first", **lf.ids(session="bare", run="bare-r", inv="bare-i", turn="bare-t"))]
+    )
+    store.put_run(RunHeader(**env, status="running"))
+    store.append([lf.user(id="evt-asks-user", **env)])
+    challenge = {"approvalId": "ap-1", "phrase": "approve ap-1"}
+    request = lf.event(
+        "evt-asks-permission",
+        role="system",
+        author="system",
+        actions=Actions(
+            permission_request={
+                "kind": "tool_permission",
+                "requestId": "ap-1",
+                "toolUseId": "call-w",
+                "toolName": "w",
+                "category": "write",
+                "reason": "file_write",
+                "args": {},
+                "rememberForTurnAllowed": False,
+                "hint": "approve ap-1",
+            }
+        ),
+        **env,
+    )
+    store.commit_permission_request(request, operation_id="op-w", decision={"challenge": challenge})
+    states = [_row(store, "asks").state]
+    problems = store.verify()
+    answer = lf.event(
+        "evt-asks-answer",
+        role="system",
+        author="system",
+        actions=Actions(permission_decision={"requestId": "ap-1", "decision": "allow", "toolName": "w"}),
+        **env,
+    )
+    store.commit_approval_answer(answer, "ap-1", "approved")
+    states.append(_row(store, "asks").state)
+    problems += store.verify()
+    assert _row(store, "bare").event_count == 1  # a session's first facts, no header
+    if index == "writers":
+        assert states == ["awaiting_approval", "running"] and problems == [], (states, problems)
+    else:
+        assert states == ["running", "running"], states
+        assert len(problems) == 1 and problems[0].startswith("session_index asks: online="), problems
 
 
 def _downgrade_to_v5(url: str) -> None:

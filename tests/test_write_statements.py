@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import event
 
+from maka_core.facts.run_header import RunHeader
 from maka_core.store.writer import LedgerStore
 from tests import ledger_factory as f
 
@@ -42,6 +43,9 @@ def test_a_t1_and_a_t2_read_the_keys_once(tmp_path: Path) -> None:
     with LedgerStore.open(tmp_path / "ledger.sqlite") as store:
         trace = Trace(store)
         env = f.ids()
+        # A turn's header is running before its run's first fact (``begin_run``), so the session
+        # index's row exists and a running turn's writes only add to it: no read for the index.
+        store.put_run(RunHeader(**env, status="running"))
         counts["first write of a session"] = trace.selects(lambda: store.append([f.user(**env)]))
         for k in range(2):
             pair = f.t1(f"c{k}", operation_id=f"op{k}", recovery_mode="reconcile", **env)
@@ -50,7 +54,8 @@ def test_a_t1_and_a_t2_read_the_keys_once(tmp_path: Path) -> None:
             resp = f.response(f"c{k}", operation_id=f"op{k}", **env)
             counts[f"T2 #{k}"] = trace.selects(lambda resp=resp: store.commit_tool_outcome(resp))
     # One sync read (the rows past the cursor) and one key read per write. Before the merge a T1
-    # read three times (sync, event ids, operation id) and a new session's first write too.
+    # read three times (sync, event ids, operation id) and a new session's first write too. The
+    # session index (``maka session list``) adds one UPDATE ... RETURNING to each, and no SELECT.
     assert counts == {
         "first write of a session": 3,  # and the load of its (empty) scope
         "T1 #0": 2,

@@ -26,7 +26,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.projections import JournalRow, OperationRow, journal_rows, operation_row
 from maka_core.ledger.scanner import Transition
-from maka_core.store.chain import chain_digest
+from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.crossing import (
     Crossing,
     check_crossing,
@@ -136,12 +136,13 @@ class CommitPath(ScopeSync):
         # transaction does not commit, ``_abort`` drops every scope anyway.
         scanned = {id(e) for e in scanner.admit(new_batch, transition, strict=strict, keep=True)}
         self._check_crossing(conn, crossing, keys)
-        seq = self._insert_events(conn, transition, fresh, scope)
+        opening = scope.chain == CHAIN_START  # the session's first facts
+        seq, stamp = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
             scope.view.fold(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
-        self._index.saw(new_batch)  # the session index's rows for this batch (store/session_index.py)
+        self._index.saw(new_batch, stamp, first=opening)  # the session index follows (store/session_index.py)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))
 
     # The two cross-session checks stay methods of the store (``store.crossing`` does the work):
@@ -161,7 +162,8 @@ class CommitPath(ScopeSync):
         transition: Transition,
         fresh: list[tuple[RuntimeEvent, str]],
         scope: SessionScope,
-    ) -> int:
+    ) -> tuple[int, int]:
+        """Insert the batch's rows; returns the ledger's high-water and the rows' commit stamp."""
         # _sync just read every row past the cursor inside this writer transaction, so the cursor
         # is the ledger's high-water and the scope's counters are current. An admitted batch is
         # one session's (its invocations agree with their spines, checked across sessions too).
@@ -187,7 +189,7 @@ class CommitPath(ScopeSync):
             failpoints.hit("after_runtime_event_insert", transition)
             if transition == "recovery_bundle":
                 failpoints.hit(_bundle_point(event), transition)
-        return seq
+        return seq, now
 
     def _after_insert(
         self,

@@ -352,6 +352,7 @@ class GovernanceRecords(MelraTaskRecords):
                 raise LedgerRejection(
                     "approval_not_pending", "the approval was already answered", approvalId=approval_id
                 )
+            self._touch_session(event.session_id)  # type: ignore[attr-defined]  # no longer waiting
             self._admit_group(conn, "generic_append", [event])  # type: ignore[attr-defined]
 
         self._write(body)
@@ -379,6 +380,7 @@ class GovernanceRecords(MelraTaskRecords):
             )
             if moved.rowcount != 1:
                 continue
+            self._touch_session(terminal.session_id)  # type: ignore[attr-defined]
             run_ids = canonical_json.loads(raw)["runIds"]
             event = permission_closure_event(run_ids, op_id, approval_id, int(terminal.ts))
             self._admit_group(conn, "generic_append", [event])  # type: ignore[attr-defined]

@@ -156,28 +156,49 @@ def _waiting_runs(conn: Connection, session_id: str | None = None) -> dict[str, 
     return out
 
 
+#: The states an event alone cannot change: a running turn's state follows its headers (a
+#: ``touch``) and its waiting requests (their writers ``touch`` too), never the facts it commits.
+_STEADY = ("running", "awaiting_approval")
+
+
+@dataclass
+class _Pending:
+    """What one transaction did to a session: its new events (stamped), and whether a header or
+    request changed (``touched``) or the batch holds the session's very first events (``first``)."""
+
+    events: list[tuple[RuntimeEvent, int]]
+    touched: bool = False
+    first: bool = False
+
+
 class IndexUpkeep:
     """The sessions one writer transaction touched and the events it committed, written into the
-    index by ``flush`` inside that transaction (``reset`` when it does not commit)."""
+    index by ``flush`` inside that transaction (``reset`` when it does not commit).
+
+    A T1 or a T2 of a running turn reads nothing for the index: one ``UPDATE ... RETURNING`` adds
+    the batch to the session's row and says whether its state could have moved. Only a header or
+    request change, a settled session's new facts, or a row the index lacks read the ledger."""
 
     def __init__(self) -> None:
-        self._events: dict[str, list[RuntimeEvent]] = {}
-        self._sessions: list[str] = []
+        self._pending: dict[str, _Pending] = {}
 
     def reset(self) -> None:
-        self._events = {}
-        self._sessions = []
+        self._pending = {}
+
+    def _of(self, session_id: str) -> _Pending:
+        return self._pending.setdefault(session_id, _Pending([]))
 
     def touch(self, session_id: str) -> None:
         """A header or request of the session changed."""
-        if session_id not in self._sessions:
-            self._sessions.append(session_id)
+        self._of(session_id).touched = True
 
-    def saw(self, events: Sequence[RuntimeEvent]) -> None:
-        """These events were inserted in this transaction (ledger order)."""
+    def saw(self, events: Sequence[RuntimeEvent], committed_at: int, *, first: bool = False) -> None:
+        """These events, one session's, were inserted in this transaction (ledger order) at
+        ``committed_at``; ``first``: the session had no events before them."""
         for event in events:
-            self.touch(event.session_id)
-            self._events.setdefault(event.session_id, []).append(event)
+            pending = self._of(event.session_id)
+            pending.first = pending.first or (first and not pending.events)
+            pending.events.append((event, committed_at))
 
     def following(self, write: Callable[[Connection], T]) -> Callable[[Connection], T]:
         """``write`` and then the index rows it changed, as one transaction body."""
@@ -195,51 +216,93 @@ class IndexUpkeep:
 
     def flush(self, conn: Connection) -> None:
         try:
-            for session_id in self._sessions:
-                self._refresh(conn, session_id, self._events.get(session_id, []))
+            for session_id, pending in self._pending.items():
+                _follow(conn, session_id, pending)
         finally:
             self.reset()
 
-    @staticmethod
-    def _refresh(conn: Connection, session_id: str, new: list[RuntimeEvent]) -> None:
-        # The driver's own SQL (``hot_sql``'s reason: this runs in every writer transaction).
-        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-        found = rows_since(
-            conn, f"SELECT {_COLUMNS} FROM session_index WHERE session_id = {mark}", session_id
-        )
-        current = found[0] if found else None
-        if current is None:
-            # The session's first row (or one a rebuild left out): fold all of its events once.
-            tally = _Tally().plus(_session_events(conn, session_id))
-        elif new:
-            # The batch's own events, as admitted (no read-back), at the time the writer stamped.
-            marks = ", ".join([mark] * len(new))
-            sql = f"SELECT max(committed_at) FROM runtime_events WHERE event_id IN ({marks})"
-            stamp = driver_execute(conn, sql, tuple(e.id for e in new)).fetchone()[0]
-            tally = _Tally.of_row(current).plus((e, int(stamp)) for e in new)
+
+def _mark(conn: Connection) -> str:
+    return "?" if conn.dialect.paramstyle == "qmark" else "%s"
+
+
+def _follow(conn: Connection, session_id: str, pending: _Pending) -> None:
+    # The driver's own SQL (``hot_sql``'s reason: this runs in every writer transaction).
+    if pending.touched or not pending.events:
+        _refresh(conn, session_id, pending.events)
+        return
+    batch = _Tally().plus(pending.events)
+    mark = _mark(conn)
+    last = batch.last_event_at
+    sql = (
+        f"UPDATE session_index SET event_count = event_count + {mark}, last_event_at = {mark}, "
+        f"last_activity_at = CASE WHEN last_activity_at > {mark} THEN last_activity_at ELSE {mark} END "
+        f"WHERE session_id = {mark} RETURNING state, usage_json, host"
+    )
+    found = driver_execute(conn, sql, (batch.event_count, last, last, last, session_id)).fetchone()
+    if found is None:
+        if pending.first:
+            # The session's first facts and no row: it has no run header either (a header makes
+            # its row), so the row is the batch's alone.
+            _put(conn, _row(session_id, batch, [], set, list), None)
         else:
-            tally = _Tally.of_row(current)
-        runs = [
-            header_of(r)
-            for r in rows_since(conn, f"SELECT * FROM agent_runs WHERE session_id = {mark}", session_id)
-        ]
-        if not runs and tally.event_count == 0:
-            return  # nothing of the session is in the ledger
-        row = _row(
-            session_id,
-            tally,
-            runs,
-            lambda: _waiting_runs(conn, session_id).get(session_id, set()),
-            lambda: _session_events(conn, session_id),
-        )
-        values = asdict(row)
-        if current is None:
-            sql = f"INSERT INTO session_index ({_COLUMNS}) VALUES ({', '.join([mark] * len(_FIELDS))})"
-            driver_execute(conn, sql, tuple(values[f] for f in _FIELDS))
-        elif current != values:
-            sets = ", ".join(f"{f} = {mark}" for f in _FIELDS[1:])
-            sql = f"UPDATE session_index SET {sets} WHERE session_id = {mark}"
-            driver_execute(conn, sql, (*(values[f] for f in _FIELDS[1:]), session_id))
+            _refresh(conn, session_id, pending.events, added=False)
+        return
+    state, usage_json, host = found
+    usage = canonical_json.loads(usage_json) if usage_json is not None else None
+    folded = replace(batch, usage=usage, host=host).plus(
+        (e, at) for e, at in pending.events if record_of(e) is not None or _usage_of(e)
+    )
+    if folded.usage != usage or folded.host != host:
+        sql = f"UPDATE session_index SET usage_json = {mark}, host = {mark} WHERE session_id = {mark}"
+        dumped = canonical_json.dumps(folded.usage) if folded.usage is not None else None
+        driver_execute(conn, sql, (dumped, folded.host, session_id))
+    if state not in _STEADY:
+        _refresh(conn, session_id, [])  # a settled session's facts may move its state
+
+
+def _usage_of(event: RuntimeEvent) -> Usage | None:
+    return event.actions.token_usage if event.actions is not None else None
+
+
+def _refresh(
+    conn: Connection, session_id: str, new: list[tuple[RuntimeEvent, int]], *, added: bool = True
+) -> None:
+    """Recompute the session's row from its current row (or its events), its headers and its
+    waiting requests, folding ``new`` in unless the row already counts it."""
+    mark = _mark(conn)
+    found = rows_since(conn, f"SELECT {_COLUMNS} FROM session_index WHERE session_id = {mark}", session_id)
+    current = found[0] if found else None
+    if current is None:
+        # The session's first row (or one a rebuild left out): fold all of its events once.
+        tally = _Tally().plus(_session_events(conn, session_id))
+    else:
+        tally = _Tally.of_row(current).plus(new if added else [])
+    runs = [
+        header_of(r)
+        for r in rows_since(conn, f"SELECT * FROM agent_runs WHERE session_id = {mark}", session_id)
+    ]
+    if not runs and tally.event_count == 0:
+        return  # nothing of the session is in the ledger
+    row = _row(
+        session_id,
+        tally,
+        runs,
+        lambda: _waiting_runs(conn, session_id).get(session_id, set()),
+        lambda: _session_events(conn, session_id),
+    )
+    _put(conn, row, current)
+
+
+def _put(conn: Connection, row: SessionRow, current: Mapping[str, Any] | None) -> None:
+    mark, values = _mark(conn), asdict(row)
+    if current is None:
+        sql = f"INSERT INTO session_index ({_COLUMNS}) VALUES ({', '.join([mark] * len(_FIELDS))})"
+        driver_execute(conn, sql, tuple(values[f] for f in _FIELDS))
+    elif dict(current) != values:
+        sets = ", ".join(f"{f} = {mark}" for f in _FIELDS[1:])
+        sql = f"UPDATE session_index SET {sets} WHERE session_id = {mark}"
+        driver_execute(conn, sql, (*(values[f] for f in _FIELDS[1:]), row.session_id))
 
 
 def rebuild_rows(conn: Connection) -> list[SessionRow]:

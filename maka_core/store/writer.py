@@ -166,6 +166,17 @@ class LedgerStore(
     def _touch_session(self, session_id: str) -> None:
         self._index.touch(session_id)
 
+    def _waiting(
+        self, hook: Callable[[Connection], None], dispatch: RuntimeEvent
+    ) -> Callable[[Connection], None]:
+        """T1's decision hook for a call that asks for approval: its session starts waiting."""
+
+        def post(conn: Connection) -> None:
+            hook(conn)
+            self._touch_session(dispatch.session_id)
+
+        return post
+
     def _write(self, write: Callable[[Connection], Any]) -> Any:
         body = self._index.following(write)  # the session index follows, in the same transaction
         group = self._group
@@ -277,7 +288,10 @@ class LedgerStore(
         """T1: the dispatch fact (with its call, when not yet committed) and the prepared projection;
         ``decision``, the operation's policy decision, in the same transaction."""
         batch = [dispatch] if call is None else [call, dispatch]
-        post = decision_hook(dispatch, decision, self._sql)
+        hook = decision_hook(dispatch, decision, self._sql)
+        post = (
+            hook if hook is None or not (decision or {}).get("challenge") else self._waiting(hook, dispatch)
+        )
         return self._commit("t1_prepare", batch, post=post, evidence=evidence, attempt=as_attempt(attempt))
 
     def record_rerun(self, operation_id: str, *, attempt: AttemptArg = None) -> int:
@@ -327,6 +341,8 @@ class LedgerStore(
         def post(conn: Connection) -> None:
             if decision is not None:
                 insert_decision(conn, operation_id, response.session_id, response.run_id, decision)
+                if decision.get("challenge"):
+                    self._touch_session(response.session_id)
             if receipt is not None:
                 insert_receipt(conn, response.session_id, response.run_id, receipt)
 
@@ -339,6 +355,7 @@ class LedgerStore(
 
         def post(conn: Connection) -> None:
             insert_decision(conn, operation_id, request.session_id, request.run_id, decision)
+            self._touch_session(request.session_id)  # the session now waits for an answer
 
         return self._commit("generic_append", [request], post=post)
 

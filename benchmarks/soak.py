@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=200, help="turns in each session's script")
     parser.add_argument("--address", default=None, help="a running Temporal server (default: start one)")
     parser.add_argument("--out", type=Path, default=None, help="the folder to leave (default: a new one)")
     parser.add_argument("--json", action="store_true", help="the checker's report as JSON on stdout")
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(f"/tmp/maka-soak-{seed}-{uuid.uuid4().hex[:6]}")
     cfg = SoakConfig(
         seed=seed, kills=args.kills, minutes=args.minutes, sessions=args.sessions,
-        concurrency=args.concurrency, workers=args.workers, ledger=args.ledger,
+        concurrency=args.concurrency, workers=args.workers, ledger=args.ledger, turns=args.turns,
     )  # fmt: skip
     print(f"soak: seed {seed}, out {out}", file=sys.stderr)
     report = asyncio.run(run_soak(cfg, out, args.address))

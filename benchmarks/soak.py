@@ -26,9 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
-import signal
 import sys
 import time
 import uuid
@@ -43,15 +41,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import soak_check  # noqa: E402
+from benchmarks.soak_faults import NORMAL_WORKER, Chaos, start_server  # noqa: E402
 from benchmarks.soak_operator import TOOLS_SPEC, Operator, OperatorMode  # noqa: E402
-from benchmarks.soak_plan import BASH_LOG, Failpoint, FaultDraw, fault_draws, write_scripts  # noqa: E402
+from benchmarks.soak_plan import BASH_LOG, Failpoint, write_scripts  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from maka_temporal.workers.client.connect import connect  # noqa: E402
-from maka_temporal.workers.host.devserver import start as start_dev_server  # noqa: E402
+from maka_temporal.workers.host.devserver import DevServer  # noqa: E402
 from tests.drills import open_session, send, settle  # noqa: E402
-from tests.temporal_support import WorkerProcess  # noqa: E402
-
-NORMAL_WORKER: tuple[str, ...] = ("-m", "maka_temporal", "worker")
 
 
 @dataclass
@@ -76,17 +72,8 @@ class SoakConfig:
     scripts: list[list[dict[str, Any]]] | None = None
     #: Slot 0's first worker armed with this failpoint (a crafted fault; counted when it fires).
     first_failpoint: Failpoint | None = None
-
-
-@dataclass
-class Slot:
-    """One worker position: the process in it now, and how it came to be there."""
-
-    index: int
-    proc: WorkerProcess | None = None
-    armed: str | None = None
-    stopped: bool = False
-    started: int = 0
+    #: How often the operator bot's ``maka resume`` is SIGKILLed mid-way (a ``resume_kill`` fault).
+    resume_kill_p: float = 0.25
 
 
 @dataclass
@@ -95,107 +82,16 @@ class Soak:
     out: Path
     address: str
     ledger: str
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    began: float = field(default_factory=time.monotonic)
     queue: str = field(default_factory=lambda: f"soak-{uuid.uuid4().hex[:10]}")
-    slots: list[Slot] = field(default_factory=list)
+    chaos: Chaos | None = None
 
-    # --- workers ---------------------------------------------------------------------------------
-
-    def _env(self) -> dict[str, str]:
+    def worker_env(self) -> dict[str, str]:
+        """The soak tools, and where every effect line goes (outside the ledger)."""
         return {
             "MAKA_TOOLS": TOOLS_SPEC,
             "MAKA_SOAK_EFFECTS": str(self.out / "effects"),
             "MAKA_EFFECT_LOG": str(self.out / "effects" / "files.jsonl"),
         }
-
-    def start_worker(self, slot: Slot, failpoint: Failpoint | None = None) -> None:
-        env = self._env()
-        if failpoint is not None:
-            env.update(failpoint.env())
-        slot.started += 1
-        slot.armed = failpoint.label if failpoint else None
-        slot.stopped = False
-        slot.proc = WorkerProcess(
-            _Server(self.address),  # type: ignore[arg-type]
-            self.ledger,
-            self.queue,
-            home=self.out,
-            heartbeat_timeout=self.cfg.heartbeat_s,
-            extra_env=env,
-            log=self.out / "workers" / f"slot{slot.index}-{slot.started}.log",
-            entry=self.cfg.worker_entry,
-        )
-
-    def record(self, kind: str, slot: Slot, detail: str = "") -> None:
-        fault = {"at": round(time.monotonic() - self.began, 3), "kind": kind, "slot": slot.index}
-        if detail:
-            fault["detail"] = detail
-        self.faults.append(fault)
-        with open(self.out / "faults.jsonl", "a") as fh:
-            fh.write(json.dumps(fault) + "\n")
-
-    def reap(self) -> None:
-        """A worker that died on its own: its failpoint fired (a fault), or it crashed; replace it."""
-        for slot in self.slots:
-            proc = slot.proc
-            if proc is None or proc.proc.poll() is None:
-                continue
-            code = proc.proc.returncode
-            if slot.armed and code == -9:
-                self.record("failpoint", slot, slot.armed)
-            else:
-                self.record("exit", slot, f"exit {code} (armed {slot.armed})")
-            proc.stop()
-            self.start_worker(slot)
-
-    async def chaos(self, rng: random.Random, drivers_done: asyncio.Event) -> None:
-        draws = fault_draws(rng, self.cfg.workers, self.cfg.gap, self.cfg.heartbeat_s)
-        deadline = self.began + self.cfg.minutes * 60
-        conts: list[asyncio.Task[None]] = []
-        while self.fault_count() < self.cfg.kills and time.monotonic() < deadline:
-            draw: FaultDraw = next(draws)
-            waited = 0.0
-            while waited < draw.gap_s and not drivers_done.is_set() and self.fault_count() < self.cfg.kills:
-                await asyncio.sleep(0.1)
-                waited += 0.1
-                self.reap()
-            if drivers_done.is_set() or self.fault_count() >= self.cfg.kills:
-                break
-            slot = self.slots[draw.slot]
-            if slot.proc is None or slot.stopped or slot.proc.proc.poll() is not None:
-                continue
-            if draw.kind == "zombie":
-                os.kill(slot.proc.proc.pid, signal.SIGSTOP)  # our own child, by pid
-                slot.stopped = True
-                self.record("zombie", slot, f"stopped {draw.stop_s:.1f}s")
-                conts.append(asyncio.create_task(self._cont(slot, slot.proc, draw.stop_s)))
-                continue
-            slot.proc.proc.kill()  # SIGKILL, by pid, of the worker this soak started
-            await asyncio.to_thread(slot.proc.proc.wait)
-            slot.proc.stop()
-            if draw.kind == "kill":
-                self.record("kill", slot, f"armed {slot.armed}" if slot.armed else "")
-                self.start_worker(slot)
-            else:  # failpoint: the slot's worker is replaced by an armed one (counted when it fires)
-                assert draw.failpoint is not None
-                self.record("kill", slot, f"to arm {draw.failpoint.label}")
-                self.start_worker(slot, draw.failpoint)
-        for task in conts:
-            await task
-        self.reap()
-
-    def fault_count(self) -> int:
-        return sum(f["kind"] != "exit" for f in self.faults)
-
-    async def _cont(self, slot: Slot, proc: WorkerProcess, after: float) -> None:
-        await asyncio.sleep(after)
-        if proc.proc.poll() is None:
-            os.kill(proc.proc.pid, signal.SIGCONT)
-        if slot.proc is proc:
-            slot.stopped = False
-
-    # --- sessions --------------------------------------------------------------------------------
 
     async def drive(
         self,
@@ -245,13 +141,6 @@ def _config_json(cfg: SoakConfig) -> dict[str, Any]:
     return data
 
 
-class _Server:
-    """What ``WorkerProcess`` needs of a server: its address."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-
 @contextlib.contextmanager
 def _ledger(cfg: SoakConfig, out: Path) -> Iterator[str]:
     if cfg.ledger == "sqlite":
@@ -264,22 +153,24 @@ def _ledger(cfg: SoakConfig, out: Path) -> Iterator[str]:
 
 
 async def run_soak(cfg: SoakConfig, out: Path, address: str | None = None) -> dict[str, Any]:
-    """Run one soak into ``out`` and return the checker's report (plus the soak's own figures)."""
+    """Run one soak into ``out`` and return the checker's report (plus the soak's own figures).
+
+    Without ``address`` the soak starts its own dev server (and may restart it: ``server_restart``).
+    """
     out.mkdir(parents=True, exist_ok=True)
     (out / "effects").mkdir(exist_ok=True)
-    server = None
-    if address is None:
-        server = start_dev_server(ui=False, log_path=out / "temporal.log")
-        address = server.address
+    servers = [start_server(out)] if address is None else []
     try:
         with _ledger(cfg, out) as ledger:
-            return await _run(cfg, out, address, ledger)
+            return await _run(cfg, out, servers[0].address if servers else str(address), ledger, servers)
     finally:
-        if server is not None:
+        for server in servers:  # the first and every restarted one
             server.stop()
 
 
-async def _run(cfg: SoakConfig, out: Path, address: str, ledger: str) -> dict[str, Any]:
+async def _run(
+    cfg: SoakConfig, out: Path, address: str, ledger: str, servers: list[DevServer]
+) -> dict[str, Any]:
     scripts, fault_rng = write_scripts(cfg.seed, cfg.sessions, cfg.turns, out / "scripts", cfg.scripts)
     soak = Soak(cfg, out, address, ledger)
     sessions: dict[str, str] = {}
@@ -297,34 +188,33 @@ async def _run(cfg: SoakConfig, out: Path, address: str, ledger: str) -> dict[st
         "address": address, "queue": soak.queue, "sessions": sessions, "faults": [],
     }  # fmt: skip
     (out / "replay.json").write_text(json.dumps(replay, indent=2))
-    soak.slots = [Slot(i) for i in range(cfg.workers)]
-    for slot in soak.slots:
-        soak.start_worker(slot, cfg.first_failpoint if slot.index == 0 else None)
-    await asyncio.gather(*(asyncio.to_thread(s.proc.wait_ready, 120) for s in soak.slots if s.proc))
+    chaos = soak.chaos = Chaos(
+        out, ledger, soak.queue, address, workers=cfg.workers, heartbeat_s=cfg.heartbeat_s,
+        worker_env=soak.worker_env(), worker_entry=cfg.worker_entry, servers=servers,
+    )  # fmt: skip
+    await chaos.start_all(cfg.first_failpoint)
     client = await connect(address)
     operator = Operator(client, out, ledger, address, soak.queue, sessions, mode=cfg.operator)
+    operator.arm(random.Random(cfg.seed ^ 0x5EED), chaos.record, cfg.resume_kill_p)
     gate, chaos_over, drivers_done = asyncio.Semaphore(cfg.concurrency), asyncio.Event(), asyncio.Event()
-    soak.began = time.monotonic()
+    chaos.began = time.monotonic()
     drivers = [
         asyncio.create_task(soak.drive(client, sid, Path(ws), scripts[i], gate, chaos_over, operator))
         for i, (sid, ws) in enumerate(sessions.items())
     ]
     watcher = asyncio.create_task(_when_all_done(drivers, drivers_done))
     try:
-        await soak.chaos(fault_rng, drivers_done)
+        await chaos.run(fault_rng, kills=cfg.kills, minutes=cfg.minutes, gap=cfg.gap, done=drivers_done)
         chaos_over.set()
-        last_fault = max((f["at"] for f in soak.faults), default=0.0)
+        operator.kill_p = 0.0  # the faults are over: resumes run in peace
+        last_fault = max((f["at"] for f in chaos.faults), default=0.0)
         outcomes = await asyncio.gather(*drivers)
-        settled = time.monotonic() - soak.began
+        settled = time.monotonic() - chaos.began
         await watcher
     finally:
-        for slot in soak.slots:
-            if slot.proc is not None:
-                if slot.stopped:
-                    os.kill(slot.proc.proc.pid, signal.SIGCONT)
-                await asyncio.to_thread(slot.proc.stop)
+        await chaos.stop_all()
     replay.update(
-        faults=soak.faults, outcomes=outcomes, lastFaultS=last_fault, settledS=round(settled, 3),
+        faults=chaos.faults, outcomes=outcomes, lastFaultS=last_fault, settledS=round(settled, 3),
         settleAfterLastFaultS=round(settled - last_fault, 3),
     )  # fmt: skip
     (out / "replay.json").write_text(json.dumps(replay, indent=2))
@@ -335,7 +225,7 @@ async def _run(cfg: SoakConfig, out: Path, address: str, ledger: str) -> dict[st
         "operationsPerMinute": round(report["operations"] / max(settled / 60, 1e-9), 1),
         "turns": sum(o["turns"] for o in outcomes),
         "sessionStates": dict(Counter(str(o["state"]) for o in outcomes)),
-        "workerExits": sum(f["kind"] == "exit" for f in soak.faults),
+        "workerExits": [f["detail"] for f in chaos.faults if f["kind"] == "exit"],
         "operatorActions": operator.actions,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,9 +48,18 @@ class Operator:
     ) -> None:
         """``mode="resume-only"``: the negative control of a resume that ignores the parked calls."""
         self.mode = mode
+        self.rng: random.Random | None = None
+        self.record: Callable[..., None] | None = None
+        self.kill_p = 0.0
+
         self.client, self.out, self.ledger, self.address, self.queue = client, out, ledger, address, queue
         self.sessions = sessions
         self.actions = 0
+
+    def arm(self, rng: random.Random, record: Callable[..., None], kill_p: float) -> None:
+        """SIGKILL this bot's ``maka resume`` mid-way with probability ``kill_p`` (drawn from ``rng``),
+        recording each as a ``resume_kill`` fault."""
+        self.rng, self.record, self.kill_p = rng, record, kill_p
 
     async def cli(self, *args: str, timeout: float = 300) -> tuple[int, dict[str, Any]]:
         proc = await asyncio.create_subprocess_exec(
@@ -56,6 +67,16 @@ class Operator:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=soak_check.ROOT,
             env=_env(self.address, self.queue),
         )  # fmt: skip
+        if args[0] == "resume" and self.rng is not None and self.rng.random() < self.kill_p:
+            after = self.rng.uniform(0.2, 3.0)
+            try:
+                await asyncio.wait_for(proc.wait(), after)
+            except TimeoutError:
+                proc.kill()  # SIGKILL of our own child, mid-resume
+                await proc.wait()
+                if self.record is not None:
+                    self.record("resume_kill", None, f"after {after:.1f}s")
+                return -9, {"error": "resume killed by the soak"}
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except TimeoutError:

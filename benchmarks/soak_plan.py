@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-FaultKind = Literal["kill", "zombie", "failpoint"]
-FAULT_KINDS: Final[tuple[FaultKind, ...]] = ("kill", "zombie", "failpoint")
-FAULT_WEIGHTS: Final[tuple[float, ...]] = (0.45, 0.2, 0.35)
+FaultKind = Literal["kill", "zombie", "failpoint", "server_restart"]
+FAULT_KINDS: Final[tuple[FaultKind, ...]] = ("kill", "zombie", "failpoint", "server_restart")
+#: ``server_restart`` is drawn rarely (each costs seconds of outage) and only done when the soak
+#: started its own server.
+FAULT_WEIGHTS: Final[tuple[float, ...]] = (0.42, 0.2, 0.33, 0.05)
 
 USER_TOOLS: Final[tuple[str, ...]] = ("soak_read", "soak_idem", "soak_alo", "soak_recon", "soak_once")
 FILE_TOOLS: Final[tuple[str, ...]] = ("write_file", "edit_file")

@@ -47,6 +47,7 @@ def crafted(**overrides: Any) -> SoakConfig:
     base: dict[str, Any] = dict(
         seed=SEED, kills=1, minutes=3.0, sessions=1, concurrency=1, workers=1, turns=1, min_turns=1,
         gap=(600.0, 600.0), scripts=CRAFTED, first_failpoint=Failpoint("P4", "soak_once", 0),
+        resume_kill_p=0.0,
     )  # fmt: skip
     base.update(overrides)
     return SoakConfig(**base)

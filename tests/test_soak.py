@@ -54,7 +54,7 @@ async def test_randomized_soak_finds_nothing_run_twice_nothing_lost_nothing_stuc
     assert report["kills"] >= KILLS, f"only {report['kills']} faults landed in 2 minutes: {text}"
     assert report["faults"].get("kill", 0) > 0 and report["faults"].get("server_restart", 0) > 0, text
     # The faults landed in real work: every session ran turns, and many operations were judged.
-    assert report["operations"] >= 5 * cfg.sessions, text
+    assert report["operations"] >= 2 * cfg.sessions, text
     # A worker exits on its own only when it started while the server was down (it refuses).
     exits = [e for e in report["figures"]["workerExits"] if "temporal_unavailable" not in e]
     assert exits == [], f"a worker exited without a fault: {text}"

@@ -207,8 +207,10 @@ async def _run(
         await chaos.run(fault_rng, kills=cfg.kills, minutes=cfg.minutes, gap=cfg.gap, done=drivers_done)
         chaos_over.set()
         operator.kill_p = 0.0  # the faults are over: resumes run in peace
-        last_fault = max((f["at"] for f in chaos.faults), default=0.0)
+        last_fault = max((f["at"] for f in chaos.faults if f["kind"] != "disarm"), default=0.0)
+        keeper = asyncio.create_task(chaos.keep_alive(drivers_done))
         outcomes = await asyncio.gather(*drivers)
+        await keeper
         settled = time.monotonic() - chaos.began
         await watcher
     finally:

@@ -220,7 +220,7 @@ def check(out: Path, *, audit: bool = True) -> dict[str, Any]:
             drift = len(found)
             if drift or code != 0:
                 bad("audit_drift", findings=found[:5], exit=code)
-    faults = Counter(f["kind"] for f in replay.get("faults", []))
+    faults = Counter(f["kind"] for f in replay.get("faults", []) if f["kind"] not in ("exit", "disarm"))
     return {
         "seed": replay["seed"],
         "kills": sum(faults.values()),

@@ -133,8 +133,8 @@ class Chaos:
             fh.write(json.dumps(fault) + "\n")
 
     def count(self) -> int:
-        """Faults so far (a worker's exit that no fault caused is recorded, not counted)."""
-        return sum(f["kind"] != "exit" for f in self.faults)
+        """Faults so far (an exit no fault caused, and the final disarming, are recorded, not counted)."""
+        return sum(f["kind"] not in ("exit", "disarm") for f in self.faults)
 
     def reap(self) -> None:
         """A worker that died on its own: its failpoint fired (a fault), or it crashed; replace it."""
@@ -171,7 +171,7 @@ class Chaos:
                 self.reap()
                 if time.monotonic() > deadline:
                     break
-            if done.is_set() or self.count() >= kills:
+            if done.is_set() or self.count() >= kills or time.monotonic() > deadline:
                 break
             if draw.kind == "server_restart":
                 if self.servers:
@@ -179,6 +179,8 @@ class Chaos:
                 continue
             slot = self.slots[draw.slot]
             if slot.proc is None or slot.stopped or slot.proc.proc.poll() is not None:
+                continue
+            if draw.kind == "kill" and slot.armed:  # leave an armed worker to its failpoint
                 continue
             if draw.kind == "zombie":
                 os.kill(slot.proc.proc.pid, signal.SIGSTOP)  # our own child, by pid
@@ -198,7 +200,24 @@ class Chaos:
                 self.start_worker(slot, draw.failpoint)
         for task in conts:
             await task
+        await self.calm()
+
+    async def calm(self) -> None:
+        """The faults are over: every armed worker (alive or not) is replaced by an unarmed one."""
         self.reap()
+        for slot in self.slots:
+            if slot.armed and slot.proc is not None:
+                slot.proc.proc.kill()  # our own child; its failpoint must not fire after the faults
+                await asyncio.to_thread(slot.proc.proc.wait)
+                slot.proc.stop()
+                self.record("disarm", slot.index, slot.armed)
+                self.start_worker(slot)
+
+    async def keep_alive(self, done: asyncio.Event) -> None:
+        """Replace any worker that dies, until ``done`` (the sessions finished)."""
+        while not done.is_set():
+            self.reap()
+            await asyncio.sleep(0.5)
 
     async def _cont(self, slot: Slot, proc: WorkerProcess, after: float) -> None:
         await asyncio.sleep(after)

@@ -64,9 +64,11 @@ Key = tuple[str, str]
 def parse_json(text: str) -> Any:
     """A command's ``--json`` answer: the whole output, else its last line (None: neither)."""
     text = text.strip()
-    for candidate in (text, text.splitlines()[-1] if text else ""):
+    lines = text.splitlines()
+    # Log lines (a client's retry warnings) may precede the document: try from each line that opens one.
+    for start in [0] + [i for i, line in enumerate(lines) if line.startswith(("{", "["))]:
         try:
-            return json.loads(candidate)
+            return json.loads("\n".join(lines[start:]))
         except ValueError:
             continue
     return None

@@ -139,7 +139,11 @@ class Operator:
                 )  # fmt: skip
                 self.log({"session": sid, "operationId": op_id, "decision": decision, "key": key,
                           "exit": rc, "code": answer.get("code")})  # fmt: skip
-            if out.get("code") == "session_busy" or (code == 0 and out.get("state") == "parked"):
+            if out.get("code") in ("resume_not_needed", "session_busy") and out.get("state") != "parked":
+                # An execution carries the session again (a resume that was cut had started it):
+                # never terminate a live one; wait for its turn.
+                return await settle(self.client, sid, timeout=300, interval=0.25)
+            if out.get("state") == "parked" and (out.get("code") == "session_busy" or code == 0):
                 await self.terminate(sid)
             if not pending:
                 await asyncio.sleep(1.0)

@@ -194,7 +194,9 @@ async def _run(
     )  # fmt: skip
     await chaos.start_all(cfg.first_failpoint)
     client = await connect(address)
-    operator = Operator(client, out, ledger, address, soak.queue, sessions, mode=cfg.operator)
+    operator = Operator(
+        client, out, ledger, address, soak.queue, sessions, mode=cfg.operator, effects_env=soak.worker_env()
+    )
     operator.arm(random.Random(cfg.seed ^ 0x5EED), chaos.record, cfg.resume_kill_p)
     gate, chaos_over, drivers_done = asyncio.Semaphore(cfg.concurrency), asyncio.Event(), asyncio.Event()
     chaos.began = time.monotonic()

@@ -222,7 +222,9 @@ def check(out: Path, *, audit: bool = True) -> dict[str, Any]:
             drift = len(found)
             if drift or code != 0:
                 bad("audit_drift", findings=found[:5], exit=code)
-    faults = Counter(f["kind"] for f in replay.get("faults", []) if f["kind"] not in ("exit", "disarm"))
+    # The faults as they happened (``faults.jsonl``, written live; the replay file gets them at the end).
+    happened = _jsonl(out / "faults.jsonl") or replay.get("faults", [])
+    faults = Counter(f["kind"] for f in happened if f.get("kind") not in ("exit", "disarm"))
     return {
         "seed": replay["seed"],
         "kills": sum(faults.values()),

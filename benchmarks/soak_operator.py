@@ -45,9 +45,13 @@ class Operator:
         sessions: dict[str, str],
         *,
         mode: OperatorMode = "resolve",
+        effects_env: dict[str, str] | None = None,
     ) -> None:
         """``mode="resume-only"``: the negative control of a resume that ignores the parked calls."""
         self.mode = mode
+        #: Where effects go: ``maka resume`` runs recovery itself (a read-only or keyed call runs
+        #: again in its process), so it writes effect lines like a worker.
+        self.effects_env = effects_env or {}
         self.rng: random.Random | None = None
         self.record: Callable[..., None] | None = None
         self.kill_p = 0.0
@@ -65,7 +69,7 @@ class Operator:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "maka_temporal", *args, "--db", self.ledger, "--json",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=soak_check.ROOT,
-            env=_env(self.address, self.queue),
+            env=_env(self.address, self.queue, self.effects_env),
         )  # fmt: skip
         if args[0] == "resume" and self.rng is not None and self.rng.random() < self.kill_p:
             after = self.rng.uniform(0.2, 3.0)
@@ -150,8 +154,9 @@ class Operator:
         return await settle(self.client, sid, timeout=300, interval=0.25)
 
 
-def _env(address: str, queue: str) -> dict[str, str]:
+def _env(address: str, queue: str, effects_env: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(effects_env)
     # The worker's tools: resume checks the session's tool catalog against the ones it is given.
     env.update({"TEMPORAL_ADDRESS": address, "MAKA_TASK_QUEUE": queue, "MAKA_TOOLS": TOOLS_SPEC})
     for key in ("MAKA_FAILPOINT", "MAKA_FAILPOINT_TAG", "MAKA_FAILPOINT_SKIP"):

@@ -7,8 +7,9 @@ from concurrent processes never interleave), so the checker counts effects witho
 word. Each run sleeps a little (heartbeating) so that faults land inside calls too.
 
 - ``soak_read`` (``read-only``): a line per run; any number is fine.
-- ``soak_idem`` (``provider-idempotent``): the "provider" keeps one effect per idempotency key: a
-  run whose key already has a line adds none (as a keyed API would answer the stored result).
+- ``soak_idem`` (``provider-idempotent``): the "provider" keeps one effect per idempotency key: the
+  first request creates the key's record atomically (``O_EXCL``), a later or concurrent one with the
+  same key adds no line (as a keyed API answers the stored result).
 - ``soak_alo`` (``at-least-once``): a line per run, every one with the operation's own key.
 - ``soak_recon`` (``reconciliation-required``): ``reconcile`` looks for its operation's line: there,
   it is done; absent, not applied (the operation parks ``reconcile_matches_prior_state``).
@@ -98,8 +99,13 @@ def soak_read(args: SoakArgs, ctx: ToolContext) -> dict[str, Any]:
 def soak_idem(args: SoakArgs, ctx: ToolContext) -> dict[str, Any]:
     """Call a keyed API: one effect per idempotency key however often it is called."""
     _work(args, ctx)
-    if not any(line["idempotencyKey"] == ctx.idempotency_key for line in effect_lines()):
-        _append(ctx, args.tag)
+    keys = effects_dir() / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    try:  # the provider's atomic dedupe: the first request with a key creates its record
+        os.close(os.open(keys / ctx.idempotency_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return _result(args, ctx)  # a keyed API answers a repeated request without a second effect
+    _append(ctx, args.tag)
     return _result(args, ctx)
 
 

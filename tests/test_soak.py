@@ -37,6 +37,8 @@ SEED = int(os.environ.get("MAKA_SOAK_SEED", "9"))
 KILLS = int(os.environ.get("MAKA_SOAK_KILLS", "20"))
 
 
+# About a minute on an idle 2-core machine; the bound leaves room for a suite running beside it.
+@pytest.mark.timeout(600)
 async def test_randomized_soak_finds_nothing_run_twice_nothing_lost_nothing_stuck(
     tmp_path: Path, capsys: Any
 ) -> None:

@@ -111,7 +111,13 @@ class Soak:
                 if turn > self.cfg.min_turns and chaos_over.is_set():
                     break
                 update = f"{sid}-turn-{turn}"
-                accepted = await send(client, sid, f"turn {turn}", update_id=update, timeout=600)
+                try:
+                    accepted = await send(client, sid, f"turn {turn}", update_id=update, timeout=600)
+                except Exception as exc:  # recorded; the checker judges the session
+                    # A message the server kept refusing for ten minutes (e.g. a workflow task in
+                    # failed state): the session stops taking turns, and the soak goes on.
+                    self.note("refused.jsonl", {"session": sid, "turn": turn, "error": repr(exc)[:500]})
+                    return {"session": sid, "turns": turns, "state": "send_refused", "parkReason": None}
                 self.ack(sid, accepted.run_id, [])
                 status = await settle(client, sid, accepted.run_id, timeout=600, interval=0.25)
                 turns += 1
@@ -130,8 +136,11 @@ class Soak:
             return [e.id for e in store.events(session_id=sid, run_id=run_id)]
 
     def ack(self, sid: str, run_id: str, events: list[str]) -> None:
-        with open(self.out / "acks.jsonl", "a") as fh:
-            fh.write(json.dumps({"session": sid, "runId": run_id, "events": events}) + "\n")
+        self.note("acks.jsonl", {"session": sid, "runId": run_id, "events": events})
+
+    def note(self, name: str, line: dict[str, Any]) -> None:
+        with open(self.out / name, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 def _config_json(cfg: SoakConfig) -> dict[str, Any]:

@@ -350,14 +350,30 @@ def _recovered(
         dispatched = [
             r for r in rows if r["phase"] == "t1" and (r["workflow_run_id"], r["activity_id"]) in earlier
         ]
-        if dispatched:
-            row = dispatched[0]
+        # A T1 committed only after recover_operation had closed cannot have been there to see: an
+        # attempt frozen before its T1 (a SIGSTOPped worker) woke late. Any other is drift (a T1
+        # inside the recovery's window counts: its read may have come after it).
+        late = [
+            r for r in dispatched if fact.closed_at is not None and int(r["recorded_at"]) > fact.closed_at
+        ]
+        seen = [r for r in dispatched if r not in late]
+        if seen:
+            row = seen[0]
             yield _f(
                 "redispatch_after_dispatch",
                 placed,
                 key,
                 f"recover_operation {fact.activity_id} said not_dispatched, but activity "
                 f"{row['activity_id']} had already committed T1 for {op_id}",
+            )
+        elif late:
+            row = late[0]
+            yield _f(
+                "late_dispatch_after_recovery",
+                placed,
+                key,
+                f"recover_operation {fact.activity_id} said not_dispatched and closed; activity "
+                f"{row['activity_id']} committed its T1 for {op_id} after that (a frozen attempt woke)",
             )
 
 

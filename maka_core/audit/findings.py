@@ -37,6 +37,7 @@ CheckId = Literal[
     "failed_tool_unrecovered",
     "recovery_mismatch",
     "redispatch_after_dispatch",
+    "late_dispatch_after_recovery",
     # 5. parks, resolutions, continuations
     "park_mismatch",
     "continuation_claim_missing",
@@ -89,6 +90,11 @@ CHECKS: dict[CheckId, tuple[Severity, str]] = {
     "redispatch_after_dispatch": (
         "drift",
         "recovery allowed a second dispatch of an operation that already had a T1",
+    ),
+    "late_dispatch_after_recovery": (
+        "notice",
+        "an attempt committed its T1 after recovery had found none and closed (a frozen worker woke);"
+        " the outcome checks judge what followed",
     ),
     "park_mismatch": ("drift", "a run parked in a history but not in the ledger, or the other way round"),
     "continuation_claim_missing": ("drift", "a continuation start has no claim row"),

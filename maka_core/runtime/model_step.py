@@ -46,6 +46,7 @@ from maka_core.runtime.contracts import (
 )
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.usage_limits import CAPS, limits_in_force, next_call_tokens
+from maka_core.tools.contract import parallel_safe
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def _result(
                 # A read-only call may be retried by Temporal; every other call never is.
                 read_only=guarantee == "read-only" or None,
                 bounded=(tool is not None and local_calls.is_bounded(tool, guarantee)) or None,
+                parallel=(tool is not None and parallel_safe(tool, guarantee)) or None,
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)

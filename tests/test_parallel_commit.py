@@ -191,3 +191,39 @@ def test_a_steps_calls_commit_side_by_side_on_workers_in_different_processes(
     finally:
         for rt in runtimes:
             rt.close()
+
+
+def test_a_call_that_skips_its_own_t1_in_the_batch_is_caught(store: LedgerStore, seeded: Workspace) -> None:
+    """Negative control, injected through the batch: one of the calls side by side commits its
+    outcome without its T1 (a broken dispatch that runs the effect first). The ledger refuses
+    that T2 while the other calls of the step commit theirs: no outcome ever enters the ledger
+    for an operation that has no dispatch fact."""
+    from maka_core.errors import LedgerRejection
+    from maka_core.facts.clock import now_ms
+    from maka_core.runtime import builders
+
+    rt = Runtime(store)
+    try:
+        refs = _one_step(rt, seeded)
+        skipper, others = refs[0], refs[1:]
+        results = _run_side_by_side([rt], seeded, others)
+        with pytest.raises(LedgerRejection) as refused:
+            rt.ledger.commit_tool_outcome(
+                builders.response_event(
+                    IDS,
+                    f"{skipper.operation_id}_response",
+                    skipper.tool_call_id,
+                    skipper.tool_name,
+                    {"ok": True},
+                    False,
+                    now_ms(),
+                    skipper.operation_id,
+                )
+            )
+        assert [r.status for r in results] == ["completed"] * len(others), results
+        events = store.events(session_id=IDS.session_id)
+        assert scan(events).issues == []
+        assert not any(e.id == f"{skipper.operation_id}_response" for e in events)
+    finally:
+        rt.close()
+    assert refused.value.code, refused.value

@@ -3,10 +3,12 @@
 A step's calls run concurrently, up to the session's ``max_parallel_tools`` at once. Which calls may
 overlap is each tool's declaration (``CallRef.parallel``, from ``tools.contract.parallel_safe``):
 the calls that are not parallel-safe run one at a time, in the model's call order, while the
-parallel-safe ones run beside them. Each call is dispatched exactly as a lone call is
-(``CallDispatch._tool``: a hybrid call's local attempt, approvals, host waits, recovery), so each
-keeps its own T1 before its effect and its own T2 before any result reaches the model; the ledger's
-commit path serializes the writers of one session (``tests/test_parallel_commit.py``).
+parallel-safe ones run beside them; once one of those lone calls parks or fails, the lone calls
+after it are never dispatched (no T1), as the loop of before never reached them. Each call is
+dispatched exactly as a lone call is (``CallDispatch._tool``: a hybrid call's local attempt,
+approvals, host waits, recovery), so each keeps its own T1 before its effect and its own T2 before
+any result reaches the model; the ledger's commit path serializes the writers of one session
+(``tests/test_parallel_commit.py``).
 
 The step is done when every call has its outcome or has parked: a call waiting for an approval or
 its host holds back no other call. Then, in the model's call order: a cancel (``cancel_turn``
@@ -54,6 +56,7 @@ class FanOut(CallDispatch):
         gate = asyncio.Semaphore(self._inp.config.max_parallel_tools)
         lane = asyncio.Lock()  # the calls that are not parallel-safe: one at a time, in order
         ended: list[BaseException | None] = [None] * len(calls)
+        broken: list[CallRef] = []  # a lone call that parked or failed: the later ones never start
 
         async def one(index: int, call: CallRef) -> None:
             try:
@@ -61,8 +64,15 @@ class FanOut(CallDispatch):
                     async with gate:
                         result = await self._tool(ids, call, settings, None)
                 else:
-                    async with lane, gate:
-                        result = await self._tool(ids, call, settings, None)
+                    async with lane:
+                        if broken:
+                            return  # never dispatched (no T1): as after a park in the loop of before
+                        try:
+                            async with gate:
+                                result = await self._tool(ids, call, settings, None)
+                        except Exception:
+                            broken.append(call)
+                            raise
             except Exception as err:  # every call ends first; then `_end_step` judges them
                 ended[index] = err
                 return

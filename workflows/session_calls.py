@@ -120,6 +120,8 @@ class CallDispatch:
     _local_runs: int
     _off_host: int
     _local_calls: set[str]
+    #: A chain's pause (``_bound_local_chain``) is under way.
+    _chain_paused: bool = False
     _tried_locally: set[str]
 
     # --- model steps -------------------------------------------------------------------------
@@ -265,9 +267,17 @@ class CallDispatch:
         completes, so its markers reach the server and a waiting Query or Update is answered."""
         if not self._local:
             return
+        if self._chain_paused:
+            # Calls side by side (``workflows.fanout``): none starts another local activity until
+            # the pause one of them began has completed the workflow task.
+            await workflow.wait_condition(lambda: not self._chain_paused)
         self._local_runs += 1
         if self._local_runs % LOCAL_CHAIN_BOUND == 0:
-            await workflow.sleep(0.001)
+            self._chain_paused = True
+            try:
+                await workflow.sleep(0.001)
+            finally:
+                self._chain_paused = False
 
     async def _local_tool(
         self,

@@ -36,6 +36,7 @@ from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
 from maka_core.runtime import call_state, compaction, governed, local_calls, step_output, tool_call
+from maka_core.runtime.call_limit import refuse_excess_calls
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -374,7 +375,7 @@ async def model_step(
         found = await rt.on_ledger(lookup, attempt=attempt)
     committed, step_index, history, plan, taken = found
     if committed:
-        return _result(rt, step_id, committed, replayed=True)
+        return await refuse_excess_calls(rt, ids, _result(rt, step_id, committed, replayed=True), attempt)
     refused = rt.model_calls.refusal(step_id)
     if refused is not None:
         raise refused  # this worker refused the step's answer already: the vendor is not asked again
@@ -432,11 +433,11 @@ async def model_step(
         committed = (await rt.on_ledger(lookup)).committed
         if not committed:
             raise
-        return _result(rt, step_id, committed, replayed=True)
+        return await refuse_excess_calls(rt, ids, _result(rt, step_id, committed, replayed=True), attempt)
     if output.tool_calls:
         failpoints.hit("P1")
     _count_tokens(rt, inp.provider, batch)
-    return _result(rt, step_id, tuple(batch), replayed=False)
+    return await refuse_excess_calls(rt, ids, _result(rt, step_id, tuple(batch), replayed=False), attempt)
 
 
 def _checked_usage(rt: Runtime, ids: RunIds, step_id: str, output: ModelOutput) -> dict[str, Any] | None:

@@ -39,7 +39,10 @@ def _log(root: Path, line: str) -> None:
 def _nap(args: Nap, ctx: ToolContext) -> dict[str, Any]:
     root = ctx.workspace_root
     _log(root, f"start {args.label} {time.monotonic():.3f}")
-    time.sleep(args.seconds)
+    until = time.monotonic() + args.seconds
+    while time.monotonic() < until:  # a cancelled attempt stops here (``heartbeat`` raises)
+        ctx.heartbeat()
+        time.sleep(min(0.05, max(0.0, until - time.monotonic())))
     _log(root, f"end {args.label} {time.monotonic():.3f}")
     return {"label": args.label, "slept": args.seconds}
 

@@ -227,3 +227,34 @@ def test_a_call_that_skips_its_own_t1_in_the_batch_is_caught(store: LedgerStore,
     finally:
         rt.close()
     assert refused.value.code, refused.value
+
+
+def test_the_provider_sees_the_results_in_the_models_call_order(
+    store: LedgerStore, seeded: Workspace
+) -> None:
+    """The calls finish in reverse (as side by side they may): the ledger keeps that order, and
+    the next step's history (and the chat-completions request built from it) lists the results
+    in the order the model asked. Control: the ledger's own order is the reverse."""
+    from maka_core.facts.events import FunctionResponseContent
+    from maka_core.providers.openai_compat import history_to_messages
+
+    rt = Runtime(store)
+    try:
+        refs = _one_step(rt, seeded)
+        for i, ref in reversed(list(enumerate(refs))):
+            asyncio.run(tool_call.execute_tool(rt, _input(seeded, ref), _attempt(i)))
+        spec = {"kind": "script", "steps": []}
+        found = model_step._lookup(rt, IDS, f"{IDS.run_id}:1", True, spec)
+    finally:
+        rt.close()
+    asked = [ref.tool_call_id for ref in refs]
+    ledger_order = [
+        e.content.id
+        for e in store.events(session_id=IDS.session_id)
+        if isinstance(e.content, FunctionResponseContent)
+    ]
+    assert ledger_order == list(reversed(asked))  # the control: they finished in reverse
+    sent = [e.content.id for e in found.history if isinstance(e.content, FunctionResponseContent)]
+    assert sent == asked
+    tool_messages = [m["tool_call_id"] for m in history_to_messages(found.history) if m["role"] == "tool"]
+    assert tool_messages == asked

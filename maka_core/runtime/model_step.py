@@ -37,6 +37,7 @@ from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedPr
 from maka_core.providers.spec import context_budget, parse_provider_spec
 from maka_core.runtime import call_state, compaction, governed, local_calls, step_output, tool_call
 from maka_core.runtime.call_limit import refuse_excess_calls
+from maka_core.runtime.call_order import in_call_order
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -213,7 +214,7 @@ def _lookup(
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
             found = compaction.history_view(events)
-            history = found.sent
+            history = in_call_order(found.sent)  # results as the calls were asked (run side by side)
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
         check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.

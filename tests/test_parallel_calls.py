@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 
+from maka_core.runtime.contracts import SessionConfig
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.registry import default_tools
@@ -116,6 +117,9 @@ async def test_the_setting_is_checked_where_it_enters() -> None:
     spec = {"kind": "script", "steps": [{"text": "hi"}]}
     assert new_session_config(spec).max_parallel_tools == 8
     assert new_session_config(spec, max_parallel_tools=1).max_parallel_tools == 1
+    assert new_session_config(spec).status_json()["maxParallelTools"] == 8  # session status --json
+    recorded = SessionConfig.from_json({"provider": spec, "maxStepsPerTurn": 5})  # a record from before
+    assert recorded is not None and recorded.max_parallel_tools == 1  # one call at a time, as it ran
     for bad in (0, 65):
         with pytest.raises(ConfigError) as err:
             new_session_config(spec, max_parallel_tools=bad)

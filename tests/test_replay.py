@@ -4,6 +4,7 @@ current workflow code: a non-deterministic change fails here instead of on a pro
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def test_golden_histories_are_present() -> None:
         "approval_and_cancel",
         "hybrid_two_turns_every_tool",
         "hybrid_crash_recover",
+        "parallel_calls",
+        "hybrid_parallel_calls",
     } <= names
 
 
@@ -87,5 +90,33 @@ async def test_the_hybrid_golden_history_pins_its_local_calls() -> None:
     raw = (Path(__file__).parent / "golden_histories" / "hybrid_two_turns_every_tool.json").read_text()
     history = WorkflowHistory.from_json("golden", raw)
     replayer = Replayer(workflows=[NoLocalCalls], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+
+
+@workflow.defn(name="maka.session", sandboxed=False)
+class OneAtATime(SessionWorkflow):
+    """The session workflow as if calls never ran side by side: the loop of before issue 31."""
+
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        super().__init__(inp)
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionStatus:
+        return await super().run(inp)
+
+    def _fans_out(self, calls: Sequence[CallRef]) -> bool:
+        return False
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("name", ["parallel_calls", "hybrid_parallel_calls"])
+async def test_the_parallel_golden_histories_pin_the_fan_out(name: str) -> None:
+    """Negative control: a history of calls side by side does not replay on a workflow that runs
+    them one at a time, so the golden histories guard the fan-out (``maka-parallel-tools-1``)."""
+    raw = (Path(__file__).parent / "golden_histories" / f"{name}.json").read_text()
+    history = WorkflowHistory.from_json("golden", raw)
+    replayer = Replayer(workflows=[OneAtATime], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None

@@ -90,7 +90,7 @@ with workflow.unsafe.imports_passed_through():
         TurnCancelled,
         WaitSettled,
     )
-    from maka_temporal.workflows.session_calls import CallDispatch
+    from maka_temporal.workflows.fanout import FanOut
     from maka_temporal.workflows.session_policy import (
         HOST_UNAVAILABLE,
         LEDGER_RETRY,
@@ -107,7 +107,7 @@ with workflow.unsafe.imports_passed_through():
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
-class SessionWorkflow(CallDispatch):
+class SessionWorkflow(FanOut):
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
@@ -134,6 +134,7 @@ class SessionWorkflow(CallDispatch):
         #: The request the running call waits on, an answer being committed for it, and the
         #: answers this execution saw (approval id -> ``allow``, ``deny`` or ``expired``).
         self._awaiting: ApprovalWait | None = None
+        self._waits: dict[str, ApprovalWait] = {}  # every request a call waits on (side by side)
         self._answering: str | None = None
         self._answered: dict[str, str] = {}
         #: ``cancel_turn``: the request, the running turn's task, and the cancelled run's result.
@@ -142,17 +143,18 @@ class SessionWorkflow(CallDispatch):
         self._cancelled: TurnCancelled | None = None
         self._cancelled_operations: list[str] = []
         #: Recovery is deciding a call: a cancel waits for its verdict (it must not be abandoned).
-        self._recovering = False
+        self._recovering = 0
         #: A tool activity is in flight: the request it may be about to report is in the ledger.
-        self._dispatching = False
+        self._dispatching = 0
         #: This execution runs bounded calls' first dispatch locally (``LOCAL_TOOLS_PATCH``), the
         #: local activities it has run (``LOCAL_CHAIN_BOUND``) and its ``off_host`` streak.
         self._local = False
         self._local_runs = 0
         self._off_host = 0
-        #: The activity id of the local tool call in flight (``cancel_turn`` names it).
-        self._local_call: str | None = None
-        self._tried_locally = False
+        #: The activity ids of the local tool calls in flight (``cancel_turn`` names them), and the
+        #: operations whose local attempt failed (their regular dispatch is their second).
+        self._local_calls: set[str] = set()
+        self._tried_locally: set[str] = set()
         if inp.first_message is not None and inp.in_flight is None and inp.continuation is None:
             # A child session's message, taken before any Update can be (as if sent first).
             self._pending = (self._new_turn(), inp.first_message)
@@ -246,10 +248,10 @@ class SessionWorkflow(CallDispatch):
         check_answer(
             approval_id,
             phrase,
-            wait=self._awaiting,
+            wait=self._waits.get(approval_id, self._awaiting),
             answered=self._answered,
             answering=self._answering,
-            undecided=self._dispatching or (not self._messages and self._current is not None),
+            undecided=bool(self._dispatching) or (not self._messages and self._current is not None),
             now_ms=now_ms(),
         )
 
@@ -298,10 +300,10 @@ class SessionWorkflow(CallDispatch):
             )
         )
         if self._turn_task is not None and self._cancelled is None and self._cancel is inp:
-            if self._local_call is not None and not workflow.unsafe.is_replaying():
+            for local_call in sorted(self._local_calls) if not workflow.unsafe.is_replaying() else ():
                 # The local attempt learns that this cancel was asked for (``AskedCancels``):
                 # it finishes with ``tool_cancelled`` rather than abandoning its T1.
-                ASKED_CANCELS.ask(workflow.info().run_id, self._local_call)
+                ASKED_CANCELS.ask(workflow.info().run_id, local_call)
             self._turn_task.cancel()
             await workflow.wait_condition(lambda: self._cancelled is not None or self._cancel is not inp)
         if self._cancelled is None:
@@ -571,7 +573,10 @@ class SessionWorkflow(CallDispatch):
             output, carried = carried, None
             if output.final:
                 return
-            for index, call in enumerate(output.calls):
+            fan_out = self._fans_out(output.calls)
+            if fan_out:
+                await self._fan_out(ids, output.calls, settings)
+            for index, call in enumerate(() if fan_out else output.calls):
                 # The step after this one rides with the step's last call (``with_tool`` mode).
                 last = index == len(output.calls) - 1
                 result = await self._tool(ids, call, settings, self._ride(step + 1) if last else None)

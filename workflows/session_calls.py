@@ -108,16 +108,21 @@ class CallDispatch:
     _messages: bool
     _cancel: CancelTurn | None
     _awaiting: ApprovalWait | None
+    _waits: dict[str, ApprovalWait]
     _answering: str | None
     _answered: dict[str, str]
-    _recovering: bool
-    _dispatching: bool
+    #: How many calls are in recovery, and how many tool activities are in flight (calls of one
+    #: step run side by side: ``workflows.fanout``).
+    _recovering: int
+    _dispatching: int
     _host_back: bool
     _local: bool
     _local_runs: int
     _off_host: int
-    _local_call: str | None
-    _tried_locally: bool
+    _local_calls: set[str]
+    #: A chain's pause (``_bound_local_chain``) is under way.
+    _chain_paused: bool = False
+    _tried_locally: set[str]
 
     # --- model steps -------------------------------------------------------------------------
 
@@ -190,7 +195,7 @@ class CallDispatch:
             ran = await self._local_tool(ids, call, settings, tool_input, cancellation)
             if ran is not None:
                 return ran
-            if self._tried_locally:
+            if call.operation_id in self._tried_locally:
                 dispatches = 1  # recovery said it never ran: the regular dispatch is its second
         while dispatches < MAX_DISPATCHES:
             dispatches += 1
@@ -198,7 +203,7 @@ class CallDispatch:
             # returns its result) consumed the cancel: the turn must not dispatch or wait again.
             self._raise_if_cancelled(None)
             try:
-                self._dispatching = True
+                self._dispatching += 1
                 try:
                     outcome: ToolOutcome = await workflow.execute_activity(
                         EXECUTE_TOOL,
@@ -212,7 +217,7 @@ class CallDispatch:
                         cancellation_type=cancellation,
                     )
                 finally:
-                    self._dispatching = False
+                    self._dispatching -= 1
                 if outcome.status == "awaiting_approval" and outcome.approval is not None:
                     # Nothing ran: wait here for the answer (or the expiry), then dispatch the
                     # call again, which acts on what the ledger then holds.
@@ -262,9 +267,17 @@ class CallDispatch:
         completes, so its markers reach the server and a waiting Query or Update is answered."""
         if not self._local:
             return
+        if self._chain_paused:
+            # Calls side by side (``workflows.fanout``): none starts another local activity until
+            # the pause one of them began has completed the workflow task.
+            await workflow.wait_condition(lambda: not self._chain_paused)
         self._local_runs += 1
         if self._local_runs % LOCAL_CHAIN_BOUND == 0:
-            await workflow.sleep(0.001)
+            self._chain_paused = True
+            try:
+                await workflow.sleep(0.001)
+            finally:
+                self._chain_paused = False
 
     async def _local_tool(
         self,
@@ -278,18 +291,20 @@ class CallDispatch:
         deferred (nothing ran, nothing of it is in the ledger but an approval request) or recovery
         found it never ran; the regular path then dispatches it. A failure (a re-run after a crash
         meeting its T1, a timeout) goes to recovery, on the host queue, as a regular one does."""
-        self._tried_locally = False
+        self._tried_locally.discard(call.operation_id)
         await self._bound_local_chain()
         local_input = self._local_input(tool_input)
         timeout = LOCAL_TOOL_TIMEOUT_S + (self._step_timeout().total_seconds() if tool_input.next_step else 0)
-        self._dispatching = True
-        self._local_call = f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}"
+        self._dispatching += 1
+        local_call = f"{LOCAL_TOOL_ID_PREFIX}{call.operation_id}"
+        self._local_calls.add(local_call)
+        held = True
         try:
             got: LocalToolResult = await workflow.execute_local_activity(
                 EXECUTE_TOOL_LOCAL,
                 local_input,
                 result_type=LocalToolResult,
-                activity_id=self._local_call,
+                activity_id=local_call,
                 start_to_close_timeout=timedelta(seconds=timeout),
                 retry_policy=SIDE_EFFECT_RETRY,
                 cancellation_type=cancellation,
@@ -297,9 +312,10 @@ class CallDispatch:
         except (ActivityError, ApplicationError, TemporalTimeoutError):
             # A local failure arrives unwrapped (an ApplicationError) or as an ActivityError (a
             # timeout): either way only the ledger knows whether the effect happened.
-            self._dispatching = False
-            self._local_call = None
-            self._tried_locally = True
+            self._dispatching -= 1
+            held = False
+            self._local_calls.discard(local_call)
+            self._tried_locally.add(call.operation_id)
             # An abandoned attempt (its timeout) may still be committing its T2: recovery's own
             # T2 then meets it, and recovery reports the committed outcome (``recovery``).
             recovered = await self._recover(ids, call, settings)
@@ -311,8 +327,9 @@ class CallDispatch:
                 raise Cancelled() from None
             return None
         finally:
-            self._dispatching = False
-            self._local_call = None
+            if held:
+                self._dispatching -= 1
+            self._local_calls.discard(local_call)
         if got.outcome is not None:
             self._off_host = 0
             return got.outcome
@@ -331,6 +348,7 @@ class CallDispatch:
         """Wait for the answer to ``wait`` until its ``expiresAt`` (a timer), holding no thread;
         at the expiry, close the request unanswered (``maka.close_approval``)."""
         self._awaiting = wait
+        self._waits[wait.approval_id] = wait
         try:
             left = wait.expires_at_ms - now_ms()
             if left > 0:
@@ -353,14 +371,16 @@ class CallDispatch:
             self._answered.setdefault(wait.approval_id, "expired")
             raise
         finally:
-            self._awaiting = None
+            # The wait the status shows: the earliest one still held (calls side by side).
+            self._waits.pop(wait.approval_id, None)
+            self._awaiting = next(iter(self._waits.values()), None)
 
     async def _recover(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
-        self._recovering = True
+        self._recovering += 1
         try:
             return await self._recover_call(ids, call, settings)
         finally:
-            self._recovering = False
+            self._recovering -= 1
 
     async def _recover_call(self, ids: RunIds, call: CallRef, settings: ToolSettings) -> RecoverResult:
         while True:
@@ -419,7 +439,7 @@ class CallDispatch:
         self._set_state("parked", HOST_UNAVAILABLE, call.operation_id)
         self._host_back = False
         await workflow.wait_condition(lambda: self._host_back)
-        self._host_back = False
+        # Not reset here: another call waiting for the same host (side by side) wakes too.
         await self._host_park(ids, call.operation_id, parked=False)
 
     async def _host_park(self, ids: RunIds, operation_id: str, *, parked: bool) -> None:

@@ -49,6 +49,10 @@ TURN_MESSAGES_PATCH = "maka-turn-messages-1"
 #: first dispatch as a local activity (``runtime.local_calls``). Asked only when the session's
 #: config says ``hybrid``, so no history recorded before it (none says so) changes.
 LOCAL_TOOLS_PATCH = "maka-local-tools-1"
+#: The calls of one model step run side by side (``workflows.fanout``, issue 31), up to the
+#: session's ``max_parallel_tools``. Asked only for a step of several calls in a session whose
+#: config allows more than one at a time, so every history recorded before keeps its commands.
+PARALLEL_TOOLS_PATCH = "maka-parallel-tools-1"
 
 
 def host_away(err: BaseException) -> bool:

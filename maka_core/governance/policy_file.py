@@ -62,6 +62,9 @@ def _trustable(name: str) -> str:
 _TrustedRead = Annotated[str, AfterValidator(_trustable)]
 
 
+#: ``maxToolCallsPerStep`` when a policy does not say.
+DEFAULT_MAX_TOOL_CALLS_PER_STEP = 64
+
 class Principal(GovernanceModel):
     """Who acts: ``kind:id`` on the wire of receipts and grants."""
 
@@ -182,6 +185,10 @@ class GovernancePolicy(GovernanceModel):
     #: a guarded replacement (``tools.redo``); False parks it (``reconcile_matches_prior_state``) as
     #: before. Left out of the digest when true (the default).
     redo_interrupted_writes: bool = True
+    #: The most calls one model step may ask for: past it every call of the step is refused
+    #: (``tool_calls_per_step_exceeded``, a committed error result before any T1). Left out of the
+    #: digest at its default.
+    max_tool_calls_per_step: int = Field(default=DEFAULT_MAX_TOOL_CALLS_PER_STEP, ge=1, le=10_000)
 
     @field_validator("allow_network")
     @classmethod
@@ -218,6 +225,8 @@ class GovernancePolicy(GovernanceModel):
             del value["redoInterruptedWrites"]
         if not value["toolGuarantees"]:
             del value["toolGuarantees"]
+        if value["maxToolCallsPerStep"] == DEFAULT_MAX_TOOL_CALLS_PER_STEP:
+            del value["maxToolCallsPerStep"]
         if value["offeredTools"] is None:
             del value["offeredTools"]
         # Likewise for token caps: only a set cap is part of what the digest covers.

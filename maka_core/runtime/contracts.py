@@ -184,6 +184,10 @@ DEFAULT_STEP_TIMEOUT_S: Final = 120.0
 #: The bounds of a new session's ``--step-timeout`` (a recorded value is taken as it is).
 STEP_TIMEOUT_BOUNDS_S: Final = (1.0, 3600.0)
 DEFAULT_MAX_STEPS_PER_TURN: Final = 100_000
+#: Calls of one model step running at once in a new session (``--max-parallel-tools``).
+DEFAULT_MAX_PARALLEL_TOOLS: Final = 8
+#: The bounds of ``max_parallel_tools`` (1: one call at a time, as before issue 31).
+MAX_PARALLEL_TOOLS_BOUNDS: Final = (1, 64)
 
 
 class SessionConfig(Contract):
@@ -232,6 +236,10 @@ class SessionConfig(Contract):
     #: ``hybrid``: bounded calls' first dispatch runs as a local activity (``--tool-mode``). Absent
     #: from every history recorded before it, which therefore decodes as ``activity``.
     tool_mode: ToolMode = "activity"
+    #: How many calls of one model step run at once (``--max-parallel-tools``; only calls whose
+    #: tools are ``parallel``). Absent from every history recorded before it, which therefore
+    #: decodes as 1: one call at a time, as those sessions always ran.
+    max_parallel_tools: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""
@@ -352,6 +360,8 @@ class CallRef(Contract):
     #: A bounded tool (``runtime.local_calls.is_bounded``): in a hybrid session its first dispatch
     #: may run as a local activity.
     bounded: bool | None = None
+    #: The tool may run beside the step's other calls (``tools.contract.parallel_safe``).
+    parallel: bool | None = None
 
 
 class ModelStepResult(Contract):

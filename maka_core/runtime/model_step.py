@@ -36,6 +36,8 @@ from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
 from maka_core.runtime import call_state, compaction, governed, local_calls, step_output, tool_call
+from maka_core.runtime.call_limit import refuse_excess_calls
+from maka_core.runtime.call_order import in_call_order
 from maka_core.runtime.contracts import (
     CallRef,
     ModelStepInput,
@@ -46,6 +48,7 @@ from maka_core.runtime.contracts import (
 )
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.usage_limits import CAPS, limits_in_force, next_call_tokens
+from maka_core.tools.contract import parallel_safe
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ def _result(
                 # A read-only call may be retried by Temporal; every other call never is.
                 read_only=guarantee == "read-only" or None,
                 bounded=(tool is not None and local_calls.is_bounded(tool, guarantee)) or None,
+                parallel=(tool is not None and parallel_safe(tool, guarantee)) or None,
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)
@@ -210,7 +214,7 @@ def _lookup(
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
             found = compaction.history_view(events)
-            history = found.sent
+            history = in_call_order(found.sent)  # results as the calls were asked (run side by side)
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
         check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
     # Session-wide step index: the script (or any provider) continues where the session is.
@@ -372,7 +376,7 @@ async def model_step(
         found = await rt.on_ledger(lookup, attempt=attempt)
     committed, step_index, history, plan, taken = found
     if committed:
-        return _result(rt, step_id, committed, replayed=True)
+        return await refuse_excess_calls(rt, ids, _result(rt, step_id, committed, replayed=True), attempt)
     refused = rt.model_calls.refusal(step_id)
     if refused is not None:
         raise refused  # this worker refused the step's answer already: the vendor is not asked again
@@ -430,11 +434,11 @@ async def model_step(
         committed = (await rt.on_ledger(lookup)).committed
         if not committed:
             raise
-        return _result(rt, step_id, committed, replayed=True)
+        return await refuse_excess_calls(rt, ids, _result(rt, step_id, committed, replayed=True), attempt)
     if output.tool_calls:
         failpoints.hit("P1")
     _count_tokens(rt, inp.provider, batch)
-    return _result(rt, step_id, tuple(batch), replayed=False)
+    return await refuse_excess_calls(rt, ids, _result(rt, step_id, tuple(batch), replayed=False), attempt)
 
 
 def _checked_usage(rt: Runtime, ids: RunIds, step_id: str, output: ModelOutput) -> dict[str, Any] | None:

@@ -243,6 +243,7 @@ class FunctionTool:
         result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT,
         hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
         bound_s: float | None = None,
+        parallel: bool | None = None,
     ) -> None:
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise _invalid(str(name), "a name is 1-64 of A-Z a-z 0-9 _ -")
@@ -264,6 +265,8 @@ class FunctionTool:
             raise _invalid(name, "reconciliation-required needs a reconcile= hook")
         if bound_s is not None and not (isinstance(bound_s, int | float) and 0 < bound_s <= 3600):
             raise _invalid(name, "bound_s is a number of seconds in (0, 3600]")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise _invalid(name, "parallel is True or False")
         if (args_model is None) == (parameters is None):
             raise _invalid(name, "give exactly one of args_model and parameters")
         if args_model is not None:
@@ -308,6 +311,9 @@ class FunctionTool:
         #: A ``read-only`` tool with a short bound may run as a local activity in a hybrid session
         #: (``runtime.local_calls``); nothing enforces it but the local attempt's start-to-close.
         self.bound_s = bound_s
+        #: Whether a call may run beside the other calls of its model step (``parallel_safe``);
+        #: ``None``: as its guarantee says (``read-only`` calls may, every other call not).
+        self.parallel = parallel
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r}, guarantee={self.guarantee!r})"
@@ -356,6 +362,7 @@ def tool(
     preflight: PreflightHook | None = None,
     hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
     bound_s: float | None = None,
+    parallel: bool | None = None,
 ) -> Any:
     """Make ``fn(args: YourModel, ctx: ToolContext)`` a tool (``@tool`` or ``@tool(...)``).
 
@@ -385,9 +392,21 @@ def tool(
             preflight=preflight,
             hook_timeout_s=hook_timeout_s,
             bound_s=bound_s,
+            parallel=parallel,
         )
 
     return make if fn is None else make(fn)
+
+
+def parallel_safe(tool: Any, guarantee: str | None) -> bool:
+    """Whether a call of ``tool``, judged ``guarantee`` for its arguments, may run beside the other
+    calls of its model step: the tool's own ``parallel`` when it declares one (``@tool(parallel=)``;
+    ``bash`` declares ``False``), else only a ``read-only`` call (an MCP tool's guarantee is its
+    annotations as the trust rules judge them). A call that is not runs alone, in the model's order."""
+    declared = getattr(tool, "parallel", None)
+    if isinstance(declared, bool):
+        return declared
+    return guarantee == "read-only"
 
 
 def tool_catalog(tools: Mapping[str, Any]) -> dict[str, str]:

@@ -108,6 +108,8 @@ class BashTool:
 
     #: The argument holding the command line (the worker's denied command patterns judge it).
     command_arg: ClassVar[str] = "command"
+    #: A command may touch anything its sandbox lets it: never beside another call of its step.
+    parallel: ClassVar[bool] = False
 
     result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT
     timeout_s: float = DEFAULT_TIMEOUT_S

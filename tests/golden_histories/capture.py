@@ -145,6 +145,30 @@ async def main(wanted: set[str]) -> None:
                 await wait_turn(client, sid, second.run_id)
                 written += await _save(client, sid, "hybrid_two_turns_every_tool")
 
+            # ``maka-parallel-tools-1``: one step of reads, a write, a lone bash and a refused read,
+            # side by side (``workflows.fanout``), in activity and in hybrid mode.
+            fan = write_script(
+                tmp / "fan.json",
+                [
+                    tool_step(
+                        ("read_file", {"path": "a.txt"}),
+                        ("write_file", {"path": "fan.txt", "content": "fan\n"}),
+                        ("list_dir", {"path": "."}),
+                        ("bash", {"command": "echo lone"}),
+                        ("read_file", {"path": "../outside.txt"}),
+                        ("read_file", {"path": "a.txt"}),
+                    ),
+                    {"text": "fanned out"},
+                ],
+            )
+            for name, mode in (("parallel_calls", "activity"), ("hybrid_parallel_calls", "hybrid")):
+                if want(name):
+                    sid, acc = await start(
+                        client, ws, fan, queue, "fan out", tool_mode=mode, max_parallel_tools=8
+                    )
+                    await wait_turn(client, sid, acc.run_id)
+                    written += await _save(client, sid, name)
+
             model_activity = write_script(
                 tmp / "ma.json", [tool_step(("list_dir", {"path": "."})), {"text": "ok"}]
             )

@@ -23,8 +23,10 @@ from maka_core.errors import ConfigError
 from maka_core.facts import canonical_json
 from maka_core.facts.printable import printable
 from maka_core.runtime.contracts import (
+    DEFAULT_MAX_PARALLEL_TOOLS,
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
+    MAX_PARALLEL_TOOLS_BOUNDS,
     NEW_SESSION_TOOL_MODE,
 )
 from maka_temporal.workers.cli.base import (
@@ -119,6 +121,14 @@ def session() -> None:
     help="hybrid: a bounded tool call's first dispatch runs as a local activity (no server round trip)",
 )
 @click.option(
+    "--max-parallel-tools",
+    type=click.IntRange(*MAX_PARALLEL_TOOLS_BOUNDS),
+    default=DEFAULT_MAX_PARALLEL_TOOLS,
+    show_default=True,
+    metavar="N",
+    help="calls of one model step that run at once (only tools declared parallel; 1: one at a time)",
+)
+@click.option(
     "--max-steps",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_STEPS_PER_TURN,
@@ -197,6 +207,7 @@ def cmd_start(
     continue_as_new_after_steps: int | None,
     model_step_mode: str,
     tool_mode: str,
+    max_parallel_tools: int,
     max_steps: int,
     system: str | None,
     temperature: float | None,
@@ -233,6 +244,7 @@ def cmd_start(
         context_reserve=context_reserve,
         model_step_mode=model_step_mode,
         tool_mode=tool_mode,
+        max_parallel_tools=max_parallel_tools,
         max_steps=max_steps,
         continue_as_new_after=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from maka_core.errors import MakaError
 from maka_core.facts import codec
 from maka_core.runtime.contracts import (
+    DEFAULT_MAX_PARALLEL_TOOLS,
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
@@ -217,6 +218,7 @@ class SessionClient:
         accept_timeout: float | None = None,
         offer: Sequence[str] | None = None,
         tool_mode: str = NEW_SESSION_TOOL_MODE,
+        max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
     ) -> TurnStarted:
         """Start a session on ``workspace`` and send its first message (``maka session start``).
 
@@ -251,6 +253,7 @@ class SessionClient:
                 unhinged=unhinged,
                 offer=offer,
                 tool_mode=tool_mode,
+                max_parallel_tools=max_parallel_tools,
             )
         except MakaError as exc:
             raise SessionError.of(exc) from None

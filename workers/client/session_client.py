@@ -34,6 +34,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from maka_core.errors import MakaError
 from maka_core.providers.spec import ProviderSpec
 from maka_core.runtime.contracts import (
+    DEFAULT_MAX_PARALLEL_TOOLS,
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
     NEW_SESSION_TOOL_MODE,
@@ -191,6 +192,7 @@ async def start_session(
     host_wait_s: float | None = None,
     config: SessionConfig | None = None,
     tool_mode: str = NEW_SESSION_TOOL_MODE,
+    max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
@@ -224,6 +226,7 @@ async def start_session(
         host=host,
         host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
         tool_mode=tool_mode,
+        max_parallel_tools=max_parallel_tools,
     )
     ws = Workspace.open(workspace, create=True)
     if task_timeout is None:

@@ -21,8 +21,10 @@ from maka_core.facts.session_id import check_session_id
 from maka_core.providers.scripted import ScriptedProvider
 from maka_core.providers.spec import AnthropicSpec, OpenAISpec, ScriptSpec, model_spec, new_session_spec
 from maka_core.runtime.contracts import (
+    DEFAULT_MAX_PARALLEL_TOOLS,
     DEFAULT_MAX_STEPS_PER_TURN,
     DEFAULT_STEP_TIMEOUT_S,
+    MAX_PARALLEL_TOOLS_BOUNDS,
     NEW_SESSION_TOOL_MODE,
     STEP_TIMEOUT_BOUNDS_S,
     ModelStepMode,
@@ -182,6 +184,7 @@ def new_session_config(
     host: str | None = None,
     host_wait_s: float | None = None,
     tool_mode: str = NEW_SESSION_TOOL_MODE,
+    max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
 ) -> SessionConfig:
     """The config of a session being started now, every value checked (a recorded config is taken
     as it was written; this is where a new one enters).
@@ -206,8 +209,14 @@ def new_session_config(
     tool_modes: tuple[ToolMode, ...] = get_args(ToolMode)
     if tool_mode not in tool_modes:
         raise ConfigError("config_invalid", f"tool_mode is one of {tool_modes}", setting="tool_mode")
+    low, high = MAX_PARALLEL_TOOLS_BOUNDS
+    if not low <= max_parallel_tools <= high:
+        raise ConfigError(
+            "config_invalid", f"max_parallel_tools is {low} to {high}", setting="max_parallel_tools"
+        )
     return SessionConfig(
         tool_mode=tool_mode,
+        max_parallel_tools=max_parallel_tools,
         provider=spec,
         model_step_mode=model_step_mode,
         model_step_timeout_s=step_timeout_s,
@@ -281,6 +290,8 @@ class SessionStart(BaseModel):
     #: The tool set the model is offered (``tools.offer``); ``None``: every tool.
     offer: tuple[str, ...] | None = Field(None, strict=False)
     tool_mode: str = NEW_SESSION_TOOL_MODE
+    #: Calls of one model step that run at once (1: one at a time).
+    max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS
 
     @classmethod
     def of(cls, **given: Any) -> SessionStart:
@@ -333,6 +344,7 @@ def new_session(s: MakaSettings, start: SessionStart) -> NewSession:
         host=s.host,
         host_wait_s=s.host_wait,
         tool_mode=start.tool_mode,
+        max_parallel_tools=start.max_parallel_tools,
     )
     path = check_workspace(Path(start.workspace), s)
     policy = Path(start.policy) if start.policy is not None else None

@@ -24,8 +24,10 @@ from temporalio.api.enums.v1 import EventType
 from maka_core.audit.model import read_ledger
 from maka_core.audit.report import audit
 from maka_core.runtime.local_calls import LOCAL_CHAIN_BOUND
+from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
 from maka_temporal.workers.client.audit import audit_session, session_executions
+from maka_temporal.workers.client.policy import session_policy
 from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus, workflow_id_for
 from maka_temporal.workflows.session import SessionWorkflow
 from tests.drills import maka_cli
@@ -184,16 +186,24 @@ async def test_a_500_call_turn_completes_its_workflow_task_every_k_local_calls(
         tmp_path / "long.json",
         [tool_step(*[("read_file", {"path": "f.txt"})] * 500), {"text": "read them all"}],
     )
+    # 500 calls in one step: past the default maxToolCallsPerStep (64), so the session's policy allows them.
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"maxToolCallsPerStep": 500}))
+    governed = session_policy(MakaSettings(db=str(db)), None, policy, "human:ops", ())
+    governed.record_in(MakaSettings(db=str(db)))
     async with in_process_worker(temporal_client, db, task_queue, workflow=workflow):
         sid, acc = await start(
             temporal_client, ws, script, task_queue, "go", tool_mode="hybrid",
-            task_timeout=timedelta(seconds=10),
+            task_timeout=timedelta(seconds=10), session_id=governed.session_id,
         )  # fmt: skip
         status = await wait_turn(temporal_client, sid, acc.run_id, timeout=300)
         history = await _history(temporal_client, sid)
     assert status.state == "idle", status
     groups = _markers_per_completion(history)
     assert sum(groups) == 500, groups
+    with LedgerStore.open(db) as store:
+        dispatched = [e for e in store.events(session_id=sid) if e.actions and e.actions.tool_dispatch]
+    assert len(dispatched) == 500, len(dispatched)  # every read ran: none refused before its T1
     if workflow is SessionWorkflow:
         assert max(groups) <= LOCAL_CHAIN_BOUND, groups
     else:

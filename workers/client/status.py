@@ -18,10 +18,14 @@ from maka_core.store.health import probe_path, probe_url
 from maka_temporal.workers.client.answers import Operation, Status, TurnInfo
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.policy import governance_status
+from maka_temporal.workers.client.pollers import unpolled_notice, workflow_pollers
 from maka_temporal.workers.client.session_client import describe_execution, query_status
 from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session_status"]
+
+#: How long the open execution's Query may take: a worker that polls answers in well under a second.
+QUERY_S = 5.0
 
 
 async def session_status(
@@ -34,12 +38,17 @@ async def session_status(
     # Notes wait until the session is known to exist: an unknown session or a missing ledger is
     # one refusal, not a note about state "from the ledger" followed by it.
     notes: list[str] = []
+    unanswered = False  # open, but no worker answers its Query: the execution says "running"
     try:
         if client is None:
             raise MakaError(unreachable or "temporal_unavailable", "no Temporal client")
         execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
         if execution.open:
-            status = await asyncio.wait_for(query_status(client, session_id), 5)
+            try:
+                status = await asyncio.wait_for(query_status(client, session_id), QUERY_S)
+            except Exception as exc:
+                unanswered = True
+                notes.append(await _unanswered_note(client, session_id, execution, exc))
         else:
             # A closed execution's Query replays its last in-memory state ("running" for one
             # terminated mid-turn): only the ledger knows what became of it.
@@ -60,7 +69,7 @@ async def session_status(
                 store,
                 session_id,
                 workflow_id=workflow_id_for(session_id),
-                state=status.state if status is not None else None,
+                state=status.state if status is not None else ("running" if unanswered else None),
                 park_reason=status.park_reason if status is not None else None,
             )
 
@@ -70,10 +79,12 @@ async def session_status(
         if exc.code != "ledger_not_found" or status is None:
             raise
         view = view_of("sqlite://")  # the workflow alone answers
-    if status is None and view.event_count == 0 and not view.turns:
+    if status is None and view.event_count == 0 and not view.turns and not unanswered:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    if unanswered and view.event_count == 0:
+        notes.append(f"maka: no fact of session {session_id} is in the ledger yet")
     resume_refusal = None
-    if status is None and not view.turns:
+    if status is None and not view.turns and not unanswered:
         # Events without run headers (an imported ledger): resume refuses, and says so here too.
         refusal = runs_missing(session_id, view.event_count)
         resume_refusal = refusal.to_json()
@@ -132,6 +143,15 @@ async def session_status(
         notes=tuple(notes),
         raw=out,
     )
+
+
+async def _unanswered_note(client: Any, session_id: str, execution: Any, exc: BaseException) -> str:
+    """Why an open execution did not answer its Query: no worker polls its queue, or one is slow."""
+    why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
+    queue = execution.task_queue
+    if queue is not None and await workflow_pollers(client, queue) == 0:
+        return f"{unpolled_notice(session_id, queue)}; execution running, state from the ledger"
+    return f"maka: execution running, but no worker answered its status query ({why}); state from the ledger"
 
 
 def _ledger_health(db: Any) -> dict[str, Any]:

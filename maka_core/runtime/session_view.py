@@ -19,6 +19,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import USAGE_COUNTS, Usage, add_usage, sum_usage
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
+from maka_core.runtime.approval_lines import approval_line
 from maka_core.runtime.compaction import CompactionFact
 from maka_core.runtime.contracts import PARK_REASONS, TURN_CANCELLED, SessionState
 from maka_core.runtime.governed import SessionGovernance
@@ -337,7 +338,13 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 else f"caps {_one_line(caps)}"
             )
             lines.append(f"-- operator {by} raised {what}: {reason} --")
-        if e.partial or e.hidden:
+        if e.partial:
+            continue
+        asked = approval_line(e)  # hidden from the model, shown to the operator
+        if asked is not None:
+            lines.append(asked)
+            continue
+        if e.hidden:
             continue
         c = e.content
         resolution = resolution_payload(e) if is_resolution_run(e.run_id) else None

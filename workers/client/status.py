@@ -10,6 +10,7 @@ from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.runtime.continuation import runs_missing
+from maka_core.runtime.contracts import SessionState
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
@@ -63,22 +64,27 @@ async def session_status(
             f"then `maka resume {session_id}`"
         )
 
-    def view_of(db: Any) -> Any:
+    def view_of(db: Any, state: SessionState | None = None) -> Any:
         with open_ledger(db, create=False) as store:
             return session_view(
                 store,
                 session_id,
                 workflow_id=workflow_id_for(session_id),
-                state=status.state if status is not None else ("running" if unanswered else None),
+                state=status.state if status is not None else state,
                 park_reason=status.park_reason if status is not None else None,
             )
 
+    db = s.ledger
     try:
-        view = view_of(s.ledger)
+        view = view_of(db)
     except MakaError as exc:
-        if exc.code != "ledger_not_found" or status is None:
+        if exc.code != "ledger_not_found" or (status is None and not unanswered):
             raise
-        view = view_of("sqlite://")  # the workflow alone answers
+        db = "sqlite://"  # the workflow alone answers
+        view = view_of(db)
+    if unanswered and view.event_count == 0:
+        # Nothing of it in the ledger yet: the open execution is all there is, and it runs.
+        view = view_of(db, "running")
     if status is None and view.event_count == 0 and not view.turns and not unanswered:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
     if unanswered and view.event_count == 0:

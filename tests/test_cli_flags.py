@@ -299,6 +299,33 @@ def test_dev_serves_its_web_ui_on_the_ui_port_flag(tmp_path: Path) -> None:
         stop(proc, grace=30)
 
 
+def _dev_server_event(env: dict[str, str], *args: str) -> dict[str, Any]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maka_temporal", "dev", "--no-worker", "--json", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, (proc.wait(30), proc.stderr.read() if proc.stderr else "")
+        event: dict[str, Any] = json.loads(line)
+        return event
+    finally:
+        stop(proc, grace=30)
+
+
+def test_dev_binds_the_port_of_temporal_address_when_no_port_is_given(tmp_path: Path) -> None:
+    # Issue 32.3: `maka dev --no-worker` with TEMPORAL_ADDRESS=127.0.0.1:7455 bound 7233, so every
+    # client that read TEMPORAL_ADDRESS found no server. Without --port the port is TEMPORAL_ADDRESS's.
+    port, other = free_port(), free_port()
+    env = _env(tmp_path / "home", f"127.0.0.1:{port}")
+    event = _dev_server_event(env)
+    assert event["event"] == "server" and event["address"] == f"127.0.0.1:{port}", event
+    # Negative control: an explicit --port still wins over TEMPORAL_ADDRESS.
+    event = _dev_server_event(env, "--port", str(other))
+    assert event["address"] == f"127.0.0.1:{other}", event
+
+
 def test_dev_creates_the_namespace_its_worker_serves(tmp_path: Path) -> None:
     # `maka dev --namespace NS` connects its worker to NS, so the server it starts must create NS
     # (with maka's search attributes). Before, the server had only `default` and the worker refused.

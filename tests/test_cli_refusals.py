@@ -265,6 +265,18 @@ def test_status_of_an_unknown_session_or_ledger_is_one_refusal_and_nothing_else(
     assert unknown.exit_code == 2 and unknown.stderr == "error: session_not_found: no session s\n"
 
 
+def test_session_cancel_takes_db_as_its_siblings_do(env: dict[str, str | None], tmp_path: Path) -> None:
+    # Issue 32.3: `maka session cancel --db` was a usage error while send/status/resolve take it.
+    # No server answers (env): the cancel gets as far as Temporal and says so.
+    db = tmp_path / "ledger.sqlite"
+    LedgerStore.open(db).close()
+    for sibling in ("send", "status", "resolve", "cancel"):
+        assert "--db" in run(env, "session", sibling, "--help").stdout, sibling
+    refused(run(env, "session", "cancel", "s", "--db", db, "--json"), "temporal_unavailable")
+    # Negative control: an option no session command takes is still the usage refusal.
+    refused(run(env, "session", "cancel", "s", "--ledger", db, "--json"), "usage_invalid")
+
+
 def test_ledger_accepts_a_sqlalchemy_url_and_export_refuses_an_unknown_session(
     env: dict[str, str | None], tmp_path: Path
 ) -> None:

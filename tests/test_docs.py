@@ -8,6 +8,10 @@ would run that no test runs, and no ``maka`` command line the CLI does not take.
 - Blocks sharing an id (the README's examples are the docs' too) are the same text.
 - Every ``maka ...`` line of a shell block names a command that exists and only options it takes.
   Negative control: a made-up option and a made-up command are named by the check.
+- ``examples/README.md``'s table describes each folder as its files are: every file it names
+  exists, and every piece of code it quotes is in one of them. Negative control: the ``own_tool``
+  row as it read before (``tools.py`` as "a plain object with the members of
+  ``maka_core.tools.Tool``"), and a wrong ``guarantee=``, are named.
 - The runnable blocks run against the test session's dev server: the README's CLI example (with a
   ``maka worker``: the walk changes the port and audits clean), the library example (a local
   OpenAI-wire server stands in for the vendor: the tool's result reaches it; negative control: the
@@ -186,6 +190,46 @@ def test_every_maka_command_line_exists_in_the_cli() -> None:
     assert cli_problems("x", "maka session start --workspace w --no-such-flag m")
     assert cli_problems("x", "maka session frobnicate S")
     assert cli_problems("x", "maka ledger plan --db D --session S [--run R] --json") == []
+
+
+def examples_readme_problems(text: str) -> list[str]:
+    """What ``examples/README.md``'s table says of each folder that its files do not bear out: a
+    file it names that is missing, or a quoted piece of code (`` `guarantee="read-only"` ``,
+    `` `run_session` ``, `` `@tool` ``) found in none of the files it names."""
+    problems = []
+    for row in re.findall(r"^\| `(\w+)/` \|(.*)$", text, re.M):
+        folder, cells = REPO / "examples" / row[0], row[1]
+        named = sorted(set(re.findall(r"`([\w.]+\.(?:py|json))`", cells)))
+        sources = ""
+        for name in named:
+            if not (folder / name).is_file():
+                problems.append(f"examples/{row[0]}/{name}: named, missing")
+            else:
+                sources += (folder / name).read_text()
+        for code in re.findall(r"`([^`]+)`", cells):
+            prose = code.endswith((".py", ".json")) or code.startswith("python ")
+            if prose or not re.search(r"[=@_(]", code):
+                continue
+            if code not in sources:
+                problems.append(f"examples/{row[0]}: `{code}` is in none of {named}")
+    return problems
+
+
+def test_the_examples_readme_describes_its_files_as_they_are() -> None:
+    text = (REPO / "examples" / "README.md").read_text()
+    assert len(re.findall(r"^\| `\w+/` \|", text, re.M)) == 3, "the table's rows were not found"
+    assert examples_readme_problems(text) == []
+    # Negative control: a description of tools.py as something it is not is named.
+    wrong = text.replace('`guarantee="read-only"`', '`guarantee="idempotent"`')
+    assert [p for p in examples_readme_problems(wrong) if "idempotent" in p], wrong
+    # ... as is the row as it read before (issue 32.3): tools.py is not "a plain object".
+    old = (
+        "`tools.py`: a `@tool` function over a pydantic model, `guarantee=\"read-only\"`",
+        "`tools.py`: a plain object with the members of `maka_core.tools.Tool`",
+    )
+    assert old[0] in text
+    assert any("maka_core.tools.Tool" in p for p in examples_readme_problems(text.replace(*old)))
+    assert any("gone.py" in p for p in examples_readme_problems(text.replace("`tools.py`", "`gone.py`")))
 
 
 # --- the runnable blocks, run ---------------------------------------------------------------------

@@ -459,7 +459,12 @@ class AnswerInput(Contract):
 
 
 class AnswerResult(Contract):
-    """What the ledger committed for an answer (``maka session approve --json`` prints it)."""
+    """What the ledger committed for an answer (``maka session approve --json`` prints it). It is
+    the ``approve``/``deny`` Update's result, which people read (``temporal workflow update
+    execute``), so its JSON is camelCase like every ``--json`` output (``approvalId``, ``toolName``);
+    the snake_case keys of results recorded before are read too (a history replays)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", alias_generator=to_camel, populate_by_name=True)
 
     approval_id: str
     operation_id: str

@@ -21,6 +21,7 @@ from maka_core.ledger.session_state import (
     derive_state,
     operations,
 )
+from maka_core.runtime.approval_lines import approval_line
 from maka_core.runtime.compaction import CompactionFact
 from maka_core.runtime.contracts import SessionState
 from maka_core.runtime.governed import SessionGovernance
@@ -235,7 +236,13 @@ def transcript_lines(events: list[RuntimeEvent], *, width: int = 160) -> list[st
                 else f"caps {_one_line(caps)}"
             )
             lines.append(f"-- operator {by} raised {what}: {reason} --")
-        if e.partial or e.hidden:
+        if e.partial:
+            continue
+        asked = approval_line(e)  # hidden from the model, shown to the operator
+        if asked is not None:
+            lines.append(asked)
+            continue
+        if e.hidden:
             continue
         c = e.content
         resolution = resolution_payload(e) if is_resolution_run(e.run_id) else None

@@ -7,7 +7,9 @@ first) is settled by recovery as after a crash, and the run ends ``cancelled`` w
 fact and certificate; the session then takes the next message. Refusals exit 2: ``session_not_found``,
 ``turn_not_running`` (an idle, parked or closed session), ``turn_not_cancellable`` (an execution
 recorded before ``cancel_turn`` existed), ``turn_not_cancelled`` (recovery parked a call instead),
-``temporal_unavailable``.
+``temporal_unavailable``. ``--db`` (``MAKA_DB``) is taken as by its siblings (``send``, ``status``,
+``resolve``), so one set of flags serves every ``maka session`` command; the cancel itself goes through
+Temporal, and the worker writes the run's terminal fact to the ledger it serves.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import click
 
 from maka_temporal.workers.cli.base import (
     CONNECT_S,
+    db_option,
     finish,
     json_option,
     print_json,
     run_async,
     say,
+    settings,
     temporal_options,
 )
 from maka_temporal.workers.client.session_api import SessionClient
@@ -29,11 +33,13 @@ __all__ = ["cmd_cancel"]
 
 
 @click.command("cancel")
+@db_option
 @temporal_options(queue=False)
 @click.argument("session_id", metavar="SESSION")
 @click.option("--reason", default=None, help="why (recorded in the run's terminal fact)")
 @json_option()
 def cmd_cancel(
+    db: str | None,
     address: str | None,
     namespace: str | None,
     session_id: str,
@@ -42,7 +48,9 @@ def cmd_cancel(
 ) -> None:
     """Cancel the running turn: the run ends cancelled and the session takes the next message."""
     async def main() -> int:
-        sessions = await SessionClient.connect(address, namespace, timeout=CONNECT_S)
+        sessions = await SessionClient.connect(
+            address, namespace, ledger=settings(db=db).ledger, timeout=CONNECT_S
+        )
         done = await sessions.cancel(session_id, reason=reason)
         if as_json:
             print_json(

@@ -25,7 +25,7 @@ from maka_temporal.workers.cli.base import (
     settings,
     temporal_options,
 )
-from maka_temporal.workers.client.connect import connect
+from maka_temporal.workers.client.connect import address_port, connect, target_address
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.host import devserver
 from maka_temporal.workers.host.serve import serve
@@ -161,7 +161,12 @@ def cmd_worker(
 @click.command("dev")
 @db_option
 @temporal_options()
-@click.option("--port", type=click.IntRange(1, 65535), default=7233, help="frontend gRPC port (default 7233)")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="frontend gRPC port (default: the port of --address / TEMPORAL_ADDRESS, else 7233)",
+)
 @click.option(
     "--ui-port", type=click.IntRange(1, 65535), default=None, help="Web UI port (default: port + 1000)"
 )
@@ -176,7 +181,7 @@ def cmd_dev(
     address: str | None,
     namespace: str | None,
     task_queue: str | None,
-    port: int,
+    port: int | None,
     ui_port: int | None,
     no_worker: bool,
     tool_heartbeat_timeout: float | None,
@@ -201,7 +206,7 @@ def cmd_dev(
     if not no_worker:
         open_ledger(s.ledger, create=True).close()
     server = devserver.start(
-        port=port,
+        port=port or address_port(target_address(address)),
         ui=True,
         ui_port=ui_port,
         db_file=s.home / "temporal.db",

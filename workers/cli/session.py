@@ -50,6 +50,7 @@ from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
 from maka_temporal.workers.cli.session_list import cmd_list
 from maka_temporal.workers.client.answers import Status, TurnStarted
+from maka_temporal.workers.client.pollers import warn_while_unpolled
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_start import SessionStart
 from maka_temporal.workflows.contracts import workflow_id_for
@@ -260,7 +261,16 @@ def cmd_start(
         from maka_temporal.workers.client.connect import connect  # the command boundary: cli/__init__
 
         sessions.client = await connect(address, namespace)
-        started = await sessions.start_with(new, accept_timeout=s.wait_timeout)
+        # The id first (stderr: stdout keeps its one answer), then, if the first message is not
+        # accepted within seconds and no worker polls the queue, that: never a silent wait.
+        say(f"session {new.session_id}: starting on task queue {s.task_queue!r}", err=True)
+        watch = asyncio.create_task(
+            warn_while_unpolled(sessions.client, new.session_id, s.task_queue, lambda m: say(m, err=True))
+        )
+        try:
+            started = await sessions.start_with(new, accept_timeout=s.wait_timeout)
+        finally:
+            watch.cancel()
         return await _after_send(sessions, started, wait=wait, as_json=as_json, wait_timeout=s.wait_timeout)
 
     finish(run_async(main()))

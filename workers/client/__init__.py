@@ -1,7 +1,8 @@
 """The Temporal client side: connecting (``connect``), opening the ledger (``ledger``), the typed
 ``SessionClient`` (``session_api``) and its answers and refusal (``answers``), the session
 workflow's messages (``session_client``, ``turn_messages``), what a start validates and records
-(``session_start``, ``policy``), a session's status (``status``), a new execution for a settled
+(``session_start``, ``policy``), a session's status (``status``), whether a worker polls a task
+queue (``pollers``), a new execution for a settled
 session (``reopen``), ``maka resume``'s client half (``resume``), following a session's facts as
 they commit (``session_follow``), the ledger's sessions (``session_list``) and the audit."""
 
@@ -11,6 +12,7 @@ __all__ = [
     "connect",
     "ledger",
     "policy",
+    "pollers",
     "reopen",
     "resume",
     "session_api",

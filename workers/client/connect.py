@@ -17,7 +17,8 @@ from temporalio.envconfig import ClientConfigProfile
 
 from maka_core.errors import MakaError
 
-DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_PORT = 7233
+DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 #: How long to keep asking a frontend that answers "not healthy yet": a server that has just opened
 #: its port (``maka dev``, a restarted server) is still starting, not down. A refused connection is
 #: not retried: nothing listens, and the caller should hear so at once.
@@ -38,6 +39,16 @@ def connect_config(address: str | None = None, namespace: str | None = None) -> 
 
 def target_address(address: str | None = None) -> str:
     return str(connect_config(address)["target_host"])
+
+
+def address_port(address: str) -> int:
+    """The port of a ``host:port`` address (``[v6]:port`` too); the frontend's default, 7233, when it
+    names none. ``maka dev`` binds it when ``--port`` is not given, so that ``TEMPORAL_ADDRESS``
+    means the same server to the dev server and to every client."""
+    _, sep, tail = address.rpartition(":")
+    if sep and tail.isdigit() and 0 < int(tail) < 65536 and not address.endswith("]"):
+        return int(tail)
+    return DEFAULT_PORT
 
 
 async def connect(address: str | None = None, namespace: str | None = None, **kwargs: Any) -> Client:

@@ -384,6 +384,8 @@ class Execution:
     status: str | None = None
     run_id: str | None = None
     task_attempt: int = 0
+    #: The task queue the execution's workflow tasks go to (its workers poll it).
+    task_queue: str | None = None
 
     @property
     def task_failing(self) -> bool:
@@ -419,6 +421,7 @@ async def describe_execution(client: Any, session_id: str) -> Execution:
         status=status.name.lower() if status is not None else None,
         run_id=desc.run_id,
         task_attempt=attempt,
+        task_queue=desc.task_queue or None,
     )
 
 

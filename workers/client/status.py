@@ -10,6 +10,7 @@ from typing import Any
 
 from maka_core.errors import MakaError
 from maka_core.runtime.continuation import runs_missing
+from maka_core.runtime.contracts import SessionState
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
@@ -18,10 +19,14 @@ from maka_core.store.health import probe_path, probe_url
 from maka_temporal.workers.client.answers import Operation, Status, TurnInfo
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.policy import governance_status
+from maka_temporal.workers.client.pollers import unpolled_notice, workflow_pollers
 from maka_temporal.workers.client.session_client import describe_execution, query_status
 from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session_status"]
+
+#: How long the open execution's Query may take: a worker that polls answers in well under a second.
+QUERY_S = 5.0
 
 
 async def session_status(
@@ -34,12 +39,17 @@ async def session_status(
     # Notes wait until the session is known to exist: an unknown session or a missing ledger is
     # one refusal, not a note about state "from the ledger" followed by it.
     notes: list[str] = []
+    unanswered = False  # open, but no worker answers its Query: the execution says "running"
     try:
         if client is None:
             raise MakaError(unreachable or "temporal_unavailable", "no Temporal client")
         execution = await asyncio.wait_for(describe_execution(client, session_id), 5)
         if execution.open:
-            status = await asyncio.wait_for(query_status(client, session_id), 5)
+            try:
+                status = await asyncio.wait_for(query_status(client, session_id), QUERY_S)
+            except Exception as exc:
+                unanswered = True
+                notes.append(await _unanswered_note(client, session_id, execution, exc))
         else:
             # A closed execution's Query replays its last in-memory state ("running" for one
             # terminated mid-turn): only the ledger knows what became of it.
@@ -54,26 +64,33 @@ async def session_status(
             f"then `maka resume {session_id}`"
         )
 
-    def view_of(db: Any) -> Any:
+    def view_of(db: Any, state: SessionState | None = None) -> Any:
         with open_ledger(db, create=False) as store:
             return session_view(
                 store,
                 session_id,
                 workflow_id=workflow_id_for(session_id),
-                state=status.state if status is not None else None,
+                state=status.state if status is not None else state,
                 park_reason=status.park_reason if status is not None else None,
             )
 
+    db = s.ledger
     try:
-        view = view_of(s.ledger)
+        view = view_of(db)
     except MakaError as exc:
-        if exc.code != "ledger_not_found" or status is None:
+        if exc.code != "ledger_not_found" or (status is None and not unanswered):
             raise
-        view = view_of("sqlite://")  # the workflow alone answers
-    if status is None and view.event_count == 0 and not view.turns:
+        db = "sqlite://"  # the workflow alone answers
+        view = view_of(db)
+    if unanswered and view.event_count == 0:
+        # Nothing of it in the ledger yet: the open execution is all there is, and it runs.
+        view = view_of(db, "running")
+    if status is None and view.event_count == 0 and not view.turns and not unanswered:
         raise MakaError("session_not_found", f"no session {session_id}", sessionId=session_id)
+    if unanswered and view.event_count == 0:
+        notes.append(f"maka: no fact of session {session_id} is in the ledger yet")
     resume_refusal = None
-    if status is None and not view.turns:
+    if status is None and not view.turns and not unanswered:
         # Events without run headers (an imported ledger): resume refuses, and says so here too.
         refusal = runs_missing(session_id, view.event_count)
         resume_refusal = refusal.to_json()
@@ -132,6 +149,15 @@ async def session_status(
         notes=tuple(notes),
         raw=out,
     )
+
+
+async def _unanswered_note(client: Any, session_id: str, execution: Any, exc: BaseException) -> str:
+    """Why an open execution did not answer its Query: no worker polls its queue, or one is slow."""
+    why = exc.code if isinstance(exc, MakaError) else type(exc).__name__
+    queue = execution.task_queue
+    if queue is not None and await workflow_pollers(client, queue) == 0:
+        return f"{unpolled_notice(session_id, queue)}; execution running, state from the ledger"
+    return f"maka: execution running, but no worker answered its status query ({why}); state from the ledger"
 
 
 def _ledger_health(db: Any) -> dict[str, Any]:

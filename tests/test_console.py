@@ -142,3 +142,14 @@ def test_off_loopback_the_access_token_is_required(ledger: str) -> None:
         "/sessions", headers={"Authorization": "Bearer " + "t" * 24}
     )
     assert bearer.status_code == 200
+
+
+def test_follow_streams_the_transcript_as_server_sent_events(ledger: str) -> None:
+    web = _client(ledger)
+    with web.stream("GET", "/sessions/parked/follow") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        body = "".join(stream.iter_text())
+    data = [line for line in body.splitlines() if line.startswith("data: {")]
+    assert any('"text": "user: hi"' in line for line in data), body
+    assert body.rstrip().endswith("event: settled\ndata: {}"), body
+    assert web.get("/sessions/nobody/follow").status_code == 404  # refused before the stream starts

@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from maka_core.facts.printable import printable
+from maka_core.facts.usage import step_tokens
 from maka_core.ledger.session_state import SHOWN_STATES
 from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.client.session_api import SessionClient
@@ -57,6 +58,7 @@ def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=shown
     )
+    env.globals["tokens"] = lambda usage: "" if usage is None else step_tokens(usage)
     return Jinja2Templates(env=env)
 
 

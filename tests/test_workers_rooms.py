@@ -1,4 +1,4 @@
-"""``workers/`` is three rooms (``cli``, ``host``, ``client``) with no import circle among its
+"""``workers/`` is four rooms (``cli``, ``host``, ``client``, ``console``) with no import circle among its
 modules, and the CLI holds no decision the other rooms own.
 
 The import graph is read with ``ast`` from the source, every import counted wherever it sits
@@ -16,7 +16,7 @@ import pytest
 
 WORKERS = Path(__file__).resolve().parent.parent / "workers"
 PACKAGE = "maka_temporal.workers"
-ROOMS = ("cli", "client", "host")
+ROOMS = ("cli", "client", "console", "host")
 
 #: The decisions that belong to the host or the client, by the function that makes each: none may
 #: be defined in a CLI module.

@@ -12,6 +12,7 @@ __all__ = [
     "audit",
     "base",
     "cancel",
+    "console",
     "demo",
     "governance",
     "host",

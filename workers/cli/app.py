@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ".audit:cmd_audit",
         "Did Temporal and the ledger tell the same story? (exit 0 agree, 1 drift, 2 refused)",
     ),
+    "console": (
+        ".console:cmd_console",
+        "A local web console: sessions, live transcripts, approvals, resolutions.",
+    ),
     "demo": (".host:cmd_demo", "Run a scripted session on a sample workspace."),
     "dev": (".host:cmd_dev", "Run the embedded Temporal dev server (+ a worker)."),
     "ledger": (".ledger:ledger", "Import, export, plan and verify a RuntimeEvent ledger."),

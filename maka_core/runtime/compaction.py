@@ -41,6 +41,7 @@ from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers.base import result_text
 from maka_core.runtime.contracts import RunIds
+from maka_core.runtime.request_size import event_size
 from maka_core.runtime.resolution import is_resolution_run, resolutions_of, resolved_history
 
 #: ``stateDelta`` key of a compaction fact.
@@ -174,11 +175,9 @@ def estimate_tokens(
 
 
 def event_sizes(history: Sequence[RuntimeEvent]) -> list[int]:
-    """Each event's share of ``estimate_tokens``, in bytes: its content as canonical JSON, plus framing."""
-    return [
-        len(canonical_json.dumps(e.content.to_wire()).encode("utf-8")) + 8 if e.content is not None else 0
-        for e in history
-    ]
+    """Each event's share of ``estimate_tokens``, in bytes: its content as canonical JSON, plus
+    framing (``request_size.event_size``: measured once per event object)."""
+    return [event_size(e) for e in history]
 
 
 def _tokens(size: int) -> int:

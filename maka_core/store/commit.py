@@ -135,7 +135,7 @@ class CommitPath(ScopeSync):
         self._check_crossing(conn, crossing, keys)
         seq = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
-            scope.view.fold(event, scanned=id(event) in scanned)
+            scope.fold_written(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         return CommitResult(True, ids, seq, tuple(e.id for e in new_batch))

@@ -206,3 +206,29 @@ def test_an_edit_is_caught_by_the_chain_not_hidden_by_the_resident_events(
             assert store.get_run("r2") is None
         finally:
             rt.close()
+
+
+# --- what is derived from an event, once -------------------------------------------------------
+
+
+def test_a_value_derived_from_an_event_is_computed_once_and_dropped_with_it() -> None:
+    import gc
+
+    from maka_core.facts.memo import held, once
+
+    calls: list[str] = []
+
+    def derive(event: Any) -> str:
+        calls.append(event.id)
+        return codec.encode(event)
+
+    env = f.ids(session="m", run="r-m", inv="i-m", turn="t-m")
+    event = f.text("a reply", id="evt-m", **env)
+    twin = f.text("a reply", id="evt-m", **env)  # equal, but another object: derived on its own
+    before = held()
+    assert once(event, derive) == once(event, derive) == codec.encode(event)
+    assert once(twin, derive) == codec.encode(twin)
+    assert calls == ["evt-m", "evt-m"] and held() == before + 2
+    del event, twin
+    gc.collect()
+    assert held() == before  # dropped with the events: memory follows the live ones

@@ -17,6 +17,7 @@ import openai
 from maka_core.errors import CodecError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
+from maka_core.facts.memo import once
 from maka_core.providers.base import (
     ModelOutput,
     ModelToolCall,
@@ -57,7 +58,7 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
             call = {
                 "id": wire.call(content),
                 "type": "function",
-                "function": {"name": content.name, "arguments": canonical_json.dumps(content.args)},
+                "function": {"name": content.name, "arguments": once(content, _arguments)},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -69,6 +70,11 @@ def history_to_messages(history: Sequence[RuntimeEvent], system: str | None = No
                 {"role": "tool", "tool_call_id": wire.result(content), "content": result_text(content)}
             )
     return messages
+
+
+def _arguments(content: FunctionCallContent) -> str:
+    """A call's arguments as the wire carries them (derived once per call: ``facts.memo``)."""
+    return canonical_json.dumps(content.args)
 
 
 def _parse_args(raw: str | None, name: str) -> dict[str, Any]:

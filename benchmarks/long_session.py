@@ -216,14 +216,17 @@ def line(row: dict[str, Any]) -> str:
 async def main(args: argparse.Namespace) -> None:
     postgres = args.postgres_url or os.environ.get("MAKA_TEST_POSTGRES_URL")
     tmp = Path(tempfile.mkdtemp(prefix="maka-long-session-"))
-    with bench_server() as server:
-        client = await Client.connect(
-            server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
-        )
-        for kind in args.ledger:
-            with ledger_url(kind, tmp, postgres) as url:
-                row = await one_turn(client, kind, url, args)
-            print(json.dumps(row) if args.json else line(row), flush=True)
+    try:
+        with bench_server() as server:
+            client = await Client.connect(
+                server.address, data_converter=pydantic_data_converter, runtime=quiet_runtime()
+            )
+            for kind in args.ledger:
+                with ledger_url(kind, tmp, postgres) as url:
+                    row = await one_turn(client, kind, url, args)
+                print(json.dumps(row) if args.json else line(row), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

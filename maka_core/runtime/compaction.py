@@ -283,11 +283,15 @@ def history_view(events: Sequence[RuntimeEvent]) -> HistoryView:
     """The history a step over ``events`` (the session's, ledger order) sends: the latest
     compaction whose covered prefix still matches the history, applied."""
     history = resolved_history(legal_replay(events), events)
-    position = {e.id: i for i, e in enumerate(history)}
+    position: dict[str, int] | None = None  # built once a fact is found (most steps find none)
     for event in reversed(events):
+        if event.actions is None or event.actions.state_delta is None:
+            continue  # no stateDelta, so no compaction fact (``CompactionFact.of``)
         fact = CompactionFact.of(event)
         if fact is None:
             continue
+        if position is None:
+            position = {e.id: i for i, e in enumerate(history)}
         end = position.get(fact.last_event_id)
         if end is None or end + 1 != fact.covered_events or history[0].id != fact.first_event_id:
             continue

@@ -190,6 +190,9 @@ class ObservedLedger:
     ) -> list[RuntimeEvent]:
         return self.inner.events(session_id, run_id, invocation_id)
 
+    def session_events(self, session_id: str) -> list[RuntimeEvent]:
+        return self.inner.session_events(session_id)
+
     def evidence(self, operation_id: str) -> dict[str, Any] | None:
         return self.inner.evidence(operation_id)
 

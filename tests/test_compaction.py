@@ -288,7 +288,10 @@ def test_negative_control_a_step_that_regenerates_diverges_from_the_ledger(
     committed = compaction.compaction_id(step_id)
     before = vendor.summaries
     real_events = rt.ledger.events
-    monkeypatch.setattr(rt.ledger, "events", lambda **kw: [e for e in real_events(**kw) if e.id != committed])
+    resident = rt.ledger.session_events  # the step's read: the session's resident events
+    monkeypatch.setattr(
+        rt.ledger, "session_events", lambda sid: [e for e in resident(sid) if e.id != committed]
+    )
     _retry(rt, ws, spec, n, k)
     assert vendor.summaries == before + 1, "the regenerating step summarized again"
     (fact,) = [
@@ -477,9 +480,16 @@ def test_the_summarizer_reads_at_most_a_bounded_slice_of_one_huge_event() -> Non
 # --- choosing the cut: linear, and the same cut as before ------------------------------------------
 
 
+def _old_estimate(events: list[Any]) -> int:
+    """``estimate_tokens`` as it was: every event serialized at every call (no size kept per event)."""
+    wire = [canonical_json.dumps(e.content.to_wire()) for e in events if e.content is not None]
+    size = sum(len(line.encode("utf-8")) + 8 for line in wire)
+    return -(-size // compaction.BYTES_PER_TOKEN)
+
+
 def _old_cut(history: list[Any], cuts: list[int], target: int) -> int:
     """The cut as it was chosen before: the tail re-serialized for every candidate (quadratic)."""
-    return next((c for c in cuts if compaction.estimate_tokens(history[c:]) <= target), cuts[-1])
+    return next((c for c in cuts if _old_estimate(history[c:]) <= target), cuts[-1])
 
 
 def _generated_history(rng: random.Random, n: int) -> list[Any]:

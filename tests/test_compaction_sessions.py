@@ -225,12 +225,16 @@ async def _in_process_worker(client: Client, db: Path, queue: str, make_runtime:
 def _regenerating(store: LedgerStore, settings: Any) -> Any:
     """The broken variant: a worker whose ledger reads drop the committed compaction facts, so a
     retried step cannot reuse its summary and asks for a new one."""
-    real = store.events
+    real, resident = store.events, store.session_events
 
     def events(**kw: Any) -> list[Any]:
         return [e for e in real(**kw) if compaction.CompactionFact.of(e) is None]
 
+    def session_events(session_id: str) -> list[Any]:  # the read a model step makes
+        return [e for e in resident(session_id) if compaction.CompactionFact.of(e) is None]
+
     store.events = events  # type: ignore[method-assign]
+    store.session_events = session_events  # type: ignore[method-assign]
     return default_runtime(store, settings)
 
 

@@ -565,3 +565,32 @@ def test_the_providers_import_no_circle() -> None:
     assert find_cycle(graph) is None, find_cycle(graph)
     graph[f"{package}.base"] |= {f"{package}.scripted", f"{package}.openai_compat"}  # 1016e42's base
     assert find_cycle(graph) is not None
+
+
+async def test_the_request_is_the_body_the_sdks_create_would_send(server: ChatServer) -> None:
+    """The provider posts its request with ``client.post`` (no typed-parameter walk per message:
+    issue 34.1); the server receives exactly the body ``chat.completions.create`` sends for it,
+    with every option and the real tool specs."""
+    from maka_core.runtime.runtime import Runtime
+    from maka_core.store.writer import LedgerStore
+    from maka_core.tools.registry import default_tools
+
+    with LedgerStore.open("sqlite://") as store:
+        rt = Runtime(store, tools=default_tools())
+        tools = rt.tool_specs()
+        rt.close()
+    p = provider(server, system="be brief", temperature=0.2, max_tokens=64)
+    server.reply(200, completion({"content": "ok"}))
+    await p.complete(HISTORY, tools, step_index=0)
+    server.reply(200, completion({"content": "ok"}))
+    await p._get_client().chat.completions.create(
+        model="test-model",
+        messages=history_to_messages(HISTORY, "be brief"),  # type: ignore[arg-type]
+        temperature=0.2,
+        max_completion_tokens=64,
+        tools=list(tools),  # type: ignore[arg-type]
+    )
+    ours, sdks = server.requests
+    assert tools and ours["path"] == sdks["path"] == "/v1/chat/completions"
+    assert ours["body"] == sdks["body"] and ours["auth"] == sdks["auth"]
+    await p.aclose()

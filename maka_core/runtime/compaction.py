@@ -41,6 +41,7 @@ from maka_core.ledger.resolver import resolve
 from maka_core.ledger.resume_plan import legal_replay
 from maka_core.providers.base import result_text
 from maka_core.runtime.contracts import RunIds
+from maka_core.runtime.request_size import event_size
 from maka_core.runtime.resolution import is_resolution_run, resolutions_of, resolved_history
 
 #: ``stateDelta`` key of a compaction fact.
@@ -174,11 +175,9 @@ def estimate_tokens(
 
 
 def event_sizes(history: Sequence[RuntimeEvent]) -> list[int]:
-    """Each event's share of ``estimate_tokens``, in bytes: its content as canonical JSON, plus framing."""
-    return [
-        len(canonical_json.dumps(e.content.to_wire()).encode("utf-8")) + 8 if e.content is not None else 0
-        for e in history
-    ]
+    """Each event's share of ``estimate_tokens``, in bytes: its content as canonical JSON, plus
+    framing (``request_size.event_size``: measured once per event object)."""
+    return [event_size(e) for e in history]
 
 
 def _tokens(size: int) -> int:
@@ -284,11 +283,15 @@ def history_view(events: Sequence[RuntimeEvent]) -> HistoryView:
     """The history a step over ``events`` (the session's, ledger order) sends: the latest
     compaction whose covered prefix still matches the history, applied."""
     history = resolved_history(legal_replay(events), events)
-    position = {e.id: i for i, e in enumerate(history)}
+    position: dict[str, int] | None = None  # built once a fact is found (most steps find none)
     for event in reversed(events):
+        if event.actions is None or event.actions.state_delta is None:
+            continue  # no stateDelta, so no compaction fact (``CompactionFact.of``)
         fact = CompactionFact.of(event)
         if fact is None:
             continue
+        if position is None:
+            position = {e.id: i for i, e in enumerate(history)}
         end = position.get(fact.last_event_id)
         if end is None or end + 1 != fact.covered_events or history[0].id != fact.first_event_id:
             continue

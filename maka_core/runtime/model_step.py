@@ -210,7 +210,8 @@ def _lookup(
     plan = None
     limits = rt.session_governance(ids.session_id).policy.usage if not committed else None
     if (needs_history or limits is not None) and not committed:
-        events = rt.ledger.events(session_id=ids.session_id)
+        # From the session's resident scope: only the rows committed since the last step are read.
+        events = rt.ledger.session_events(ids.session_id)
         if needs_history:
             # An operator-resolved call is shown with a result stating the decision (never re-run).
             found = compaction.history_view(events)
@@ -331,7 +332,7 @@ async def _compact(
         committed_here = False
 
     def reread() -> tuple[list[RuntimeEvent], compaction.HistoryView]:
-        events = rt.ledger.events(session_id=ids.session_id)
+        events = rt.ledger.session_events(ids.session_id)
         return events, compaction.history_view(events)
 
     events, found = await rt.on_ledger(reread, attempt=attempt)

@@ -136,8 +136,11 @@ def resolutions_of(events: Sequence[RuntimeEvent]) -> dict[str, dict[str, Any]]:
     """Operation id -> the replay view of its resolution (the first one stands)."""
     out: dict[str, dict[str, Any]] = {}
     for event in events:
+        # The run id first: one prefix test per event, the payload only in an operator's run.
+        if not is_resolution_run(event.run_id):
+            continue
         payload = resolution_payload(event)
-        if payload is None or not is_resolution_run(event.run_id):
+        if payload is None:
             continue
         op_id = payload.get("operationId")
         if isinstance(op_id, str) and op_id not in out:

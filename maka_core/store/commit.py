@@ -139,7 +139,7 @@ class CommitPath(ScopeSync):
         opening = scope.chain == CHAIN_START  # the session's first facts
         seq, stamp = self._insert_events(conn, transition, fresh, scope)
         for event in new_batch:
-            scope.view.fold(event, scanned=id(event) in scanned)
+            scope.fold_written(event, scanned=id(event) in scanned)
         self._cursor = seq
         self._after_insert(conn, transition, new_batch, scope, evidence=evidence, attempt=attempt)
         self._index.saw(new_batch, stamp, first=opening)  # the session index follows (store/session_index.py)

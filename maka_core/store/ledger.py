@@ -136,6 +136,11 @@ class Ledger(Protocol):
         self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None
     ) -> list[RuntimeEvent]: ...
 
+    def session_events(self, session_id: str) -> list[RuntimeEvent]:
+        """The session's committed events in ledger order (``events(session_id=...)``), each decoded
+        once, from its resident scope: a read decodes only the rows committed since the last one."""
+        ...
+
     def evidence(self, operation_id: str) -> dict[str, Any] | None: ...
 
     def attempts(self, operation_id: str | None = None) -> list[dict[str, Any]]:

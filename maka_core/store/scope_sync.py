@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 
+from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.ledger.scanner import LedgerIssue
 from maka_core.store.engine import KeptConnection, select_rows
@@ -150,6 +151,18 @@ class ScopeSync:
         """The session's committed events, folded and brought up to date with other processes'
         commits (one read of the rows past the cursor, usually none; the session's rows, when it
         is not resident). Use it on the thread that owns this store."""
+        return self._resident(session_id).view
+
+    def session_events(self, session_id: str) -> list[RuntimeEvent]:
+        """The session's committed events in ledger order, as ``events(session_id=...)`` returns
+        them, from its resident scope: only the rows committed since the last read are read and
+        decoded (``view``'s one read past the cursor), each row once for as long as the session
+        stays resident. The list is the caller's (a copy of the references). Use it on the thread
+        that owns this store."""
+        with self._lock:
+            return list(self._resident(session_id).events)
+
+    def _resident(self, session_id: str) -> SessionScope:
         with self._lock:
             group = self._group
             in_group = group is not None and group.owned_here()
@@ -158,10 +171,10 @@ class ScopeSync:
                 # driver (a fresh start, which re-reads the identity, takes the path below).
                 rows = select_rows(self.engine, self._sql.events_since, (self._cursor,), kept=self._kept)
                 self._fold_rows(rows)
-                return self._scope(None, session_id).view
+                return self._scope(None, session_id)
             with self._reading() as conn:
                 self._sync(conn)
-                return self._scope(conn, session_id).view
+                return self._scope(conn, session_id)
 
 
 __all__ = ["ScopeSync"]

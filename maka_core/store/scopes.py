@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from maka_core.facts.events import RuntimeEvent
 from maka_core.ledger.committed import CommittedView
 from maka_core.store.chain import CHAIN_START, chain_digest
 from maka_core.store.rows import row_event
@@ -47,6 +48,10 @@ class SessionScope:
     event_seq: dict[str, int] = field(default_factory=dict)
     #: the session's last committed chain digest.
     chain: str = CHAIN_START
+    #: The session's own events in ledger order, each decoded and checked once, when folded: what a
+    #: model step replays (``store.scope_sync.session_events``), never re-read. The same objects the
+    #: scanner holds, so a resident session costs one reference (8 bytes) per event more.
+    events: list[RuntimeEvent] = field(default_factory=list)
 
     @property
     def settled(self) -> bool:
@@ -55,12 +60,21 @@ class SessionScope:
 
     def fold_row(self, row: Any) -> None:
         """Fold one committed row (decoded and checked against its columns, fail closed)."""
-        self.view.fold(row_event(row))
+        event = row_event(row)
+        self.view.fold(event)
+        if event.session_id == self.session_id:
+            self.events.append(event)
         inv = row["invocation_id"]
         self.event_seq[inv] = max(self.event_seq.get(inv, 0), int(row["event_seq"]))
         if row["session_id"] == self.session_id:
             # A NULL digest (a row planted below the writers) chains on as verify would recompute it.
             self.chain = row["chain_digest"] or chain_digest(self.chain, row["payload_json"])
+
+    def fold_written(self, event: RuntimeEvent, *, scanned: bool) -> None:
+        """Fold an event this store's writer just inserted (``scanned``: admitted by the scanner)."""
+        self.view.fold(event, scanned=scanned)
+        if event.session_id == self.session_id:
+            self.events.append(event)
 
 
 class SessionScopes:

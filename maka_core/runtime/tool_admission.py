@@ -17,8 +17,9 @@ from typing import Any
 
 from maka_core.facts.clock import now_ms
 from maka_core.governance.evidence import TaskStatus
-from maka_core.runtime import admission, builders, governed
-from maka_core.runtime.admission import AwaitingApproval
+from maka_core.runtime import builders, governed
+from maka_core.runtime.admission.pipeline import Verdict, admit
+from maka_core.runtime.admission.verdicts import Admission, AwaitingApproval, Refusal
 from maka_core.runtime.cancellation import Abandoned
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Runtime
@@ -53,13 +54,13 @@ def admit_call(
     rt: Runtime, inp: ToolInput, attempt: Attempt, loop: asyncio.AbstractEventLoop | None = None
 ) -> Dispatched | NotRun:
     """On the ledger thread, in one hop: the call's admission (``admission.admit``), then T1."""
-    return commit(rt, admission.admit(rt, inp, loop), attempt)
+    return commit(rt, admit(rt, inp, loop), attempt)
 
 
-def commit(rt: Runtime, verdict: admission.Verdict, attempt: Attempt) -> Dispatched | NotRun:
+def commit(rt: Runtime, verdict: Verdict, attempt: Attempt) -> Dispatched | NotRun:
     """T1: an ``Admission`` commits its dispatch fact (with its decision and evidence) and is
     ``Dispatched``; a ``Refusal`` commits its error result; anything else commits nothing here."""
-    if isinstance(verdict, admission.Refusal):
+    if isinstance(verdict, Refusal):
         return commit_refusal(
             rt,
             verdict.ids,
@@ -71,7 +72,7 @@ def commit(rt: Runtime, verdict: admission.Verdict, attempt: Attempt) -> Dispatc
             fresh=verdict.fresh,
             status=verdict.status,
         )
-    if not isinstance(verdict, admission.Admission):
+    if not isinstance(verdict, Admission):
         return verdict  # settled before, or waiting for an approval
     adm = verdict
     if adm.dispatch_event_id is not None:

@@ -1,6 +1,6 @@
 """Governed execution on the tool path: the glue between the pure ``governance`` modules and a call.
 
-Per call, in ``tool_admission.admit_call`` (one ledger-thread hop, before T1): the session's policy and
+Per call, in its admission (``runtime.admission``: one ledger-thread hop, before T1): the session's policy and
 principal (recorded in ``session_policies`` when the session started; the built-in default when none
 was), the call's classification, MELRA's decision (``decide``), and the execution guarantee derived
 from the classified effect and the tool's declared reconciliation, or a contract tool's declared

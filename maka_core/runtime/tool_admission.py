@@ -17,7 +17,7 @@ from typing import Any
 
 from maka_core.facts.clock import now_ms
 from maka_core.governance.evidence import TaskStatus
-from maka_core.runtime import builders, governed
+from maka_core.runtime import builders, governed, verification
 from maka_core.runtime.admission.pipeline import Verdict, admit
 from maka_core.runtime.admission.verdicts import Admission, AwaitingApproval, Refusal
 from maka_core.runtime.cancellation import Abandoned
@@ -135,7 +135,7 @@ def commit_refusal(
         rt.ledger.append([response])
     else:
         ts = now_ms()
-        sealed = governed.receipt(
+        sealed = verification.receipt(
             operation_id=call.operation_id,
             gov=gov,
             record=decision,

@@ -27,7 +27,7 @@ from maka_core.facts.events import Observation
 from maka_core.governance import ProbedFile, ToolObservation, evaluate
 from maka_core.governance.evidence import STATE_PREDICATES
 from maka_core.governance.tasks import TaskRequest
-from maka_core.runtime.governed import probe_in
+from maka_core.runtime.verification import probe_in
 from maka_core.tools import Tool, ToolResult
 from maka_core.tools.base import Reconciliation
 from maka_core.tools.melra_base import MelraContext

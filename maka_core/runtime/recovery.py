@@ -34,7 +34,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
 from maka_core.governance import EvidenceItem, TaskStatus
 from maka_core.ledger.resolver import OperationResolution
-from maka_core.runtime import builders, governed, melra
+from maka_core.runtime import builders, governed, melra, verification
 from maka_core.runtime.call_state import CallState, call_state, committed_args
 from maka_core.runtime.contracts import PARK_REASONS, ParkReason, RecoverInput, RecoverResult
 from maka_core.runtime.runtime import Attempt, Runtime
@@ -269,8 +269,8 @@ def _recovery_receipt(
         status: TaskStatus = "recovery_required"
         items: tuple[EvidenceItem, ...] = ()
     else:
-        status, items = governed.verify(record, recovered, call.ws)
-    sealed = governed.receipt(
+        status, items = verification.verify(record, recovered, call.ws)
+    sealed = verification.receipt(
         operation_id=inp.call.operation_id,
         gov=rt.session_governance(inp.session_id),
         record=record,

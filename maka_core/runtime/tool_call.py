@@ -1,4 +1,4 @@
-"""One tool call, at most once: Resolver guard -> preflight -> policy -> evidence + T1 -> run -> T2.
+"""One tool call, at most once: its admission (guard ... guarantee) -> T1 -> the effect -> T2.
 
 Policy is MELRA's decision (``runtime.governed``): a denial commits an ordinary ``policy_blocked``
 result with its decision and receipt; ``confirm`` commits a permission request and the call
@@ -20,10 +20,11 @@ A cancellation its workflow asked for (``cancel_turn``; ``Attempt.cancel_request
 effect the same way, but the runtime observed the end, so T2 commits it as ``tool_cancelled`` and
 the attempt completes with that outcome (``ToolOutcome.cancelled``), for the model to see.
 
-The call's steps live beside this module: ``runtime.call_state`` (the call as the ledger knows it,
-the guard's refusals), ``runtime.tool_admission`` (guard, preflight, policy, evidence, T1),
-``runtime.tool_effect`` (the effect, then T2) and ``runtime.cancellation`` (stopping a tool whose
-attempt is cancelled). This module runs them as one relay and waits out an approval.
+The call's steps live beside this module: ``runtime.admission`` (the admission, computed once:
+guard, arguments, offer, preflight, policy decision and approval, network, evidence, guarantee,
+one module each), ``runtime.tool_admission`` (T1: the admission committed), ``runtime.tool_effect``
+(the effect, then T2) and ``runtime.cancellation`` (stopping a tool whose attempt is cancelled).
+This module runs them as one relay and waits out an approval.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from maka_core.errors import AttemptSuperseded
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
-from maka_core.runtime import builders, governed
+from maka_core.runtime import builders, verification
 from maka_core.runtime.cancellation import Abandoned, AttemptCancelled, Cancellation, cancelling
 from maka_core.runtime.contracts import CallRef
 from maka_core.runtime.runtime import Attempt, Leg, Runtime
@@ -79,8 +79,8 @@ def run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> Ra
         result, stopped = _cancelled_result(started, exc.detail), True
     receipt = None
     if call.decision is not None and call.gov is not None:
-        status, items = governed.verify(call.decision, result, call.ws)
-        receipt = governed.receipt(
+        status, items = verification.verify(call.decision, result, call.ws)
+        receipt = verification.receipt(
             operation_id=ref.operation_id,
             gov=call.gov,
             record=call.decision,
@@ -90,10 +90,10 @@ def run_effect(call: Dispatched, ref: CallRef, cancellation: Cancellation) -> Ra
             status=status,
             items=items,
             error=result.error_code,
-            redactions=governed.redactions_of(result),
+            redactions=verification.redactions_of(result),
             attempts=call.run_number,
         )
-        result = governed.told(result, status, items)
+        result = verification.told(result, status, items)
         present = getattr(call.tool, "present", None)
         if present is not None:  # a tool that tells its own outcome (a task: its status, receipt)
             result = present(result, status, items)

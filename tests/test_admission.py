@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from maka_core.runtime import admission, tool_admission
+from maka_core.runtime.call_state import DispatchWithoutOutcome
 from maka_core.runtime.contracts import ToolOutcome
 from maka_core.runtime.runtime import Runtime
 from maka_core.workspace import Workspace
@@ -64,6 +65,26 @@ def test_a_policy_refusal_is_a_value_until_t1_commits_it_with_its_receipt(rt: Ru
     (receipt,) = receipts(rt)
     assert receipt["observedEffect"]["status"] == "policy_blocked"
     assert not (ws.root / "a.txt").exists()
+
+
+def test_a_twin_attempt_whose_t1_is_already_there_does_not_run(
+    rt: Runtime, ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two attempts of one call admitted before either commits (a frozen attempt and its
+    redispatch) whose T1s have the same bytes (the same millisecond): the store takes the second as
+    an exact retry, so T1 itself must see that the dispatch was not its own."""
+    ref = one_call(rt, ws, "write_file", {"path": "a.txt", "content": "x"})
+    first = admission.admit(rt, tool_input(ws, ref))
+    twin = admission.admit(rt, tool_input(ws, ref))
+    assert isinstance(first, admission.Admission) and isinstance(twin, admission.Admission)
+    monkeypatch.setattr(tool_admission, "now_ms", lambda: 1_800_000_000_000)
+    assert isinstance(tool_admission.commit(rt, first, ATTEMPT), tool_admission.Dispatched)
+    with pytest.raises(DispatchWithoutOutcome) as refused:
+        tool_admission.commit(rt, twin, ATTEMPT)
+    assert refused.value.detail["reason"] == "dispatched_by_another_attempt"
+    # Control: the store alone accepts the twin's identical T1 without a word (an exact retry).
+    dispatch = next(e for e in rt.ledger.events(session_id="s1") if e.actions and e.actions.tool_dispatch)
+    assert rt.ledger.commit_tool_prepared(dispatch).created is False
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from maka_core.governance.evidence import TaskStatus
 from maka_core.runtime import builders, governed, verification
 from maka_core.runtime.admission.pipeline import Verdict, admit
 from maka_core.runtime.admission.verdicts import Admission, AwaitingApproval, Refusal
+from maka_core.runtime.call_state import DispatchWithoutOutcome
 from maka_core.runtime.cancellation import Abandoned
 from maka_core.runtime.contracts import CallRef, RunIds, ToolInput, ToolOutcome
 from maka_core.runtime.runtime import Attempt, Runtime
@@ -91,9 +92,18 @@ def commit(rt: Runtime, verdict: Verdict, attempt: Attempt) -> Dispatched | NotR
         adm.args_hash,
         now_ms(),
     )
-    rt.ledger.commit_tool_prepared(
+    committed = rt.ledger.commit_tool_prepared(
         dispatch, evidence=adm.evidence, attempt=attempt.record, decision=adm.decision if adm.fresh else None
     )
+    if not committed.created:
+        # The very same dispatch fact was already there: a twin attempt, admitted beside this one
+        # before either committed, dispatched the call first. Its effect is that attempt's to run.
+        raise DispatchWithoutOutcome(
+            message=f"operation {call.operation_id} was dispatched by another attempt; not running it again",
+            operationId=call.operation_id,
+            status="dispatched",
+            reason="dispatched_by_another_attempt",
+        )
     return Dispatched(
         adm.ids,
         adm.tool,

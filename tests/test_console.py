@@ -48,7 +48,8 @@ def ledger(store: LedgerStore, store_url: str, tmp_path: Path) -> str:
 
 
 def _client(ledger: str, guard: Guard | None = None) -> TestClient:
-    return TestClient(build_app(SessionClient(None, ledger=ledger), guard), follow_redirects=False)
+    app = build_app(SessionClient(None, ledger=ledger), guard)
+    return TestClient(app, base_url="http://127.0.0.1:8580", follow_redirects=False)
 
 
 def _csrf(html: str) -> str:
@@ -125,6 +126,20 @@ def test_read_only_shows_no_buttons_and_refuses_every_action(ledger: str) -> Non
     ):
         refused = web.post(url, data={"csrf": Guard().csrf})
         assert refused.status_code == 403 and "console_read_only" in refused.text, url
+
+
+def test_on_loopback_a_request_must_name_a_loopback_host(ledger: str) -> None:
+    """No token on loopback, so a site whose name resolves to 127.0.0.1 (DNS rebinding) must not be
+    served: its pages would carry the CSRF token to that site's script."""
+    web = _client(ledger)
+    for host in ("evil.example", "evil.example:8580", "10.0.0.1"):
+        refused = web.get("/sessions", headers={"host": host})
+        assert refused.status_code == 403 and "console_host_refused" in refused.text, host
+    for host in ("127.0.0.1:8580", "localhost:8580", "[::1]:8580", "localhost"):  # control
+        assert web.get("/sessions", headers={"host": host}).status_code == 200, host
+    # With a token (off loopback) the token is the gate, whatever name the request uses.
+    tokened = _client(ledger, Guard(token="t" * 24))
+    assert tokened.get("/sessions?token=" + "t" * 24, headers={"host": "console.example"}).status_code == 200
 
 
 def test_off_loopback_the_access_token_is_required(ledger: str) -> None:

@@ -83,6 +83,7 @@ def build_app(client: SessionClient, guard: Guard | None = None) -> Starlette:
                     query_token=request.query_params.get("token"),
                     cookie=request.cookies.get(COOKIE),
                     bearer=bearer,
+                    host=request.headers.get("host", ""),
                 )
                 if action:
                     if request.method != "POST":

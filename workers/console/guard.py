@@ -5,6 +5,8 @@
   works too. Without it: 401 ``console_token_required``.
 - Every state-changing request is a POST whose form carries the CSRF token (the HMAC of the
   server's secret, rendered into each form): else 403 ``csrf_invalid``. GETs change nothing.
+- On loopback no token is asked, and a request must name a loopback Host (``127.0.0.1``,
+  ``localhost``, ``[::1]``): else 403 ``console_host_refused`` (a rebinding site's name is refused).
 - ``--read-only``: every POST is refused, 403 ``console_read_only``, and no page shows a button.
 """
 
@@ -39,6 +41,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _hostname(host: str) -> str:
+    """A Host header's name, without its port (``[::1]:8580`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 @dataclass(frozen=True)
 class Guard:
     """``token``: the access token (None on loopback: no token asked); ``read_only``: refuse every action."""
@@ -51,13 +60,19 @@ class Guard:
     def csrf(self) -> str:
         return hmac.new(self.secret, b"maka-console-csrf", hashlib.sha256).hexdigest()
 
-    def admit(self, *, query_token: str | None, cookie: str | None, bearer: str | None) -> bool:
+    def admit(
+        self, *, query_token: str | None, cookie: str | None, bearer: str | None, host: str = "localhost"
+    ) -> bool:
         """Whether the request may be served (True: and a query token should become the cookie).
 
         Raises:
-            Refused: 401 ``console_token_required``.
+            Refused: 401 ``console_token_required``; 403 ``console_host_refused``.
         """
         if self.token is None:
+            # No token on loopback, so only a loopback name may be asked for: a page of another
+            # site whose name was made to resolve to 127.0.0.1 (DNS rebinding) is refused.
+            if not is_loopback(_hostname(host)):
+                raise Refused(403, "console_host_refused", "this console answers only to a loopback Host")
             return False
         for given in (cookie, bearer, query_token):
             if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):

@@ -714,3 +714,42 @@ async def test_session_client_resume_checks_the_catalog_against_the_tools_it_is_
     given = SessionClient(temporal_client, ledger=box.db, task_queue=box.queue, tools=[word_count])
     resumed = await given.resume(session_id)
     assert resumed.decision == "continue", resumed.raw
+
+
+async def test_resume_wait_timeout_gives_up_waiting_and_keeps_the_continued_session(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """``maka resume --wait --wait-timeout S`` as ``session start`` takes it: the continuation starts,
+    no worker polls, so the wait ends with ``wait_timeout`` after S seconds (not MAKA_WAIT_TIMEOUT's
+    600, set in the environment: the flag wins) and the session goes on once a worker is back.
+    Control: ``--wait-timeout 0`` is refused ``config_invalid`` before anything is written."""
+    box = Sandbox(temporal_server, tmp_path / "wait-timeout")
+    script = _script(tmp_path / "script.json")
+    session_id = await lose_execution(temporal_client, box, Kill("P7"), script)
+    repair = box.worker()  # its startup repair settles the lost run; then no worker polls
+    await ready(repair)
+    await stop(repair)
+    env = {"MAKA_WAIT_TIMEOUT": "600"}
+    code, out, err = await cli(box, "resume", session_id, "--wait", "--wait-timeout", "0", env=env)
+    assert code == 2 and out.get("code") == "config_invalid", (code, out, err)
+    assert _continuations(box, session_id) == []
+    began = time.monotonic()
+    code, out, err = await cli(box, "resume", session_id, "--wait", "--wait-timeout", "3", env=env)
+    took = time.monotonic() - began
+    print(f"resume --wait --wait-timeout 3 with no worker polling: gave up after {took:.1f}s")
+    assert code == 2 and out.get("code") == "wait_timeout", (code, out, err)
+    assert 3 <= took < 120, took
+    assert len(_continuations(box, session_id)) == 1  # the continued session was kept
+    worker = box.worker()
+    await ready(worker)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            code, status, _ = await cli(box, "session", "status", session_id)
+            if status.get("state") == "idle" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert status["state"] == "idle", status
+        assert _writes(box) == 1 and box.log_lines()["ran"] == 1
+    finally:
+        await stop(worker)

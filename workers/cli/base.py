@@ -212,3 +212,12 @@ def finish(code: int) -> None:
     """Leave the command with ``code`` (Click's way, so CliRunner sees it too)."""
     if code:
         raise click.exceptions.Exit(code)
+
+
+wait_timeout_option = click.option(
+    "--wait-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="give up waiting after this long, keeping the session (MAKA_WAIT_TIMEOUT; default 600)",
+)

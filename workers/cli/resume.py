@@ -17,6 +17,7 @@ from maka_temporal.workers.cli.base import (
     run_async,
     say,
     temporal_options,
+    wait_timeout_option,
 )
 from maka_temporal.workers.client.answers import ResumeProgress
 from maka_temporal.workers.client.session_api import SessionClient
@@ -29,6 +30,7 @@ __all__ = ["cmd_resume"]
 @temporal_options()
 @click.argument("session_id", metavar="SESSION")
 @click.option("--wait", is_flag=True, help="wait until the continued turn settles")
+@wait_timeout_option
 @click.option(
     "--restore", type=click.Choice(["isolated"]), help="continue in a new folder restored from the checkpoint"
 )
@@ -41,6 +43,7 @@ def cmd_resume(
     task_queue: str | None,
     session_id: str,
     wait: bool,
+    wait_timeout: float | None,
     restore: str | None,
     rebaseline: bool,
     as_json: bool,
@@ -57,6 +60,7 @@ def cmd_resume(
             done = await sessions.resume(
                 session_id,
                 wait=wait,
+                wait_timeout=wait_timeout,
                 restore=_restore(restore),
                 rebaseline=rebaseline,
                 on_progress=lambda step: _progress(step, line),

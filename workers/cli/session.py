@@ -45,6 +45,7 @@ from maka_temporal.workers.cli.base import (
     settings,
     stdout_is_tty,
     temporal_options,
+    wait_timeout_option,
 )
 from maka_temporal.workers.cli.cancel import cmd_cancel
 from maka_temporal.workers.cli.governance import cmd_approve, cmd_deny, cmd_session_receipts, policy_options
@@ -56,15 +57,6 @@ from maka_temporal.workers.client.session_start import SessionStart
 from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session"]
-
-
-wait_timeout_option = click.option(
-    "--wait-timeout",
-    type=float,
-    default=None,
-    metavar="SECONDS",
-    help="give up waiting after this long, keeping the session (MAKA_WAIT_TIMEOUT; default 600)",
-)
 
 
 # --- session commands --------------------------------------------------------------------------

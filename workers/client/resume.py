@@ -30,6 +30,7 @@ async def resume_session(
     temporal: Callable[[], Awaitable[Any]],
     task_queue: str | None,
     wait: bool,
+    wait_timeout: float | None = None,
     restore: Literal["isolated"] | None,
     rebaseline: bool,
     on_progress: Callable[[ResumeProgress], None] | None,
@@ -75,7 +76,9 @@ async def resume_session(
         if fence.waited:
             out["attemptFenceS"] = round(fence.waited, 1)
         if wait and out["decision"] == "continue":
-            out = await wait_continued(client, rt, out, on_state=lambda state, _s: say("turn", state))
+            out = await wait_continued(
+                client, rt, out, on_state=lambda state, _s: say("turn", state), timeout=wait_timeout
+            )
     finally:
         rt.close()
         store.close()

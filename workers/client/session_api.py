@@ -561,6 +561,7 @@ class SessionClient:
         restore: Literal["isolated"] | None = None,
         rebaseline: bool = False,
         on_progress: Callable[[ResumeProgress], None] | None = None,
+        wait_timeout: float | None = None,
     ) -> Resumed:
         """Continue a session whose execution is lost, through the planner, or one parked with
         ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles.
@@ -569,7 +570,8 @@ class SessionClient:
         ``rebaseline`` from the workspace's current files (a new epoch): the choice is committed
         before the resume plans. A lost run with a tool in flight is settled only once its old
         attempt cannot still be running (the attempt fence); ``on_progress`` hears the workspace
-        choice and the fence's wait as they happen.
+        choice and the fence's wait as they happen. ``wait_timeout`` bounds ``wait`` (default
+        ``MAKA_WAIT_TIMEOUT``): past it ``wait_timeout`` is raised and the continued turn goes on.
 
         Raises:
             SessionError: ``config_invalid`` (both ``restore`` and ``rebaseline``), ``session_busy``,
@@ -578,7 +580,7 @@ class SessionClient:
         # The one call that runs host work: the runtime and its tools load here, not for every client.
         from maka_temporal.workers.client.resume import resume_session
 
-        s = self.settings()
+        s = self.settings(wait_timeout=wait_timeout)
         return await refusing(
             resume_session(
                 session_id,
@@ -587,6 +589,7 @@ class SessionClient:
                 temporal=self._temporal,
                 task_queue=self._task_queue,
                 wait=wait,
+                wait_timeout=s.wait_timeout,
                 restore=restore,
                 rebaseline=rebaseline,
                 on_progress=on_progress,

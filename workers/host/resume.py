@@ -437,12 +437,15 @@ async def wait_continued(
     out: dict[str, Any],
     announce: Announce = _quiet,
     on_state: StateListener | None = None,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """Wait for the continued turn to settle; ``state`` becomes its settled state. ``on_state``
-    hears its state while it runs (``wait_settled``)."""
+    hears its state while it runs (``wait_settled``); ``timeout`` bounds the wait (default
+    ``MAKA_WAIT_TIMEOUT``), past it ``wait_timeout`` is raised and the session keeps running."""
     session_id = out["sessionId"]
+    bound = settings().wait_timeout if timeout is None else timeout
     status = await wait_settled(
-        client, session_id, out["continuationRunId"], timeout=settings().wait_timeout, on_state=on_state
+        client, session_id, out["continuationRunId"], timeout=bound, on_state=on_state
     )
     state = str(status.state)
     ids = {"sessionId": session_id, "continuationRunId": out["continuationRunId"]}

@@ -263,48 +263,6 @@ async def test_without_its_host_queue_the_same_session_parks_on_its_host(
     assert not (ws_dir / "a.txt").exists()
 
 
-@pytest.mark.temporal
-@pytest.mark.asyncio(loop_scope="session")
-async def test_a_parked_child_session_says_parked_and_carries_no_text(
-    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A child whose turn parks (its host queue unserved: ``workspace_host_unavailable``) returns
-    ``outcome="parked"`` and no ``text``, not ``failed`` and the model's interim line. Control: the
-    ledger's reply for the same run (what the result carried before) is that interim line and
-    ``failed``, so there was a half sentence to withhold."""
-    from activities.child import final_text
-    from maka_core.store.writer import LedgerStore
-    from maka_temporal import SessionResult
-    from tests.children.child_session_workflow import ChildSessionWorkflow
-
-    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MAKA_HOST_WAIT", "1")
-    db = tmp_path / "ledger.sqlite"
-    interim = "Step 1: writing a."
-    script = write_script(
-        tmp_path / "s.json", [tool_step(("write_file", {"path": "a.txt", "content": "A\n"}), text=interim)]
-    )
-    plugin = MakaPlugin(ledger=db, serve_host_queue=False)
-    async with Worker(
-        temporal_client, task_queue=task_queue, workflows=[ChildSessionWorkflow], plugins=[plugin]
-    ):
-        result = await temporal_client.execute_workflow(
-            ChildSessionWorkflow.run,
-            args=[str(ws_dir), str(script), "parked-child-1"],
-            id=f"p-parked-child-{task_queue}",
-            task_queue=task_queue,
-            result_type=SessionResult,
-        )
-    assert (result.state, result.park_reason) == ("parked", "workspace_host_unavailable"), result
-    assert (result.outcome, result.text) == ("parked", None), result
-    assert result.run_id is not None
-    with LedgerStore.open(db) as store:
-        header = store.get_run(result.run_id)
-        said = final_text(store.events(session_id="parked-child-1"), result.run_id)
-    assert said == interim and header is not None and header.status not in ("completed", "cancelled")
-    assert not (ws_dir / "a.txt").exists()
-
-
 def test_the_plugin_gives_a_client_the_pydantic_payload_converter_and_keeps_the_rest() -> None:
     import dataclasses
 

@@ -13,10 +13,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
 __all__ = ["NO_POLLER_NOTICE_S", "unpolled_notice", "warn_while_unpolled", "workflow_pollers"]
 
 #: How long a message may wait for its acceptance before the queue's pollers are looked at: a
@@ -27,6 +23,12 @@ NO_POLLER_NOTICE_S = 3.0
 async def workflow_pollers(client: Any, task_queue: str, *, timeout: float = 5.0) -> int | None:
     """How many workers poll ``task_queue``'s workflow tasks; None when the server does not say
     (it does not answer within ``timeout``, or refuses the description)."""
+    # Loaded here, not with the module: the ledger-only commands import this one (``maka session
+    # show`` runs without the Temporal SDK, ``tests/test_cli_startup.py``).
+    from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
     request = DescribeTaskQueueRequest(
         namespace=client.namespace,
         task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),

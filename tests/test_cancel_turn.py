@@ -84,15 +84,26 @@ async def _until(what: str, check: Any, timeout: float = 30) -> Any:
 UPDATE_ACCEPTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
 
 
+async def _history_count(client: Client, session: str, event_type: EventType.ValueType) -> int:
+    handle = client.get_workflow_handle(workflow_id_for(session))
+    return len([e async for e in handle.fetch_history_events() if e.event_type == event_type])
+
+
 async def _until_in_history(
-    client: Client, session: str, what: str, event_type: EventType.ValueType, timeout: float = 30
+    client: Client,
+    session: str,
+    what: str,
+    event_type: EventType.ValueType,
+    timeout: float = 30,
+    more_than: int = 0,
 ) -> None:
-    """Wait until the session's workflow history holds an event of ``event_type``."""
+    """Wait until the session's workflow history holds more than ``more_than`` events of
+    ``event_type`` (the first message is an Update too: count the ones before)."""
     handle = client.get_workflow_handle(workflow_id_for(session))
     deadline = time.monotonic() + timeout
     while True:
         seen = [e.event_type async for e in handle.fetch_history_events()]
-        if event_type in seen:
+        if seen.count(event_type) > more_than:
             return
         names = [EventType.Name(t) for t in seen]
         assert time.monotonic() < deadline, f"{what}: never happened (history: {names})"
@@ -389,8 +400,11 @@ async def test_a_cancel_that_lands_in_the_turns_finish_is_answered_and_the_next_
         session, accepted = await start(temporal_client, ws_dir, script, task_queue, "hi")
         (held,) = box
         await _until("the turn's finish_run committing", held.arrived.is_set)
+        before = await _history_count(temporal_client, session, UPDATE_ACCEPTED)  # the first message's
         cancel = asyncio.ensure_future(turn_messages.cancel_turn(temporal_client, session, reason="late"))
-        await _until_in_history(temporal_client, session, "the cancel Update accepted", UPDATE_ACCEPTED)
+        await _until_in_history(
+            temporal_client, session, "the cancel Update accepted", UPDATE_ACCEPTED, more_than=before
+        )
         held.release.set()
         with pytest.raises(MakaError) as refused:
             await asyncio.wait_for(cancel, 20)

@@ -60,6 +60,9 @@ LAZY = {
         "maka_temporal.workers.client.reopen",
         "maka_temporal.workers.client.resume",
     ),
+    # The SDK's task-queue description, only when a start waits long or a status finds no answer:
+    # ``maka session show`` imports this module and runs without the SDK (``test_cli_startup``).
+    "client.pollers": ("temporalio.api.",),
     "host.worker": ("maka_core.tools.mcp.",),  # the MCP SDK, only when an MCP config is given
     "host.telemetry": ("opentelemetry.exporter.",),  # the OTLP exporter, only when an endpoint is set
 }

@@ -33,6 +33,7 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from maka_core.errors import MakaError, StoreError
 from maka_core.store.writer import LedgerStore
@@ -76,11 +77,21 @@ async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = 
     now = time.time() if now is None else now
     found: dict[str, str] = {}
     for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
-        response = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
-            )
+        request = DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
         )
+        try:
+            response = await client.workflow_service.describe_task_queue(request)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.UNAVAILABLE:
+                raise
+            # The server went away between the worker's connect and this check (a restart): the
+            # same refusal as a connect that found no server, not a traceback.
+            raise MakaError(
+                "temporal_unavailable",
+                f"the Temporal server stopped answering while the worker started: {exc.message}",
+                taskQueue=task_queue,
+            ) from None
         for poller in response.pollers:
             ledger = ledger_of(poller.identity)
             seen = (

@@ -83,7 +83,9 @@ async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = 
         try:
             response = await client.workflow_service.describe_task_queue(request)
         except RPCError as exc:
-            if exc.status != RPCStatusCode.UNAVAILABLE:
+            # A refused connection is UNAVAILABLE; a connection cut under the call is UNKNOWN
+            # "transport error" (the server killed mid-call).
+            if exc.status != RPCStatusCode.UNAVAILABLE and "transport error" not in exc.message:
                 raise
             # The server went away between the worker's connect and this check (a restart): the
             # same refusal as a connect that found no server, not a traceback.

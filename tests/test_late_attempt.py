@@ -105,13 +105,16 @@ async def _drill(
 
 
 async def _settled(db: Path, session_id: str, run_id: str, timeout: float = 90) -> Any:
-    """The session's view once run ``run_id`` has its terminal fact."""
+    """The session's view once run ``run_id`` has its terminal fact and its header follows it."""
     deadline = time.monotonic() + timeout
     while True:
         with LedgerStore.open(db) as store:
-            if any(e.run_id == run_id and e.is_terminal for e in store.events(session_id=session_id)):
-                return session_view(store, session_id, workflow_id=f"maka-session-{session_id}")
-        assert time.monotonic() < deadline, f"run {run_id} did not settle in {timeout} s"
+            view = session_view(store, session_id, workflow_id=f"maka-session-{session_id}")
+            terminal = any(e.run_id == run_id and e.is_terminal for e in store.events(session_id=session_id))
+            # The run's header follows its terminal fact in a second transaction (settle_run).
+            if terminal and view.state != "running":
+                return view
+        assert time.monotonic() < deadline, f"run {run_id} did not settle in {timeout} s: {view}"
         await asyncio.sleep(0.2)
 
 

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from temporalio.client import (
     WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -318,8 +319,30 @@ async def resume_host(client: Any, session_id: str) -> Any:
     return await handle.execute_update(RESUME_HOST, result_type=SessionStatus)
 
 
-async def query_status(client: Any, session_id: str) -> Any:
+#: The SDK's code for a workflow task that held its thread past the deadlock bound (2 s): a worker
+#: starved of CPU, not a session fault. The worker evicts the run and replays it at the next task.
+DEADLOCK_CODE: Final = "TMPRL1101"
+#: Pauses before asking again after such a refusal (three asks in all, ~3 s).
+QUERY_RETRY_PAUSES_S: Final = (1.0, 2.0)
+
+
+async def query_status(
+    client: Any, session_id: str, *, pauses: tuple[float, ...] = QUERY_RETRY_PAUSES_S
+) -> Any:
+    """The live session's status Query. A refusal of the worker's deadlock detector (its run was
+    starved past 2 s; the SDK evicts it and the next ask replays it) is asked again after each of
+    ``pauses``; every other failure, and the last deadlock refusal, is raised as it came."""
     handle = client.get_workflow_handle(workflow_id_for(session_id))
+    for pause in pauses:
+        try:
+            return await handle.query(STATUS_QUERY, result_type=SessionStatus)
+        except WorkflowQueryFailedError as exc:
+            if DEADLOCK_CODE not in str(exc):
+                raise
+            log.warning(
+                "status query of %s met a starved worker (%s); asking again", session_id, DEADLOCK_CODE
+            )
+            await asyncio.sleep(pause)
     return await handle.query(STATUS_QUERY, result_type=SessionStatus)
 
 

@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from maka_core.audit.model import ActivityFact, ActivityOutcome, Execution, ExecutionStatus, read_ledger
 from maka_core.audit.report import AuditReport, audit
 from maka_core.errors import MakaError
+from maka_temporal.workers.client.connect import server_gone
 from maka_temporal.workflows.contracts import (
     BEGIN_CONTINUATION,
     BEGIN_RUN,
@@ -95,7 +96,7 @@ async def session_executions(client: Client, session_id: str, named: Sequence[st
                 listed[info.run_id] = _STATUS.get(int(info.status or 0), "unknown")
         except RPCError as exc:
             # A server without list queries still answers describe and history: follow the chain.
-            if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            if server_gone(exc):
                 raise
         try:
             desc = await client.get_workflow_handle(workflow_id).describe()

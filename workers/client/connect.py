@@ -14,6 +14,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
+from temporalio.service import RPCError, RPCStatusCode
 
 from maka_core.errors import MakaError
 
@@ -70,6 +71,16 @@ async def connect(address: str | None = None, namespace: str | None = None, **kw
                 address=target,
                 cause=str(exc),
             ) from None
+
+
+def server_gone(exc: RPCError) -> bool:
+    """True when an RPC failed because the server did not answer, not because it refused the
+    request: a refused connection (``UNAVAILABLE``), no answer in time (``DEADLINE_EXCEEDED``), or a
+    connection cut under the call (``UNKNOWN`` "transport error": the server killed mid-call). Such
+    a failure is ``temporal_unavailable``; every other status is the server's answer."""
+    if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        return True
+    return "transport error" in exc.message
 
 
 async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:

@@ -33,10 +33,11 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from maka_core.errors import MakaError, StoreError
 from maka_core.store.writer import LedgerStore
+from maka_temporal.workers.client.connect import server_gone
 
 LEDGER_MARK = "#"
 #: 72 bits (9 digest bytes, 12 base64url characters): a second ledger that collides takes ~2^71
@@ -83,9 +84,7 @@ async def queue_ledgers(client: Client, task_queue: str, *, now: float | None = 
         try:
             response = await client.workflow_service.describe_task_queue(request)
         except RPCError as exc:
-            # A refused connection is UNAVAILABLE; a connection cut under the call is UNKNOWN
-            # "transport error" (the server killed mid-call).
-            if exc.status != RPCStatusCode.UNAVAILABLE and "transport error" not in exc.message:
+            if not server_gone(exc):
                 raise
             # The server went away between the worker's connect and this check (a restart): the
             # same refusal as a connect that found no server, not a traceback.

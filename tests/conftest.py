@@ -22,6 +22,21 @@ def _postgres_url() -> str | None:
     return os.environ.get("MAKA_TEST_POSTGRES_URL") or None
 
 
+@pytest.fixture(params=["sqlite-file", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh ledger that several stores or processes open at once: a SQLite file's path, or a URL
+    on a new PostgreSQL schema (dropped afterwards)."""
+    from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
+
+    if request.param == "sqlite-file":
+        yield str(tmp_path / "ledger.sqlite")
+        return
+    if pg_base_url() is None:
+        pytest.skip(SKIP_REASON)
+    with fresh_pg_schema() as url:
+        yield url
+
+
 @pytest.fixture(params=STORE_BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty ledger URL per backend (Postgres: a fresh schema, dropped afterwards)."""

@@ -29,18 +29,11 @@ from maka_core.runtime.ledger_executor import LedgerExecutor, _Item
 from maka_core.runtime.runtime import Leg, Runtime
 from maka_core.store.writer import LedgerStore
 from tests import ledger_factory as f
-from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerStore]:
-    if request.param == "sqlite":
-        with LedgerStore.open(tmp_path / "ledger.sqlite") as s:
-            yield s
-        return
-    if pg_base_url() is None:
-        pytest.skip(SKIP_REASON)
-    with fresh_pg_schema() as url, LedgerStore.open(url) as s:
+@pytest.fixture
+def store(shared_url: str) -> Iterator[LedgerStore]:
+    with LedgerStore.open(shared_url) as s:
         yield s
 
 

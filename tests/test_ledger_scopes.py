@@ -12,8 +12,7 @@ row from a scope's load and shows the comparison catches it.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +25,6 @@ from maka_core.store.scopes import SessionScopes
 from maka_core.store.writer import LedgerStore
 from tests import ledger_factory as f
 from tests.children.support import raw_insert
-from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 
 SESSIONS = 24
 
@@ -43,17 +41,6 @@ class DropsARow(SmallScopes):
 
     def _session_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in rows if r["event_id"] != "op-s3-c0_response"]
-
-
-@pytest.fixture(params=["sqlite-file", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite-file":
-        yield str(tmp_path / "ledger.sqlite")
-        return
-    if pg_base_url() is None:
-        pytest.skip(SKIP_REASON)
-    with fresh_pg_schema() as pg:
-        yield pg
 
 
 def _session_script(k: int) -> list[Callable[[LedgerStore], object]]:
@@ -86,10 +73,10 @@ def _session_script(k: int) -> list[Callable[[LedgerStore], object]]:
     return steps
 
 
-def _build(url: str) -> list[RuntimeEvent]:
+def _build(shared_url: str) -> list[RuntimeEvent]:
     """The ledger, written round-robin across sessions so their rows interleave."""
     scripts = [_session_script(k) for k in range(SESSIONS)]
-    with LedgerStore.open(url) as store:
+    with LedgerStore.open(shared_url) as store:
         while any(scripts):
             for script in scripts:
                 if script:
@@ -159,29 +146,29 @@ def _compare(store: LedgerStore, ledger: list[RuntimeEvent], rounds: int = 3) ->
     return differ
 
 
-def test_scoped_and_evicted_views_answer_as_the_full_fold(url: str) -> None:
-    ledger = _build(url)
+def test_scoped_and_evicted_views_answer_as_the_full_fold(shared_url: str) -> None:
+    ledger = _build(shared_url)
     assert len({e.session_id for e in ledger}) == SESSIONS
-    with SmallScopes.open(url) as store:
+    with SmallScopes.open(shared_url) as store:
         assert _compare(store, ledger) == []
         scopes = store._scopes
         assert scopes is not None and len(scopes) <= 4  # bounded, though every session was read
-    with LedgerStore.open(url) as store:  # the default bounds: the same answers
+    with LedgerStore.open(shared_url) as store:  # the default bounds: the same answers
         assert _compare(store, ledger, rounds=1) == []
 
 
-def test_negative_control_a_scope_that_drops_a_row_is_caught(url: str) -> None:
-    ledger = _build(url)
-    with DropsARow.open(url) as store:
+def test_negative_control_a_scope_that_drops_a_row_is_caught(shared_url: str) -> None:
+    ledger = _build(shared_url)
+    with DropsARow.open(shared_url) as store:
         assert _compare(store, ledger) == ["s3"]
 
 
-def test_a_store_starts_with_the_open_sessions_only(url: str) -> None:
-    ledger = _build(url)
+def test_a_store_starts_with_the_open_sessions_only(shared_url: str) -> None:
+    ledger = _build(shared_url)
     open_runs = {e.session_id for e in ledger} - {
         e.session_id for e in ledger if e.is_terminal and e.run_id.endswith("a")
     }
-    with LedgerStore.open(url) as store:
+    with LedgerStore.open(shared_url) as store:
         store.check_health()
         store.view("s1")  # the first read: the start's fold
         scopes = store._scopes
@@ -192,9 +179,9 @@ def test_a_store_starts_with_the_open_sessions_only(url: str) -> None:
         assert set(resident) <= open_runs | {"s1"}
 
 
-def test_writes_after_eviction_continue_each_sessions_counters_and_chain(url: str) -> None:
-    _build(url)
-    with SmallScopes.open(url) as store:
+def test_writes_after_eviction_continue_each_sessions_counters_and_chain(shared_url: str) -> None:
+    _build(shared_url)
+    with SmallScopes.open(shared_url) as store:
         for k in range(SESSIONS):  # each write evicts others; the reloaded scope carries on
             env = f.ids(session=f"s{k}", run=f"r{k}c", inv=f"i{k}c", turn=f"t{k}c")
             store.append([f.user(id=f"u-s{k}c", **env)])
@@ -203,8 +190,8 @@ def test_writes_after_eviction_continue_each_sessions_counters_and_chain(url: st
         assert store.verify() == []  # chains, event_seq and projections as a rebuild derives them
 
 
-def test_identities_that_cross_sessions_are_refused_as_the_full_fold_refuses_them(url: str) -> None:
-    _build(url)
+def test_identities_that_cross_sessions_are_refused_as_the_full_fold_refuses_them(shared_url: str) -> None:
+    _build(shared_url)
     other = f.ids(session="s-new", run="r-new", inv="i-new", turn="t-new")
     stolen = f.ids(session="s-new", run="r-new", inv="i0a", turn="t-new")  # s0's invocation
     taken = [  # an operation id s0's call is bound to (under fresh event ids)
@@ -231,7 +218,7 @@ def test_identities_that_cross_sessions_are_refused_as_the_full_fold_refuses_the
             "duplicate_operation",
         ),
     ]
-    with SmallScopes.open(url) as store:
+    with SmallScopes.open(shared_url) as store:
         store.append([f.user(id="u-new", **other)])  # negative control: its own invocation lands
         for write, batch, transition, code in refused:
             # The reference answer: the scanner over the whole ledger.
@@ -242,7 +229,7 @@ def test_identities_that_cross_sessions_are_refused_as_the_full_fold_refuses_the
             assert err.value.code == whole.value.code == code
         fresh = f.t1("new-c0", operation_id="op-new-c0", **other)
         assert store.commit_tool_prepared(fresh[1], call=fresh[0]).created  # negative control
-    with SmallScopes.open(url) as store:
+    with SmallScopes.open(shared_url) as store:
         # An exact retry of another session's event is a no-op, as before.
         assert not store.append([store.events("s0")[0]]).created
 
@@ -258,11 +245,11 @@ class ForgetsOnAbort(LedgerStore):
         return None  # the gate here is the one a read set: no start scan re-records it
 
 
-def _settled_corrupt_session(url: str) -> None:
+def _settled_corrupt_session(shared_url: str) -> None:
     """Session b: one settled call, then a second call row for its call id (corrupt, below the
     writers); session a: an open run."""
     b = f.ids(session="sess-b", run="run-b", inv="inv-b", turn="turn-b")
-    with LedgerStore.open(url) as store:
+    with LedgerStore.open(shared_url) as store:
         store.append([f.user(id="evt-user-b", **b)])
         pair = f.t1("call-b", operation_id="op-b", recovery_mode="reconcile", **b)
         store.commit_tool_prepared(pair[1], call=pair[0])
@@ -282,9 +269,9 @@ def _t1_outcome(store: LedgerStore, op: str) -> str:
 
 
 @pytest.mark.parametrize("cls", [LedgerStore, ForgetsOnAbort])
-def test_corruption_once_seen_stops_every_later_boundary(url: str, cls: type[LedgerStore]) -> None:
-    _settled_corrupt_session(url)
-    with cls.open(url) as store:
+def test_corruption_once_seen_stops_every_later_boundary(shared_url: str, cls: type[LedgerStore]) -> None:
+    _settled_corrupt_session(shared_url)
+    with cls.open(shared_url) as store:
         store.view("sess-b")  # a status read names the corrupt session
         first, second = _t1_outcome(store, "op-1"), _t1_outcome(store, "op-2")
     assert first == "duplicate_call", first
@@ -302,10 +289,12 @@ class BlindToOtherSessionsRuns(LedgerStore):
 
 
 @pytest.mark.parametrize("cls", [LedgerStore, BlindToOtherSessionsRuns])
-def test_a_run_id_terminal_in_another_session_refuses_what_follows(url: str, cls: type[LedgerStore]) -> None:
+def test_a_run_id_terminal_in_another_session_refuses_what_follows(
+    shared_url: str, cls: type[LedgerStore]
+) -> None:
     x = f.ids(session="sx", run="R", inv="ix", turn="tx")
     y = f.ids(session="sy", run="R", inv="iy", turn="ty")  # the same run id, another session
-    with LedgerStore.open(url) as store:
+    with LedgerStore.open(shared_url) as store:
         store.append([f.user(id="ux", **x)])
         store.commit_terminal(f.terminal(id="endx", **x))
     pair = f.t1("cy", operation_id="opy", recovery_mode="reconcile", **y)
@@ -315,7 +304,7 @@ def test_a_run_id_terminal_in_another_session_refuses_what_follows(url: str, cls
     ]
     got: list[str] = []
     for write in writes:
-        with cls.open(url) as store:  # a fresh start: sx is settled, not resident
+        with cls.open(shared_url) as store:  # a fresh start: sx is settled, not resident
             try:
                 write(store)
                 got.append("accepted")
@@ -335,10 +324,10 @@ class NoStartScan(LedgerStore):
 
 @pytest.mark.parametrize("cls", [LedgerStore, NoStartScan])
 def test_the_start_scan_finds_a_settled_corrupt_session_nobody_reads(
-    url: str, cls: type[LedgerStore]
+    shared_url: str, cls: type[LedgerStore]
 ) -> None:
-    _settled_corrupt_session(url)
-    with cls.open(url) as store:
+    _settled_corrupt_session(shared_url)
+    with cls.open(shared_url) as store:
         scan = store.verification
         if scan is not None:
             assert scan.wait(120), f"the start scan did not end in 120 s: {scan.to_json()}"
@@ -358,12 +347,12 @@ class SkipsOtherSessionsRows(LedgerStore):
 
 @pytest.mark.parametrize("cls", [LedgerStore, SkipsOtherSessionsRows])
 def test_another_process_corrupting_a_session_not_resident_stops_boundaries(
-    url: str, cls: type[LedgerStore]
+    shared_url: str, cls: type[LedgerStore]
 ) -> None:
     b = f.ids(session="sess-b", run="run-b", inv="inv-b", turn="turn-b")
-    with cls.open(url) as store:
+    with cls.open(shared_url) as store:
         store.append([f.user()])
-        with LedgerStore.open(url) as other:  # another worker, settling session b
+        with LedgerStore.open(shared_url) as other:  # another worker, settling session b
             other.append([f.user(id="evt-user-b", **b)])
             pair = f.t1("call-b", operation_id="op-b", recovery_mode="reconcile", **b)
             other.commit_tool_prepared(pair[1], call=pair[0])
@@ -382,14 +371,14 @@ class NoCrossingCheck(SmallScopes):
         return None
 
 
-def test_negative_control_without_the_crossing_check_the_full_folds_codes_are_lost(url: str) -> None:
-    _build(url)
+def test_negative_control_without_the_crossing_check_the_full_folds_codes_are_lost(shared_url: str) -> None:
+    _build(shared_url)
     other = f.ids(session="s-new", run="r-new", inv="i-new", turn="t-new")
     stolen = f.ids(session="s-new", run="r-new", inv="i0a", turn="t-new")  # s0's invocation
     call = f.call("new-c0", operation_id="op-s0-c0", id="new-call", **other)
     dispatch = f.dispatch("new-c0", operation_id="op-s0-c0", id="new-dispatch", **other)
     got: list[str] = []
-    with NoCrossingCheck.open(url) as store:
+    with NoCrossingCheck.open(shared_url) as store:
         store.append([f.user(id="u-new", **other)])
         for write in (
             lambda: store.append([f.user(id="u-stolen", **stolen)]),

@@ -17,7 +17,6 @@ folded; a step reads and decodes only the rows committed since the last read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +33,16 @@ from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests import ledger_factory as f
 from tests.children.support import raw_update
-from tests.pg_support import SKIP_REASON, fresh_pg_schema, pg_base_url
 from tests.test_ledger_scopes import SESSIONS, DropsARow, SmallScopes, _session_script
 
 OPENAI = {"kind": "openai", "model": "gpt-4.1-mini"}  # parsed for its budget, never called
-
-
-@pytest.fixture(params=["sqlite-file", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite-file":
-        yield str(tmp_path / "ledger.sqlite")
-        return
-    if pg_base_url() is None:
-        pytest.skip(SKIP_REASON)
-    with fresh_pg_schema() as pg:
-        yield pg
 
 
 def _differ(store: LedgerStore, sessions: list[str]) -> list[str]:
     return [sid for sid in sessions if store.session_events(sid) != store.events(session_id=sid)]
 
 
-def _interleaved(url: str, reader: type[LedgerStore], own_writes: bool = True) -> list[str]:
+def _interleaved(shared_url: str, reader: type[LedgerStore], own_writes: bool = True) -> list[str]:
     """Write every session's script round-robin, alternately through ``reader`` and a second
     store on the same database (another process's writes, seen only past ``reader``'s cursor),
     with one refused write (``own_writes`` False: every write through the second store); after
@@ -64,7 +51,7 @@ def _interleaved(url: str, reader: type[LedgerStore], own_writes: bool = True) -
     sessions = [f"s{k}" for k in range(SESSIONS)]
     scripts = [_session_script(k) for k in range(SESSIONS)]
     differ: set[str] = set()
-    with reader.open(url) as mine, LedgerStore.open(url) as other:
+    with reader.open(shared_url) as mine, LedgerStore.open(shared_url) as other:
         writes = 0
         while any(scripts):
             for k, script in enumerate(scripts):
@@ -83,14 +70,14 @@ def _interleaved(url: str, reader: type[LedgerStore], own_writes: bool = True) -
 
 @pytest.mark.parametrize("reader", [SmallScopes, LedgerStore], ids=["evicting", "default-bounds"])
 def test_resident_events_are_a_fresh_read_through_writers_evictions_and_aborts(
-    url: str, reader: type[LedgerStore]
+    shared_url: str, reader: type[LedgerStore]
 ) -> None:
-    assert _interleaved(url, reader) == []
+    assert _interleaved(shared_url, reader) == []
 
 
-def test_negative_control_a_scope_that_loses_a_row_is_caught(url: str) -> None:
+def test_negative_control_a_scope_that_loses_a_row_is_caught(shared_url: str) -> None:
     # Read only: a store whose loads lose a row would also write wrong counters.
-    assert _interleaved(url, DropsARow, own_writes=False) == ["s3"]
+    assert _interleaved(shared_url, DropsARow, own_writes=False) == ["s3"]
 
 
 # --- what a step decodes ---------------------------------------------------------------------
@@ -119,10 +106,10 @@ def _session(store: LedgerStore, n: int, start: int = 0) -> None:
 
 
 def test_a_step_decodes_only_the_rows_committed_since_its_last_read(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = RunIds(session_id="long", turn_id="t-next", run_id="r-next", invocation_id="i-next")
-    with LedgerStore.open(url) as store, LedgerStore.open(url) as other:
+    with LedgerStore.open(shared_url) as store, LedgerStore.open(shared_url) as other:
         rt = Runtime(store)
         try:
             _session(other, 300)
@@ -173,12 +160,12 @@ class ChainFromScope(LedgerStore):
 
 @pytest.mark.parametrize("cls", [LedgerStore, ChainFromScope], ids=["rows", "scope-negative-control"])
 def test_an_edit_is_caught_by_the_chain_not_hidden_by_the_resident_events(
-    url: str, tmp_path: Path, cls: type[LedgerStore]
+    shared_url: str, tmp_path: Path, cls: type[LedgerStore]
 ) -> None:
     root = tmp_path / "ws"
     root.mkdir()
     ws = Workspace.open(root)
-    with cls.open(url) as store:
+    with cls.open(shared_url) as store:
         rt = Runtime(store)
         try:
             _begin(rt, ws, "r1")

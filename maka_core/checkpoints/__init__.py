@@ -7,6 +7,7 @@ fact, the continuation gate, isolated restore, rebaseline, retention). Pure maka
 
 from maka_core.checkpoints.contract import (
     CHECKPOINT_BUNDLE_SCHEMA,
+    CHECKPOINT_KEY,
     NO_CHECKPOINT_CODES,
     VERIFY_FAILURES,
     WORKSPACE_CONTENT_CHANGED,
@@ -19,6 +20,7 @@ from maka_core.checkpoints.contract import (
     Verification,
     WorkspaceBoundary,
     WorkspaceDiff,
+    bound_high_water,
 )
 from maka_core.checkpoints.git_carrier import REF_PREFIX, GitCheckpointProvider, ref_component
 from maka_core.checkpoints.observe import (
@@ -31,6 +33,7 @@ from maka_core.checkpoints.observe import (
 __all__ = [
     "BOUNDARY_CODES",
     "CHECKPOINT_BUNDLE_SCHEMA",
+    "CHECKPOINT_KEY",
     "BoundaryObservation",
     "NO_CHECKPOINT_CODES",
     "REF_PREFIX",
@@ -47,6 +50,7 @@ __all__ = [
     "Verification",
     "WorkspaceBoundary",
     "WorkspaceDiff",
+    "bound_high_water",
     "observe_boundary",
     "ref_component",
 ]

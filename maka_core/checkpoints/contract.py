@@ -30,7 +30,7 @@ from pydantic.alias_generators import to_camel
 from maka_core.errors import CheckpointError, CodecError
 from maka_core.facts import canonical_json
 from maka_core.facts.codec import digest
-from maka_core.facts.events import NonEmpty, Sha256Digest
+from maka_core.facts.events import NonEmpty, RuntimeEvent, Sha256Digest
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -273,3 +273,17 @@ class CheckpointProvider(Protocol):
     def gc(self, workspace: Workspace, keep: Collection[str]) -> tuple[str, ...]:
         """Delete the Maka refs not in ``keep``; the refs deleted."""
         ...
+
+
+#: Where a terminal fact carries its workspace checkpoint bundle (``actions.stateDelta``).
+CHECKPOINT_KEY: Final = "workspaceCheckpoint"
+
+
+def bound_high_water(event: RuntimeEvent) -> int | None:
+    """The runtime high-water a terminal fact's checkpoint bundle binds, read as stored (None when
+    the fact carries no bundle, or none readable: decoding is the gate's, which fails closed)."""
+    delta = event.actions.state_delta if event.actions is not None else None
+    wire = delta.get(CHECKPOINT_KEY) if isinstance(delta, dict) else None
+    boundary = wire.get("boundary") if isinstance(wire, dict) else None
+    high_water = boundary.get("immutableRuntimeHighWater") if isinstance(boundary, dict) else None
+    return high_water if isinstance(high_water, int) and not isinstance(high_water, bool) else None

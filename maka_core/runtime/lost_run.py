@@ -14,6 +14,7 @@ Temporal history is gone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,7 +32,13 @@ from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.session_record import SESSION_KEY as SESSION_KEY
 from maka_core.runtime.session_record import SessionRecord as SessionRecord
 from maka_core.runtime.session_record import session_record as session_record
-from maka_core.runtime.settle import RepairResult, _header_anchor, recovered_terminal_event, settle_run
+from maka_core.runtime.settle import (
+    BIND_ATTEMPTS,
+    RepairResult,
+    _header_anchor,
+    recovered_terminal_event,
+    settle_run,
+)
 
 #: Operation statuses that need no recovery (the Resolver settled them, or they never ran).
 _SETTLED: Final[frozenset[str]] = frozenset({"completed", "definitely_not_dispatched"})
@@ -161,21 +168,29 @@ async def settle_lost_run(
         if park is not None
         else recovered_terminal_event(anchor, run_id, "process_crashed")
     )
-    if existing is None and untrusted is None:  # nothing read from broken facts is acted on
-        candidate = await bind(rt, candidate)
-        failpoints.hit("checkpoint_repair_captured")
+    binds = existing is None and untrusted is None  # nothing read from broken facts is acted on
 
     def between() -> None:
         failpoints.hit("checkpoint_repair_committed")
 
-    def settle() -> RepairResult:
+    def settle(fact: RuntimeEvent) -> RepairResult:
         try:
-            return settle_run(store, candidate, existing=existing, between=between)
+            return settle_run(store, fact, existing=existing, between=between)
         except LedgerRejection as exc:  # another repairer settled it differently: its fact stands
             if exc.code not in ("duplicate_event_id", "run_already_terminal"):
                 raise
             stood = next(e for e in reversed(store.events(run_id=run_id)) if e.is_terminal)
-            return settle_run(store, candidate, existing=stood)
+            return settle_run(store, fact, existing=stood)
 
-    repair = await rt.on_ledger(settle)
+    for left in range(BIND_ATTEMPTS - 1, -1, -1):
+        fact = candidate
+        if binds:
+            fact = await bind(rt, candidate)
+            failpoints.hit("checkpoint_repair_captured")
+        try:
+            repair = await rt.on_ledger(functools.partial(settle, fact))
+            break
+        except LedgerRejection as exc:  # a late outcome landed after the binding: bind again
+            if exc.code != "checkpoint_boundary_stale" or not left:
+                raise
     return LostRunResult(repair, park, parked_op, tuple(recovered))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.clock import now_ms
@@ -78,6 +78,12 @@ def _header_anchor(header: RunHeader, run_id: str) -> RuntimeEvent:
         role="system",
         author="system",
     )
+
+
+#: How many times a terminal fact is bound to the run's checkpoint before its commit gives up: a
+#: binding goes stale only when another fact of the run lands in between
+#: (``checkpoint_boundary_stale``).
+BIND_ATTEMPTS: Final = 3
 
 
 def park_reason_of(terminal: RuntimeEvent) -> str | None:

@@ -7,6 +7,8 @@ a retry (after a crash, a timeout, a lost response) is an exact retry: the same 
 
 from __future__ import annotations
 
+import functools
+
 from maka_core import failpoints
 from maka_core.errors import LedgerRejection
 from maka_core.facts.clock import now_ms
@@ -24,7 +26,7 @@ from maka_core.runtime.contracts import (
 )
 from maka_core.runtime.lost_run import SESSION_KEY, SessionRecord
 from maka_core.runtime.runtime import Runtime
-from maka_core.runtime.settle import settle_run
+from maka_core.runtime.settle import BIND_ATTEMPTS, settle_run
 
 
 def _refuse_broken_chain(rt: Runtime, session_id: str) -> None:
@@ -167,15 +169,23 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
         error=inp.error,
     )
     tag = "continuation" if inp.continuation else "turn"
-    # Phase 4: the workspace's checkpoint rides in the terminal fact (artifact first, then the fact).
-    terminal = await workspace_continuity.bind_terminal_async(rt, terminal)
 
     def between() -> None:
         failpoints.hit("checkpoint_boundary_committed")
         failpoints.hit("P9")
         failpoints.hit("after_terminal_event_committed", tag=tag)
 
-    settled = await rt.on_ledger(lambda: settle_run(rt.ledger, terminal, between=between))
+    for left in range(BIND_ATTEMPTS - 1, -1, -1):
+        # Phase 4: the workspace's checkpoint rides in the terminal fact (artifact first, then the
+        # fact). A fact of the run that lands between the binding and the commit (a late attempt's
+        # outcome) makes the binding stale: bind again over the longer prefix.
+        bound = await workspace_continuity.bind_terminal_async(rt, terminal)
+        try:
+            settled = await rt.on_ledger(functools.partial(settle_run, rt.ledger, bound, between=between))
+            break
+        except LedgerRejection as exc:
+            if exc.code != "checkpoint_boundary_stale" or not left:
+                raise
     failpoints.hit("after_terminal_header_committed", tag=tag)
     ended = settled.header_status
     status: TurnStatus = (

@@ -25,9 +25,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.pool import StaticPool
 
+from maka_core.checkpoints.contract import bound_high_water
 from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.clock import now_ms
 from maka_core.facts.events import RuntimeEvent
@@ -375,7 +376,9 @@ class LedgerStore(
         return self._commit("recovery_bundle", batch, post=post, attempt=as_attempt(attempt))
 
     def commit_terminal(self, event: RuntimeEvent, header: RunHeader | None = None) -> CommitResult:
-        """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``.
+        """Commit a run's terminal event; a second, different terminal event is ``run_already_terminal``;
+        one whose workspace checkpoint binds another high-water than the run's facts before it is
+        ``checkpoint_boundary_stale`` (bind it again and commit that).
         ``header``: the run's header, written in the same transaction (an operator's run, which no
         workflow begins, has no header before its one fact)."""
         if not event.is_terminal:
@@ -398,6 +401,25 @@ class LedgerStore(
                     terminalEventId=other[0],
                 )
             self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
+            bound = bound_high_water(event)
+            if bound is not None:
+                prefix = conn.execute(
+                    select(func.count())
+                    .select_from(runtime_events)
+                    .where(runtime_events.c.run_id == event.run_id, runtime_events.c.terminal.is_(False))
+                ).scalar_one()
+                if prefix != bound:
+                    # A fact of the run (a late attempt's outcome) committed after the checkpoint was
+                    # bound: the bundle would name a boundary the run no longer ends at, and every
+                    # continuation would park checkpoint_boundary_mismatch. The caller binds again.
+                    raise LedgerRejection(
+                        "checkpoint_boundary_stale",
+                        "the terminal fact's checkpoint binds another prefix than the run's",
+                        eventId=event.id,
+                        runId=event.run_id,
+                        boundHighWater=bound,
+                        prefixHighWater=prefix,
+                    )
 
         def post(conn: Connection) -> None:
             insert_certificate(conn, event)

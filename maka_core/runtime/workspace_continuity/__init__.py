@@ -12,6 +12,7 @@
   carriers and the capture budgets.
 """
 
+from maka_core.checkpoints.contract import CHECKPOINT_KEY
 from maka_core.runtime.workspace_continuity.capture import (
     SHARED_BUDGET_SPENT,
     SharedBudget,
@@ -40,7 +41,6 @@ from maka_core.runtime.workspace_continuity.choices import (
     restore_isolated,
 )
 from maka_core.runtime.workspace_continuity.facts import (
-    CHECKPOINT_KEY,
     TRANSITION_KEY,
     TRANSITION_PROTOCOL,
     TransitionKind,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from maka_core.checkpoints.contract import (
+    CHECKPOINT_KEY,
     Checkpoint,
     CheckpointBundle,
     CheckpointProvider,
@@ -21,7 +22,7 @@ from maka_core.errors import CheckpointError, MakaError
 from maka_core.facts.events import Actions, RuntimeEvent
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.workspace_continuity.carrier import CAPTURE_BUDGET_S, ledger_of, provider_at
-from maka_core.runtime.workspace_continuity.facts import CHECKPOINT_KEY, current_epoch, source_boundary_of
+from maka_core.runtime.workspace_continuity.facts import current_epoch, source_boundary_of
 from maka_core.workspace import Workspace
 
 if TYPE_CHECKING:

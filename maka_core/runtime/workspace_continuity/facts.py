@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from maka_core.checkpoints.contract import (
+    CHECKPOINT_KEY,
     CheckpointBundle,
 )
 from maka_core.checkpoints.observe import SourceBoundary
@@ -19,9 +20,6 @@ from maka_core.runtime.resolution import is_resolution_run
 
 if TYPE_CHECKING:
     pass
-
-
-CHECKPOINT_KEY: Final = "workspaceCheckpoint"
 
 
 TRANSITION_KEY: Final = "workspaceTransition"

@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from maka_core.checkpoints.contract import CHECKPOINT_KEY
 from maka_core.checkpoints.git_carrier import REF_PREFIX, GitCheckpointProvider, ref_component
 from maka_core.errors import CheckpointError, MakaError
 from maka_core.facts.events import RuntimeEvent
 from maka_core.runtime.workspace_continuity.carrier import GC_GRACE_S, ledger_of, provider_at
 from maka_core.runtime.workspace_continuity.facts import (
-    CHECKPOINT_KEY,
     decode_bundle,
     delta_of,
     transition_of,

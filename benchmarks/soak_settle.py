@@ -63,11 +63,23 @@ async def settle_folder(out: Path) -> dict[str, Any]:
                 client, out, ledger, server.address, queue, sessions, effects_env=soak.worker_env()
             )
             todo = unsettled(ledger, sessions)
-            await asyncio.gather(*(operator.handle(sid, _Parked()) for sid in todo))
+            # A session the operator cannot move (its execution gone and every resume parked) is
+            # the checker's to count as stuck, not a reason to stop settling the others.
+            ends = await asyncio.gather(
+                *(operator.handle(sid, _Parked()) for sid in todo), return_exceptions=True
+            )
         finally:
             await chaos.stop_all()
         report = await asyncio.to_thread(soak_check.check, out, audit=False)
-        report["settle"] = {"sessions": len(todo), "seconds": round(time.monotonic() - began, 1)}
+        report["settle"] = {
+            "sessions": len(todo),
+            "seconds": round(time.monotonic() - began, 1),
+            "unmoved": {
+                sid: repr(end)[:300]
+                for sid, end in zip(todo, ends, strict=True)
+                if isinstance(end, BaseException)
+            },
+        }
         (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         return report
     finally:

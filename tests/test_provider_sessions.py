@@ -327,10 +327,7 @@ async def test_a_sessions_legal_history_reaches_either_vendor_with_the_same_call
                 workspace=ws_dir,
                 provider={"kind": "openai", "model": "gpt-test"},
                 task_queue=queue,
-                message="write then read a.txt",
-                # One call at a time: the read must see the write (side by side, a read asked for
-                # after a write in one step may run before it: docs/tools, "Calls side by side").
-                max_parallel_tools=1,
+                message="write then read a.txt",  # side by side, the read waits for the write
             )
             settled = await wait_settled(
                 temporal_client, session_id, accepted.run_id, timeout=60

@@ -10,6 +10,11 @@ approvals, host waits, recovery), so each keeps its own T1 before its effect and
 any result reaches the model; the ledger's commit path serializes the writers of one session
 (``tests/test_parallel_commit.py``).
 
+Two calls that touch the same workspace name (``CallRef.targets``, ``tools.targets``), not both
+read-only, keep the model's order (``PARALLEL_ORDER_PATCH``): a read of a file asked for after its
+write waits for the write, and a write asked for after a read waits for the read; if the earlier one
+parks or fails, the later one is never dispatched.
+
 The step is done when every call has its outcome or has parked: a call waiting for an approval or
 its host holds back no other call. Then, in the model's call order: a cancel (``cancel_turn``
 cancels every call still running; each cancelled call's T2 says ``tool_cancelled``) ends the turn
@@ -30,9 +35,30 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.contracts import CallRef, RunIds, ToolOutcome, ToolSettings
     from maka_temporal.workflows.session_calls import CallDispatch
-    from maka_temporal.workflows.session_policy import PARALLEL_TOOLS_PATCH, Cancelled, Park
+    from maka_temporal.workflows.session_policy import (
+        PARALLEL_ORDER_PATCH,
+        PARALLEL_TOOLS_PATCH,
+        Cancelled,
+        Park,
+    )
 
-__all__ = ["FanOut"]
+__all__ = ["FanOut", "conflicts"]
+
+
+def conflicts(calls: Sequence[CallRef]) -> list[list[int]]:
+    """For each call, the earlier calls of the step it must wait for: those that share a target with
+    it, unless both are read-only."""
+    waits: list[list[int]] = []
+    for i, call in enumerate(calls):
+        mine = set(call.targets or ())
+        waits.append(
+            [
+                j
+                for j, earlier in enumerate(calls[:i])
+                if mine.intersection(earlier.targets or ()) and not (call.read_only and earlier.read_only)
+            ]
+        )
+    return waits
 
 
 class FanOut(CallDispatch):
@@ -50,6 +76,10 @@ class FanOut(CallDispatch):
             and workflow.patched(PARALLEL_TOOLS_PATCH)
         )
 
+    def _must_wait(self, calls: Sequence[CallRef]) -> list[list[int]]:
+        """For each call, the earlier calls of the step it waits for (``conflicts``)."""
+        return conflicts(calls)
+
     async def _fan_out(self, ids: RunIds, calls: Sequence[CallRef], settings: ToolSettings) -> None:
         """Run ``calls`` side by side until each has its outcome or has parked; then end the step
         as the class docstring says (``Cancelled``, ``Park`` or the first failure)."""
@@ -57,15 +87,30 @@ class FanOut(CallDispatch):
         lane = asyncio.Lock()  # the calls that are not parallel-safe: one at a time, in order
         ended: list[BaseException | None] = [None] * len(calls)
         broken: list[CallRef] = []  # a lone call that parked or failed: the later ones never start
+        waits = self._must_wait(calls)
+        if not any(waits) or not workflow.patched(PARALLEL_ORDER_PATCH):
+            waits = [[] for _ in calls]
+        done = [asyncio.Event() for _ in calls]
+        skipped = [False] * len(calls)  # never dispatched: what it waited for parked or failed
+
+        async def after(index: int) -> bool:
+            """Wait for the earlier calls ``index`` conflicts with; False (and the call is skipped)
+            if one of them parked, failed or was skipped."""
+            for j in waits[index]:
+                await done[j].wait()
+            skipped[index] = any(ended[j] is not None or skipped[j] for j in waits[index])
+            return not skipped[index]
 
         async def one(index: int, call: CallRef) -> None:
             try:
                 if call.parallel:
+                    if not await after(index):
+                        return  # never dispatched (no T1): what it waited for parked or failed
                     async with gate:
                         result = await self._tool(ids, call, settings, None)
                 else:
                     async with lane:
-                        if broken:
+                        if broken or not await after(index):
                             return  # never dispatched (no T1): as after a park in the loop of before
                         try:
                             async with gate:
@@ -76,6 +121,8 @@ class FanOut(CallDispatch):
             except Exception as err:  # every call ends first; then `_end_step` judges them
                 ended[index] = err
                 return
+            finally:
+                done[index].set()
             if isinstance(result, ToolOutcome) and result.cancelled:
                 self._cancelled_operations.append(result.operation_id)
 

@@ -53,6 +53,10 @@ LOCAL_TOOLS_PATCH = "maka-local-tools-1"
 #: session's ``max_parallel_tools``. Asked only for a step of several calls in a session whose
 #: config allows more than one at a time, so every history recorded before keeps its commands.
 PARALLEL_TOOLS_PATCH = "maka-parallel-tools-1"
+#: Side by side, a call waits for each earlier call of its step it conflicts with (``fanout.conflicts``:
+#: a shared workspace target, not both read-only). Asked only for a step that has such a pair, so a
+#: history recorded before (no call named targets) keeps its commands.
+PARALLEL_ORDER_PATCH = "maka-parallel-order-1"
 
 
 def host_away(err: BaseException) -> bool:

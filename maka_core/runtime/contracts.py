@@ -350,7 +350,7 @@ class ModelStepInput(Contract):
 
 
 class CallRef(Contract):
-    """One committed function call: ids only, never arguments."""
+    """One committed function call: ids only, never arguments (its targets are digests)."""
 
     tool_call_id: str
     operation_id: str
@@ -362,6 +362,9 @@ class CallRef(Contract):
     bounded: bool | None = None
     #: The tool may run beside the step's other calls (``tools.contract.parallel_safe``).
     parallel: bool | None = None
+    #: Digests of the workspace names the call touches (``tools.targets``; None: it declares none):
+    #: two calls of one step that share one, not both read-only, keep the model's order.
+    targets: list[str] | None = None
 
 
 class ModelStepResult(Contract):

@@ -49,6 +49,7 @@ from maka_core.runtime.contracts import (
 from maka_core.runtime.runtime import Attempt, Runtime
 from maka_core.runtime.usage_limits import CAPS, limits_in_force, next_call_tokens
 from maka_core.tools.contract import parallel_safe
+from maka_core.tools.targets import call_targets
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def _result(
                 read_only=guarantee == "read-only" or None,
                 bounded=(tool is not None and local_calls.is_bounded(tool, guarantee)) or None,
                 parallel=(tool is not None and parallel_safe(tool, guarantee)) or None,
+                targets=call_targets(tool, content.args) if isinstance(content.args, dict) else None,
             )
         )
     return ModelStepResult(step_id=step_id, calls=calls, final=not calls, replayed=replayed or None)

@@ -13,7 +13,7 @@ import copy
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, Self
 
@@ -51,6 +51,7 @@ from maka_core.tools.evidence import reconcile_file
 from maka_core.tools.git_guard import named_by_repository
 from maka_core.tools.guarded_replace import GuardedReplace, guarded_replace
 from maka_core.tools.redo import guarded, redo_write, settled
+from maka_core.tools.targets import path_targets
 
 if TYPE_CHECKING:
     from maka_core.workspace import Workspace
@@ -171,8 +172,14 @@ def _refused(fn: Callable[P, ToolResult]) -> Callable[P, ToolResult]:
 class _FileTool:
     """Shared configuration of the file tools."""
 
+    mutates: ClassVar[bool]
     result_byte_limit: int = DEFAULT_RESULT_BYTE_LIMIT
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+
+    def targets(self, args: Mapping[str, Any]) -> frozenset[str] | None:
+        """The workspace names this call touches (``tools.targets``): its ``path``, and for a write
+        every folder above it."""
+        return path_targets(args.get("path"), write=self.mutates)
 
 
 # --- read tools ----------------------------------------------------------------------------

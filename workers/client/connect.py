@@ -76,11 +76,12 @@ async def connect(address: str | None = None, namespace: str | None = None, **kw
 def server_gone(exc: RPCError) -> bool:
     """True when an RPC failed because the server did not answer, not because it refused the
     request: a refused connection (``UNAVAILABLE``), no answer in time (``DEADLINE_EXCEEDED``), or a
-    connection cut under the call (``UNKNOWN`` "transport error": the server killed mid-call). Such
-    a failure is ``temporal_unavailable``; every other status is the server's answer."""
-    if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-        return True
-    return "transport error" in exc.message
+    call cut by the server's death (``UNKNOWN`` "transport error", or ``CANCELLED``). Such a failure
+    is ``temporal_unavailable``; every other status is the server's answer."""
+    # A server killed under the call tears the call down ("operation was canceled": this client
+    # cancelled nothing) or cuts its connection ("transport error").
+    gone = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+    return exc.status in gone or "transport error" in exc.message
 
 
 async def reachable(address: str | None = None, namespace: str | None = None, timeout: float = 1.0) -> bool:

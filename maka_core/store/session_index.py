@@ -29,14 +29,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, or_, select
 
 from maka_core.facts import canonical_json
 from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import RunHeader
 from maka_core.facts.usage import Usage, add_usage
 from maka_core.ledger.session_state import ShownState, derive_state, latest_run, operations
-from maka_core.runtime.resolution import is_resolution_run
+from maka_core.runtime.resolution import RESOLUTION_PREFIX, is_resolution_run
 from maka_core.runtime.session_record import record_of
 from maka_core.store.engine import driver_execute
 from maka_core.store.hot_sql import rows_since
@@ -106,22 +106,43 @@ def _session_events(conn: Connection, session_id: str) -> list[tuple[RuntimeEven
     return [(row_event(r), int(r["committed_at"])) for r in rows]
 
 
+def _all(events: list[tuple[RuntimeEvent, int]], run_id: str) -> list[tuple[RuntimeEvent, int]]:
+    """A session's events, already read, serving as its last turn's (``_row``'s ``events``)."""
+    return events
+
+
+def _turn_events(conn: Connection, session_id: str, run_id: str) -> list[tuple[RuntimeEvent, int]]:
+    """What the state of a session whose latest turn ``run_id`` ended depends on: that run's events
+    and the operators' resolutions (which settle its calls from runs of their own). Not the whole
+    session: a long session's state costs what its last turn costs."""
+    rows = conn.execute(
+        select(runtime_events)
+        .where(
+            runtime_events.c.session_id == session_id,
+            or_(runtime_events.c.run_id == run_id, runtime_events.c.run_id.startswith(RESOLUTION_PREFIX)),
+        )
+        .order_by(runtime_events.c.ledger_seq)
+    ).mappings()
+    return [(row_event(r), int(r["committed_at"])) for r in rows]
+
+
 def _row(
     session_id: str,
     tally: _Tally,
     runs: list[RunHeader],
     waiting_runs: Callable[[], set[str]],
-    events: Callable[[], list[tuple[RuntimeEvent, int]]],
+    events: Callable[[str], list[tuple[RuntimeEvent, int]]],
 ) -> SessionRow:
-    """A session's row. Read only when the state needs them: ``events``, the session's events (a
-    latest turn that ended), ``waiting_runs``, the runs of its requests still awaiting an answer
-    (a running one)."""
+    """A session's row. Read only when the state needs them: ``events(run_id)``, the events its
+    latest turn's state depends on once that turn ended (``_turn_events``: the session's events
+    serve as well), ``waiting_runs``, the runs of its requests still awaiting an answer (a running
+    one)."""
     last = latest_run(runs)
     ended = (
         last is not None and last.status != "running" and not (last.park_reason or last.status == "parked")
     )
-    if ended:
-        facts = [e for e, _ in events()]
+    if ended and last is not None:
+        facts = [e for e, _ in events(last.run_id)]
         derived, park_reason = derive_state(runs, operations(facts), facts)
     else:
         derived, park_reason = derive_state(runs)
@@ -244,7 +265,7 @@ def _follow(conn: Connection, session_id: str, pending: _Pending) -> None:
         if pending.first:
             # The session's first facts and no row: it has no run header either (a header makes
             # its row), so the row is the batch's alone.
-            _put(conn, _row(session_id, batch, [], set, list), None)
+            _put(conn, _row(session_id, batch, [], set, lambda _run: []), None)
         else:
             _refresh(conn, session_id, pending.events, added=False)
         return
@@ -289,7 +310,7 @@ def _refresh(
         tally,
         runs,
         lambda: _waiting_runs(conn, session_id).get(session_id, set()),
-        lambda: _session_events(conn, session_id),
+        lambda run_id: _turn_events(conn, session_id, run_id),
     )
     _put(conn, row, current)
 
@@ -319,7 +340,7 @@ def rebuild_rows(conn: Connection) -> list[SessionRow]:
     for sid in sorted(events.keys() | runs.keys()):
         mine = events.get(sid, [])
         asks = waiting.get(sid, set())
-        out.append(_row(sid, _Tally().plus(mine), runs.get(sid, []), partial(set, asks), partial(list, mine)))
+        out.append(_row(sid, _Tally().plus(mine), runs.get(sid, []), partial(set, asks), partial(_all, mine)))
     return out
 
 

@@ -19,6 +19,7 @@ format and stream server-sent events when asked (``tests.sse_replies``, paced by
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -32,11 +33,14 @@ from maka_core.facts import canonical_json
 from maka_core.facts.events import RuntimeEvent, TextContent
 from maka_core.providers.anthropic_messages import AnthropicProvider
 from maka_core.providers.openai_compat import OpenAICompatibleProvider
+from maka_core.runtime.contracts import ModelStepInput, NextStep, RunIds, SessionConfig
+from maka_core.store.schema import SCHEMA_VERSION
 from maka_core.store.writer import LedgerStore
 from maka_core.tools import provider_tool_specs
 from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.session_client import start_session, wait_settled
-from maka_temporal.workers.client.session_follow import follow_lines
+from maka_temporal.workers.client.session_follow import PartialLines, follow_lines
+from maka_temporal.workers.client.session_start import new_session_config
 from maka_temporal.workers.host.worker import default_runtime
 from tests.anthropic_server import MessagesServer, message, text, tool_use
 from tests.sse_replies import Pace
@@ -107,21 +111,68 @@ async def test_anthropic_streamed_output_equals_the_unstreamed_one() -> None:
         claude.close()
 
 
-def test_a_rerun_attempts_first_write_starts_the_row_over(tmp_path: Path) -> None:
-    store = LedgerStore.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+def test_a_rerun_attempts_first_write_starts_the_row_over(store: LedgerStore) -> None:
+    """On SQLite (file and memory) and PostgreSQL: the table is the schema's, the row mutable."""
+    put = store.put_partial
+    put("r:0", session_id="s", run_id="r", text="crashed att", started_at=100, now=150)
+    put("r:0", session_id="s", run_id="r", text="crashed attempt's", started_at=100, now=250)
+    (row,) = store.partials("s")
+    assert (row["text"], row["firstTokenAt"], row["updatedAt"]) == ("crashed attempt's", 150, 250)
+    put("r:0", session_id="s", run_id="r", text="new", started_at=900, now=950)
+    (row,) = store.partials("s")
+    assert (row["text"], row["startedAt"], row["firstTokenAt"]) == ("new", 900, 950)
+    assert store.partials("other") == []
+    store.clear_partial("r:0")
+    assert store.partials("s") == [] and store.events(session_id="s") == [] and store.verify() == []
+
+
+def test_a_v6_ledger_migrates_to_v7_with_an_empty_partials_table(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.sqlite"
+    LedgerStore.open(f"sqlite:///{db}").close()
+    with sqlite3.connect(db) as conn:  # the ledger as version 6 left it
+        conn.execute("DROP TABLE step_partials")
+        conn.execute("PRAGMA user_version = 6")
+    store = LedgerStore.open(f"sqlite:///{db}")
     try:
-        put = store.put_partial
-        put("r:0", session_id="s", run_id="r", text="crashed att", started_at=100, now=150)
-        put("r:0", session_id="s", run_id="r", text="crashed attempt's", started_at=100, now=250)
-        (row,) = store.partials("s")
-        assert (row["text"], row["firstTokenAt"], row["updatedAt"]) == ("crashed attempt's", 150, 250)
-        put("r:0", session_id="s", run_id="r", text="new", started_at=900, now=950)
-        (row,) = store.partials("s")
-        assert (row["text"], row["startedAt"], row["firstTokenAt"]) == ("new", 900, 950)
-        store.clear_partial("r:0")
-        assert store.partials("s") == [] and store.events(session_id="s") == []
+        assert store.partials("s") == []
+        store.put_partial("r:0", session_id="s", run_id="r", text="x", started_at=1, now=2)
     finally:
         store.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+
+
+def test_the_setting_is_recorded_and_an_older_config_reads_as_no_streaming() -> None:
+    openai, script = {"kind": "openai", "model": "gpt-test"}, {"kind": "script", "steps": []}
+    assert new_session_config(openai).stream is True  # on by default for a real provider
+    assert new_session_config(script).stream is False  # off for a script
+    assert new_session_config(openai, stream=False).stream is False
+    recorded = new_session_config(openai).to_json()
+    assert recorded["stream"] is True and new_session_config(openai).status_json()["stream"] is True
+    del recorded["stream"]  # a config recorded before the setting
+    older = SessionConfig.from_json(recorded)
+    assert older is not None and older.stream is False
+    # A step that does not stream adds no byte to the history (the field is absent, not false).
+    ids = RunIds(session_id="s", turn_id="t", run_id="r", invocation_id="i")
+    step = ModelStepInput(ids=ids, step=0, workspace="/w", provider=openai)
+    assert "stream" not in step.model_dump()
+    assert NextStep(step=1, provider=openai).model_dump().keys() == {"step", "provider"}
+    assert step.model_copy(update={"stream": True}).model_dump()["stream"] is True
+
+
+def test_text_follow_prints_what_each_partial_added() -> None:
+    lines = PartialLines("s", as_json=False)
+    row = {"stepId": "r:0", "runId": "r", "startedAt": 1, "firstTokenAt": 5, "updatedAt": 5}
+    assert lines.lines([row | {"text": "Hello"}], []) == ["model ~ Hello"]
+    assert lines.lines([row | {"text": "Hello"}], []) == []  # nothing new
+    assert lines.lines([row | {"text": "Hello, wor\nld"}], []) == ["model ~ , wor\\nld"]
+    assert lines.lines([row | {"text": "Again"}], []) == ["model ~ Again"]  # a re-run starts over
+    committed = RuntimeEvent.model_validate(
+        {"id": "e", "invocationId": "i", "runId": "r", "sessionId": "s", "turnId": "t", "ts": 1,
+         "partial": False, "role": "model", "author": "agent", "content": {"kind": "text", "text": "x"},
+         "refs": {"stepId": "r:0"}}
+    )  # fmt: skip
+    assert lines.lines([row | {"text": "Again and more"}], [(1, committed)]) == []  # superseded
 
 
 def _partials(db: Path, session_id: str) -> list[dict[str, Any]]:

@@ -19,7 +19,11 @@ format and stream server-sent events when asked (``tests.sse_replies``, paced by
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +48,8 @@ from maka_temporal.workers.client.session_start import new_session_config
 from maka_temporal.workers.host.worker import default_runtime
 from tests.anthropic_server import MessagesServer, message, text, tool_use
 from tests.sse_replies import Pace
+from tests.temporal_support import REPO
+from tests.temporal_support import run_maka as maka
 from tests.test_provider_sessions import worker
 from tests.test_providers import ChatServer, completion
 
@@ -285,3 +291,63 @@ async def test_a_streamed_session_shows_its_partial_and_commits_the_same_fact(
     assert partial[0]["firstTokenMs"] >= 0 and partial[0]["stepId"] == f"{run_id}:0"
     committed = next(i for i, line in enumerate(lines) if line.kind == "event" and ANSWER in line.text)
     assert kinds.index("partial") < committed, kinds
+
+
+@pytest.mark.temporal
+async def test_the_cli_streams_by_default_prints_partial_lines_and_records_no_stream(
+    temporal_server: Any,
+    temporal_client: Client,
+    tmp_path: Path,
+    ws_dir: Path,
+    chat: ChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", chat.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    home, queue = tmp_path / "home", f"stream-cli-{tmp_path.name}"
+    home.mkdir()
+    env = {**os.environ, "MAKA_HOME": str(home), "TEMPORAL_ADDRESS": temporal_server.address,
+           "MAKA_TASK_QUEUE": queue}  # fmt: skip
+    release = threading.Event()
+    chat.pace = Pace(hold=release, hold_after=2)
+    chat.reply(200, completion({"content": ANSWER}))
+    chat.reply(200, completion({"content": ANSWER}))
+    async with worker(temporal_client, home / "ledger.sqlite", queue, default_runtime):
+        start = ("session", "start", "--workspace", str(ws_dir), "--model", "openai:gpt-test", "--json")
+        started = await asyncio.to_thread(maka, *start, "explain streaming", env=env)
+        assert started.returncode == 0, started.stdout + started.stderr
+        turn = json.loads(started.stdout)
+        assert await asyncio.to_thread(chat.pace.held.wait, 30), "the vendor's stream never reached its hold"
+        show = ("session", "show", turn["sessionId"], "--follow", "--json", "--run", turn["runId"])
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "maka_temporal", *show],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert follow.stdout is not None
+            printed: list[str] = []
+            while not any('"kind":"partial"' in line for line in printed):
+                line = await asyncio.to_thread(follow.stdout.readline)
+                assert line, f"--follow ended before a partial line: {printed} {follow.stderr.read()}"
+                printed.append(line)
+            release.set()
+            rest, _ = await asyncio.to_thread(follow.communicate, timeout=60)
+        finally:
+            release.set()
+            if follow.poll() is None:
+                follow.kill()
+        assert follow.returncode == 0
+        printed += rest.splitlines()
+        settled = await wait_settled(temporal_client, turn["sessionId"], turn["runId"], timeout=60)
+        assert settled.state == "idle", settled
+        # Control: --no-stream records no streaming, and its request asks for none.
+        plain = await asyncio.to_thread(maka, *start, "--no-stream", "--wait", "explain again", env=env)
+        assert plain.returncode == 0, plain.stdout + plain.stderr
+        shown = await asyncio.to_thread(maka, "session", "status", turn["sessionId"], "--json", env=env)
+    assert json.loads(shown.stdout)["config"]["stream"] is True
+    assert json.loads(plain.stdout)["config"]["stream"] is False
+    assert chat.requests[0]["body"]["stream"] is True and "stream" not in chat.requests[1]["body"]
+    partial = [json.loads(line) for line in printed if '"kind":"partial"' in line]
+    assert partial[0]["text"] and ANSWER.startswith(partial[0]["text"]) and partial[0]["firstTokenMs"] >= 0
+    committed = next(i for i, line in enumerate(printed) if ANSWER in line and '"kind":"partial"' not in line)
+    assert printed.index(next(line for line in printed if '"kind":"partial"' in line)) < committed

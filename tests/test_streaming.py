@@ -13,7 +13,13 @@ format and stream server-sent events when asked (``tests.sse_replies``, paced by
   ``verify`` finding carries the partial, and ``follow`` gave ``partial`` lines before the
   committed event. Negative control: the ``--no-stream`` session, its vendor answering slowly,
   writes no partial row and sends no ``stream`` in its request.
-- A re-run attempt's first write starts the row over (a crashed attempt's text is superseded).
+- The real CLI streams by default with ``--model``: ``session show --follow --json`` prints
+  ``partial`` lines before the committed event; control: ``--no-stream`` records ``stream: false``
+  and asks the vendor for no stream.
+- A worker SIGKILLed mid-stream leaves its partial (control: nothing else removes it); the re-run
+  step on another worker streams again into a new row, commits once, and its commit clears it.
+- The row on SQLite (file, memory) and PostgreSQL; a re-run attempt's first write starts it over;
+  a v6 ledger migrates to v7; the setting's defaults, and a config recorded before reads as none.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +55,7 @@ from maka_temporal.workers.client.session_start import new_session_config
 from maka_temporal.workers.host.worker import default_runtime
 from tests.anthropic_server import MessagesServer, message, text, tool_use
 from tests.sse_replies import Pace
-from tests.temporal_support import REPO
+from tests.temporal_support import REPO, WorkerProcess
 from tests.temporal_support import run_maka as maka
 from tests.test_provider_sessions import worker
 from tests.test_providers import ChatServer, completion
@@ -351,3 +358,62 @@ async def test_the_cli_streams_by_default_prints_partial_lines_and_records_no_st
     assert partial[0]["text"] and ANSWER.startswith(partial[0]["text"]) and partial[0]["firstTokenMs"] >= 0
     committed = next(i for i, line in enumerate(printed) if ANSWER in line and '"kind":"partial"' not in line)
     assert printed.index(next(line for line in printed if '"kind":"partial"' in line)) < committed
+
+
+@pytest.mark.slow
+@pytest.mark.temporal
+async def test_a_worker_killed_mid_stream_leaves_a_partial_the_rerun_supersedes(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, ws_dir: Path, chat: ChatServer
+) -> None:
+    """SIGKILL the worker while the vendor holds its stream: its partial row stays (control: the
+    crash alone removes nothing), the step re-runs on another worker and streams again from its
+    first token (a new row, not the dead attempt's continued), and its commit clears the row;
+    the step commits once."""
+    home, queue = tmp_path / "home", f"stream-kill-{tmp_path.name}"
+    db = home / "ledger.sqlite"
+    vendor = {"OPENAI_BASE_URL": chat.url, "OPENAI_API_KEY": "sk-test"}
+    first_hold, second_hold = threading.Event(), threading.Event()
+    chat.pace = Pace(hold=first_hold, hold_after=2)
+    chat.reply(200, completion({"content": ANSWER}))
+    chat.reply(200, completion({"content": ANSWER}))
+    doomed = WorkerProcess(temporal_server, db, queue, home=home, extra_env=vendor)
+    try:
+        await asyncio.to_thread(doomed.wait_ready)
+        session_id, accepted = await start_session(
+            temporal_client,
+            workspace=ws_dir,
+            provider={"kind": "openai", "model": "gpt-test"},
+            task_queue=queue,
+            message="explain streaming",
+            task_timeout=timedelta(seconds=3),
+        )
+        assert await asyncio.to_thread(chat.pace.held.wait, 30), "the first stream never reached its hold"
+        (dead,) = await _wait_for(lambda: [r for r in _partials(db, session_id) if r["text"]], "the partial")
+        doomed.proc.kill()
+        await doomed.wait_exit()
+    finally:
+        doomed.stop()
+        chat.pace = Pace(hold=second_hold, hold_after=3)
+        first_hold.set()  # the dead attempt's response thread ends
+    await asyncio.sleep(0.5)
+    assert _partials(db, session_id) == [dead]  # the crash removed nothing: only a re-run supersedes it
+    with WorkerProcess(temporal_server, db, queue, home=home, extra_env=vendor) as rescuer:
+        await asyncio.to_thread(rescuer.wait_ready)
+        assert await asyncio.to_thread(chat.pace.held.wait, 60), "the re-run step never streamed"
+        (row,) = await _wait_for(
+            lambda: [r for r in _partials(db, session_id) if r["startedAt"] != dead["startedAt"]],
+            "the re-run attempt's row",
+        )
+        assert row["stepId"] == dead["stepId"] and row["firstTokenAt"] > dead["firstTokenAt"]
+        assert ANSWER.startswith(row["text"]) and len(row["text"]) > len(dead["text"]), (row, dead)
+        second_hold.set()
+        settled = await wait_settled(temporal_client, session_id, accepted.run_id, timeout=60)
+        assert settled.state == "idle", settled
+    assert _partials(db, session_id) == []
+    store = LedgerStore.open(f"sqlite:///{db}")
+    try:
+        texts = [e for e in _step_events(store.events(session_id=session_id)) if e.content is not None]
+    finally:
+        store.close()
+    assert [e.content.text for e in texts] == [ANSWER]  # type: ignore[union-attr]
+    assert [r["body"].get("stream") for r in chat.requests] == [True, True]

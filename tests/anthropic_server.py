@@ -68,8 +68,10 @@ class MessagesServer:
         self.requests: list[Request] = []
         self.replies: list[Reply] = []
         self._lock = threading.Lock()
-        #: How a streamed answer is paced (``tests.sse_replies``).
+        #: How a streamed answer is paced (``tests.sse_replies``); ``sse`` False: answer a request
+        #: that asks to stream whole, as a gateway that ignores ``stream`` does.
         self.pace = Pace()
+        self.sse = True
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,7 +89,7 @@ class MessagesServer:
                         else error(500, "api_error", "no reply queued")
                     )
                 frames = streamed(body, reply.status, reply.body, message_events)
-                if frames is not None:
+                if frames is not None and server.sse:
                     send_sse(self, frames, server.pace)
                     return
                 data = json.dumps(reply.body).encode()

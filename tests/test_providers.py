@@ -140,8 +140,10 @@ class ChatServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.replies: list[tuple[int, Any, float]] = []
-        #: How a streamed answer is paced (``tests.sse_replies``).
+        #: How a streamed answer is paced (``tests.sse_replies``); ``sse`` False: answer a request
+        #: that asks to stream whole, as a server that ignores ``stream`` does.
         self.pace = Pace()
+        self.sse = True
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -155,7 +157,7 @@ class ChatServer:
                 )
                 time.sleep(delay)
                 frames = streamed(server.requests[-1]["body"], status, payload, chat_chunks)
-                if frames is not None:
+                if frames is not None and server.sse:
                     send_sse(self, frames, server.pace)
                     return
                 data = json.dumps(payload).encode()
@@ -194,6 +196,7 @@ def server(chat_server: ChatServer) -> ChatServer:
     chat_server.requests.clear()
     chat_server.replies.clear()
     chat_server.pace = Pace()
+    chat_server.sse = True
     return chat_server
 
 

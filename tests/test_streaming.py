@@ -124,6 +124,29 @@ async def test_anthropic_streamed_output_equals_the_unstreamed_one() -> None:
         claude.close()
 
 
+async def test_a_vendor_ignoring_stream_answers_whole_and_the_output_is_the_same(chat: ChatServer) -> None:
+    """An OpenAI-compatible server or an Anthropic gateway that answers a streamed request whole
+    (``application/json``): the step gets that answer, never an empty stream's."""
+    claude = MessagesServer()
+    try:
+        chat.sse = claude.sse = False
+        chat.reply(200, completion({"content": ANSWER}))
+        answer = message(text(ANSWER), usage={"input_tokens": 30, "output_tokens": 9})
+        claude.reply(answer)
+        deltas: list[str] = []
+        for provider in (
+            OpenAICompatibleProvider(model="gpt-test", base_url=chat.url, api_key="sk-test"),
+            AnthropicProvider(model="claude-test", api_key="sk-ant-test", base_url=claude.url),
+        ):
+            out = await provider.stream([_user("go")], [], step_index=0, on_text=deltas.append)
+            await provider.aclose()
+            assert out.text == ANSWER and out.usage is not None and out.usage["output"] in (7, 9), out
+        assert deltas == []  # nothing streamed: no partial
+        assert chat.requests[0]["body"]["stream"] is True and claude.requests[0].body["stream"] is True
+    finally:
+        claude.close()
+
+
 def test_a_rerun_attempts_first_write_starts_the_row_over(store: LedgerStore) -> None:
     """On SQLite (file and memory) and PostgreSQL: the table is the schema's, the row mutable."""
     put = store.put_partial

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import anthropic
+import pydantic
+from anthropic.types import Message
 
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
 from maka_core.facts.usage import count_problem
@@ -252,11 +254,16 @@ class AnthropicProvider:
         client = self._get_client()
         try:
             async with client.messages.stream(**self._request(history, tools)) as events:
+                if "text/event-stream" not in (events.response.headers.get("content-type") or ""):
+                    # A gateway that ignores ``stream`` answers whole: the same output.
+                    return _output(Message.model_validate_json(await events.response.aread()))
                 async for text in events.text_stream:
                     on_text(text)
                 message = await events.get_final_message()
         except anthropic.AnthropicError as exc:
             raise _classify(exc).redacted(self._api_key) from None
+        except pydantic.ValidationError as exc:
+            raise ProviderError("provider_invalid_response", str(exc), retryable=True) from None
         return _output(message)
 
     def _request(self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:

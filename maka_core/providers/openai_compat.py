@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import openai
+import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from maka_core.errors import CodecError
@@ -152,6 +153,10 @@ def _output(
     return ModelOutput(text=text or None, tool_calls=calls, usage=usage)
 
 
+def _is_event_stream(headers: Any) -> bool:
+    return "text/event-stream" in (headers.get("content-type") or "")
+
+
 class OpenAICompatibleProvider:
     """Chat completions with tools; one HTTP request per model step, no SDK retries."""
 
@@ -218,6 +223,9 @@ class OpenAICompatibleProvider:
             response = await client.post("/chat/completions", body=request, cast_to=ChatCompletion)
         except openai.OpenAIError as exc:
             raise _classify(exc).redacted(self._api_key) from None
+        return self._whole_output(response, step_index)
+
+    def _whole_output(self, response: ChatCompletion, step_index: int) -> ModelOutput:
         if not response.choices:
             raise ProviderError("provider_invalid_response", "the response has no choices", retryable=True)
         message = response.choices[0].message
@@ -257,6 +265,10 @@ class OpenAICompatibleProvider:
                 stream=True,
                 stream_cls=openai.AsyncStream[ChatCompletionChunk],
             )
+            if not _is_event_stream(chunks.response.headers):
+                # A compatible server that ignores ``stream`` answers whole: the same output.
+                whole = ChatCompletion.model_validate_json(await chunks.response.aread())
+                return self._whole_output(whole, step_index)
             async for chunk in chunks:
                 if chunk.usage is not None:
                     usage = chunk.usage
@@ -274,6 +286,8 @@ class OpenAICompatibleProvider:
                     finish = choice.finish_reason or finish
         except openai.OpenAIError as exc:
             raise _classify(exc).redacted(self._api_key) from None
+        except pydantic.ValidationError as exc:
+            raise ProviderError("provider_invalid_response", str(exc), retryable=True) from None
         wired = [(c[0], c[1], "".join(c[2])) for _, c in sorted(calls.items())]
         return _output("".join(texts), wired, _usage(usage, finish), step_index)
 

@@ -38,6 +38,9 @@ CONTINUATIONS = "maka_continuations_total"
 #: The counter of committed model tokens, by ``provider`` (the spec's kind), ``model`` and ``kind``
 #: (``input``, ``output``, ``cached``); counted once, when a step's usage commits.
 MODEL_TOKENS = "maka_model_tokens_total"
+#: The histogram of a streamed step's time to its first text delta (seconds), by ``provider`` and
+#: ``model`` (``runtime.step_stream``).
+MODEL_FIRST_TOKEN_SECONDS = "maka_model_first_token_seconds"
 
 
 class Observer(Protocol):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.sse_replies import Pace, message_events, send_sse, streamed
+
 
 @dataclass
 class Reply:
@@ -66,6 +68,10 @@ class MessagesServer:
         self.requests: list[Request] = []
         self.replies: list[Reply] = []
         self._lock = threading.Lock()
+        #: How a streamed answer is paced (``tests.sse_replies``); ``sse`` False: answer a request
+        #: that asks to stream whole, as a gateway that ignores ``stream`` does.
+        self.pace = Pace()
+        self.sse = True
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,6 +88,10 @@ class MessagesServer:
                         if server.replies
                         else error(500, "api_error", "no reply queued")
                     )
+                frames = streamed(body, reply.status, reply.body, message_events)
+                if frames is not None and server.sse:
+                    send_sse(self, frames, server.pace)
+                    return
                 data = json.dumps(reply.body).encode()
                 try:
                     if any(k.lower() == "date" for k in reply.headers):

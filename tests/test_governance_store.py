@@ -34,7 +34,7 @@ def test_a_v2_ledger_migrates_to_v3_with_empty_governance_tables(tmp_path: Path)
             "identity": {},
         }
     conn = sqlite3.connect(db)
-    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 6  # v6: session_index
+    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 7  # v7: step_partials
     names = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
     conn.close()
     assert {t.name for t in GOVERNANCE_TABLES} | {"operation_fences"} <= names

@@ -243,7 +243,7 @@ def test_a_v3_ledger_upgrades_to_the_task_table(tmp_path: Path) -> None:
         )
         assert stored == again and again["plan"] == {"status": "planned"}  # the first write wins
     conn = sqlite3.connect(db)
-    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert conn.execute("pragma user_version").fetchone()[0] == SCHEMA_VERSION == 7
     conn.close()
 
 

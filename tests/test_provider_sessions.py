@@ -385,9 +385,21 @@ class UnredactedAnthropic(AnthropicProvider):
         try:
             return await super().complete(history, tools, step_index=step_index)
         except ProviderError as exc:
-            raise ProviderError(
-                exc.code, exc.message.replace("[redacted]", CANARY), retryable=exc.retryable, **exc.detail
-            ) from None
+            raise _unredacted_error(exc) from None
+
+    async def stream(
+        self, history: Sequence[Any], tools: Sequence[dict[str, Any]], *, step_index: int, on_text: Any
+    ) -> ModelOutput:
+        try:
+            return await super().stream(history, tools, step_index=step_index, on_text=on_text)
+        except ProviderError as exc:
+            raise _unredacted_error(exc) from None
+
+
+def _unredacted_error(exc: ProviderError) -> ProviderError:
+    return ProviderError(
+        exc.code, exc.message.replace("[redacted]", CANARY), retryable=exc.retryable, **exc.detail
+    )
 
 
 class UnredactedRuntime(Runtime):

@@ -38,6 +38,7 @@ from maka_core.providers import (
 from maka_core.providers.openai_compat import OpenAICompatibleProvider, history_to_messages
 from maka_core.tools import provider_tool_specs
 from maka_core.tools.registry import default_tools
+from tests.sse_replies import Pace, chat_chunks, send_sse, streamed
 
 # --- scripted ------------------------------------------------------------------------------
 
@@ -139,6 +140,10 @@ class ChatServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.replies: list[tuple[int, Any, float]] = []
+        #: How a streamed answer is paced (``tests.sse_replies``); ``sse`` False: answer a request
+        #: that asks to stream whole, as a server that ignores ``stream`` does.
+        self.pace = Pace()
+        self.sse = True
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -151,6 +156,10 @@ class ChatServer:
                     server.replies.pop(0) if server.replies else (500, {"error": {}}, 0.0)
                 )
                 time.sleep(delay)
+                frames = streamed(server.requests[-1]["body"], status, payload, chat_chunks)
+                if frames is not None and server.sse:
+                    send_sse(self, frames, server.pace)
+                    return
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)
@@ -186,6 +195,8 @@ def chat_server() -> Iterator[ChatServer]:
 def server(chat_server: ChatServer) -> ChatServer:
     chat_server.requests.clear()
     chat_server.replies.clear()
+    chat_server.pace = Pace()
+    chat_server.sse = True
     return chat_server
 
 

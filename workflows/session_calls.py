@@ -134,6 +134,7 @@ class CallDispatch:
             provider=self._inp.config.provider,
             after_tools=after_tools,
             tool_set=self._inp.config.tool_set,
+            stream=self._inp.config.stream or None,
         )
 
     def _ride(self, step: int) -> NextStep | None:
@@ -141,7 +142,7 @@ class CallDispatch:
         ``with_tool`` mode, or the turn parks before that step (``max_steps_exceeded``)."""
         if self._inp.config.model_step_mode != "with_tool" or step >= self._inp.config.max_steps_per_turn:
             return None
-        return NextStep(step=step, provider=self._inp.config.provider)
+        return NextStep(step=step, provider=self._inp.config.provider, stream=self._inp.config.stream or None)
 
     def _step_timeout(self) -> timedelta:
         # The session's own (``--step-timeout``); a history recorded before it existed decodes

@@ -21,10 +21,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import anthropic
+import pydantic
+from anthropic.types import Message
 
 from maka_core.facts.events import FunctionCallContent, FunctionResponseContent, TextContent
 from maka_core.facts.usage import count_problem
@@ -232,6 +234,39 @@ class AnthropicProvider:
     ) -> ModelOutput:
         """One Messages request; raises ``ProviderError`` on any failure."""
         client = self._get_client()
+        try:
+            message = await client.messages.create(**self._request(history, tools))
+        except anthropic.AnthropicError as exc:
+            raise _classify(exc).redacted(self._api_key) from None
+        return _output(message)
+
+    async def stream(
+        self,
+        history: Sequence[RuntimeEvent],
+        tools: Sequence[dict[str, Any]],
+        *,
+        step_index: int,
+        on_text: Callable[[str], None],
+    ) -> ModelOutput:
+        """``complete`` through the Messages streaming API: ``on_text`` is called with each text
+        delta as it arrives; the output is built from the SDK's accumulated final message, so it is
+        the one ``complete`` returns for the same answer."""
+        client = self._get_client()
+        try:
+            async with client.messages.stream(**self._request(history, tools)) as events:
+                if "text/event-stream" not in (events.response.headers.get("content-type") or ""):
+                    # A gateway that ignores ``stream`` answers whole: the same output.
+                    return _output(Message.model_validate_json(await events.response.aread()))
+                async for text in events.text_stream:
+                    on_text(text)
+                message = await events.get_final_message()
+        except anthropic.AnthropicError as exc:
+            raise _classify(exc).redacted(self._api_key) from None
+        except pydantic.ValidationError as exc:
+            raise ProviderError("provider_invalid_response", str(exc), retryable=True) from None
+        return _output(message)
+
+    def _request(self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         request: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
@@ -241,11 +276,7 @@ class AnthropicProvider:
             request["system"] = self.system
         if tools:
             request["tools"] = tools_to_anthropic(tools)
-        try:
-            message = await client.messages.create(**request)
-        except anthropic.AnthropicError as exc:
-            raise _classify(exc).redacted(self._api_key) from None
-        return _output(message)
+        return request
 
     async def aclose(self) -> None:
         """Close the HTTP client (worker shutdown)."""

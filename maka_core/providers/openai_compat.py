@@ -9,11 +9,12 @@ step accounting. Errors become ``ProviderError`` with a deliberate ``retryable``
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import openai
-from openai.types.chat import ChatCompletion
+import pydantic
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from maka_core.errors import CodecError
 from maka_core.facts import canonical_json
@@ -140,6 +141,22 @@ def _usage(usage: Any, finish_reason: Any) -> dict[str, Any] | None:
     return out
 
 
+def _output(
+    text: str | None, wired: Sequence[tuple[str | None, str, str | None]], usage: Any, step_index: int
+) -> ModelOutput:
+    """The step's output from the message's text and its calls' ``(id, name, arguments)``, the
+    same whether the answer came whole or streamed."""
+    calls = tuple(
+        ModelToolCall(id=call_id or f"call-{step_index}-{i}", name=name, args=_parse_args(arguments, name))
+        for i, (call_id, name, arguments) in enumerate(wired)
+    )
+    return ModelOutput(text=text or None, tool_calls=calls, usage=usage)
+
+
+def _is_event_stream(headers: Any) -> bool:
+    return "text/event-stream" in (headers.get("content-type") or "")
+
+
 class OpenAICompatibleProvider:
     """Chat completions with tools; one HTTP request per model step, no SDK retries."""
 
@@ -177,11 +194,7 @@ class OpenAICompatibleProvider:
             )
         return self._client
 
-    async def complete(
-        self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]], *, step_index: int
-    ) -> ModelOutput:
-        """One chat-completions request; raises ``ProviderError`` on any failure."""
-        client = self._get_client()
+    def _request(self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
         request: dict[str, Any] = {
             "model": self.model,
             "messages": history_to_messages(history, self.system),
@@ -193,6 +206,14 @@ class OpenAICompatibleProvider:
             request["max_completion_tokens"] = self.max_tokens
         if tools:
             request["tools"] = list(tools)
+        return request
+
+    async def complete(
+        self, history: Sequence[RuntimeEvent], tools: Sequence[dict[str, Any]], *, step_index: int
+    ) -> ModelOutput:
+        """One chat-completions request; raises ``ProviderError`` on any failure."""
+        client = self._get_client()
+        request = self._request(history, tools)
         try:
             # The SDK's own ``chat.completions.create`` first walks the whole request against its
             # typed parameters (``maybe_transform``), message by message: on a long session that walk
@@ -202,25 +223,73 @@ class OpenAICompatibleProvider:
             response = await client.post("/chat/completions", body=request, cast_to=ChatCompletion)
         except openai.OpenAIError as exc:
             raise _classify(exc).redacted(self._api_key) from None
+        return self._whole_output(response, step_index)
+
+    def _whole_output(self, response: ChatCompletion, step_index: int) -> ModelOutput:
         if not response.choices:
             raise ProviderError("provider_invalid_response", "the response has no choices", retryable=True)
         message = response.choices[0].message
-        calls: list[ModelToolCall] = []
-        for i, call in enumerate(message.tool_calls or ()):
+        wired: list[tuple[str | None, str, str | None]] = []
+        for call in message.tool_calls or ():
             function = getattr(call, "function", None)
             if function is None:  # custom (non-function) tool calls are not part of our contract
                 raise ProviderError(
                     "provider_invalid_response", f"unsupported tool call type {call.type!r}", retryable=False
                 )
-            calls.append(
-                ModelToolCall(
-                    id=call.id or f"call-{step_index}-{i}",
-                    name=function.name,
-                    args=_parse_args(function.arguments, function.name),
-                )
-            )
+            wired.append((call.id, function.name, function.arguments))
         usage = _usage(response.usage, response.choices[0].finish_reason)
-        return ModelOutput(text=message.content or None, tool_calls=tuple(calls), usage=usage)
+        return _output(message.content, wired, usage, step_index)
+
+    async def stream(
+        self,
+        history: Sequence[RuntimeEvent],
+        tools: Sequence[dict[str, Any]],
+        *,
+        step_index: int,
+        on_text: Callable[[str], None],
+    ) -> ModelOutput:
+        """``complete`` with ``stream=True``: ``on_text`` is called with each text delta as it
+        arrives; the output is the one ``complete`` returns for the same answer (the chunks'
+        text, tool calls and usage joined)."""
+        client = self._get_client()
+        request = {**self._request(history, tools), "stream": True, "stream_options": {"include_usage": True}}
+        texts: list[str] = []
+        calls: dict[int, list[Any]] = {}  # index -> [id, name, argument parts]
+        finish: str | None = None
+        usage: Any = None
+        try:
+            chunks = await client.post(
+                "/chat/completions",
+                body=request,
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
+            if not _is_event_stream(chunks.response.headers):
+                # A compatible server that ignores ``stream`` answers whole: the same output.
+                whole = ChatCompletion.model_validate_json(await chunks.response.aread())
+                return self._whole_output(whole, step_index)
+            async for chunk in chunks:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices[:1]:
+                    delta = choice.delta
+                    if delta.content:
+                        texts.append(delta.content)
+                        on_text(delta.content)
+                    for part in delta.tool_calls or ():
+                        call = calls.setdefault(part.index, [None, "", []])
+                        call[0] = call[0] or part.id
+                        if part.function is not None:
+                            call[1] += part.function.name or ""
+                            call[2].append(part.function.arguments or "")
+                    finish = choice.finish_reason or finish
+        except openai.OpenAIError as exc:
+            raise _classify(exc).redacted(self._api_key) from None
+        except pydantic.ValidationError as exc:
+            raise ProviderError("provider_invalid_response", str(exc), retryable=True) from None
+        wired = [(c[0], c[1], "".join(c[2])) for _, c in sorted(calls.items())]
+        return _output("".join(texts), wired, _usage(usage, finish), step_index)
 
     async def aclose(self) -> None:
         """Close the HTTP client (worker shutdown)."""

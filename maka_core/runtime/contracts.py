@@ -240,6 +240,10 @@ class SessionConfig(Contract):
     #: tools are ``parallel``). Absent from every history recorded before it, which therefore
     #: decodes as 1: one call at a time, as those sessions always ran.
     max_parallel_tools: int = 1
+    #: Ask the provider to stream each step's text into its partial snapshot (``--stream``;
+    #: ``runtime.step_stream``). Absent from every config recorded before it, which therefore
+    #: decodes as no streaming, as those sessions always ran.
+    stream: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""
@@ -347,6 +351,8 @@ class ModelStepInput(Contract):
     after_tools: bool = False
     #: The session's tool set (``SessionConfig.tool_set``); absent: every tool.
     tool_set: tuple[str, ...] | None = None
+    #: Stream the step's text into its partial snapshot (``SessionConfig.stream``); absent: no.
+    stream: bool | None = None
 
 
 class CallRef(Contract):
@@ -381,6 +387,8 @@ class NextStep(Contract):
 
     step: int = Field(ge=0)
     provider: RecordedSpec
+    #: Stream the step (``SessionConfig.stream``); absent: no.
+    stream: bool | None = None
 
 
 class ToolInput(Contract):

@@ -35,7 +35,15 @@ from maka_core.governance.policy_file import UsageLimits
 from maka_core.observe import MODEL_TOKENS
 from maka_core.providers import ModelOutput, Provider, ProviderError, ScriptedProvider
 from maka_core.providers.spec import context_budget, parse_provider_spec
-from maka_core.runtime import call_state, compaction, governed, local_calls, step_output, tool_call
+from maka_core.runtime import (
+    call_state,
+    compaction,
+    governed,
+    local_calls,
+    step_output,
+    step_stream,
+    tool_call,
+)
 from maka_core.runtime.call_limit import refuse_excess_calls
 from maka_core.runtime.call_order import in_call_order
 from maka_core.runtime.contracts import (
@@ -388,10 +396,16 @@ async def model_step(
     tools = rt.tool_specs(rt.offered(ids.session_id, inp.tool_set))
     if plan is not None:
         history = await _compact(rt, inp.provider, provider, ids, step_id, plan, step_index, attempt)
+    streaming = step_stream.streams(provider, inp.stream)
+
+    def ask() -> Awaitable[ModelOutput]:
+        if streaming is None:
+            return provider.complete(history, tools, step_index=step_index)
+        labels = _labels(inp.provider)
+        return step_stream.streamed(rt, streaming, ids, step_id, history, tools, step_index, labels)
+
     try:
-        output = await _call(
-            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
-        )
+        output = await _call(rt, step_id, ask, attempt)
     except ProviderError as exc:
         if exc.code != "provider_context_length_exceeded" or compacted:
             raise
@@ -405,9 +419,7 @@ async def model_step(
         if again.committed or again.plan is None:
             raise
         history = await _compact(rt, inp.provider, provider, ids, step_id, again.plan, step_index, attempt)
-        output = await _call(
-            rt, step_id, lambda: provider.complete(history, tools, step_index=step_index), attempt
-        )
+        output = await _call(rt, step_id, ask, attempt)
     try:
         _check_size(output, rt.settings.model_output_max_bytes, step_id)
         usage = _checked_usage(rt, ids, step_id, output)
@@ -424,6 +436,8 @@ async def model_step(
         # session meanwhile but another attempt of this very step, whose events would collide first).
         batch[:] = step_output.step_batch(ids, step_id, output, usage, ops, taken, ts)
         rt.ledger.append(batch)
+        if streaming is not None:
+            step_stream.clear_after_commit(rt, step_id)
 
     if output.tool_calls:
         failpoints.hit("P0")
@@ -437,6 +451,8 @@ async def model_step(
         committed = (await rt.on_ledger(lookup)).committed
         if not committed:
             raise
+        if streaming is not None:
+            await rt.on_ledger(lambda: step_stream.clear_after_commit(rt, step_id))
         return await refuse_excess_calls(rt, ids, _result(rt, step_id, committed, replayed=True), attempt)
     if output.tool_calls:
         failpoints.hit("P1")
@@ -457,12 +473,17 @@ def _count_tokens(rt: Runtime, recorded: Any, batch: list[RuntimeEvent]) -> None
     usage = next((e.actions.token_usage for e in batch if e.actions and e.actions.token_usage), None)
     if not usage:
         return
-    spec = parse_provider_spec(recorded)  # the step's provider was built from it: it parses
-    provider, model = spec.kind, getattr(spec, "model", None) or spec.kind
+    labels = _labels(recorded)
     for kind, key in _TOKEN_KINDS:
         value = usage.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            rt.observer.count(MODEL_TOKENS, value, provider=provider, model=model, kind=kind)
+            rt.observer.count(MODEL_TOKENS, value, **labels, kind=kind)
+
+
+def _labels(recorded: Any) -> dict[str, str]:
+    """A step's metric labels: the spec's kind and model name only, never a key or base URL."""
+    spec = parse_provider_spec(recorded)  # the step's provider was built from it: it parses
+    return {"provider": spec.kind, "model": getattr(spec, "model", None) or spec.kind}
 
 
 async def execute_tool_then_step(
@@ -529,6 +550,7 @@ async def _execute_tool_then_step(rt: Runtime, inp: ToolInput, attempt: Attempt,
             provider=after.provider,
             after_tools=True,
             tool_set=inp.tool_set,
+            stream=after.stream,
         )
         step = await model_step(rt, step_input, attempt, found)
     except Exception as exc:

@@ -157,6 +157,16 @@ class Ledger(Protocol):
         """The first row of the session edited behind the writers (``store.chain``), or None."""
         ...
 
+    def put_partial(
+        self, step_id: str, *, session_id: str, run_id: str, text: str, started_at: int, now: int
+    ) -> None:
+        """A streamed step's text so far (``store.partials``: beside the ledger, never an event)."""
+        ...
+
+    def clear_partial(self, step_id: str) -> None: ...
+
+    def partials(self, session_id: str) -> list[dict[str, Any]]: ...
+
 
 def _conforms(store: LedgerStore) -> Ledger:
     """Never called: mypy proves here that ``LedgerStore`` implements ``Ledger``."""

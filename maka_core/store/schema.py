@@ -18,7 +18,9 @@ created empty by the migration: append-only, written in the transaction of the f
 4, ``melra_tasks`` (the tasks ``melra_plan`` persists), created empty by the migration; 5,
 ``operation_fences`` (an operation recovery took over: its original attempt writes nothing after),
 created empty by the migration; 6, ``session_index`` (one row per session for ``maka session list``,
-``store.session_index``), filled by the migration from the ledger it finds.
+``store.session_index``), filled by the migration from the ledger it finds; 7, ``step_partials``
+(a streamed model step's text so far, ``store.partials``), created empty by the migration: never
+an event, never in a digest, a cursor or verify's rebuild.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from maka_core.errors import StoreError
 from maka_core.store.chain import chain_all
 from maka_core.store.engine import is_sqlite, read_tx, run_write
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 metadata = MetaData()
 
@@ -314,6 +316,22 @@ session_index = Table(
     Index("session_index_state", "state", "last_activity_at"),
 )
 
+#: A streamed model step's text so far (``store.partials``): one mutable row per step while the
+#: vendor streams it, overwritten at most every 100 ms, deleted once the step's output commits (a
+#: reader ignores a row whose step has committed). Never an event: nothing here is a fact.
+step_partials = Table(
+    "step_partials",
+    metadata,
+    Column("step_id", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("run_id", String, nullable=False),
+    Column("text", Text, nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("first_token_at", BigInteger),
+    Column("updated_at", BigInteger, nullable=False),
+    Index("step_partials_session", "session_id"),
+)
+
 
 def sqlite_file_version(path: Path) -> int | None:
     """``user_version`` of an existing SQLite file, read through a read-only handle.
@@ -426,6 +444,8 @@ def migrate(engine: Engine, backfill: Callable[[Connection], None] | None = None
             metadata.create_all(conn, tables=[session_index])
             if backfill is not None:
                 backfill(conn)
+        if 0 < version < 7:
+            metadata.create_all(conn, tables=[step_partials])
         # Later versions add steps here, each inside this transaction.
         _ensure_ledger_id(conn)
         if is_sqlite_conn(conn):

@@ -57,6 +57,7 @@ from maka_core.store.governance_rows import (
 from maka_core.store.group_commit import WriteGroup, open_group
 from maka_core.store.health import LedgerHealth, create_private, unwritable
 from maka_core.store.hot_sql import HotSQL, rows_since
+from maka_core.store.partials import StepPartials
 from maka_core.store.reads import LedgerReads
 from maka_core.store.results import (
     AttemptArg,
@@ -82,7 +83,13 @@ from maka_core.store.verification import LedgerVerification
 
 
 class LedgerStore(
-    CommitPath, ContinuationWrites, FenceRecords, RunHeaderStore, GovernanceRecords, LedgerReads
+    CommitPath,
+    ContinuationWrites,
+    FenceRecords,
+    RunHeaderStore,
+    GovernanceRecords,
+    StepPartials,
+    LedgerReads,
 ):
     """One ledger database (SQLite file, SQLite memory or any SQLAlchemy URL)."""
 

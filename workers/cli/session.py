@@ -122,6 +122,12 @@ def session() -> None:
     help="calls of one model step that run at once (only tools declared parallel; 1: one at a time)",
 )
 @click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="stream each step's text to `session show --follow` as it arrives "
+    "[default: on for --model, off for --script]",
+)
+@click.option(
     "--max-steps",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_STEPS_PER_TURN,
@@ -201,6 +207,7 @@ def cmd_start(
     model_step_mode: str,
     tool_mode: str,
     max_parallel_tools: int,
+    stream: bool | None,
     max_steps: int,
     system: str | None,
     temperature: float | None,
@@ -238,6 +245,7 @@ def cmd_start(
         model_step_mode=model_step_mode,
         tool_mode=tool_mode,
         max_parallel_tools=max_parallel_tools,
+        stream=stream,
         max_steps=max_steps,
         continue_as_new_after=continue_as_new_after,
         continue_as_new_after_steps=continue_as_new_after_steps,

@@ -174,11 +174,12 @@ class WaitProgress(_Answer):
     elapsed_s: float
 
 
-FollowKind = Literal["transcript", "event"]
+FollowKind = Literal["transcript", "event", "partial"]
 
 
 class FollowLine(_Answer):
-    """One line ``follow`` read: a ``transcript`` line, or one ``event``'s canonical JSON."""
+    """One line ``follow`` read: a ``transcript`` line, one ``event``'s canonical JSON, or a
+    streamed step's ``partial`` line (its text so far: ``session_follow.PartialLines``)."""
 
     session_id: str
     kind: FollowKind

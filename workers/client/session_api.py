@@ -219,6 +219,7 @@ class SessionClient:
         offer: Sequence[str] | None = None,
         tool_mode: str = NEW_SESSION_TOOL_MODE,
         max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
+        stream: bool | None = None,
     ) -> TurnStarted:
         """Start a session on ``workspace`` and send its first message (``maka session start``).
 
@@ -254,6 +255,7 @@ class SessionClient:
                 offer=offer,
                 tool_mode=tool_mode,
                 max_parallel_tools=max_parallel_tools,
+                stream=stream,
             )
         except MakaError as exc:
             raise SessionError.of(exc) from None

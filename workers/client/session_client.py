@@ -194,6 +194,7 @@ async def start_session(
     config: SessionConfig | None = None,
     tool_mode: str = NEW_SESSION_TOOL_MODE,
     max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
+    stream: bool | None = None,
 ) -> tuple[str, Any]:
     """Start a session workflow and send its first message; returns (session id, TurnAccepted).
 
@@ -228,6 +229,7 @@ async def start_session(
         host_wait_s=(host_wait_s or load_settings().host_wait) if host else None,
         tool_mode=tool_mode,
         max_parallel_tools=max_parallel_tools,
+        stream=stream,
     )
     ws = Workspace.open(workspace, create=True)
     if task_timeout is None:

@@ -10,6 +10,13 @@ facts; a session with no turn in flight prints its transcript and ends at once.
 the turn is accepted, before its run's header commits, so the session's latest run may still be
 the previous, settled one; the follow waits for the named run (``run_not_found`` after
 ``run_wait_s`` without its header) and ends when it settles.
+
+A streamed step (``SessionConfig.stream``) shows its text as it arrives, read from the step's
+partial snapshot (``store.partials``), before its committed lines: with ``--json`` a line
+``{"kind": "partial", ...}`` carrying the text so far and the time to its first token, else a
+``model ~ `` line with the text added since the last one. A partial is never a fact: the committed
+``model:`` line that follows is the step's one output, and a step's partial is no longer shown
+once its output has committed.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from maka_core.errors import MakaError
-from maka_core.facts import codec
+from maka_core.facts import canonical_json, codec
+from maka_core.facts.printable import printable
 from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.session_view import transcript_lines
 from maka_temporal.workers.client.answers import FollowKind, FollowLine, SessionError
@@ -45,9 +53,11 @@ def follow(
     run_id: str | None = None,
     run_wait_s: float = RUN_WAIT_S,
     stop: threading.Event | None = None,
+    partial: Callable[[str], None] | None = None,
 ) -> None:
     """Print the session's transcript (``as_json``: one event's canonical JSON a line) as it
-    commits, until its latest run settles.
+    commits, until its latest run settles; a streamed step's text so far before it (``partial``:
+    where its lines go, default ``write``).
 
     Raises:
         MakaError: ``session_not_found`` when the ledger holds no event of the session (yet: a
@@ -58,6 +68,7 @@ def follow(
     cursor = shown_lines = 0
     footer: str | None = None
     deadline = time.monotonic() + run_wait_s
+    partials = PartialLines(session_id, as_json)
     with open_ledger(target, create=False) as store:
         while True:
             # The header first: a run seen settled has committed all its events before that read.
@@ -97,6 +108,9 @@ def follow(
                     for line in lines[shown_lines:]:
                         write(line)
                     shown_lines = len(lines)
+            if not settled:
+                for line in partials.lines(store.partials(session_id), new):
+                    (partial or write)(line)
             if settled:
                 break
             # A lost execution's header stays ``running`` forever: wake at once when told to stop.
@@ -104,6 +118,47 @@ def follow(
                 return
     if footer is not None:
         write(footer)
+
+
+class PartialLines:
+    """The lines of streamed steps' partial snapshots not shown yet (each step's, until its output
+    commits)."""
+
+    def __init__(self, session_id: str, as_json: bool) -> None:
+        self._session_id = session_id
+        self._as_json = as_json
+        self._shown: dict[str, str] = {}  # step id -> text shown so far
+        self._committed: set[str] = set()
+
+    def lines(self, rows: list[dict[str, Any]], new: list[tuple[int, Any]]) -> list[str]:
+        """The lines for ``rows`` (``store.partials``), given the events ``new`` since the last
+        call: a step whose output has committed is shown no more (its row may outlive the commit)."""
+        for _, event in new:
+            if event.refs is not None and event.refs.step_id:
+                self._committed.add(event.refs.step_id)
+        out: list[str] = []
+        for row in rows:
+            step_id, text = row["stepId"], row["text"]
+            shown = self._shown.get(step_id)
+            if step_id in self._committed or text == shown:
+                continue
+            self._shown[step_id] = text
+            if self._as_json:
+                first = row["firstTokenAt"]
+                line: dict[str, Any] = {
+                    "kind": "partial",
+                    "sessionId": self._session_id,
+                    "runId": row["runId"],
+                    "stepId": step_id,
+                    "text": text,
+                    "firstTokenMs": None if first is None else first - row["startedAt"],
+                }
+                out.append(canonical_json.dumps({k: v for k, v in line.items() if v is not None}))
+            else:
+                # Only what was added (a re-run attempt's text starts over: shown whole).
+                added = text[len(shown) :] if shown is not None and text.startswith(shown) else text
+                out.append(f"model ~ {printable(added)}")
+        return out
 
 
 #: How long an abandoned ``follow_lines`` waits for its reader thread to end (one ledger read).
@@ -134,16 +189,21 @@ async def follow_lines(
         except RuntimeError:
             stop.set()  # the loop is gone: nobody reads any more
 
-    def write(text: str) -> None:
+    def write(text: str, line_kind: FollowKind = kind) -> None:
         if stop.is_set():
             raise _FollowStopped
-        put(FollowLine(session_id=session_id, kind=kind, text=text))
+        put(FollowLine(session_id=session_id, kind=line_kind, text=text))
+
+    def partial(text: str) -> None:
+        write(text, "partial")
 
     def read() -> None:
         # The ledger is polled with blocking reads: on one thread of its own, which owns the
         # opened store from first read to last.
         try:
-            follow(target, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop)
+            follow(
+                target, session_id, as_json=as_json, write=write, run_id=run_id, stop=stop, partial=partial
+            )
         except _FollowStopped:
             return
         except BaseException as exc:

@@ -185,9 +185,11 @@ def new_session_config(
     host_wait_s: float | None = None,
     tool_mode: str = NEW_SESSION_TOOL_MODE,
     max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS,
+    stream: bool | None = None,
 ) -> SessionConfig:
     """The config of a session being started now, every value checked (a recorded config is taken
-    as it was written; this is where a new one enters).
+    as it was written; this is where a new one enters). ``stream``: ``None`` streams a real
+    provider's steps and not a script's.
 
     Raises:
         ConfigError: ``provider_spec_invalid``; ``config_invalid`` naming the setting.
@@ -217,6 +219,7 @@ def new_session_config(
     return SessionConfig(
         tool_mode=tool_mode,
         max_parallel_tools=max_parallel_tools,
+        stream=stream if stream is not None else spec.kind != "script",
         provider=spec,
         model_step_mode=model_step_mode,
         model_step_timeout_s=step_timeout_s,
@@ -292,6 +295,9 @@ class SessionStart(BaseModel):
     tool_mode: str = NEW_SESSION_TOOL_MODE
     #: Calls of one model step that run at once (1: one at a time).
     max_parallel_tools: int = DEFAULT_MAX_PARALLEL_TOOLS
+    #: Stream each step's text into its partial snapshot; ``None``: on for a real provider, off
+    #: for a script.
+    stream: bool | None = None
 
     @classmethod
     def of(cls, **given: Any) -> SessionStart:
@@ -345,6 +351,7 @@ def new_session(s: MakaSettings, start: SessionStart) -> NewSession:
         host_wait_s=s.host_wait,
         tool_mode=start.tool_mode,
         max_parallel_tools=start.max_parallel_tools,
+        stream=start.stream,
     )
     path = check_workspace(Path(start.workspace), s)
     policy = Path(start.policy) if start.policy is not None else None

@@ -55,6 +55,7 @@ from maka_core.errors import ConfigError
 from maka_core.observe import (
     CONTINUATIONS,
     LEDGER_COMMIT_SECONDS,
+    MODEL_FIRST_TOKEN_SECONDS,
     MODEL_TOKENS,
     AttrValue,
     ObservedLedger,
@@ -117,7 +118,14 @@ class Metrics:
                 ["kind"],
                 registry=reg,
                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-            )
+            ),
+            MODEL_FIRST_TOKEN_SECONDS: prometheus_client.Histogram(
+                MODEL_FIRST_TOKEN_SECONDS,
+                "Time to a streamed model step's first text delta, by provider kind and model",
+                ["provider", "model"],
+                registry=reg,
+                buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            ),
         }
 
     def text(self) -> bytes:

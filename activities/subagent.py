@@ -175,7 +175,7 @@ class SubAgentActivities:
             f"{inp.operation_id}_response",
             inp.tool_call_id,
             found.facts.tool_name,
-            {k: v for k, v in result.items() if v is not None},
+            ToolResult.json({k: v for k, v in result.items() if v is not None}).result,
             is_error,
             now_ms(),
             inp.operation_id,

@@ -53,17 +53,16 @@ def runtime_with(subagents: list[SubAgent]) -> Any:
 
 
 def responses(store: LedgerStore, session_id: str) -> dict[str, dict[str, Any]]:
-    """The session's T2 results by operation id."""
+    """The session's tool results by operation id (a refusal before T1, unbound: by its event id)."""
     out = {}
     for event in store.events(session_id=session_id):
         c = event.content
-        if (
-            c is not None
-            and c.kind == "function_response"
-            and event.refs is not None
-            and event.refs.operation_id
-        ):
-            out[event.refs.operation_id] = {"name": c.name, "result": c.result, "is_error": c.is_error}
+        if c is not None and c.kind == "function_response":
+            out[(event.refs.operation_id if event.refs else None) or event.id] = {
+                "name": c.name,
+                "result": c.result["value"],
+                "is_error": c.is_error,
+            }
     return out
 
 
@@ -139,3 +138,38 @@ async def test_the_child_id_is_derived_from_the_call_and_the_lineage_round_trips
     config = SessionConfig.from_json(raw)
     assert config is not None and config.lineage is not None and config.to_json()["lineage"] == raw["lineage"]
     assert json.loads(json.dumps(config.to_json()))["lineage"]["parentSessionId"] == "p"
+
+
+async def test_depth_is_limited_a_call_past_max_agent_depth_is_refused_before_any_t1(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    """One script for every level: each session asks ``agent__deep`` once. The user's session
+    (depth 0) starts a child (1), which starts a grandchild (2, ``maxAgentDepth``); the grandchild's
+    call is refused ``agent_depth_exceeded`` as an ordinary error result, with no T1, so the tree
+    ends there and every level replies."""
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = write_script(
+        tmp_path / "deep.json", [tool_step(("agent__deep", {"task": "go deeper"})), {"text": "done"}]
+    )
+    deep = SubAgent("deep", "Goes deeper", script=str(script))
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=runtime_with([deep])):
+        sid, acc = await start(temporal_client, ws, script, task_queue, "go", max_parallel_tools=8)
+        status = await wait_turn(temporal_client, sid, acc.run_id)
+    assert status.state == "idle", status
+    with LedgerStore.open(db) as store:
+        (op0,) = responses(store, sid)
+        child = child_session_id(sid, op0)
+        (op1,) = responses(store, child)
+        grandchild = child_session_id(child, op1)
+        ((_, refused),) = responses(store, grandchild).items()
+        assert refused["is_error"] and refused["result"]["code"] == "agent_depth_exceeded", refused
+        assert sorted(store.sessions()) == sorted([sid, child, grandchild])  # no great-grandchild
+        assert not any(e.actions and e.actions.tool_dispatch for e in store.events(session_id=grandchild))
+        lineage = session_record(store.events(session_id=grandchild))
+        assert (
+            lineage is not None and lineage.config.lineage is not None and lineage.config.lineage.depth == 2
+        )
+        assert responses(store, child)[op1]["result"]["reply"] == "done"
+    await audit_clean(db, temporal_server.address)

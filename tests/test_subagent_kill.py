@@ -1,0 +1,97 @@
+"""Sub-agent crash drills with real processes (issue 31 item 3): a real ``maka worker --tools
+tests.user_tools_pkg.scribes`` serves a parent session whose one call is the sub-agent ``scribe``;
+the child session's at-most-once ``append_entry`` kills the worker (SIGKILL at a failpoint tagged
+with the tool's name) while the child runs, and a fresh worker recovers.
+
+- at P5 (the child's T2 committed, its activity not returned): after recovery there is exactly one
+  child session, its entry was written once, and the parent's T2 is the child's reply;
+- at P3 (the child's T1 committed, the effect not begun): the child parks
+  ``dispatch_without_response`` and the parent's call parks ``subagent_parked``, no T2, the entry
+  never written.
+
+``maka audit --all`` is clean after each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from maka_core.store.writer import LedgerStore
+from maka_core.tools.subagent import child_session_id
+from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
+from tests.test_hybrid_tools import audit_clean
+from tests.test_subagents import responses
+
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.crash,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="session"),
+]
+
+MODULE = "tests.user_tools_pkg.scribes"
+
+
+async def drill(
+    server: Any, client: Any, tmp_path: Path, queue: str, failpoint: str
+) -> tuple[str, Any, Path]:
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    scribe = write_script(
+        tmp_path / "scribe.json", [tool_step(("append_entry", {"text": "once"})), {"text": "written"}]
+    )
+    parent = write_script(
+        tmp_path / "parent.json", [tool_step(("agent__scribe", {"task": "write it"})), {"text": "ok"}]
+    )
+    kw: dict[str, Any] = {
+        "home": tmp_path,
+        "extra_env": {"MAKA_TOOLS": MODULE, "MAKA_TEST_SCRIBE_SCRIPT": str(scribe)},
+    }
+    with WorkerProcess(server, db, queue, failpoint=failpoint, failpoint_tag="append_entry", **kw) as doomed:
+        doomed.wait_ready()
+        sid, acc = await start(client, ws, parent, queue, "delegate")
+        assert await doomed.wait_exit() == -9, f"not killed at {failpoint}: {doomed.log.read_text()[-2000:]}"
+    with WorkerProcess(server, db, queue, **kw) as worker:
+        worker.wait_ready()
+        status = await wait_turn(client, sid, acc.run_id, timeout=90)
+    return sid, status, db
+
+
+async def test_a_kill_while_the_child_runs_leaves_one_child_whose_work_ran_once(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    sid, status, db = await drill(temporal_server, temporal_client, tmp_path, task_queue, "P5")
+    assert status.state == "idle", status
+    assert (tmp_path / "ws" / "journal.log").read_text().splitlines() == ["once"]  # its work ran once
+    with LedgerStore.open(db) as store:
+        assert store.verify() == []
+        ((op, t2),) = responses(store, sid).items()
+        child = child_session_id(sid, op)
+        assert sorted(store.sessions()) == sorted([sid, child])  # exactly one child session
+        assert t2["result"] == {
+            "sessionId": child,
+            "state": "idle",
+            "outcome": "completed",
+            "reply": "written",
+        }
+    await audit_clean(db, temporal_server.address)
+
+
+async def test_a_child_that_parks_parks_the_parents_call_naming_it(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    sid, status, db = await drill(temporal_server, temporal_client, tmp_path, task_queue, "P3")
+    assert (status.state, status.park_reason) == ("parked", "subagent_parked"), status
+    assert not (tmp_path / "ws" / "journal.log").exists()  # T1 only: the entry never written
+    with LedgerStore.open(db) as store:
+        assert responses(store, sid) == {}  # the parent's call has no T2
+        (child,) = [s for s in store.sessions() if s != sid]
+        ops = [e for e in store.events(session_id=sid) if e.actions and e.actions.tool_dispatch]
+        assert len(ops) == 1 and child == child_session_id(sid, ops[0].refs.operation_id)  # type: ignore[union-attr]
+        child_runs = store.list_runs(child)
+        assert [r.park_reason for r in child_runs] == ["dispatch_without_response"], child_runs
+    await audit_clean(db, temporal_server.address)

@@ -8,8 +8,10 @@ this one on its queue, closing once its turn settles. ``maka.subagent_settle`` t
 call's T2 from the child's settled turn (its reply and session id) before the model sees it.
 
 A worker crash replays this execution: the child's start is in its history, so the call waits for
-the same child; a start that meets the id already taken (an earlier execution of the parent started
-it) is never a second child. A parked child parks the call ``subagent_parked``.
+the same child. A start that meets the id already taken (an earlier execution of the parent started
+it: a reset history) is never a second child: the call parks ``subagent_parked`` naming it (waiting
+for that child from a new execution is not built yet). A parked child parks the call
+``subagent_parked``; the worker's log names the child.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from maka_core.tools.subagent import DEFAULT_MAX_AGENT_DEPTH
@@ -81,17 +84,27 @@ async def dispatch_subagent(
         return begun.outcome  # settled before, or refused before any T1
     child = begun.child
     assert child is not None
-    handle = await workflow.start_child_workflow(
-        SESSION_WORKFLOW,
-        child,
-        id=workflow_id_for(child.session_id),
-        task_queue=parent.task_queue,
-        result_type=SessionStatus,
-        search_attributes=initial_search_attributes(child.session_id),
-        # The derived id names one child: a second start of it is refused, never a second child.
-        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-    )
+    try:
+        handle = await workflow.start_child_workflow(
+            SESSION_WORKFLOW,
+            child,
+            id=workflow_id_for(child.session_id),
+            task_queue=parent.task_queue,
+            result_type=SessionStatus,
+            search_attributes=initial_search_attributes(child.session_id),
+            # The derived id names one child: a second start of it is refused, never a second child.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+        )
+    except WorkflowAlreadyStartedError:
+        # Started by an earlier execution of this session (a reset history): that child is the
+        # call's one child. Waiting for it from here is not built yet: the call parks, naming it.
+        workflow.logger.warning(
+            "sub-agent call %s parked: its child session %s was started by an earlier execution",
+            tool_input.call.operation_id,
+            child.session_id,
+        )
+        raise Park("subagent_parked", tool_input.call.operation_id) from None
     status: SessionStatus = await handle
     if status.state == "parked":
         workflow.logger.warning(

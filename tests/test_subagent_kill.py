@@ -10,6 +10,10 @@ with the tool's name) while the child runs, and a fresh worker recovers.
   never written.
 
 ``maka audit --all`` is clean after each.
+
+Negative control (the test's own construction, ``tests.children.naive_worker``: the Resolver guard
+disabled, a plain Temporal retry): killed at P4 (the child's effect returned, its T2 not committed),
+the child's entry is written twice, which the first drill's "ran once" check would catch.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.subagent import child_session_id
+from tests.drills import NAIVE_WORKER
 from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
 from tests.test_subagents import responses
@@ -36,7 +41,7 @@ MODULE = "tests.user_tools_pkg.scribes"
 
 
 async def drill(
-    server: Any, client: Any, tmp_path: Path, queue: str, failpoint: str
+    server: Any, client: Any, tmp_path: Path, queue: str, failpoint: str, entry: tuple[str, ...] | None = None
 ) -> tuple[str, Any, Path]:
     db = tmp_path / "ledger.sqlite"
     ws = tmp_path / "ws"
@@ -50,6 +55,7 @@ async def drill(
     kw: dict[str, Any] = {
         "home": tmp_path,
         "extra_env": {"MAKA_TOOLS": MODULE, "MAKA_TEST_SCRIBE_SCRIPT": str(scribe)},
+        **({"entry": entry} if entry is not None else {}),
     }
     with WorkerProcess(server, db, queue, failpoint=failpoint, failpoint_tag="append_entry", **kw) as doomed:
         doomed.wait_ready()
@@ -95,3 +101,12 @@ async def test_a_child_that_parks_parks_the_parents_call_naming_it(
         child_runs = store.list_runs(child)
         assert [r.park_reason for r in child_runs] == ["dispatch_without_response"], child_runs
     await audit_clean(db, temporal_server.address)
+
+
+async def test_control_a_worker_without_the_guard_runs_the_childs_work_twice(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    _, _, db = await drill(temporal_server, temporal_client, tmp_path, task_queue, "P4", NAIVE_WORKER)
+    assert (tmp_path / "ws" / "journal.log").read_text().splitlines() == ["once", "once"]
+    with LedgerStore.open(db) as store:
+        assert len(store.sessions()) == 2  # still one child: the duplicate is the guard's to stop

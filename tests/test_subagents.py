@@ -23,6 +23,7 @@ from maka_core.runtime.session_record import session_record
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.registry import default_tools
 from maka_core.tools.subagent import SubAgent, child_session_id
+from maka_temporal import SessionClient
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
@@ -107,6 +108,18 @@ async def test_a_step_calls_two_subagents_side_by_side_each_a_real_child_session
             assert first.content is not None and str(first.content.text).startswith("say hi as")
         assert replies == {"agent__alpha": "alpha says hi", "agent__beta": "beta says hi"}
         assert sorted(store.sessions()) == sorted([sid, *(child_session_id(sid, op) for op in got)])
+    status_json = (await SessionClient(temporal_client, ledger=db).status(sid)).raw
+    assert status_json["subAgents"] == [
+        {
+            "sessionId": child_session_id(sid, op),
+            "agent": got[op]["name"][len("agent__") :],
+            "operationId": op,
+            "state": "idle",
+        }
+        for op in [
+            o.operation_id for o in (await SessionClient(temporal_client, ledger=db).status(sid)).operations
+        ]
+    ]
     for op in got:  # each child is a real workflow execution of the session workflow
         desc = await temporal_client.get_workflow_handle(
             workflow_id_for(child_session_id(sid, op))

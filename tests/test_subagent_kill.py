@@ -14,17 +14,22 @@ with the tool's name) while the child runs, and a fresh worker recovers.
 Negative control (the test's own construction, ``tests.children.naive_worker``: the Resolver guard
 disabled, a plain Temporal retry): killed at P4 (the child's effect returned, its T2 not committed),
 the child's entry is written twice, which the first drill's "ran once" check would catch.
+
+Beside them, ``maka worker --agents`` (``MAKA_AGENTS``) on a real worker process, and the agents
+file's refusals (``agents_config_invalid``).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from maka_core.errors import ConfigError
 from maka_core.store.writer import LedgerStore
-from maka_core.tools.subagent import child_session_id
+from maka_core.tools.subagent import child_session_id, load_agents
 from tests.drills import NAIVE_WORKER
 from tests.temporal_support import WorkerProcess, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
@@ -110,3 +115,46 @@ async def test_control_a_worker_without_the_guard_runs_the_childs_work_twice(
     assert (tmp_path / "ws" / "journal.log").read_text().splitlines() == ["once", "once"]
     with LedgerStore.open(db) as store:
         assert len(store.sessions()) == 2  # still one child: the duplicate is the guard's to stop
+
+
+async def test_the_cli_worker_serves_the_sub_agents_of_its_agents_file(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path, task_queue: str
+) -> None:
+    """``maka worker --agents`` (here ``MAKA_AGENTS``): the file's sub-agent, with a script relative
+    to the file, is offered and runs its child session."""
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    write_script(tmp_path / "scribe.json", [{"text": "from the file"}])
+    agents = tmp_path / "agents.json"
+    agents.write_text(json.dumps({"agents": {"scribe": {"description": "Writes", "script": "scribe.json"}}}))
+    parent = write_script(
+        tmp_path / "parent.json", [tool_step(("agent__scribe", {"task": "write it"})), {"text": "ok"}]
+    )
+    with WorkerProcess(
+        temporal_server, db, task_queue, home=tmp_path, extra_env={"MAKA_AGENTS": str(agents)}
+    ) as w:
+        w.wait_ready()
+        sid, acc = await start(temporal_client, ws, parent, task_queue, "delegate")
+        status = await wait_turn(temporal_client, sid, acc.run_id, timeout=90)
+    assert status.state == "idle", status
+    with LedgerStore.open(db) as store:
+        ((_, t2),) = responses(store, sid).items()
+    assert t2["result"]["reply"] == "from the file"
+
+
+async def test_a_bad_agents_file_is_refused_by_its_code(tmp_path: Path) -> None:
+    agents = tmp_path / "agents.json"
+    for body, agent in (
+        ("not json", None),
+        ({"agents": []}, None),
+        ({"agents": {"a": {"description": "d", "cwd": "/"}}}, "a"),
+        ({"agents": {"a": {"description": "d", "workspace": "isolated"}}}, "a"),
+    ):
+        agents.write_text(body if isinstance(body, str) else json.dumps(body))
+        with pytest.raises(ConfigError) as err:
+            load_agents(agents)
+        assert err.value.code == "agents_config_invalid" and err.value.detail.get("agent") == agent, err.value
+    agents.write_text(json.dumps({"agents": {"a": {"description": "d", "script": "s.json"}}}))
+    (loaded,) = load_agents(agents)
+    assert loaded.name == "agent__a" and loaded.script == str(tmp_path / "s.json")

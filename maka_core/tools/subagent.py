@@ -14,11 +14,13 @@ Declared settings that are not wired yet (``system``, ``workspace="isolated"``,
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from maka_core.errors import ConfigError
+from maka_core.errors import ConfigError, MakaError
 from maka_core.tools.contract import FunctionTool
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "SubAgentTask",
     "child_session_id",
     "is_subagent",
+    "load_agents",
 ]
 
 #: The prefix of every sub-agent's tool name (``agent__NAME``).
@@ -111,3 +114,55 @@ class SubAgent(FunctionTool):
         self.model = model
         self.script = script
         self.workspace = workspace
+
+
+#: The keys an agent's entry in an agents file may hold.
+_AGENT_KEYS: Final = frozenset({"description", "model", "script", "system", "workspace", "maxTurnSteps"})
+
+
+def load_agents(path: str | Path) -> list[SubAgent]:
+    """The sub-agents of an agents file (``maka worker --agents``, ``MAKA_AGENTS``), shaped like an
+    MCP servers file: ``{"agents": {"NAME": {"description": ..., "model" | "script": ...}}}``. A
+    relative ``script`` is relative to the file's folder.
+
+    Raises:
+        ConfigError: ``agents_config_invalid`` (``path``, and ``agent`` naming the entry).
+    """
+    file = Path(path)
+
+    def bad(message: str, **detail: Any) -> ConfigError:
+        return ConfigError("agents_config_invalid", f"{file}: {message}", path=str(file), **detail)
+
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"not a readable JSON file ({exc})") from None
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    if not isinstance(agents, dict) or set(raw) != {"agents"}:
+        raise bad('expected {"agents": {"NAME": {...}}}')
+    out = []
+    for name, entry in agents.items():
+        if not isinstance(entry, dict) or not set(entry) <= _AGENT_KEYS:
+            raise bad(f"agent {name!r}: an object with keys among {sorted(_AGENT_KEYS)}", agent=name)
+        if not isinstance(entry.get("description"), str):
+            raise bad(f"agent {name!r}: description is a string", agent=name)
+        script = entry.get("script")
+        if isinstance(script, str) and not Path(script).is_absolute():
+            script = str((file.parent / script).resolve())
+        try:
+            out.append(
+                SubAgent(
+                    name,
+                    entry["description"],
+                    model=entry.get("model"),
+                    script=script,
+                    system=entry.get("system"),
+                    workspace=entry.get("workspace", "shared"),
+                    max_turn_steps=entry.get("maxTurnSteps"),
+                )
+            )
+        except MakaError as exc:
+            raise bad(
+                f"agent {name!r}: {exc.message}", agent=name, setting=exc.detail.get("setting")
+            ) from None
+    return out

@@ -119,6 +119,9 @@ class MakaSettings(BaseSettings):
     #: ``MAKA_MCP_CONFIG`` / ``maka worker --mcp-config``: the MCP servers file (``mcpServers``,
     #: ``maka_core.tools.mcp.config``), parsed when a worker's runtime settings are made.
     mcp_config: Path | None = None
+    #: ``MAKA_AGENTS`` / ``maka worker --agents``: the agents file (``{"agents": ...}``,
+    #: ``tools.subagent.load_agents``): sub-agents served beside the worker's tools.
+    agents: Path | None = None
 
     @field_validator("tools", mode="before")
     @classmethod

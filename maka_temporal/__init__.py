@@ -11,6 +11,8 @@ The public face of the library, the only names a user imports::
 - ``SessionClient``: start, message, wait for, inspect, follow, approve, deny, resolve, resume and audit
   sessions from your code; every refusal is a ``SessionError`` whose ``.code`` is the CLI's.
 - ``maka_temporal.workflow.run_session``: a session as a child workflow of yours, for one message.
+- ``SubAgent``: a sub-agent, offered to the model as the tool ``agent__NAME`` (``MakaPlugin(tools=[...])``):
+  its call runs a child session.
 - ``connect``: a Temporal client with maka's settings (``TEMPORAL_*``, envconfig profiles) and the
   pydantic data converter.
 
@@ -44,6 +46,7 @@ __all__ = [
     "SessionResult",
     "SessionStart",
     "Status",
+    "SubAgent",
     "Transcript",
     "TurnCancelled",
     "TurnInfo",
@@ -56,6 +59,7 @@ __all__ = [
 _PUBLIC: dict[str, str] = {
     "MakaPlugin": "maka_temporal.workers.host.plugin",
     "SessionResult": "maka_temporal.workflows.child",
+    "SubAgent": "maka_core.tools.subagent",
     "NewSession": "maka_temporal.workers.client.session_start",
     "SessionClient": "maka_temporal.workers.client.session_api",
     "SessionStart": "maka_temporal.workers.client.session_start",
@@ -83,6 +87,7 @@ _PUBLIC: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from maka_core.tools.subagent import SubAgent
     from maka_temporal.workers.client.answers import (
         ApprovalAnswer,
         AuditAll,

@@ -82,3 +82,16 @@ def test_child_session_activity_names_are_pinned() -> None:
         names.append(definition.name)
     assert tuple(names) == contracts.CHILD_ACTIVITY_NAMES
     assert not set(names) & set(contracts.ACTIVITY_NAMES)
+
+
+def test_subagent_activity_names_are_pinned() -> None:
+    from maka_temporal.activities.subagent import SubAgentActivities
+
+    assert contracts.SUBAGENT_ACTIVITY_NAMES == ("maka.subagent_begin", "maka.subagent_settle")
+    names = []
+    for fn in (SubAgentActivities.subagent_begin, SubAgentActivities.subagent_settle):
+        definition = ActivityDefinition.from_callable(fn)
+        assert definition is not None
+        names.append(definition.name)
+    assert tuple(names) == contracts.SUBAGENT_ACTIVITY_NAMES
+    assert not set(names) & {*contracts.ACTIVITY_NAMES, *contracts.CHILD_ACTIVITY_NAMES}

@@ -32,6 +32,7 @@ def test_golden_histories_are_present() -> None:
         "hybrid_crash_recover",
         "parallel_calls",
         "hybrid_parallel_calls",
+        "subagents_parallel",
     } <= names
 
 

@@ -41,6 +41,8 @@ from maka_core.runtime.contracts import (
     LOCAL_TOOL_ID_PREFIX,
     MODEL_STEP,
     RECOVER_OPERATION,
+    SUBAGENT_BEGIN,
+    SUBAGENT_SETTLE,
     AnswerInput,
     AnswerResult,
     ApprovalWait,
@@ -95,6 +97,12 @@ __all__ = [
     "PREPARE_SESSION",
     "PrepareSession",
     "SESSION_REPLY",
+    "SUBAGENT_ACTIVITY_NAMES",
+    "SUBAGENT_BEGIN",
+    "SUBAGENT_SETTLE",
+    "SubAgentBegin",
+    "SubAgentBegun",
+    "SubAgentSettle",
     "SessionReply",
     "SessionReplyInput",
     "BeginRunInput",
@@ -167,6 +175,8 @@ WAIT_SETTLED: Final = "wait_settled"
 PREPARE_SESSION: Final = "maka.prepare_session"
 SESSION_REPLY: Final = "maka.session_reply"
 CHILD_ACTIVITY_NAMES: Final[tuple[str, ...]] = (PREPARE_SESSION, SESSION_REPLY)
+#: The activities of a sub-agent's call (``activities/subagent.py``).
+SUBAGENT_ACTIVITY_NAMES: Final[tuple[str, ...]] = (SUBAGENT_BEGIN, SUBAGENT_SETTLE)
 #: ``maka resume`` of a session parked with ``workspace_host_unavailable``: the operator says the
 #: host is back; the turn goes on in the same execution, on the same host.
 RESUME_HOST: Final = "resume_host"
@@ -270,6 +280,37 @@ class PrepareSession(Contract):
     host: str | None = None
     #: The child's tool set (``tools.offer``); absent: every tool.
     offer: tuple[str, ...] | None = None
+
+
+class SubAgentBegin(Contract):
+    """Input of ``maka.subagent_begin``: the call, the depth limit, and the parent's config (the
+    child runs where the parent runs, as it runs: its host, tool mode and limits; its provider
+    when the sub-agent names neither a model nor a script; its depth, from its lineage)."""
+
+    call: ToolInput
+    max_depth: int
+    parent: SessionConfig
+
+
+class SubAgentBegun(Contract):
+    """The call settled or refused before any child (``outcome``), or its child session's input
+    (``child``: its first message is the task; the call's T1 is committed)."""
+
+    outcome: ToolOutcome | None = None
+    child: SessionInput | None = None
+
+
+class SubAgentSettle(Contract):
+    """Input of ``maka.subagent_settle``: the call and how its child's turn settled."""
+
+    session_id: str
+    run_id: str
+    tool_call_id: str
+    operation_id: str
+    child_session_id: str
+    child_state: str
+    child_run_id: str | None = None
+    child_park_reason: str | None = None
 
 
 class SessionReplyInput(Contract):

@@ -39,6 +39,7 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from maka_core.runtime.contracts import LOCAL_TOOL_ID_PREFIX
     from maka_core.runtime.local_calls import LOCAL_CHAIN_BOUND, LOCAL_TOOL_TIMEOUT_S, OFF_HOST_LIMIT
+    from maka_core.tools.subagent import is_subagent
     from maka_temporal.workflows.contracts import (
         BEGIN_CONTINUATION,
         BEGIN_RUN,
@@ -92,6 +93,7 @@ with workflow.unsafe.imports_passed_through():
         host_away,
         now_ms,
     )
+    from maka_temporal.workflows.subagent import SUBAGENTS_PATCH, dispatch_subagent
     from maka_temporal.workflows.worker_stop import local_step
 
 __all__ = ["CallDispatch"]
@@ -191,6 +193,8 @@ class CallDispatch:
             if self._messages
             else ActivityCancellationType.TRY_CANCEL
         )
+        if is_subagent(call.tool_name) and workflow.patched(SUBAGENTS_PATCH):
+            return await dispatch_subagent(self._inp, tool_input, self._await_approval, ids)
         dispatches = 0
         if self._local_eligible(call):
             ran = await self._local_tool(ids, call, settings, tool_input, cancellation)

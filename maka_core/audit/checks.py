@@ -16,7 +16,13 @@ from maka_core.facts.events import RuntimeEvent
 from maka_core.facts.run_header import header_status_for
 from maka_core.ledger.scanner import OperationFacts
 from maka_core.runtime.compaction import check_compactions
-from maka_core.runtime.contracts import EXECUTE_TOOL, EXECUTE_TOOL_LOCAL, FINISH_RUN, RECOVER_OPERATION
+from maka_core.runtime.contracts import (
+    EXECUTE_TOOL,
+    EXECUTE_TOOL_LOCAL,
+    FINISH_RUN,
+    RECOVER_OPERATION,
+    SUBAGENT_BEGIN,
+)
 from maka_core.runtime.settle import park_reason_of
 from maka_core.runtime.workspace_continuity import session_bundles
 from maka_core.store.rows import prefix_digest
@@ -28,8 +34,10 @@ TOOL_TYPES = (EXECUTE_TOOL, EXECUTE_TOOL_LOCAL)
 
 
 def _hosts(placed: Placed) -> bool:
-    """The activity ran the call (a deferred local attempt handed it on before T1)."""
-    return placed.fact.activity_type in TOOL_TYPES and placed.fact.outcome != "deferred"
+    """The activity ran the call (a deferred local attempt handed it on before T1); a sub-agent's
+    call is dispatched by ``maka.subagent_begin`` (its T1, then the child session)."""
+    hosting = placed.fact.activity_type in (*TOOL_TYPES, SUBAGENT_BEGIN)
+    return hosting and placed.fact.outcome != "deferred"
 
 
 def check_histories(ix: AuditIndex) -> Iterator[Finding]:

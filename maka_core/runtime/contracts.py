@@ -22,7 +22,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from maka_core.facts.bounds import APPROVAL_PHRASE, IDENTIFIER, OPERATOR_NAME, OPERATOR_REASON
 from maka_core.providers.spec import RecordedSpec
@@ -98,6 +98,9 @@ ParkReason = Literal[
     # the session's tool set names a tool or MCP server the worker that took its step or call
     # does not serve (``tools.offer``); nothing was committed, a worker that serves it resumes
     "tool_set_unavailable",
+    # a sub-agent's child session parked (``SubAgent``): its operator acts on the child, whose
+    # session id the parent's log and the call's derivation name (``tools.subagent``)
+    "subagent_parked",
     # a session whose execution was lost and whose resume parked (the host's union, above)
     HostParkReason,
 ]
@@ -106,6 +109,12 @@ PARK_REASONS: frozenset[str] = frozenset(get_args(ParkReason))
 #: ``idle``; a MELRA ``aborted``/``cancelled`` end written before it (reference ledgers, imports)
 #: still derives ``failed``.
 TURN_CANCELLED = "turn_cancelled"
+
+#: A sub-agent's call (``tools.subagent``, ``workflows.subagent``): its admission and T1 with the
+#: child session's input, then its T2 from the child's settled turn (``activities/subagent.py``).
+#: Registered beside a child session's two (``CHILD_ACTIVITY_NAMES``); the audit reads them.
+SUBAGENT_BEGIN: Final = "maka.subagent_begin"
+SUBAGENT_SETTLE: Final = "maka.subagent_settle"
 
 #: Activity type names (persisted in histories; pinned by ``tests/test_activity_names.py``). Declared
 #: here, beside the models they carry, so the workflow, the activities and the audit (which reads
@@ -190,6 +199,22 @@ DEFAULT_MAX_PARALLEL_TOOLS: Final = 8
 MAX_PARALLEL_TOOLS_BOUNDS: Final = (1, 64)
 
 
+class AgentLineage(Contract):
+    """A child session's place in its tree: the parent's session and the call that started it
+    (``parentSessionId``, ``parentOperationId``), and how deep it sits (a user's session is 0)."""
+
+    parent_session_id: str
+    parent_operation_id: str
+    depth: int = Field(ge=1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "parentSessionId": self.parent_session_id,
+            "parentOperationId": self.parent_operation_id,
+            "depth": self.depth,
+        }
+
+
 class SessionConfig(Contract):
     """Every setting of a session, declared once: what the session was started with, as opposed to
     the state it carries. ``SessionInput`` (workflow histories), ``BeginRunInput`` and the ledger's
@@ -244,10 +269,17 @@ class SessionConfig(Contract):
     #: ``runtime.step_stream``). Absent from every config recorded before it, which therefore
     #: decodes as no streaming, as those sessions always ran.
     stream: bool = False
+    #: A sub-agent's child session (``tools.subagent``): its parent and depth. ``None``: a session
+    #: a user started (absent from every record and history of one).
+    lineage: AgentLineage | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The camelCase object of the ledger record and of ``session status --json``."""
-        return {_JSON_KEYS[k]: v for k, v in self.model_dump(mode="json").items()}
+        dumped = self.model_dump(mode="json")
+        dumped.pop("lineage", None)  # a user's session: its record keeps the keys it always had
+        if self.lineage is not None:
+            dumped["lineage"] = self.lineage.to_json()
+        return {_JSON_KEYS[k]: v for k, v in dumped.items()}
 
     def status_json(self) -> dict[str, Any]:
         """The ``config`` of ``session status --json``: ``to_json`` with the status names of
@@ -263,6 +295,9 @@ class SessionConfig(Contract):
         for stored, shown in _STATUS_KEYS.items():
             if stored not in raw and shown in raw:
                 raw = {**raw, stored: raw[shown]}
+        lineage = raw.get("lineage")
+        if isinstance(lineage, dict):
+            raw = {**raw, "lineage": {to_snake(k): v for k, v in lineage.items()}}
         try:
             return cls.model_validate({k: raw[j] for k, j in _JSON_KEYS.items() if j in raw})
         except ValidationError:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import Any
 
 import click
 
+from maka_core.tools.contract import ToolsInvalid
 from maka_core.tools.loader import load_tools
 from maka_core.tools.registry import default_tools
+from maka_core.tools.subagent import load_agents
 from maka_temporal.workers.cli import demo
 from maka_temporal.workers.cli.base import (
     db_option,
@@ -61,6 +64,26 @@ mcp_config_option = click.option(
     help='the MCP servers file ({"mcpServers": {...}}): their tools are offered as mcp__<server>__<tool> '
     "(MAKA_MCP_CONFIG; default none)",
 )
+
+
+def worker_tools(s: Any) -> list[Any]:
+    """The worker's own tools (``--tools``) and sub-agents (``--agents``), checked together: a name
+    two of them share is ``tools_invalid``."""
+    tools = [*load_tools(s.tools, default_tools()), *(load_agents(s.agents) if s.agents else [])]
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ToolsInvalid(message="two of the worker's tools and agents share a name")
+    return tools
+
+
+agents_option = click.option(
+    "--agents",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help='the agents file ({"agents": {"NAME": {"description": ..., "model" | "script": ...}}}): '
+    "sub-agents offered as agent__NAME, each call a child session (MAKA_AGENTS; default none)",
+)
 host_option = click.option(
     "--host",
     default=None,
@@ -101,6 +124,7 @@ host_option = click.option(
 @bash_network_option
 @tools_option
 @mcp_config_option
+@agents_option
 @json_option("lifecycle events as JSON lines on stderr")
 def cmd_worker(
     db: str | None,
@@ -115,6 +139,7 @@ def cmd_worker(
     metrics_host: str | None,
     bash_network: bool | None,
     mcp_config: str | None,
+    agents: str | None,
     tool_specs: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -129,10 +154,11 @@ def cmd_worker(
         bash_network=bash_network,
         mcp_config=mcp_config,
         tools=tool_specs or None,
+        agents=agents,
     )
-    # The worker's own tools are checked (tools_invalid), and a bad --mcp-config
-    # (mcp_config_invalid), before anything is opened or polled.
-    user_tools = load_tools(s.tools, default_tools())
+    # The worker's own tools are checked (tools_invalid), its agents file (agents_config_invalid)
+    # and a bad --mcp-config (mcp_config_invalid), before anything is opened or polled.
+    user_tools = worker_tools(s)
     runtime_settings = s.runtime_settings(unsafe_no_sandbox=unsafe_no_sandbox)
     open_ledger(s.ledger, create=True).close()  # refuse a bad --db before connecting
 

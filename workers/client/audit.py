@@ -32,6 +32,7 @@ from maka_temporal.workflows.contracts import (
     LOCAL_TOOL_ID_PREFIX,
     MODEL_STEP,
     RECOVER_OPERATION,
+    SUBAGENT_BEGIN,
     BeginContinuationInput,
     BeginRunInput,
     BeginRunResult,
@@ -43,6 +44,8 @@ from maka_temporal.workflows.contracts import (
     RecoverInput,
     RecoverResult,
     SessionInput,
+    SubAgentBegin,
+    SubAgentBegun,
     ToolInput,
     ToolOutcome,
     workflow_id_for,
@@ -57,6 +60,7 @@ CONTRACTS: dict[str, tuple[type[Contract] | None, type[Contract]]] = {
     EXECUTE_TOOL_LOCAL: (None, LocalToolResult),
     RECOVER_OPERATION: (RecoverInput, RecoverResult),
     FINISH_RUN: (FinishRunInput, FinishRunResult),
+    SUBAGENT_BEGIN: (SubAgentBegin, SubAgentBegun),
 }
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 _TASK_LOST = (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
@@ -180,6 +184,7 @@ def normalize_history(
             name = attrs_s.activity_type.name
             in_model = CONTRACTS.get(name, (None, None))[0]
             inputs = _decode(converter, attrs_s.input.payloads, in_model) if in_model else {}
+            inputs = _tool_input(inputs)
             current_run = _run_of(inputs) or current_run
             scheduled[event.event_id] = {
                 "activity_type": name,
@@ -309,6 +314,12 @@ def _run_of(inputs: Mapping[str, Any]) -> str | None:
         return ids.get("run_id")
     run = inputs.get("run_id")
     return run if isinstance(run, str) else None
+
+
+def _tool_input(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A sub-agent's ``maka.subagent_begin`` carries its call's ``ToolInput`` as ``call``."""
+    inner = inputs.get("call")
+    return inner if isinstance(inner, dict) and isinstance(inner.get("call"), Mapping) else inputs
 
 
 def _call_of(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from maka_core.runtime.session_view import session_view
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.health import probe_path, probe_url
+from maka_core.tools.subagent import AGENT_PREFIX, child_session_id, is_subagent
 from maka_temporal.workers.client.answers import Operation, Status, TurnInfo
 from maka_temporal.workers.client.ledger import open_ledger
 from maka_temporal.workers.client.policy import governance_status
@@ -98,9 +99,11 @@ async def session_status(
     health = _ledger_health(s.ledger)
     governed: dict[str, Any] = {"pendingApprovals": []}
     config = None
+    sub_agents: list[dict[str, Any]] = []
     try:
         with open_ledger(s.ledger, create=False) as store:
             governed = governance_status(store, session_id, view.state)
+            sub_agents = _sub_agents(store, session_id, view)
             record = session_record(store.events(session_id=session_id))
             config = record.config if record is not None else None
     except MakaError:
@@ -119,6 +122,7 @@ async def session_status(
         "hostWait": host_wait,
         "config": config.status_json() if config is not None else None,
         "ledger": health,
+        "subAgents": sub_agents,
         **governed,
         **({"resume": resume_refusal} if resume_refusal else {}),
     }
@@ -149,6 +153,27 @@ async def session_status(
         notes=tuple(notes),
         raw=out,
     )
+
+
+def _sub_agents(store: Any, session_id: str, view: Any) -> list[dict[str, Any]]:
+    """The session's sub-agent calls (``tools.subagent``), in call order: each child's session id,
+    the agent, the call's operation id and the child's state (``not_started`` before its first
+    fact)."""
+    out = []
+    for op in view.operations:
+        if not (op.operation_id and is_subagent(op.tool_name or "")):
+            continue
+        child = child_session_id(session_id, op.operation_id)
+        child_view = session_view(store, child, workflow_id=workflow_id_for(child))
+        out.append(
+            {
+                "sessionId": child,
+                "agent": op.tool_name[len(AGENT_PREFIX) :],
+                "operationId": op.operation_id,
+                "state": child_view.state if child_view.event_count else "not_started",
+            }
+        )
+    return out
 
 
 async def _unanswered_note(client: Any, session_id: str, execution: Any, exc: BaseException) -> str:

@@ -46,6 +46,7 @@ from maka_core.tools import FunctionTool
 from maka_core.tools.mcp.catalog import ignored_annotations
 from maka_temporal.activities import MakaActivities
 from maka_temporal.activities.child import ChildSessionActivities
+from maka_temporal.activities.subagent import SubAgentActivities
 from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.host.ledger_guard import check_queue, watch, worker_identity
 from maka_temporal.workers.host.telemetry import Telemetry
@@ -80,6 +81,7 @@ class _Served:
     runtime: Runtime
     acts: MakaActivities
     child: ChildSessionActivities
+    subagents: SubAgentActivities
     task_queue: str
 
 
@@ -186,7 +188,7 @@ class MakaPlugin(SimplePlugin):
     def _activities(self, existing: Sequence[Callable[..., Any]] | None) -> Sequence[Callable[..., Any]]:
         served = self._served
         assert served is not None  # set by configure_worker before the activities are resolved
-        return [*(existing or []), *served.acts.all(), *served.child.all()]
+        return [*(existing or []), *served.acts.all(), *served.child.all(), *served.subagents.all()]
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         if self._served is not None:
@@ -257,6 +259,7 @@ class MakaPlugin(SimplePlugin):
             # A local tool attempt runs only where the session's workspace lives.
             acts=MakaActivities(runtime, host=self.host if self.serve_host_queue else None),
             child=ChildSessionActivities(runtime, self.settings),
+            subagents=SubAgentActivities(runtime, self.settings),
             task_queue=task_queue,
         )
 

@@ -9,6 +9,7 @@ say ``temporal_unavailable`` instead (the negative control: valid input does say
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,61 @@ async def test_without_its_host_queue_the_same_session_parks_on_its_host(
         status = await sessions.wait(started.session_id, started.run_id, timeout=60)
     assert (status.state, status.park_reason) == ("parked", "workspace_host_unavailable")
     assert not (ws_dir / "a.txt").exists()
+
+
+@pytest.mark.temporal
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_parked_child_session_says_parked_and_carries_no_text(
+    temporal_client: Client, tmp_path: Path, ws_dir: Path, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child whose turn parks returns ``outcome="parked"`` and no ``text``, not ``failed`` and
+    the model's interim line. The park: a policy capping the turn at 100 tokens, a first step of 110
+    that says an interim line and calls ``list_dir``; the second step parks ``usage_limit_reached``
+    before its call, and the turn ends (a park on the host, ``workspace_host_unavailable``, waits
+    in the open child for ``maka resume`` and returns to no parent). Control: the ledger's reply for
+    the same run (what the result carried before) is that interim line and ``failed``, so there was
+    a half sentence to withhold; and the same child without the cap runs to ``completed``."""
+    from activities.child import final_text
+    from maka_core.store.writer import LedgerStore
+    from maka_temporal import SessionResult
+    from tests.children.child_session_workflow import PolicyChildSessionWorkflow
+
+    monkeypatch.setenv("MAKA_HOME", str(tmp_path / "home"))
+    db = tmp_path / "ledger.sqlite"
+    interim = "Step 1: listing the workspace."
+    first = tool_step(("list_dir", {"path": "."}), text=interim)
+    first["usage"] = {"input": 80, "output": 30}
+    script = write_script(tmp_path / "s.json", [first, {"text": "done"}])
+    capped = tmp_path / "capped.json"
+    capped.write_text(json.dumps({"usage": {"maxTokensPerTurn": 100}}))
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({}))
+    plugin = MakaPlugin(ledger=db)
+    done: dict[str, SessionResult] = {}
+    async with Worker(
+        temporal_client, task_queue=task_queue, workflows=[PolicyChildSessionWorkflow], plugins=[plugin]
+    ):
+        for sid, policy in (("parked-child-1", capped), ("parked-child-2", plain)):
+            done[sid] = await asyncio.wait_for(
+                temporal_client.execute_workflow(
+                    PolicyChildSessionWorkflow.run,
+                    args=[str(ws_dir), str(script), sid, str(policy)],
+                    id=f"p-{sid}-{task_queue}",
+                    task_queue=task_queue,
+                    result_type=SessionResult,
+                ),
+                timeout=60,
+            )
+    result = done["parked-child-1"]
+    assert (result.state, result.park_reason) == ("parked", "usage_limit_reached"), result
+    assert (result.outcome, result.text) == ("parked", None), result
+    assert result.run_id is not None
+    with LedgerStore.open(db) as store:
+        header = store.get_run(result.run_id)
+        said = final_text(store.events(session_id="parked-child-1"), result.run_id)
+    assert said == interim and header is not None and header.status == "failed", (said, header)
+    control = done["parked-child-2"]
+    assert (control.state, control.outcome, control.text) == ("idle", "completed", "done"), control
 
 
 def test_the_plugin_gives_a_client_the_pydantic_payload_converter_and_keeps_the_rest() -> None:

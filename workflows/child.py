@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
@@ -40,7 +41,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from maka_temporal.workflows.session_policy import initial_search_attributes
 
-__all__ = ["SessionResult", "run_session"]
+__all__ = ["ChildOutcome", "SessionResult", "run_session"]
+
+#: How a child's turn ended: its run's ``TurnStatus``, or ``parked`` (an operator must act).
+ChildOutcome = TurnStatus | Literal["parked"]
+
+#: A parked child's result says ``parked`` and carries no text (the model's interim line is not
+#: its answer); histories recorded before it keep their ``failed`` and interim text on replay.
+CHILD_PARKED_PATCH = "maka-child-parked-1"
 
 #: Preparing is file and ledger work of milliseconds; a refusal (a bad input) is not retried.
 PREPARE_TIMEOUT = timedelta(seconds=30)
@@ -50,8 +58,9 @@ PREPARE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximu
 class SessionResult(BaseModel):
     """How the child's turn settled: ``state`` ``idle`` (done), ``parked`` (``park_reason``: an
     operator must act) or ``failed``; ``outcome`` how its run ended (``completed``, ``cancelled``
-    by ``cancel_turn``, ``failed``, also for a park; ``None`` in a history recorded before it);
-    ``text`` is the model's final text of the turn."""
+    by ``cancel_turn``, ``failed``, ``parked``; ``None`` in a history recorded before it);
+    ``text`` is the model's final text of the turn, ``None`` for a parked one (its interim line
+    is no answer; ``failed`` and that line in a history recorded before)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -60,7 +69,7 @@ class SessionResult(BaseModel):
     park_reason: str | None = None
     run_id: str | None = None
     text: str | None = None
-    outcome: TurnStatus | None = None
+    outcome: ChildOutcome | None = None
 
 
 async def run_session(
@@ -128,7 +137,8 @@ async def run_session(
         ) from None
     status = await handle
     run_id = status.last_turn.run_id if status.last_turn is not None else None
-    text, outcome = None, None
+    text: str | None = None
+    outcome: ChildOutcome | None = None
     if run_id is not None:
         reply = await workflow.execute_activity(
             SESSION_REPLY,
@@ -138,6 +148,8 @@ async def run_session(
             retry_policy=PREPARE_RETRY,
         )
         text, outcome = reply.text, reply.outcome
+        if status.state == "parked" and workflow.patched(CHILD_PARKED_PATCH):
+            text, outcome = None, "parked"
     return SessionResult(
         session_id=sid,
         state=status.state,

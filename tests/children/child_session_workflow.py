@@ -24,3 +24,14 @@ class OfferedChildSessionWorkflow:
         self, workspace: str, script: str, session_id: str, offer: list[str] | None
     ) -> SessionResult:
         return await run_session("go", workspace=workspace, script=script, session_id=session_id, offer=offer)
+
+
+@workflow.defn(name="test.child_session_policy")
+class PolicyChildSessionWorkflow:
+    """A child session under the policy file ``policy`` (a path on the worker's machine)."""
+
+    @workflow.run
+    async def run(self, workspace: str, script: str, session_id: str, policy: str) -> SessionResult:
+        return await run_session(
+            "go", workspace=workspace, script=script, session_id=session_id, policy=policy
+        )

@@ -23,7 +23,9 @@ async def main(workspace: str) -> None:
         task_queue=os.environ.get("MAKA_TASK_QUEUE", "maka-examples"),
         result_type=SessionResult,
     )
-    print(f"session {result.session_id}: {result.state}: {result.text}")
+    # A parked child carries no text: its reason says what an operator must do.
+    said = result.text if result.outcome != "parked" else f"parked ({result.park_reason})"
+    print(f"session {result.session_id}: {result.state}: {said}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ LAZY = {
         "maka_temporal.workers.client.reopen",
         "maka_temporal.workers.client.resume",
     ),
+    # The approve/deny Update, only when the ledger knows the session and a server is connected.
+    "client.approval_answers": ("maka_temporal.workers.client.turn_messages",),
     # The SDK's task-queue description, only when a start waits long or a status finds no answer:
     # ``maka session show`` imports this module and runs without the SDK (``test_cli_startup``).
     "client.pollers": ("temporalio.api.",),

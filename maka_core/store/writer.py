@@ -407,7 +407,6 @@ class LedgerStore(
                     runId=event.run_id,
                     terminalEventId=other[0],
                 )
-            self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
             bound = bound_high_water(event)
             if bound is not None:
                 prefix = conn.execute(
@@ -427,6 +426,8 @@ class LedgerStore(
                         boundHighWater=bound,
                         prefixHighWater=prefix,
                     )
+            # After the check: the closures commit with the terminal fact, which cannot have bound them.
+            self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
 
         def post(conn: Connection) -> None:
             insert_certificate(conn, event)

@@ -1,5 +1,6 @@
 """The Temporal client side: connecting (``connect``), opening the ledger (``ledger``), the typed
-``SessionClient`` (``session_api``) and its answers and refusal (``answers``), the session
+``SessionClient`` (``session_api``) and its answers and refusal (``answers``), an operator's
+answer to an approval (``approval_answers``), the session
 workflow's messages (``session_client``, ``turn_messages``), what a start validates and records
 (``session_start``, ``policy``), a session's status (``status``), whether a worker polls a task
 queue (``pollers``), a new execution for a settled
@@ -8,6 +9,7 @@ they commit (``session_follow``), the ledger's sessions (``session_list``) and t
 
 __all__ = [
     "answers",
+    "approval_answers",
     "audit",
     "connect",
     "ledger",

@@ -56,8 +56,8 @@ from maka_temporal.workers.client.answers import (
     WaitProgress,
     refusing,
 )
+from maka_temporal.workers.client.approval_answers import answer
 from maka_temporal.workers.client.ledger import open_ledger, session_events
-from maka_temporal.workers.client.policy import answer_approval, check_session_known
 from maka_temporal.workers.client.session_follow import follow_lines
 from maka_temporal.workers.client.session_list import SessionSummary, list_query, list_sessions
 from maka_temporal.workers.client.session_start import NewSession, SessionStart, check_message, new_session
@@ -185,9 +185,7 @@ class SessionClient:
     async def _temporal(self) -> Any:
         if await self._connected() is None:
             why = f" ({self.unreachable})" if self.unreachable else ""
-            raise SessionError(
-                "temporal_unavailable", f"this SessionClient has no Temporal client{why}"
-            )
+            raise SessionError("temporal_unavailable", f"this SessionClient has no Temporal client{why}")
         return self.client
 
     # --- turns -------------------------------------------------------------------------------
@@ -485,38 +483,16 @@ class SessionClient:
         by: str | None = None,
         reason: str | None = None,
     ) -> ApprovalAnswer:
-        from maka_temporal.workers.client import turn_messages
-
-        ledger = self.settings().ledger
-        await asyncio.to_thread(check_session_known, ledger, session_id)  # before any connect
-        sent = None
-        client = await self._connected()
-        if client is not None:
-            try:
-                sent = await turn_messages.answer_if_running(
-                    client, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
-                )
-            except MakaError as exc:
-                if exc.code != "temporal_unavailable":
-                    raise  # the server is down: the ledger alone takes the answer, below
-        if sent is not None:
-            done: dict[str, Any] = {
-                "ok": True,
-                "sessionId": session_id,
-                "approvalId": approval_id,
-                "operationId": sent.operation_id,
-                "requestId": approval_id,
-                "decision": sent.decision,
-                "toolName": sent.tool_name,
-                **({"reviewer": by} if by else {}),
-                **({"rationale": reason} if reason else {}),
-            }
-        else:
-            done = await asyncio.to_thread(
-                lambda: answer_approval(
-                    ledger, session_id, approval_id, allow=allow, phrase=phrase, by=by, reason=reason
-                )
-            )
+        done = await answer(
+            self.settings().ledger,
+            self._connected,
+            session_id,
+            approval_id,
+            allow=allow,
+            phrase=phrase,
+            by=by,
+            reason=reason,
+        )
         return ApprovalAnswer(
             session_id=session_id,
             approval_id=approval_id,

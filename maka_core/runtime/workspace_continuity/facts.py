@@ -15,6 +15,7 @@ from maka_core.checkpoints.observe import SourceBoundary
 from maka_core.errors import CheckpointError
 from maka_core.facts import canonical_json
 from maka_core.facts.events import RuntimeEvent
+from maka_core.facts.memo import once
 from maka_core.ledger.digests import PrefixUnreadable, read_prefix
 from maka_core.runtime.resolution import is_resolution_run
 
@@ -57,19 +58,27 @@ def transition_of(event: RuntimeEvent) -> dict[str, Any] | None:
 
 
 def session_bundles(events: Sequence[RuntimeEvent]) -> list[tuple[RuntimeEvent, CheckpointBundle]]:
-    """Every readable bundle the session's facts commit (terminal facts and transitions)."""
+    """Every readable bundle the session's facts commit (terminal facts and transitions); each
+    event's bundle is decoded once while the event lives (``facts.memo``: a session's resident
+    events are the same objects from one turn's end to the next)."""
     out: list[tuple[RuntimeEvent, CheckpointBundle]] = []
     for event in events:
-        try:
-            bundle = bundle_of(event) if event.is_terminal else None
-            transition = transition_of(event)
-            if bundle is None and transition is not None:
-                bundle = decode_bundle(transition.get("bundle"))
-        except CheckpointError:
-            continue
+        bundle = once(event, _bundle_in)
         if bundle is not None:
             out.append((event, bundle))
     return out
+
+
+def _bundle_in(event: RuntimeEvent) -> CheckpointBundle | None:
+    """The bundle ``event`` commits, None when it commits none or none readable."""
+    try:
+        bundle = bundle_of(event) if event.is_terminal else None
+        transition = transition_of(event)
+        if bundle is None and transition is not None:
+            bundle = decode_bundle(transition.get("bundle"))
+    except CheckpointError:
+        return None
+    return bundle
 
 
 def decode_bundle(raw: Any) -> CheckpointBundle | None:

@@ -223,17 +223,14 @@ async def _in_process_worker(client: Client, db: Path, queue: str, make_runtime:
 
 
 def _regenerating(store: LedgerStore, settings: Any) -> Any:
-    """The broken variant: a worker whose ledger reads drop the committed compaction facts, so a
-    retried step cannot reuse its summary and asks for a new one."""
-    real, resident = store.events, store.session_events
-
-    def events(**kw: Any) -> list[Any]:
-        return [e for e in real(**kw) if compaction.CompactionFact.of(e) is None]
+    """The broken variant: a worker whose model steps' ledger read drops the committed compaction
+    facts, so a retried step cannot reuse its summary and asks for a new one. (Its other reads are
+    whole: a turn's end binds its checkpoint over the run's real facts, which the writer checks.)"""
+    resident = store.session_events
 
     def session_events(session_id: str) -> list[Any]:  # the read a model step makes
         return [e for e in resident(session_id) if compaction.CompactionFact.of(e) is None]
 
-    store.events = events  # type: ignore[method-assign]
     store.session_events = session_events  # type: ignore[method-assign]
     return default_runtime(store, settings)
 

@@ -57,8 +57,7 @@ def _prepare(
     capture (None: no workspace to bind). A worker that is not the session's workspace host (the
     run's end runs on the shared queue) captures nothing: a folder with the same path here is not
     the session's."""
-    # The resident scope's events: a long session's end decodes only what is new since the last.
-    session_events = store.session_events(terminal.session_id)
+    session_events = store.events(session_id=terminal.session_id)
     run_events = [e for e in session_events if e.run_id == terminal.run_id]
     done = next((e for e in run_events if e.is_terminal), None)
     if done is not None:

@@ -28,16 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from maka_core.runtime import model_step, tool_call, turn  # noqa: E402
-from maka_core.runtime.contracts import (  # noqa: E402
-    BeginRunInput,
-    FinishRunInput,
-    ModelStepInput,
-    RunIds,
-    ToolInput,
-)
-from maka_core.runtime.runtime import Attempt, Runtime  # noqa: E402
-from maka_core.store.writer import LedgerStore, ToolAttempt  # noqa: E402
+from benchmarks.runtime_turn import run_turn  # noqa: E402
+from maka_core.runtime.runtime import Runtime  # noqa: E402
+from maka_core.store.writer import LedgerStore  # noqa: E402
 from maka_core.workspace import Workspace  # noqa: E402
 
 SESSION = "s-many-turns"
@@ -48,32 +41,6 @@ SCRIPT = {
         {"text": "done"},
     ],
 }
-
-
-async def one_turn(rt: Runtime, ws: Workspace, n: int) -> None:
-    ids = RunIds(session_id=SESSION, turn_id=f"t{n}", run_id=f"r{n}", invocation_id=f"i{n}")
-    await turn.begin_run(
-        rt,
-        BeginRunInput(
-            ids=ids, text=f"turn {n}", ts=n, workflow_id="wf", workflow_run_id="wr", task_queue="q",
-            workspace=str(ws.root), workspace_identity=ws.identity, provider=SCRIPT,
-        ),
-    )  # fmt: skip
-    k = 0
-    while True:
-        inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=SCRIPT, after_tools=k > 0)
-        result = await model_step.model_step(rt, inp)
-        if result.final:
-            break
-        for i, ref in enumerate(result.calls):
-            attempt = Attempt(record=ToolAttempt("wf", "wr", f"{n}-{k}-{i}", 1))
-            call = ToolInput(
-                session_id=SESSION, run_id=ids.run_id, call=ref, workspace=str(ws.root),
-                workspace_identity=ws.identity,
-            )  # fmt: skip
-            await tool_call.execute_tool(rt, call, attempt)
-        k += 1
-    await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=n))
 
 
 def measure(url: str, turns: int) -> dict[str, Any]:
@@ -89,7 +56,7 @@ def measure(url: str, turns: int) -> dict[str, Any]:
                 async def go() -> None:
                     for n in range(turns):
                         began = time.perf_counter()
-                        await one_turn(rt, ws, n)
+                        await run_turn(rt, ws, n, SCRIPT, session=SESSION)
                         times.append(time.perf_counter() - began)
 
                 asyncio.run(go())

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from maka_core.runtime import model_step, tool_call, turn
-from maka_core.runtime.contracts import BeginRunInput, FinishRunInput, ModelStepInput, RunIds, ToolInput
-from maka_core.runtime.runtime import Attempt, Runtime
-from maka_core.store.writer import LedgerStore, ToolAttempt
+from benchmarks.runtime_turn import run_turn
+from maka_core.runtime import model_step
+from maka_core.runtime.contracts import RunIds
+from maka_core.runtime.runtime import Runtime
+from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 
 SESSION = "bench-steps"
@@ -37,27 +38,7 @@ def _script(turns: int) -> dict[str, Any]:
 
 async def _build(rt: Runtime, ws: Workspace, turns: int, spec: dict[str, Any]) -> None:
     for n in range(turns):
-        ids = RunIds(session_id=SESSION, turn_id=f"t{n}", run_id=f"r{n}", invocation_id=f"i{n}")
-        begin = BeginRunInput(
-            ids=ids, text=f"turn {n}", ts=n, workflow_id="wf", workflow_run_id="wr", task_queue="q",
-            workspace=str(ws.root),
-        )  # fmt: skip
-        await turn.begin_run(rt, begin)
-        k = 0
-        while True:
-            inp = ModelStepInput(ids=ids, step=k, workspace=str(ws.root), provider=spec, after_tools=k > 0)
-            result = await model_step.model_step(rt, inp)
-            if result.final:
-                break
-            for i, ref in enumerate(result.calls):
-                attempt = Attempt(record=ToolAttempt("wf", "wr", f"{n}-{k}-{i}", 1))
-                tool = ToolInput(
-                    session_id=SESSION, run_id=ids.run_id, call=ref, workspace=str(ws.root),
-                    workspace_identity=ws.identity,
-                )  # fmt: skip
-                await tool_call.execute_tool(rt, tool, attempt)
-            k += 1
-        await turn.finish_run(rt, FinishRunInput(ids=ids, status="completed", ts=n))
+        await run_turn(rt, ws, n, spec, session=SESSION, record=False)
 
 
 def _ms(samples: list[float]) -> str:

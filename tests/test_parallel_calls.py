@@ -5,8 +5,9 @@ One model step asks for four ``nap`` calls (read-only: parallel-safe), two ``nap
 interleaved order. With ``max_parallel_tools`` 8 the naps overlap, while the calls that are not
 parallel-safe run one at a time in the model's order; every call runs once, the next model step
 starts only after all of them, and ``maka audit`` is clean. In activity mode and in hybrid mode
-(local activities). Control: ``max_parallel_tools`` 1, the same script, runs one call at a time
-and asks no patch (its history is one a worker before the patch would write).
+(local activities). Control: ``max_parallel_tools`` 1, the same calls (without the naps' meeting,
+which would only wait in vain), runs one call at a time and asks no patch (its history is one a
+worker before the patch would write).
 """
 
 from __future__ import annotations
@@ -32,15 +33,25 @@ from tests.user_tools_pkg import naps
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
 
 NAP_S = 0.8
-CALLS = [
-    ("nap", {"label": "n1", "seconds": NAP_S}),
-    ("nap_alone", {"label": "a1", "seconds": 0.3}),
-    ("nap", {"label": "n2", "seconds": NAP_S}),
-    ("stamp", {"text": "s1"}),
-    ("nap", {"label": "n3", "seconds": NAP_S}),
-    ("nap_alone", {"label": "a2", "seconds": 0.3}),
-    ("nap", {"label": "n4", "seconds": NAP_S}),
-]
+NAPS = ["n1", "n2", "n3", "n4"]
+
+
+def calls(meet: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The step's calls; with ``meet`` each nap sleeps only once all four naps and ``a1`` have
+    started (and ``a1`` once ``n1`` has), so calls dispatched side by side overlap however late a
+    loaded machine started each one, and calls run one at a time do not (each waits ``naps.MEET_S``
+    in vain)."""
+    nap_meet = {"meet": [*NAPS, "a1"]} if meet else {}
+    lone_meet = {"meet": ["n1"]} if meet else {}
+    return [
+        ("nap", {"label": "n1", "seconds": NAP_S, **nap_meet}),
+        ("nap_alone", {"label": "a1", "seconds": 0.3, **lone_meet}),
+        ("nap", {"label": "n2", "seconds": NAP_S, **nap_meet}),
+        ("stamp", {"text": "s1"}),
+        ("nap", {"label": "n3", "seconds": NAP_S, **nap_meet}),
+        ("nap_alone", {"label": "a2", "seconds": 0.3}),
+        ("nap", {"label": "n4", "seconds": NAP_S, **nap_meet}),
+    ]
 
 
 def make_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
@@ -82,7 +93,7 @@ async def test_a_steps_calls_run_side_by_side_and_the_unsafe_ones_one_at_a_time_
     db = tmp_path / "ledger.sqlite"
     ws = tmp_path / "ws"
     ws.mkdir()
-    script = write_script(tmp_path / "s.json", [tool_step(*CALLS), {"text": "done"}])
+    script = write_script(tmp_path / "s.json", [tool_step(*calls(meet=limit > 1)), {"text": "done"}])
     async with in_process_worker(temporal_client, db, task_queue, make_runtime=make_runtime):
         sid, acc = await start(
             temporal_client, ws, script, task_queue, "go", tool_mode=tool_mode, max_parallel_tools=limit
@@ -93,7 +104,7 @@ async def test_a_steps_calls_run_side_by_side_and_the_unsafe_ones_one_at_a_time_
     got = spans(ws)
     assert sorted(got) == ["a1", "a2", "n1", "n2", "n3", "n4"]
     assert (ws / "stamps.log").read_text() == "s1\n"  # the at-most-once call ran once
-    naps_ = [got[n] for n in ("n1", "n2", "n3", "n4")]
+    naps_ = [got[n] for n in NAPS]
     a1, a2 = got["a1"], got["a2"]
     assert a1[1] <= a2[0], (a1, a2)  # the calls that are not parallel-safe: in the model's order
     patched = any(PARALLEL_TOOLS_PATCH in m for m in patch_markers(history))
@@ -101,8 +112,8 @@ async def test_a_steps_calls_run_side_by_side_and_the_unsafe_ones_one_at_a_time_
         assert patched, patch_markers(history)
         latest_start = max(s for s, _ in naps_)
         earliest_end = min(e for _, e in naps_)
-        assert latest_start < earliest_end, f"the naps did not all overlap: {naps_}"
-        assert any(overlap(a1, n) for n in naps_), "a lone call ran beside no parallel call"
+        assert latest_start < earliest_end, f"the naps did not all overlap: {got}"
+        assert any(overlap(a1, n) for n in naps_), f"a lone call ran beside no parallel call: {got}"
     else:
         assert not patched  # the control's history asks no patch: the loop of before
         ordered = sorted(got.values())

@@ -219,7 +219,8 @@ def _partials(db: Path, session_id: str) -> list[dict[str, Any]]:
         store.close()
 
 
-async def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
+async def _wait_for(check: Any, what: str, timeout: float = 30.0, show: Any = None) -> Any:
+    """``check()`` once it is truthy; ``show()`` (else the last ``check()``) in the failure."""
     deadline = time.monotonic() + timeout
     seen = None
     while time.monotonic() < deadline:
@@ -227,7 +228,7 @@ async def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
         if seen:
             return seen
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{what}: not seen in {timeout} s (last: {seen!r})")
+    raise AssertionError(f"{what}: not seen in {timeout} s (last: {show() if show else seen!r})")
 
 
 def _step_events(events: list[RuntimeEvent]) -> list[RuntimeEvent]:
@@ -269,10 +270,16 @@ async def test_a_streamed_session_shows_its_partial_and_commits_the_same_fact(
 
         assert await asyncio.to_thread(chat.pace.held.wait, 30), "the vendor's stream never reached its hold"
         reader = asyncio.create_task(read())  # the turn has begun: its user event is committed
-        held = await _wait_for(lambda: _partials(db, session_id), "the partial row")
-        (row,) = held
         so_far = ANSWER[: 2 * len(ANSWER[: -(-len(ANSWER) // 4)])]
-        assert row["text"] == so_far and row["firstTokenAt"] >= row["startedAt"], row
+        rows: list[dict[str, Any]] = []
+
+        def caught_up() -> bool:  # the first token is written at once, the rest within FLUSH_S
+            rows[:] = _partials(db, session_id)
+            return [r["text"] for r in rows] == [so_far]
+
+        await _wait_for(caught_up, "the partial row of the text so far", show=lambda: rows)
+        (row,) = rows
+        assert row["firstTokenAt"] >= row["startedAt"], row
         store = LedgerStore.open(f"sqlite:///{db}")
         try:  # the step has committed nothing while its text streams
             assert not [e for e in store.events(session_id=session_id) if e.role == "model"]

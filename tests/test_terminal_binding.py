@@ -13,6 +13,11 @@ bound high-water 9 over a prefix of 10, so every continuation of the run parked
   with a terminal fact whose bundle names the run's whole prefix, and the continuation gate finds
   no mismatch. Negative control: the fact as first bound, with the late fact before it (what the
   soak's ledger held), is the gate's ``checkpoint_boundary_mismatch``.
+- A run that ends while a permission request still waits (a cancel during the approval wait, or
+  a run lost there and closed by repair) closes the request before its checkpoint is bound, so the
+  bound prefix holds the closure fact. Negative control: a store that leaves the closure to the
+  terminal's own transaction (the order of before, which bound a prefix without it and left every
+  continuation ``checkpoint_boundary_mismatch``) has its terminal refused as a stale binding.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 from maka_core.checkpoints.contract import CHECKPOINT_KEY, bound_high_water
 from maka_core.errors import LedgerRejection
 from maka_core.facts.events import RuntimeEvent
-from maka_core.runtime import builders, turn
+from maka_core.runtime import builders, tool_call, turn
 from maka_core.runtime.contracts import BeginRunInput, FinishRunInput
 from maka_core.runtime.lost_run import session_record, settle_lost_run
 from maka_core.runtime.runtime import Runtime
@@ -39,7 +44,8 @@ from maka_core.runtime.workspace_continuity.gate import observe_source, source_c
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from tests import ledger_factory as f
-from tests.test_runtime import IDS, run
+from tests.test_governed_execution import with_policy
+from tests.test_runtime import ATTEMPT, IDS, run, script, step, tool_input
 
 
 def _late(k: int) -> RuntimeEvent:
@@ -143,3 +149,51 @@ def _bundle_at(terminal: RuntimeEvent, high_water: int) -> dict[str, Any]:
     wire = dict(terminal.actions.state_delta[CHECKPOINT_KEY])
     wire["boundary"] = {**wire["boundary"], "immutableRuntimeHighWater": high_water}
     return wire
+
+
+class ClosesInTerminal(LedgerStore):
+    """The negative control's store: the run's waiting requests close only in the terminal's own
+    transaction (the order of before), after the checkpoint was bound."""
+
+    def close_waiting_requests(self, terminal: RuntimeEvent) -> None:
+        return None
+
+
+@pytest.mark.parametrize("path", ["finish_run", "repair"])
+@pytest.mark.parametrize("store_kind", [LedgerStore, ClosesInTerminal])
+def test_a_request_still_waiting_closes_before_the_checkpoint_is_bound(
+    shared_url: str, ws: Workspace, path: str, store_kind: type[LedgerStore]
+) -> None:
+    with store_kind.open(shared_url) as store:
+        rt = Runtime(store)
+        try:
+            with_policy(rt, {"mutations": "confirm", "approvalTtlMs": 60_000})
+            begin(rt, ws)
+            asks = script({"toolCalls": [{"name": "write_file", "args": {"path": "a.txt", "content": "x"}}]})
+            (ref,) = step(rt, ws, 0, asks).calls
+            waiting = tool_input(ws, ref).model_copy(update={"approval_wait": "workflow"})
+            asked = run(tool_call.execute_tool(rt, waiting, ATTEMPT))
+            assert asked.status == "awaiting_approval", asked
+
+            def settle() -> None:
+                if path == "finish_run":  # a cancel during the approval wait
+                    run(turn.finish_run(rt, FinishRunInput(ids=IDS, status="cancelled", ts=9)))
+                else:  # the run was lost there: repair closes it
+                    record = session_record(store.events(session_id="s1"))
+                    run(settle_lost_run(rt, "r1", record, bind=bind_terminal_async))
+
+            if store_kind is ClosesInTerminal:
+                with pytest.raises(LedgerRejection) as refused:
+                    settle()
+                assert refused.value.code == "checkpoint_boundary_stale", refused.value
+                assert not any(e.is_terminal for e in store.events(run_id="r1"))
+                return
+            settle()
+            events = store.events(session_id="s1")
+            closures = [e for e in events if e.actions and e.actions.permission_closure_accepted]
+            terminal = next(e for e in events if e.is_terminal)
+            assert len(closures) == 1 and events.index(closures[0]) < events.index(terminal), events
+            assert bound_high_water(terminal) == _prefix(store), terminal
+            assert _gate(rt, ws, events) == "workspace_has_no_checkpoint"  # no mismatch
+        finally:
+            rt.close()

@@ -184,7 +184,8 @@ async def settle_lost_run(
 
     for left in range(BIND_ATTEMPTS - 1, -1, -1):
         fact = candidate
-        if binds:
+        if binds:  # the run's waiting requests close first, so the bound prefix holds them
+            await rt.on_ledger(functools.partial(store.close_waiting_requests, candidate))
             fact = await bind(rt, candidate)
             failpoints.hit("checkpoint_repair_captured")
         try:

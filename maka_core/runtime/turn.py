@@ -179,6 +179,8 @@ async def finish_run(rt: Runtime, inp: FinishRunInput) -> FinishRunResult:
         # Phase 4: the workspace's checkpoint rides in the terminal fact (artifact first, then the
         # fact). A fact of the run that lands between the binding and the commit (a late attempt's
         # outcome) makes the binding stale: bind again over the longer prefix.
+        # The run's waiting requests close first, so the prefix the checkpoint binds holds them.
+        await rt.on_ledger(functools.partial(rt.ledger.close_waiting_requests, terminal))
         bound = await workspace_continuity.bind_terminal_async(rt, terminal)
         try:
             settled = await rt.on_ledger(functools.partial(settle_run, rt.ledger, bound, between=between))

@@ -357,6 +357,22 @@ class GovernanceRecords(MelraTaskRecords):
 
         self._write(body)
 
+    def close_waiting_requests(self, terminal: RuntimeEvent) -> None:
+        """Close the run's waiting requests, as ``terminal``'s own transaction would, in a
+        transaction of their own: a caller that binds a checkpoint into ``terminal`` closes them
+        first, so that the prefix it binds holds the closures (``commit_terminal`` then finds
+        nothing left to close; a request opened after this is refused there as a stale binding)."""
+        t = tool_decisions.c
+        with self._lock, self._reading() as conn:  # most runs end with nothing waiting: no write
+            waiting = conn.execute(
+                select(t.operation_id)
+                .where(t.approval_id.is_not(None), t.run_id == terminal.run_id)
+                .where(t.state == "awaiting_approval")
+                .limit(1)
+            ).first()
+        if waiting is not None:
+            self._write(lambda conn: self._close_waiting_requests(conn, terminal))
+
     def _close_waiting_requests(self, conn: Connection, terminal: RuntimeEvent) -> None:
         """Inside the transaction of a run's terminal fact, before it: close every request of the
         run still awaiting an answer (nobody waits for it any more), each by the same

@@ -407,6 +407,7 @@ class LedgerStore(
                     runId=event.run_id,
                     terminalEventId=other[0],
                 )
+            self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
             bound = bound_high_water(event)
             if bound is not None:
                 prefix = conn.execute(
@@ -415,9 +416,11 @@ class LedgerStore(
                     .where(runtime_events.c.run_id == event.run_id, runtime_events.c.terminal.is_(False))
                 ).scalar_one()
                 if prefix != bound:
-                    # A fact of the run (a late attempt's outcome) committed after the checkpoint was
-                    # bound: the bundle would name a boundary the run no longer ends at, and every
-                    # continuation would park checkpoint_boundary_mismatch. The caller binds again.
+                    # A fact of the run (a late attempt's outcome, or the closure of a request
+                    # opened since the caller closed them: ``close_waiting_requests``) is not in
+                    # the prefix the checkpoint binds: the bundle would name a boundary the run no
+                    # longer ends at, and every continuation would park
+                    # checkpoint_boundary_mismatch. The caller binds again.
                     raise LedgerRejection(
                         "checkpoint_boundary_stale",
                         "the terminal fact's checkpoint binds another prefix than the run's",
@@ -426,8 +429,6 @@ class LedgerStore(
                         boundHighWater=bound,
                         prefixHighWater=prefix,
                     )
-            # After the check: the closures commit with the terminal fact, which cannot have bound them.
-            self._close_waiting_requests(conn, event)  # no request outlives its run (approvals)
 
         def post(conn: Connection) -> None:
             insert_certificate(conn, event)

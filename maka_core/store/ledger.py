@@ -132,6 +132,11 @@ class Ledger(Protocol):
         in the same transaction when given."""
         ...
 
+    def close_waiting_requests(self, terminal: RuntimeEvent) -> None:
+        """Close the run's waiting permission requests as ``terminal``'s transaction would, before
+        a caller binds a checkpoint into it."""
+        ...
+
     def events(
         self, session_id: str | None = None, run_id: str | None = None, invocation_id: str | None = None
     ) -> list[RuntimeEvent]: ...

@@ -56,12 +56,16 @@ def _prepare(
     """Ledger half: the run's terminal fact if it already has one (an exact retry), else what to
     capture (None: no workspace to bind). A worker that is not the session's workspace host (the
     run's end runs on the shared queue) captures nothing: a folder with the same path here is not
-    the session's."""
-    session_events = store.events(session_id=terminal.session_id)
-    run_events = [e for e in session_events if e.run_id == terminal.run_id]
+    the session's.
+
+    The run's facts, which the checkpoint binds, are read as stored; the session's record and its
+    workspace's epoch come from the session's resident events (each row decoded once while the
+    session stays resident), so a turn's end costs the same in a long session as in a short one."""
+    run_events = store.events(run_id=terminal.run_id)
     done = next((e for e in run_events if e.is_terminal), None)
     if done is not None:
         return done
+    session_events = store.session_events(terminal.session_id)
     where = workspace_of_run(store, terminal.session_id, terminal.run_id, session_events)
     if where is None:
         return None

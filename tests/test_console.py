@@ -8,7 +8,9 @@ pages with the CLI's stable codes (``session_not_found`` 404); every action is a
 token (``csrf_invalid`` 403 without it or with a wrong one, negative control: the right token gets
 past the guard to the client's own refusal); ``--read-only`` shows no form that posts and refuses
 every action (``console_read_only`` 403); off loopback the access token is required
-(``console_token_required`` 401) and a ``?token=`` becomes an HttpOnly cookie.
+(``console_token_required`` 401) and a ``?token=`` becomes an HttpOnly cookie; an action records
+the operator's name (the form's, else ``--operator``) and one that names nobody is refused
+(``config_invalid``); a parked session's reason is said in plain words, one entry per park reason.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from maka_core.runtime.contracts import PARK_REASONS
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.console.app import MAX_TEXT, build_app, shown
 from maka_temporal.workers.console.guard import COOKIE, Guard, is_loopback
+from maka_temporal.workers.console.park_words import PARK_WORDS
 from tests.test_session_list import _begin, _finish, _ids, make_sessions
 
 HOSTILE = "<script>alert(1)</script>\x1b[31mred\u202eevil"
@@ -47,8 +51,8 @@ def ledger(store: LedgerStore, store_url: str, tmp_path: Path) -> str:
     return store_url
 
 
-def _client(ledger: str, guard: Guard | None = None) -> TestClient:
-    app = build_app(SessionClient(None, ledger=ledger), guard)
+def _client(ledger: str, guard: Guard | None = None, operator: str | None = None) -> TestClient:
+    app = build_app(SessionClient(None, ledger=ledger), guard, operator=operator)
     return TestClient(app, base_url="http://127.0.0.1:8580", follow_redirects=False)
 
 
@@ -109,7 +113,7 @@ def test_actions_need_a_post_with_the_csrf_token(ledger: str) -> None:
         assert refused.status_code == 403 and "csrf_invalid" in refused.text, form
     assert web.get(url).status_code == 405
     # The negative control: the right token passes the guard and reaches the client's own refusal.
-    passed = web.post(url, data={"csrf": token, "reason": "no"})
+    passed = web.post(url, data={"csrf": token, "reason": "no", "by": "ops"})
     assert passed.status_code in (400, 404) and "csrf_invalid" not in passed.text, passed.text
 
 
@@ -168,3 +172,31 @@ def test_follow_streams_the_transcript_as_server_sent_events(ledger: str) -> Non
     assert any('"text": "user: hi"' in line for line in data), body
     assert body.rstrip().endswith("event: settled\ndata: {}"), body
     assert web.get("/sessions/nobody/follow").status_code == 404  # refused before the stream starts
+
+
+def test_every_park_reason_has_plain_words_and_a_parked_page_says_them() -> None:
+    assert set(PARK_WORDS) == PARK_REASONS
+    assert all(len(words) > 40 and words.endswith(".") for words in PARK_WORDS.values())
+
+
+def test_a_parked_page_says_its_reason_in_plain_words(ledger: str) -> None:
+    page = _client(ledger).get("/sessions/parked").text
+    assert '<span id="park-reason">max_steps_exceeded</span>' in page
+    words = re.search(r'<p class="note" id="park-words">([^<]+)</p>', page)
+    assert words and words.group(1) == PARK_WORDS["max_steps_exceeded"].replace("'", "&#39;"), page
+    assert 'id="park-words"' not in _client(ledger).get("/sessions/running").text  # not parked
+
+
+def test_an_action_records_the_operators_name_and_one_that_names_nobody_is_refused(ledger: str) -> None:
+    web = _client(ledger)
+    page = web.get("/sessions/running").text
+    assert 'name="by" placeholder="your name" value=""' in page
+    url = "/sessions/running/approvals/nope/deny"
+    nobody = web.post(url, data={"csrf": _csrf(page), "reason": "no"})
+    assert nobody.status_code == 400 and '<code id="code">config_invalid</code>' in nobody.text, nobody.text
+    # Named by the console's operator: the name check passes and the client's own refusal answers.
+    named = _client(ledger, operator="Ada Lovelace")
+    page = named.get("/sessions/running").text
+    assert 'name="by" placeholder="your name" value="Ada Lovelace"' in page
+    passed = named.post(url, data={"csrf": _csrf(page), "reason": "no"})
+    assert passed.status_code in (400, 404) and "config_invalid" not in passed.text, passed.text

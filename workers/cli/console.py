@@ -34,6 +34,13 @@ CONNECT_S = 5.0
 @click.option(
     "--read-only", is_flag=True, help="show no buttons and refuse every action (403 console_read_only)"
 )
+@click.option(
+    "--operator",
+    envvar="MAKA_OPERATOR",
+    default=None,
+    metavar="NAME",
+    help="the name actions record as who took them, unless a form names another [env: MAKA_OPERATOR]",
+)
 def cmd_console(
     db: str | None,
     address: str | None,
@@ -42,6 +49,7 @@ def cmd_console(
     bind: str,
     port: int,
     read_only: bool,
+    operator: str | None,
 ) -> None:
     """A local web console: sessions, live transcripts, approvals, resolutions."""
 
@@ -63,6 +71,7 @@ def cmd_console(
             ledger_only_when_unreachable=True,
         )
     )
-    app = build_app(client, Guard(token=token, read_only=read_only))
+    named = (operator or "").strip() or None
+    app = build_app(client, Guard(token=token, read_only=read_only), operator=named)
     say(f"maka console on http://{bind}:{port}/ ({'read-only' if read_only else 'read-write'})", err=True)
     uvicorn.run(app, host=bind, port=port, log_level="warning")

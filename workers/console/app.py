@@ -31,6 +31,7 @@ from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_list import MAX_LIMIT
 from maka_temporal.workers.console.guard import COOKIE, Guard, Refused
+from maka_temporal.workers.console.park_words import park_words
 
 __all__ = ["MAX_TEXT", "build_app"]
 
@@ -59,17 +60,20 @@ def _templates() -> Jinja2Templates:
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, finalize=shown
     )
     env.globals["tokens"] = lambda usage: "" if usage is None else step_tokens(usage)
+    env.globals["park_words"] = park_words
     return Jinja2Templates(env=env)
 
 
-def build_app(client: SessionClient, guard: Guard | None = None) -> Starlette:
+def build_app(client: SessionClient, guard: Guard | None = None, operator: str | None = None) -> Starlette:
     """The console over ``client`` (ledger-only when its ``client.client`` is None: the actions
-    that need Temporal then refuse with its code)."""
+    that need Temporal then refuse with its code). ``operator``: the name every action records as
+    who took it unless its form names another (``maka console --operator``); an action that names
+    nobody is refused, so no decision is recorded as nobody's."""
     guard = guard or Guard()
     templates = _templates()
 
     def page(request: Request, name: str, http_status: int = 200, **context: Any) -> Response:
-        context.update(read_only=guard.read_only, csrf=guard.csrf, states=SHOWN_STATES)
+        context.update(read_only=guard.read_only, csrf=guard.csrf, states=SHOWN_STATES, operator=operator)
         return templates.TemplateResponse(request, name, context, status_code=http_status)
 
     def refused(request: Request, status: int, code: str, message: str) -> Response:
@@ -139,14 +143,23 @@ def build_app(client: SessionClient, guard: Guard | None = None) -> Starlette:
         value = (await request.form()).get(name)
         return value.strip() or None if isinstance(value, str) else None
 
+    async def who(request: Request) -> str:
+        """The operator an action records: the form's name, else the console's ``--operator``."""
+        by = await field(request, "by") or operator
+        if by is None:
+            needs = "an action needs the operator's name (or maka console --operator)"
+            raise Refused(400, "config_invalid", needs)
+        return by
+
     async def approve(request: Request) -> Response:
         sid, aid = request.path_params["sid"], request.path_params["aid"]
-        await client.approve(sid, aid, phrase=await field(request, "phrase") or "", by="console")
+        by = await who(request)
+        await client.approve(sid, aid, phrase=await field(request, "phrase") or "", by=by)
         return back(sid)
 
     async def deny(request: Request) -> Response:
         sid, aid = request.path_params["sid"], request.path_params["aid"]
-        await client.deny(sid, aid, by="console", reason=await field(request, "reason"))
+        await client.deny(sid, aid, by=await who(request), reason=await field(request, "reason"))
         return back(sid)
 
     async def resolve(request: Request) -> Response:
@@ -156,12 +169,13 @@ def build_app(client: SessionClient, guard: Guard | None = None) -> Starlette:
             raise Refused(400, "config_invalid", f"decision must be one of {', '.join(_RESOLUTIONS)}")
         if reason is None:
             raise Refused(400, "config_invalid", "a resolution needs a reason")
-        await client.resolve(sid, op, decision=decision, by="console", reason=reason)  # type: ignore[arg-type]
+        by = await who(request)
+        await client.resolve(sid, op, decision=decision, by=by, reason=reason)  # type: ignore[arg-type]
         return back(sid)
 
     async def cancel(request: Request) -> Response:
         sid = request.path_params["sid"]
-        await client.cancel(sid, reason=await field(request, "reason"), by="console")
+        await client.cancel(sid, reason=await field(request, "reason"), by=await who(request))
         return back(sid)
 
     def action(path: str, handler: Handler) -> Route:

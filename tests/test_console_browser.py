@@ -47,11 +47,13 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(ledger: Path, *extra: str) -> Iterator[str]:
+def _serve(ledger: Path, *extra: str, address: str | None = None) -> Iterator[str]:
+    """``maka console`` on a free port until the loop's next turn; ``address``: a Temporal server
+    (else a port where none listens: the console goes ledger-only)."""
     port = _port()
     env = {**os.environ, "MAKA_DB": str(ledger)}
     cmd = [sys.executable, "-m", "maka_temporal.workers.cli.app", "console", "--port", str(port), *extra]
-    cmd += ["--address", f"127.0.0.1:{_port()}"]  # no Temporal there: the console goes ledger-only
+    cmd += ["--address", address or f"127.0.0.1:{_port()}"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30

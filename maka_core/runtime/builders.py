@@ -201,6 +201,12 @@ def decision_event(
     )
 
 
+def parked_message(operation_id: str | None, park_reason: str) -> str:
+    """A parked terminal fact's message: the operation it parked on, when it parked on one (a turn
+    that ran out of steps or tokens parks on none)."""
+    return f"parked on operation {operation_id}: {park_reason}" if operation_id else f"parked: {park_reason}"
+
+
 def terminal_event(
     ids: RunIds,
     status: TurnStatus,
@@ -240,7 +246,7 @@ def terminal_event(
     if operation_id:
         delta["operationId"] = operation_id
     message = (
-        f"parked on operation {operation_id}: {park_reason}"
+        parked_message(operation_id, park_reason)
         if park_reason
         else f"the run failed: {error or 'unknown error'}"
     )

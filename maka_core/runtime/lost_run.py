@@ -24,6 +24,7 @@ from maka_core.errors import LedgerRejection, StoreError
 from maka_core.facts.events import Actions, ErrorContent, RuntimeEvent
 from maka_core.ledger.resolver import resolve
 from maka_core.ledger.scanner import scan
+from maka_core.runtime import builders
 from maka_core.runtime.contracts import CallRef, ParkReason, RecoverInput
 from maka_core.runtime.recovery import park_reason_for, recover_operation
 from maka_core.runtime.runtime import Attempt, Runtime
@@ -92,7 +93,7 @@ def parked_terminal_event(
     return base.model_copy(
         update={
             "content": ErrorContent(
-                code=reason, message=f"parked on operation {operation_id}: {reason}", reason=reason
+                code=reason, message=builders.parked_message(operation_id, reason), reason=reason
             ),
             "actions": Actions(end_invocation=True, state_delta=delta),
         }

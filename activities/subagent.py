@@ -6,8 +6,9 @@
   operation (``child_session_id``), checked as ``maka session start`` checks one, its lineage in its
   config. A call whose T1 is already committed (a re-dispatch) names the same child again.
 - ``maka.subagent_settle``: the call's T2 from the child's settled turn: ``{"sessionId", "state",
-  "outcome", "reply"}`` (an error result unless the child's turn completed); a call settled
-  before returns its committed outcome.
+  "outcome", "reply"}`` (an error result unless the child's turn completed; ``tool_cancelled``,
+  ``started`` beside them, when its turn was cancelled); a call settled before returns its
+  committed outcome.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from maka_temporal.workflows.contracts import (
 )
 
 __all__ = ["SubAgentActivities"]
+
+#: What the model is told of a call whose child session's turn was cancelled.
+CHILD_CANCELLED = "the turn was cancelled; the sub-agent's session was cancelled while it ran"
 
 
 class SubAgentActivities:
@@ -169,13 +173,22 @@ class SubAgentActivities:
             "reply": text,
         }
         is_error = outcome != "completed"
+        cancelled = outcome == "cancelled"
+        shown = {k: v for k, v in result.items() if v is not None}
+        # A child whose turn was cancelled (its parent's cancel, or an operator's of the child):
+        # the call was cancelled while it ran, as a lone call's T2 says (``tool_cancelled``).
+        told = (
+            ToolResult.error("tool_cancelled", CHILD_CANCELLED, started=True, **shown)
+            if cancelled
+            else ToolResult.json(shown)
+        )
         ids = found.ids
         response = builders.response_event(
             ids,
             f"{inp.operation_id}_response",
             inp.tool_call_id,
             found.facts.tool_name,
-            ToolResult.json({k: v for k, v in result.items() if v is not None}).result,
+            told.result,
             is_error,
             now_ms(),
             inp.operation_id,
@@ -188,6 +201,7 @@ class SubAgentActivities:
             is_error=is_error or None,
             dispatch_event_id=op.dispatch_event_id,
             response_event_id=response.id,
+            cancelled=cancelled or None,
         )
 
     def all(self) -> list[Callable[..., Any]]:

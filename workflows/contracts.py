@@ -83,6 +83,7 @@ __all__ = [
     "AnswerResult",
     "Approve",
     "ApprovalWait",
+    "CANCEL_FROM_PARENT",
     "CANCEL_TURN",
     "CLOSE_APPROVAL",
     "CancelTurn",
@@ -190,6 +191,9 @@ APPROVE: Final = "approve"
 DENY: Final = "deny"
 #: Stop the running turn (``CancelTurn``): the run ends ``cancelled``. Refusal: ``turn_not_running``.
 CANCEL_TURN: Final = "cancel_turn"
+#: A parent session's cancel reaching its sub-agent's child session (a signal: a workflow cannot send
+#: an Update); the child cancels its turn as ``cancel_turn`` does (``workflows.subagent_cancel``).
+CANCEL_FROM_PARENT: Final = "maka.cancel_from_parent"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"

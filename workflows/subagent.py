@@ -11,11 +11,13 @@ A worker crash replays this execution: the child's start is in its history, so t
 the same child. A start that meets the id already taken (an earlier execution of the parent started
 it: a reset history) is never a second child: the call parks ``subagent_parked`` naming it (waiting
 for that child from a new execution is not built yet). A parked child parks the call
-``subagent_parked``; the worker's log names the child.
+``subagent_parked``; the worker's log names the child. A cancel of the parent's turn asks the
+child to cancel its own (``workflows.subagent_cancel``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
@@ -30,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         SUBAGENT_BEGIN,
         SUBAGENT_SETTLE,
         ApprovalWait,
+        CancelTurn,
         RunIds,
         SessionInput,
         SessionStatus,
@@ -46,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         Park,
         initial_search_attributes,
     )
+    from maka_temporal.workflows.subagent_cancel import ChildCancel
 
 __all__ = ["SUBAGENTS_PATCH", "dispatch_subagent"]
 
@@ -60,9 +64,11 @@ async def dispatch_subagent(
     tool_input: ToolInput,
     await_approval: Callable[[RunIds, ApprovalWait], Awaitable[None]],
     ids: RunIds,
+    child_cancel: Callable[[], CancelTurn | None],
 ) -> ToolOutcome:
     """The call's outcome once its child session's turn has settled and T2 committed (see the
-    module docstring); ``Park("subagent_parked")`` when the child parked."""
+    module docstring); ``Park("subagent_parked")`` when the child parked. ``child_cancel``: what
+    to ask of the child once the turn is cancelled (``ParentCancel._child_cancel``)."""
     while True:
         begun: SubAgentBegun = await workflow.execute_activity(
             SUBAGENT_BEGIN,
@@ -84,8 +90,9 @@ async def dispatch_subagent(
         return begun.outcome  # settled before, or refused before any T1
     child = begun.child
     assert child is not None
-    try:
-        handle = await workflow.start_child_workflow(
+    through = ChildCancel(child_cancel)
+    starting = asyncio.create_task(
+        workflow.start_child_workflow(
             SESSION_WORKFLOW,
             child,
             id=workflow_id_for(child.session_id),
@@ -96,6 +103,9 @@ async def dispatch_subagent(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
         )
+    )
+    try:
+        handle = await through.wait(starting, None)
     except WorkflowAlreadyStartedError:
         # Started by an earlier execution of this session (a reset history): that child is the
         # call's one child. Waiting for it from here is not built yet: the call parks, naming it.
@@ -105,7 +115,9 @@ async def dispatch_subagent(
             child.session_id,
         )
         raise Park("subagent_parked", tool_input.call.operation_id) from None
-    status: SessionStatus = await handle
+    if through.asked is not None:
+        await through.tell(handle)  # the turn was cancelled while the child was being started
+    status: SessionStatus = await through.wait(handle, handle)
     if status.state == "parked":
         workflow.logger.warning(
             "sub-agent call %s parked: child session %s parked (%s)",

@@ -12,6 +12,9 @@ Negative control: the same drill under a session workflow whose calls ask nothin
 (``_child_cancel`` returns ``None``: the behaviour before the patch, Temporal's cancel of the child
 workflow) leaves the child running: its nap ends ``tool_cancelled`` but its turn goes on, the
 ``after`` nap runs, and the parent's call settles from a completed child.
+
+The golden histories ``subagent_cancel_parent``/``_child`` are the first drill's, captured once;
+the parent's replays against the session workflow and not against the control's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from maka_core.runtime.runtime import RuntimeSettings
 from maka_core.store.writer import LedgerStore
@@ -138,3 +143,16 @@ async def test_control_a_cancel_that_asks_nothing_of_the_child_leaves_it_running
         child_header = store.get_run(child_run)
         assert child_header is not None and child_header.status == "completed", child_header
         assert cancelled.cancelled_operations == [], cancelled
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_golden_cancel_history_pins_the_ask_and_the_control_drifts() -> None:
+    """``subagent_cancel_parent`` (the first drill's parent, under the patch: the call signals its
+    child) replays against the session workflow (``test_replay``); against the control's workflow,
+    whose cancel reaches the child as Temporal's cancel of it, it does not."""
+    raw = (Path(__file__).parent / "golden_histories" / "subagent_cancel_parent.json").read_text()
+    for variant, fails in ((SessionWorkflow, False), (AsksNothingOfChildren, True)):
+        history = WorkflowHistory.from_json("golden", raw)
+        replayer = Replayer(workflows=[variant], data_converter=pydantic_data_converter)
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert (result.replay_failure is not None) == fails, (variant, result.replay_failure)

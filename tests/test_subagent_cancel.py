@@ -13,6 +13,10 @@ Negative control: the same drill under a session workflow whose calls ask nothin
 workflow) leaves the child running: its nap ends ``tool_cancelled`` but its turn goes on, the
 ``after`` nap runs, and the parent's call settles from a completed child.
 
+Beside it: two sub-agents of one step side by side are both asked, both calls named by the cancel;
+and an operator's cancel of the child itself ends the call ``tool_cancelled`` while the parent's
+turn goes on and completes.
+
 The golden histories ``subagent_cancel_parent``/``_child`` are the first drill's, captured once;
 the parent's replays against the session workflow and not against the control's.
 """
@@ -67,12 +71,9 @@ def _naps(ws: Path) -> list[str]:
     return [" ".join(line.split()[:2]) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-async def _drill(
-    client: Client, tmp_path: Path, queue: str, variant: type | None
-) -> tuple[str, str, Any, Any, Path, Path]:
-    """Start the parent, cancel it while its child naps; return the parent's session id, its
-    child's, the cancel's result, the parent's settled status, the workspace and the ledger."""
-    db = tmp_path / "ledger.sqlite"
+def _napper(tmp_path: Path) -> tuple[Path, Path, SubAgent]:
+    """The ledger, the shared workspace, and the sub-agent whose child naps 30 s, then (were it to
+    go on) naps again (``after``) and replies."""
     ws = tmp_path / "ws"
     ws.mkdir()
     child_script = write_script(
@@ -83,19 +84,39 @@ async def _drill(
             {"text": "woke"},
         ],
     )
+    return tmp_path / "ledger.sqlite", ws, SubAgent("napper", "Naps", script=str(child_script))
+
+
+async def _until_napping(ws: Path, children: int) -> None:
+    deadline = time.monotonic() + 30
+    while _naps(ws).count("start long") < children:
+        assert time.monotonic() < deadline, f"the children's naps never all started: {_naps(ws)}"
+        await asyncio.sleep(0.05)
+
+
+def _run_status(store: LedgerStore, session_id: str) -> str:
+    """How the session's one run ended (its header)."""
+    (run_id,) = {e.run_id for e in store.events(session_id=session_id)}
+    header = store.get_run(run_id)
+    assert header is not None
+    return header.status
+
+
+async def _drill(
+    client: Client, tmp_path: Path, queue: str, variant: type | None
+) -> tuple[str, str, Any, Any, Path, Path]:
+    """Start the parent, cancel it while its child naps; return the parent's session id, its
+    child's, the cancel's result, the parent's settled status, the workspace and the ledger."""
+    db, ws, napper = _napper(tmp_path)
     parent = write_script(
         tmp_path / "parent.json",
         [tool_step(("agent__napper", {"task": "nap a while"})), {"text": "never"}],
     )
-    napper = SubAgent("napper", "Naps", script=str(child_script))
     async with in_process_worker(
         client, db, queue, settings=QUICK, make_runtime=runtime_with([napper]), workflow=variant
     ):
-        sid, accepted = await start(client, tmp_path / "ws", parent, queue, "go")
-        deadline = time.monotonic() + 30
-        while "start long" not in _naps(ws):
-            assert time.monotonic() < deadline, f"the child's nap never started: {_naps(ws)}"
-            await asyncio.sleep(0.05)
+        sid, accepted = await start(client, ws, parent, queue, "go")
+        await _until_napping(ws, 1)
         cancelled = await turn_messages.cancel_turn(client, sid, reason="enough", by="alice")
         status = await wait_turn(client, sid, accepted.run_id)
     with LedgerStore.open(db) as store:
@@ -120,9 +141,7 @@ async def test_a_parents_cancel_cancels_its_childs_turn_and_the_call_says_cancel
         # The child's turn ended cancelled, by the parent's asker, its nap's T2 tool_cancelled.
         ((_, nap),) = responses(store, child).items()
         assert nap["name"] == "nap" and nap["result"]["code"] == "tool_cancelled", nap
-        (child_run,) = {e.run_id for e in store.events(session_id=child)}
-        child_header = store.get_run(child_run)
-        assert child_header is not None and child_header.status == "cancelled", child_header
+        assert _run_status(store, child) == "cancelled"
     assert "start after" not in _naps(ws) and "end long" not in _naps(ws), _naps(ws)
     await audit_clean(db, temporal_server.address)
 
@@ -139,10 +158,72 @@ async def test_control_a_cancel_that_asks_nothing_of_the_child_leaves_it_running
     with LedgerStore.open(db) as store:
         ((_, call),) = responses(store, sid).items()
         assert call["result"]["outcome"] == "completed" and call["result"]["reply"] == "woke", call
-        (child_run,) = {e.run_id for e in store.events(session_id=child)}
-        child_header = store.get_run(child_run)
-        assert child_header is not None and child_header.status == "completed", child_header
+        assert _run_status(store, child) == "completed"
         assert cancelled.cancelled_operations == [], cancelled
+
+
+async def test_a_cancel_reaches_every_sub_agent_running_side_by_side(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    """Two sub-agent calls of one step (item 2's calls side by side): the parent's cancel asks both
+    children; each child's run ends cancelled, each call's T2 says ``tool_cancelled`` and the cancel
+    names both."""
+    db, ws, napper = _napper(tmp_path)
+    two = tool_step(("agent__napper", {"task": "nap one"}), ("agent__napper", {"task": "nap two"}))
+    parent = write_script(tmp_path / "parent.json", [two, {"text": "never"}])
+    async with in_process_worker(
+        temporal_client, db, task_queue, settings=QUICK, make_runtime=runtime_with([napper])
+    ):
+        sid, accepted = await start(temporal_client, ws, parent, task_queue, "go", max_parallel_tools=8)
+        await _until_napping(ws, 2)
+        cancelled = await turn_messages.cancel_turn(temporal_client, sid, reason="enough")
+        status = await wait_turn(temporal_client, sid, accepted.run_id)
+    assert status.state == "idle", status
+    with LedgerStore.open(db) as store:
+        assert _run_status(store, sid) == "cancelled"
+        calls = responses(store, sid)
+        assert sorted(cancelled.cancelled_operations) == sorted(calls), (cancelled, calls)
+        for op, call in calls.items():
+            assert call["result"]["code"] == "tool_cancelled", call
+            assert call["result"]["outcome"] == "cancelled", call
+            assert _run_status(store, child_session_id(sid, op)) == "cancelled"
+    assert "start after" not in _naps(ws), _naps(ws)
+    await audit_clean(db, temporal_server.address)
+
+
+async def test_an_operators_cancel_of_the_child_ends_the_call_cancelled_and_the_parent_goes_on(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    """``maka session cancel`` of the child itself: its run ends cancelled and the parent's call
+    settles ``tool_cancelled``, but the parent's turn was not cancelled: its model reads the result
+    and its turn completes."""
+    db, ws, napper = _napper(tmp_path)
+    parent = write_script(
+        tmp_path / "parent.json",
+        [tool_step(("agent__napper", {"task": "nap a while"})), {"text": "the napper was stopped"}],
+    )
+    async with in_process_worker(
+        temporal_client, db, task_queue, settings=QUICK, make_runtime=runtime_with([napper])
+    ):
+        sid, accepted = await start(temporal_client, ws, parent, task_queue, "go")
+        await _until_napping(ws, 1)
+        with LedgerStore.open(db) as store:
+            (op,) = [
+                e.actions.tool_dispatch.operation_id
+                for e in store.events(session_id=sid)
+                if e.actions is not None and e.actions.tool_dispatch is not None
+            ]
+        child = child_session_id(sid, op)
+        await turn_messages.cancel_turn(temporal_client, child, reason="stop it", by="bob")
+        status = await wait_turn(temporal_client, sid, accepted.run_id)
+    assert status.state == "idle", status
+    with LedgerStore.open(db) as store:
+        assert _run_status(store, sid) == "completed"
+        assert _run_status(store, child) == "cancelled"
+        call = responses(store, sid)[op]
+        assert call["result"]["code"] == "tool_cancelled" and call["result"]["outcome"] == "cancelled", call
+    assert "start after" not in _naps(ws), _naps(ws)
+    await audit_clean(db, temporal_server.address)
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -7,7 +7,8 @@
   config. A call whose T1 is already committed (a re-dispatch) names the same child again.
 - ``maka.subagent_settle``: the call's T2 from the child's settled turn: ``{"sessionId", "state",
   "outcome", "reply"}`` (an error result unless the child's turn completed; ``tool_cancelled``,
-  ``started`` beside them, when its turn was cancelled); a call settled before returns its
+  ``started`` beside them, when its turn was cancelled, or when the parent's turn was cancelled
+  before the child started: ``child_state`` ``not_started``); a call settled before returns its
   committed outcome.
 """
 
@@ -35,6 +36,7 @@ from maka_temporal.activities import _attempt, to_application_error
 from maka_temporal.activities.child import _outcome, final_text
 from maka_temporal.workers.client.session_start import SessionStart, new_session
 from maka_temporal.workflows.contracts import (
+    CHILD_NOT_STARTED,
     SUBAGENT_BEGIN,
     SUBAGENT_SETTLE,
     SubAgentBegin,
@@ -44,8 +46,10 @@ from maka_temporal.workflows.contracts import (
 
 __all__ = ["SubAgentActivities"]
 
-#: What the model is told of a call whose child session's turn was cancelled.
+#: What the model is told of a call whose child session's turn was cancelled, or that was
+#: cancelled before its child started (``child_state`` ``not_started``).
 CHILD_CANCELLED = "the turn was cancelled; the sub-agent's session was cancelled while it ran"
+CHILD_NEVER_STARTED = "the turn was cancelled before the sub-agent's session started"
 
 
 class SubAgentActivities:
@@ -173,12 +177,14 @@ class SubAgentActivities:
             "reply": text,
         }
         is_error = outcome != "completed"
-        cancelled = outcome == "cancelled"
+        never = inp.child_state == CHILD_NOT_STARTED  # the turn was cancelled before the child started
+        cancelled = outcome == "cancelled" or never
         shown = {k: v for k, v in result.items() if v is not None}
-        # A child whose turn was cancelled (its parent's cancel, or an operator's of the child):
-        # the call was cancelled while it ran, as a lone call's T2 says (``tool_cancelled``).
+        # A child whose turn was cancelled (its parent's cancel, or an operator's of the child), or
+        # a cancel before it started: as a lone call's T2 says (``tool_cancelled``, ``started``).
+        why = CHILD_NEVER_STARTED if never else CHILD_CANCELLED
         told = (
-            ToolResult.error("tool_cancelled", CHILD_CANCELLED, started=True, **shown)
+            ToolResult.error("tool_cancelled", why, started=not never, **shown)
             if cancelled
             else ToolResult.json(shown)
         )

@@ -29,16 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from maka_core.runtime.runtime import RuntimeSettings
+from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.subagent import SubAgent, child_session_id
 from maka_temporal.workers.client import turn_messages
-from maka_temporal.workflows.contracts import SESSION_WORKFLOW, CancelTurn, SessionInput, SessionStatus
+from maka_temporal.workflows.contracts import (
+    SESSION_WORKFLOW,
+    SUBAGENT_BEGIN,
+    CancelTurn,
+    SessionInput,
+    SessionStatus,
+)
 from maka_temporal.workflows.session import SessionWorkflow
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
@@ -223,6 +229,75 @@ async def test_an_operators_cancel_of_the_child_ends_the_call_cancelled_and_the_
         call = responses(store, sid)[op]
         assert call["result"]["code"] == "tool_cancelled" and call["result"]["outcome"] == "cancelled", call
     assert "start after" not in _naps(ws), _naps(ws)
+    await audit_clean(db, temporal_server.address)
+
+
+def _slow_begin(marker: Path, subagents: list[SubAgent]) -> Any:
+    """A runtime whose sub-agent admission (``maka.subagent_begin``) first waits 3 s, touching
+    ``marker``: a cancel lands before the call's T1."""
+
+    class SlowBegin(Runtime):
+        async def on_ledger(self, fn: Any, *, attempt: Any = None) -> Any:
+            begin = activity.in_activity() and activity.info().activity_type == SUBAGENT_BEGIN
+            if begin and not marker.exists():
+                marker.touch()
+                await asyncio.sleep(3)
+            return await super().on_ledger(fn, attempt=attempt)
+
+    def make_runtime(store: LedgerStore, settings: RuntimeSettings) -> Runtime:
+        made = runtime_with(subagents)(store, settings)
+        return SlowBegin(store, settings=settings, tools=made.tools)
+
+    return make_runtime
+
+
+@pytest.mark.parametrize("variant", [None, AsksNothingOfChildren], ids=["asks", "control"])
+async def test_a_cancel_while_the_call_is_admitted(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, task_queue: str, variant: Any
+) -> None:
+    """The parent's cancel lands while ``maka.subagent_begin`` runs, before its T1. Since the patch
+    the admission is let finish (its T1 commits) and no child starts: the call's T2 says
+    ``tool_cancelled`` with ``started: false`` (as a lone call cancelled before it started), the
+    cancel names it, the run ends cancelled, audit clean. Control (before the patch): the begin
+    activity is abandoned (``TRY_CANCEL``): the run ends while it runs, and the call is left with
+    neither T1 nor result."""
+    db, ws, napper = _napper(tmp_path)
+    marker = tmp_path / "begun"
+    parent = write_script(
+        tmp_path / "parent.json",
+        [tool_step(("agent__napper", {"task": "nap a while"})), {"text": "never"}],
+    )
+    async with in_process_worker(
+        temporal_client,
+        db,
+        task_queue,
+        settings=QUICK,
+        make_runtime=_slow_begin(marker, [napper]),
+        workflow=variant,
+    ):
+        sid, accepted = await start(temporal_client, ws, parent, task_queue, "go")
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the sub-agent's admission never began"
+            await asyncio.sleep(0.02)
+        cancelled = await turn_messages.cancel_turn(temporal_client, sid, reason="enough")
+        status = await wait_turn(temporal_client, sid, accepted.run_id)
+        if variant is not None:
+            await asyncio.sleep(4)  # the control's abandoned admission ends meanwhile
+    assert status.state == "idle", status
+    with LedgerStore.open(db) as store:
+        assert _run_status(store, sid) == "cancelled"
+        calls = responses(store, sid)
+        dispatched = [e for e in store.events(session_id=sid) if e.actions and e.actions.tool_dispatch]
+        if variant is None:
+            ((op, call),) = calls.items()
+            assert len(dispatched) == 1 and cancelled.cancelled_operations == [op], (dispatched, cancelled)
+            assert call["result"]["code"] == "tool_cancelled" and call["result"]["started"] is False, call
+            assert call["result"]["state"] == "not_started", call
+            assert store.events(session_id=child_session_id(sid, op)) == []  # no child ran
+        else:
+            assert calls == {} and dispatched == [] and cancelled.cancelled_operations == []
+    assert _naps(ws) == []
     await audit_clean(db, temporal_server.address)
 
 

@@ -84,6 +84,7 @@ __all__ = [
     "Approve",
     "ApprovalWait",
     "CANCEL_FROM_PARENT",
+    "CHILD_NOT_STARTED",
     "CANCEL_TURN",
     "CLOSE_APPROVAL",
     "CancelTurn",
@@ -304,8 +305,13 @@ class SubAgentBegun(Contract):
     child: SessionInput | None = None
 
 
+#: A sub-agent call's ``child_state`` when its turn was cancelled before its child started.
+CHILD_NOT_STARTED: Final = "not_started"
+
+
 class SubAgentSettle(Contract):
-    """Input of ``maka.subagent_settle``: the call and how its child's turn settled."""
+    """Input of ``maka.subagent_settle``: the call and how its child's turn settled
+    (``child_state`` ``CHILD_NOT_STARTED``: cancelled before the child started)."""
 
     session_id: str
     run_id: str

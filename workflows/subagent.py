@@ -28,6 +28,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 with workflow.unsafe.imports_passed_through():
     from maka_core.tools.subagent import DEFAULT_MAX_AGENT_DEPTH
     from maka_temporal.workflows.contracts import (
+        CHILD_NOT_STARTED,
         SESSION_WORKFLOW,
         SUBAGENT_BEGIN,
         SUBAGENT_SETTLE,
@@ -46,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.session_policy import (
         LEDGER_RETRY,
         LEDGER_TIMEOUT,
+        Cancelled,
         Park,
         initial_search_attributes,
     )
@@ -69,20 +71,28 @@ async def dispatch_subagent(
     """The call's outcome once its child session's turn has settled and T2 committed (see the
     module docstring); ``Park("subagent_parked")`` when the child parked. ``child_cancel``: what
     to ask of the child once the turn is cancelled (``ParentCancel._child_cancel``)."""
+    through = ChildCancel(child_cancel)
     while True:
-        begun: SubAgentBegun = await workflow.execute_activity(
-            SUBAGENT_BEGIN,
-            SubAgentBegin(
-                call=tool_input,
-                max_depth=DEFAULT_MAX_AGENT_DEPTH,
-                parent=parent.config,
+        # A cancel while the call is admitted lets the admission finish: a T1 it committed gets
+        # its T2 (``tool_cancelled``, not started) below, and no child starts.
+        begun: SubAgentBegun = await through.wait(
+            workflow.start_activity(
+                SUBAGENT_BEGIN,
+                SubAgentBegin(
+                    call=tool_input,
+                    max_depth=DEFAULT_MAX_AGENT_DEPTH,
+                    parent=parent.config,
+                ),
+                result_type=SubAgentBegun,
+                start_to_close_timeout=BEGIN_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
             ),
-            result_type=SubAgentBegun,
-            start_to_close_timeout=BEGIN_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
+            None,
         )
         if begun.outcome is not None and begun.outcome.status == "awaiting_approval":
             assert begun.outcome.approval is not None
+            if through.asked is not None:
+                raise Cancelled()  # nothing dispatched; the run's terminal fact closes the request
             await await_approval(ids, begun.outcome.approval)
             continue
         break
@@ -90,7 +100,8 @@ async def dispatch_subagent(
         return begun.outcome  # settled before, or refused before any T1
     child = begun.child
     assert child is not None
-    through = ChildCancel(child_cancel)
+    if through.asked is not None:
+        return await _settle(ids, tool_input, child.session_id, CHILD_NOT_STARTED, None, None)
     starting = asyncio.create_task(
         workflow.start_child_workflow(
             SESSION_WORKFLOW,
@@ -127,6 +138,18 @@ async def dispatch_subagent(
         )
         raise Park("subagent_parked", tool_input.call.operation_id)
     run_id = status.last_turn.run_id if status.last_turn is not None else None
+    return await _settle(ids, tool_input, child.session_id, status.state, run_id, status.park_reason)
+
+
+async def _settle(
+    ids: RunIds,
+    tool_input: ToolInput,
+    child_session_id: str,
+    child_state: str,
+    child_run_id: str | None,
+    park_reason: str | None,
+) -> ToolOutcome:
+    """The call's T2 from how its child settled (``maka.subagent_settle``)."""
     settled: ToolOutcome = await workflow.execute_activity(
         SUBAGENT_SETTLE,
         SubAgentSettle(
@@ -134,10 +157,10 @@ async def dispatch_subagent(
             run_id=ids.run_id,
             tool_call_id=tool_input.call.tool_call_id,
             operation_id=tool_input.call.operation_id,
-            child_session_id=child.session_id,
-            child_state=status.state,
-            child_run_id=run_id,
-            child_park_reason=status.park_reason,
+            child_session_id=child_session_id,
+            child_state=child_state,
+            child_run_id=child_run_id,
+            child_park_reason=park_reason,
         ),
         result_type=ToolOutcome,
         start_to_close_timeout=LEDGER_TIMEOUT,

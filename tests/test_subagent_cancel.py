@@ -24,6 +24,7 @@ the parent's replays against the session workflow and not against the control's.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
+from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.subagent import SubAgent, child_session_id
+from maka_temporal import SessionClient
 from maka_temporal.workers.client import turn_messages
+from maka_temporal.workers.client.policy import session_policy
 from maka_temporal.workflows.contracts import (
     SESSION_WORKFLOW,
     SUBAGENT_BEGIN,
@@ -298,6 +302,47 @@ async def test_a_cancel_while_the_call_is_admitted(
         else:
             assert calls == {} and dispatched == [] and cancelled.cancelled_operations == []
     assert _naps(ws) == []
+    await audit_clean(db, temporal_server.address)
+
+
+async def test_a_cancel_while_the_call_asks_its_approval_waits_for_no_answer(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    """The parent's policy confirms mutations, so the sub-agent's admission asks an approval; the
+    cancel lands while it does. The turn does not wait for an answer (were it to, the cancel would
+    wait until the request expired): it ends cancelled with no T1, the request closed with the
+    run, audit clean."""
+    db, ws, napper = _napper(tmp_path)
+    marker = tmp_path / "begun"
+    confirm = tmp_path / "policy.json"
+    confirm.write_text(json.dumps({"mutations": "confirm"}))
+    governed = session_policy(MakaSettings(db=str(db)), None, confirm, "human:alice", ())
+    governed.record_in(MakaSettings(db=str(db)))
+    parent = write_script(
+        tmp_path / "parent.json",
+        [tool_step(("agent__napper", {"task": "nap a while"})), {"text": "never"}],
+    )
+    async with in_process_worker(
+        temporal_client, db, task_queue, settings=QUICK, make_runtime=_slow_begin(marker, [napper])
+    ):
+        sid, accepted = await start(
+            temporal_client, ws, parent, task_queue, "go", session_id=governed.session_id
+        )
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the sub-agent's admission never began"
+            await asyncio.sleep(0.02)
+        began = time.monotonic()
+        cancelled = await turn_messages.cancel_turn(temporal_client, sid, reason="enough")
+        status = await wait_turn(temporal_client, sid, accepted.run_id)
+        took = time.monotonic() - began
+    assert took < 20, f"the cancel took {took:.1f} s"
+    assert status.state == "idle" and cancelled.cancelled_operations == [], (status, cancelled)
+    with LedgerStore.open(db) as store:
+        assert _run_status(store, sid) == "cancelled"
+        assert not [e for e in store.events(session_id=sid) if e.actions and e.actions.tool_dispatch]
+    raw = (await SessionClient(temporal_client, ledger=db).status(sid)).raw
+    assert raw["pendingApprovals"] == [], raw["pendingApprovals"]
     await audit_clean(db, temporal_server.address)
 
 

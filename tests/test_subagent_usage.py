@@ -7,6 +7,9 @@ own spending (15, and about 15 for its next call) is well under the cap, but wit
 the turn is at 165: its next step is refused before its call and the turn parks
 ``usage_limit_reached``, the refusal naming ``usage.maxTokensPerTurn`` and the sub-agents' share;
 ``maka audit --all`` is clean. Control: the same parent with a cap of 1,000 completes.
+
+Down the tree: a session cap counts a grandchild's tokens too (the parent's child calls a sub-agent
+of its own), which alone take the parent past the cap; control: a cap of 1,000 completes.
 """
 
 from __future__ import annotations
@@ -81,6 +84,59 @@ async def test_a_parents_turn_cap_counts_what_its_sub_agents_spent(
         history = await _history_text(temporal_client, sid)
         assert "165 tokens used (150 of them by its sub-agents)" in history, history[-2000:]
         assert "usage.maxTokensPerTurn of 100" in history
+    else:
+        assert status.state == "idle", status
+    await audit_clean(db, temporal_server.address)
+
+
+@pytest.mark.parametrize("cap", [200, 1000])
+async def test_a_parents_session_cap_counts_its_grandchildren_too(
+    temporal_server: Any, temporal_client: Client, tmp_path: Path, task_queue: str, cap: int
+) -> None:
+    """Down the tree: the parent (15 tokens) calls ``agent__middle``, whose child session spends 60
+    and itself calls ``agent__deep``, whose grandchild spends 150. Capped at 200 tokens a session,
+    the parent's next step is refused: 225 used, 210 by its sub-agents; without the grandchild's
+    150 it would pass (15 + 60 and about 15 next). Control: a cap of 1,000 completes."""
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    deep = write_script(tmp_path / "deep.json", [{"text": "deep", "usage": {"input": 100, "output": 50}}])
+    calls_deep = tool_step(("agent__deep", {"task": "go deeper"}))
+    calls_deep["usage"] = {"input": 40, "output": 10}
+    middle = write_script(
+        tmp_path / "middle.json", [calls_deep, {"text": "middle", "usage": {"input": 5, "output": 5}}]
+    )
+    first = tool_step(("agent__middle", {"task": "delegate"}))
+    first["usage"] = {"input": 10, "output": 5}
+    last = {"text": "done", "usage": {"input": 20, "output": 5}}
+    parent = write_script(tmp_path / "parent.json", [first, last])
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"usage": {"maxTokensPerSession": cap}, "mutations": "allow"}))
+    governed = session_policy(MakaSettings(db=str(db)), None, policy, "human:alice", ())
+    governed.record_in(MakaSettings(db=str(db)))
+    agents = [
+        SubAgent("middle", "Delegates deeper", script=str(middle)),
+        SubAgent("deep", "Spends", script=str(deep)),
+    ]
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=runtime_with(agents)):
+        sid, accepted = await start(
+            temporal_client, ws, parent, task_queue, "go", session_id=governed.session_id
+        )
+        status = await wait_turn(temporal_client, sid, accepted.run_id)
+    with LedgerStore.open(db) as store:
+        ((op, call),) = responses(store, sid).items()
+        child = child_session_id(sid, op)
+        ((child_op, _),) = responses(store, child).items()
+        grandchild = child_session_id(child, child_op)
+        spent = (_tokens(store, sid), _tokens(store, child), _tokens(store, grandchild))
+    assert call["result"]["reply"] == "middle", call
+    assert spent == ((15, 60, 150) if cap == 200 else (40, 60, 150)), spent
+    if cap == 200:
+        assert 15 + 60 + 15 < cap < 15 + 60 + 150
+        assert (status.state, status.park_reason) == ("parked", "usage_limit_reached"), status
+        history = await _history_text(temporal_client, sid)
+        assert "225 tokens used (210 of them by its sub-agents)" in history, history[-2000:]
+        assert "usage.maxTokensPerSession of 200" in history
     else:
         assert status.state == "idle", status
     await audit_clean(db, temporal_server.address)

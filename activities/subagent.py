@@ -6,8 +6,10 @@
   operation (``child_session_id``), checked as ``maka session start`` checks one, its lineage in its
   config. A call whose T1 is already committed (a re-dispatch) names the same child again.
 - ``maka.subagent_settle``: the call's T2 from the child's settled turn: ``{"sessionId", "state",
-  "outcome", "reply"}`` (an error result unless the child's turn completed); a call settled
-  before returns its committed outcome.
+  "outcome", "reply"}`` (an error result unless the child's turn completed; ``tool_cancelled``,
+  ``started`` beside them, when its turn was cancelled, or when the parent's turn was cancelled
+  before the child started: ``child_state`` ``not_started``); a call settled before returns its
+  committed outcome.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from maka_temporal.activities import _attempt, to_application_error
 from maka_temporal.activities.child import _outcome, final_text
 from maka_temporal.workers.client.session_start import SessionStart, new_session
 from maka_temporal.workflows.contracts import (
+    CHILD_NOT_STARTED,
     SUBAGENT_BEGIN,
     SUBAGENT_SETTLE,
     SubAgentBegin,
@@ -42,6 +45,11 @@ from maka_temporal.workflows.contracts import (
 )
 
 __all__ = ["SubAgentActivities"]
+
+#: What the model is told of a call whose child session's turn was cancelled, or that was
+#: cancelled before its child started (``child_state`` ``not_started``).
+CHILD_CANCELLED = "the turn was cancelled; the sub-agent's session was cancelled while it ran"
+CHILD_NEVER_STARTED = "the turn was cancelled before the sub-agent's session started"
 
 
 class SubAgentActivities:
@@ -169,13 +177,24 @@ class SubAgentActivities:
             "reply": text,
         }
         is_error = outcome != "completed"
+        never = inp.child_state == CHILD_NOT_STARTED  # the turn was cancelled before the child started
+        cancelled = outcome == "cancelled" or never
+        shown = {k: v for k, v in result.items() if v is not None}
+        # A child whose turn was cancelled (its parent's cancel, or an operator's of the child), or
+        # a cancel before it started: as a lone call's T2 says (``tool_cancelled``, ``started``).
+        why = CHILD_NEVER_STARTED if never else CHILD_CANCELLED
+        told = (
+            ToolResult.error("tool_cancelled", why, started=not never, **shown)
+            if cancelled
+            else ToolResult.json(shown)
+        )
         ids = found.ids
         response = builders.response_event(
             ids,
             f"{inp.operation_id}_response",
             inp.tool_call_id,
             found.facts.tool_name,
-            ToolResult.json({k: v for k, v in result.items() if v is not None}).result,
+            told.result,
             is_error,
             now_ms(),
             inp.operation_id,
@@ -188,6 +207,7 @@ class SubAgentActivities:
             is_error=is_error or None,
             dispatch_event_id=op.dispatch_event_id,
             response_event_id=response.id,
+            cancelled=cancelled or None,
         )
 
     def all(self) -> list[Callable[..., Any]]:

@@ -66,6 +66,7 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
         }
     )
     assert set(definition.queries) == {"status"}
+    assert set(definition.signals) == {"maka.cancel_from_parent"} == {contracts.CANCEL_FROM_PARENT}
     assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
     assert contracts.workflow_id_for("abc") == "maka-session-abc"
     assert contracts.DISPATCH_WITHOUT_OUTCOME == "DispatchWithoutOutcome"

@@ -33,6 +33,8 @@ def test_golden_histories_are_present() -> None:
         "parallel_calls",
         "hybrid_parallel_calls",
         "subagents_parallel",
+        "subagent_cancel_parent",
+        "subagent_cancel_child",
     } <= names
 
 

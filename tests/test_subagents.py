@@ -10,7 +10,9 @@ models, no stubs.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,13 @@ from maka_core.errors import ConfigError
 from maka_core.runtime.contracts import SessionConfig
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.session_record import session_record
+from maka_core.settings import MakaSettings
 from maka_core.store.writer import LedgerStore
 from maka_core.tools.registry import default_tools
 from maka_core.tools.subagent import SubAgent, child_session_id
 from maka_temporal import SessionClient
+from maka_temporal.workers.client import turn_messages
+from maka_temporal.workers.client.policy import session_policy
 from maka_temporal.workflows.contracts import workflow_id_for
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
@@ -185,4 +190,63 @@ async def test_depth_is_limited_a_call_past_max_agent_depth_is_refused_before_an
             lineage is not None and lineage.config.lineage is not None and lineage.config.lineage.depth == 2
         )
         assert responses(store, child)[op1]["result"]["reply"] == "done"
+    await audit_clean(db, temporal_server.address)
+
+
+def _only(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one sub-agent entry (``{}`` before the call's T1)."""
+    assert len(entries) <= 1, entries
+    return entries[0] if entries else {}
+
+
+async def test_a_childs_pending_approval_shows_in_the_parents_status(
+    temporal_server: Any,
+    temporal_client: Any,
+    tmp_path: Path,
+    task_queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's policy (the worker's home policy, ``mutations: confirm``) asks an approval for
+    its ``write_file``: the parent's ``session status --json`` lists it under the child's
+    ``subAgents`` entry, as the child's own status gives it; answered in the child, the child and
+    then the parent complete. Control: once nothing waits, the entry carries no
+    ``pendingApprovals``."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "policy.json").write_text(json.dumps({"mutations": "confirm"}))
+    monkeypatch.setenv("MAKA_HOME", str(home))
+    db = tmp_path / "ledger.sqlite"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    writes = write_script(
+        tmp_path / "writer.json",
+        [tool_step(("write_file", {"path": "a.txt", "content": "a\n"})), {"text": "wrote"}],
+    )
+    parent = write_script(
+        tmp_path / "parent.json", [tool_step(("agent__writer", {"task": "write a"})), {"text": "done"}]
+    )
+    allow = tmp_path / "parent-policy.json"  # the parent's own call runs without an approval
+    allow.write_text(json.dumps({"mutations": "allow"}))
+    governed = session_policy(MakaSettings(db=str(db)), None, allow, "human:alice", ())
+    governed.record_in(MakaSettings(db=str(db)))
+    writer = SubAgent("writer", "Writes", script=str(writes))
+    client = SessionClient(temporal_client, ledger=db)
+    async with in_process_worker(temporal_client, db, task_queue, make_runtime=runtime_with([writer])):
+        sid, acc = await start(temporal_client, ws, parent, task_queue, "go", session_id=governed.session_id)
+        deadline = time.monotonic() + 30
+        while "pendingApprovals" not in (entry := _only((await client.status(sid)).raw["subAgents"])):
+            assert time.monotonic() < deadline, f"no pending approval shown: {entry}"
+            await asyncio.sleep(0.1)
+        (pending,) = entry["pendingApprovals"]
+        child = entry["sessionId"]
+        assert pending["toolName"] == "write_file" and entry["state"] == "running", entry
+        assert (await client.status(child)).raw["pendingApprovals"] == [pending]
+        await turn_messages.approve(
+            temporal_client, child, pending["approvalId"], phrase=pending["phrase"], by="bob"
+        )
+        final = await wait_turn(temporal_client, sid, acc.run_id)
+    assert final.state == "idle", final
+    (after,) = (await client.status(sid)).raw["subAgents"]
+    assert after["state"] == "idle" and "pendingApprovals" not in after, after
+    assert (ws / "a.txt").read_text() == "a\n"
     await audit_clean(db, temporal_server.address)

@@ -83,6 +83,8 @@ __all__ = [
     "AnswerResult",
     "Approve",
     "ApprovalWait",
+    "CANCEL_FROM_PARENT",
+    "CHILD_NOT_STARTED",
     "CANCEL_TURN",
     "CLOSE_APPROVAL",
     "CancelTurn",
@@ -190,6 +192,9 @@ APPROVE: Final = "approve"
 DENY: Final = "deny"
 #: Stop the running turn (``CancelTurn``): the run ends ``cancelled``. Refusal: ``turn_not_running``.
 CANCEL_TURN: Final = "cancel_turn"
+#: A parent session's cancel reaching its sub-agent's child session (a signal: a workflow cannot send
+#: an Update); the child cancels its turn as ``cancel_turn`` does (``workflows.subagent_cancel``).
+CANCEL_FROM_PARENT: Final = "maka.cancel_from_parent"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -300,8 +305,13 @@ class SubAgentBegun(Contract):
     child: SessionInput | None = None
 
 
+#: A sub-agent call's ``child_state`` when its turn was cancelled before its child started.
+CHILD_NOT_STARTED: Final = "not_started"
+
+
 class SubAgentSettle(Contract):
-    """Input of ``maka.subagent_settle``: the call and how its child's turn settled."""
+    """Input of ``maka.subagent_settle``: the call and how its child's turn settled
+    (``child_state`` ``CHILD_NOT_STARTED``: cancelled before the child started)."""
 
     session_id: str
     run_id: str

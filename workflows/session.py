@@ -103,11 +103,12 @@ with workflow.unsafe.imports_passed_through():
         describe,
         now_ms,
     )
+    from maka_temporal.workflows.subagent_cancel import ParentCancel
     from maka_temporal.workflows.validation import check_answer, check_bounds, refuse
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
-class SessionWorkflow(FanOut):
+class SessionWorkflow(FanOut, ParentCancel):
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp

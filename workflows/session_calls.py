@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -125,6 +126,8 @@ class CallDispatch:
     #: A chain's pause (``_bound_local_chain``) is under way.
     _chain_paused: bool = False
     _tried_locally: set[str]
+    #: What a sub-agent call asks of its child once the turn is cancelled (``ParentCancel``).
+    _child_cancel: Callable[[], CancelTurn | None]
 
     # --- model steps -------------------------------------------------------------------------
 
@@ -194,7 +197,9 @@ class CallDispatch:
             else ActivityCancellationType.TRY_CANCEL
         )
         if is_subagent(call.tool_name) and workflow.patched(SUBAGENTS_PATCH):
-            return await dispatch_subagent(self._inp, tool_input, self._await_approval, ids)
+            return await dispatch_subagent(
+                self._inp, tool_input, self._await_approval, ids, self._child_cancel
+            )
         dispatches = 0
         if self._local_eligible(call):
             ran = await self._local_tool(ids, call, settings, tool_input, cancellation)

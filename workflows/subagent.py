@@ -11,11 +11,13 @@ A worker crash replays this execution: the child's start is in its history, so t
 the same child. A start that meets the id already taken (an earlier execution of the parent started
 it: a reset history) is never a second child: the call parks ``subagent_parked`` naming it (waiting
 for that child from a new execution is not built yet). A parked child parks the call
-``subagent_parked``; the worker's log names the child.
+``subagent_parked``; the worker's log names the child. A cancel of the parent's turn asks the
+child to cancel its own (``workflows.subagent_cancel``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
@@ -26,10 +28,12 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 with workflow.unsafe.imports_passed_through():
     from maka_core.tools.subagent import DEFAULT_MAX_AGENT_DEPTH
     from maka_temporal.workflows.contracts import (
+        CHILD_NOT_STARTED,
         SESSION_WORKFLOW,
         SUBAGENT_BEGIN,
         SUBAGENT_SETTLE,
         ApprovalWait,
+        CancelTurn,
         RunIds,
         SessionInput,
         SessionStatus,
@@ -43,9 +47,11 @@ with workflow.unsafe.imports_passed_through():
     from maka_temporal.workflows.session_policy import (
         LEDGER_RETRY,
         LEDGER_TIMEOUT,
+        Cancelled,
         Park,
         initial_search_attributes,
     )
+    from maka_temporal.workflows.subagent_cancel import ChildCancel
 
 __all__ = ["SUBAGENTS_PATCH", "dispatch_subagent"]
 
@@ -60,23 +66,33 @@ async def dispatch_subagent(
     tool_input: ToolInput,
     await_approval: Callable[[RunIds, ApprovalWait], Awaitable[None]],
     ids: RunIds,
+    child_cancel: Callable[[], CancelTurn | None],
 ) -> ToolOutcome:
     """The call's outcome once its child session's turn has settled and T2 committed (see the
-    module docstring); ``Park("subagent_parked")`` when the child parked."""
+    module docstring); ``Park("subagent_parked")`` when the child parked. ``child_cancel``: what
+    to ask of the child once the turn is cancelled (``ParentCancel._child_cancel``)."""
+    through = ChildCancel(child_cancel)
     while True:
-        begun: SubAgentBegun = await workflow.execute_activity(
-            SUBAGENT_BEGIN,
-            SubAgentBegin(
-                call=tool_input,
-                max_depth=DEFAULT_MAX_AGENT_DEPTH,
-                parent=parent.config,
+        # A cancel while the call is admitted lets the admission finish: a T1 it committed gets
+        # its T2 (``tool_cancelled``, not started) below, and no child starts.
+        begun: SubAgentBegun = await through.wait(
+            workflow.start_activity(
+                SUBAGENT_BEGIN,
+                SubAgentBegin(
+                    call=tool_input,
+                    max_depth=DEFAULT_MAX_AGENT_DEPTH,
+                    parent=parent.config,
+                ),
+                result_type=SubAgentBegun,
+                start_to_close_timeout=BEGIN_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
             ),
-            result_type=SubAgentBegun,
-            start_to_close_timeout=BEGIN_TIMEOUT,
-            retry_policy=LEDGER_RETRY,
+            None,
         )
         if begun.outcome is not None and begun.outcome.status == "awaiting_approval":
             assert begun.outcome.approval is not None
+            if through.asked is not None:
+                raise Cancelled()  # nothing dispatched; the run's terminal fact closes the request
             await await_approval(ids, begun.outcome.approval)
             continue
         break
@@ -84,8 +100,10 @@ async def dispatch_subagent(
         return begun.outcome  # settled before, or refused before any T1
     child = begun.child
     assert child is not None
-    try:
-        handle = await workflow.start_child_workflow(
+    if through.asked is not None:
+        return await _settle(ids, tool_input, child.session_id, CHILD_NOT_STARTED, None, None)
+    starting = asyncio.create_task(
+        workflow.start_child_workflow(
             SESSION_WORKFLOW,
             child,
             id=workflow_id_for(child.session_id),
@@ -96,6 +114,9 @@ async def dispatch_subagent(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
         )
+    )
+    try:
+        handle = await through.wait(starting, None)
     except WorkflowAlreadyStartedError:
         # Started by an earlier execution of this session (a reset history): that child is the
         # call's one child. Waiting for it from here is not built yet: the call parks, naming it.
@@ -105,7 +126,9 @@ async def dispatch_subagent(
             child.session_id,
         )
         raise Park("subagent_parked", tool_input.call.operation_id) from None
-    status: SessionStatus = await handle
+    if through.asked is not None:
+        await through.tell(handle)  # the turn was cancelled while the child was being started
+    status: SessionStatus = await through.wait(handle, handle)
     if status.state == "parked":
         workflow.logger.warning(
             "sub-agent call %s parked: child session %s parked (%s)",
@@ -115,6 +138,18 @@ async def dispatch_subagent(
         )
         raise Park("subagent_parked", tool_input.call.operation_id)
     run_id = status.last_turn.run_id if status.last_turn is not None else None
+    return await _settle(ids, tool_input, child.session_id, status.state, run_id, status.park_reason)
+
+
+async def _settle(
+    ids: RunIds,
+    tool_input: ToolInput,
+    child_session_id: str,
+    child_state: str,
+    child_run_id: str | None,
+    park_reason: str | None,
+) -> ToolOutcome:
+    """The call's T2 from how its child settled (``maka.subagent_settle``)."""
     settled: ToolOutcome = await workflow.execute_activity(
         SUBAGENT_SETTLE,
         SubAgentSettle(
@@ -122,10 +157,10 @@ async def dispatch_subagent(
             run_id=ids.run_id,
             tool_call_id=tool_input.call.tool_call_id,
             operation_id=tool_input.call.operation_id,
-            child_session_id=child.session_id,
-            child_state=status.state,
-            child_run_id=run_id,
-            child_park_reason=status.park_reason,
+            child_session_id=child_session_id,
+            child_state=child_state,
+            child_run_id=child_run_id,
+            child_park_reason=park_reason,
         ),
         result_type=ToolOutcome,
         start_to_close_timeout=LEDGER_TIMEOUT,

@@ -44,6 +44,7 @@ from maka_core.runtime import (
     step_stream,
     tool_call,
 )
+from maka_core.runtime.agent_usage import NO_SUB_AGENTS, SubAgentUsage, sub_agent_usage
 from maka_core.runtime.call_limit import refuse_excess_calls
 from maka_core.runtime.call_order import in_call_order
 from maka_core.runtime.contracts import (
@@ -131,6 +132,7 @@ def check_usage(
     step_id: str,
     before: int = 0,
     sent: list[RuntimeEvent] | None = None,
+    below: SubAgentUsage = NO_SUB_AGENTS,
 ) -> None:
     """Refuse the next provider call when it would take the turn or the session past a cap.
 
@@ -143,7 +145,8 @@ def check_usage(
     it), before its own call.
 
     The caps are the policy's with the operator's raises among ``events`` applied
-    (``usage_limits.limits_in_force``).
+    (``usage_limits.limits_in_force``). ``below``: what the session's sub-agents spent, which its
+    caps cover (``agent_usage``; in ``used``, and in the refusal's ``subAgents`` when not 0).
 
     Raises:
         UsageLimitReached: ``usage_limit_reached`` with ``limit`` (the policy field), ``cap`` (the
@@ -162,16 +165,18 @@ def check_usage(
         if e.run_id == ids.run_id:
             turn += tokens
     last = next_call_tokens(events, sent)
-    for field, cap, used in (
-        ("usage.maxTokensPerTurn", limits.max_tokens_per_turn, turn),
-        ("usage.maxTokensPerSession", limits.max_tokens_per_session, session),
+    for field, cap, used, theirs in (
+        ("usage.maxTokensPerTurn", limits.max_tokens_per_turn, turn + below.turn, below.turn),
+        ("usage.maxTokensPerSession", limits.max_tokens_per_session, session + below.session, below.session),
     ):
         if cap is not None and (used >= cap or used + before + last > cap):
             # An operator may have raised the policy's cap (``maka session raise-limit``).
             raised = policy is not None and getattr(policy, CAPS[field.removeprefix("usage.")]) != cap
             refused = UsageLimitReached(
                 message=(
-                    f"step {step_id}: {used} tokens used and about {before + last} more for the next "
+                    f"step {step_id}: {used} tokens used"
+                    + (f" ({theirs} of them by its sub-agents)" if theirs else "")
+                    + f" and about {before + last} more for the next "
                     f"call{'s' if before else ''} would pass the cap in force, {field} of {cap}; "
                     "no provider call was made"
                 ),
@@ -183,6 +188,8 @@ def check_usage(
             )
             if raised:
                 refused.detail["raised"] = True
+            if theirs:
+                refused.detail["subAgents"] = theirs
             raise refused
 
 
@@ -227,7 +234,8 @@ def _lookup(
             found = compaction.history_view(events)
             history = in_call_order(found.sent)  # results as the calls were asked (run side by side)
             plan = _plan(rt, ids, step_id, spec, events, found, overflow)
-        check_usage(limits, events, ids, step_id, before=_compaction_cost(plan))
+        below = _sub_agents(rt, events, ids) if step_output.capped(limits) else NO_SUB_AGENTS
+        check_usage(limits, events, ids, step_id, before=_compaction_cost(plan), below=below)
     # Session-wide step index: the script (or any provider) continues where the session is.
     return Found(committed, view.step_count(ids.session_id), history, plan, view.call_ids)
 
@@ -243,7 +251,14 @@ def _check_usage_after_compaction(
 ) -> None:
     """The cap check again once the compaction's usage is committed, before the step's own call
     (estimated at the session's last model step, or at the summary and tail it sends if more)."""
-    check_usage(rt.session_governance(ids.session_id).policy.usage, events, ids, step_id, sent=sent)
+    limits = rt.session_governance(ids.session_id).policy.usage
+    below = _sub_agents(rt, events, ids) if step_output.capped(limits) else NO_SUB_AGENTS
+    check_usage(limits, events, ids, step_id, sent=sent, below=below)
+
+
+def _sub_agents(rt: Runtime, events: list[RuntimeEvent], ids: RunIds) -> SubAgentUsage:
+    """On the ledger thread: what the session's sub-agents spent (``agent_usage``)."""
+    return sub_agent_usage(lambda child: rt.ledger.events(session_id=child), events, ids.run_id)
 
 
 def _plan(

@@ -158,19 +158,22 @@ async def session_status(
 def _sub_agents(store: Any, session_id: str, view: Any) -> list[dict[str, Any]]:
     """The session's sub-agent calls (``tools.subagent``), in call order: each child's session id,
     the agent, the call's operation id and the child's state (``not_started`` before its first
-    fact)."""
+    fact); and, while the child's turn waits on any, its ``pendingApprovals`` (as its own status
+    gives them), so an operator of the parent sees what waits and where to answer it."""
     out = []
     for op in view.operations:
         if not (op.operation_id and is_subagent(op.tool_name or "")):
             continue
         child = child_session_id(session_id, op.operation_id)
         child_view = session_view(store, child, workflow_id=workflow_id_for(child))
+        pending = governance_status(store, child, child_view.state)["pendingApprovals"]
         out.append(
             {
                 "sessionId": child,
                 "agent": op.tool_name[len(AGENT_PREFIX) :],
                 "operationId": op.operation_id,
                 "state": child_view.state if child_view.event_count else "not_started",
+                **({"pendingApprovals": pending} if pending else {}),
             }
         )
     return out

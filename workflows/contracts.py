@@ -41,6 +41,7 @@ from maka_core.runtime.contracts import (
     LOCAL_TOOL_ID_PREFIX,
     MODEL_STEP,
     RECOVER_OPERATION,
+    SESSION_CONTINUE,
     SUBAGENT_BEGIN,
     SUBAGENT_SETTLE,
     AnswerInput,
@@ -74,9 +75,15 @@ from maka_core.runtime.contracts import (
     ToolSettings,
     TurnStatus,
 )
+from maka_core.runtime.wake import WakeAnswer, WakeInput
 
 __all__ = [
     "ACTIVITY_NAMES",
+    "SESSION_CONTINUE",
+    "WAKE",
+    "Wake",
+    "WakeAnswer",
+    "WakeInput",
     "ANSWER_APPROVAL",
     "APPROVE",
     "AnswerInput",
@@ -190,6 +197,10 @@ APPROVE: Final = "approve"
 DENY: Final = "deny"
 #: Stop the running turn (``CancelTurn``): the run ends ``cancelled``. Refusal: ``turn_not_running``.
 CANCEL_TURN: Final = "cancel_turn"
+#: A Signal to a parked session (``Wake``): ask the ledger again whether its turn may go on
+#: (``workflows.session_wake``). Sent by ``maka session resolve``, ``maka resume`` and a worker's
+#: startup check; a Signal, so an execution on older code drops it (nothing fails, nothing moves).
+WAKE: Final = "wake"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -405,6 +416,12 @@ class TurnCancelled(Contract):
     cancelled_operations: list[str] = []
 
 
+class Wake(Contract):
+    """The ``wake`` Signal's input: who woke the session (for the worker's log), nothing else."""
+
+    by: str | None = None
+
+
 class TurnAccepted(Contract):
     """Update result: the identities of the turn that the message started."""
 
@@ -428,6 +445,11 @@ class SessionStatus(Contract):
     host: str | None = None
     #: The permission request the turn waits on (the workflow holds the wait).
     awaiting_approval: ApprovalWait | None = None
+    #: The ``wake`` Signals this execution has answered; ``None``: it cannot be woken (older code,
+    #: or it replayed a wake that older code dropped): terminate it, then ``maka resume``.
+    wakes: int | None = None
+    #: What the last wake-up decided (``WakeAnswer``).
+    last_wake: WakeAnswer | None = None
 
 
 InFlightTurn.model_rebuild()

@@ -473,19 +473,37 @@ def cmd_resolve(
     reason: str,
     as_json: bool,
 ) -> None:
-    """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
-    sessions = SessionClient(None, ledger=settings(db=db).ledger)
-    resolved = asyncio.run(
-        sessions.resolve(session_id, operation_id, decision=decision, by=resolved_by, reason=reason)  # type: ignore[arg-type]
-    )
-    recorded = resolved.raw
+    """Record an operator's resolution of a parked operation (append-only); the session's open
+    execution is then woken and goes on once every parked call of its turn is settled."""
+
+    async def main() -> Any:
+        sessions = await SessionClient.connect(
+            ledger=settings(db=db).ledger,
+            timeout=LEDGER_FALLBACK_S,
+            lazy=True,
+            ledger_only_when_unreachable=True,
+        )
+        return await sessions.resolve(
+            session_id,
+            operation_id,
+            decision=decision,  # type: ignore[arg-type]
+            by=resolved_by,
+            reason=reason,
+        )
+
+    recorded = asyncio.run(main()).raw
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
-    else:
-        say(
-            f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
-            f"(answers {recorded['parkedEventId']}); now `maka resume {session_id}`"
-        )
+        return
+    then = {
+        "sent": "its execution was woken and goes on once every parked call of the turn is settled "
+        f"(`maka session status {session_id}`)",
+        "execution_closed": f"its execution has closed: now `maka resume {session_id}`",
+    }.get(recorded["wake"], f"no server answered the wake-up: `maka resume {session_id}` sends it again")
+    say(
+        f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
+        f"(answers {recorded['parkedEventId']}); {then}"
+    )
 
 
 def _tokens(text: str | None, option: str) -> int | None:

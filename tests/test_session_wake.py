@@ -10,11 +10,13 @@ is resolved, and two wake-ups (two operators at once) agree on one continuation.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from maka_core.errors import StoreError
 from maka_core.runtime import model_step
 from maka_core.runtime.contracts import ModelStepInput
 from maka_core.runtime.lost_run import session_record, settle_lost_run
@@ -70,6 +72,18 @@ def wake(rt: Runtime, home: Path) -> WakeAnswer:
     )
 
 
+def wake_retrying(rt: Runtime, home: Path) -> WakeAnswer:
+    """``wake`` retried as the activity's policy retries a ``StoreError`` (a claim in flight)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return wake(rt, home)
+        except StoreError as exc:
+            if exc.code != "continuation_claim_in_flight" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def test_a_wake_stays_parked_until_every_parked_call_of_the_turn_is_resolved(
     rt: Runtime, ws: Workspace, tmp_path: Path
 ) -> None:
@@ -108,7 +122,7 @@ def test_two_wake_ups_at_once_claim_one_continuation(
         other = Runtime(LedgerStore.open(db))
         try:
             start.wait()
-            answers.append(wake(other, tmp_path))
+            answers.append(wake_retrying(other, tmp_path))
         except BaseException as exc:  # reported below with what the other saw
             errors.append(exc)
         finally:

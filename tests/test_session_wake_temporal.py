@@ -210,6 +210,40 @@ async def test_a_resolution_whose_signal_was_lost_is_woken_by_resume_once(
         await stop(worker)
 
 
+async def test_a_worker_start_wakes_a_session_resolved_while_its_signal_was_lost(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """The resolution committed, its Signal never left; the worker restarts (a deploy): its startup
+    check wakes the open execution, which finishes the turn with no operator command."""
+    box = Sandbox(temporal_server, tmp_path / "startup")
+    script = _script(tmp_path / "script.json")
+    session_id, _ = await _parked(temporal_client, box, script, "startup")
+    worker = box.worker()
+    await ready(worker)
+    try:
+        op = await _wait_parked(temporal_client, box, session_id)
+        before = await describe_execution(temporal_client, session_id)
+        with LedgerStore.open(box.db) as store:
+            resolve_operation(store, session_id, op, "not_applied", "alice", "no line")  # no Signal
+    finally:
+        await stop(worker)
+    assert _continuations(box, session_id) == []  # the resolution alone moved nothing
+    worker = box.worker()
+    await ready(worker)
+    try:
+        status = await _settled(temporal_client, session_id)
+        assert status.state == "idle" and status.last_wake is not None, status
+        assert "wake_sent" in worker.log.read_text()
+        after = await describe_execution(temporal_client, session_id)
+        assert after.run_id == before.run_id
+        (continued,) = _continuations(box, session_id)
+        assert continued.workflow_run_id == before.run_id
+        seen = (box.ws / "seen.txt").read_text()
+        assert seen.startswith("The operator confirmed this call did NOT take effect"), seen
+    finally:
+        await stop(worker)
+
+
 async def test_negative_control_a_workflow_without_the_wake_wait_stays_parked(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from maka_core.errors import StoreError
 from maka_core.runtime import workspace_continuity
 from maka_core.runtime.continuation import (
     ResumeDecision,
@@ -77,9 +78,9 @@ def continue_parked(
     thread). ``catalog``: the worker's tools (names and schema digests), which the catalog gate
     compares with the source run's.
 
-    A claim left without its start fact by a killed attempt is repaired at once
-    (``repair_grace_ms=0``): while the execution is open only its own wake-up claims for it (a
-    ``maka resume`` of an open execution wakes it rather than claiming).
+    A claim whose start fact is not written yet (another attempt of this wake-up between its claim
+    and its start) is refused retryable (``StoreError`` ``continuation_claim_in_flight``): the next
+    attempt finds the start, or repairs the claim once ``maka resume``'s 10 s grace has passed.
     """
     session = read_session(store, session_id)
     latest = session.latest
@@ -99,7 +100,6 @@ def continue_parked(
             session_id,
             workflow_id=workflow_id,
             inspect=lambda cwd: inspect_host(cwd, catalog),
-            repair_grace_ms=0,
             chain_break=chain_break,
             checkpoints=workspace_continuity.provider_at(maka_home),
         )
@@ -110,6 +110,15 @@ def continue_parked(
         # attempt beside its first): planned again, the winner's claim is this session's
         # continuation, and both answer with its run.
         decision = plan()
+    if "claim_in_flight" in decision.events:
+        # Another attempt claimed and has not written its start fact yet: retried (the activity's
+        # policy), it finds the start, or repairs the claim once the grace has passed.
+        raise StoreError(
+            "continuation_claim_in_flight",
+            f"session {session_id}: a continuation claim is being started; retry",
+            sessionId=session_id,
+            continuationRunId=decision.continuation_run_id,
+        )
     out: dict[str, Any] = {
         "decision": decision.decision,
         "park_reason": decision.park_reason,

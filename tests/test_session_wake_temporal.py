@@ -18,6 +18,7 @@ the execution unwakeable (``wakes`` unset) and ``maka resume`` still moves the s
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,15 @@ from temporalio.api.enums.v1 import EventType
 
 from maka_core.runtime.resolution import resolve_operation, unsettled_operations
 from maka_core.runtime.runtime import RuntimeSettings
+from maka_core.runtime.wake import continue_parked
 from maka_core.store.writer import LedgerStore
+from maka_core.tools import tool_catalog
+from maka_core.tools.registry import default_tools
 from maka_temporal.workers.client.session_client import describe_execution, query_status
 from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus, workflow_id_for
 from maka_temporal.workflows.session import SessionWorkflow
 from tests.drills import HEARTBEAT_S, Kill, Sandbox, ready, stop
-from tests.temporal_support import in_process_worker, start, write_script
+from tests.temporal_support import WorkerProcess, in_process_worker, start, tool_step, write_script
 from tests.test_resume_temporal import cli
 
 pytestmark = [
@@ -44,6 +48,8 @@ pytestmark = [
 ]
 
 BASH = "echo ran >> effects.log"
+#: A library's own tools (``maka worker --tools``): ``append_entry`` is at-most-once.
+USER_TOOLS = "tests.user_tools_pkg.effects"
 #: What the model is shown for a bash the operator resolved ``applied`` (``runtime.resolution``).
 APPLIED = "The operator confirmed this call took effect; treat it as done."
 
@@ -107,7 +113,7 @@ async def _parked(client: Any, box: Sandbox, script: Path, name: str) -> tuple[s
     return session_id, ""
 
 
-async def _wait_parked(client: Any, box: Sandbox, session_id: str) -> str:
+async def _wait_parked(client: Any, box: Sandbox, session_id: str, *, tool: str = "bash") -> str:
     async def parked() -> Any:
         status = await query_status(client, session_id)
         return status if status.state == "parked" else None
@@ -116,7 +122,7 @@ async def _wait_parked(client: Any, box: Sandbox, session_id: str) -> str:
     assert status.park_reason == "dispatch_without_response", status
     with LedgerStore.open(box.db) as store:
         ((_, op),) = unsettled_operations(store.events(session_id=session_id))
-    assert op.tool_name == "bash"
+    assert op.tool_name == tool
     return op.operation_id
 
 
@@ -242,6 +248,46 @@ async def test_a_worker_start_wakes_a_session_resolved_while_its_signal_was_lost
         assert seen.startswith("The operator confirmed this call did NOT take effect"), seen
     finally:
         await stop(worker)
+
+
+async def test_a_library_tool_session_goes_on_with_the_worker_s_catalog(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """Issue 32: ``maka resume`` planned with the CLI's catalog, which lacks a library's tools unless
+    the operator also sets ``MAKA_TOOLS``, parks ``tool_catalog_mismatch``. The wake-up plans on a
+    worker of the session's queue, with its own catalog: the CLI with no ``MAKA_TOOLS`` moves it on.
+    Negative control: the same plan with the CLI's catalog parks on the mismatch, writing nothing."""
+    box = Sandbox(temporal_server, tmp_path / "library")
+    script = write_script(
+        tmp_path / "script.json", [tool_step(("append_entry", {"text": "pay"})), {"text": "ok"}]
+    )
+    kw: dict[str, Any] = {"home": box.root, "extra_env": {"MAKA_TOOLS": USER_TOOLS}}
+    doomed = WorkerProcess(box.server, box.db, box.queue, failpoint="P4", failpoint_tag="append_entry", **kw)
+    with doomed:
+        doomed.wait_ready()
+        session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"lib-{box.queue}")
+        assert await doomed.wait_exit() == -9, doomed.log.read_text()[-2000:]
+    with WorkerProcess(box.server, box.db, box.queue, heartbeat_timeout=HEARTBEAT_S, **kw) as worker:
+        worker.wait_ready()
+        op = await _wait_parked(temporal_client, box, session_id, tool="append_entry")
+        before = await describe_execution(temporal_client, session_id)
+        with LedgerStore.open(box.db) as store:
+            resolve_operation(store, session_id, op, "applied", "alice", "the entry is there")
+            cli_view = continue_parked(
+                store,
+                session_id,
+                workflow_id=workflow_id_for(session_id),
+                catalog=tool_catalog(default_tools()),
+                maka_home=box.root,
+            )
+        assert cli_view.decision == "park" and "tool_catalog_mismatch" in cli_view.rejection_reasons, cli_view
+        assert _continuations(box, session_id) == []
+        assert "MAKA_TOOLS" not in os.environ
+        code, out, err = await cli(box, "resume", session_id, "--wait")
+        assert code == 0 and out["decision"] == "continue" and out["state"] == "idle", (out, err)
+        after = await describe_execution(temporal_client, session_id)
+        assert out["woken"] and after.run_id == before.run_id
+        assert (box.ws / "journal.log").read_text().count("pay") == 1  # once, before the kill
 
 
 async def test_negative_control_a_workflow_without_the_wake_wait_stays_parked(

@@ -66,8 +66,11 @@ class SessionWake(FanOut):
 
     @workflow.signal(name=WAKE)
     def wake(self, inp: Wake) -> None:
-        """Ask the ledger again whether the parked turn may go on (a no-op unless parked on a call)."""
-        self._wakes_asked += 1
+        """Ask the ledger again whether the parked turn may go on. A wake that finds a turn running
+        is dropped: it must not continue the session once that turn parks (on ``max_steps_exceeded``,
+        say, where nothing waits for an operator's word)."""
+        if self._state == "parked" and self._current is None:
+            self._wakes_asked += 1
 
     async def _wait_for_work(self) -> SessionStatus | None:
         """The loop's wait between turns: until a message is pending or a continue-as-new is due,
@@ -124,6 +127,8 @@ class SessionWake(FanOut):
                 await self._run_turn(answer.execute, None, 0, None)
             except HandOff:
                 return await self._hand_off()
+            # Wakes asked before the continuation began were answered by it (a second operator's).
+            self._wakes_seen = self._wakes_asked
         elif answer.decision == "park" and answer.park_reason and not answer.unsettled:
             # Every call is settled, but the continuation cannot start (its workspace or catalog
             # changed...): the session parks with the planner's reason, as ``maka resume`` reports.

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from maka_temporal.workers.client.session_client import describe_execution, quer
 from maka_temporal.workflows.contracts import SESSION_WORKFLOW, SessionInput, SessionStatus, workflow_id_for
 from maka_temporal.workflows.session import SessionWorkflow
 from tests.drills import HEARTBEAT_S, Kill, Sandbox, ready, stop
+from tests.mcp_support import calls, stdio_counter, write_config
 from tests.temporal_support import WorkerProcess, in_process_worker, start, tool_step, write_script
 from tests.test_resume_temporal import cli
 
@@ -285,6 +288,56 @@ async def test_a_library_tool_session_goes_on_with_the_worker_s_catalog(
         after = await describe_execution(temporal_client, session_id)
         assert out["woken"] and after.run_id == before.run_id
         assert (box.ws / "journal.log").read_text().count("pay") == 1  # once, before the kill
+
+
+async def test_an_mcp_session_goes_on_after_resolve_with_the_worker_s_mcp_catalog(
+    temporal_server: Any, temporal_client: Any, tmp_path: Path
+) -> None:
+    """The MCP case of issue 32: a plain MCP tool (at-most-once) of a real stdio server parks at P4;
+    ``maka session resolve`` from a CLI with no ``MAKA_MCP_CONFIG`` moves the session on, because
+    the worker that answers the wake plans with its started servers' catalog. The server saw one
+    call. Negative control: the plan with the CLI's catalog parks ``tool_catalog_mismatch``."""
+    box = Sandbox(temporal_server, tmp_path / "mcp")
+    state = tmp_path / "state"
+    config = write_config(tmp_path / "servers.json", {"counter": stdio_counter(state, trustAnnotations=True)})
+    kw: dict[str, Any] = {"home": box.root, "extra_env": {"MAKA_MCP_CONFIG": str(config)}}
+    script = write_script(tmp_path / "script.json", [tool_step(("mcp__counter__bump", {})), {"text": "ok"}])
+    tag = "mcp__counter__bump"
+    with WorkerProcess(box.server, box.db, box.queue, failpoint="P4", failpoint_tag=tag, **kw) as doomed:
+        doomed.wait_ready()
+        session_id, _ = await start(temporal_client, box.ws, script, box.queue, session_id=f"mcp-{box.queue}")
+        assert await doomed.wait_exit() == -9, doomed.log.read_text()[-2000:]
+    with WorkerProcess(box.server, box.db, box.queue, **kw) as worker:
+        worker.wait_ready()
+        op = await _wait_parked(temporal_client, box, session_id, tool=tag)
+        before = await describe_execution(temporal_client, session_id)
+        # Negative control, on a copy of the ledger resolved the same way: the CLI's catalog parks.
+        copy = tmp_path / "copy.sqlite"
+        with closing(sqlite3.connect(box.db)) as src, closing(sqlite3.connect(copy)) as dst:
+            src.backup(dst)
+        with LedgerStore.open(copy) as store:
+            resolve_operation(store, session_id, op, "applied", "alice", "the counter moved")
+            cli_view = continue_parked(
+                store,
+                session_id,
+                workflow_id=workflow_id_for(session_id),
+                catalog=tool_catalog(default_tools()),
+                maka_home=box.root,
+            )
+            assert store.session_claims(session_id) == []  # a park writes nothing
+        assert cli_view.decision == "park" and "tool_catalog_mismatch" in cli_view.rejection_reasons, cli_view
+        assert "MAKA_MCP_CONFIG" not in os.environ
+        code, resolved, err = await cli(
+            box, "session", "resolve", session_id, "--operation", op, "--decision", "applied",
+            "--by", "alice", "--reason", "the counter moved",
+        )  # fmt: skip
+        assert code == 0 and resolved["wake"] == "sent", (resolved, err)
+        status = await _settled(temporal_client, session_id)
+        assert status.state == "idle", status
+        assert (await describe_execution(temporal_client, session_id)).run_id == before.run_id
+        assert [c["tool"] for c in calls(state)] == ["bump"]  # once, before the kill
+        (continued,) = _continuations(box, session_id)
+        assert continued.workflow_run_id == before.run_id
 
 
 async def test_negative_control_a_workflow_without_the_wake_wait_stays_parked(

@@ -600,8 +600,9 @@ def test_two_raises_that_raced_leave_the_higher_cap(tmp_path: Path) -> None:
 
 
 def test_the_cli_names_the_way_forward_from_a_usage_park(tmp_path: Path) -> None:
-    """A usage park takes no ``session send``: the raise says to terminate the parked execution and
-    ``maka resume``."""
+    """A usage park takes no ``session send``: the raise says ``maka resume`` (which wakes the parked
+    execution: ``test_a_turn_parked_on_its_cap_goes_on_through_maka_resume[woken]``), and no longer
+    to terminate it first."""
     db = tmp_path / "ledger.sqlite"
     _policy_only(db)
     env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
@@ -610,7 +611,7 @@ def test_the_cli_names_the_way_forward_from_a_usage_park(tmp_path: Path) -> None
         "--reason", "budget", "--db", str(db), env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "terminate" in done.stdout and "maka resume s-raise" in done.stdout, done.stdout
+    assert "terminate" not in done.stdout and "maka resume s-raise" in done.stdout, done.stdout
     assert "session send" not in done.stdout, done.stdout
 
 

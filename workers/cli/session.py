@@ -54,7 +54,6 @@ from maka_temporal.workers.client.answers import Status, TurnStarted
 from maka_temporal.workers.client.pollers import warn_while_unpolled
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_start import SessionStart
-from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session"]
 
@@ -535,7 +534,7 @@ def cmd_raise_limit(
     as_json: bool,
 ) -> None:
     """Raise a spent token cap of the session's policy (an operator's fact, append-only); then
-    terminate the parked execution and `maka resume SESSION`."""
+    `maka resume SESSION` (it wakes the parked execution, which goes on)."""
     caps = {
         field: value
         for field, value in (
@@ -552,9 +551,7 @@ def cmd_raise_limit(
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
         say(
             f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "
-            f"{raised['nextCall']} tokens); now terminate the parked execution "
-            f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "
-            f"and `maka resume {session_id}`"
+            f"{raised['nextCall']} tokens); now `maka resume {session_id}`"
         )
 
 

@@ -552,7 +552,9 @@ class SessionClient:
         wait_timeout: float | None = None,
     ) -> Resumed:
         """Continue a session whose execution is lost, through the planner, or one parked with
-        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles.
+        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles. An
+        open execution parked on a call is woken (``raw["woken"]``): it continues in place once
+        every parked call is resolved, else stays parked (``raw["unsettledOperations"]``).
 
         ``restore="isolated"`` continues in a new folder restored from the checkpoint,
         ``rebaseline`` from the workspace's current files (a new epoch): the choice is committed

@@ -521,6 +521,8 @@ class SessionClient:
 
         try:  # the resolution stands whatever becomes of its wake-up (``maka resume`` sends it again)
             sent = await send_wake(await self._connected(), session_id, by=by)
+            if sent == "no_client" and self.unreachable:
+                sent = "temporal_unavailable"  # a server was asked for and did not answer
         except SessionError:
             sent = "temporal_unavailable"
         return resolved.model_copy(update={"raw": {**resolved.raw, "wake": sent}})

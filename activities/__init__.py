@@ -43,12 +43,13 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from maka_core.errors import LedgerRejection, MakaError, StoreError, UsageLimitReached, WorkerStopping
 from maka_core.facts.bounds import InputInvalid
 from maka_core.providers import ProviderError
-from maka_core.runtime import approvals, local_calls, model_step, recovery, turn
+from maka_core.runtime import approvals, local_calls, model_step, recovery, turn, wake
 from maka_core.runtime.call_state import CallNotFound, DispatchWithoutOutcome
 from maka_core.runtime.cancellation import AttemptCancelled
 from maka_core.runtime.runtime import Attempt, Runtime, RuntimeSettings
 from maka_core.runtime.tool_call import Deferred
 from maka_core.store.results import ToolAttempt
+from maka_core.tools import tool_catalog
 from maka_core.tools.offer import ToolSetUnavailable
 from maka_temporal.workflows.contracts import (
     ANSWER_APPROVAL,
@@ -64,6 +65,7 @@ from maka_temporal.workflows.contracts import (
     MODEL_STEP,
     RECOVER_OPERATION,
     RESUME_REQUIRED,
+    SESSION_CONTINUE,
     USAGE_LIMIT_REACHED,
     WORKER_STOPPING,
     AnswerInput,
@@ -83,6 +85,8 @@ from maka_temporal.workflows.contracts import (
     RecoverResult,
     ToolInput,
     ToolOutcome,
+    WakeAnswer,
+    WakeInput,
 )
 
 __all__ = ["MakaActivities", "RuntimeSettings", "to_application_error"]
@@ -257,6 +261,24 @@ class MakaActivities:
             self.runtime.on_ledger(lambda: approvals.close(ledger, inp.session_id, inp.approval_id))
         )
 
+    @activity.defn(name=SESSION_CONTINUE)
+    async def session_continue(self, inp: WakeInput) -> WakeAnswer:
+        """A parked session's wake-up, decided from the ledger with this worker's tool catalog."""
+        rt = self.runtime
+        catalog = tool_catalog(rt.tools)
+        return await _mapped(
+            rt.on_ledger(
+                lambda: wake.continue_parked(
+                    rt.ledger,  # type: ignore[arg-type]
+                    inp.session_id,
+                    workflow_id=inp.workflow_id,
+                    catalog=catalog,
+                    maka_home=rt.settings.maka_home,
+                    chain_break=lambda sid: rt.guard.chain_break(rt.ledger, sid),
+                )
+            )
+        )
+
     def all(self) -> list[Callable[..., Any]]:
         """The bound activities to register on the shared queue (tools too: a session started
         before host affinity, or without a host, runs its tools on the workflow's queue)."""
@@ -271,6 +293,7 @@ class MakaActivities:
             self.answer_approval,
             self.close_approval,
             self.execute_tool_local,
+            self.session_continue,
         ]
 
     def host_bound(self) -> list[Callable[..., Any]]:

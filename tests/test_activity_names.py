@@ -26,6 +26,7 @@ def test_activity_names_are_pinned() -> None:
         "maka.answer_approval",
         "maka.close_approval",
         "maka.execute_tool_local",
+        "maka.session_continue",
     )
 
 
@@ -42,6 +43,7 @@ def test_registered_activities_use_the_pinned_names() -> None:
         MakaActivities.answer_approval,
         MakaActivities.close_approval,
         MakaActivities.execute_tool_local,
+        MakaActivities.session_continue,
     ):
         definition = ActivityDefinition.from_callable(fn)
         assert definition is not None
@@ -66,7 +68,14 @@ def test_workflow_update_and_query_names_are_pinned() -> None:
         }
     )
     assert set(definition.queries) == {"status"}
-    assert set(definition.signals) == {"maka.cancel_from_parent"} == {contracts.CANCEL_FROM_PARENT}
+    assert (
+        set(definition.signals)
+        == {"maka.cancel_from_parent", "wake"}
+        == {
+            contracts.CANCEL_FROM_PARENT,
+            contracts.WAKE,
+        }
+    )
     assert contracts.SEARCH_ATTRIBUTES == ("MakaSessionId", "MakaState", "MakaParkReason")
     assert contracts.workflow_id_for("abc") == "maka-session-abc"
     assert contracts.DISPATCH_WITHOUT_OUTCOME == "DispatchWithoutOutcome"

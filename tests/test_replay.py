@@ -123,3 +123,32 @@ async def test_the_parallel_golden_histories_pin_the_fan_out(name: str) -> None:
     replayer = Replayer(workflows=[OneAtATime], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
+
+
+@workflow.defn(name="maka.session", sandboxed=False)
+class WithoutWake(SessionWorkflow):
+    """The session workflow as if a parked turn were never woken: the loop of before issue 32."""
+
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        super().__init__(inp)
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionStatus:
+        return await super().run(inp)
+
+    async def _wait_for_work(self) -> SessionStatus | None:
+        await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
+        return None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_wake_golden_history_pins_the_woken_continuation() -> None:
+    """Negative control: the history of a parked turn that ``maka session resolve`` woke (the
+    ``wake`` Signal, ``maka.session_continue``, the continuation's turn in the same run) does not
+    replay on a workflow without the wake, so the golden history guards ``maka-session-wake-1``."""
+    raw = (Path(__file__).parent / "golden_histories" / "wake_resolve_continue.json").read_text()
+    history = WorkflowHistory.from_json("golden", raw)
+    replayer = Replayer(workflows=[WithoutWake], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None

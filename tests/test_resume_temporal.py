@@ -168,11 +168,12 @@ async def test_resume_refuses_an_open_execution_and_an_unknown_session(
         await stop(worker)
 
 
-async def test_resume_of_a_session_parked_in_its_open_execution_says_how_to_go_on(
+async def test_resume_of_a_session_parked_in_its_open_execution_wakes_it_and_names_the_call(
     temporal_server: Any, temporal_client: Any, tmp_path: Path
 ) -> None:
     """The common case after a worker crash: the bash parked, the execution stays open; resume
-    refuses it (nothing written) and says what the operator does: resolve, terminate, resume."""
+    wakes it (issue 32), the ledger says the bash is unsettled, so it stays parked (nothing
+    claimed) and the answer names the call the operator resolves (``maka session resolve``)."""
     box = Sandbox(temporal_server, tmp_path / "parked-open")
     script = _script(tmp_path / "script.json")
     armed = box.worker(Kill("P4", tag="bash"))
@@ -190,9 +191,9 @@ async def test_resume_of_a_session_parked_in_its_open_execution_says_how_to_go_o
             await asyncio.sleep(0.5)
         assert status["state"] == "parked" and status["executionStatus"] == "running", status
         code, out, _ = await cli(box, "resume", session_id)
-        assert code == 2 and out["code"] == "session_busy", out
+        assert code == 1 and out["decision"] == "park" and out["woken"], out
         assert out["state"] == "parked" and out["parkReason"] == "dispatch_without_response"
-        assert "maka session resolve" in out["message"] and "temporal workflow terminate" in out["message"]
+        assert len(out["unsettledOperations"]) == 1
         assert _continuations(box, session_id) == []
     finally:
         await stop(worker)

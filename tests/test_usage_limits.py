@@ -333,11 +333,13 @@ async def test_a_session_parks_before_the_call_that_would_pass_its_turn_cap(
 
 @pytest.mark.temporal
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("terminate", [False, True], ids=["woken", "terminated"])
 async def test_a_turn_parked_on_its_cap_goes_on_through_maka_resume(
-    temporal_server: Any, tmp_path: Path, ws_dir: Path, task_queue: str, chat: ChatServer
+    temporal_server: Any, tmp_path: Path, ws_dir: Path, task_queue: str, chat: ChatServer, terminate: bool
 ) -> None:
-    """The way forward the README gives: terminate the parked execution and ``maka resume``; the
-    continuation run is a turn of its own, with its own budget, and makes the call that was held."""
+    """The way forward: ``maka resume`` (it wakes the parked open execution, which runs the
+    continuation in place; or, the execution terminated first, starts a new one); the continuation
+    run is a turn of its own, with its own budget, and makes the call that was held."""
     (ws_dir / "a.txt").write_text("alpha\n")
     db = tmp_path / "ledger.sqlite"
     session_id = f"usage-{tmp_path.name}"[-60:]
@@ -357,12 +359,13 @@ async def test_a_turn_parked_on_its_cap_goes_on_through_maka_resume(
         )
         status = await wait_turn(client, session_id, accepted.run_id)
         assert status.park_reason == "usage_limit_reached" and len(chat.requests) == 2, status
-        await client.get_workflow_handle(workflow_id_for(session_id)).terminate(reason="go on")
+        if terminate:
+            await client.get_workflow_handle(workflow_id_for(session_id)).terminate(reason="go on")
         with LedgerStore.open(db) as store:
             rt = default_runtime(store, load_settings().runtime_settings())
             try:
                 out = await resume_lost_session(client, rt, session_id, task_queue=task_queue)
-                assert out["decision"] == "continue", out
+                assert out["decision"] == "continue" and out.get("woken", False) is not terminate, out
                 out = await wait_continued(client, rt, out, lambda *a, **k: None)
             finally:
                 rt.close()
@@ -597,8 +600,9 @@ def test_two_raises_that_raced_leave_the_higher_cap(tmp_path: Path) -> None:
 
 
 def test_the_cli_names_the_way_forward_from_a_usage_park(tmp_path: Path) -> None:
-    """A usage park takes no ``session send``: the raise says to terminate the parked execution and
-    ``maka resume``."""
+    """A usage park takes no ``session send``: the raise says ``maka resume`` (which wakes the parked
+    execution: ``test_a_turn_parked_on_its_cap_goes_on_through_maka_resume[woken]``), and no longer
+    to terminate it first."""
     db = tmp_path / "ledger.sqlite"
     _policy_only(db)
     env = {**os.environ, "MAKA_HOME": str(tmp_path / "home")}
@@ -607,7 +611,7 @@ def test_the_cli_names_the_way_forward_from_a_usage_park(tmp_path: Path) -> None
         "--reason", "budget", "--db", str(db), env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "terminate" in done.stdout and "maka resume s-raise" in done.stdout, done.stdout
+    assert "terminate" not in done.stdout and "maka resume s-raise" in done.stdout, done.stdout
     assert "session send" not in done.stdout, done.stdout
 
 

@@ -59,6 +59,7 @@ LAZY = {
         "maka_temporal.workers.client.status",
         "maka_temporal.workers.client.reopen",
         "maka_temporal.workers.client.resume",
+        "maka_temporal.workers.client.wake",  # a resolution's wake-up, once the ledger has it
     ),
     # The approve/deny Update, only when the ledger knows the session and a server is connected.
     "client.approval_answers": ("maka_temporal.workers.client.turn_messages",),

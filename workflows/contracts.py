@@ -41,6 +41,7 @@ from maka_core.runtime.contracts import (
     LOCAL_TOOL_ID_PREFIX,
     MODEL_STEP,
     RECOVER_OPERATION,
+    SESSION_CONTINUE,
     SUBAGENT_BEGIN,
     SUBAGENT_SETTLE,
     AnswerInput,
@@ -74,9 +75,15 @@ from maka_core.runtime.contracts import (
     ToolSettings,
     TurnStatus,
 )
+from maka_core.runtime.wake import WakeAnswer, WakeInput
 
 __all__ = [
     "ACTIVITY_NAMES",
+    "SESSION_CONTINUE",
+    "WAKE",
+    "Wake",
+    "WakeAnswer",
+    "WakeInput",
     "ANSWER_APPROVAL",
     "APPROVE",
     "AnswerInput",
@@ -195,6 +202,10 @@ CANCEL_TURN: Final = "cancel_turn"
 #: A parent session's cancel reaching its sub-agent's child session (a signal: a workflow cannot send
 #: an Update); the child cancels its turn as ``cancel_turn`` does (``workflows.subagent_cancel``).
 CANCEL_FROM_PARENT: Final = "maka.cancel_from_parent"
+#: A Signal to a parked session (``Wake``): ask the ledger again whether its turn may go on
+#: (``workflows.session_wake``). Sent by ``maka session resolve``, ``maka resume`` and a worker's
+#: startup check; a Signal, so an execution on older code drops it (nothing fails, nothing moves).
+WAKE: Final = "wake"
 
 #: Search attribute names (Keyword), registered by ``maka dev`` and documented in deploy/README.md.
 SA_SESSION_ID: Final = "MakaSessionId"
@@ -415,6 +426,12 @@ class TurnCancelled(Contract):
     cancelled_operations: list[str] = []
 
 
+class Wake(Contract):
+    """The ``wake`` Signal's input: who woke the session (for the worker's log), nothing else."""
+
+    by: str | None = None
+
+
 class TurnAccepted(Contract):
     """Update result: the identities of the turn that the message started."""
 
@@ -438,6 +455,11 @@ class SessionStatus(Contract):
     host: str | None = None
     #: The permission request the turn waits on (the workflow holds the wait).
     awaiting_approval: ApprovalWait | None = None
+    #: The ``wake`` Signals this execution has answered; ``None``: it cannot be woken (older code,
+    #: or it replayed a wake that older code dropped): terminate it, then ``maka resume``.
+    wakes: int | None = None
+    #: What the last wake-up decided (``WakeAnswer``).
+    last_wake: WakeAnswer | None = None
 
 
 InFlightTurn.model_rebuild()

@@ -54,9 +54,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from maka_core.runtime.local_calls import (
-        ASKED_CANCELS,
-    )
+    from maka_core.runtime.local_calls import ASKED_CANCELS
     from maka_temporal.workflows.contracts import (
         ANSWER_APPROVAL,
         APPROVE,
@@ -90,7 +88,6 @@ with workflow.unsafe.imports_passed_through():
         TurnCancelled,
         WaitSettled,
     )
-    from maka_temporal.workflows.fanout import FanOut
     from maka_temporal.workflows.session_policy import (
         HOST_UNAVAILABLE,
         LEDGER_RETRY,
@@ -103,12 +100,13 @@ with workflow.unsafe.imports_passed_through():
         describe,
         now_ms,
     )
+    from maka_temporal.workflows.session_wake import SessionWake
     from maka_temporal.workflows.subagent_cancel import ParentCancel
     from maka_temporal.workflows.validation import check_answer, check_bounds, refuse
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
-class SessionWorkflow(FanOut, ParentCancel):
+class SessionWorkflow(SessionWake, ParentCancel):
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
@@ -205,6 +203,7 @@ class SessionWorkflow(FanOut, ParentCancel):
             continued_runs=self._inp.continued_runs,
             host=self._inp.config.host,
             awaiting_approval=self._awaiting,
+            **self._wake_status(),
         )
 
     @workflow.update(name=APPROVE)
@@ -398,7 +397,8 @@ class SessionWorkflow(FanOut, ParentCancel):
             if inp.close_after_turn:
                 return await self._close()
         while True:
-            await workflow.wait_condition(lambda: self._pending is not None or self._should_continue())
+            if (handed := await self._wait_for_work()) is not None:  # wakes too: ``session_wake``
+                return handed
             if self._pending is not None:
                 ids, text = self._pending
                 try:

@@ -16,8 +16,9 @@ produces the same calls; past the end the script answers ``(script finished)``.
 A string argument that is exactly ``{{result:<toolCallId>:<dotted.path>}}`` is replaced by the
 value at that path in the committed JSON result of that earlier call (read from the history the
 step is given, so a retried step resolves it the same way); it stays as written when the result
-is not there. This is how a script passes an id it cannot know in advance (``melra_plan``'s
-``taskId`` to ``melra_execute``).
+is not there; a text result (``{"kind": "text"}``, such as the note an operator's resolution
+shows the model) has the one path ``text``. This is how a script passes an id it cannot know in
+advance (``melra_plan``'s ``taskId`` to ``melra_execute``).
 """
 
 from __future__ import annotations
@@ -174,7 +175,10 @@ def _results(history: Sequence[RuntimeEvent]) -> dict[str, Any]:
     for event in history:
         content = event.content
         if content is not None and content.kind == "function_response" and isinstance(content.result, dict):
-            out[content.id] = content.result.get("value")
+            result = content.result
+            # A text result (an operator's resolution, say) is referred to by the path ``text``.
+            text = result.get("kind") == "text"
+            out[content.id] = {"text": result.get("text")} if text else result.get("value")
     return out
 
 

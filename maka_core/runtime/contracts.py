@@ -135,6 +135,9 @@ CLOSE_APPROVAL: Final = "maka.close_approval"
 #: A bounded tool call's first dispatch as a local activity (``tool_mode="hybrid"``); its
 #: activity id is ``lt:<operationId>`` (``LOCAL_TOOL_ID_PREFIX``).
 EXECUTE_TOOL_LOCAL: Final = "maka.execute_tool_local"
+#: Ledger-only: a parked session's wake-up decides from the ledger whether its turn goes on
+#: (``runtime.wake``: ``WakeInput`` -> ``WakeAnswer``).
+SESSION_CONTINUE: Final = "maka.session_continue"
 LOCAL_TOOL_ID_PREFIX: Final = "lt:"
 ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     BEGIN_RUN,
@@ -147,6 +150,7 @@ ACTIVITY_NAMES: Final[tuple[str, ...]] = (
     ANSWER_APPROVAL,
     CLOSE_APPROVAL,
     EXECUTE_TOOL_LOCAL,
+    SESSION_CONTINUE,
 )
 
 RecoverStatus = Literal["completed", "not_dispatched", "parked"]

@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from maka_temporal.workers.client.connect import connect  # noqa: E402
+from maka_temporal.workers.client.session_api import SessionClient  # noqa: E402
 from maka_temporal.workers.host import devserver  # noqa: E402
 from maka_temporal.workflows.contracts import workflow_id_for  # noqa: E402
 from tests.temporal_support import (  # noqa: E402
@@ -236,6 +237,24 @@ async def main(wanted: set[str]) -> None:
                 worker.wait_ready()
                 await wait_turn(client, sid, acc.run_id)
                 written += await _save(client, sid, name)
+        if want("wake_resolve_continue"):
+            # The bash parks (P4), an operator resolves it through ``SessionClient.resolve``, whose
+            # wake Signal makes the same execution claim and run the continuation's turn
+            # (``maka-session-wake-1``: the signal, ``maka.session_continue``, the continuation).
+            with WorkerProcess(server, db, queue, home=tmp, failpoint="P4", failpoint_tag="bash") as doomed:
+                doomed.wait_ready()
+                sid, acc = await start(client, ws, park_script, queue, "go")
+                await doomed.wait_exit()
+            with WorkerProcess(server, db, queue, home=tmp) as worker:
+                worker.wait_ready()
+                parked = await wait_turn(client, sid, acc.run_id)
+                sessions = SessionClient(client, ledger=db)
+                await sessions.resolve(
+                    sid, parked.parked_operation_id, decision="applied", by="golden", reason="log.txt has it"
+                )
+                while (await query_status(client, sid)).state != "idle":
+                    await asyncio.sleep(0.1)
+                written += await _save(client, sid, "wake_resolve_continue")
         if want("hybrid_crash_recover"):
             # A worker killed after a local write_file's effect, before its T2: the task's markers
             # are lost, the replay's re-run meets T1 (a failure marker), recovery finalizes it.

@@ -54,7 +54,6 @@ from maka_temporal.workers.client.answers import Status, TurnStarted
 from maka_temporal.workers.client.pollers import warn_while_unpolled
 from maka_temporal.workers.client.session_api import SessionClient
 from maka_temporal.workers.client.session_start import SessionStart
-from maka_temporal.workflows.contracts import workflow_id_for
 
 __all__ = ["session"]
 
@@ -473,19 +472,37 @@ def cmd_resolve(
     reason: str,
     as_json: bool,
 ) -> None:
-    """Record an operator's resolution of a parked operation (append-only), then `maka resume`."""
-    sessions = SessionClient(None, ledger=settings(db=db).ledger)
-    resolved = asyncio.run(
-        sessions.resolve(session_id, operation_id, decision=decision, by=resolved_by, reason=reason)  # type: ignore[arg-type]
-    )
-    recorded = resolved.raw
+    """Record an operator's resolution of a parked operation (append-only); the session's open
+    execution is then woken and goes on once every parked call of its turn is settled."""
+
+    async def main() -> Any:
+        sessions = await SessionClient.connect(
+            ledger=settings(db=db).ledger,
+            timeout=LEDGER_FALLBACK_S,
+            lazy=True,
+            ledger_only_when_unreachable=True,
+        )
+        return await sessions.resolve(
+            session_id,
+            operation_id,
+            decision=decision,  # type: ignore[arg-type]
+            by=resolved_by,
+            reason=reason,
+        )
+
+    recorded = asyncio.run(main()).raw
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
-    else:
-        say(
-            f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
-            f"(answers {recorded['parkedEventId']}); now `maka resume {session_id}`"
-        )
+        return
+    then = {
+        "sent": "its execution was woken and goes on once every parked call of the turn is settled "
+        f"(`maka session status {session_id}`)",
+        "execution_closed": f"its execution has closed: now `maka resume {session_id}`",
+    }.get(recorded["wake"], f"no server answered the wake-up: `maka resume {session_id}` sends it again")
+    say(
+        f"session {session_id}: operation {operation_id} resolved {decision} by {resolved_by} "
+        f"(answers {recorded['parkedEventId']}); {then}"
+    )
 
 
 def _tokens(text: str | None, option: str) -> int | None:
@@ -517,7 +534,7 @@ def cmd_raise_limit(
     as_json: bool,
 ) -> None:
     """Raise a spent token cap of the session's policy (an operator's fact, append-only); then
-    terminate the parked execution and `maka resume SESSION`."""
+    `maka resume SESSION` (it wakes the parked execution, which goes on)."""
     caps = {
         field: value
         for field, value in (
@@ -534,9 +551,7 @@ def cmd_raise_limit(
         what = ", ".join(f"usage.{k} {raised['previous'][k]} -> {v}" for k, v in raised["caps"].items())
         say(
             f"session {session_id}: {what} raised by {raised_by} (the next call is estimated at about "
-            f"{raised['nextCall']} tokens); now terminate the parked execution "
-            f"(temporal workflow terminate --workflow-id {workflow_id_for(session_id)}) "
-            f"and `maka resume {session_id}`"
+            f"{raised['nextCall']} tokens); now `maka resume {session_id}`"
         )
 
 

@@ -5,7 +5,8 @@ workflow's messages (``session_client``, ``turn_messages``), what a start valida
 (``session_start``, ``policy``), a session's status (``status``), whether a worker polls a task
 queue (``pollers``), a new execution for a settled
 session (``reopen``), ``maka resume``'s client half (``resume``), following a session's facts as
-they commit (``session_follow``), the ledger's sessions (``session_list``) and the audit."""
+they commit (``session_follow``), the ledger's sessions (``session_list``), waking a parked
+session's execution (``wake``) and the audit."""
 
 __all__ = [
     "answers",
@@ -24,4 +25,5 @@ __all__ = [
     "session_start",
     "status",
     "turn_messages",
+    "wake",
 ]

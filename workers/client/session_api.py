@@ -504,8 +504,10 @@ class SessionClient:
     async def resolve(
         self, session_id: str, operation_id: str, *, decision: Decision, by: str, reason: str
     ) -> Resolution:
-        """Record an operator's resolution of a parked operation (``maka session resolve``); then
-        ``resume``."""
+        """Record an operator's resolution of a parked operation (``maka session resolve``), then
+        wake the session's open execution (``raw["wake"]``: ``client.wake.WakeSent``): once every
+        parked call of its turn is settled it goes on by itself. A closed execution (a child
+        session's) goes on with ``resume``."""
         s = self.settings()
 
         def write() -> Resolution:
@@ -513,7 +515,17 @@ class SessionClient:
                 done = resolve_operation(store, session_id, operation_id, decision, by, reason)
             return Resolution(session_id=session_id, operation_id=operation_id, decision=decision, raw=done)
 
-        return await refusing(asyncio.to_thread(write))
+        resolved = await refusing(asyncio.to_thread(write))
+        # The Temporal side loads once the resolution is written (``show`` and its siblings never).
+        from maka_temporal.workers.client.wake import send_wake
+
+        try:  # the resolution stands whatever becomes of its wake-up (``maka resume`` sends it again)
+            sent = await send_wake(await self._connected(), session_id, by=by)
+            if sent == "no_client" and self.unreachable:
+                sent = "temporal_unavailable"  # a server was asked for and did not answer
+        except SessionError:
+            sent = "temporal_unavailable"
+        return resolved.model_copy(update={"raw": {**resolved.raw, "wake": sent}})
 
     async def raise_limit(
         self, session_id: str, *, caps: Mapping[str, int], by: str, reason: str
@@ -542,7 +554,9 @@ class SessionClient:
         wait_timeout: float | None = None,
     ) -> Resumed:
         """Continue a session whose execution is lost, through the planner, or one parked with
-        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles.
+        ``workspace_host_unavailable`` (``maka resume``); with ``wait``, until the turn settles. An
+        open execution parked on a call is woken (``raw["woken"]``): it continues in place once
+        every parked call is resolved, else stays parked (``raw["unsettledOperations"]``).
 
         ``restore="isolated"`` continues in a new folder restored from the checkpoint,
         ``rebaseline`` from the workspace's current files (a new epoch): the choice is committed

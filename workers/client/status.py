@@ -125,6 +125,7 @@ async def session_status(
         "subAgents": sub_agents,
         **governed,
         **({"resume": resume_refusal} if resume_refusal else {}),
+        **_wake_json(status),
     }
     return Status(
         session_id=session_id,
@@ -153,6 +154,20 @@ async def session_status(
         notes=tuple(notes),
         raw=out,
     )
+
+
+def _wake_json(status: Any) -> dict[str, Any]:
+    """What the open execution answered its last wake-up (``workflows.session_wake``), if it had one."""
+    wake = getattr(status, "last_wake", None)
+    if wake is None:
+        return {}
+    answer = {
+        "decision": wake.decision,
+        "parkReason": wake.park_reason,
+        "unsettledOperations": list(wake.unsettled),
+        "continuationRunId": wake.continuation_run_id,
+    }
+    return {"lastWake": answer}
 
 
 def _sub_agents(store: Any, session_id: str, view: Any) -> list[dict[str, Any]]:

@@ -11,6 +11,10 @@ execution keeps the session's workspace host and host wait (from the ledger's se
 
 A session parked with ``workspace_host_unavailable`` still has its execution: ``resume_on_host``
 tells it the host is back (the ``resume_host`` Update) and its turn goes on in place, on its host.
+One parked on a call still has its execution too: resume wakes it (``client.wake.await_wake``), it
+asks the ledger and either runs the continuation's turn in place or stays parked naming the calls
+still unsettled (exit 1). An execution that cannot be woken (older code) is closed once the ledger
+settles every parked call, and the session continues in a new execution as below.
 
 Exit codes: 0 continue (with ``--wait``: the continued turn settled ``idle``), 1 park, 2 refused
 (``session_busy`` while an execution is open, ``session_not_found``, ``resume_not_needed``; nothing
@@ -31,7 +35,13 @@ from temporalio.client import WorkflowUpdateFailedError
 from maka_core.errors import MakaError
 from maka_core.facts.run_header import RunHeader
 from maka_core.runtime import workspace_continuity
-from maka_core.runtime.continuation import ResumeDecision, read_session, resume_session, runs_missing
+from maka_core.runtime.continuation import (
+    ResumeDecision,
+    read_session,
+    resume_session,
+    runs_missing,
+    unsettled_diagnostics,
+)
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
 from maka_core.runtime.lost_run import Binder, in_flight_operations, settle_lost_run
@@ -49,6 +59,7 @@ from maka_temporal.workers.client.session_client import (
     wait_settled,
 )
 from maka_temporal.workers.client.session_client import resume_host as send_resume_host
+from maka_temporal.workers.client.wake import await_wake, unwakeable_park
 from maka_temporal.workers.host.attempt_fence import AttemptFence
 from maka_temporal.workflows.contracts import workflow_id_for
 
@@ -211,8 +222,12 @@ async def resume_lost_session(
         if broken is not None:
             raise broken.refusal()
         resumed = await resume_on_host(client, session_id, host=host, announce=announce)
+        if resumed is None:  # parked on a call: the execution asks the ledger (``session_wake``)
+            resumed = await await_wake(client, session_id, by="maka resume")
         if resumed is not None:
             return resumed
+        if await _close_unwakeable(client, rt, session_id):
+            execution = await describe_execution(client, session_id)
     if execution.open:
         hint = " (its workflow task keeps failing: terminate it, then resume)"
         detail: dict[str, Any] = {}
@@ -335,6 +350,28 @@ async def resume_lost_session(
     return out
 
 
+async def _close_unwakeable(client: Any, rt: Runtime, session_id: str) -> bool:
+    """An open execution parked on a call that cannot be woken (``client.wake.unwakeable_park``):
+    once the ledger settles every parked call of its run, it holds nothing the ledger lacks, so it
+    is terminated and the session continues from the ledger in a new execution. Returns whether it
+    was closed (while a parked call is unsettled it stays, and resume refuses ``session_busy``)."""
+    if not await unwakeable_park(client, session_id):
+        return False
+
+    def settled() -> bool:
+        session = read_session(rt.ledger, session_id)  # type: ignore[arg-type]
+        latest = session.latest
+        if latest is None or not latest.is_terminal:
+            return False
+        return not unsettled_diagnostics(session.events.get(latest.run_id, []), session.resolutions)
+
+    if not await rt.on_ledger(settled):
+        return False
+    reason = "maka resume: a parked execution that cannot be woken; the ledger continues the session"
+    await client.get_workflow_handle(workflow_id_for(session_id)).terminate(reason)
+    return True
+
+
 async def _refuse_a_lost_race(
     client: Any, session_id: str, execution: Execution, decision: ResumeDecision
 ) -> None:
@@ -370,9 +407,8 @@ async def _refuse_a_lost_race(
 async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]:
     """What an operator does about an open execution that resume will not touch.
 
-    A session parked on an operation (not on its host) keeps its execution open and refuses
-    messages; nothing in it will move again, so the way on is to terminate it and resume from the
-    ledger (after ``maka session resolve`` when the park needs a human's word).
+    An execution parked on a call that cannot be woken (older code) is closed by resume only once
+    every parked call is resolved (``maka session resolve``); until then it says so.
     """
     try:
         status = await query_status(client, session_id)
@@ -382,9 +418,8 @@ async def _busy_hint(client: Any, session_id: str) -> tuple[str, dict[str, Any]]
     if status.state != "parked":
         return "", detail
     return (
-        f" parked with {status.park_reason}: once the park is resolved (`maka session resolve`), "
-        f"terminate the execution (`temporal workflow terminate --workflow-id "
-        f"{workflow_id_for(session_id)}`), then resume",
+        f" parked with {status.park_reason}, on code from before the wake: once every parked call is "
+        "resolved (`maka session resolve`), resume closes it and continues the session",
         detail,
     )
 

@@ -26,7 +26,7 @@ from maka_core.tools.mcp.catalog import ignored_line
 from maka_temporal.workers.host.plugin import MakaPlugin
 from maka_temporal.workers.host.resume import lost_sessions
 from maka_temporal.workers.host.sandbox_runner import CompiledOnceSandboxRunner
-from maka_temporal.workers.host.worker import GRACEFUL_STOP, RepairReport, auto_resume, mcp_of
+from maka_temporal.workers.host.worker import GRACEFUL_STOP, RepairReport, auto_resume, mcp_of, wake_resolved
 from maka_temporal.workflows.contracts import host_queue
 from maka_temporal.workflows.session import SessionWorkflow
 
@@ -145,6 +145,8 @@ async def serve(
         )
         if ready is not None:
             ready.set()
+        if repair:
+            await wake_resolved(client, store, lifecycle)
         if repair and load_settings().runtime_safe_boundary_resume:
             report = plugin.repair_report or RepairReport()
             candidates = list(report.sessions_to_resume)

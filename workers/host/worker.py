@@ -27,6 +27,7 @@ from maka_core.facts.run_header import RunHeader
 from maka_core.policy import Policy
 from maka_core.runtime import workspace_continuity
 from maka_core.runtime.lost_run import session_record
+from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.runtime import Runtime, RuntimeSettings
 from maka_core.runtime.settle import repair_all
 from maka_core.settings import load_settings
@@ -35,6 +36,7 @@ from maka_core.tools import FunctionTool, Tool
 from maka_core.tools.loader import with_tools
 from maka_core.tools.registry import default_tools
 from maka_temporal.activities import MakaActivities
+from maka_temporal.workers.client.wake import send_wake
 from maka_temporal.workers.host.attempt_fence import AttemptFence
 from maka_temporal.workers.host.resume import (
     resume_lost_session,
@@ -205,6 +207,26 @@ async def auto_resume(
     for result in await asyncio.gather(*waits, return_exceptions=True):
         if isinstance(result, BaseException):
             log.warning("waiting for a continued turn failed: %s", result)
+
+
+def resolved_parks(store: Any) -> list[str]:
+    """Sessions whose latest resolution came after their latest run (a run's park, then an
+    operator's word): the candidates of the startup wake-up, read from the headers alone."""
+    work: dict[str, int] = {}
+    resolved: dict[str, int] = {}
+    for run in store.list_runs():
+        seen = resolved if is_resolution_run(run.run_id) else work
+        seen[run.session_id] = max(seen.get(run.session_id, 0), run.created_at)
+    return sorted(s for s, at in resolved.items() if s in work and at >= work[s])
+
+
+async def wake_resolved(client: Client, store: Any, announce: Callable[..., None]) -> None:
+    """The startup check: wake each open execution parked on calls an operator has since resolved
+    (a wake-up lost between a resolution and its Signal). The execution asks the ledger; a session
+    whose execution is closed, or that no longer waits, does nothing with it."""
+    for session_id in await asyncio.to_thread(resolved_parks, store):
+        if await send_wake(client, session_id, by="worker startup") == "sent":
+            announce("wake_sent", sessionId=session_id)
 
 
 def build_worker(

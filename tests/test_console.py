@@ -15,13 +15,15 @@ the operator's name (the form's, else ``--operator``) and one that names nobody 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
-from maka_core.runtime.contracts import PARK_REASONS
+from maka_core.runtime import model_step
+from maka_core.runtime.contracts import PARK_REASONS, ModelStepInput
 from maka_core.runtime.runtime import Runtime
 from maka_core.store.writer import LedgerStore
 from maka_core.workspace import Workspace
@@ -46,6 +48,15 @@ def ledger(store: LedgerStore, store_url: str, tmp_path: Path) -> str:
         make_sessions(rt, ws)
         _begin(rt, ws, _ids("hostile", 1), 1800, host=HOSTILE)
         _finish(rt, _ids("hostile", 1), 1801, "failed", park="max_steps_exceeded")
+        spent = _ids("spent", 1)  # a turn whose one model step reported its tokens
+        _begin(rt, ws, spent, 1900)
+        said = {"kind": "script", "steps": [{"text": "ok", "usage": {"input": 30, "output": 12}}]}
+        asyncio.run(
+            model_step.model_step(
+                rt, ModelStepInput(ids=spent, step=0, workspace=str(ws.root), provider=said)
+            )
+        )
+        _finish(rt, spent, 1901)
     finally:
         rt.close()
     return store_url
@@ -200,3 +211,15 @@ def test_an_action_records_the_operators_name_and_one_that_names_nobody_is_refus
     assert 'name="by" placeholder="your name" value="Ada Lovelace"' in page
     passed = named.post(url, data={"csrf": _csrf(page), "reason": "no"})
     assert passed.status_code in (400, 404) and "config_invalid" not in passed.text, passed.text
+
+
+def test_a_session_page_shows_its_tokens_per_turn_and_the_session(ledger: str) -> None:
+    web = _client(ledger)
+    page = web.get("/sessions/spent").text
+    assert '<b id="session-tokens">42</b>' in page, page
+    rows = re.findall(r'<td class="tokens">([^<]*)</td>', page)
+    assert rows == ["42"], rows
+    # The control: a session whose steps reported nothing says so, one row per turn.
+    twice = web.get("/sessions/twice").text
+    assert '<b id="session-tokens">none reported</b>' in twice
+    assert re.findall(r'<td class="tokens">([^<]*)</td>', twice) == ["", ""]

@@ -223,3 +223,14 @@ def test_a_session_page_shows_its_tokens_per_turn_and_the_session(ledger: str) -
     twice = web.get("/sessions/twice").text
     assert '<b id="session-tokens">none reported</b>' in twice
     assert re.findall(r'<td class="tokens">([^<]*)</td>', twice) == ["", ""]
+
+
+def test_the_audit_page_needs_temporal_and_says_so_without_it(ledger: str) -> None:
+    """Ledger-only here: the audit compares with Temporal's histories, so it is refused with the
+    CLI's code (the browser flow, ``test_console_flow``, draws one against a real server)."""
+    web = _client(ledger)
+    assert 'href="/sessions/parked/audit"' in web.get("/sessions/parked").text
+    refused = web.get("/sessions/parked/audit")
+    assert refused.status_code == 400 and '<code id="code">temporal_unavailable</code>' in refused.text, (
+        refused.text
+    )

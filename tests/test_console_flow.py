@@ -5,7 +5,8 @@ worker: Debian's chromium (async Playwright).
   challenge phrase (the operator's name is filled in by ``--operator``) and presses approve, and the
   turn finishes; the write ran once and the ledger's decision names the operator. Negative control:
   the same form with a wrong phrase is refused on a page naming ``approval_phrase_mismatch``, and
-  nothing runs (the turn still waits, the file is not written).
+  nothing runs (the turn still waits, the file is not written). The session's audit page then
+  draws its lineage and finds the ledger and Temporal agreeing.
 - **Resolve:** a session whose bash parked in its open execution (a real ``maka worker`` SIGKILLed
   after the bash's effect, P4); the page says why in plain words; the browser resolves the call
   ``applied`` with what the operator checked, and the same execution finishes the turn (``wake``):
@@ -76,6 +77,10 @@ async def test_an_operator_approves_in_the_browser_and_the_turn_finishes(
                 await page.goto(f"{base}/sessions/{session}")
                 assert await page.inner_text("#state") == "idle"
                 assert await page.locator(".approval").count() == 0
+                # The session's audit, its lineage drawn: the ledger and Temporal agree.
+                await page.click("a#audit")
+                assert await page.locator('svg[aria-label="lineage timeline"]').count() == 1
+                assert await page.inner_text(".verdict") == "ledger and Temporal agree", await page.content()
                 await browser.close()
         finally:
             serving.close()  # the generator's ``finally`` kills the console

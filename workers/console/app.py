@@ -19,11 +19,12 @@ from typing import Any
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from maka_core.audit.html import render_html
 from maka_core.facts.printable import printable
 from maka_core.facts.usage import step_tokens
 from maka_core.ledger.session_state import SHOWN_STATES
@@ -123,6 +124,11 @@ def build_app(client: SessionClient, guard: Guard | None = None, operator: str |
         transcript = await client.show(sid)
         return page(request, "session.html", sid=sid, status=status, transcript=transcript)
 
+    async def audit(request: Request) -> Response:
+        """``maka audit --html``'s page (its lineage drawn, its escaping), for one session."""
+        report = await client.audit(request.path_params["sid"])
+        return HTMLResponse(render_html(report.raw))
+
     async def follow(request: Request) -> Response:
         sid = request.path_params["sid"]
         await client.status(sid)  # session_not_found as a page, before the stream starts
@@ -186,6 +192,7 @@ def build_app(client: SessionClient, guard: Guard | None = None, operator: str |
         Route("/sessions", guarded(sessions)),
         Route("/sessions/{sid}", guarded(session)),
         Route("/sessions/{sid}/follow", guarded(follow)),
+        Route("/sessions/{sid}/audit", guarded(audit)),
         action("/sessions/{sid}/approvals/{aid}/approve", approve),
         action("/sessions/{sid}/approvals/{aid}/deny", deny),
         action("/sessions/{sid}/operations/{op}/resolve", resolve),

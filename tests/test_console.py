@@ -234,3 +234,8 @@ def test_the_audit_page_needs_temporal_and_says_so_without_it(ledger: str) -> No
     assert refused.status_code == 400 and '<code id="code">temporal_unavailable</code>' in refused.text, (
         refused.text
     )
+
+
+def test_the_approvals_page_says_when_none_waits(ledger: str) -> None:
+    page = _client(ledger).get("/approvals")
+    assert page.status_code == 200 and '<td colspan="4" id="none-waiting">' in page.text, page.text

@@ -129,6 +129,8 @@ def test_the_console_in_a_browser(ledger: Path, shots: Path, browser: object) ->
         page.screenshot(path=str(shots / "hostile.png"), full_page=False)
         page.goto(f"{base}/sessions/running")
         assert page.locator("button#cancel").count() == 1  # the control for read-only's none
+        page.click("#nav-approvals")
+        assert page.inner_text("#none-waiting") == "no approval waits"
         page.goto(f"{base}/sessions/nobody")
         assert page.inner_text("#code") == "session_not_found"
         page.screenshot(path=str(shots / "error.png"), full_page=False)

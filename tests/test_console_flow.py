@@ -1,7 +1,8 @@
 """An operator's actions through ``maka console`` in a real browser, against a real dev server and
 worker: Debian's chromium (async Playwright).
 
-- **Approve:** the page of a session whose turn waits on an approval; the browser types the
+- **Approve:** the approvals page lists the session whose turn waits on an approval, whose page
+  the browser opens; it types the
   challenge phrase (the operator's name is filled in by ``--operator``) and presses approve, and the
   turn finishes; the write ran once and the ledger's decision names the operator. Negative control:
   the same form with a wrong phrase is refused on a page naming ``approval_phrase_mismatch``, and
@@ -55,7 +56,8 @@ async def test_an_operator_approves_in_the_browser_and_the_turn_finishes(
             async with async_api.async_playwright() as p:
                 browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
                 page = await browser.new_page()
-                await page.goto(f"{base}/sessions/{session}")
+                await page.goto(f"{base}/approvals")  # every approval waiting, across sessions
+                await page.click(f'#approvals a[href^="/sessions/{session}"]')
                 approval = page.locator(".approval")
                 assert await approval.count() == 1, await page.content()
                 phrase = await approval.locator("code.phrase").inner_text()

@@ -118,6 +118,14 @@ def build_app(client: SessionClient, guard: Guard | None = None, operator: str |
         counts = Counter(s.state for s in every)
         return page(request, "sessions.html", sessions=listed, counts=counts, state=state, host=host)
 
+    async def approvals(request: Request) -> Response:
+        """Every approval waiting, across the sessions the index lists as waiting on one."""
+        waiting = []
+        for listed in await client.list(state="awaiting_approval", limit=MAX_LIMIT):
+            status = await client.status(listed.session_id)
+            waiting += [(listed.session_id, a) for a in status.pending_approvals]
+        return page(request, "approvals.html", waiting=waiting)
+
     async def session(request: Request) -> Response:
         sid = request.path_params["sid"]
         status = await client.status(sid)
@@ -190,6 +198,7 @@ def build_app(client: SessionClient, guard: Guard | None = None, operator: str |
     routes = [
         Route("/", guarded(home)),
         Route("/sessions", guarded(sessions)),
+        Route("/approvals", guarded(approvals)),
         Route("/sessions/{sid}", guarded(session)),
         Route("/sessions/{sid}/follow", guarded(follow)),
         Route("/sessions/{sid}/audit", guarded(audit)),

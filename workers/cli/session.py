@@ -490,7 +490,13 @@ def cmd_resolve(
             reason=reason,
         )
 
-    recorded = asyncio.run(main()).raw
+    recorded: dict[str, Any] = {}
+
+    async def resolved() -> int:  # run_async: a command that talked to Temporal leaves hard
+        recorded.update((await main()).raw)
+        return 0
+
+    run_async(resolved())
     if as_json:
         print_json({"ok": True, **recorded}, indent=2)
         return

@@ -17,6 +17,7 @@ from temporalio.service import RPCError
 from maka_core.errors import MakaError
 from maka_temporal.workers.client.session_client import describe_execution, query_status
 from maka_temporal.workflows.contracts import WAKE, Wake, workflow_id_for
+from maka_temporal.workflows.session_policy import HOST_UNAVAILABLE
 
 __all__ = ["WakeSent", "await_wake", "send_wake", "unwakeable_park"]
 
@@ -29,7 +30,10 @@ WakeSent = Literal["sent", "execution_closed", "temporal_unavailable", "no_clien
 #: ledger activity on the session's worker).
 ANSWER_TIMEOUT_S = 30.0
 
-HOST_PARK = "workspace_host_unavailable"
+
+def _parked_on_call(status: Any) -> bool:
+    """Parked on a call (a host park waits inside its turn for ``resume_host``, not for a wake)."""
+    return bool(status.state == "parked" and status.park_reason != HOST_UNAVAILABLE)
 
 
 async def send_wake(client: Any, session_id: str, *, by: str | None = None) -> WakeSent:
@@ -60,7 +64,7 @@ async def await_wake(
         status = await query_status(client, session_id)
     except Exception:  # an execution that cannot answer is busy as far as resume goes
         return None
-    if status.state != "parked" or status.park_reason == HOST_PARK or status.wakes is None:
+    if not _parked_on_call(status) or status.wakes is None:
         return None
     before = status.wakes
     await client.get_workflow_handle(workflow_id_for(session_id)).signal(WAKE, Wake(by=by))
@@ -103,4 +107,4 @@ async def unwakeable_park(client: Any, session_id: str) -> bool:
         status = await query_status(client, session_id)
     except Exception:
         return False
-    return status.state == "parked" and status.park_reason != HOST_PARK and status.wakes is None
+    return _parked_on_call(status) and status.wakes is None

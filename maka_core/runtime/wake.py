@@ -26,6 +26,7 @@ from maka_core.errors import StoreError
 from maka_core.runtime import workspace_continuity
 from maka_core.runtime.continuation import (
     ResumeDecision,
+    SessionLedger,
     read_session,
     resume_session,
     unsettled_diagnostics,
@@ -37,7 +38,7 @@ from maka_core.store.chain import ChainBreak
 if TYPE_CHECKING:
     from maka_core.store.writer import LedgerStore as Ledger
 
-__all__ = ["WakeAnswer", "WakeDecision", "WakeInput", "continue_parked"]
+__all__ = ["WakeAnswer", "WakeDecision", "WakeInput", "continue_parked", "latest_unsettled"]
 
 #: ``continue``: the continuation is claimed, ``execute`` names its run; ``park``: the session stays
 #: parked (``unsettled`` names the calls still waiting for an operator, or ``park_reason`` says why
@@ -65,6 +66,15 @@ class WakeAnswer(Contract):
     execute: RunIds | None = None
 
 
+def latest_unsettled(session: SessionLedger) -> list[dict[str, Any]]:
+    """One diagnostic per call of the session's latest run that the Resolver leaves unsettled and
+    no operator resolved (``continuation.unsettled_diagnostics``); none without a run."""
+    latest = session.latest
+    if latest is None:
+        return []
+    return unsettled_diagnostics(session.events.get(latest.run_id, []), session.resolutions)
+
+
 def continue_parked(
     store: Ledger,
     session_id: str,
@@ -85,7 +95,7 @@ def continue_parked(
     session = read_session(store, session_id)
     latest = session.latest
     if latest is not None:
-        blocking = unsettled_diagnostics(session.events.get(latest.run_id, []), session.resolutions)
+        blocking = latest_unsettled(session)
         if blocking:
             ops = [str(d["detail"]["operationId"]) for d in blocking]
             return WakeAnswer(
@@ -94,6 +104,7 @@ def continue_parked(
                 unsettled=ops,
                 source_run_id=latest.run_id,
             )
+
     def plan() -> ResumeDecision:
         return resume_session(
             store,

@@ -40,7 +40,6 @@ from maka_core.runtime.continuation import (
     read_session,
     resume_session,
     runs_missing,
-    unsettled_diagnostics,
 )
 from maka_core.runtime.contracts import ParkReason
 from maka_core.runtime.inspect import inspect_host
@@ -48,6 +47,7 @@ from maka_core.runtime.lost_run import Binder, in_flight_operations, settle_lost
 from maka_core.runtime.resolution import is_resolution_run
 from maka_core.runtime.runtime import Runtime
 from maka_core.runtime.session_view import session_view
+from maka_core.runtime.wake import latest_unsettled
 from maka_core.settings import load_settings as settings
 from maka_core.tools import tool_catalog
 from maka_temporal.workers.client.session_client import (
@@ -363,7 +363,7 @@ async def _close_unwakeable(client: Any, rt: Runtime, session_id: str) -> bool:
         latest = session.latest
         if latest is None or not latest.is_terminal:
             return False
-        return not unsettled_diagnostics(session.events.get(latest.run_id, []), session.resolutions)
+        return not latest_unsettled(session)
 
     if not await rt.on_ledger(settled):
         return False

@@ -4,8 +4,8 @@ A real dev server and worker, ``max_parallel_tools`` 8. One model step asks for 
 (a write whose admission takes 1.5 s: the test's runtime serves a slower ``write_file``), then ``read_file
 a.txt`` and ``read_file b.txt``. The read of ``a.txt`` waits for the write and returns the new
 content; the read of ``b.txt`` (no shared target) still runs beside the write and settles before it.
-The history records ``PARALLEL_ORDER_PATCH``; ``maka audit`` is clean. A step whose calls share no
-target asks no patch (``tests/test_parallel_calls.py`` and the golden histories keep their commands).
+The history records ``STEP_PATCHES`` (asked at the execution's start); ``maka audit`` is clean. A
+step whose calls share no target waits for nothing (the golden histories keep their commands).
 
 Negative control: a workflow whose calls wait for nothing (``_must_wait`` empty, the test's variant)
 reads ``a.txt`` before the write lands and shows the model the old content.
@@ -34,7 +34,7 @@ from maka_temporal.workflows.contracts import (
 )
 from maka_temporal.workflows.fanout import conflicts
 from maka_temporal.workflows.session import SessionWorkflow
-from maka_temporal.workflows.session_policy import PARALLEL_ORDER_PATCH
+from maka_temporal.workflows.session_policy import STEP_PATCHES
 from tests.temporal_support import in_process_worker, start, tool_step, wait_turn, write_script
 from tests.test_hybrid_tools import audit_clean
 from tests.test_parallel_calls import patch_markers
@@ -115,7 +115,7 @@ async def test_a_read_of_a_file_asked_after_its_write_sees_the_write(
     assert order.index(read_b) < order.index(write), f"b.txt's read did not run beside the write: {order}"
     if variant is None:
         assert "new" in results[read_a] and "old" not in results[read_a], results[read_a]
-        assert any(PARALLEL_ORDER_PATCH in m for m in patch_markers(history)), patch_markers(history)
+        assert any(STEP_PATCHES in m for m in patch_markers(history)), patch_markers(history)
         await audit_clean(db, temporal_server.address)
     else:
         assert "old" in results[read_a], f"the control's read waited for the write: {results[read_a]}"

@@ -7,9 +7,11 @@ import json
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -35,6 +37,7 @@ def test_golden_histories_are_present() -> None:
         "subagents_parallel",
         "subagent_cancel_parent",
         "subagent_cancel_child",
+        "local_step_split-1",
     } <= names
 
 
@@ -152,3 +155,57 @@ async def test_the_wake_golden_history_pins_the_woken_continuation() -> None:
     replayer = Replayer(workflows=[WithoutWake], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
+
+
+def local_step_split(history: WorkflowHistory) -> bool:
+    """Whether the execution took its first local activity's result (a model step) in a later
+    workflow task than the one that recorded its marker, and then scheduled an activity: the
+    shape where a patch asked right after the step was told False on replay
+    (``session_policy.STEP_PATCHES``)."""
+    task = 0
+    marked: int | None = None
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            task += 1
+        elif marked is None and event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            if event.marker_recorded_event_attributes.marker_name == "core_local_activity":
+                marked = task
+        elif marked is not None and event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            return task > marked
+    return False
+
+
+def _golden(name: str) -> WorkflowHistory:
+    raw = (Path(__file__).parent / "golden_histories" / name).read_text()
+    return WorkflowHistory.from_json("golden", raw)
+
+
+def test_the_split_golden_history_has_its_shape() -> None:
+    """``local_step_split-1`` is the run that took its local step's result a task after the step's
+    marker, then fanned out (a recapture that lost the shape fails here, not silently)."""
+    history = _golden("local_step_split-1.json")
+    assert local_step_split(history)
+    assert any(b"maka-step-patches-1" in p.data for p in _payloads(history))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_patch_asked_after_a_local_step_fails_the_split_replay() -> None:
+    """Negative control: the same shape recorded by the workflow of before ``STEP_PATCHES``, which
+    asked ``maka-parallel-tools-1`` right after the local step, does not replay (its replay asked the
+    patch a task early and was told False), so the replay of the split golden history guards it."""
+    history = _golden("known_bad/lazy_patch_split.json")
+    assert local_step_split(history)
+    replayer = Replayer(workflows=[SessionWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert "maka-parallel-tools-1" in str(result.replay_failure), result.replay_failure
+
+
+def _payloads(history: WorkflowHistory) -> list[Any]:
+    return [
+        p
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        for d in e.marker_recorded_event_attributes.details.values()
+        for p in d.payloads
+    ]

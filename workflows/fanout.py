@@ -68,12 +68,12 @@ class FanOut(CallDispatch):
 
     def _fans_out(self, calls: Sequence[CallRef]) -> bool:
         """Whether this step's calls run side by side: several calls, a session that allows more
-        than one at a time, and an execution that records the patch (asked only then)."""
+        than one at a time, and an execution since the patch (``_since``)."""
         return (
             len(calls) > 1
             and self._inp.config.max_parallel_tools > 1
             and any(call.parallel for call in calls)
-            and workflow.patched(PARALLEL_TOOLS_PATCH)
+            and self._since(PARALLEL_TOOLS_PATCH)
         )
 
     def _must_wait(self, calls: Sequence[CallRef]) -> list[list[int]]:
@@ -88,7 +88,7 @@ class FanOut(CallDispatch):
         ended: list[BaseException | None] = [None] * len(calls)
         broken: list[CallRef] = []  # a lone call that parked or failed: the later ones never start
         waits = self._must_wait(calls)
-        if not any(waits) or not workflow.patched(PARALLEL_ORDER_PATCH):
+        if not any(waits) or not self._since(PARALLEL_ORDER_PATCH):
             waits = [[] for _ in calls]
         done = [asyncio.Event() for _ in calls]
         skipped = [False] * len(calls)  # never dispatched: what it waited for parked or failed

@@ -92,8 +92,6 @@ with workflow.unsafe.imports_passed_through():
         HOST_UNAVAILABLE,
         LEDGER_RETRY,
         LEDGER_TIMEOUT,
-        LOCAL_TOOLS_PATCH,
-        TURN_MESSAGES_PATCH,
         Cancelled,
         HandOff,
         Park,
@@ -382,8 +380,7 @@ class SessionWorkflow(SessionWake, ParentCancel):
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
-        self._messages = self._holds_messages()
-        self._local = inp.config.tool_mode == "hybrid" and workflow.patched(LOCAL_TOOLS_PATCH)
+        self._ask_patches(inp)
         if inp.continuation is not None and self._carried is None:
             # A new execution made by ``maka resume``: its first turn is the claimed continuation.
             try:
@@ -415,11 +412,6 @@ class SessionWorkflow(SessionWake, ParentCancel):
         # for an operator as after any closed execution (``maka resume``).
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
-
-    def _holds_messages(self) -> bool:
-        """Whether this execution holds approval waits and cancellable turns: all that start now,
-        none recorded before the patch (their histories replay unchanged)."""
-        return workflow.patched(TURN_MESSAGES_PATCH)
 
     async def _hand_off(self) -> SessionStatus:
         # Closing lets ``maka resume`` continue the session from the ledger; running on would

@@ -82,6 +82,7 @@ with workflow.unsafe.imports_passed_through():
         HOST_UNAVAILABLE,
         LEDGER_RETRY,
         LEDGER_TIMEOUT,
+        LOCAL_TOOLS_PATCH,
         MAX_DISPATCHES,
         MODEL_RETRY,
         PARK_REASON_KEY,
@@ -89,6 +90,8 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_RETRY,
         SIDE_EFFECT_RETRY,
         STATE_KEY,
+        STEP_PATCHES,
+        TURN_MESSAGES_PATCH,
         Cancelled,
         Park,
         host_away,
@@ -128,6 +131,28 @@ class CallDispatch:
     _tried_locally: set[str]
     #: What a sub-agent call asks of its child once the turn is cancelled (``ParentCancel``).
     _child_cancel: Callable[[], CancelTurn | None]
+    #: ``STEP_PATCHES``: this execution asked it at its start (``_ask_patches``).
+    _step_patches: bool = False
+
+    # --- patches -----------------------------------------------------------------------------
+
+    def _ask_patches(self, inp: SessionInput) -> None:
+        """Ask, first thing in ``run`` (before any local activity: ``session_policy.STEP_PATCHES``),
+        every patch that says how this execution runs its turns."""
+        self._messages = self._holds_messages()
+        self._local = inp.config.tool_mode == "hybrid" and workflow.patched(LOCAL_TOOLS_PATCH)
+        self._step_patches = workflow.patched(STEP_PATCHES)
+
+    def _holds_messages(self) -> bool:
+        """Whether this execution holds approval waits and cancellable turns: all that start now,
+        none recorded before the patch (their histories replay unchanged)."""
+        return workflow.patched(TURN_MESSAGES_PATCH)
+
+    def _since(self, patch: str) -> bool:
+        """Whether this execution takes the branch of ``patch``, one of the patches
+        ``STEP_PATCHES`` answers: yes since that patch; asked here, lazily, in an execution
+        recorded before it."""
+        return self._step_patches or workflow.patched(patch)
 
     # --- model steps -------------------------------------------------------------------------
 
@@ -196,7 +221,7 @@ class CallDispatch:
             if self._messages
             else ActivityCancellationType.TRY_CANCEL
         )
-        if is_subagent(call.tool_name) and workflow.patched(SUBAGENTS_PATCH):
+        if is_subagent(call.tool_name) and self._since(SUBAGENTS_PATCH):
             return await dispatch_subagent(
                 self._inp, tool_input, self._await_approval, ids, self._child_cancel
             )

@@ -57,6 +57,17 @@ PARALLEL_TOOLS_PATCH = "maka-parallel-tools-1"
 #: a shared workspace target, not both read-only). Asked only for a step that has such a pair, so a
 #: history recorded before (no call named targets) keeps its commands.
 PARALLEL_ORDER_PATCH = "maka-parallel-order-1"
+#: Asked at each execution's start, with the patches above and before its first local activity:
+#: the execution runs a step's calls side by side, keeps conflicting calls in order and dispatches
+#: sub-agent calls as child sessions without asking ``PARALLEL_TOOLS_PATCH``,
+#: ``PARALLEL_ORDER_PATCH`` or ``SUBAGENTS_PATCH``. Those were asked right after the model step, a
+#: local activity, and a replay takes a local activity's result from its marker at once: when the
+#: execution had taken the step's result in a later workflow task than the one that recorded the
+#: marker (a Query or an Update came between), the replay asked the patch a task early, where its
+#: marker was not yet in sight, was told False and failed nondeterministic. Hence the rule: never
+#: ask a patch in code that runs straight after a local activity; ask it here. Executions recorded
+#: before it ask the three as they did.
+STEP_PATCHES = "maka-step-patches-1"
 
 
 def host_away(err: BaseException) -> bool:

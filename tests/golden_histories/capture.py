@@ -22,6 +22,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from temporalio.client import WorkflowHistory  # noqa: E402
+
 from maka_temporal.workers.client.connect import connect  # noqa: E402
 from maka_temporal.workers.client.session_api import SessionClient  # noqa: E402
 from maka_temporal.workers.host import devserver  # noqa: E402
@@ -36,6 +38,7 @@ from tests.temporal_support import (  # noqa: E402
     wait_turn,
     write_script,
 )
+from tests.test_replay import local_step_split  # noqa: E402
 
 
 async def _save(client: Any, session_id: str, name: str, *, all_runs: bool = False) -> list[Path]:
@@ -136,6 +139,35 @@ async def main(wanted: set[str]) -> None:
                 )
                 await wait_turn(client, sid, acc.run_id)
                 written += await _save(client, sid, name, all_runs=True)
+
+            if want("local_step_split"):
+                # ``maka-step-patches-1``: an execution continued mid-turn takes its first (local)
+                # step's result in a later workflow task than the one that recorded the step's
+                # marker, then runs the step's two calls side by side. Timing makes the split (a
+                # Query or an Update between), so the scenario runs until its run 1 shows it.
+                split = write_script(
+                    tmp / "split.json",
+                    [
+                        tool_step(
+                            ("write_file", {"path": "a.txt", "content": "x\n"}),
+                            ("write_file", {"path": "b.txt", "content": "y"}),
+                        ),
+                        tool_step(("read_file", {"path": "b.txt"}), ("no_such_tool", {"any": "thing"})),
+                        {"text": "split done"},
+                    ],
+                )
+                for attempt in range(20):
+                    (split_ws := tmp / f"split-{attempt}").mkdir()
+                    sid, acc = await start(
+                        client, split_ws, split, queue, "go", continue_as_new_after_steps=1
+                    )
+                    await wait_turn(client, sid, acc.run_id)
+                    runs = await _save(client, sid, "local_step_split", all_runs=True)
+                    if local_step_split(WorkflowHistory.from_json("split", runs[1].read_text())):
+                        written += runs
+                        break
+                else:
+                    raise SystemExit("20 sessions and no run took its local step in a later task")
 
             if want("hybrid_two_turns_every_tool"):
                 # ``tool_mode="hybrid"`` (``maka-local-tools-1``): the file tools' first dispatch is

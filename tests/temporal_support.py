@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from maka_core.runtime.runtime import RuntimeSettings
 from maka_temporal.workers.client.connect import connect
 from maka_temporal.workers.client.session_client import query_status, send_message, start_session
 from maka_temporal.workers.host.devserver import DevServer
 from maka_temporal.workers.host.serve import serve
+from maka_temporal.workflows.contracts import SESSION_WORKFLOW
 from maka_temporal.workflows.session import SessionWorkflow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,10 +67,12 @@ async def in_process_worker(
     repair: bool = False,
     workflow: type | None = None,
     make_runtime: Any = None,
+    replay: bool = True,
 ) -> AsyncIterator[None]:
     """A worker in this process (the same ``serve`` as ``maka worker``) until the block exits;
     ``workflow``: a test's variant of the session workflow, ``make_runtime`` of its runtime (a
-    negative control)."""
+    negative control). Once the block has exited cleanly, every session history of ``queue``
+    must replay (``replays``); ``replay=False`` for a test whose histories are not one workflow's."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         serve(
@@ -89,9 +94,31 @@ async def in_process_worker(
         task.result()
     try:
         yield
-    finally:
+    except BaseException:
         stop.set()
         await task
+        raise
+    stop.set()
+    await task
+    if replay:
+        await replays(client, queue, workflow or SessionWorkflow)
+
+
+async def replays(client: Client, queue: str, workflow: type) -> None:
+    """Replay every session history the worker of ``queue`` wrote, against the workflow it ran: a
+    worker restart or a cache eviction replays them so, and a nondeterminism fails the test here
+    rather than a session's workflow tasks for ever (a patch asked after a local step did)."""
+    replayer = Replayer(workflows=[workflow], data_converter=pydantic_data_converter)
+    failures = []
+    async for execution in client.list_workflows(f"TaskQueue = '{queue}'"):
+        if execution.workflow_type != SESSION_WORKFLOW:
+            continue
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        history = await handle.fetch_history()
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            failures.append(f"{execution.id} run {execution.run_id}: {result.replay_failure}")
+    assert not failures, "histories that do not replay:\n" + "\n".join(failures)
 
 
 class WorkerProcess:

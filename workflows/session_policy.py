@@ -63,10 +63,10 @@ PARALLEL_ORDER_PATCH = "maka-parallel-order-1"
 #: ``PARALLEL_ORDER_PATCH`` or ``SUBAGENTS_PATCH``. Those were asked right after the model step, a
 #: local activity, and a replay takes a local activity's result from its marker at once: when the
 #: execution had taken the step's result in a later workflow task than the one that recorded the
-#: marker (a Query or an Update came between), the replay asked the patch a task early, where its
-#: marker was not yet in sight, was told False and failed nondeterministic. Hence the rule: never
-#: ask a patch in code that runs straight after a local activity; ask it here. Executions recorded
-#: before it ask the three as they did.
+#: marker (the server handed it a new task at once: an Update, say, had come meanwhile), the
+#: replay asked the patch a task early, where its marker was not yet in sight, was told False and
+#: failed nondeterministic. Hence the rule: never ask a patch in code that runs straight after a
+#: local activity; ask it here. Executions recorded before it ask the three as they did.
 STEP_PATCHES = "maka-step-patches-1"
 
 

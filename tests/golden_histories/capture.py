@@ -143,8 +143,8 @@ async def main(wanted: set[str]) -> None:
             if want("local_step_split"):
                 # ``maka-step-patches-1``: an execution continued mid-turn takes its first (local)
                 # step's result in a later workflow task than the one that recorded the step's
-                # marker, then runs the step's two calls side by side. Timing makes the split (a
-                # Query or an Update between), so the scenario runs until its run 1 shows it.
+                # marker, then runs the step's two calls side by side. Timing makes the split
+                # (something arriving meanwhile), so the scenario runs until its run 1 shows it.
                 split = write_script(
                     tmp / "split.json",
                     [

@@ -104,21 +104,25 @@ async def in_process_worker(
         await replays(client, queue, workflow or SessionWorkflow)
 
 
-async def replays(client: Client, queue: str, workflow: type) -> None:
+async def replays(client: Client, queue: str, workflow: type) -> int:
     """Replay every session history the worker of ``queue`` wrote, against the workflow it ran: a
     worker restart or a cache eviction replays them so, and a nondeterminism fails the test here
-    rather than a session's workflow tasks for ever (a patch asked after a local step did)."""
+    rather than a session's workflow tasks for ever (a patch asked after a local step did).
+    Returns how many histories replayed."""
     replayer = Replayer(workflows=[workflow], data_converter=pydantic_data_converter)
     failures = []
+    count = 0
     async for execution in client.list_workflows(f"TaskQueue = '{queue}'"):
         if execution.workflow_type != SESSION_WORKFLOW:
             continue
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         history = await handle.fetch_history()
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        count += 1
         if result.replay_failure is not None:
             failures.append(f"{execution.id} run {execution.run_id}: {result.replay_failure}")
     assert not failures, "histories that do not replay:\n" + "\n".join(failures)
+    return count
 
 
 class WorkerProcess:

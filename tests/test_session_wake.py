@@ -151,3 +151,23 @@ def test_without_the_resolutions_the_same_ledger_never_continues(
     for _ in range(3):
         assert wake(rt, tmp_path).decision == "park"
     assert rt.ledger.session_claims(SID) == []  # type: ignore[attr-defined]
+
+
+def test_the_status_names_every_parked_call_of_the_turn(rt: Runtime, ws: Workspace, db: Path) -> None:
+    """``maka session status`` (from the ledger) lists both parked calls under ``parkedOperations``
+    and drops each once an operator resolved it; a session with nothing parked lists none."""
+    from maka_core.settings import MakaSettings
+    from maka_temporal.workers.client.status import session_status
+
+    def parked() -> list[tuple[str, str, str]]:
+        st = run(session_status(None, MakaSettings(db=str(db)), SID, unreachable="temporal_unavailable"))
+        return [(o["operationId"], o["toolName"], o["status"]) for o in st.raw["parkedOperations"]]
+
+    a, b = two_parked(rt, ws)
+    got = parked()
+    assert [op for op, _, _ in got] == [a, b] and {t for _, t, _ in got} == {"bash"}, got
+    assert {status for _, _, status in got} <= {"indeterminate", "parked"}, got
+    resolve_operation(rt.ledger, SID, a, "applied", "alice", "the a line is there")
+    assert [op for op, _, _ in parked()] == [b]
+    resolve_operation(rt.ledger, SID, b, "not_applied", "bob", "no b line")
+    assert parked() == []

@@ -355,6 +355,9 @@ def _print_status(st: Status, *, as_json: bool) -> None:
         say(f"host {st.host}" + (f"  (host wait {host_wait:g}s)" if host_wait else ""))
     for p in st.pending_approvals:
         say(f"awaiting approval {p['approvalId']}  {p['toolName']}  phrase: {p['phrase']}")
+    for op in st.raw["parkedOperations"]:
+        tool = printable(op["toolName"] or "")
+        say(f"parked call {op['operationId']}  {tool}  {op['status']}: {op['reason']}")
     health = st.raw["ledger"]
     if not health["ok"]:
         say(f"ledger unusable ({health['code']}): {health['message']}")
@@ -424,6 +427,7 @@ def cmd_status(
 def cmd_show(db: str | None, session_id: str, as_json: bool, follow: bool, run_id: str | None) -> None:
     """The transcript, from the ledger."""
     if follow:
+
         def write(line: str) -> None:
             if as_json:  # each event's canonical text, as the ledger holds it
                 sys.stdout.write(line + "\n")

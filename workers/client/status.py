@@ -9,10 +9,11 @@ import asyncio
 from typing import Any
 
 from maka_core.errors import MakaError
-from maka_core.runtime.continuation import runs_missing
+from maka_core.runtime.continuation import read_session, runs_missing
 from maka_core.runtime.contracts import SessionState
 from maka_core.runtime.lost_run import session_record
 from maka_core.runtime.session_view import session_view
+from maka_core.runtime.wake import latest_unsettled
 from maka_core.settings import MakaSettings
 from maka_core.store.engine import database_url, sqlite_file
 from maka_core.store.health import probe_path, probe_url
@@ -100,10 +101,12 @@ async def session_status(
     governed: dict[str, Any] = {"pendingApprovals": []}
     config = None
     sub_agents: list[dict[str, Any]] = []
+    parked_calls: list[dict[str, Any]] = []
     try:
         with open_ledger(s.ledger, create=False) as store:
             governed = governance_status(store, session_id, view.state)
             sub_agents = _sub_agents(store, session_id, view)
+            parked_calls = _parked_calls(store, session_id) if view.state == "parked" else []
             record = session_record(store.events(session_id=session_id))
             config = record.config if record is not None else None
     except MakaError:
@@ -123,6 +126,7 @@ async def session_status(
         "config": config.status_json() if config is not None else None,
         "ledger": health,
         "subAgents": sub_agents,
+        "parkedOperations": parked_calls,
         **governed,
         **({"resume": resume_refusal} if resume_refusal else {}),
         **_wake_json(status),
@@ -168,6 +172,16 @@ def _wake_json(status: Any) -> dict[str, Any]:
         "continuationRunId": wake.continuation_run_id,
     }
     return {"lastWake": answer}
+
+
+def _parked_calls(store: Any, session_id: str) -> list[dict[str, Any]]:
+    """Every call of a parked session's latest run that waits for an operator (the Resolver leaves
+    it unsettled and nobody resolved it), in call order: a turn whose calls ran side by side may
+    park on several, and each needs its own ``maka session resolve``."""
+    return [
+        {"operationId": d["detail"]["operationId"], "toolName": d.get("toolName"), **d["detail"]}
+        for d in latest_unsettled(read_session(store, session_id))
+    ]
 
 
 def _sub_agents(store: Any, session_id: str, view: Any) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from maka_core.ledger.digests import (
     build_cursor,
     provider_replay_digest,
 )
-from maka_core.ledger.resolver import resolve
+from maka_core.ledger.resolver import FOR_OPERATOR, resolve
 
 BlockReason = Literal[
     "tool_recovery_corruption",
@@ -115,12 +115,9 @@ def replay_segment(prefix: Prefix, resolutions: Resolutions | None = None) -> Se
     resolved = {
         d.call_event_id: (d, given[d.operation_id])
         for d in recovery.operations
-        if d.status in ("indeterminate", "parked") and d.operation_id is not None and d.operation_id in given
+        if d.status in FOR_OPERATOR and d.operation_id is not None and d.operation_id in given
     }
-    if any(
-        d.status in ("indeterminate", "parked") and d.call_event_id not in resolved
-        for d in recovery.operations
-    ):
+    if any(d.status in FOR_OPERATOR and d.call_event_id not in resolved for d in recovery.operations):
         return SegmentReplay(block="tool_recovery_unsettled")
 
     events = prefix.events

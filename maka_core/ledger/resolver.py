@@ -19,6 +19,8 @@ from maka_core.ledger.scanner import LedgerIssue, LedgerScanner, OperationFacts,
 
 Status = Literal["completed", "parked", "definitely_not_dispatched", "indeterminate", "corruption"]
 SettlementOrigin = Literal["normal_t2", "pre_t1_synthetic", "recovery_bundle"]
+#: The statuses that wait for an operator's word (``maka session resolve`` accepts a call in one).
+FOR_OPERATOR: tuple[Status, ...] = ("indeterminate", "parked")
 
 #: When one operation carries several issues, the reason reported is the first of these present.
 _CORRUPTION_PRIORITY: tuple[str, ...] = (

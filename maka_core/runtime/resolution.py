@@ -25,7 +25,7 @@ from maka_core.facts.clock import now_ms
 from maka_core.facts.events import Actions, FunctionResponseContent, RuntimeEvent, TextContent
 from maka_core.facts.run_header import RunHeader
 from maka_core.ledger.digests import read_prefix
-from maka_core.ledger.resolver import OperationResolution, resolve
+from maka_core.ledger.resolver import FOR_OPERATOR, OperationResolution, resolve
 
 RESOLUTION_PREFIX: Final[str] = "resolution-"
 RESOLUTION_KEY: Final[str] = "operatorResolution"
@@ -69,7 +69,7 @@ def unsettled_operations(events: Sequence[RuntimeEvent]) -> list[tuple[str, Oper
         (run_id, op)
         for run_id, run_events in by_run.items()
         for op in resolve(run_events).operations
-        if op.status in ("indeterminate", "parked")
+        if op.status in FOR_OPERATOR
     ]
 
 

@@ -27,6 +27,7 @@ from starlette.templating import Jinja2Templates
 from maka_core.audit.html import render_html
 from maka_core.facts.printable import printable
 from maka_core.facts.usage import step_tokens
+from maka_core.ledger.resolver import FOR_OPERATOR
 from maka_core.ledger.session_state import SHOWN_STATES
 from maka_temporal.workers.client.answers import SessionError
 from maka_temporal.workers.client.session_api import SessionClient
@@ -62,6 +63,7 @@ def _templates() -> Jinja2Templates:
     )
     env.globals["tokens"] = lambda usage: "" if usage is None else step_tokens(usage)
     env.globals["park_words"] = park_words
+    env.globals["for_operator"] = FOR_OPERATOR
     return Jinja2Templates(env=env)
 
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -117,6 +118,8 @@ async def replays(client: Client, queue: str, workflow: type) -> int:
             continue
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         history = await handle.fetch_history()
+        if not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for e in history.events):
+            continue  # nothing decided yet (a run just continued as new): its replay would wait for ever
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         count += 1
         if result.replay_failure is not None:

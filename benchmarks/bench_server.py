@@ -20,7 +20,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,57 @@ def bench_server(*, keep_dir: bool = False) -> Iterator[DevServer]:
 async def connect(server: DevServer, **kwargs: Any) -> Client:
     """A client on ``server`` (extra keyword arguments go to ``Client.connect``)."""
     return await Client.connect(server.address, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def serving(client: Client, db: Path, queue: str, **options: Any) -> AsyncIterator[None]:
+    """``maka worker``'s ``serve`` in this process on ``queue`` until the block exits (``options``:
+    ``serve``'s keyword arguments, e.g. ``tools=[...]``)."""
+    from maka_temporal.workers.host.serve import serve
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    worker = asyncio.create_task(serve(client, db, queue, stop=stop, ready=ready, repair=False, **options))
+    await ready.wait()
+    try:
+        yield
+    finally:
+        stop.set()
+        await worker
+
+
+async def timed_turn(
+    client: Any,
+    queue: str,
+    tmp: Path,
+    steps: list[dict[str, Any]],
+    *,
+    message: str = "go",
+    timeout: float = 600,
+    **start: Any,
+) -> float:
+    """Seconds from a new session's start to its first turn settled (the client's), over a fresh
+    workspace under ``tmp`` and a script of ``steps`` (``start``: ``start_session``'s options);
+    a turn that does not end ``idle`` within ``timeout`` stops the benchmark."""
+    from maka_temporal.workers.client.session_client import start_session, wait_settled
+
+    ws = tmp / f"ws-{uuid.uuid4().hex[:8]}"
+    ws.mkdir()
+    script = tmp / f"{ws.name}.json"
+    script.write_text(json.dumps({"steps": steps}))
+    began = time.perf_counter()
+    session, accepted = await start_session(
+        client,
+        workspace=ws,
+        provider={"kind": "script", "path": str(script)},
+        task_queue=queue,
+        message=message,
+        **start,
+    )
+    status = await wait_settled(client, session, accepted.run_id, timeout=timeout)
+    took = time.perf_counter() - began
+    if status.state != "idle":
+        raise SystemExit(f"session {session} ended {status.state} ({status.park_reason})")
+    return took
 
 
 def server_settings() -> str:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +29,9 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/<file>.py` from a che
 
 from pydantic import BaseModel, Field  # noqa: E402
 
-from benchmarks.bench_server import bench_server  # noqa: E402
+from benchmarks.bench_server import bench_server, serving, timed_turn  # noqa: E402
 from maka_core.tools import FunctionTool, ToolContext, tool  # noqa: E402
 from maka_temporal.workers.client.connect import connect  # noqa: E402
-from maka_temporal.workers.client.session_client import start_session, wait_settled  # noqa: E402
-from maka_temporal.workers.host.serve import serve  # noqa: E402
 
 
 class Sleep(BaseModel):
@@ -54,26 +50,10 @@ SLEEPY: FunctionTool = tool(_sleepy, name="sleepy", guarantee="read-only", bound
 async def one_turn(
     client: Any, queue: str, tmp: Path, calls: int, sleep: float, limit: int, mode: str
 ) -> float:
-    ws = tmp / f"ws-{uuid.uuid4().hex[:8]}"
-    ws.mkdir()
-    script = tmp / f"{ws.name}.json"
     step = {"toolCalls": [{"name": "sleepy", "args": {"seconds": sleep}} for _ in range(calls)]}
-    script.write_text(json.dumps({"steps": [step, {"text": "done"}]}))
-    began = time.perf_counter()
-    session, accepted = await start_session(
-        client,
-        workspace=ws,
-        provider={"kind": "script", "path": str(script)},
-        task_queue=queue,
-        message="go",
-        tool_mode=mode,
-        max_parallel_tools=limit,
+    return await timed_turn(
+        client, queue, tmp, [step, {"text": "done"}], tool_mode=mode, max_parallel_tools=limit
     )
-    status = await wait_settled(client, session, accepted.run_id, timeout=600)
-    took = time.perf_counter() - began
-    if status.state != "idle":
-        raise SystemExit(f"session {session} ended {status.state} ({status.park_reason})")
-    return took
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -81,12 +61,7 @@ async def main(args: argparse.Namespace) -> None:
     queue = "maka-parallel-bench"
     with bench_server() as server:
         client = await connect(server.address)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        worker = asyncio.create_task(
-            serve(client, tmp / "ledger.sqlite", queue, stop=stop, ready=ready, repair=False, tools=[SLEEPY])
-        )
-        await ready.wait()
-        try:
+        async with serving(client, tmp / "ledger.sqlite", queue, tools=[SLEEPY]):
             await one_turn(client, queue, tmp, 2, 0.0, 2, args.tool_mode[0])  # warm-up
             took: dict[tuple[str, int], list[float]] = {}
             for _ in range(args.rounds):
@@ -94,9 +69,6 @@ async def main(args: argparse.Namespace) -> None:
                     for limit in args.limits:
                         t = await one_turn(client, queue, tmp, args.calls, args.sleep, limit, mode)
                         took.setdefault((mode, limit), []).append(t)
-        finally:
-            stop.set()
-            await worker
     print(f"{args.calls} calls of a {args.sleep:g} s read-only tool in one step, median of {args.rounds}:")
     print(f"{'tool mode':<10} {'max_parallel_tools':>18} {'wall s':>8} {'x one call':>11}")
     for (mode, limit), times in took.items():

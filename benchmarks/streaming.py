@@ -36,11 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/<file>.py` from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_server import bench_server  # noqa: E402
+from benchmarks.bench_server import bench_server, serving  # noqa: E402
 from maka_core.store.writer import LedgerStore  # noqa: E402
 from maka_temporal.workers.client.connect import connect  # noqa: E402
 from maka_temporal.workers.client.session_client import start_session, wait_settled  # noqa: E402
-from maka_temporal.workers.host.serve import serve  # noqa: E402
 
 
 @contextmanager
@@ -154,18 +153,12 @@ async def main(args: argparse.Namespace) -> None:
     with stand_in_vendor(args.tokens, args.token_ms / 1000) as url, bench_server() as server:
         os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = url, "sk-bench"
         client = await connect(server.address)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        worker = asyncio.create_task(serve(client, db, queue, stop=stop, ready=ready, repair=False))
-        await ready.wait()
-        try:
+        async with serving(client, db, queue):
             await one_turn(client, queue, tmp, db, True)  # warm-up
             runs: dict[bool, list[dict[str, float | None]]] = {True: [], False: []}
             for _ in range(args.rounds):
                 for stream in (True, False):
                     runs[stream].append(await one_turn(client, queue, tmp, db, stream))
-        finally:
-            stop.set()
-            await worker
     answer_s = args.tokens * args.token_ms / 1000
     what = f"one step of {args.tokens} tokens {args.token_ms:g} ms apart ({answer_s:.2f} s)"
     print(f"{what}, median of {args.rounds}:")

@@ -22,8 +22,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/<file>.py` from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_server import bench_server  # noqa: E402
+from benchmarks.bench_server import bench_server, serving, timed_turn  # noqa: E402
 from benchmarks.parallel_calls import SLEEPY  # noqa: E402
 from maka_temporal import SubAgent  # noqa: E402
 from maka_temporal.workers.client.connect import connect  # noqa: E402
-from maka_temporal.workers.client.session_client import start_session, wait_settled  # noqa: E402
-from maka_temporal.workers.host.serve import serve  # noqa: E402
 
 
 def agent_script(path: Path, steps: int, sleep: float) -> Path:
@@ -47,25 +43,11 @@ def agent_script(path: Path, steps: int, sleep: float) -> Path:
 
 
 async def one_lead(client: Any, queue: str, tmp: Path, agents: int, limit: int) -> float:
-    ws = tmp / f"ws-{uuid.uuid4().hex[:8]}"
-    ws.mkdir()
-    script = tmp / f"{ws.name}.json"
     calls = [{"name": "agent__worker", "args": {"task": f"part {i}"}} for i in range(agents)]
-    script.write_text(json.dumps({"steps": [{"toolCalls": calls}, {"text": "done"}]}))
-    began = time.perf_counter()
-    session, accepted = await start_session(
-        client,
-        workspace=ws,
-        provider={"kind": "script", "path": str(script)},
-        task_queue=queue,
-        message="fan out",
-        max_parallel_tools=limit,
+    steps: list[dict[str, Any]] = [{"toolCalls": calls}, {"text": "done"}]
+    return await timed_turn(
+        client, queue, tmp, steps, message="fan out", timeout=900, max_parallel_tools=limit
     )
-    status = await wait_settled(client, session, accepted.run_id, timeout=900)
-    took = time.perf_counter() - began
-    if status.state != "idle":
-        raise SystemExit(f"lead {session} ended {status.state} ({status.park_reason})")
-    return took
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -81,28 +63,12 @@ async def main(args: argparse.Namespace) -> None:
     }
     with bench_server() as server:
         client = await connect(server.address)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        worker = asyncio.create_task(
-            serve(
-                client,
-                tmp / "ledger.sqlite",
-                queue,
-                stop=stop,
-                ready=ready,
-                repair=False,
-                tools=[SLEEPY, worker_agent],
-            )
-        )
-        await ready.wait()
-        try:
+        async with serving(client, tmp / "ledger.sqlite", queue, tools=[SLEEPY, worker_agent]):
             await one_lead(client, queue, tmp, 1, 8)  # warm-up
             took: dict[str, list[float]] = {}
             for _ in range(args.rounds):
                 for name, (agents, limit) in leads.items():
                     took.setdefault(name, []).append(await one_lead(client, queue, tmp, agents, limit))
-        finally:
-            stop.set()
-            await worker
     floor = statistics.median(took["1 sub-agent (the floor)"])
     print(
         f"a lead's one step asking sub-agents of {args.steps} steps of a {args.sleep:g} s read each, "

@@ -10,32 +10,16 @@ at a time (the loop of before issue 31) fail the guard, so it replays what it fi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
 
-from maka_temporal.workflows.contracts import CallRef, SessionInput, SessionStatus
 from maka_temporal.workflows.session import SessionWorkflow
 from tests.temporal_support import in_process_worker, replays, start, tool_step, wait_turn, write_script
+from tests.test_replay import OneAtATime
 
 pytestmark = [pytest.mark.temporal, pytest.mark.asyncio(loop_scope="session")]
-
-
-@workflow.defn(name="maka.session", sandboxed=False)
-class OneAtATime(SessionWorkflow):
-    @workflow.init
-    def __init__(self, inp: SessionInput) -> None:
-        super().__init__(inp)
-
-    @workflow.run
-    async def run(self, inp: SessionInput) -> SessionStatus:
-        return await super().run(inp)
-
-    def _fans_out(self, calls: Sequence[CallRef]) -> bool:
-        return False
 
 
 async def test_every_history_of_the_queue_replays_and_a_drift_fails_the_guard(
